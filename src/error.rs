@@ -1,0 +1,53 @@
+//! The typed errors of the single-threaded wheel.
+
+use std::fmt;
+
+/// A wheel geometry that corewheel cannot build, returned by
+/// [`WheelBuilder::build`](crate::WheelBuilder::build).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GeometryError {
+    /// The tick was zero: a wheel needs time to move in steps of some size.
+    ZeroTick,
+    /// Slots per level must be a power of two from 2 to 64, so that one `u64` bitmap
+    /// covers a level.
+    SlotsPerLevel(usize),
+    /// Levels must be at least 1, and levels times log2(slots per level) at most 64, so that
+    /// every level's span fits in a `u64` count of ticks.
+    Levels(usize),
+}
+
+impl fmt::Display for GeometryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroTick => write!(f, "the wheel's tick must be longer than zero"),
+            Self::SlotsPerLevel(n) => {
+                write!(
+                    f,
+                    "slots per level must be a power of two in 2..=64, not {n}"
+                )
+            }
+            Self::Levels(n) => write!(
+                f,
+                "levels must be at least 1 and span at most 2^64 ticks in all, not {n}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for GeometryError {}
+
+/// The wheel already holds the most timers its 32-bit slab index can name (about four
+/// billion, which is more memory than any machine this runs on has to give them).
+///
+/// Returned by [`Wheel::try_insert`](crate::Wheel::try_insert), with the value that could not
+/// be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityError<T>(pub T);
+
+impl<T> fmt::Display for CapacityError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the wheel's slab index space is exhausted")
+    }
+}
+
+impl<T: fmt::Debug> std::error::Error for CapacityError<T> {}

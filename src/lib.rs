@@ -1,0 +1,39 @@
+//! corewheel: a lock-free, multi-core timer engine built on hierarchical timing wheels.
+//!
+//! This release provides the foundation: [`Wheel`], a hierarchical timing wheel that one
+//! thread owns, for event loops that embed a wheel directly, and the [`Clock`]s that drive
+//! it, including [`ManualClock`] for deterministic tests.
+//!
+//! ```
+//! use corewheel::{Clock, ManualClock, Wheel};
+//! use std::time::Duration;
+//!
+//! let clock = ManualClock::new();
+//! let mut wheel = Wheel::new(Duration::from_millis(1), clock.now());
+//! wheel.insert(clock.now() + Duration::from_secs(2), "heartbeat");
+//!
+//! clock.advance(Duration::from_secs(1));
+//! assert_eq!(wheel.poll_expired(clock.now()), None);
+//! clock.advance(Duration::from_secs(1));
+//! assert_eq!(wheel.poll_expired(clock.now()), Some("heartbeat"));
+//! ```
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod clock;
+mod error;
+mod geometry;
+mod list;
+mod node;
+mod slab;
+mod sync;
+mod ticks;
+mod timer_key;
+mod wheel;
+mod wheel_builder;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use error::{CapacityError, GeometryError};
+pub use timer_key::TimerKey;
+pub use wheel::Wheel;
+pub use wheel_builder::WheelBuilder;

@@ -1,0 +1,96 @@
+//! One timer as the wheel stores it in its slab: deadline, list links, where it is filed, and
+//! the caller's value.
+
+use std::num::NonZeroU16;
+
+/// Marks the end of an intrusive list.
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// A timer inside the wheel.
+pub(crate) struct Node<T> {
+    /// The deadline in ticks since the wheel's origin, rounded up.
+    pub(crate) deadline: u64,
+    pub(crate) prev: u32,
+    pub(crate) next: u32,
+    pub(crate) location: Location,
+    pub(crate) value: T,
+}
+
+/// Which list a node is on, so that cancel can unlink it without searching.
+///
+/// Non-zero so that `Option<Node<T>>` needs no extra tag: the slab's per-timer overhead is
+/// part of the wheel's 64-byte budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Location(NonZeroU16);
+
+/// A decoded [`Location`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Filed {
+    /// Due already, waiting for the next poll.
+    Ready,
+    /// Beyond the wheel's span.
+    Overflow,
+    /// In slot `slot` of level `level`.
+    Slot { level: usize, slot: usize },
+}
+
+const READY: u16 = u16::MAX;
+const OVERFLOW: u16 = u16::MAX - 1;
+/// Slot codes are `level * 64 + slot + 1`; with at most 64 levels of at most 64 slots they
+/// stay far below the two markers.
+const SLOT_STRIDE: usize = 64;
+
+impl Location {
+    pub(crate) const READY: Self = Self::from_code(READY);
+    pub(crate) const OVERFLOW: Self = Self::from_code(OVERFLOW);
+
+    const fn from_code(code: u16) -> Self {
+        match NonZeroU16::new(code) {
+            Some(code) => Self(code),
+            None => Self(NonZeroU16::MAX),
+        }
+    }
+
+    pub(crate) const fn slot(level: usize, slot: usize) -> Self {
+        Self::from_code((level * SLOT_STRIDE + slot + 1) as u16)
+    }
+
+    pub(crate) const fn decode(self) -> Filed {
+        match self.0.get() {
+            READY => Filed::Ready,
+            OVERFLOW => Filed::Overflow,
+            code => {
+                let code = code as usize - 1;
+                Filed::Slot {
+                    level: code / SLOT_STRIDE,
+                    slot: code % SLOT_STRIDE,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_round_trip() {
+        assert_eq!(Location::READY.decode(), Filed::Ready);
+        assert_eq!(Location::OVERFLOW.decode(), Filed::Overflow);
+        for level in 0..64 {
+            for slot in 0..64 {
+                assert_eq!(
+                    Location::slot(level, slot).decode(),
+                    Filed::Slot { level, slot }
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn option_of_a_node_needs_no_tag() {
+        use std::mem::size_of;
+        assert_eq!(size_of::<Option<Node<u64>>>(), size_of::<Node<u64>>());
+    }
+}

@@ -1,0 +1,117 @@
+//! Conversion between instants and whole ticks since a wheel's origin.
+
+use std::time::{Duration, Instant};
+
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+
+/// The tick that time never reaches. Deadlines past 2^64 - 1 ticks (584 million years at
+/// 1 ms) saturate to it rather than to a tick that would fire them early.
+pub(crate) const NEVER: u64 = u64::MAX;
+
+/// A wheel's time line: an origin and a tick length.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ticks {
+    origin: Instant,
+    tick_ns: u64,
+}
+
+impl Ticks {
+    /// Clamps the tick into `1 ns ..= u64::MAX ns`, the documented range of
+    /// [`Wheel::new`](crate::Wheel::new).
+    pub(crate) fn new(tick: Duration, origin: Instant) -> Self {
+        let tick_ns = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
+        Self { origin, tick_ns }
+    }
+
+    pub(crate) fn tick(&self) -> Duration {
+        Duration::from_nanos(self.tick_ns)
+    }
+
+    pub(crate) fn origin(&self) -> Instant {
+        self.origin
+    }
+
+    /// Whole ticks completed at `now`. Instants before the origin count as tick 0, and time
+    /// stops just short of [`NEVER`].
+    pub(crate) fn floor(&self, now: Instant) -> u64 {
+        let ns = now.saturating_duration_since(self.origin).as_nanos();
+        saturate(ns / self.tick_ns as u128).min(NEVER - 1)
+    }
+
+    /// The first tick at or after `deadline`: rounding up is what keeps timers from firing
+    /// early. A deadline beyond the tick range becomes [`NEVER`].
+    pub(crate) fn ceil(&self, deadline: Instant) -> u64 {
+        let ns = deadline.saturating_duration_since(self.origin).as_nanos();
+        saturate(ns.div_ceil(self.tick_ns as u128))
+    }
+
+    /// The instant at which tick `tick` begins. A tick too far out for the platform's
+    /// `Instant` gives the latest instant it can represent.
+    pub(crate) fn instant_at(&self, tick: u64) -> Instant {
+        let ns = tick as u128 * self.tick_ns as u128;
+        let since_origin = match u64::try_from(ns / NANOS_PER_SEC) {
+            Ok(secs) => Duration::new(secs, (ns % NANOS_PER_SEC) as u32),
+            Err(_) => Duration::MAX,
+        };
+        self.origin
+            .checked_add(since_origin)
+            .unwrap_or_else(|| latest_instant_within(self.origin, since_origin))
+    }
+}
+
+fn saturate(ticks: u128) -> u64 {
+    u64::try_from(ticks).unwrap_or(u64::MAX)
+}
+
+/// The latest `origin + d` with `d <= limit` that the platform can represent, by bisection.
+fn latest_instant_within(origin: Instant, limit: Duration) -> Instant {
+    let (mut fits, mut overflows) = (Duration::ZERO, limit);
+    while overflows - fits > Duration::from_nanos(1) {
+        let mid = fits + (overflows - fits) / 2;
+        if origin.checked_add(mid).is_some() {
+            fits = mid;
+        } else {
+            overflows = mid;
+        }
+    }
+    origin + fits
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_deadlines_up_and_now_down() {
+        let t0 = Instant::now();
+        let ticks = Ticks::new(Duration::from_millis(1), t0);
+        let at = t0 + Duration::from_micros(1500);
+        assert_eq!(ticks.floor(at), 1);
+        assert_eq!(ticks.ceil(at), 2);
+        assert_eq!(ticks.ceil(t0 + Duration::from_millis(3)), 3);
+        assert_eq!(ticks.floor(t0), 0);
+        assert_eq!(ticks.instant_at(2), t0 + Duration::from_millis(2));
+    }
+
+    #[test]
+    fn clamps_the_tick_and_the_past() {
+        let t0 = Instant::now() + Duration::from_secs(10);
+        let ticks = Ticks::new(Duration::ZERO, t0);
+        assert_eq!(ticks.tick(), Duration::from_nanos(1));
+        assert_eq!(ticks.ceil(t0 - Duration::from_secs(5)), 0);
+        let huge = Ticks::new(Duration::MAX, t0);
+        assert_eq!(huge.tick(), Duration::from_nanos(u64::MAX));
+        let nanos = Ticks::new(Duration::from_nanos(1), t0);
+        let far = t0 + Duration::from_secs(1 << 40);
+        assert_eq!(nanos.ceil(far), NEVER);
+        assert_eq!(nanos.floor(far), NEVER - 1, "time stops short of NEVER");
+    }
+
+    #[test]
+    fn far_ticks_saturate_to_a_representable_instant() {
+        let t0 = Instant::now();
+        let ticks = Ticks::new(Duration::from_secs(1), t0);
+        let far = ticks.instant_at(u64::MAX);
+        assert!(far > t0 + Duration::from_secs(1 << 30));
+    }
+}

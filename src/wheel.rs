@@ -1,0 +1,624 @@
+//! The single-threaded hierarchical timing wheel.
+
+use std::fmt;
+use std::mem::size_of;
+use std::time::{Duration, Instant};
+
+use crate::error::CapacityError;
+use crate::geometry::Geometry;
+use crate::list::List;
+use crate::node::{Filed, Location, NIL, Node};
+use crate::slab::{Slab, SlabKey};
+use crate::ticks::Ticks;
+use crate::timer_key::TimerKey;
+use crate::wheel_builder::WheelBuilder;
+
+/// A hierarchical timing wheel owned by one thread.
+///
+/// Timers carry a value of type `T` and a deadline. The wheel hands each value back from
+/// [`poll_expired`](Wheel::poll_expired) once the clock passed to it has reached the deadline,
+/// or from [`cancel`](Wheel::cancel) if the caller stops the timer first.
+///
+/// # Guarantees
+/// - **Never early.** Deadlines are rounded *up* to the tick, so a value is returned only
+///   when `now >= deadline`. It is returned by the first poll with `now >= deadline + tick`
+///   at the latest.
+/// - **O(1)** insert, cancel and reset, whatever the number of live timers. Finding the next
+///   due slot is a bitmap rotate and trailing-zero count per level, so empty slots are never
+///   walked. Timers on coarse levels cascade to finer ones as their time approaches, so
+///   every timer fires exactly, never with the up-to-12.5% slack of the Linux kernel's
+///   wheel.
+/// - **Any range.** Deadlines past the wheel's span (2^36 ticks with the default geometry,
+///   about 2.2 years at 1 ms) wait on an overflow list and are filed into the wheel when
+///   their epoch comes. Time itself may run for 2^64 - 1 ticks (584 million years at 1 ms).
+///   A deadline beyond that, such as the latest `Instant` a platform can represent, is
+///   clamped to tick 2^64 - 1, which time never reaches: that timer never fires by itself
+///   (firing it at the clamp would be early), and can still be cancelled or reset.
+/// - **Safe keys.** A [`TimerKey`] whose timer has fired or been cancelled is refused, even
+///   after its slot holds another timer.
+/// - **Memory.** Timers live in a slab of 1024-node chunks, at 32 bytes of overhead beyond
+///   `T` on 64-bit targets (`T = u64` costs 40 bytes a timer). A chunk is freed the moment
+///   its last timer fires or is cancelled, except for spares: the wheel keeps as many empty
+///   chunks as its capacity hint needs, and at least one, so that a count oscillating
+///   around a chunk boundary does not allocate. [`shrink_to_fit`](Wheel::shrink_to_fit)
+///   frees the spares too.
+///
+/// # Bad input
+/// A deadline in the past fires on the next poll. A `now` earlier than one already polled
+/// is treated as that earlier poll's time. Stale keys and double cancels return `None` or
+/// `false`. Nothing here panics on input.
+///
+/// # Example
+/// ```
+/// use corewheel::Wheel;
+/// use std::time::{Duration, Instant};
+///
+/// let t0 = Instant::now();
+/// let mut wheel = Wheel::new(Duration::from_millis(1), t0);
+/// let idle = wheel.insert(t0 + Duration::from_millis(30), "idle timeout");
+/// wheel.insert(t0 + Duration::from_millis(10), "request timeout");
+///
+/// assert_eq!(wheel.poll_expired(t0 + Duration::from_millis(9)), None);
+/// assert_eq!(wheel.poll_expired(t0 + Duration::from_millis(10)), Some("request timeout"));
+///
+/// // Traffic on the connection pushes its idle timeout back.
+/// assert!(wheel.reset(idle, t0 + Duration::from_millis(50)));
+/// assert_eq!(wheel.poll_expired(t0 + Duration::from_millis(40)), None);
+/// assert_eq!(wheel.next_deadline(), Some(t0 + Duration::from_millis(50)));
+/// assert_eq!(wheel.cancel(idle), Some("idle timeout"));
+/// assert!(wheel.is_empty());
+/// ```
+pub struct Wheel<T> {
+    ticks: Ticks,
+    geometry: Geometry,
+    levels: Box<[Level]>,
+    /// Every tick up to and including this one has been processed.
+    elapsed: u64,
+    /// Timers already due: filed with a deadline at or before `elapsed`, or cascaded onto it.
+    ready: List,
+    /// Timers beyond the levels' span.
+    overflow: List,
+    /// No overflow timer is due before this tick (a lower bound: cancels do not raise it).
+    overflow_earliest: u64,
+    slab: Slab<Node<T>>,
+    link_operations: u64,
+}
+
+struct Level {
+    /// Bit `s` is set when slot `s` holds a timer.
+    occupied: u64,
+    slots: Box<[Slot]>,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    timers: List,
+    /// No timer in this slot is due before this tick (a lower bound: cancels do not raise
+    /// it). Lets `next_deadline` report the real deadline rather than the slot's start.
+    earliest: u64,
+}
+
+impl Slot {
+    const EMPTY: Self = Self {
+        timers: List::EMPTY,
+        earliest: u64::MAX,
+    };
+}
+
+/// The next slot (or the overflow list) that needs processing, and the tick it begins at.
+#[derive(Debug, Clone, Copy)]
+struct Expiration {
+    level: usize,
+    slot: usize,
+    tick: u64,
+}
+
+impl Wheel<()> {
+    /// A builder for a wheel with a chosen tick, geometry and capacity hint.
+    ///
+    /// It lives on `Wheel<()>` only so that `Wheel::builder()` needs no type annotation;
+    /// [`WheelBuilder::build`] makes a wheel of any value type.
+    ///
+    /// ```
+    /// use corewheel::Wheel;
+    /// use std::time::{Duration, Instant};
+    ///
+    /// let wheel: Wheel<u32> = Wheel::builder()
+    ///     .tick(Duration::from_micros(100))
+    ///     .slots_per_level(32)
+    ///     .levels(8)
+    ///     .capacity(10_000)
+    ///     .build(Instant::now())
+    ///     .expect("a valid geometry");
+    /// assert!(wheel.is_empty());
+    /// ```
+    pub fn builder() -> WheelBuilder {
+        WheelBuilder::default()
+    }
+}
+
+impl<T> Wheel<T> {
+    /// A wheel with the default geometry (6 levels of 64 slots) whose time starts at
+    /// `origin` and moves in steps of `tick`.
+    ///
+    /// A zero tick is clamped to 1 ns, and one longer than `u64::MAX` nanoseconds to that.
+    /// Use [`Wheel::builder`] to choose the geometry and a capacity hint.
+    pub fn new(tick: Duration, origin: Instant) -> Self {
+        Self::with_parts(Ticks::new(tick, origin), Geometry::DEFAULT, 0)
+    }
+
+    pub(crate) fn with_parts(ticks: Ticks, geometry: Geometry, capacity: usize) -> Self {
+        let level = || Level {
+            occupied: 0,
+            slots: vec![Slot::EMPTY; geometry.slots()].into_boxed_slice(),
+        };
+        Self {
+            ticks,
+            geometry,
+            levels: (0..geometry.levels()).map(|_| level()).collect(),
+            elapsed: 0,
+            ready: List::EMPTY,
+            overflow: List::EMPTY,
+            overflow_earliest: u64::MAX,
+            slab: Slab::with_capacity(capacity),
+            link_operations: 0,
+        }
+    }
+
+    /// Arms a timer that carries `value` and is due at `deadline`.
+    ///
+    /// A deadline at or before the last polled time fires on the next poll.
+    ///
+    /// # Panics
+    /// Only if about four billion timers are already live, the most a 32-bit key can name;
+    /// [`try_insert`](Wheel::try_insert) returns an error instead.
+    pub fn insert(&mut self, deadline: Instant, value: T) -> TimerKey {
+        match self.try_insert(deadline, value) {
+            Ok(key) => key,
+            Err(_) => panic!("corewheel: more than 4 billion live timers in one wheel"),
+        }
+    }
+
+    /// Arms a timer like [`insert`](Wheel::insert), or hands `value` back when the wheel
+    /// cannot name another timer.
+    pub fn try_insert(
+        &mut self,
+        deadline: Instant,
+        value: T,
+    ) -> Result<TimerKey, CapacityError<T>> {
+        let deadline = self.ticks.ceil(deadline);
+        let node = Node {
+            deadline,
+            prev: NIL,
+            next: NIL,
+            location: Location::READY,
+            value,
+        };
+        let key = self
+            .slab
+            .insert(node)
+            .map_err(|node| CapacityError(node.value))?;
+        self.file(key.index, deadline);
+        Ok(TimerKey::new(key.index, key.generation))
+    }
+
+    /// Stops the timer and returns its value, or `None` if the key is stale: the timer
+    /// already fired or was cancelled.
+    pub fn cancel(&mut self, key: TimerKey) -> Option<T> {
+        let key = slab_key(key);
+        self.slab.get(key)?;
+        self.unfile(key.index);
+        self.slab.remove(key).map(|node| node.value)
+    }
+
+    /// Moves the timer's deadline to `deadline`, earlier or later. Returns `false`, and
+    /// changes nothing, if the key is stale.
+    pub fn reset(&mut self, key: TimerKey, deadline: Instant) -> bool {
+        let key = slab_key(key);
+        let deadline = self.ticks.ceil(deadline);
+        let Some(node) = self.slab.get_mut(key) else {
+            return false;
+        };
+        node.deadline = deadline;
+        self.unfile(key.index);
+        self.file(key.index, deadline);
+        true
+    }
+
+    /// Returns the next timer due at `now`, or `None` once nothing is due.
+    ///
+    /// Call it in a loop until it returns `None`. Timers due in the same tick come out in
+    /// the order they were filed into it. A `now` earlier than an earlier poll's is treated
+    /// as that earlier time.
+    pub fn poll_expired(&mut self, now: Instant) -> Option<T> {
+        let now = self.ticks.floor(now).max(self.elapsed);
+        loop {
+            if let Some(index) = self.ready.pop_front(&mut self.slab) {
+                return Some(self.take(index));
+            }
+            let due = match self.next_expiration() {
+                Some(due) if due.tick <= now => due,
+                _ => {
+                    self.elapsed = now;
+                    return None;
+                }
+            };
+            self.elapsed = due.tick;
+            if due.level == 0 {
+                // Every timer in a finest-level slot is due at the slot's tick: hand them out
+                // straight from the slot, one per call, rather than moving them first.
+                let slot = &mut self.levels[0].slots[due.slot];
+                if let Some(index) = slot.timers.pop_front(&mut self.slab) {
+                    if slot.timers.is_empty() {
+                        self.mark_empty(0, due.slot);
+                    }
+                    return Some(self.take(index));
+                }
+            } else {
+                self.cascade(due);
+            }
+        }
+    }
+
+    /// The instant at which [`poll_expired`](Wheel::poll_expired) will next return a timer,
+    /// or `None` when the wheel is empty.
+    ///
+    /// Never later than the earliest pending deadline (rounded up to the tick). It is that
+    /// deadline exactly unless the earliest timer of a coarse slot was cancelled or reset,
+    /// in which case it can be earlier: a poll then returns `None`, and this moves on. When
+    /// a timer is already due it returns the last polled tick, which is not in the future.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        if !self.ready.is_empty() {
+            return Some(self.ticks.instant_at(self.elapsed));
+        }
+        let due = self.next_expiration()?;
+        let earliest = if due.level == 0 {
+            due.tick
+        } else if due.level < self.levels.len() {
+            due.tick
+                .max(self.levels[due.level].slots[due.slot].earliest)
+        } else {
+            due.tick.max(self.overflow_earliest)
+        };
+        Some(self.ticks.instant_at(earliest))
+    }
+
+    /// The deadline of a pending timer, rounded up to the tick, or `None` for a stale key.
+    pub fn deadline(&self, key: TimerKey) -> Option<Instant> {
+        let node = self.slab.get(slab_key(key))?;
+        Some(self.ticks.instant_at(node.deadline))
+    }
+
+    /// Whether the key names a pending timer.
+    pub fn contains(&self, key: TimerKey) -> bool {
+        self.slab.get(slab_key(key)).is_some()
+    }
+
+    /// Pending timers.
+    pub fn len(&self) -> usize {
+        self.slab.len()
+    }
+
+    /// Whether no timer is pending.
+    pub fn is_empty(&self) -> bool {
+        self.slab.len() == 0
+    }
+
+    /// The tick length.
+    pub fn tick(&self) -> Duration {
+        self.ticks.tick()
+    }
+
+    /// The instant tick 0 begins at.
+    pub fn origin(&self) -> Instant {
+        self.ticks.origin()
+    }
+
+    /// Frees every chunk of timer memory that holds no live timer, spares included.
+    pub fn shrink_to_fit(&mut self) {
+        self.slab.shrink_to_fit();
+    }
+
+    /// Bytes of heap memory the wheel holds: the timer slab and the levels' slot tables.
+    /// Excludes anything `T` itself points to.
+    pub fn allocated_bytes(&self) -> usize {
+        self.slab.allocated_bytes()
+            + self.levels.len() * (size_of::<Level>() + self.geometry.slots() * size_of::<Slot>())
+    }
+
+    /// Bytes the slab spends per timer, `T` included. The overhead beyond `T` is this minus
+    /// `size_of::<T>()`.
+    pub const fn bytes_per_timer() -> usize {
+        Slab::<Node<T>>::bytes_per_entry()
+    }
+
+    /// Single-timer list operations done so far: an insert is 1, a cancel 1, a reset 2,
+    /// handing out a due timer 1, and moving a timer from a coarse slot to a finer one 2.
+    ///
+    /// A measure of the wheel's work, which shows that insert, cancel and reset are O(1)
+    /// and how much cascading a workload causes.
+    pub fn link_operations(&self) -> u64 {
+        self.link_operations
+    }
+
+    /// Puts a node onto the list its deadline belongs to, as seen from `elapsed`.
+    fn file(&mut self, index: u32, deadline: u64) {
+        self.link_operations += 1;
+        if deadline <= self.elapsed {
+            self.slab.at_mut(index).location = Location::READY;
+            self.ready.push_back(&mut self.slab, index);
+            return;
+        }
+        let level = self.geometry.level_for(self.elapsed, deadline);
+        if level >= self.levels.len() {
+            self.slab.at_mut(index).location = Location::OVERFLOW;
+            self.overflow.push_back(&mut self.slab, index);
+            self.overflow_earliest = self.overflow_earliest.min(deadline);
+            return;
+        }
+        let slot_index = self.geometry.slot_for(deadline, level);
+        self.slab.at_mut(index).location = Location::slot(level, slot_index);
+        let level_state = &mut self.levels[level];
+        level_state.occupied |= 1 << slot_index;
+        let slot = &mut level_state.slots[slot_index];
+        slot.earliest = slot.earliest.min(deadline);
+        slot.timers.push_back(&mut self.slab, index);
+    }
+
+    /// Takes a node off whichever list it is on.
+    fn unfile(&mut self, index: u32) {
+        self.link_operations += 1;
+        match self.slab.at(index).location.decode() {
+            Filed::Ready => self.ready.unlink(&mut self.slab, index),
+            Filed::Overflow => self.overflow.unlink(&mut self.slab, index),
+            Filed::Slot { level, slot } => {
+                let timers = &mut self.levels[level].slots[slot].timers;
+                timers.unlink(&mut self.slab, index);
+                if timers.is_empty() {
+                    self.mark_empty(level, slot);
+                }
+            }
+        }
+    }
+
+    fn mark_empty(&mut self, level: usize, slot: usize) {
+        let level_state = &mut self.levels[level];
+        level_state.occupied &= !(1 << slot);
+        level_state.slots[slot].earliest = u64::MAX;
+    }
+
+    /// Removes a node that has come off its list and returns its value.
+    fn take(&mut self, index: u32) -> T {
+        self.link_operations += 1;
+        match self.slab.remove_at(index) {
+            Some(node) => node.value,
+            None => unreachable!("a linked node is always live"),
+        }
+    }
+
+    /// Re-files every timer of a coarse slot (or of the overflow list) now that `elapsed`
+    /// has reached its start: each lands on a finer level, or on the ready list.
+    fn cascade(&mut self, due: Expiration) {
+        let mut timers = if due.level < self.levels.len() {
+            let timers = self.levels[due.level].slots[due.slot].timers.take();
+            self.mark_empty(due.level, due.slot);
+            timers
+        } else {
+            self.overflow_earliest = u64::MAX;
+            self.overflow.take()
+        };
+        while let Some(index) = timers.pop_front(&mut self.slab) {
+            self.link_operations += 1;
+            let deadline = self.slab.at(index).deadline;
+            self.file(index, deadline);
+        }
+    }
+
+    /// The first slot at or after `elapsed` that holds timers, finest level first: every
+    /// timer on a finer level is due before the next slot of any coarser level begins, so
+    /// the first hit is the earliest. The overflow list comes after every level.
+    fn next_expiration(&self) -> Option<Expiration> {
+        for (level, state) in self.levels.iter().enumerate() {
+            if state.occupied == 0 {
+                continue;
+            }
+            let slot = self
+                .geometry
+                .next_occupied(self.elapsed, level, state.occupied);
+            let tick = self.geometry.slot_start(self.elapsed, level, slot);
+            debug_assert!(tick >= self.elapsed, "a slot behind elapsed was skipped");
+            return Some(Expiration { level, slot, tick });
+        }
+        if self.overflow.is_empty() {
+            return None;
+        }
+        // Overflow timers are filed into the levels at the start of their epoch, the first
+        // tick whose digits above the levels' span match theirs.
+        let span = self.geometry.span_bits();
+        Some(Expiration {
+            level: self.levels.len(),
+            slot: 0,
+            tick: (self.overflow_earliest >> span) << span,
+        })
+    }
+}
+
+fn slab_key(key: TimerKey) -> SlabKey {
+    SlabKey {
+        index: key.index(),
+        generation: key.generation(),
+    }
+}
+
+impl<T> fmt::Debug for Wheel<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wheel")
+            .field("tick", &self.ticks.tick())
+            .field("slots_per_level", &self.geometry.slots())
+            .field("levels", &self.geometry.levels())
+            .field("elapsed_ticks", &self.elapsed)
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn wheel<T>() -> (Wheel<T>, Instant) {
+        let t0 = Instant::now();
+        (Wheel::new(ms(1), t0), t0)
+    }
+
+    fn drain<T>(wheel: &mut Wheel<T>, now: Instant) -> Vec<T> {
+        std::iter::from_fn(|| wheel.poll_expired(now)).collect()
+    }
+
+    #[test]
+    fn fires_at_the_deadline_and_not_before() {
+        let (mut w, t0) = wheel();
+        w.insert(t0 + ms(5), 'a');
+        assert_eq!(w.poll_expired(t0 + ms(4)), None);
+        assert_eq!(w.poll_expired(t0 + ms(5)), Some('a'));
+        assert_eq!(w.poll_expired(t0 + ms(5)), None);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn cascades_from_every_level_to_the_exact_tick() {
+        let (mut w, t0) = wheel();
+        let delays = [
+            1_u64,
+            63,
+            64,
+            65,
+            4095,
+            4096,
+            4097,
+            262_143,
+            262_145,
+            1 << 24,
+        ];
+        for &d in &delays {
+            w.insert(t0 + ms(d), d);
+        }
+        for &d in &delays {
+            assert_eq!(w.next_deadline(), Some(t0 + ms(d)));
+            assert_eq!(w.poll_expired(t0 + ms(d) - Duration::from_nanos(1)), None);
+            assert_eq!(w.poll_expired(t0 + ms(d)), Some(d));
+        }
+        assert_eq!(w.next_deadline(), None);
+    }
+
+    #[test]
+    fn same_tick_timers_leave_in_insertion_order() {
+        let (mut w, t0) = wheel();
+        for i in 0..10 {
+            w.insert(t0 + ms(70), i);
+        }
+        assert_eq!(drain(&mut w, t0 + ms(70)), (0..10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn cancel_and_reset_refuse_stale_keys() {
+        let (mut w, t0) = wheel();
+        let a = w.insert(t0 + ms(10), "a");
+        assert_eq!(w.cancel(a), Some("a"));
+        assert_eq!(w.cancel(a), None);
+        assert!(!w.reset(a, t0 + ms(20)));
+        let b = w.insert(t0 + ms(10), "b");
+        assert_eq!(w.cancel(a), None, "a's stale key must not reach b");
+        assert!(w.contains(b));
+        assert_eq!(drain(&mut w, t0 + ms(10)), vec!["b"]);
+        assert!(!w.contains(b));
+    }
+
+    #[test]
+    fn reset_moves_earlier_and_later() {
+        let (mut w, t0) = wheel();
+        let k = w.insert(t0 + ms(1000), 1);
+        assert!(w.reset(k, t0 + ms(3)));
+        assert_eq!(w.deadline(k), Some(t0 + ms(3)));
+        assert_eq!(w.poll_expired(t0 + ms(3)), Some(1));
+        let k = w.insert(t0 + ms(5), 2);
+        assert!(w.reset(k, t0 + ms(5000)));
+        assert_eq!(w.poll_expired(t0 + ms(4999)), None);
+        assert_eq!(w.poll_expired(t0 + ms(5000)), Some(2));
+    }
+
+    #[test]
+    fn past_deadlines_fire_on_the_next_poll() {
+        let (mut w, t0) = wheel();
+        assert_eq!(w.poll_expired(t0 + ms(100)), None);
+        w.insert(t0 + ms(50), "late");
+        w.insert(t0, "origin");
+        assert_eq!(w.next_deadline(), Some(t0 + ms(100)));
+        assert_eq!(drain(&mut w, t0 + ms(100)), vec!["late", "origin"]);
+    }
+
+    #[test]
+    fn backwards_clock_is_clamped() {
+        let (mut w, t0) = wheel();
+        w.insert(t0 + ms(20), 1);
+        assert_eq!(w.poll_expired(t0 + ms(10)), None);
+        assert_eq!(w.poll_expired(t0), None);
+        assert_eq!(w.poll_expired(t0 + ms(20)), Some(1));
+    }
+
+    #[test]
+    fn overflow_timers_fire_exactly() {
+        let mut w = Wheel::builder()
+            .slots_per_level(4)
+            .levels(2)
+            .build(Instant::now())
+            .unwrap();
+        let t0 = w.origin();
+        // The span is 16 ticks; these wait on the overflow list and cross epochs.
+        for d in [15_u64, 16, 17, 40, 1000] {
+            w.insert(t0 + ms(d), d);
+        }
+        for d in [15_u64, 16, 17, 40, 1000] {
+            assert_eq!(w.poll_expired(t0 + ms(d) - Duration::from_nanos(1)), None);
+            assert_eq!(w.poll_expired(t0 + ms(d)), Some(d), "deadline {d}");
+        }
+    }
+
+    #[test]
+    fn link_operations_show_constant_work() {
+        let (mut w, t0) = wheel();
+        for i in 0..100 {
+            w.insert(t0 + ms(i * 37 % 5000), i);
+        }
+        let before = w.link_operations();
+        let k = w.insert(t0 + ms(77), 1000);
+        assert_eq!(w.link_operations() - before, 1);
+        assert!(w.reset(k, t0 + ms(3)));
+        assert_eq!(w.link_operations() - before, 3);
+        w.cancel(k);
+        assert_eq!(w.link_operations() - before, 4);
+    }
+
+    #[test]
+    fn overhead_per_timer_is_within_budget() {
+        assert!(Wheel::<u64>::bytes_per_timer() - size_of::<u64>() <= 64);
+        assert!(Wheel::<()>::bytes_per_timer() <= 64);
+        assert!(Wheel::<[u64; 4]>::bytes_per_timer() - size_of::<[u64; 4]>() <= 64);
+    }
+
+    #[test]
+    fn dropping_a_wheel_drops_pending_values() {
+        use std::rc::Rc;
+        let witness = Rc::new(());
+        let (mut w, t0) = wheel();
+        for i in 0..50 {
+            w.insert(t0 + ms(i * 100), Rc::clone(&witness));
+        }
+        drop(w);
+        assert_eq!(Rc::strong_count(&witness), 1);
+    }
+}
