@@ -9,13 +9,27 @@ pub(crate) struct Geometry {
     /// log2 of the slots per level, 1..=6.
     slot_bits: u32,
     levels: u32,
+    /// The level of each bit of a tick count: a lookup, because dividing by a slot width
+    /// only known at run time costs an insert a hardware divide.
+    level_of_bit: [u8; 64],
 }
 
 impl Geometry {
-    pub(crate) const DEFAULT: Self = Self {
-        slot_bits: 6,
-        levels: 6,
-    };
+    pub(crate) const DEFAULT: Self = Self::from_bits(6, 6);
+
+    const fn from_bits(slot_bits: u32, levels: u32) -> Self {
+        let mut level_of_bit = [0; 64];
+        let mut bit = 0;
+        while bit < 64 {
+            level_of_bit[bit] = (bit as u32 / slot_bits) as u8;
+            bit += 1;
+        }
+        Self {
+            slot_bits,
+            levels,
+            level_of_bit,
+        }
+    }
 
     pub(crate) fn new(slots_per_level: usize, levels: usize) -> Result<Self, GeometryError> {
         if !(2..=64).contains(&slots_per_level) || !slots_per_level.is_power_of_two() {
@@ -25,49 +39,54 @@ impl Geometry {
         if levels == 0 || levels * slot_bits as usize > 64 {
             return Err(GeometryError::Levels(levels));
         }
-        Ok(Self {
-            slot_bits,
-            levels: levels as u32,
-        })
+        Ok(Self::from_bits(slot_bits, levels as u32))
     }
 
+    #[inline]
     pub(crate) const fn slots(self) -> usize {
         1 << self.slot_bits
     }
 
+    #[inline]
     pub(crate) const fn levels(self) -> usize {
         self.levels as usize
     }
 
+    #[inline]
     const fn slot_mask(self) -> u64 {
         (1 << self.slot_bits) - 1
     }
 
     /// Bits of a tick count below level `level`'s slot index.
+    #[inline]
     pub(crate) const fn shift(self, level: usize) -> u32 {
         self.slot_bits * level as u32
     }
 
     /// Bits of tick count the levels cover together; 64 means no deadline overflows.
+    #[inline]
     pub(crate) const fn span_bits(self) -> u32 {
         self.slot_bits * self.levels
     }
 
     /// The level a deadline belongs on, seen from `elapsed`: the highest level whose slot
     /// digit differs between the two. `levels()` or more means beyond the wheel's span.
+    #[inline]
     pub(crate) const fn level_for(self, elapsed: u64, deadline: u64) -> usize {
         let differing = (elapsed ^ deadline) | self.slot_mask();
         let highest_bit = 63 - differing.leading_zeros();
-        (highest_bit / self.slot_bits) as usize
+        self.level_of_bit[highest_bit as usize] as usize
     }
 
     /// The slot of `deadline` on level `level`.
+    #[inline]
     pub(crate) const fn slot_for(self, deadline: u64, level: usize) -> usize {
         ((deadline >> self.shift(level)) & self.slot_mask()) as usize
     }
 
     /// The tick at which level `level`'s slot `slot` begins, for the level's current
     /// rotation as seen from `elapsed`.
+    #[inline]
     pub(crate) const fn slot_start(self, elapsed: u64, level: usize, slot: usize) -> u64 {
         let level_bits = self.shift(level) + self.slot_bits;
         let level_start = if level_bits >= 64 {
@@ -80,6 +99,7 @@ impl Geometry {
 
     /// The first occupied slot at or after the one `elapsed` is in, given a level's
     /// occupancy bitmap: a rotate and a trailing-zero count, so empty slots are never walked.
+    #[inline]
     pub(crate) const fn next_occupied(self, elapsed: u64, level: usize, occupied: u64) -> usize {
         let now_slot = self.slot_for(elapsed, level);
         let slots = self.slots() as u32;

@@ -37,3 +37,9 @@ pub use error::{CapacityError, GeometryError};
 pub use timer_key::TimerKey;
 pub use wheel::Wheel;
 pub use wheel_builder::WheelBuilder;
+
+/// Compiles and runs the README's examples as doc tests, so the README cannot drift from
+/// the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -19,32 +19,42 @@ impl List {
         tail: NIL,
     };
 
+    #[inline]
     pub(crate) const fn is_empty(&self) -> bool {
         self.head == NIL
     }
 
-    /// Appends `index`, so that timers filed into one slot leave it in the order they came.
-    pub(crate) fn push_back<T>(&mut self, slab: &mut Slab<Node<T>>, index: u32) {
-        let old_tail = self.tail;
-        {
-            let node = slab.at_mut(index);
-            node.prev = old_tail;
-            node.next = NIL;
-        }
-        if old_tail == NIL {
+    /// The last index, or `NIL`. A node about to be appended is created with this as its
+    /// `prev`, so that [`List::link_back`] need not touch it again.
+    #[inline]
+    pub(crate) const fn tail(&self) -> u32 {
+        self.tail
+    }
+
+    /// Appends `index`, whose node already has `prev == self.tail()` and `next == NIL`:
+    /// appending to the end keeps timers filed into one slot in the order they came.
+    #[inline]
+    pub(crate) fn link_back<T>(&mut self, slab: &mut Slab<Node<T>>, index: u32) {
+        if self.tail == NIL {
             self.head = index;
         } else {
-            slab.at_mut(old_tail).next = index;
+            slab.at_mut(self.tail).next = index;
         }
         self.tail = index;
     }
 
     /// Removes `index`, which must be on this list.
+    #[inline]
     pub(crate) fn unlink<T>(&mut self, slab: &mut Slab<Node<T>>, index: u32) {
-        let (prev, next) = {
-            let node = slab.at(index);
-            (node.prev, node.next)
-        };
+        let node = slab.at(index);
+        let (prev, next) = (node.prev, node.next);
+        self.unlink_between(slab, prev, next);
+    }
+
+    /// Closes the gap a node with links `prev` and `next` leaves, for a node that has
+    /// already been read or removed.
+    #[inline]
+    pub(crate) fn unlink_between<T>(&mut self, slab: &mut Slab<Node<T>>, prev: u32, next: u32) {
         if prev == NIL {
             self.head = next;
         } else {
@@ -57,7 +67,14 @@ impl List {
         }
     }
 
+    /// The first index, or `NIL`.
+    #[inline]
+    pub(crate) const fn head(&self) -> u32 {
+        self.head
+    }
+
     /// Removes and returns the first index.
+    #[inline]
     pub(crate) fn pop_front<T>(&mut self, slab: &mut Slab<Node<T>>) -> Option<u32> {
         let head = self.head;
         if head == NIL {
@@ -68,6 +85,7 @@ impl List {
     }
 
     /// Empties the list and returns what it held, for moving a whole slot at once.
+    #[inline]
     pub(crate) fn take(&mut self) -> Self {
         std::mem::replace(self, Self::EMPTY)
     }

@@ -44,6 +44,7 @@ impl Location {
     pub(crate) const READY: Self = Self::from_code(READY);
     pub(crate) const OVERFLOW: Self = Self::from_code(OVERFLOW);
 
+    #[inline]
     const fn from_code(code: u16) -> Self {
         match NonZeroU16::new(code) {
             Some(code) => Self(code),
@@ -51,10 +52,12 @@ impl Location {
         }
     }
 
+    #[inline]
     pub(crate) const fn slot(level: usize, slot: usize) -> Self {
         Self::from_code((level * SLOT_STRIDE + slot + 1) as u16)
     }
 
+    #[inline]
     pub(crate) const fn decode(self) -> Filed {
         match self.0.get() {
             READY => Filed::Ready,

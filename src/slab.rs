@@ -32,7 +32,7 @@ struct Entry<V> {
 struct Chunk<V> {
     /// `None` once the chunk has been freed; the slot itself stays to remember its generation
     /// floor.
-    entries: Option<Box<[Entry<V>]>>,
+    entries: Option<Box<[Entry<V>; CHUNK_LEN]>>,
     free_head: u32,
     /// Entries holding a value, plus any retired ones (which never come back to the free
     /// list, so they keep the chunk alive).
@@ -98,11 +98,13 @@ impl<V> Slab<V> {
     }
 
     /// Values currently stored.
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Stores `value`, or gives it back when all four billion indices are in use.
+    #[inline]
     pub(crate) fn insert(&mut self, value: V) -> Result<SlabKey, V> {
         let chunk_index = match self.partial_head {
             NIL => match self.grow() {
@@ -137,6 +139,7 @@ impl<V> Slab<V> {
     }
 
     /// The value under `key`, if `key` is still current.
+    #[inline]
     pub(crate) fn get(&self, key: SlabKey) -> Option<&V> {
         let entry = self.entry(key.index)?;
         if entry.generation == key.generation {
@@ -147,6 +150,7 @@ impl<V> Slab<V> {
     }
 
     /// The value under `key`, if `key` is still current.
+    #[inline]
     pub(crate) fn get_mut(&mut self, key: SlabKey) -> Option<&mut V> {
         let entry = self.entry_mut(key.index)?;
         if entry.generation == key.generation {
@@ -162,6 +166,7 @@ impl<V> Slab<V> {
     /// # Panics
     /// If nothing is stored at `index`: that would be a broken link inside corewheel, never
     /// something a caller can cause.
+    #[inline]
     pub(crate) fn at(&self, index: u32) -> &V {
         match self.entry(index).and_then(|e| e.value.as_ref()) {
             Some(value) => value,
@@ -170,6 +175,7 @@ impl<V> Slab<V> {
     }
 
     /// The value at `index`, whatever its generation. See [`Slab::at`].
+    #[inline]
     pub(crate) fn at_mut(&mut self, index: u32) -> &mut V {
         match self.entry_mut(index).and_then(|e| e.value.as_mut()) {
             Some(value) => value,
@@ -179,11 +185,12 @@ impl<V> Slab<V> {
 
     /// Removes and returns the value under `key`, if `key` is still current. Frees the
     /// value's chunk if it was the chunk's last and enough spares are kept already.
+    #[inline]
     pub(crate) fn remove(&mut self, key: SlabKey) -> Option<V> {
         let chunk_index = key.index >> CHUNK_SHIFT;
         let offset = key.index & OFFSET_MASK;
         let chunk = self.chunks.get_mut(chunk_index as usize)?;
-        let entry = chunk.entries.as_deref_mut()?.get_mut(offset as usize)?;
+        let entry = &mut chunk.entries.as_deref_mut()?[offset as usize];
         if entry.generation != key.generation {
             return None;
         }
@@ -214,6 +221,7 @@ impl<V> Slab<V> {
 
     /// Removes and returns whatever value is at `index`. For values the caller holds a
     /// link to, rather than a key.
+    #[inline]
     pub(crate) fn remove_at(&mut self, index: u32) -> Option<V> {
         let generation = self.entry(index)?.generation;
         self.remove(SlabKey { index, generation })
@@ -243,20 +251,18 @@ impl<V> Slab<V> {
         size_of::<Entry<V>>()
     }
 
+    // The offset is masked below CHUNK_LEN, so indexing the fixed-size array needs no
+    // bounds check at run time.
+    #[inline]
     fn entry(&self, index: u32) -> Option<&Entry<V>> {
         let chunk = self.chunks.get((index >> CHUNK_SHIFT) as usize)?;
-        chunk
-            .entries
-            .as_deref()?
-            .get((index & OFFSET_MASK) as usize)
+        Some(&chunk.entries.as_deref()?[(index & OFFSET_MASK) as usize])
     }
 
+    #[inline]
     fn entry_mut(&mut self, index: u32) -> Option<&mut Entry<V>> {
         let chunk = self.chunks.get_mut((index >> CHUNK_SHIFT) as usize)?;
-        chunk
-            .entries
-            .as_deref_mut()?
-            .get_mut((index & OFFSET_MASK) as usize)
+        Some(&mut chunk.entries.as_deref_mut()?[(index & OFFSET_MASK) as usize])
     }
 
     /// Gives a chunk memory (reusing a freed chunk slot if there is one) and puts it on the
@@ -272,7 +278,7 @@ impl<V> Slab<V> {
         };
         let chunk = &mut self.chunks[chunk_index as usize];
         let generation = chunk.generation_floor;
-        let entries = (0..CHUNK_LEN as u32)
+        let entries: Box<[Entry<V>]> = (0..CHUNK_LEN as u32)
             .map(|offset| Entry {
                 value: None,
                 generation,
@@ -283,7 +289,9 @@ impl<V> Slab<V> {
                 },
             })
             .collect();
-        chunk.entries = Some(entries);
+        // Built on the heap as a slice (an array this size could overflow the stack), then
+        // typed as an array; the lengths match by construction.
+        chunk.entries = Some(entries.try_into().ok()?);
         chunk.free_head = 0;
         chunk.live = 0;
         self.empty_chunks += 1;
@@ -303,6 +311,7 @@ impl<V> Slab<V> {
         }
     }
 
+    #[inline]
     fn push_partial(&mut self, chunk_index: u32) {
         let old_head = self.partial_head;
         let chunk = &mut self.chunks[chunk_index as usize];
@@ -314,6 +323,7 @@ impl<V> Slab<V> {
         self.partial_head = chunk_index;
     }
 
+    #[inline]
     fn unlink_partial(&mut self, chunk_index: u32) {
         let (prev, next) = {
             let chunk = &mut self.chunks[chunk_index as usize];

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use strength_reduce::StrengthReducedU64;
+
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 /// The tick that time never reaches. Deadlines past 2^64 - 1 ticks (584 million years at
@@ -13,6 +15,9 @@ pub(crate) const NEVER: u64 = u64::MAX;
 pub(crate) struct Ticks {
     origin: Instant,
     tick_ns: u64,
+    /// Division by the tick as a multiply and shift: a hardware divide would be most of the
+    /// cost of an insert.
+    tick_divisor: StrengthReducedU64,
 }
 
 impl Ticks {
@@ -20,7 +25,11 @@ impl Ticks {
     /// [`Wheel::new`](crate::Wheel::new).
     pub(crate) fn new(tick: Duration, origin: Instant) -> Self {
         let tick_ns = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
-        Self { origin, tick_ns }
+        Self {
+            origin,
+            tick_ns,
+            tick_divisor: StrengthReducedU64::new(tick_ns),
+        }
     }
 
     pub(crate) fn tick(&self) -> Duration {
@@ -33,16 +42,48 @@ impl Ticks {
 
     /// Whole ticks completed at `now`. Instants before the origin count as tick 0, and time
     /// stops just short of [`NEVER`].
+    #[inline]
     pub(crate) fn floor(&self, now: Instant) -> u64 {
-        let ns = now.saturating_duration_since(self.origin).as_nanos();
-        saturate(ns / self.tick_ns as u128).min(NEVER - 1)
+        let ticks = match self.nanos_since_origin(now) {
+            Some(ns) => ns / self.tick_divisor,
+            None => self.far_ticks(now).0,
+        };
+        ticks.min(NEVER - 1)
     }
 
     /// The first tick at or after `deadline`: rounding up is what keeps timers from firing
     /// early. A deadline beyond the tick range becomes [`NEVER`].
+    #[inline]
     pub(crate) fn ceil(&self, deadline: Instant) -> u64 {
-        let ns = deadline.saturating_duration_since(self.origin).as_nanos();
-        saturate(ns.div_ceil(self.tick_ns as u128))
+        match self.nanos_since_origin(deadline) {
+            Some(ns) => {
+                let (ticks, part) = StrengthReducedU64::div_rem(ns, self.tick_divisor);
+                ticks + u64::from(part != 0)
+            }
+            None => {
+                let (ticks, part) = self.far_ticks(deadline);
+                ticks.saturating_add(u64::from(part != 0))
+            }
+        }
+    }
+
+    /// Nanoseconds from the origin to `at` (0 before it), when they fit in a `u64`: for
+    /// 584 years after the origin, so every real deadline takes this path.
+    #[inline]
+    fn nanos_since_origin(&self, at: Instant) -> Option<u64> {
+        let since = at.saturating_duration_since(self.origin);
+        since
+            .as_secs()
+            .checked_mul(1_000_000_000)?
+            .checked_add(u64::from(since.subsec_nanos()))
+    }
+
+    /// Whole ticks from the origin to `at`, saturating, and whether a part tick remains:
+    /// the wide path for instants more than 584 years away.
+    fn far_ticks(&self, at: Instant) -> (u64, u128) {
+        let ns = at.saturating_duration_since(self.origin).as_nanos();
+        let tick = u128::from(self.tick_ns);
+        (saturate(ns / tick), ns % tick)
     }
 
     /// The instant at which tick `tick` begins. A tick too far out for the platform's

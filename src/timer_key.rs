@@ -19,14 +19,17 @@ pub struct TimerKey {
 }
 
 impl TimerKey {
+    #[inline]
     pub(crate) const fn new(index: u32, generation: u32) -> Self {
         Self { index, generation }
     }
 
+    #[inline]
     pub(crate) const fn index(self) -> u32 {
         self.index
     }
 
+    #[inline]
     pub(crate) const fn generation(self) -> u32 {
         self.generation
     }

@@ -71,16 +71,22 @@ use crate::wheel_builder::WheelBuilder;
 pub struct Wheel<T> {
     ticks: Ticks,
     geometry: Geometry,
-    levels: Box<[Level]>,
     /// Every tick up to and including this one has been processed.
     elapsed: u64,
+    lists: Lists,
+    slab: Slab<Node<T>>,
+}
+
+/// Every list a timer can be filed on. Kept apart from the slab so that both can be
+/// borrowed at once: the lists hold heads and tails, the slab the links between.
+struct Lists {
+    levels: Box<[Level]>,
     /// Timers already due: filed with a deadline at or before `elapsed`, or cascaded onto it.
     ready: List,
     /// Timers beyond the levels' span.
     overflow: List,
     /// No overflow timer is due before this tick (a lower bound: cancels do not raise it).
     overflow_earliest: u64,
-    slab: Slab<Node<T>>,
     link_operations: u64,
 }
 
@@ -111,6 +117,88 @@ struct Expiration {
     level: usize,
     slot: usize,
     tick: u64,
+}
+
+impl Lists {
+    #[inline]
+    fn list(&self, location: Location) -> &List {
+        match location.decode() {
+            Filed::Ready => &self.ready,
+            Filed::Overflow => &self.overflow,
+            Filed::Slot { level, slot } => &self.levels[level].slots[slot].timers,
+        }
+    }
+
+    /// Appends a node whose links were set from `self.list(location).tail()`.
+    // Forced: LLVM leaves these out of line on size, and the call is a tenth of an insert.
+    #[inline(always)]
+    fn link_back<T>(
+        &mut self,
+        slab: &mut Slab<Node<T>>,
+        location: Location,
+        index: u32,
+        deadline: u64,
+    ) {
+        self.link_operations += 1;
+        match location.decode() {
+            Filed::Ready => self.ready.link_back(slab, index),
+            Filed::Overflow => {
+                self.overflow_earliest = self.overflow_earliest.min(deadline);
+                self.overflow.link_back(slab, index);
+            }
+            Filed::Slot { level, slot } => {
+                let level = &mut self.levels[level];
+                level.occupied |= 1 << slot;
+                let slot = &mut level.slots[slot];
+                slot.earliest = slot.earliest.min(deadline);
+                slot.timers.link_back(slab, index);
+            }
+        }
+    }
+
+    /// Closes the gap left by a node that was on the list at `location` with links `prev`
+    /// and `next`.
+    #[inline(always)]
+    fn unlink_between<T>(
+        &mut self,
+        slab: &mut Slab<Node<T>>,
+        location: Location,
+        prev: u32,
+        next: u32,
+    ) {
+        self.link_operations += 1;
+        match location.decode() {
+            Filed::Ready => self.ready.unlink_between(slab, prev, next),
+            Filed::Overflow => self.overflow.unlink_between(slab, prev, next),
+            Filed::Slot { level, slot } => {
+                let timers = &mut self.levels[level].slots[slot].timers;
+                timers.unlink_between(slab, prev, next);
+                if timers.is_empty() {
+                    self.mark_empty(level, slot);
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn mark_empty(&mut self, level: usize, slot: usize) {
+        let level = &mut self.levels[level];
+        level.occupied &= !(1 << slot);
+        level.slots[slot].earliest = u64::MAX;
+    }
+
+    /// Empties a coarse slot, or the overflow list when `level` is past the last level, and
+    /// returns what it held.
+    fn take(&mut self, level: usize, slot: usize) -> List {
+        if level < self.levels.len() {
+            let timers = self.levels[level].slots[slot].timers.take();
+            self.mark_empty(level, slot);
+            timers
+        } else {
+            self.overflow_earliest = u64::MAX;
+            self.overflow.take()
+        }
+    }
 }
 
 impl Wheel<()> {
@@ -155,13 +243,15 @@ impl<T> Wheel<T> {
         Self {
             ticks,
             geometry,
-            levels: (0..geometry.levels()).map(|_| level()).collect(),
             elapsed: 0,
-            ready: List::EMPTY,
-            overflow: List::EMPTY,
-            overflow_earliest: u64::MAX,
+            lists: Lists {
+                levels: (0..geometry.levels()).map(|_| level()).collect(),
+                ready: List::EMPTY,
+                overflow: List::EMPTY,
+                overflow_earliest: u64::MAX,
+                link_operations: 0,
+            },
             slab: Slab::with_capacity(capacity),
-            link_operations: 0,
         }
     }
 
@@ -172,6 +262,7 @@ impl<T> Wheel<T> {
     /// # Panics
     /// Only if about four billion timers are already live, the most a 32-bit key can name;
     /// [`try_insert`](Wheel::try_insert) returns an error instead.
+    #[inline]
     pub fn insert(&mut self, deadline: Instant, value: T) -> TimerKey {
         match self.try_insert(deadline, value) {
             Ok(key) => key,
@@ -181,47 +272,64 @@ impl<T> Wheel<T> {
 
     /// Arms a timer like [`insert`](Wheel::insert), or hands `value` back when the wheel
     /// cannot name another timer.
+    #[inline]
     pub fn try_insert(
         &mut self,
         deadline: Instant,
         value: T,
     ) -> Result<TimerKey, CapacityError<T>> {
         let deadline = self.ticks.ceil(deadline);
+        let location = self.location_for(deadline);
         let node = Node {
             deadline,
-            prev: NIL,
+            prev: self.lists.list(location).tail(),
             next: NIL,
-            location: Location::READY,
+            location,
             value,
         };
         let key = self
             .slab
             .insert(node)
             .map_err(|node| CapacityError(node.value))?;
-        self.file(key.index, deadline);
+        self.lists
+            .link_back(&mut self.slab, location, key.index, deadline);
         Ok(TimerKey::new(key.index, key.generation))
     }
 
     /// Stops the timer and returns its value, or `None` if the key is stale: the timer
     /// already fired or was cancelled.
+    #[inline]
     pub fn cancel(&mut self, key: TimerKey) -> Option<T> {
-        let key = slab_key(key);
-        self.slab.get(key)?;
-        self.unfile(key.index);
-        self.slab.remove(key).map(|node| node.value)
+        let node = self.slab.remove(slab_key(key))?;
+        self.lists
+            .unlink_between(&mut self.slab, node.location, node.prev, node.next);
+        Some(node.value)
     }
 
     /// Moves the timer's deadline to `deadline`, earlier or later. Returns `false`, and
     /// changes nothing, if the key is stale.
+    ///
+    /// Pushing a deadline back only stores it: the timer stays filed where it was, and is
+    /// moved to where it now belongs when that earlier place comes due. So an idle timeout
+    /// reset on every read costs one write to its node, however often it is reset. An
+    /// earlier deadline is re-filed at once.
+    #[inline]
     pub fn reset(&mut self, key: TimerKey, deadline: Instant) -> bool {
-        let key = slab_key(key);
         let deadline = self.ticks.ceil(deadline);
-        let Some(node) = self.slab.get_mut(key) else {
+        let Some(node) = self.slab.get_mut(slab_key(key)) else {
             return false;
         };
+        // The ready list is handed out without looking at deadlines, so only timers filed
+        // by time may be left where they are.
+        if deadline >= node.deadline && node.location != Location::READY {
+            node.deadline = deadline;
+            return true;
+        }
         node.deadline = deadline;
-        self.unfile(key.index);
-        self.file(key.index, deadline);
+        let (location, prev, next) = (node.location, node.prev, node.next);
+        self.lists
+            .unlink_between(&mut self.slab, location, prev, next);
+        self.file(key.index(), deadline);
         true
     }
 
@@ -230,11 +338,12 @@ impl<T> Wheel<T> {
     /// Call it in a loop until it returns `None`. Timers due in the same tick come out in
     /// the order they were filed into it. A `now` earlier than an earlier poll's is treated
     /// as that earlier time.
+    #[inline]
     pub fn poll_expired(&mut self, now: Instant) -> Option<T> {
         let now = self.ticks.floor(now).max(self.elapsed);
         loop {
-            if let Some(index) = self.ready.pop_front(&mut self.slab) {
-                return Some(self.take(index));
+            if let Some(value) = self.take_first(Location::READY) {
+                return Some(value);
             }
             let due = match self.next_expiration() {
                 Some(due) if due.tick <= now => due,
@@ -245,14 +354,21 @@ impl<T> Wheel<T> {
             };
             self.elapsed = due.tick;
             if due.level == 0 {
-                // Every timer in a finest-level slot is due at the slot's tick: hand them out
-                // straight from the slot, one per call, rather than moving them first.
-                let slot = &mut self.levels[0].slots[due.slot];
-                if let Some(index) = slot.timers.pop_front(&mut self.slab) {
-                    if slot.timers.is_empty() {
-                        self.mark_empty(0, due.slot);
+                // A finest-level slot holds timers due at its tick, and timers whose
+                // deadline was pushed back since they were filed: hand out the first kind
+                // straight from the slot, one per call, and move the second on.
+                let location = Location::slot(0, due.slot);
+                let head = self.lists.list(location).head();
+                let node = self.slab.at(head);
+                let (deadline, next) = (node.deadline, node.next);
+                if deadline <= due.tick {
+                    if let Some(value) = self.take_first(location) {
+                        return Some(value);
                     }
-                    return Some(self.take(index));
+                } else {
+                    self.lists
+                        .unlink_between(&mut self.slab, location, NIL, next);
+                    self.file(head, deadline);
                 }
             } else {
                 self.cascade(due);
@@ -264,21 +380,22 @@ impl<T> Wheel<T> {
     /// or `None` when the wheel is empty.
     ///
     /// Never later than the earliest pending deadline (rounded up to the tick). It is that
-    /// deadline exactly unless the earliest timer of a coarse slot was cancelled or reset,
-    /// in which case it can be earlier: a poll then returns `None`, and this moves on. When
+    /// deadline exactly unless the earliest timer was cancelled or pushed back since it was
+    /// filed, in which case it can be earlier: a poll then returns `None`, and this moves
+    /// on. When
     /// a timer is already due it returns the last polled tick, which is not in the future.
     pub fn next_deadline(&self) -> Option<Instant> {
-        if !self.ready.is_empty() {
+        if !self.lists.ready.is_empty() {
             return Some(self.ticks.instant_at(self.elapsed));
         }
         let due = self.next_expiration()?;
         let earliest = if due.level == 0 {
             due.tick
-        } else if due.level < self.levels.len() {
+        } else if due.level < self.lists.levels.len() {
             due.tick
-                .max(self.levels[due.level].slots[due.slot].earliest)
+                .max(self.lists.levels[due.level].slots[due.slot].earliest)
         } else {
-            due.tick.max(self.overflow_earliest)
+            due.tick.max(self.lists.overflow_earliest)
         };
         Some(self.ticks.instant_at(earliest))
     }
@@ -290,16 +407,19 @@ impl<T> Wheel<T> {
     }
 
     /// Whether the key names a pending timer.
+    #[inline]
     pub fn contains(&self, key: TimerKey) -> bool {
         self.slab.get(slab_key(key)).is_some()
     }
 
     /// Pending timers.
+    #[inline]
     pub fn len(&self) -> usize {
         self.slab.len()
     }
 
     /// Whether no timer is pending.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.slab.len() == 0
     }
@@ -323,7 +443,8 @@ impl<T> Wheel<T> {
     /// Excludes anything `T` itself points to.
     pub fn allocated_bytes(&self) -> usize {
         self.slab.allocated_bytes()
-            + self.levels.len() * (size_of::<Level>() + self.geometry.slots() * size_of::<Slot>())
+            + self.lists.levels.len()
+                * (size_of::<Level>() + self.geometry.slots() * size_of::<Slot>())
     }
 
     /// Bytes the slab spends per timer, `T` included. The overhead beyond `T` is this minus
@@ -332,83 +453,62 @@ impl<T> Wheel<T> {
         Slab::<Node<T>>::bytes_per_entry()
     }
 
-    /// Single-timer list operations done so far: an insert is 1, a cancel 1, a reset 2,
-    /// handing out a due timer 1, and moving a timer from a coarse slot to a finer one 2.
+    /// Single-timer list operations done so far: an insert is 1, a cancel 1, a reset that
+    /// brings a deadline forward 2 (one that pushes it back 0, until its old place comes
+    /// due and it is moved: 2), handing out a due timer 1, and moving a timer from a coarse
+    /// slot to a finer one 1.
     ///
     /// A measure of the wheel's work, which shows that insert, cancel and reset are O(1)
     /// and how much cascading a workload causes.
     pub fn link_operations(&self) -> u64 {
-        self.link_operations
+        self.lists.link_operations
     }
 
-    /// Puts a node onto the list its deadline belongs to, as seen from `elapsed`.
-    fn file(&mut self, index: u32, deadline: u64) {
-        self.link_operations += 1;
+    /// The list a deadline belongs on, as seen from `elapsed`.
+    #[inline]
+    fn location_for(&self, deadline: u64) -> Location {
         if deadline <= self.elapsed {
-            self.slab.at_mut(index).location = Location::READY;
-            self.ready.push_back(&mut self.slab, index);
-            return;
+            return Location::READY;
         }
         let level = self.geometry.level_for(self.elapsed, deadline);
-        if level >= self.levels.len() {
-            self.slab.at_mut(index).location = Location::OVERFLOW;
-            self.overflow.push_back(&mut self.slab, index);
-            self.overflow_earliest = self.overflow_earliest.min(deadline);
-            return;
-        }
-        let slot_index = self.geometry.slot_for(deadline, level);
-        self.slab.at_mut(index).location = Location::slot(level, slot_index);
-        let level_state = &mut self.levels[level];
-        level_state.occupied |= 1 << slot_index;
-        let slot = &mut level_state.slots[slot_index];
-        slot.earliest = slot.earliest.min(deadline);
-        slot.timers.push_back(&mut self.slab, index);
-    }
-
-    /// Takes a node off whichever list it is on.
-    fn unfile(&mut self, index: u32) {
-        self.link_operations += 1;
-        match self.slab.at(index).location.decode() {
-            Filed::Ready => self.ready.unlink(&mut self.slab, index),
-            Filed::Overflow => self.overflow.unlink(&mut self.slab, index),
-            Filed::Slot { level, slot } => {
-                let timers = &mut self.levels[level].slots[slot].timers;
-                timers.unlink(&mut self.slab, index);
-                if timers.is_empty() {
-                    self.mark_empty(level, slot);
-                }
-            }
+        if level >= self.lists.levels.len() {
+            Location::OVERFLOW
+        } else {
+            Location::slot(level, self.geometry.slot_for(deadline, level))
         }
     }
 
-    fn mark_empty(&mut self, level: usize, slot: usize) {
-        let level_state = &mut self.levels[level];
-        level_state.occupied &= !(1 << slot);
-        level_state.slots[slot].earliest = u64::MAX;
+    /// Puts a node that is on no list onto the one its deadline belongs to.
+    #[inline]
+    fn file(&mut self, index: u32, deadline: u64) {
+        let location = self.location_for(deadline);
+        let tail = self.lists.list(location).tail();
+        let node = self.slab.at_mut(index);
+        node.location = location;
+        node.prev = tail;
+        node.next = NIL;
+        self.lists
+            .link_back(&mut self.slab, location, index, deadline);
     }
 
-    /// Removes a node that has come off its list and returns its value.
-    fn take(&mut self, index: u32) -> T {
-        self.link_operations += 1;
-        match self.slab.remove_at(index) {
-            Some(node) => node.value,
-            None => unreachable!("a linked node is always live"),
+    /// Removes the first timer of the list at `location` and returns its value.
+    #[inline]
+    fn take_first(&mut self, location: Location) -> Option<T> {
+        let head = self.lists.list(location).head();
+        if head == NIL {
+            return None;
         }
+        let node = self.slab.remove_at(head)?;
+        self.lists
+            .unlink_between(&mut self.slab, location, NIL, node.next);
+        Some(node.value)
     }
 
     /// Re-files every timer of a coarse slot (or of the overflow list) now that `elapsed`
     /// has reached its start: each lands on a finer level, or on the ready list.
     fn cascade(&mut self, due: Expiration) {
-        let mut timers = if due.level < self.levels.len() {
-            let timers = self.levels[due.level].slots[due.slot].timers.take();
-            self.mark_empty(due.level, due.slot);
-            timers
-        } else {
-            self.overflow_earliest = u64::MAX;
-            self.overflow.take()
-        };
+        let mut timers = self.lists.take(due.level, due.slot);
         while let Some(index) = timers.pop_front(&mut self.slab) {
-            self.link_operations += 1;
             let deadline = self.slab.at(index).deadline;
             self.file(index, deadline);
         }
@@ -417,8 +517,9 @@ impl<T> Wheel<T> {
     /// The first slot at or after `elapsed` that holds timers, finest level first: every
     /// timer on a finer level is due before the next slot of any coarser level begins, so
     /// the first hit is the earliest. The overflow list comes after every level.
+    #[inline]
     fn next_expiration(&self) -> Option<Expiration> {
-        for (level, state) in self.levels.iter().enumerate() {
+        for (level, state) in self.lists.levels.iter().enumerate() {
             if state.occupied == 0 {
                 continue;
             }
@@ -429,20 +530,21 @@ impl<T> Wheel<T> {
             debug_assert!(tick >= self.elapsed, "a slot behind elapsed was skipped");
             return Some(Expiration { level, slot, tick });
         }
-        if self.overflow.is_empty() {
+        if self.lists.overflow.is_empty() {
             return None;
         }
         // Overflow timers are filed into the levels at the start of their epoch, the first
         // tick whose digits above the levels' span match theirs.
         let span = self.geometry.span_bits();
         Some(Expiration {
-            level: self.levels.len(),
+            level: self.lists.levels.len(),
             slot: 0,
-            tick: (self.overflow_earliest >> span) << span,
+            tick: (self.lists.overflow_earliest >> span) << span,
         })
     }
 }
 
+#[inline]
 fn slab_key(key: TimerKey) -> SlabKey {
     SlabKey {
         index: key.index(),
@@ -549,6 +651,28 @@ mod tests {
         assert!(w.reset(k, t0 + ms(5000)));
         assert_eq!(w.poll_expired(t0 + ms(4999)), None);
         assert_eq!(w.poll_expired(t0 + ms(5000)), Some(2));
+    }
+
+    #[test]
+    fn pushing_a_deadline_back_is_lazy_and_never_fires_at_the_old_one() {
+        let (mut w, t0) = wheel();
+        let fine = w.insert(t0 + ms(5), "fine");
+        let coarse = w.insert(t0 + ms(100), "coarse");
+        let before = w.link_operations();
+        for step in 1..=20 {
+            assert!(w.reset(fine, t0 + ms(5 + step)));
+            assert!(w.reset(coarse, t0 + ms(100 + 3 * step)));
+        }
+        assert_eq!(
+            w.link_operations(),
+            before,
+            "pushing back does no list work"
+        );
+        assert_eq!(w.deadline(fine), Some(t0 + ms(25)));
+        assert_eq!(w.poll_expired(t0 + ms(24)), None);
+        assert_eq!(w.poll_expired(t0 + ms(25)), Some("fine"));
+        assert_eq!(w.poll_expired(t0 + ms(159)), None);
+        assert_eq!(w.poll_expired(t0 + ms(160)), Some("coarse"));
     }
 
     #[test]
