@@ -1,0 +1,113 @@
+//! The subjects a workload drives: corewheel's `Wheel` and real peer crates, behind one small
+//! trait so that every subject runs exactly the same harness loop.
+
+pub mod binary_heap;
+pub mod delay_queue;
+pub mod wheel;
+
+use std::time::Instant;
+
+use binary_heap::TombstoneHeap;
+
+/// One timer structure under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    Corewheel,
+    DelayQueue,
+    BinaryHeap,
+}
+
+impl Subject {
+    pub const ALL: [Subject; 3] = [Subject::Corewheel, Subject::DelayQueue, Subject::BinaryHeap];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Subject::Corewheel => "corewheel",
+            Subject::DelayQueue => "delay-queue",
+            Subject::BinaryHeap => "binary-heap",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|subject| subject.name() == name)
+    }
+
+    /// How the subject is built and driven, for the header.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Subject::Corewheel => {
+                "corewheel::Wheel, 1 ms tick, owned by one thread as an event loop embeds it"
+            }
+            Subject::DelayQueue => {
+                "tokio-util 0.7 DelayQueue, owned by one task in a current_thread runtime with the time driver"
+            }
+            Subject::BinaryHeap => {
+                "std BinaryHeap, lazy cancellation: a tombstone per cancelled timer, dropped at the top or in a rebuild once tombstones outnumber live timers"
+            }
+        }
+    }
+}
+
+/// Peers whose workloads need threads or async tasks; the multi-core engine brings them.
+pub const NOT_YET: [(&str, &str); 2] = [
+    ("tokio-sleep", "tokio::time::sleep, one task per timer"),
+    ("pingora-timeout", "pingora-timeout's timeouts"),
+];
+
+/// What the single-owner workloads do to a timer structure.
+///
+/// The methods are the structure's own operations, one call each, so the harness measures
+/// the structure and not an adapter.
+pub trait TimerQueue<T> {
+    /// What the structure hands back to name a timer.
+    type Key: Copy;
+
+    fn arm(&mut self, deadline: Instant, value: T) -> Self::Key;
+
+    /// Stops the timer, returning its value, or `None` if the key names no pending timer.
+    fn cancel(&mut self, key: Self::Key) -> Option<T>;
+
+    /// Moves the timer's deadline and returns the key that now names it (a tombstone heap
+    /// has to mint a new one).
+    fn reset(&mut self, key: Self::Key, deadline: Instant) -> Self::Key;
+
+    /// Puts the structure in the state a live event loop keeps it in, by polling it once.
+    /// Fails if that poll fired a timer, which would mean the machine stalled for
+    /// milliseconds and the run's bookkeeping no longer holds.
+    fn settle(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Returns spare memory to the allocator where the structure has a way to; `false` if
+    /// it has none.
+    fn release_spare_memory(&mut self) -> bool {
+        false
+    }
+
+    /// The heap bytes the structure says it holds, where it can say.
+    fn accounted_bytes(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// A measurement that runs the same code on any subject's structure.
+///
+/// A trait rather than a closure because the measurement is generic over the structure.
+pub trait Measure<T> {
+    type Output;
+
+    fn measure<Q: TimerQueue<T>>(self, queue: &mut Q) -> Result<Self::Output, String>;
+}
+
+/// Runs `measurement` on a fresh, empty structure of `subject`'s kind, inside a runtime for
+/// DelayQueue.
+pub fn measure_fresh<T, M: Measure<T>>(
+    subject: Subject,
+    measurement: M,
+) -> Result<M::Output, String> {
+    match subject {
+        Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),
+        Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,
+        Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
+    }
+}

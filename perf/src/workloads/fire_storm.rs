@@ -1,0 +1,264 @@
+//! fire-storm: a million timers all due within one second (deadlines uniform in
+//! [start + 1 s, start + 2 s)), fired on the real clock the way each subject's users fire
+//! them: corewheel and the heap by a loop that sleeps until the next deadline and then
+//! drains what is due, DelayQueue by awaiting its stream in a tokio runtime.
+
+use std::future::poll_fn;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use corewheel::Wheel;
+use tokio_util::time::DelayQueue;
+
+use crate::cpu_time::thread_cpu_time;
+use crate::peers::binary_heap::TombstoneHeap;
+use crate::peers::{Subject, TimerQueue, delay_queue, wheel};
+use crate::report::{Csv, RATIO_LEGEND, Table, ratio_cells, thousands};
+use crate::rng::XorShift64;
+use crate::workloads::lateness::{Lateness, LatenessSummary};
+use crate::workloads::{ns_per, ratio_columns, ratio_headers};
+
+pub const NAME: &str = "fire-storm";
+const FIRST_DUE: Duration = Duration::from_secs(1);
+const SPREAD_NS: u64 = 1_000_000_000;
+/// The longest one sleep of the driving loops. An event loop bounds its wait so that it
+/// notices new work; here the bound only splits the wait for the first deadline.
+const SLEEP_CAP: Duration = Duration::from_millis(10);
+
+struct Storm {
+    insert: Duration,
+    first_deadline: Instant,
+    /// When the last insert returned: after `first_deadline`, timers were due before the
+    /// driving loop began, and their lateness includes the rest of the inserting.
+    armed_at: Instant,
+    fire_cpu: Option<Duration>,
+    lateness: LatenessSummary,
+}
+
+/// Arms the storm. Each timer's value is its own deadline, so whoever fires it can tell how
+/// late it is.
+fn arm<Q: TimerQueue<Instant>>(queue: &mut Q, timers: u64) -> (Duration, Instant) {
+    let mut rng = XorShift64::new(XorShift64::SEED);
+    let start = Instant::now();
+    let mut first = start + FIRST_DUE + Duration::from_nanos(SPREAD_NS);
+    let started = Instant::now();
+    for _ in 0..timers {
+        let deadline = start + FIRST_DUE + Duration::from_nanos(rng.below(SPREAD_NS));
+        first = first.min(deadline);
+        queue.arm(deadline, deadline);
+    }
+    (started.elapsed(), first)
+}
+
+fn sleep_until(deadline: Instant) {
+    let now = Instant::now();
+    if deadline > now {
+        thread::sleep((deadline - now).min(SLEEP_CAP));
+    }
+}
+
+fn cpu_since(start: Option<Duration>) -> Option<Duration> {
+    Some(thread_cpu_time()?.saturating_sub(start?))
+}
+
+fn storm_corewheel(timers: u64, capacity: usize) -> Storm {
+    let mut lateness = Lateness::with_capacity(capacity);
+    let mut queue: Wheel<Instant> = wheel::new_wheel();
+    let (insert, first_deadline) = arm(&mut queue, timers);
+    let armed_at = Instant::now();
+    let cpu = thread_cpu_time();
+    while let Some(next) = queue.next_deadline() {
+        sleep_until(next);
+        let now = Instant::now();
+        while let Some(deadline) = queue.poll_expired(now) {
+            lateness.record(deadline, now, Instant::now());
+        }
+    }
+    Storm {
+        insert,
+        first_deadline,
+        armed_at,
+        fire_cpu: cpu_since(cpu),
+        lateness: lateness.summarize(),
+    }
+}
+
+fn storm_binary_heap(timers: u64, capacity: usize) -> Storm {
+    let mut lateness = Lateness::with_capacity(capacity);
+    let mut queue: TombstoneHeap<Instant> = TombstoneHeap::new();
+    let (insert, first_deadline) = arm(&mut queue, timers);
+    let armed_at = Instant::now();
+    let cpu = thread_cpu_time();
+    while let Some(next) = queue.next_deadline() {
+        sleep_until(next);
+        let now = Instant::now();
+        while let Some(deadline) = queue.pop_expired(now) {
+            lateness.record(deadline, now, Instant::now());
+        }
+    }
+    Storm {
+        insert,
+        first_deadline,
+        armed_at,
+        fire_cpu: cpu_since(cpu),
+        lateness: lateness.summarize(),
+    }
+}
+
+fn storm_delay_queue(timers: u64, capacity: usize) -> Result<Storm, String> {
+    let runtime = delay_queue::runtime()?;
+    Ok(runtime.block_on(async {
+        let mut lateness = Lateness::with_capacity(capacity);
+        let mut queue: DelayQueue<Instant> = DelayQueue::new();
+        let (insert, first_deadline) = arm(&mut queue, timers);
+        let armed_at = Instant::now();
+        let cpu = thread_cpu_time();
+        // DelayQueue decides inside the runtime's timer when a timer is due, so the moment
+        // it reaches this loop is the only clock reading there is to check it against.
+        while let Some(expired) = poll_fn(|cx| queue.poll_expired(cx)).await {
+            let fired_at = Instant::now();
+            lateness.record(expired.into_inner(), fired_at, fired_at);
+        }
+        Storm {
+            insert,
+            first_deadline,
+            armed_at,
+            fire_cpu: cpu_since(cpu),
+            lateness: lateness.summarize(),
+        }
+    }))
+}
+
+fn storm(subject: Subject, timers: u64) -> Result<Storm, String> {
+    let capacity = usize::try_from(timers).map_err(|_| "too many timers for this machine")?;
+    match subject {
+        Subject::Corewheel => Ok(storm_corewheel(timers, capacity)),
+        Subject::DelayQueue => storm_delay_queue(timers, capacity),
+        Subject::BinaryHeap => Ok(storm_binary_heap(timers, capacity)),
+    }
+}
+
+fn micros(duration: Duration) -> String {
+    format!("{:.0}", duration.as_secs_f64() * 1e6)
+}
+
+pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
+    let results: Vec<Result<Storm, String>> = subjects
+        .iter()
+        .map(|&subject| {
+            eprintln!(
+                "running {NAME}/{} (about 2 s of real time) ...",
+                subject.name()
+            );
+            storm(subject, timers)
+        })
+        .collect();
+
+    let costs: Vec<Option<f64>> = results
+        .iter()
+        .map(|result| {
+            let storm = result.as_ref().ok()?;
+            Some(ns_per(storm.fire_cpu?, storm.lateness.fired))
+        })
+        .collect();
+    let columns = ratio_columns(subjects);
+    let mut table = Table::new(
+        format!(
+            "{NAME} (1 thread, {} timers due within 1 s, real clock)",
+            thousands(timers)
+        ),
+        &[
+            "subject",
+            "ns/insert",
+            "fire CPU ns/timer",
+            "M fired/CPU-s",
+            "first due..last fired ms",
+            "p50 late us",
+            "p99 late us",
+            "max late us",
+            "early",
+        ],
+    );
+    ratio_headers(&mut table, subjects, &columns);
+    let mut errors = Vec::new();
+    for (row, (subject, result)) in subjects.iter().zip(&results).enumerate() {
+        let name = subject.name();
+        let storm = match result {
+            Ok(storm) => storm,
+            Err(error) => {
+                table.row(vec![name.to_string(), "error".to_string()]);
+                table.note(format!("{name}: {error}"));
+                continue;
+            }
+        };
+        let late = &storm.lateness;
+        let span = late
+            .last_fire
+            .map(|last| last.saturating_duration_since(storm.first_deadline));
+        let insert_ns = ns_per(storm.insert, timers);
+        let show = |value: Option<String>| value.unwrap_or_else(|| "n/a".to_string());
+        let mut cells = vec![
+            name.to_string(),
+            format!("{insert_ns:.1}"),
+            show(costs[row].map(|ns| format!("{ns:.1}"))),
+            show(costs[row].map(|ns| format!("{:.2}", 1e3 / ns))),
+            show(span.map(|span| format!("{:.1}", span.as_secs_f64() * 1e3))),
+            micros(late.p50),
+            micros(late.p99),
+            micros(late.max),
+            thousands(late.early),
+        ];
+        cells.extend(ratio_cells(&costs, row, &columns));
+        table.row(cells);
+
+        if late.early > 0 {
+            errors.push(format!(
+                "ERROR: {name} fired {} of {} timers EARLY, before their deadline",
+                thousands(late.early),
+                thousands(late.fired)
+            ));
+        }
+        if late.fired != timers {
+            errors.push(format!(
+                "ERROR: {name} fired {} timers, not {}",
+                thousands(late.fired),
+                thousands(timers)
+            ));
+        }
+        if storm.armed_at > storm.first_deadline {
+            table.note(format!(
+                "{name}: inserting took past the first deadline, so early timers' lateness includes the rest of the inserting"
+            ));
+        }
+
+        let mut metrics = vec![
+            ("ns_per_insert", insert_ns, "ns"),
+            ("lateness_p50", late.p50.as_secs_f64() * 1e6, "us"),
+            ("lateness_p99", late.p99.as_secs_f64() * 1e6, "us"),
+            ("lateness_max", late.max.as_secs_f64() * 1e6, "us"),
+            ("early_fires", late.early as f64, "count"),
+            ("fired", late.fired as f64, "count"),
+        ];
+        if let Some(ns) = costs[row] {
+            metrics.push(("fire_cpu_ns_per_timer", ns, "ns"));
+        }
+        if let Some(span) = span {
+            metrics.push(("first_due_to_last_fired", span.as_secs_f64() * 1e3, "ms"));
+        }
+        csv.push_metrics(NAME, name, timers, &metrics);
+    }
+    table.note("fire CPU: this thread's CPU time from the last insert to the last fire (the sleeps cost none), per timer fired");
+    table.note("late: fire instant (clock read as the value reaches the loop) - deadline; corewheel and DelayQueue round deadlines up to 1 ms, the heap fires at the exact instant");
+    table.note("early: fire instant or the poll's `now` before the deadline; must be 0");
+    if !columns.is_empty() {
+        table.note(format!("{RATIO_LEGEND}; on fire CPU"));
+    }
+    table.print();
+    for error in &errors {
+        println!("{error}");
+        eprintln!("{error}");
+    }
+    if !errors.is_empty() {
+        println!();
+    }
+}

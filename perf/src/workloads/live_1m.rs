@@ -1,0 +1,455 @@
+//! live-1m: a million live timers. Inserts them (delays uniform in 1 ms..30 s), measures
+//! what they cost in resident memory, then cancels them all in a random order and measures
+//! what memory comes back.
+//!
+//! Each subject runs in a fresh child process (see `child.rs`): in one process, a subject
+//! measured after another would reuse the pages the first one freed, and the allocator's
+//! retention would decide the comparison.
+
+use std::hint::black_box;
+use std::mem::MaybeUninit;
+use std::time::Instant;
+
+use crate::allocator;
+use crate::child;
+use crate::peers::{Measure, Subject, TimerQueue, measure_fresh};
+use crate::repeat::{self, in_turns, median, spread};
+use crate::report::{Csv, RATIO_LEGEND, Table, mib, ratio_cells, thousands};
+use crate::rng::XorShift64;
+use crate::rss;
+use crate::workloads::{ns_per, ratio_columns, request_timeout};
+
+pub const NAME: &str = "live-1m";
+
+/// What one subject's run measured. RSS readings are `None` where the OS has no `/proc`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveResult {
+    pub ns_per_insert: f64,
+    pub ns_per_cancel: f64,
+    pub rss_before: Option<u64>,
+    pub rss_live: Option<u64>,
+    pub rss_cancelled: Option<u64>,
+    /// After the structure's own call to give memory back, where it has one.
+    pub rss_shrunk: Option<u64>,
+    /// The structure's own count of its heap bytes with every timer live.
+    pub accounted_live: Option<u64>,
+    /// How much of the process's anonymous memory sat on transparent huge pages with every
+    /// timer live: the kernel's choice, and one that moves cache-missing costs a lot.
+    pub huge_live: Option<u64>,
+    /// The structure's own count after every timer was cancelled, before any shrink.
+    pub accounted_cancelled: Option<u64>,
+}
+
+struct Live1m {
+    timers: u64,
+}
+
+impl Measure<u64> for Live1m {
+    type Output = LiveResult;
+
+    fn measure<Q: TimerQueue<u64>>(self, queue: &mut Q) -> Result<LiveResult, String> {
+        let n = usize::try_from(self.timers).map_err(|_| "too many timers for this machine")?;
+        let mut rng = XorShift64::new(XorShift64::SEED);
+        let mut keys: Vec<Q::Key> = Vec::with_capacity(n);
+        // Touch the key vector's pages now, so that the RSS delta below is the structure's
+        // alone and not the harness's bookkeeping too.
+        for slot in keys.spare_capacity_mut() {
+            *slot = MaybeUninit::zeroed();
+        }
+        black_box(keys.as_mut_ptr());
+
+        let rss_before = rss::resident_bytes();
+        let base = Instant::now();
+        let started = Instant::now();
+        for i in 0..self.timers {
+            keys.push(queue.arm(base + request_timeout(&mut rng), i));
+            if i == 0 {
+                queue.settle()?;
+            }
+        }
+        let inserted = started.elapsed();
+        let rss_live = rss::resident_bytes();
+        let accounted_live = queue.accounted_bytes().map(|bytes| bytes as u64);
+        let huge_live = rss::huge_page_bytes();
+
+        rng.shuffle(&mut keys);
+        let mut missing = 0u64;
+        let started = Instant::now();
+        for &key in &keys {
+            if black_box(queue.cancel(key)).is_none() {
+                missing += 1;
+            }
+        }
+        let cancelled = started.elapsed();
+        let rss_cancelled = rss::resident_bytes();
+        let accounted_cancelled = queue.accounted_bytes().map(|bytes| bytes as u64);
+        let rss_shrunk = if queue.release_spare_memory() {
+            rss::resident_bytes()
+        } else {
+            None
+        };
+        if missing > 0 {
+            return Err(format!("{missing} cancels found no timer"));
+        }
+        Ok(LiveResult {
+            ns_per_insert: ns_per(inserted, self.timers),
+            ns_per_cancel: ns_per(cancelled, self.timers),
+            rss_before,
+            rss_live,
+            rss_cancelled,
+            rss_shrunk,
+            accounted_live,
+            huge_live,
+            accounted_cancelled,
+        })
+    }
+}
+
+/// Measures one subject in this process. The child process calls this.
+pub fn measure_here(subject: Subject, timers: u64) -> Result<LiveResult, String> {
+    measure_fresh(subject, Live1m { timers })
+}
+
+impl LiveResult {
+    /// One `name value` line per field, `-` for a reading that is missing: what a child
+    /// process prints for its parent.
+    pub fn encode(&self) -> String {
+        fn opt(value: Option<u64>) -> String {
+            value.map_or_else(|| "-".to_string(), |value| value.to_string())
+        }
+        format!(
+            "ns_per_insert {}\nns_per_cancel {}\nrss_before {}\nrss_live {}\nrss_cancelled {}\nrss_shrunk {}\naccounted_live {}\nhuge_live {}\naccounted_cancelled {}\n",
+            self.ns_per_insert,
+            self.ns_per_cancel,
+            opt(self.rss_before),
+            opt(self.rss_live),
+            opt(self.rss_cancelled),
+            opt(self.rss_shrunk),
+            opt(self.accounted_live),
+            opt(self.huge_live),
+            opt(self.accounted_cancelled),
+        )
+    }
+
+    pub fn decode(text: &str) -> Result<Self, String> {
+        let field = |name: &str| -> Result<&str, String> {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+                .ok_or_else(|| format!("the child process reported no {name}"))
+        };
+        let float = |name: &str| -> Result<f64, String> {
+            field(name)?
+                .parse()
+                .map_err(|_| format!("the child process reported a bad {name}"))
+        };
+        let opt = |name: &str| -> Result<Option<u64>, String> {
+            match field(name)? {
+                "-" => Ok(None),
+                value => value
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| format!("the child process reported a bad {name}")),
+            }
+        };
+        Ok(Self {
+            ns_per_insert: float("ns_per_insert")?,
+            ns_per_cancel: float("ns_per_cancel")?,
+            rss_before: opt("rss_before")?,
+            rss_live: opt("rss_live")?,
+            rss_cancelled: opt("rss_cancelled")?,
+            rss_shrunk: opt("rss_shrunk")?,
+            accounted_live: opt("accounted_live")?,
+            huge_live: opt("huge_live")?,
+            accounted_cancelled: opt("accounted_cancelled")?,
+        })
+    }
+
+    /// Each field's median over several runs. RSS barely moves between runs; the times do.
+    fn median_of(runs: &[LiveResult]) -> Self {
+        let bytes = |field: fn(&LiveResult) -> Option<u64>| -> Option<u64> {
+            let values: Option<Vec<f64>> = runs
+                .iter()
+                .map(|run| field(run).map(|v| v as f64))
+                .collect();
+            values
+                .filter(|values| !values.is_empty())
+                .map(|values| median(values) as u64)
+        };
+        Self {
+            ns_per_insert: median(runs.iter().map(|run| run.ns_per_insert)),
+            ns_per_cancel: median(runs.iter().map(|run| run.ns_per_cancel)),
+            rss_before: bytes(|run| run.rss_before),
+            rss_live: bytes(|run| run.rss_live),
+            rss_cancelled: bytes(|run| run.rss_cancelled),
+            rss_shrunk: bytes(|run| run.rss_shrunk),
+            accounted_live: bytes(|run| run.accounted_live),
+            huge_live: bytes(|run| run.huge_live),
+            accounted_cancelled: bytes(|run| run.accounted_cancelled),
+        }
+    }
+
+    /// RSS above the reading taken just before the first insert.
+    fn above_baseline(&self, reading: Option<u64>) -> Option<i64> {
+        Some(reading? as i64 - self.rss_before? as i64)
+    }
+
+    fn rss_per_timer(&self, timers: u64) -> Option<f64> {
+        Some(self.above_baseline(self.rss_live)? as f64 / timers.max(1) as f64)
+    }
+
+    /// The share of RSS on transparent huge pages with every timer live, 0 to 1.
+    fn huge_share(&self) -> Option<f64> {
+        Some(self.huge_live? as f64 / self.rss_live?.max(1) as f64)
+    }
+}
+
+pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
+    let mut in_process = Vec::new();
+    let runs = in_turns(subjects, |subject, run| {
+        eprintln!(
+            "running {NAME}/{} (run {}, own process) ...",
+            subject.name(),
+            run + 1
+        );
+        match child::run_live_1m(subject, timers) {
+            Err(child::Error::Spawn(error)) => {
+                if !in_process.contains(&subject) {
+                    eprintln!("could not start a child process ({error}); measuring here");
+                    in_process.push(subject);
+                }
+                measure_here(subject, timers)
+            }
+            Err(child::Error::Failed(error)) => Err(error),
+            Ok(result) => Ok(result),
+        }
+    });
+    let results: Vec<Result<LiveResult, String>> = runs
+        .iter()
+        .map(|runs| {
+            runs.as_ref()
+                .map(|runs| LiveResult::median_of(runs))
+                .map_err(Clone::clone)
+        })
+        .collect();
+
+    for (subject, result) in subjects.iter().zip(&results) {
+        if let Ok(live) = result {
+            record_csv(subject.name(), live, timers, csv);
+        }
+    }
+    speed_table(subjects, &runs, &results, timers).print();
+    let mut memory = memory_table(subjects, &results, timers);
+    for subject in in_process {
+        memory.note(format!(
+            "WARNING: {} ran in this process (no child could be started), so its RSS may include pages another subject freed",
+            subject.name()
+        ));
+    }
+    memory.print();
+}
+
+fn speed_table(
+    subjects: &[Subject],
+    runs: &[Result<Vec<LiveResult>, String>],
+    results: &[Result<LiveResult, String>],
+    timers: u64,
+) -> Table {
+    let cost = |field: fn(&LiveResult) -> f64| -> Vec<Option<f64>> {
+        results
+            .iter()
+            .map(|result| result.as_ref().ok().map(field))
+            .collect()
+    };
+    let insert_costs = cost(|live| live.ns_per_insert);
+    let cancel_costs = cost(|live| live.ns_per_cancel);
+    let columns = ratio_columns(subjects);
+    let mut table = Table::new(
+        format!("{NAME} (1 thread, {} timers)", thousands(timers)),
+        &[
+            "subject",
+            "ns/insert",
+            "Minserts/s",
+            "ns/cancel",
+            "Mcancels/s",
+        ],
+    );
+    for &column in &columns {
+        table.header_cell(format!("vs {} (ins / cxl)", subjects[column].name()));
+    }
+    let mut spreads = Vec::new();
+    for (row, (subject, result)) in subjects.iter().zip(results).enumerate() {
+        let name = subject.name();
+        let live = match result {
+            Ok(live) => live,
+            Err(error) => {
+                table.row(vec![name.to_string(), "error".to_string()]);
+                table.note(format!("ERROR: {name}: {error}"));
+                continue;
+            }
+        };
+        let mut cells = vec![
+            name.to_string(),
+            format!("{:.1}", live.ns_per_insert),
+            format!("{:.2}", 1e3 / live.ns_per_insert),
+            format!("{:.1}", live.ns_per_cancel),
+            format!("{:.2}", 1e3 / live.ns_per_cancel),
+        ];
+        let inserts = ratio_cells(&insert_costs, row, &columns);
+        let cancels = ratio_cells(&cancel_costs, row, &columns);
+        cells.extend(inserts.iter().zip(&cancels).map(|(insert, cancel)| {
+            if insert == "-" {
+                "-".to_string()
+            } else {
+                format!("{insert} / {cancel}")
+            }
+        }));
+        table.row(cells);
+        if let Ok(runs) = &runs[row] {
+            spreads.push(format!(
+                "{name} {} / {}",
+                spread(runs.iter().map(|run| run.ns_per_insert)),
+                spread(runs.iter().map(|run| run.ns_per_cancel))
+            ));
+        }
+    }
+    table.note(format!(
+        "median of {} runs per subject, taken in turns, each in a fresh process; ns/insert / ns/cancel range: {}",
+        repeat::RUNS,
+        spreads.join(", ")
+    ));
+    table.note("insert: delay uniform in 1 ms..30 s, no capacity hint, into a fresh process (first-touch page faults included); cancel: every timer, in a random permutation; nothing fires");
+    if !columns.is_empty() {
+        table.note(format!("{RATIO_LEGEND}; insert ratio / cancel ratio"));
+    }
+    table
+}
+
+fn memory_table(
+    subjects: &[Subject],
+    results: &[Result<LiveResult, String>],
+    timers: u64,
+) -> Table {
+    let mut table = Table::new(
+        format!(
+            "{NAME} memory (process RSS with allocator {}; MiB above the RSS just before the first insert)",
+            allocator::SHORT_NAME
+        ),
+        &[
+            "subject",
+            "B/timer RSS",
+            "B/timer own count",
+            "live MiB",
+            "on huge pages",
+            "cancelled MiB",
+            "own count cancelled MiB",
+            "shrunk MiB",
+        ],
+    );
+    let show = |value: Option<String>| value.unwrap_or_else(|| "n/a".to_string());
+    for (subject, result) in subjects.iter().zip(results) {
+        let Ok(live) = result else {
+            table.row(vec![subject.name().to_string(), "error".to_string()]);
+            continue;
+        };
+        table.row(vec![
+            subject.name().to_string(),
+            show(
+                live.rss_per_timer(timers)
+                    .map(|bytes| format!("{bytes:.1}")),
+            ),
+            show(
+                live.accounted_live
+                    .map(|bytes| format!("{:.1}", bytes as f64 / timers.max(1) as f64)),
+            ),
+            show(live.above_baseline(live.rss_live).map(mib)),
+            show(
+                live.huge_share()
+                    .map(|share| format!("{:.0}%", share * 100.0)),
+            ),
+            show(live.above_baseline(live.rss_cancelled).map(mib)),
+            show(live.accounted_cancelled.map(|bytes| mib(bytes as i64))),
+            show(live.above_baseline(live.rss_shrunk).map(mib)),
+        ]);
+    }
+    table.note("each run was a fresh child process, so no subject reuses pages another freed; RSS includes allocator slack, growth copies and retention");
+    table.note("own count: the structure's own tally of its buffers (corewheel allocated_bytes(), the heap's vector capacities; DelayQueue has none)");
+    table.note("on huge pages: share of the process's RSS on transparent huge pages with every timer live; the kernel decides it, and it moves cache-missing costs");
+    table.note("shrunk: after corewheel shrink_to_fit() / DelayQueue shrink_to_fit()");
+    if subjects.contains(&Subject::BinaryHeap) {
+        table.note("binary-heap: cancel is a tombstone write and the memory is not returned (rebuilds keep the vectors' capacity); it has no shrink call here");
+    }
+    if !cfg!(feature = "system-alloc") {
+        table.note("mimalloc keeps freed pages for reuse and returns them lazily: where 'cancelled MiB' stays high while the own count drops, the allocator holds the memory, not the structure");
+    }
+    table
+}
+
+fn record_csv(name: &str, live: &LiveResult, timers: u64, csv: &mut Csv) {
+    let mut metrics = vec![
+        ("ns_per_insert", live.ns_per_insert, "ns"),
+        ("ns_per_cancel", live.ns_per_cancel, "ns"),
+    ];
+    let as_f64 = |bytes: Option<i64>| bytes.map(|bytes| bytes as f64);
+    let optional = [
+        ("bytes_per_timer_rss", live.rss_per_timer(timers), "B"),
+        (
+            "rss_live_above_baseline",
+            as_f64(live.above_baseline(live.rss_live)),
+            "B",
+        ),
+        (
+            "rss_cancelled_above_baseline",
+            as_f64(live.above_baseline(live.rss_cancelled)),
+            "B",
+        ),
+        (
+            "rss_shrunk_above_baseline",
+            as_f64(live.above_baseline(live.rss_shrunk)),
+            "B",
+        ),
+        (
+            "bytes_per_timer_own_count",
+            live.accounted_live
+                .map(|bytes| bytes as f64 / timers.max(1) as f64),
+            "B",
+        ),
+        (
+            "own_count_cancelled",
+            live.accounted_cancelled.map(|bytes| bytes as f64),
+            "B",
+        ),
+        (
+            "huge_page_share_live",
+            live.huge_share().map(|share| share * 100.0),
+            "%",
+        ),
+    ];
+    metrics.extend(
+        optional
+            .into_iter()
+            .filter_map(|(metric, value, unit)| Some((metric, value?, unit))),
+    );
+    csv.push_metrics(NAME, name, timers, &metrics);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LiveResult;
+
+    #[test]
+    fn encode_then_decode_is_identity() {
+        let result = LiveResult {
+            ns_per_insert: 12.5,
+            ns_per_cancel: 7.25,
+            rss_before: Some(1 << 20),
+            rss_live: Some(50 << 20),
+            rss_cancelled: Some(3 << 20),
+            rss_shrunk: None,
+            accounted_live: Some(40_000_000),
+            huge_live: Some(20 << 20),
+            accounted_cancelled: None,
+        };
+        assert_eq!(LiveResult::decode(&result.encode()), Ok(result));
+        assert!(LiveResult::decode("ns_per_insert x\n").is_err());
+    }
+}

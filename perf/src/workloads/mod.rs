@@ -1,0 +1,210 @@
+//! The workloads, one per file, and what they share: their names, their sizes and the
+//! deadline distribution of request timeouts.
+
+pub mod arm_cancel;
+pub mod fire_storm;
+pub mod lateness;
+pub mod live_1m;
+pub mod not_yet;
+pub mod reset_heavy;
+
+use std::time::Duration;
+
+use crate::peers::Subject;
+use crate::repeat::{self, median, spread};
+use crate::report::{Csv, RATIO_LEGEND, Table, ratio_cells};
+use crate::rng::XorShift64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    ArmCancel,
+    Live1m,
+    ResetHeavy,
+    FireStorm,
+    BurstSteal,
+    SteadyMix,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 6] = [
+        Workload::ArmCancel,
+        Workload::Live1m,
+        Workload::ResetHeavy,
+        Workload::FireStorm,
+        Workload::BurstSteal,
+        Workload::SteadyMix,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::ArmCancel => "arm-cancel",
+            Workload::Live1m => "live-1m",
+            Workload::ResetHeavy => "reset-heavy",
+            Workload::FireStorm => "fire-storm",
+            Workload::BurstSteal => "burst-steal",
+            Workload::SteadyMix => "steady-mix",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|workload| workload.name() == name)
+    }
+
+    pub fn summary(self) -> &'static str {
+        match self {
+            Workload::ArmCancel => {
+                "request timeouts: arm one, cancel the one armed 10,000 ops earlier"
+            }
+            Workload::Live1m => "insert a million timers, measure RSS, cancel them in random order",
+            Workload::ResetHeavy => {
+                "idle timeouts: 100,000 connections pushing their deadlines back"
+            }
+            Workload::FireStorm => {
+                "a million timers all due within one second, fired on the real clock"
+            }
+            Workload::BurstSteal => "not yet (needs the engine's work stealing)",
+            Workload::SteadyMix => "not yet (needs the multi-core engine)",
+        }
+    }
+}
+
+/// How big each workload runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    pub arm_cancel_ops: u64,
+    pub live_timers: u64,
+    pub reset_ops: u64,
+    pub storm_timers: u64,
+}
+
+impl Sizes {
+    /// Defaults finish in seconds on two cores; `full` is the size the workloads are named
+    /// for. `timers` overrides the timer count of live-1m and fire-storm.
+    pub fn new(full: bool, timers: Option<u64>) -> Self {
+        let (arm_cancel_ops, live_timers, reset_ops) = if full {
+            (20_000_000, 10_000_000, 20_000_000)
+        } else {
+            (2_000_000, 1_000_000, 2_000_000)
+        };
+        Self {
+            arm_cancel_ops,
+            live_timers: timers.unwrap_or(live_timers),
+            reset_ops,
+            storm_timers: timers.unwrap_or(1_000_000),
+        }
+    }
+}
+
+/// A request timeout: uniform in 1 ms..30 s, drawn in nanoseconds.
+#[inline]
+pub fn request_timeout(rng: &mut XorShift64) -> Duration {
+    Duration::from_nanos(rng.between(1_000_000, 30_000_000_000))
+}
+
+/// Which subjects get a "vs" column: the peers, as the point is how corewheel compares with
+/// them; every subject when corewheel is not in the run.
+pub fn ratio_columns(subjects: &[Subject]) -> Vec<usize> {
+    if subjects.len() < 2 {
+        return Vec::new();
+    }
+    let peers: Vec<usize> = (0..subjects.len())
+        .filter(|&i| subjects[i] != Subject::Corewheel)
+        .collect();
+    if peers.len() < subjects.len() {
+        peers
+    } else {
+        (0..subjects.len()).collect()
+    }
+}
+
+/// Adds a "vs X" header cell for each ratio column.
+pub fn ratio_headers(table: &mut Table, subjects: &[Subject], columns: &[usize]) {
+    for &column in columns {
+        table.header_cell(format!("vs {}", subjects[column].name()));
+    }
+}
+
+/// Nanoseconds per item, from a duration over `count` items.
+pub fn ns_per(elapsed: Duration, count: u64) -> f64 {
+    elapsed.as_nanos() as f64 / count.max(1) as f64
+}
+
+/// The shape shared by the workloads that time one kind of operation: a cost per operation
+/// and its rate, per subject, with ratio columns.
+pub struct TimingTable {
+    pub workload: &'static str,
+    pub title: String,
+    /// Header of the cost column, such as `ns/op`.
+    pub cost: &'static str,
+    /// Header of the rate column, such as `Mops/s`.
+    pub rate: &'static str,
+    /// CSV metric names for the cost (ns) and the rate (millions a second).
+    pub cost_metric: &'static str,
+    pub rate_metric: &'static str,
+    /// The `timers` CSV column.
+    pub timers: u64,
+    /// What one operation is, the first note under the table.
+    pub operation: &'static str,
+}
+
+impl TimingTable {
+    /// Builds the table from each subject's runs, in ns per operation, and records the
+    /// medians in the CSV. The caller adds its notes and prints it.
+    pub fn build(
+        self,
+        subjects: &[Subject],
+        runs: &[Result<Vec<f64>, String>],
+        csv: &mut Csv,
+    ) -> Table {
+        let costs: Vec<Option<f64>> = runs
+            .iter()
+            .map(|runs| runs.as_ref().ok().map(|runs| median(runs.iter().copied())))
+            .collect();
+        let columns = ratio_columns(subjects);
+        let mut table = Table::new(self.title, &["subject", self.cost, self.rate]);
+        ratio_headers(&mut table, subjects, &columns);
+        table.note(self.operation);
+        let mut spreads = Vec::new();
+        for (row, (subject, runs)) in subjects.iter().zip(runs).enumerate() {
+            let name = subject.name();
+            match (runs, costs[row]) {
+                (Ok(runs), Some(ns)) => {
+                    let mut cells = vec![
+                        name.to_string(),
+                        format!("{ns:.1}"),
+                        format!("{:.2}", 1e3 / ns),
+                    ];
+                    cells.extend(ratio_cells(&costs, row, &columns));
+                    table.row(cells);
+                    spreads.push(format!("{name} {}", spread(runs.iter().copied())));
+                    csv.push_metrics(
+                        self.workload,
+                        name,
+                        self.timers,
+                        &[
+                            (self.cost_metric, ns, "ns"),
+                            (self.rate_metric, 1e3 / ns, "M/s"),
+                        ],
+                    );
+                }
+                (Err(error), _) => {
+                    table.row(vec![name.to_string(), "error".to_string()]);
+                    table.note(format!("ERROR: {name}: {error}"));
+                }
+                (Ok(_), None) => table.row(vec![name.to_string(), "no runs".to_string()]),
+            }
+        }
+        table.note(format!(
+            "median of {} runs per subject, taken in turns; {} range: {}",
+            repeat::RUNS,
+            self.cost,
+            spreads.join(", ")
+        ));
+        if !columns.is_empty() {
+            table.note(RATIO_LEGEND);
+        }
+        table
+    }
+}

@@ -1,0 +1,9 @@
+//! Workloads that need pieces corewheel does not have yet: they say so instead of running.
+
+pub fn burst_steal() {
+    println!("burst-steal: not yet: needs the engine's work stealing\n");
+}
+
+pub fn steady_mix() {
+    println!("steady-mix: not yet: needs the multi-core engine, which is still being built\n");
+}
