@@ -453,6 +453,7 @@ fn print_ratios() {
         "insert",
         "cancel",
         "reset",
+        "reset_later",
         "insert_cancel",
         "insert_cancel_oldest",
         "fire",

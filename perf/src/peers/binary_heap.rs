@@ -12,7 +12,7 @@ use std::collections::BinaryHeap;
 use std::mem::size_of;
 use std::time::Instant;
 
-use super::TimerQueue;
+use super::{PolledQueue, TimerQueue};
 
 /// Tombstones below this many are left alone: rebuilding a small heap often costs more than
 /// it saves.
@@ -169,6 +169,16 @@ impl<T> TombstoneHeap<T> {
         self.heap.capacity() * size_of::<Reverse<Entry>>()
             + self.slots.capacity() * size_of::<Slot<T>>()
             + self.free.capacity() * size_of::<u32>()
+    }
+}
+
+impl<T> PolledQueue<T> for TombstoneHeap<T> {
+    fn next_deadline(&mut self) -> Option<Instant> {
+        TombstoneHeap::next_deadline(self)
+    }
+
+    fn pop_expired(&mut self, now: Instant) -> Option<T> {
+        TombstoneHeap::pop_expired(self, now)
     }
 }
 

@@ -93,6 +93,16 @@ pub trait TimerQueue<T> {
 /// A measurement that runs the same code on any subject's structure.
 ///
 /// A trait rather than a closure because the measurement is generic over the structure.
+/// A queue that its owner drives by polling with the current time, the way an event loop
+/// drives its timers; DelayQueue is driven by its runtime instead.
+pub trait PolledQueue<T> {
+    /// When the next timer is due, or `None` when none is pending.
+    fn next_deadline(&mut self) -> Option<Instant>;
+
+    /// The next timer due at `now`, or `None` once nothing is.
+    fn pop_expired(&mut self, now: Instant) -> Option<T>;
+}
+
 pub trait Measure<T> {
     type Output;
 

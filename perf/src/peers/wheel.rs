@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use corewheel::{TimerKey, Wheel};
 
-use super::TimerQueue;
+use super::{PolledQueue, TimerQueue};
 
 /// The resolution DelayQueue has too, so lateness compares like with like.
 pub const TICK: Duration = Duration::from_millis(1);
@@ -41,5 +41,15 @@ impl<T> TimerQueue<T> for Wheel<T> {
 
     fn accounted_bytes(&self) -> Option<usize> {
         Some(self.allocated_bytes())
+    }
+}
+
+impl<T> PolledQueue<T> for Wheel<T> {
+    fn next_deadline(&mut self) -> Option<Instant> {
+        Wheel::next_deadline(self)
+    }
+
+    fn pop_expired(&mut self, now: Instant) -> Option<T> {
+        self.poll_expired(now)
     }
 }

@@ -7,12 +7,11 @@ use std::future::poll_fn;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use corewheel::Wheel;
 use tokio_util::time::DelayQueue;
 
 use crate::cpu_time::thread_cpu_time;
 use crate::peers::binary_heap::TombstoneHeap;
-use crate::peers::{Subject, TimerQueue, delay_queue, wheel};
+use crate::peers::{PolledQueue, Subject, TimerQueue, delay_queue, wheel};
 use crate::report::{Csv, RATIO_LEGEND, Table, ratio_cells, thousands};
 use crate::rng::XorShift64;
 use crate::workloads::lateness::{Lateness, LatenessSummary};
@@ -61,31 +60,14 @@ fn cpu_since(start: Option<Duration>) -> Option<Duration> {
     Some(thread_cpu_time()?.saturating_sub(start?))
 }
 
-fn storm_corewheel(timers: u64, capacity: usize) -> Storm {
+/// Arms the storm on a queue its owner polls, then sleeps until each next deadline and
+/// drains what is due, as an event loop does.
+fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
+    mut queue: Q,
+    timers: u64,
+    capacity: usize,
+) -> Storm {
     let mut lateness = Lateness::with_capacity(capacity);
-    let mut queue: Wheel<Instant> = wheel::new_wheel();
-    let (insert, first_deadline) = arm(&mut queue, timers);
-    let armed_at = Instant::now();
-    let cpu = thread_cpu_time();
-    while let Some(next) = queue.next_deadline() {
-        sleep_until(next);
-        let now = Instant::now();
-        while let Some(deadline) = queue.poll_expired(now) {
-            lateness.record(deadline, now, Instant::now());
-        }
-    }
-    Storm {
-        insert,
-        first_deadline,
-        armed_at,
-        fire_cpu: cpu_since(cpu),
-        lateness: lateness.summarize(),
-    }
-}
-
-fn storm_binary_heap(timers: u64, capacity: usize) -> Storm {
-    let mut lateness = Lateness::with_capacity(capacity);
-    let mut queue: TombstoneHeap<Instant> = TombstoneHeap::new();
     let (insert, first_deadline) = arm(&mut queue, timers);
     let armed_at = Instant::now();
     let cpu = thread_cpu_time();
@@ -132,9 +114,17 @@ fn storm_delay_queue(timers: u64, capacity: usize) -> Result<Storm, String> {
 fn storm(subject: Subject, timers: u64) -> Result<Storm, String> {
     let capacity = usize::try_from(timers).map_err(|_| "too many timers for this machine")?;
     match subject {
-        Subject::Corewheel => Ok(storm_corewheel(timers, capacity)),
+        Subject::Corewheel => Ok(storm_polled(
+            wheel::new_wheel::<Instant>(),
+            timers,
+            capacity,
+        )),
         Subject::DelayQueue => storm_delay_queue(timers, capacity),
-        Subject::BinaryHeap => Ok(storm_binary_heap(timers, capacity)),
+        Subject::BinaryHeap => Ok(storm_polled(
+            TombstoneHeap::<Instant>::new(),
+            timers,
+            capacity,
+        )),
     }
 }
 
