@@ -2,7 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::Arc;
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// A source of monotonic time.
 ///

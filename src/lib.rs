@@ -24,6 +24,14 @@ mod clock;
 mod error;
 mod geometry;
 mod list;
+#[cfg_attr(
+    not(loom),
+    allow(
+        dead_code,
+        reason = "the multi-core engine's shards are its users; loom and Miri check it now"
+    )
+)]
+mod mpsc;
 mod node;
 mod slab;
 mod sync;
@@ -33,6 +41,14 @@ mod wheel;
 mod wheel_builder;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
+
+/// The lock-free internals, exposed only to the loom models in `loom-tests/` (built with
+/// `--cfg loom`). Not part of the API.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_exports {
+    pub use crate::mpsc::{Link, Linked, Pop, Queue, link_after};
+}
 pub use error::{CapacityError, GeometryError};
 pub use timer_key::TimerKey;
 pub use wheel::Wheel;

@@ -6,19 +6,18 @@
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
-#[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
-
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
-#[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Atomics: loom's under `--cfg loom`, std's otherwise.
+pub(crate) mod atomic {
+    #[cfg(loom)]
+    pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+}
 
 #[cfg(loom)]
-#[allow(
-    unused_imports,
-    reason = "the lock-free queue and node pool of the multi-core engine are its users"
-)]
 pub(crate) use loom::cell::UnsafeCell;
 
 /// `std`'s `UnsafeCell` behind loom's closure-based API.
@@ -28,17 +27,9 @@ pub(crate) use loom::cell::UnsafeCell;
 /// both.
 #[cfg(not(loom))]
 #[derive(Debug, Default)]
-#[allow(
-    dead_code,
-    reason = "the lock-free queue and node pool of the multi-core engine are its users"
-)]
 pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
 
 #[cfg(not(loom))]
-#[allow(
-    dead_code,
-    reason = "the lock-free queue and node pool of the multi-core engine are its users"
-)]
 impl<T> UnsafeCell<T> {
     pub(crate) const fn new(value: T) -> Self {
         Self(std::cell::UnsafeCell::new(value))
