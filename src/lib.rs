@@ -47,6 +47,7 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod loom_exports {
+    pub use crate::mpsc::testing::{Message, consume, message};
     pub use crate::mpsc::{Link, Linked, Pop, Queue, link_after};
 }
 pub use error::{CapacityError, GeometryError};

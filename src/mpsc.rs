@@ -81,10 +81,9 @@ pub struct Queue<N: Linked> {
     _nodes: std::marker::PhantomData<NonNull<N>>,
 }
 
-// SAFETY: the queue only moves ownership of nodes between threads; `N: Send` is what makes
-// handing a node to the consumer thread sound. Producer-side state is atomic, and the
-// consumer-only `head` is touched solely through `pop`, whose contract makes one thread at a
-// time its caller.
+// The queue moves nodes between threads, so `N: Send` is what makes handing one over sound.
+// SAFETY: producer-side state is atomic, and the consumer-only `head` is touched solely
+// through `pop` and `is_empty`, whose contracts allow one consumer thread at a time.
 unsafe impl<N: Linked + Send> Send for Queue<N> {}
 // SAFETY: as above: `push` is safe from any number of threads at once, `pop` is `unsafe`
 // and requires a single consumer.
@@ -245,19 +244,23 @@ pub unsafe fn link_after<N: Linked>(node: NonNull<N>, next: NonNull<N>) {
     }
 }
 
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use std::sync::Arc;
+/// A heap-allocated test node, shared by the unit tests and the loom models.
+#[cfg(any(test, loom))]
+pub mod testing {
+    use std::ptr::NonNull;
 
+    use super::{Link, Linked};
+
+    /// A message carrying one value.
     #[repr(C)]
-    struct Message {
+    pub struct Message {
         link: Link,
-        value: usize,
+        /// What the message carries.
+        pub value: usize,
     }
 
-    // SAFETY: `link` is the first field of a `repr(C)` struct, so a pointer to it is a
-    // pointer to the message.
+    // SAFETY: `link` projects the field from the node's own pointer, and since `link` is the
+    // first field of a `repr(C)` struct, `from_link`'s cast maps it back to the message.
     unsafe impl Linked for Message {
         unsafe fn link(node: NonNull<Self>) -> NonNull<Link> {
             // SAFETY: the caller guarantees `node` is live; projecting the field from the
@@ -270,20 +273,37 @@ mod tests {
         }
     }
 
-    fn message(value: usize) -> NonNull<Message> {
+    /// A new message on the heap, owned by whoever pushes it until it is popped.
+    pub fn message(value: usize) -> NonNull<Message> {
         NonNull::from(Box::leak(Box::new(Message {
             link: Link::new(),
             value,
         })))
     }
 
+    /// Takes back a popped message and returns its value.
+    ///
+    /// # Safety
+    /// `node` must come from [`message`] and no longer be on any queue.
+    pub unsafe fn consume(node: NonNull<Message>) -> usize {
+        // SAFETY: forwarded from the caller: `node` came from `Box::leak`.
+        unsafe { Box::from_raw(node.as_ptr()) }.value
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::testing::{Message, consume, message};
+    use super::*;
+    use std::sync::Arc;
+
     /// Pops one message, waiting out producers caught mid-push, and frees it.
     fn pop_value(queue: &Queue<Message>) -> Option<usize> {
         loop {
             // SAFETY: each test has exactly one consumer thread.
             match unsafe { queue.pop() } {
-                // SAFETY: popped nodes are ours again, and came from `Box::leak`.
-                Pop::Node(node) => return Some(unsafe { Box::from_raw(node.as_ptr()) }.value),
+                // SAFETY: a popped node is off the queue, and came from `message`.
+                Pop::Node(node) => return Some(unsafe { consume(node) }),
                 Pop::Empty => return None,
                 Pop::Inconsistent => std::thread::yield_now(),
             }

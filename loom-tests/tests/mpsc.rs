@@ -2,38 +2,9 @@
 //! racing each other and the consumer, single nodes and batched chains.
 #![cfg(loom)]
 
-use std::ptr::NonNull;
-
-use corewheel::loom_exports::{Link, Linked, Pop, Queue, link_after};
+use corewheel::loom_exports::{Message, Pop, Queue, consume, link_after, message};
 use loom::sync::Arc;
 use loom::thread;
-
-#[repr(C)]
-struct Message {
-    link: Link,
-    value: usize,
-}
-
-// SAFETY: `link` is the first field of a `repr(C)` struct, so a pointer to it is a pointer
-// to the message.
-unsafe impl Linked for Message {
-    unsafe fn link(node: NonNull<Self>) -> NonNull<Link> {
-        // SAFETY: the caller guarantees `node` is live; projecting the field from the node's
-        // pointer keeps the provenance of the whole message.
-        unsafe { NonNull::new_unchecked(&raw mut (*node.as_ptr()).link) }
-    }
-
-    unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self> {
-        link.cast()
-    }
-}
-
-fn message(value: usize) -> NonNull<Message> {
-    NonNull::from(Box::leak(Box::new(Message {
-        link: Link::new(),
-        value,
-    })))
-}
 
 /// Pops until `count` messages have arrived, yielding to loom while a producer has not
 /// finished, and returns their values in arrival order.
@@ -42,8 +13,8 @@ fn receive(queue: &Queue<Message>, count: usize) -> Vec<usize> {
     while got.len() < count {
         // SAFETY: the model's main thread is the only consumer.
         match unsafe { queue.pop() } {
-            // SAFETY: a popped node is ours again, and came from `Box::leak`.
-            Pop::Node(node) => got.push(unsafe { Box::from_raw(node.as_ptr()) }.value),
+            // SAFETY: a popped node is off the queue, and came from `message`.
+            Pop::Node(node) => got.push(unsafe { consume(node) }),
             Pop::Empty | Pop::Inconsistent => thread::yield_now(),
         }
     }
