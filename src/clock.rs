@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::ticks::saturating_add;
 
 /// A source of monotonic time.
 ///
@@ -96,10 +97,9 @@ impl Default for ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> Instant {
-        let elapsed = self.elapsed();
-        // The origin is a real Instant, and adding 584 years to one only fails on platforms
-        // whose Instant is narrower than that; standing still there is the documented clamp.
-        self.origin.checked_add(elapsed).unwrap_or(self.origin)
+        // Past the latest instant the platform can represent, time stands still there
+        // rather than going backwards.
+        saturating_add(self.origin, self.elapsed())
     }
 }
 
@@ -129,6 +129,25 @@ mod tests {
         assert_eq!(clock.now() - t0, Duration::from_millis(10));
         clock.advance_to(t0 + Duration::from_millis(25));
         assert_eq!(clock.now() - t0, Duration::from_millis(25));
+    }
+
+    #[test]
+    fn time_stands_still_at_the_latest_representable_instant() {
+        let start = ManualClock::new().now();
+        let (mut fits, mut overflows) = (Duration::ZERO, Duration::MAX);
+        while overflows - fits > Duration::from_nanos(1) {
+            let mid = fits + (overflows - fits) / 2;
+            if start.checked_add(mid).is_some() {
+                fits = mid;
+            } else {
+                overflows = mid;
+            }
+        }
+        let clock = ManualClock::starting_at(start + fits - Duration::from_nanos(10));
+        clock.advance(Duration::from_nanos(5));
+        let before = clock.now();
+        clock.advance(Duration::from_nanos(10));
+        assert!(clock.now() >= before, "time went backwards");
     }
 
     #[test]

@@ -36,7 +36,8 @@ impl Geometry {
             return Err(GeometryError::SlotsPerLevel(slots_per_level));
         }
         let slot_bits = slots_per_level.trailing_zeros();
-        if levels == 0 || levels * slot_bits as usize > 64 {
+        let span_bits = levels.checked_mul(slot_bits as usize);
+        if levels == 0 || span_bits.is_none_or(|bits| bits > 64) {
             return Err(GeometryError::Levels(levels));
         }
         Ok(Self::from_bits(slot_bits, levels as u32))
@@ -131,6 +132,16 @@ mod tests {
         assert!(Geometry::new(2, 64).is_ok());
         assert!(Geometry::new(64, 10).is_ok());
         assert_eq!(Geometry::new(2, 65), Err(GeometryError::Levels(65)));
+        // Products that overflow, or wrap to something small, are refused, not truncated.
+        assert_eq!(
+            Geometry::new(4, 1 << 63),
+            Err(GeometryError::Levels(1 << 63))
+        );
+        let wraps_to_two = 3_074_457_345_618_258_603;
+        assert_eq!(
+            Geometry::new(64, wraps_to_two),
+            Err(GeometryError::Levels(wraps_to_two))
+        );
     }
 
     #[test]

@@ -34,8 +34,7 @@ struct Chunk<V> {
     /// floor.
     entries: Option<Box<[Entry<V>; CHUNK_LEN]>>,
     free_head: u32,
-    /// Entries holding a value, plus any retired ones (which never come back to the free
-    /// list, so they keep the chunk alive).
+    /// Entries holding a value.
     live: u32,
     /// Above every generation an entry of this chunk slot has handed out.
     generation_floor: u32,
@@ -71,6 +70,8 @@ pub(crate) struct Slab<V> {
     partial_head: u32,
     /// Chunk slots whose memory has been freed and can be allocated again.
     released: Vec<u32>,
+    /// Chunks whose memory is allocated.
+    allocated_chunks: usize,
     empty_chunks: usize,
     spare_chunks: usize,
     len: usize,
@@ -85,6 +86,7 @@ impl<V> Slab<V> {
             chunks: Vec::with_capacity(chunks_wanted),
             partial_head: NIL,
             released: Vec::new(),
+            allocated_chunks: 0,
             empty_chunks: 0,
             spare_chunks: chunks_wanted.max(1),
             len: 0,
@@ -197,22 +199,27 @@ impl<V> Slab<V> {
         let value = entry.value.take()?;
         entry.generation += 1;
         chunk.generation_floor = chunk.generation_floor.max(entry.generation);
-        self.len -= 1;
-        if entry.generation == RETIRED {
-            // Never back on the free list, so no key can ever see this generation wrap.
-            return Some(value);
-        }
-        entry.next_free = chunk.free_head;
+        // An entry whose generation is used up never goes back on the free list, so no key
+        // can ever see a generation wrap; it still stops counting as live, so it cannot pin
+        // its chunk.
+        let retired = entry.generation == RETIRED;
         let was_full = chunk.free_head == NIL;
-        chunk.free_head = offset;
+        if !retired {
+            entry.next_free = chunk.free_head;
+            chunk.free_head = offset;
+        }
         chunk.live -= 1;
         let now_empty = chunk.live == 0;
-        if was_full {
+        // A chunk slot with an exhausted generation is never handed out again, so there is
+        // no point keeping its memory as a spare.
+        let exhausted = chunk.generation_floor == RETIRED;
+        self.len -= 1;
+        if was_full && !retired {
             self.push_partial(chunk_index);
         }
         if now_empty {
             self.empty_chunks += 1;
-            if self.empty_chunks > self.spare_chunks {
+            if self.empty_chunks > self.spare_chunks || exhausted {
                 self.release(chunk_index);
             }
         }
@@ -240,8 +247,7 @@ impl<V> Slab<V> {
 
     /// Bytes of memory the slab holds from the allocator, chunks and bookkeeping.
     pub(crate) fn allocated_bytes(&self) -> usize {
-        let allocated_chunks = self.chunks.len() - self.released.len();
-        allocated_chunks * CHUNK_LEN * size_of::<Entry<V>>()
+        self.allocated_chunks * CHUNK_LEN * size_of::<Entry<V>>()
             + self.chunks.capacity() * size_of::<Chunk<V>>()
             + self.released.capacity() * size_of::<u32>()
     }
@@ -294,6 +300,7 @@ impl<V> Slab<V> {
         chunk.entries = Some(entries.try_into().ok()?);
         chunk.free_head = 0;
         chunk.live = 0;
+        self.allocated_chunks += 1;
         self.empty_chunks += 1;
         self.push_partial(chunk_index);
         Some(chunk_index)
@@ -304,6 +311,7 @@ impl<V> Slab<V> {
         let chunk = &mut self.chunks[chunk_index as usize];
         chunk.entries = None;
         chunk.free_head = NIL;
+        self.allocated_chunks -= 1;
         self.empty_chunks -= 1;
         // A chunk slot whose generations are used up is never handed out again.
         if chunk.generation_floor < RETIRED {
@@ -342,11 +350,6 @@ impl<V> Slab<V> {
         if next != NIL {
             self.chunks[next as usize].prev_partial = prev;
         }
-    }
-
-    #[cfg(test)]
-    fn allocated_chunks(&self) -> usize {
-        self.chunks.len() - self.released.len()
     }
 
     #[cfg(test)]
@@ -398,7 +401,7 @@ mod tests {
         for &key in &first {
             slab.remove(key);
         }
-        assert_eq!(slab.allocated_chunks(), 1, "all but one spare chunk freed");
+        assert_eq!(slab.allocated_chunks, 1, "all but one spare chunk freed");
         let second: Vec<_> = (0..CHUNK_LEN * 3)
             .map(|i| slab.insert(i).unwrap())
             .collect();
@@ -417,14 +420,14 @@ mod tests {
             .map(|i| slab.insert(i).unwrap())
             .collect();
         let full = slab.allocated_bytes();
-        assert_eq!(slab.allocated_chunks(), 8);
+        assert_eq!(slab.allocated_chunks, 8);
         for &key in &keys {
             slab.remove(key);
         }
-        assert_eq!(slab.allocated_chunks(), 1);
+        assert_eq!(slab.allocated_chunks, 1);
         assert!(slab.allocated_bytes() * 4 < full);
         slab.shrink_to_fit();
-        assert_eq!(slab.allocated_chunks(), 0);
+        assert_eq!(slab.allocated_chunks, 0);
         let again = slab.insert(7).unwrap();
         assert_eq!(slab.get(again), Some(&7));
     }
@@ -432,14 +435,14 @@ mod tests {
     #[test]
     fn capacity_hint_is_kept_as_spares() {
         let mut slab = Slab::with_capacity(3 * CHUNK_LEN);
-        assert_eq!(slab.allocated_chunks(), 3);
+        assert_eq!(slab.allocated_chunks, 3);
         let keys: Vec<_> = (0..CHUNK_LEN * 5)
             .map(|i| slab.insert(i).unwrap())
             .collect();
         for &key in &keys {
             slab.remove(key);
         }
-        assert_eq!(slab.allocated_chunks(), 3);
+        assert_eq!(slab.allocated_chunks, 3);
     }
 
     #[test]
@@ -448,9 +451,9 @@ mod tests {
         let keys: Vec<_> = (0..CHUNK_LEN).map(|i| slab.insert(i).unwrap()).collect();
         for _ in 0..100 {
             let extra = slab.insert(0).unwrap();
-            assert_eq!(slab.allocated_chunks(), 2);
+            assert_eq!(slab.allocated_chunks, 2);
             slab.remove(extra);
-            assert_eq!(slab.allocated_chunks(), 2, "the spare survives");
+            assert_eq!(slab.allocated_chunks, 2, "the spare survives");
         }
         drop(keys);
     }
@@ -465,6 +468,10 @@ mod tests {
             generation: RETIRED - 1,
         };
         assert_eq!(slab.remove(key), Some(1));
+        assert_eq!(
+            slab.allocated_chunks, 0,
+            "a retired entry does not pin its chunk"
+        );
         let next = slab.insert(2).unwrap();
         assert_ne!(next.index, key.index, "the retired entry is not reused");
         assert_eq!(

@@ -40,22 +40,27 @@ impl Ticks {
         self.origin
     }
 
-    /// Whole ticks completed at `now`. Instants before the origin count as tick 0, and time
-    /// stops just short of [`NEVER`].
+    /// The tick `now` falls in. Tick 1 begins at the origin; every instant before the
+    /// origin is tick 0, which no deadline rounds to, so nothing fires before the origin.
+    /// Time stops just short of [`NEVER`].
     #[inline]
     pub(crate) fn floor(&self, now: Instant) -> u64 {
+        if now < self.origin {
+            return 0;
+        }
         let ticks = match self.nanos_since_origin(now) {
             Some(ns) => ns / self.tick_divisor,
             None => self.far_ticks(now).0,
         };
-        ticks.min(NEVER - 1)
+        ticks.saturating_add(1).min(NEVER - 1)
     }
 
-    /// The first tick at or after `deadline`: rounding up is what keeps timers from firing
-    /// early. A deadline beyond the tick range becomes [`NEVER`].
+    /// The first tick that begins at or after `deadline`: rounding up is what keeps timers
+    /// from firing early. A deadline at or before the origin is tick 1, and one beyond the
+    /// tick range becomes [`NEVER`].
     #[inline]
     pub(crate) fn ceil(&self, deadline: Instant) -> u64 {
-        match self.nanos_since_origin(deadline) {
+        let ticks = match self.nanos_since_origin(deadline) {
             Some(ns) => {
                 let (ticks, part) = StrengthReducedU64::div_rem(ns, self.tick_divisor);
                 ticks + u64::from(part != 0)
@@ -64,7 +69,8 @@ impl Ticks {
                 let (ticks, part) = self.far_ticks(deadline);
                 ticks.saturating_add(u64::from(part != 0))
             }
-        }
+        };
+        ticks.saturating_add(1)
     }
 
     /// Nanoseconds from the origin to `at` (0 before it), when they fit in a `u64`: for
@@ -86,18 +92,23 @@ impl Ticks {
         (saturate(ns / tick), ns % tick)
     }
 
-    /// The instant at which tick `tick` begins. A tick too far out for the platform's
-    /// `Instant` gives the latest instant it can represent.
+    /// The instant at which tick `tick` begins (tick 0, before the origin, is reported as
+    /// the origin). A tick too far out for the platform's `Instant` gives the latest instant
+    /// it can represent.
     pub(crate) fn instant_at(&self, tick: u64) -> Instant {
-        let ns = tick as u128 * self.tick_ns as u128;
+        let ns = u128::from(tick.saturating_sub(1)) * u128::from(self.tick_ns);
         let since_origin = match u64::try_from(ns / NANOS_PER_SEC) {
             Ok(secs) => Duration::new(secs, (ns % NANOS_PER_SEC) as u32),
             Err(_) => Duration::MAX,
         };
-        self.origin
-            .checked_add(since_origin)
-            .unwrap_or_else(|| latest_instant_within(self.origin, since_origin))
+        saturating_add(self.origin, since_origin)
     }
+}
+
+/// `from + by`, or the latest instant the platform can represent within that.
+pub(crate) fn saturating_add(from: Instant, by: Duration) -> Instant {
+    from.checked_add(by)
+        .unwrap_or_else(|| latest_instant_within(from, by))
 }
 
 fn saturate(ticks: u128) -> u64 {
@@ -124,14 +135,23 @@ mod tests {
 
     #[test]
     fn rounds_deadlines_up_and_now_down() {
-        let t0 = Instant::now();
+        let t0 = Instant::now() + Duration::from_secs(1);
         let ticks = Ticks::new(Duration::from_millis(1), t0);
         let at = t0 + Duration::from_micros(1500);
-        assert_eq!(ticks.floor(at), 1);
-        assert_eq!(ticks.ceil(at), 2);
-        assert_eq!(ticks.ceil(t0 + Duration::from_millis(3)), 3);
-        assert_eq!(ticks.floor(t0), 0);
-        assert_eq!(ticks.instant_at(2), t0 + Duration::from_millis(2));
+        // Tick 1 begins at the origin, so 1.5 ms is in tick 2 and rounds up to tick 3.
+        assert_eq!(ticks.floor(at), 2);
+        assert_eq!(ticks.ceil(at), 3);
+        assert_eq!(ticks.instant_at(3), t0 + Duration::from_millis(2));
+        assert_eq!(ticks.ceil(t0 + Duration::from_millis(3)), 4);
+        assert_eq!(ticks.instant_at(4), t0 + Duration::from_millis(3));
+        assert_eq!(ticks.floor(t0), 1);
+        assert_eq!(ticks.ceil(t0), 1);
+        assert_eq!(
+            ticks.floor(t0 - Duration::from_nanos(1)),
+            0,
+            "before the origin"
+        );
+        assert_eq!(ticks.instant_at(0), t0);
     }
 
     #[test]
@@ -139,7 +159,12 @@ mod tests {
         let t0 = Instant::now() + Duration::from_secs(10);
         let ticks = Ticks::new(Duration::ZERO, t0);
         assert_eq!(ticks.tick(), Duration::from_nanos(1));
-        assert_eq!(ticks.ceil(t0 - Duration::from_secs(5)), 0);
+        assert_eq!(
+            ticks.ceil(t0 - Duration::from_secs(5)),
+            1,
+            "rounded up to the origin"
+        );
+        assert_eq!(ticks.floor(t0 - Duration::from_secs(5)), 0);
         let huge = Ticks::new(Duration::MAX, t0);
         assert_eq!(huge.tick(), Duration::from_nanos(u64::MAX));
         let nanos = Ticks::new(Duration::from_nanos(1), t0);

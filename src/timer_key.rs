@@ -10,8 +10,8 @@
 /// no stale key can ever alias a later timer.
 ///
 /// Keys are 8 bytes and `Copy`. [`TimerKey::into_raw`] and [`TimerKey::from_raw`] pack one
-/// into a `u64` for callers that store keys in compact tables; a raw value that never came
-/// from `into_raw` is merely a stale key.
+/// into a `u64` for callers that store keys in compact tables. Keys are names, not secrets:
+/// a made-up raw value names whichever timer has that index and generation, if one does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TimerKey {
     index: u32,

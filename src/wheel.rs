@@ -9,7 +9,7 @@ use crate::geometry::Geometry;
 use crate::list::List;
 use crate::node::{Filed, Location, NIL, Node};
 use crate::slab::{Slab, SlabKey};
-use crate::ticks::Ticks;
+use crate::ticks::{NEVER, Ticks};
 use crate::timer_key::TimerKey;
 use crate::wheel_builder::WheelBuilder;
 
@@ -28,25 +28,29 @@ use crate::wheel_builder::WheelBuilder;
 ///   walked. Timers on coarse levels cascade to finer ones as their time approaches, so
 ///   every timer fires exactly, never with the up-to-12.5% slack of the Linux kernel's
 ///   wheel.
-/// - **Any range.** Deadlines past the wheel's span (2^36 ticks with the default geometry,
-///   about 2.2 years at 1 ms) wait on an overflow list and are filed into the wheel when
-///   their epoch comes. Time itself may run for 2^64 - 1 ticks (584 million years at 1 ms).
+/// - **Any range.** The levels cover one epoch of 2^36 ticks with the default geometry
+///   (about 2.2 years at 1 ms); a deadline in a later epoch waits on an overflow list, which
+///   is scanned once at the start of each epoch that holds one of its timers, and fires
+///   exactly. Time itself may run for 2^64 - 1 ticks (584 million years at 1 ms).
 ///   A deadline beyond that, such as the latest `Instant` a platform can represent, is
 ///   clamped to tick 2^64 - 1, which time never reaches: that timer never fires by itself
 ///   (firing it at the clamp would be early), and can still be cancelled or reset.
 /// - **Safe keys.** A [`TimerKey`] whose timer has fired or been cancelled is refused, even
 ///   after its slot holds another timer.
 /// - **Memory.** Timers live in a slab of 1024-node chunks, at 32 bytes of overhead beyond
-///   `T` on 64-bit targets (`T = u64` costs 40 bytes a timer). A chunk is freed the moment
-///   its last timer fires or is cancelled, except for spares: the wheel keeps as many empty
+///   `T` on 64-bit targets for a `T` aligned to 8 bytes or less (`T = u64` costs 40 bytes a
+///   timer; a 16-byte-aligned `T` costs 48 beyond itself). A chunk is freed the moment its
+///   last timer fires or is cancelled, except for spares: the wheel keeps as many empty
 ///   chunks as its capacity hint needs, and at least one, so that a count oscillating
 ///   around a chunk boundary does not allocate. [`shrink_to_fit`](Wheel::shrink_to_fit)
 ///   frees the spares too.
 ///
 /// # Bad input
-/// A deadline in the past fires on the next poll. A `now` earlier than one already polled
-/// is treated as that earlier poll's time. Stale keys and double cancels return `None` or
-/// `false`. Nothing here panics on input.
+/// A deadline at or before the latest polled instant fires on the next poll. The wheel's
+/// time begins at its origin: a deadline before the origin is due at the origin, and a poll
+/// before the origin fires nothing. A `now` earlier than the latest one polled is treated as
+/// that latest one. Stale keys and double cancels return `None` or `false`. A bad geometry
+/// is a [`GeometryError`](crate::GeometryError). Nothing here panics on input.
 ///
 /// # Example
 /// ```
@@ -73,6 +77,9 @@ pub struct Wheel<T> {
     geometry: Geometry,
     /// Every tick up to and including this one has been processed.
     elapsed: u64,
+    /// The latest instant passed to `poll_expired`: an earlier one is treated as this, and a
+    /// deadline at or before it is due at once.
+    last_poll: Option<Instant>,
     lists: Lists,
     slab: Slab<Node<T>>,
 }
@@ -169,7 +176,14 @@ impl Lists {
         self.link_operations += 1;
         match location.decode() {
             Filed::Ready => self.ready.unlink_between(slab, prev, next),
-            Filed::Overflow => self.overflow.unlink_between(slab, prev, next),
+            Filed::Overflow => {
+                self.overflow.unlink_between(slab, prev, next);
+                if self.overflow.is_empty() {
+                    // A stale lower bound must not outlive the list: it would put the next
+                    // overflow timer's epoch behind `elapsed`.
+                    self.overflow_earliest = u64::MAX;
+                }
+            }
             Filed::Slot { level, slot } => {
                 let timers = &mut self.levels[level].slots[slot].timers;
                 timers.unlink_between(slab, prev, next);
@@ -244,6 +258,7 @@ impl<T> Wheel<T> {
             ticks,
             geometry,
             elapsed: 0,
+            last_poll: None,
             lists: Lists {
                 levels: (0..geometry.levels()).map(|_| level()).collect(),
                 ready: List::EMPTY,
@@ -257,7 +272,7 @@ impl<T> Wheel<T> {
 
     /// Arms a timer that carries `value` and is due at `deadline`.
     ///
-    /// A deadline at or before the last polled time fires on the next poll.
+    /// A deadline at or before the latest polled instant fires on the next poll.
     ///
     /// # Panics
     /// Only if about four billion timers are already live, the most a 32-bit key can name;
@@ -278,8 +293,9 @@ impl<T> Wheel<T> {
         deadline: Instant,
         value: T,
     ) -> Result<TimerKey, CapacityError<T>> {
+        let due_now = self.is_past(deadline);
         let deadline = self.ticks.ceil(deadline);
-        let location = self.location_for(deadline);
+        let location = self.location_for(deadline, due_now);
         let node = Node {
             deadline,
             prev: self.lists.list(location).tail(),
@@ -315,13 +331,14 @@ impl<T> Wheel<T> {
     /// earlier deadline is re-filed at once.
     #[inline]
     pub fn reset(&mut self, key: TimerKey, deadline: Instant) -> bool {
+        let due_now = self.is_past(deadline);
         let deadline = self.ticks.ceil(deadline);
         let Some(node) = self.slab.get_mut(slab_key(key)) else {
             return false;
         };
         // The ready list is handed out without looking at deadlines, so only timers filed
-        // by time may be left where they are.
-        if deadline >= node.deadline && node.location != Location::READY {
+        // by time may be left where they are, and only for a deadline not already past.
+        if !due_now && deadline >= node.deadline && node.location != Location::READY {
             node.deadline = deadline;
             return true;
         }
@@ -329,17 +346,24 @@ impl<T> Wheel<T> {
         let (location, prev, next) = (node.location, node.prev, node.next);
         self.lists
             .unlink_between(&mut self.slab, location, prev, next);
-        self.file(key.index(), deadline);
+        self.file(key.index(), deadline, due_now);
         true
     }
 
     /// Returns the next timer due at `now`, or `None` once nothing is due.
     ///
-    /// Call it in a loop until it returns `None`. Timers due in the same tick come out in
-    /// the order they were filed into it. A `now` earlier than an earlier poll's is treated
-    /// as that earlier time.
+    /// Call it in a loop until it returns `None`. Timers that are due together come out in
+    /// no promised order (usually the order they were filed in). A `now` earlier than the
+    /// latest one polled is treated as that latest one.
     #[inline]
     pub fn poll_expired(&mut self, now: Instant) -> Option<T> {
+        let now = match self.last_poll {
+            Some(last) if last >= now => last,
+            _ => {
+                self.last_poll = Some(now);
+                now
+            }
+        };
         let now = self.ticks.floor(now).max(self.elapsed);
         loop {
             if let Some(value) = self.take_first(Location::READY) {
@@ -352,6 +376,7 @@ impl<T> Wheel<T> {
                     return None;
                 }
             };
+            debug_assert!(due.tick >= self.elapsed, "time moved backwards");
             self.elapsed = due.tick;
             if due.level == 0 {
                 // A finest-level slot holds timers due at its tick, and timers whose
@@ -368,7 +393,7 @@ impl<T> Wheel<T> {
                 } else {
                     self.lists
                         .unlink_between(&mut self.slab, location, NIL, next);
-                    self.file(head, deadline);
+                    self.file(head, deadline, false);
                 }
             } else {
                 self.cascade(due);
@@ -377,16 +402,17 @@ impl<T> Wheel<T> {
     }
 
     /// The instant at which [`poll_expired`](Wheel::poll_expired) will next return a timer,
-    /// or `None` when the wheel is empty.
+    /// or `None` when no timer will ever fire by itself: the wheel is empty, or holds only
+    /// timers beyond the tick range.
     ///
     /// Never later than the earliest pending deadline (rounded up to the tick). It is that
     /// deadline exactly unless the earliest timer was cancelled or pushed back since it was
     /// filed, in which case it can be earlier: a poll then returns `None`, and this moves
-    /// on. When
-    /// a timer is already due it returns the last polled tick, which is not in the future.
+    /// on. When a timer is already due it returns the latest polled instant, which is not
+    /// in the future.
     pub fn next_deadline(&self) -> Option<Instant> {
         if !self.lists.ready.is_empty() {
-            return Some(self.ticks.instant_at(self.elapsed));
+            return Some(self.last_poll.unwrap_or_else(|| self.ticks.origin()));
         }
         let due = self.next_expiration()?;
         let earliest = if due.level == 0 {
@@ -397,10 +423,14 @@ impl<T> Wheel<T> {
         } else {
             due.tick.max(self.lists.overflow_earliest)
         };
-        Some(self.ticks.instant_at(earliest))
+        // Timers beyond the tick range never fire by themselves, so there is no instant to
+        // wait for (and reporting the range's end would make a sleeping loop spin there).
+        (earliest < NEVER).then(|| self.ticks.instant_at(earliest))
     }
 
     /// The deadline of a pending timer, rounded up to the tick, or `None` for a stale key.
+    /// A timer beyond the tick range reports the end of the range, where it still does not
+    /// fire.
     pub fn deadline(&self, key: TimerKey) -> Option<Instant> {
         let node = self.slab.get(slab_key(key))?;
         Some(self.ticks.instant_at(node.deadline))
@@ -455,8 +485,8 @@ impl<T> Wheel<T> {
 
     /// Single-timer list operations done so far: an insert is 1, a cancel 1, a reset that
     /// brings a deadline forward 2 (one that pushes it back 0, until its old place comes
-    /// due and it is moved: 2), handing out a due timer 1, and moving a timer from a coarse
-    /// slot to a finer one 1.
+    /// due and it is moved: 2; but 2 at once for a timer that was already due), handing out
+    /// a due timer 1, and moving a timer from a coarse slot to a finer one 1.
     ///
     /// A measure of the wheel's work, which shows that insert, cancel and reset are O(1)
     /// and how much cascading a workload causes.
@@ -464,10 +494,17 @@ impl<T> Wheel<T> {
         self.lists.link_operations
     }
 
+    /// Whether a deadline is at or before the latest polled instant, and so due at once:
+    /// judged on the instant itself, because rounding up to the tick could put it after.
+    #[inline]
+    fn is_past(&self, deadline: Instant) -> bool {
+        self.last_poll.is_some_and(|last| deadline <= last)
+    }
+
     /// The list a deadline belongs on, as seen from `elapsed`.
     #[inline]
-    fn location_for(&self, deadline: u64) -> Location {
-        if deadline <= self.elapsed {
+    fn location_for(&self, deadline: u64, due_now: bool) -> Location {
+        if due_now || deadline <= self.elapsed {
             return Location::READY;
         }
         let level = self.geometry.level_for(self.elapsed, deadline);
@@ -480,8 +517,8 @@ impl<T> Wheel<T> {
 
     /// Puts a node that is on no list onto the one its deadline belongs to.
     #[inline]
-    fn file(&mut self, index: u32, deadline: u64) {
-        let location = self.location_for(deadline);
+    fn file(&mut self, index: u32, deadline: u64, due_now: bool) {
+        let location = self.location_for(deadline, due_now);
         let tail = self.lists.list(location).tail();
         let node = self.slab.at_mut(index);
         node.location = location;
@@ -510,7 +547,7 @@ impl<T> Wheel<T> {
         let mut timers = self.lists.take(due.level, due.slot);
         while let Some(index) = timers.pop_front(&mut self.slab) {
             let deadline = self.slab.at(index).deadline;
-            self.file(index, deadline);
+            self.file(index, deadline, false);
         }
     }
 
@@ -725,13 +762,6 @@ mod tests {
         assert_eq!(w.link_operations() - before, 3);
         w.cancel(k);
         assert_eq!(w.link_operations() - before, 4);
-    }
-
-    #[test]
-    fn overhead_per_timer_is_within_budget() {
-        assert!(Wheel::<u64>::bytes_per_timer() - size_of::<u64>() <= 64);
-        assert!(Wheel::<()>::bytes_per_timer() <= 64);
-        assert!(Wheel::<[u64; 4]>::bytes_per_timer() - size_of::<[u64; 4]>() <= 64);
     }
 
     #[test]

@@ -111,7 +111,9 @@ fn a_saturated_deadline_does_not_panic_and_never_fires_early() {
     wheel.insert(clock.now() + ms(1), "soon");
     clock.advance(ms(1));
     assert_eq!(wheel.poll_expired(clock.now()), Some("soon"));
-    assert!(wheel.next_deadline().is_some());
+    // Nothing will ever fire by itself, so there is no instant to sleep until.
+    assert_eq!(wheel.len(), 1);
+    assert_eq!(wheel.next_deadline(), None);
     // Beyond 2^64 ticks the deadline is clamped to a tick time never reaches, so even a
     // poll at the latest representable instant does not fire it early.
     assert_eq!(wheel.poll_expired(forever), None);
@@ -150,6 +152,7 @@ fn virtual_time_past_2_pow_36_ticks_loses_nothing_and_fires_nothing_early() {
     };
     let mut pending = std::collections::HashMap::new();
     let mut fired = 0_u64;
+    let mut fired_past_2_pow_36 = 0_u64;
     let mut id = 0_u64;
     let end = 1_u64 << 38;
     while clock.now() - origin < ms(end) {
@@ -173,6 +176,9 @@ fn virtual_time_past_2_pow_36_ticks_loses_nothing_and_fires_nothing_early() {
             let deadline = pending.remove(&done).expect("fired once");
             assert!(deadline <= now, "fired early");
             fired += 1;
+            if deadline - origin > ms(1 << 36) {
+                fired_past_2_pow_36 += 1;
+            }
         }
         assert!(
             pending.values().all(|&d| d + ms(1) > now),
@@ -186,7 +192,10 @@ fn virtual_time_past_2_pow_36_ticks_loses_nothing_and_fires_nothing_early() {
     }
     assert!(pending.is_empty());
     assert_eq!(fired, id);
-    assert!(clock.now() - origin >= ms(1 << 38));
+    assert!(
+        fired_past_2_pow_36 > 1000,
+        "only {fired_past_2_pow_36} timers were due past 2^36 ticks"
+    );
 }
 
 #[test]
@@ -270,4 +279,71 @@ fn wheel_overhead_per_timer_is_at_most_64_bytes() {
     assert!(Wheel::<u64>::bytes_per_timer() - size_of::<u64>() <= 64);
     assert!(Wheel::<()>::bytes_per_timer() <= 64);
     assert!(Wheel::<String>::bytes_per_timer() - size_of::<String>() <= 64);
+}
+
+#[test]
+fn a_poll_before_the_origin_fires_nothing() {
+    let origin = Instant::now() + Duration::from_secs(10);
+    let mut wheel = Wheel::new(ms(1), origin);
+    wheel.insert(origin, "at the origin");
+    wheel.insert(origin - Duration::from_secs(3), "before the origin");
+    assert_eq!(wheel.poll_expired(origin - Duration::from_secs(5)), None);
+    assert_eq!(wheel.poll_expired(origin - Duration::from_nanos(1)), None);
+    let fired: Vec<_> = std::iter::from_fn(|| wheel.poll_expired(origin)).collect();
+    assert_eq!(fired.len(), 2, "both are due at the origin");
+}
+
+#[test]
+fn a_backwards_poll_after_a_partial_drain_uses_the_latest_time() {
+    let (mut wheel, clock) = new_wheel();
+    let t0 = clock.now();
+    wheel.insert(t0 + ms(1), "a");
+    wheel.insert(t0 + ms(5), "b");
+    // The caller takes one timer at 5 ms and stops; a later poll from the past is still 5 ms.
+    assert_eq!(wheel.poll_expired(t0 + ms(5)), Some("a"));
+    assert_eq!(wheel.poll_expired(t0 + ms(2)), Some("b"));
+}
+
+#[test]
+fn a_deadline_between_ticks_already_passed_fires_on_the_next_poll() {
+    let (mut wheel, clock) = new_wheel();
+    let t0 = clock.now();
+    let polled = t0 + Duration::from_micros(10_500);
+    assert_eq!(wheel.poll_expired(polled), None);
+    // 10.2 ms rounds up to the 11 ms tick, but it has passed: it must not wait for 11 ms.
+    let key = wheel.insert(t0 + Duration::from_micros(10_200), "passed");
+    assert_eq!(wheel.poll_expired(polled), Some("passed"));
+    let key2 = wheel.insert(t0 + ms(30), "pulled in");
+    assert!(wheel.reset(key2, t0 + Duration::from_micros(10_300)));
+    assert_eq!(wheel.poll_expired(polled), Some("pulled in"));
+    assert!(!wheel.reset(key, t0));
+}
+
+#[test]
+fn a_huge_level_count_is_a_typed_error_not_an_overflow() {
+    for levels in [1 << 40, usize::MAX, 3_074_457_345_618_258_603] {
+        let built = Wheel::builder()
+            .slots_per_level(64)
+            .levels(levels)
+            .build::<()>(Instant::now());
+        assert_eq!(built.map(|_| ()), Err(GeometryError::Levels(levels)));
+    }
+}
+
+#[test]
+fn next_deadline_stays_ahead_after_the_overflow_list_empties() {
+    // A span of 16 ticks: the first timer waits on the overflow list and is cancelled there.
+    let mut wheel = Wheel::builder()
+        .slots_per_level(4)
+        .levels(2)
+        .build(Instant::now())
+        .expect("valid geometry");
+    let t0 = wheel.origin();
+    let gone = wheel.insert(t0 + ms(20), "cancelled");
+    assert_eq!(wheel.cancel(gone), Some("cancelled"));
+    assert_eq!(wheel.poll_expired(t0 + ms(100)), None);
+    wheel.insert(t0 + ms(1000), "later");
+    assert_eq!(wheel.next_deadline(), Some(t0 + ms(1000)));
+    assert_eq!(wheel.poll_expired(t0 + ms(999)), None);
+    assert_eq!(wheel.poll_expired(t0 + ms(1000)), Some("later"));
 }

@@ -1,9 +1,10 @@
 //! Model-based property tests: random sequences of insert, cancel, reset and clock moves,
 //! checked step by step against a plain map of what should be pending.
 //!
-//! Each of the two properties runs 320 cases of 300 to 700 operations: about 320k
-//! operations in total, on the default geometry and on a tiny one whose span is 64 ticks so
-//! that the overflow list and cascades are exercised all the time.
+//! Each of the three properties runs 320 cases of 300 to 700 operations, about 480k
+//! operations in total: on the default geometry, on a tiny one whose span is 64 ticks so
+//! that the overflow list and cascades are exercised all the time, and on 64 levels of 2
+//! slots with a 7 ns tick, whose span is the whole u64 tick range.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use corewheel::{TimerKey, Wheel};
 use proptest::prelude::*;
 
-const TICK: Duration = Duration::from_millis(1);
+/// The unit the generated delays are scaled in (the default tick).
 const TICK_NS: u64 = 1_000_000;
 
 #[derive(Debug, Clone)]
@@ -31,6 +32,8 @@ enum Op {
     Advance(u64),
     /// Polls with an instant before the current time.
     PollBackwards(u64),
+    /// Polls once at the current time without draining, leaving a slot half handed out.
+    PollOnce,
 }
 
 fn delay_ns() -> impl Strategy<Value = u64> {
@@ -62,13 +65,17 @@ fn op() -> impl Strategy<Value = Op> {
         ]
         .prop_map(Op::Advance),
         1 => (1..100 * TICK_NS).prop_map(Op::PollBackwards),
+        2 => Just(Op::PollOnce),
     ]
 }
 
 /// What the wheel should hold: every pending timer's deadline, by the id it carries.
 struct Model {
     origin: Instant,
+    tick: Duration,
     now: Instant,
+    /// The latest instant the wheel has been polled with, which is its idea of the time.
+    polled: Option<Instant>,
     pending: HashMap<u64, Instant>,
     issued: Vec<(TimerKey, u64)>,
     next_id: u64,
@@ -89,27 +96,43 @@ impl Model {
     fn rounded(&self, deadline: Instant) -> Instant {
         // u128: hundreds of years of virtual time overflow a u64 of nanoseconds.
         let ns = deadline.saturating_duration_since(self.origin).as_nanos();
-        let rounded_ns = ns.div_ceil(u128::from(TICK_NS)) * u128::from(TICK_NS);
+        let tick_ns = self.tick.as_nanos();
+        let rounded_ns = ns.div_ceil(tick_ns) * tick_ns;
         let secs = (rounded_ns / 1_000_000_000) as u64;
         self.origin + Duration::new(secs, (rounded_ns % 1_000_000_000) as u32)
     }
 }
 
-/// Polls at `poll_at` until nothing is due, checking each timer against the model's time
-/// (the latest seen, since the wheel clamps a clock that runs backwards).
+/// Polls once at `poll_at` and checks what came out against the wheel's idea of the time
+/// (the latest instant polled, since it clamps a clock that runs backwards).
+fn poll_and_check(wheel: &mut Wheel<u64>, m: &mut Model, poll_at: Instant) -> bool {
+    let effective = m.polled.map_or(poll_at, |p| p.max(poll_at));
+    m.polled = Some(effective);
+    let Some(id) = wheel.poll_expired(poll_at) else {
+        return false;
+    };
+    let deadline = m
+        .pending
+        .remove(&id)
+        .unwrap_or_else(|| panic!("timer {id} fired twice or after cancel"));
+    assert!(deadline <= effective, "timer {id} fired early");
+    true
+}
+
+/// Polls at `poll_at` until nothing is due, then checks that nothing a full tick overdue
+/// was left behind and that the wheel's next deadline lies ahead.
 fn drain_and_check(wheel: &mut Wheel<u64>, m: &mut Model, poll_at: Instant) {
-    while let Some(id) = wheel.poll_expired(poll_at) {
-        let deadline = m
-            .pending
-            .remove(&id)
-            .unwrap_or_else(|| panic!("timer {id} fired twice or after cancel"));
-        assert!(deadline <= m.now, "timer {id} fired early");
-    }
+    while poll_and_check(wheel, m, poll_at) {}
+    let effective = m.polled.unwrap_or(poll_at);
     for (id, &deadline) in &m.pending {
+        // The wheel's time begins at its origin: an earlier deadline is due there.
         assert!(
-            deadline + TICK > m.now,
+            deadline.max(m.origin) + m.tick > effective,
             "timer {id} is a full tick overdue and was not returned"
         );
+    }
+    if let Some(next) = wheel.next_deadline() {
+        assert!(next > effective, "next_deadline is not ahead after a drain");
     }
 }
 
@@ -117,7 +140,9 @@ fn run(wheel: &mut Wheel<u64>, ops: &[Op]) {
     let origin = wheel.origin();
     let mut m = Model {
         origin,
+        tick: wheel.tick(),
         now: origin,
+        polled: None,
         pending: HashMap::new(),
         issued: Vec::new(),
         next_id: 0,
@@ -185,6 +210,10 @@ fn run(wheel: &mut Wheel<u64>, ops: &[Op]) {
                     .unwrap_or(origin);
                 drain_and_check(wheel, &mut m, earlier);
             }
+            Op::PollOnce => {
+                let now = m.now;
+                poll_and_check(wheel, &mut m, now);
+            }
         }
         assert_eq!(wheel.len(), m.pending.len());
         // A timer already due may be reported at the last polled time rather than at its
@@ -203,9 +232,8 @@ fn run(wheel: &mut Wheel<u64>, ops: &[Op]) {
     }
     // Everything left fires in the end, exactly once.
     m.now += Duration::from_secs(3600 * 24 * 365 * 40);
-    while let Some(id) = wheel.poll_expired(m.now) {
-        assert!(m.pending.remove(&id).is_some(), "timer {id} fired twice");
-    }
+    let now = m.now;
+    drain_and_check(wheel, &mut m, now);
     assert!(m.pending.is_empty(), "lost timers: {:?}", m.pending.keys());
     assert!(wheel.is_empty());
 }
@@ -215,7 +243,7 @@ proptest! {
 
     #[test]
     fn default_geometry_matches_the_model(ops in prop::collection::vec(op(), 300..700)) {
-        let mut wheel = Wheel::new(TICK, Instant::now());
+        let mut wheel = Wheel::new(Duration::from_nanos(TICK_NS), Instant::now());
         run(&mut wheel, &ops);
     }
 
@@ -224,9 +252,22 @@ proptest! {
         ops in prop::collection::vec(op(), 300..700),
     ) {
         let mut wheel = Wheel::builder()
-            .tick(TICK)
+            .tick(Duration::from_nanos(TICK_NS))
             .slots_per_level(4)
             .levels(3)
+            .build(Instant::now())
+            .expect("valid geometry");
+        run(&mut wheel, &ops);
+    }
+
+    #[test]
+    fn two_slot_levels_spanning_all_64_bits_with_a_7ns_tick_match_the_model(
+        ops in prop::collection::vec(op(), 300..700),
+    ) {
+        let mut wheel = Wheel::builder()
+            .tick(Duration::from_nanos(7))
+            .slots_per_level(2)
+            .levels(64)
             .build(Instant::now())
             .expect("valid geometry");
         run(&mut wheel, &ops);
