@@ -37,6 +37,14 @@ mod slab;
 mod sync;
 mod ticks;
 mod timer_key;
+#[cfg_attr(
+    not(loom),
+    allow(
+        dead_code,
+        reason = "the multi-core engine's pooled nodes are its users; loom checks it now"
+    )
+)]
+mod timer_state;
 mod wheel;
 mod wheel_builder;
 
@@ -49,6 +57,7 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub mod loom_exports {
     pub use crate::mpsc::testing::{Message, consume, message};
     pub use crate::mpsc::{Link, Linked, Pop, Queue, link_after};
+    pub use crate::timer_state::{Observed, Phase, TimerState};
 }
 pub use error::{CapacityError, GeometryError};
 pub use timer_key::TimerKey;

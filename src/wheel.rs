@@ -34,7 +34,8 @@ use crate::wheel_builder::WheelBuilder;
 ///   exactly. Time itself may run for 2^64 - 1 ticks (584 million years at 1 ms).
 ///   A deadline beyond that, such as the latest `Instant` a platform can represent, is
 ///   clamped to tick 2^64 - 1, which time never reaches: that timer never fires by itself
-///   (firing it at the clamp would be early), and can still be cancelled or reset.
+///   (firing it at the clamp would be early), and can still be cancelled or reset. Only a
+///   wheel already polled past such a deadline when the timer is armed fires it, as due.
 /// - **Safe keys.** A [`TimerKey`] whose timer has fired or been cancelled is refused, even
 ///   after its slot holds another timer.
 /// - **Memory.** Timers live in a slab of 1024-node chunks, at 32 bytes of overhead beyond
