@@ -27,7 +27,9 @@ use crate::wheel_builder::WheelBuilder;
 ///   due slot is a bitmap rotate and trailing-zero count per level, so empty slots are never
 ///   walked. Timers on coarse levels cascade to finer ones as their time approaches, so
 ///   every timer fires exactly, never with the up-to-12.5% slack of the Linux kernel's
-///   wheel.
+///   wheel. The next block's timers (the next 64 ticks by default) are moved down ahead of
+///   time, 1024 per poll that finds nothing due, so a storm of timers due together does
+///   not stall the poll at the block's first tick.
 /// - **Any range.** The levels cover one epoch of 2^36 ticks with the default geometry
 ///   (about 2.2 years at 1 ms); a deadline in a later epoch waits on an overflow list, which
 ///   is scanned once at the start of each epoch that holds one of its timers, and fires
@@ -88,7 +90,15 @@ pub struct Wheel<T> {
 /// Every list a timer can be filed on. Kept apart from the slab so that both can be
 /// borrowed at once: the lists hold heads and tails, the slab the links between.
 struct Lists {
+    /// The levels, finest first, plus (with two levels or more) a second finest level: the
+    /// lookahead, into which the next block's coarse slot is moved a little at a time while
+    /// the current block runs, so that no single poll has to move it all at once.
     levels: Box<[Level]>,
+    /// Which of the two finest arrays is the finest level now; locations name arrays, so
+    /// swapping roles is O(1) and moves no timer.
+    current0: usize,
+    /// The other one, the lookahead; `None` for a one-level wheel.
+    spare0: Option<usize>,
     /// Timers already due: filed with a deadline at or before `elapsed`, or cascaded onto it.
     ready: List,
     /// Timers beyond the levels' span.
@@ -119,13 +129,29 @@ impl Slot {
     };
 }
 
-/// The next slot (or the overflow list) that needs processing, and the tick it begins at.
+/// The next thing that needs processing, and the tick it begins at.
 #[derive(Debug, Clone, Copy)]
 struct Expiration {
-    level: usize,
-    slot: usize,
+    kind: Due,
     tick: u64,
 }
+
+#[derive(Debug, Clone, Copy)]
+enum Due {
+    /// A slot of the finest level: its timers are due at its tick.
+    Finest { slot: usize },
+    /// A slot of a coarser level, whose timers move to finer levels at its start.
+    Coarse { level: usize, slot: usize },
+    /// The next block begins: the lookahead becomes the finest level.
+    Flip,
+    /// The overflow list's next epoch begins.
+    Overflow,
+}
+
+/// Timers moved from the next block's coarse slot into the lookahead per idle poll: a few
+/// hundred microseconds of cache misses at most, so a poll that finds nothing due is never
+/// delayed by as much as a millisecond tick.
+const LOOKAHEAD_BUDGET: usize = 1024;
 
 impl Lists {
     #[inline]
@@ -195,6 +221,12 @@ impl Lists {
         }
     }
 
+    /// The array serving as logical level `level`.
+    #[inline]
+    fn physical(&self, level: usize) -> usize {
+        if level == 0 { self.current0 } else { level }
+    }
+
     #[inline]
     fn mark_empty(&mut self, level: usize, slot: usize) {
         let level = &mut self.levels[level];
@@ -202,17 +234,17 @@ impl Lists {
         level.slots[slot].earliest = u64::MAX;
     }
 
-    /// Empties a coarse slot, or the overflow list when `level` is past the last level, and
-    /// returns what it held.
+    /// Empties a slot of the array at physical index `level` and returns what it held.
     fn take(&mut self, level: usize, slot: usize) -> List {
-        if level < self.levels.len() {
-            let timers = self.levels[level].slots[slot].timers.take();
-            self.mark_empty(level, slot);
-            timers
-        } else {
-            self.overflow_earliest = u64::MAX;
-            self.overflow.take()
-        }
+        let timers = self.levels[level].slots[slot].timers.take();
+        self.mark_empty(level, slot);
+        timers
+    }
+
+    /// Empties the overflow list and returns what it held.
+    fn take_overflow(&mut self) -> List {
+        self.overflow_earliest = u64::MAX;
+        self.overflow.take()
     }
 }
 
@@ -261,7 +293,11 @@ impl<T> Wheel<T> {
             elapsed: 0,
             last_poll: None,
             lists: Lists {
-                levels: (0..geometry.levels()).map(|_| level()).collect(),
+                levels: (0..geometry.levels() + usize::from(geometry.levels() >= 2))
+                    .map(|_| level())
+                    .collect(),
+                current0: 0,
+                spare0: (geometry.levels() >= 2).then_some(geometry.levels()),
                 ready: List::EMPTY,
                 overflow: List::EMPTY,
                 overflow_earliest: u64::MAX,
@@ -374,16 +410,17 @@ impl<T> Wheel<T> {
                 Some(due) if due.tick <= now => due,
                 _ => {
                     self.elapsed = now;
+                    self.fill_lookahead(LOOKAHEAD_BUDGET);
                     return None;
                 }
             };
             debug_assert!(due.tick >= self.elapsed, "time moved backwards");
             self.elapsed = due.tick;
-            if due.level == 0 {
+            if let Due::Finest { slot } = due.kind {
                 // A finest-level slot holds timers due at its tick, and timers whose
                 // deadline was pushed back since they were filed: hand out the first kind
                 // straight from the slot, one per call, and move the second on.
-                let location = Location::slot(0, due.slot);
+                let location = Location::slot(self.lists.current0, slot);
                 let head = self.lists.list(location).head();
                 let node = self.slab.at(head);
                 let (deadline, next) = (node.deadline, node.next);
@@ -397,7 +434,7 @@ impl<T> Wheel<T> {
                     self.file(head, deadline, false);
                 }
             } else {
-                self.cascade(due);
+                self.process(due.kind);
             }
         }
     }
@@ -416,13 +453,13 @@ impl<T> Wheel<T> {
             return Some(self.last_poll.unwrap_or_else(|| self.ticks.origin()));
         }
         let due = self.next_expiration()?;
-        let earliest = if due.level == 0 {
-            due.tick
-        } else if due.level < self.lists.levels.len() {
-            due.tick
-                .max(self.lists.levels[due.level].slots[due.slot].earliest)
-        } else {
-            due.tick.max(self.lists.overflow_earliest)
+        let earliest = match due.kind {
+            Due::Finest { .. } => due.tick,
+            Due::Coarse { level, slot } => {
+                due.tick.max(self.lists.levels[level].slots[slot].earliest)
+            }
+            Due::Flip => due.tick.max(self.lookahead_earliest()),
+            Due::Overflow => due.tick.max(self.lists.overflow_earliest),
         };
         // Timers beyond the tick range never fire by themselves, so there is no instant to
         // wait for (and reporting the range's end would make a sleeping loop spin there).
@@ -509,10 +546,13 @@ impl<T> Wheel<T> {
             return Location::READY;
         }
         let level = self.geometry.level_for(self.elapsed, deadline);
-        if level >= self.lists.levels.len() {
+        if level >= self.geometry.levels() {
             Location::OVERFLOW
         } else {
-            Location::slot(level, self.geometry.slot_for(deadline, level))
+            Location::slot(
+                self.lists.physical(level),
+                self.geometry.slot_for(deadline, level),
+            )
         }
     }
 
@@ -542,14 +582,105 @@ impl<T> Wheel<T> {
         Some(node.value)
     }
 
-    /// Re-files every timer of a coarse slot (or of the overflow list) now that `elapsed`
-    /// has reached its start: each lands on a finer level, or on the ready list.
-    fn cascade(&mut self, due: Expiration) {
-        let mut timers = self.lists.take(due.level, due.slot);
+    /// Handles an expiration other than a finest slot, now that `elapsed` has reached it.
+    fn process(&mut self, due: Due) {
+        let mut timers = match due {
+            // Every timer of a coarse slot, or of the overflow list, is re-filed: each lands
+            // on a finer level, or on the ready list.
+            Due::Coarse { level, slot } => self.lists.take(level, slot),
+            Due::Overflow => self.lists.take_overflow(),
+            Due::Flip => {
+                // Finish moving the block's coarse slot, then let the lookahead take over
+                // as the finest level (the current one is empty: its block is over).
+                // `elapsed` is already the block's first tick.
+                let start = self.elapsed;
+                self.fill_lookahead_block(start, self.geometry.slot_for(start, 1), usize::MAX);
+                if let Some(spare) = self.lists.spare0 {
+                    self.lists.spare0 = Some(self.lists.current0);
+                    self.lists.current0 = spare;
+                }
+                return;
+            }
+            Due::Finest { .. } => return,
+        };
         while let Some(index) = timers.pop_front(&mut self.slab) {
             let deadline = self.slab.at(index).deadline;
             self.file(index, deadline, false);
         }
+    }
+
+    /// The first tick of the block after the one `elapsed` is in, and the level-1 slot that
+    /// holds that block's timers, when that slot is in the current level-2 rotation (at a
+    /// level-2 boundary the block's timers are still on coarser levels).
+    fn next_block(&self) -> Option<(u64, usize)> {
+        self.lists.spare0?;
+        let shift = self.geometry.shift(1);
+        let block = (self.elapsed >> shift).checked_add(1)?;
+        let start = block.checked_mul(1 << shift)?;
+        let slot = self.geometry.slot_for(start, 1);
+        (slot != 0).then_some((start, slot))
+    }
+
+    /// Moves up to `budget` timers from the next block's level-1 slot into the lookahead,
+    /// each into the finest slot of its own tick. Timers pushed back out of the block by a
+    /// lazy reset are re-filed where they now belong.
+    fn fill_lookahead(&mut self, budget: usize) {
+        if let Some((start, slot)) = self.next_block() {
+            self.fill_lookahead_block(start, slot, budget);
+        }
+    }
+
+    /// Moves up to `budget` timers of the block beginning at `start`, from level-1 slot
+    /// `slot` into the lookahead.
+    fn fill_lookahead_block(&mut self, start: u64, slot: usize, budget: usize) {
+        let Some(spare) = self.lists.spare0 else {
+            return;
+        };
+        let shift = self.geometry.shift(1);
+        for _ in 0..budget {
+            let Some(index) = self.lists.levels[1].slots[slot]
+                .timers
+                .pop_front(&mut self.slab)
+            else {
+                break;
+            };
+            let deadline = self.slab.at(index).deadline;
+            if deadline >> shift == start >> shift {
+                let location = Location::slot(spare, self.geometry.slot_for(deadline, 0));
+                let tail = self.lists.list(location).tail();
+                let node = self.slab.at_mut(index);
+                node.location = location;
+                node.prev = tail;
+                node.next = NIL;
+                self.lists
+                    .link_back(&mut self.slab, location, index, deadline);
+            } else {
+                self.file(index, deadline, false);
+            }
+        }
+        if self.lists.levels[1].slots[slot].timers.is_empty() {
+            self.lists.mark_empty(1, slot);
+        }
+    }
+
+    /// No lookahead timer is due before this tick.
+    fn lookahead_earliest(&self) -> u64 {
+        let (Some((start, slot)), Some(spare)) = (self.next_block(), self.lists.spare0) else {
+            return u64::MAX;
+        };
+        let lookahead = &self.lists.levels[spare];
+        let first = if lookahead.occupied == 0 {
+            u64::MAX
+        } else {
+            start + u64::from(lookahead.occupied.trailing_zeros())
+        };
+        let source = &self.lists.levels[1].slots[slot];
+        let not_moved = if source.timers.is_empty() {
+            u64::MAX
+        } else {
+            source.earliest
+        };
+        first.min(not_moved)
     }
 
     /// The first slot at or after `elapsed` that holds timers, finest level first: every
@@ -557,8 +688,24 @@ impl<T> Wheel<T> {
     /// the first hit is the earliest. The overflow list comes after every level.
     #[inline]
     fn next_expiration(&self) -> Option<Expiration> {
-        for (level, state) in self.lists.levels.iter().enumerate() {
+        for level in 0..self.geometry.levels() {
+            let state = &self.lists.levels[self.lists.physical(level)];
             if state.occupied == 0 {
+                if level == 0 {
+                    // The lookahead's timers belong to the next block, after every finest
+                    // slot and before any coarse slot that begins later.
+                    let lookahead = self.lists.spare0.map(|spare| &self.lists.levels[spare]);
+                    if lookahead.is_some_and(|state| state.occupied != 0) {
+                        // Only ever filled for a next block that exists.
+                        if let Some((start, _)) = self.next_block() {
+                            return Some(Expiration {
+                                kind: Due::Flip,
+                                tick: start,
+                            });
+                        }
+                        debug_assert!(false, "a lookahead without a next block");
+                    }
+                }
                 continue;
             }
             let slot = self
@@ -566,7 +713,12 @@ impl<T> Wheel<T> {
                 .next_occupied(self.elapsed, level, state.occupied);
             let tick = self.geometry.slot_start(self.elapsed, level, slot);
             debug_assert!(tick >= self.elapsed, "a slot behind elapsed was skipped");
-            return Some(Expiration { level, slot, tick });
+            let kind = if level == 0 {
+                Due::Finest { slot }
+            } else {
+                Due::Coarse { level, slot }
+            };
+            return Some(Expiration { kind, tick });
         }
         if self.lists.overflow.is_empty() {
             return None;
@@ -575,8 +727,7 @@ impl<T> Wheel<T> {
         // tick whose digits above the levels' span match theirs.
         let span = self.geometry.span_bits();
         Some(Expiration {
-            level: self.lists.levels.len(),
-            slot: 0,
+            kind: Due::Overflow,
             tick: (self.lists.overflow_earliest >> span) << span,
         })
     }
@@ -711,6 +862,29 @@ mod tests {
         assert_eq!(w.poll_expired(t0 + ms(25)), Some("fine"));
         assert_eq!(w.poll_expired(t0 + ms(159)), None);
         assert_eq!(w.poll_expired(t0 + ms(160)), Some("coarse"));
+    }
+
+    #[test]
+    fn the_next_blocks_timers_move_ahead_on_an_idle_poll_and_still_fire_exactly() {
+        let (mut w, t0) = wheel();
+        let keys: Vec<_> = (64..128).map(|i| w.insert(t0 + ms(i), i)).collect();
+        let before = w.link_operations();
+        assert_eq!(w.poll_expired(t0 + ms(1)), None);
+        assert!(
+            w.link_operations() - before >= 60,
+            "an idle poll moves the next block's timers into the lookahead"
+        );
+        // Cancel one and push one back while they wait there.
+        assert_eq!(w.cancel(keys[3]), Some(67));
+        assert!(w.reset(keys[5], t0 + ms(500)));
+        assert_eq!(w.next_deadline(), Some(t0 + ms(64)));
+        for i in (64..128).filter(|&i| i != 67 && i != 69) {
+            assert_eq!(w.poll_expired(t0 + ms(i) - Duration::from_nanos(1)), None);
+            assert_eq!(w.poll_expired(t0 + ms(i)), Some(i));
+        }
+        assert_eq!(w.poll_expired(t0 + ms(499)), None);
+        assert_eq!(w.poll_expired(t0 + ms(500)), Some(69));
+        assert!(w.is_empty());
     }
 
     #[test]
