@@ -104,52 +104,36 @@ impl TimerState {
     /// Stops the timer of `generation` from running (again). `true` if and only if this call
     /// did it: the timer was pending, or was a repeating timer in the middle of firing.
     pub fn try_cancel(&self, generation: u32, repeating: bool) -> bool {
-        let mut current = self.word.load(Ordering::Acquire);
-        loop {
-            let seen = Observed(current);
-            if seen.generation() != generation {
-                return false;
-            }
-            let next = match seen.phase() {
-                Phase::Pending => Phase::Cancelled,
-                Phase::Firing if repeating => Phase::FiringCancelled,
-                _ => return false,
-            };
-            let replacement = (current & !PHASE_MASK) | next as u64;
-            match self.word.compare_exchange_weak(
-                current,
-                replacement,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => current = actual,
-            }
-        }
+        self.word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                let seen = Observed(current);
+                if seen.generation() != generation {
+                    return None;
+                }
+                let next = match seen.phase() {
+                    Phase::Pending => Phase::Cancelled,
+                    Phase::Firing if repeating => Phase::FiringCancelled,
+                    _ => return None,
+                };
+                Some((current & !PHASE_MASK) | next as u64)
+            })
+            .is_ok()
     }
 
     /// Publishes a reset of the timer of `generation`, whose new deadline the caller has
     /// already stored (with Release or stronger). `true` if the timer was still pending, so
     /// that the owner will see the new deadline before it fires the timer.
     pub fn try_reset(&self, generation: u32) -> bool {
-        let mut current = self.word.load(Ordering::Acquire);
-        loop {
-            let seen = Observed(current);
-            if seen.generation() != generation || seen.phase() != Phase::Pending {
-                return false;
-            }
-            let sequence = (current & SEQUENCE_MASK) + (1 << PHASE_BITS);
-            let replacement = pack(generation, sequence, Phase::Pending);
-            match self.word.compare_exchange_weak(
-                current,
-                replacement,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => current = actual,
-            }
-        }
+        self.word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                let seen = Observed(current);
+                if seen.generation() != generation || seen.phase() != Phase::Pending {
+                    return None;
+                }
+                let sequence = (current & SEQUENCE_MASK) + (1 << PHASE_BITS);
+                Some(pack(generation, sequence, Phase::Pending))
+            })
+            .is_ok()
     }
 
     /// The owner claims the timer for firing, if the state is still exactly `seen` (pending,
@@ -170,21 +154,19 @@ impl TimerState {
     /// The owner finishes a firing: a one-shot timer becomes `Fired`; a repeating one is
     /// `Pending` again, unless a cancel arrived while it ran. Returns whether it is pending.
     pub fn finish_fire(&self, repeating: bool) -> bool {
-        let mut current = self.word.load(Ordering::Acquire);
-        loop {
-            let rearm = repeating && Observed(current).phase() == Phase::Firing;
-            let next = if rearm { Phase::Pending } else { Phase::Fired };
-            let replacement = (current & !PHASE_MASK) | next as u64;
-            match self.word.compare_exchange_weak(
-                current,
-                replacement,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return rearm,
-                Err(actual) => current = actual,
-            }
-        }
+        let rearms = |word: u64| repeating && Observed(word).phase() == Phase::Firing;
+        let previous = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                let next = if rearms(current) {
+                    Phase::Pending
+                } else {
+                    Phase::Fired
+                };
+                Some((current & !PHASE_MASK) | next as u64)
+            })
+            .unwrap_or_else(|word| word);
+        rearms(previous)
     }
 
     /// The owner frees the slot once the timer is unlinked and done: the generation moves
