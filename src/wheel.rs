@@ -560,6 +560,12 @@ impl<T> Wheel<T> {
     #[inline]
     fn file(&mut self, index: u32, deadline: u64, due_now: bool) {
         let location = self.location_for(deadline, due_now);
+        self.link_at(index, location, deadline);
+    }
+
+    /// Appends a node that is on no list to the list at `location`.
+    #[inline]
+    fn link_at(&mut self, index: u32, location: Location, deadline: u64) {
         let tail = self.lists.list(location).tail();
         let node = self.slab.at_mut(index);
         node.location = location;
@@ -647,13 +653,7 @@ impl<T> Wheel<T> {
             let deadline = self.slab.at(index).deadline;
             if deadline >> shift == start >> shift {
                 let location = Location::slot(spare, self.geometry.slot_for(deadline, 0));
-                let tail = self.lists.list(location).tail();
-                let node = self.slab.at_mut(index);
-                node.location = location;
-                node.prev = tail;
-                node.next = NIL;
-                self.lists
-                    .link_back(&mut self.slab, location, index, deadline);
+                self.link_at(index, location, deadline);
             } else {
                 self.file(index, deadline, false);
             }
