@@ -1,4 +1,4 @@
-//! The typed errors of the single-threaded wheel.
+//! The typed errors of the wheel and the engine.
 
 use std::fmt;
 
@@ -51,3 +51,58 @@ impl<T> fmt::Display for CapacityError<T> {
 }
 
 impl<T: fmt::Debug> std::error::Error for CapacityError<T> {}
+
+/// Why [`EngineBuilder::build`](crate::EngineBuilder::build) failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// Zero workers were asked for; an engine needs at least one.
+    NoWorkers,
+    /// More workers were asked for than a handle can name (65,536).
+    TooManyWorkers(usize),
+    /// The tick was zero.
+    ZeroTick,
+    /// The operating system refused to start a worker thread.
+    Spawn(std::io::Error),
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoWorkers => write!(f, "an engine needs at least one worker"),
+            Self::TooManyWorkers(n) => write!(f, "{n} workers is more than 65536"),
+            Self::ZeroTick => write!(f, "the tick must be longer than zero"),
+            Self::Spawn(error) => write!(f, "could not start a worker thread: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Spawn(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// Why a timer could not be scheduled. The callback is dropped unrun.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The engine has been shut down.
+    Shutdown,
+    /// The shard's pool is full: about 16.7 million live timers on one shard.
+    Capacity,
+}
+
+impl fmt::Display for ScheduleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Shutdown => write!(f, "the timer engine has been shut down"),
+            Self::Capacity => write!(f, "the shard's timer pool is full"),
+        }
+    }
+}
+
+impl std::error::Error for ScheduleError {}

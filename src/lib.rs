@@ -1,8 +1,10 @@
 //! corewheel: a lock-free, multi-core timer engine built on hierarchical timing wheels.
 //!
-//! This release provides the foundation: [`Wheel`], a hierarchical timing wheel that one
-//! thread owns, for event loops that embed a wheel directly, and the [`Clock`]s that drive
-//! it, including [`ManualClock`] for deterministic tests.
+//! - [`TimerEngine`]: the multi-core engine. One wheel per shard, each owned by a worker
+//!   thread; any thread schedules, cancels and resets timers without locks or allocation.
+//! - [`Wheel`]: the hierarchical timing wheel one thread owns, for event loops that embed a
+//!   wheel directly.
+//! - [`Clock`]s, including [`ManualClock`] for deterministic tests of both.
 //!
 //! ```
 //! use corewheel::{Clock, ManualClock, Wheel};
@@ -20,33 +22,33 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod callback;
 mod clock;
+mod context;
+mod engine;
+mod engine_builder;
+mod engine_shared;
 mod error;
 mod geometry;
+mod lane;
 mod list;
-#[cfg_attr(
-    not(loom),
-    allow(
-        dead_code,
-        reason = "the multi-core engine's shards are its users; loom and Miri check it now"
-    )
-)]
 mod mpsc;
 mod node;
+mod periodic;
+mod pool;
+mod shard;
+mod shard_counters;
 mod slab;
+mod stats;
 mod sync;
 mod ticks;
+mod timer_handle;
 mod timer_key;
-#[cfg_attr(
-    not(loom),
-    allow(
-        dead_code,
-        reason = "the multi-core engine's pooled nodes are its users; loom checks it now"
-    )
-)]
+mod timer_node;
 mod timer_state;
 mod wheel;
 mod wheel_builder;
+mod worker;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 
@@ -59,10 +61,17 @@ pub mod loom_exports {
     pub use crate::mpsc::{Link, Linked, Pop, Queue, link_after};
     pub use crate::timer_state::{Observed, Phase, TimerState};
 }
-pub use error::{CapacityError, GeometryError};
+pub use callback::INLINE_BYTES as INLINE_CALLBACK_BYTES;
+pub use engine::{ShutdownReport, TimerEngine};
+pub use engine_builder::EngineBuilder;
+pub use error::{BuildError, CapacityError, GeometryError, ScheduleError};
+pub use periodic::MissedTicks;
+pub use stats::{ShardStats, Stats};
+pub use timer_handle::TimerHandle;
 pub use timer_key::TimerKey;
 pub use wheel::Wheel;
 pub use wheel_builder::WheelBuilder;
+pub use worker::PendingTimers;
 
 /// Compiles and runs the README's examples as doc tests, so the README cannot drift from
 /// the API.

@@ -18,7 +18,7 @@ use crate::sync::atomic::{AtomicPtr, Ordering};
 
 /// The link an intrusive node embeds.
 pub struct Link {
-    next: AtomicPtr<Link>,
+    pub(crate) next: AtomicPtr<Link>,
 }
 
 impl Link {
@@ -191,6 +191,17 @@ impl<N: Linked> Queue<N> {
             // SAFETY: `head` is the stub or a live queued node.
             head == self.stub_ptr() && unsafe { (*head).next.load(Ordering::Acquire) }.is_null()
         })
+    }
+
+    /// Whether anything is queued or being queued, as the consumer sees it: unlike
+    /// [`Queue::is_empty`] this also sees a producer that has swapped the tail but not yet
+    /// linked its node. SeqCst, for the wake-up handshake built on it.
+    ///
+    /// # Safety
+    /// Only the single consumer may call this, as for [`Queue::pop`].
+    pub unsafe fn has_pending(&self) -> bool {
+        // SAFETY: forwarded from the caller.
+        !unsafe { self.is_empty() } || self.tail.load(Ordering::SeqCst) != self.stub_ptr()
     }
 
     fn node_of(&self, link: *mut Link) -> NonNull<N> {

@@ -5,16 +5,40 @@
 //! and the models in `loom-tests/` explore the real code rather than a copy of it.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::Arc;
+pub(crate) use loom::sync::{Arc, Mutex};
 #[cfg(not(loom))]
-pub(crate) use std::sync::Arc;
+pub(crate) use std::sync::{Arc, Mutex};
 
 /// Atomics: loom's under `--cfg loom`, std's otherwise.
 pub(crate) mod atomic {
     #[cfg(loom)]
-    pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+    pub(crate) use loom::sync::atomic::{
+        AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering, fence,
+    };
     #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+    pub(crate) use std::sync::atomic::{
+        AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering, fence,
+    };
+}
+
+/// One step of waiting for another thread that holds a short critical section: spins at
+/// first, then yields so that a preempted holder can run. Under loom, always yields, which
+/// is what lets the model explore the holder making progress.
+#[inline]
+pub(crate) fn spin_or_yield(attempt: u32) {
+    #[cfg(loom)]
+    {
+        let _ = attempt;
+        loom::thread::yield_now();
+    }
+    #[cfg(not(loom))]
+    {
+        if attempt < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
 }
 
 #[cfg(loom)]

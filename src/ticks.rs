@@ -36,6 +36,13 @@ impl Ticks {
         Duration::from_nanos(self.tick_ns)
     }
 
+    /// Whole ticks in `span`, rounded up, and at least one: a repeating timer's period.
+    pub(crate) fn span(&self, span: Duration) -> u64 {
+        let tick = u128::from(self.tick_ns.max(1));
+        let ticks = span.as_nanos().div_ceil(tick);
+        u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+    }
+
     pub(crate) fn origin(&self) -> Instant {
         self.origin
     }

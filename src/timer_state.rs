@@ -1,53 +1,65 @@
 //! The shared state of one pooled timer: who wins when a cancel or reset from another thread
-//! races the owner firing it.
+//! races the owner firing it, and who may give the node back to its pool.
 //!
-//! One `AtomicU64` holds the slot's generation, a reset sequence and the phase, so that every
-//! transition is a single compare-and-swap that also checks the generation: a stale handle
-//! (whose generation has moved on) can never cancel or reset the timer that reused the slot.
+//! One `AtomicU64` holds the node's generation, a reset sequence, three flags and the phase,
+//! so every transition is one compare-and-swap that also checks the generation: a stale
+//! handle (whose generation has moved on) never changes the timer that reused the node.
 //!
-//! Layout: `generation (32 bits) | reset sequence (28 bits) | phase (4 bits)`.
+//! Layout: `generation (32) | reset sequence (24) | LOCKED | FILED | MSG | REPEATING | phase (4)`.
+//!
+//! - `MSG`: the node is in transit to its owner, on a lane or the inbox. Exactly one party
+//!   sets it and pushes the node (the scheduler, or a canceller or resetter that found it
+//!   clear), and only whoever takes the node off the queue clears it; so a node is on at most
+//!   one queue, and is never given back to the pool while a queue still holds it.
+//! - `FILED`: the owner has the node in its wheel.
+//! - `LOCKED`: a resetter is writing the deadline. The owner does not fire a locked timer
+//!   (it looks again a tick later) and other resetters and cancellers wait for the unlock,
+//!   which is two instructions away.
 //!
 //! The owner fires a timer only by moving it from `Pending` to `Firing` with the exact word
-//! it read before looking at the deadline. A reset stores the new deadline and then bumps the
-//! sequence; if that happens between the owner's read and its swap, the swap fails and the
-//! owner looks at the deadline again. So either the reset returns `true` and the timer fires
-//! no earlier than the new deadline, or it returns `false` because the timer had already
-//! started firing (or was cancelled, or is gone).
+//! it read before looking at the deadline. A reset locks, stores the new deadline and unlocks
+//! with the sequence bumped; if that happens between the owner's read and its swap, the swap
+//! fails and the owner looks at the deadline again. So either the reset returns `true` and
+//! the timer fires no earlier than the new deadline, or it returns `false` because the timer
+//! had already started firing (or was cancelled, or is gone).
 
 use crate::sync::atomic::{AtomicU64, Ordering};
 
-const PHASE_BITS: u32 = 4;
-const SEQUENCE_BITS: u32 = 28;
-const PHASE_MASK: u64 = (1 << PHASE_BITS) - 1;
-const SEQUENCE_MASK: u64 = ((1 << SEQUENCE_BITS) - 1) << PHASE_BITS;
-const GENERATION_SHIFT: u32 = PHASE_BITS + SEQUENCE_BITS;
+const PHASE_MASK: u64 = 0xF;
+const REPEATING: u64 = 1 << 4;
+const MSG: u64 = 1 << 5;
+const FILED: u64 = 1 << 6;
+const LOCKED: u64 = 1 << 7;
+const SEQUENCE_SHIFT: u32 = 8;
+const SEQUENCE_MASK: u64 = ((1 << 24) - 1) << SEQUENCE_SHIFT;
+const GENERATION_SHIFT: u32 = 32;
 
 /// Where a timer is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Phase {
-    /// The slot holds no timer.
+    /// The node holds no timer.
     Free = 0,
     /// Armed: may be cancelled, reset or fired.
     Pending = 1,
     /// The owner is running its callback; a repeating timer goes back to `Pending` after.
     Firing = 2,
-    /// Firing, and a cancel arrived meanwhile: a repeating timer will not be re-armed.
+    /// A repeating timer firing, cancelled meanwhile: it will not be re-armed.
     FiringCancelled = 3,
-    /// Stopped by a cancel before it fired; waiting for the owner to unlink and free it.
+    /// Stopped by a cancel before it fired; waiting to be given back to the pool.
     Cancelled = 4,
-    /// A one-shot timer that has run; waiting for the owner to free it.
-    Fired = 5,
+    /// Ran, and is waiting for a message in transit to arrive before going back to the pool.
+    Done = 5,
 }
 
 impl Phase {
     const fn from_bits(bits: u64) -> Self {
-        match bits {
+        match bits & PHASE_MASK {
             1 => Self::Pending,
             2 => Self::Firing,
             3 => Self::FiringCancelled,
             4 => Self::Cancelled,
-            5 => Self::Fired,
+            5 => Self::Done,
             _ => Self::Free,
         }
     }
@@ -60,128 +72,77 @@ pub struct Observed(u64);
 impl Observed {
     /// The phase at the time of the snapshot.
     pub const fn phase(self) -> Phase {
-        Phase::from_bits(self.0 & PHASE_MASK)
+        Phase::from_bits(self.0)
     }
 
     /// The generation at the time of the snapshot.
     pub const fn generation(self) -> u32 {
         (self.0 >> GENERATION_SHIFT) as u32
     }
+
+    /// Whether a resetter was writing the deadline.
+    pub const fn is_locked(self) -> bool {
+        self.0 & LOCKED != 0
+    }
+
+    /// Whether the node was in transit to its owner.
+    pub const fn in_transit(self) -> bool {
+        self.0 & MSG != 0
+    }
+
+    /// Whether the owner had the node in its wheel.
+    pub const fn is_filed(self) -> bool {
+        self.0 & FILED != 0
+    }
+
+    /// Whether the timer re-arms after it fires.
+    pub const fn is_repeating(self) -> bool {
+        self.0 & REPEATING != 0
+    }
+
+    const fn with_phase(self, phase: Phase) -> u64 {
+        (self.0 & !PHASE_MASK) | phase as u64
+    }
 }
 
-/// The atomic state word of one timer slot. See the module documentation.
+/// What a successful cancel obliges the canceller to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// Nothing: the node is in transit or mid-callback, and whoever holds it frees it.
+    Done,
+    /// Push the node to its owner, so that it leaves the wheel and goes back to the pool now.
+    Notify,
+}
+
+/// What the owner does with a node it took off a lane or the inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// A new timer: file it in the wheel at its deadline.
+    File,
+    /// A filed timer whose deadline was brought forward: re-file it.
+    Refile,
+    /// A cancelled timer still in the wheel: unlink it, then give it back.
+    UnlinkAndFree,
+    /// A timer in no wheel that will not run again: give it back.
+    Free,
+    /// Nothing to do (it is firing right now, and the firing path settles it).
+    Ignore,
+}
+
+/// What the owner does with a timer after its callback ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFire {
+    /// A repeating timer: file it again at its next deadline (already `Pending` and filed).
+    Rearm,
+    /// Give the node back to the pool now.
+    Free,
+    /// Leave it: a message is in transit, and its arrival frees the node.
+    AwaitMessage,
+}
+
+/// The atomic state word of one timer node. See the module documentation.
 pub struct TimerState {
     word: AtomicU64,
-}
-
-const fn pack(generation: u32, sequence: u64, phase: Phase) -> u64 {
-    ((generation as u64) << GENERATION_SHIFT) | (sequence & SEQUENCE_MASK) | phase as u64
-}
-
-impl TimerState {
-    /// A free slot at generation 0.
-    pub fn new() -> Self {
-        Self {
-            word: AtomicU64::new(pack(0, 0, Phase::Free)),
-        }
-    }
-
-    /// Reads the state. Acquire: pairs with a reset's Release, so a caller that then reads
-    /// the deadline sees at least the one that reset stored.
-    pub fn observe(&self) -> Observed {
-        Observed(self.word.load(Ordering::Acquire))
-    }
-
-    /// Arms a free slot: the slot's taker does this before publishing the handle, so no
-    /// other thread can see the slot yet. Returns the generation handles must carry.
-    pub fn arm(&self) -> u32 {
-        let generation = self.observe().generation();
-        self.word
-            .store(pack(generation, 0, Phase::Pending), Ordering::Release);
-        generation
-    }
-
-    /// Stops the timer of `generation` from running (again). `true` if and only if this call
-    /// did it: the timer was pending, or was a repeating timer in the middle of firing.
-    pub fn try_cancel(&self, generation: u32, repeating: bool) -> bool {
-        self.word
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                let seen = Observed(current);
-                if seen.generation() != generation {
-                    return None;
-                }
-                let next = match seen.phase() {
-                    Phase::Pending => Phase::Cancelled,
-                    Phase::Firing if repeating => Phase::FiringCancelled,
-                    _ => return None,
-                };
-                Some((current & !PHASE_MASK) | next as u64)
-            })
-            .is_ok()
-    }
-
-    /// Publishes a reset of the timer of `generation`, whose new deadline the caller has
-    /// already stored (with Release or stronger). `true` if the timer was still pending, so
-    /// that the owner will see the new deadline before it fires the timer.
-    pub fn try_reset(&self, generation: u32) -> bool {
-        self.word
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                let seen = Observed(current);
-                if seen.generation() != generation || seen.phase() != Phase::Pending {
-                    return None;
-                }
-                let sequence = (current & SEQUENCE_MASK) + (1 << PHASE_BITS);
-                Some(pack(generation, sequence, Phase::Pending))
-            })
-            .is_ok()
-    }
-
-    /// The owner claims the timer for firing, if the state is still exactly `seen` (pending,
-    /// with no reset since the owner read the deadline). On `false` the owner observes again.
-    pub fn try_fire(&self, seen: Observed) -> bool {
-        seen.phase() == Phase::Pending
-            && self
-                .word
-                .compare_exchange(
-                    seen.0,
-                    (seen.0 & !PHASE_MASK) | Phase::Firing as u64,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-    }
-
-    /// The owner finishes a firing: a one-shot timer becomes `Fired`; a repeating one is
-    /// `Pending` again, unless a cancel arrived while it ran. Returns whether it is pending.
-    pub fn finish_fire(&self, repeating: bool) -> bool {
-        let rearms = |word: u64| repeating && Observed(word).phase() == Phase::Firing;
-        let previous = self
-            .word
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                let next = if rearms(current) {
-                    Phase::Pending
-                } else {
-                    Phase::Fired
-                };
-                Some((current & !PHASE_MASK) | next as u64)
-            })
-            .unwrap_or_else(|word| word);
-        rearms(previous)
-    }
-
-    /// The owner frees the slot once the timer is unlinked and done: the generation moves
-    /// on, so every outstanding handle is stale from here.
-    pub fn free(&self) {
-        let generation = self.observe().generation().wrapping_add(1);
-        self.word
-            .store(pack(generation, 0, Phase::Free), Ordering::Release);
-    }
-
-    /// Whether the timer of `generation` is armed and has not started firing.
-    pub fn is_pending(&self, generation: u32) -> bool {
-        let seen = self.observe();
-        seen.generation() == generation && seen.phase() == Phase::Pending
-    }
 }
 
 impl Default for TimerState {
@@ -190,78 +151,354 @@ impl Default for TimerState {
     }
 }
 
+impl TimerState {
+    /// A free node at generation 0.
+    pub fn new() -> Self {
+        Self {
+            word: AtomicU64::new(Phase::Free as u64),
+        }
+    }
+
+    /// Reads the state. Acquire: pairs with a reset's Release unlock, so a caller that then
+    /// reads the deadline sees at least the one that reset stored.
+    pub fn observe(&self) -> Observed {
+        Observed(self.word.load(Ordering::Acquire))
+    }
+
+    /// Arms a free node that the caller holds exclusively, in transit to its owner. Returns
+    /// the generation handles must carry.
+    pub fn arm(&self, repeating: bool) -> u32 {
+        let generation = self.observe().generation();
+        let flags = MSG | if repeating { REPEATING } else { 0 };
+        self.word.store(
+            (u64::from(generation) << GENERATION_SHIFT) | flags | Phase::Pending as u64,
+            Ordering::Release,
+        );
+        generation
+    }
+
+    /// Waits out a resetter's lock: two instructions, unless that thread was preempted.
+    fn unlocked(&self) -> u64 {
+        let mut backoff = 0_u32;
+        loop {
+            let current = self.word.load(Ordering::Acquire);
+            if current & LOCKED == 0 {
+                return current;
+            }
+            backoff = backoff.saturating_add(1);
+            crate::sync::spin_or_yield(backoff);
+        }
+    }
+
+    /// Stops the timer of `generation` from running (again). `Some` if and only if this call
+    /// did it: the timer was pending, or was a repeating timer in the middle of firing.
+    pub fn try_cancel(&self, generation: u32) -> Option<Cancelled> {
+        let mut current = self.unlocked();
+        loop {
+            let seen = Observed(current);
+            if seen.generation() != generation {
+                return None;
+            }
+            let (next, outcome) = match seen.phase() {
+                Phase::Pending if seen.is_filed() && !seen.in_transit() => {
+                    (seen.with_phase(Phase::Cancelled) | MSG, Cancelled::Notify)
+                }
+                Phase::Pending => (seen.with_phase(Phase::Cancelled), Cancelled::Done),
+                Phase::Firing if seen.is_repeating() => {
+                    (seen.with_phase(Phase::FiringCancelled), Cancelled::Done)
+                }
+                _ => return None,
+            };
+            match self
+                .word
+                .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(outcome),
+                Err(actual) if actual & LOCKED != 0 => current = self.unlocked(),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Locks a pending timer of `generation` for a reset: the caller then stores the new
+    /// deadline and calls [`unlock_reset`](Self::unlock_reset). `false` if the timer is not
+    /// pending (fired, firing, cancelled or gone).
+    pub fn lock_for_reset(&self, generation: u32) -> bool {
+        let mut current = self.unlocked();
+        loop {
+            let seen = Observed(current);
+            if seen.generation() != generation || seen.phase() != Phase::Pending {
+                return false;
+            }
+            match self.word.compare_exchange(
+                current,
+                current | LOCKED,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) if actual & LOCKED != 0 => current = self.unlocked(),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Publishes the deadline stored under the lock and bumps the sequence. `true` if the
+    /// caller must push the node to its owner: the deadline moved earlier, the timer is in
+    /// the wheel, and no message is already in transit.
+    pub fn unlock_reset(&self, earlier: bool) -> bool {
+        let mut notify = false;
+        // Nothing else changes a locked word except the owner clearing MSG or FILED, so the
+        // update retries at most a few times.
+        let _ = self
+            .word
+            .fetch_update(Ordering::Release, Ordering::Relaxed, |current| {
+                let sequence = (current & SEQUENCE_MASK).wrapping_add(1 << SEQUENCE_SHIFT);
+                let mut next = (current & !(SEQUENCE_MASK | LOCKED)) | (sequence & SEQUENCE_MASK);
+                notify = earlier && current & FILED != 0 && current & MSG == 0;
+                if notify {
+                    next |= MSG;
+                }
+                Some(next)
+            });
+        notify
+    }
+
+    /// The owner took the node off a lane or the inbox: clears `MSG` and says what to do.
+    pub fn receive(&self) -> Received {
+        let mut outcome = Received::Ignore;
+        let _ = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                let seen = Observed(current);
+                let cleared = current & !MSG;
+                let next;
+                (next, outcome) = match seen.phase() {
+                    Phase::Pending if seen.is_filed() => (cleared, Received::Refile),
+                    Phase::Pending => (cleared | FILED, Received::File),
+                    Phase::Cancelled if seen.is_filed() => {
+                        (cleared & !FILED, Received::UnlinkAndFree)
+                    }
+                    Phase::Cancelled | Phase::Done => (cleared, Received::Free),
+                    Phase::Free | Phase::Firing | Phase::FiringCancelled => {
+                        (cleared, Received::Ignore)
+                    }
+                };
+                Some(next)
+            });
+        outcome
+    }
+
+    /// The owner moves a node its wheel just handed out back into it (its deadline moved
+    /// later, or it is locked): nothing changes in the word, which says `FILED` already.
+    /// For a cancelled node whose message is in transit, clears `FILED` instead and returns
+    /// `false`: the message's arrival frees it.
+    pub fn keep_filed(&self) -> bool {
+        let seen = self.observe();
+        if seen.phase() == Phase::Cancelled {
+            self.word.fetch_and(!FILED, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// The owner claims the timer for firing, if the state is still exactly `seen` (pending,
+    /// unlocked, with no reset since the owner read the deadline). On `false` the owner
+    /// observes again.
+    pub fn try_fire(&self, seen: Observed) -> bool {
+        seen.phase() == Phase::Pending
+            && !seen.is_locked()
+            && self
+                .word
+                .compare_exchange(
+                    seen.0,
+                    seen.with_phase(Phase::Firing) & !FILED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+    }
+
+    /// The owner finished running the callback. A repeating timer that was not cancelled
+    /// meanwhile goes back to `Pending` and filed (the owner stored its next deadline before
+    /// this call); anything else is done.
+    pub fn finish_fire(&self) -> AfterFire {
+        let mut outcome = AfterFire::Free;
+        let _ = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                let seen = Observed(current);
+                let next;
+                (next, outcome) = match seen.phase() {
+                    Phase::Firing if seen.is_repeating() => {
+                        (seen.with_phase(Phase::Pending) | FILED, AfterFire::Rearm)
+                    }
+                    _ if seen.in_transit() => {
+                        (seen.with_phase(Phase::Done), AfterFire::AwaitMessage)
+                    }
+                    _ => (current, AfterFire::Free),
+                };
+                Some(next)
+            });
+        outcome
+    }
+
+    /// The owner ends a pending timer at shutdown, without running it. `true` if it did
+    /// (a canceller may win instead).
+    pub fn try_discard(&self, seen: Observed) -> bool {
+        seen.phase() == Phase::Pending
+            && !seen.is_locked()
+            && self
+                .word
+                .compare_exchange(
+                    seen.0,
+                    (seen.with_phase(Phase::Cancelled)) & !(FILED | LOCKED),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+    }
+
+    /// The holder gives the node back: the generation moves on, so every handle to the old
+    /// timer goes stale. `false` when the generation is exhausted: the node must be retired,
+    /// never reused, or a handle four billion generations old would name its next timer.
+    pub fn free(&self) -> bool {
+        let generation = self.observe().generation();
+        match generation.checked_add(1) {
+            Some(next) => {
+                self.word.store(
+                    (u64::from(next) << GENERATION_SHIFT) | Phase::Free as u64,
+                    Ordering::Release,
+                );
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the timer of `generation` will still run: it is pending, or it is a repeating
+    /// timer running its callback and not cancelled.
+    pub fn is_pending(&self, generation: u32) -> bool {
+        let seen = self.observe();
+        seen.generation() == generation
+            && match seen.phase() {
+                Phase::Pending => true,
+                Phase::Firing => seen.is_repeating(),
+                _ => false,
+            }
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_one_shot_timer_fires_or_is_cancelled_never_both() {
+    fn armed(repeating: bool) -> (TimerState, u32) {
         let state = TimerState::new();
-        let generation = state.arm();
-        let seen = state.observe();
-        assert!(state.try_fire(seen));
-        assert!(!state.try_cancel(generation, false), "too late to cancel");
-        assert!(!state.finish_fire(false));
-        assert_eq!(state.observe().phase(), Phase::Fired);
-
-        state.free();
-        let generation = state.arm();
-        assert!(state.try_cancel(generation, false));
-        assert!(!state.try_cancel(generation, false), "double cancel");
-        assert!(
-            !state.try_fire(state.observe()),
-            "a cancelled timer never fires"
-        );
+        let generation = state.arm(repeating);
+        (state, generation)
     }
 
     #[test]
-    fn a_reset_after_the_owner_looked_makes_its_swap_fail() {
-        let state = TimerState::new();
-        let generation = state.arm();
-        let seen = state.observe();
-        assert!(state.try_reset(generation));
-        assert!(
-            !state.try_fire(seen),
-            "the owner must look at the new deadline"
-        );
-        assert!(state.try_fire(state.observe()));
-        assert!(
-            !state.try_reset(generation),
-            "a firing timer cannot be reset"
-        );
+    fn cancel_in_transit_needs_no_message_and_wins_once() {
+        let (state, generation) = armed(false);
+        assert_eq!(state.try_cancel(generation), Some(Cancelled::Done));
+        assert_eq!(state.try_cancel(generation), None);
+        assert_eq!(state.receive(), Received::Free);
     }
 
     #[test]
-    fn a_repeating_timer_cancelled_while_firing_is_not_rearmed() {
-        let state = TimerState::new();
-        let generation = state.arm();
+    fn cancel_of_a_filed_timer_asks_for_one_message() {
+        let (state, generation) = armed(false);
+        assert_eq!(state.receive(), Received::File);
+        assert_eq!(state.try_cancel(generation), Some(Cancelled::Notify));
+        assert_eq!(state.receive(), Received::UnlinkAndFree);
+    }
+
+    #[test]
+    fn fire_beats_a_later_cancel() {
+        let (state, generation) = armed(false);
+        assert_eq!(state.receive(), Received::File);
         assert!(state.try_fire(state.observe()));
-        assert!(state.try_cancel(generation, true));
-        assert!(
-            !state.try_cancel(generation, true),
-            "only the first cancel wins"
-        );
-        assert!(!state.finish_fire(true));
-        let generation = {
-            state.free();
-            state.arm()
-        };
+        assert_eq!(state.try_cancel(generation), None);
+        assert!(!state.lock_for_reset(generation));
+        assert_eq!(state.finish_fire(), AfterFire::Free);
+    }
+
+    #[test]
+    fn a_reset_between_observe_and_fire_makes_the_fire_fail() {
+        let (state, generation) = armed(false);
+        state.receive();
+        let seen = state.observe();
+        assert!(state.lock_for_reset(generation));
+        assert!(!state.unlock_reset(false));
+        assert!(!state.try_fire(seen));
         assert!(state.try_fire(state.observe()));
-        assert!(state.finish_fire(true), "re-armed");
+    }
+
+    #[test]
+    fn an_earlier_reset_of_a_filed_timer_asks_for_a_message_once() {
+        let (state, generation) = armed(false);
+        state.receive();
+        assert!(state.lock_for_reset(generation));
+        assert!(state.unlock_reset(true));
+        assert!(state.lock_for_reset(generation));
+        assert!(!state.unlock_reset(true), "a message is already in transit");
+        assert_eq!(state.receive(), Received::Refile);
+    }
+
+    #[test]
+    fn a_locked_timer_does_not_fire() {
+        let (state, generation) = armed(false);
+        state.receive();
+        assert!(state.lock_for_reset(generation));
+        assert!(!state.try_fire(state.observe()));
+        state.unlock_reset(false);
+    }
+
+    #[test]
+    fn repeating_timers_rearm_unless_cancelled_while_firing() {
+        let (state, generation) = armed(true);
+        state.receive();
+        assert!(state.try_fire(state.observe()));
         assert!(state.is_pending(generation));
+        assert_eq!(state.finish_fire(), AfterFire::Rearm);
+        assert!(state.try_fire(state.observe()));
+        assert_eq!(state.try_cancel(generation), Some(Cancelled::Done));
+        assert!(!state.is_pending(generation));
+        assert_eq!(state.finish_fire(), AfterFire::Free);
     }
 
     #[test]
-    fn a_stale_generation_touches_nothing() {
-        let state = TimerState::new();
-        let old = state.arm();
-        state.try_cancel(old, false);
-        state.free();
-        let new = state.arm();
-        assert_ne!(old, new);
-        assert!(!state.try_cancel(old, false));
-        assert!(!state.try_reset(old));
-        assert!(!state.is_pending(old));
-        assert!(state.is_pending(new));
+    fn stale_generations_touch_nothing() {
+        let (state, generation) = armed(false);
+        state.try_cancel(generation);
+        state.receive();
+        assert!(state.free());
+        let next = state.arm(false);
+        assert_ne!(next, generation);
+        assert_eq!(state.try_cancel(generation), None);
+        assert!(!state.lock_for_reset(generation));
+        assert!(!state.is_pending(generation));
+        assert!(state.is_pending(next));
+    }
+
+    #[test]
+    fn a_fire_with_a_message_in_transit_waits_for_it() {
+        let (state, generation) = armed(false);
+        state.receive();
+        assert!(state.lock_for_reset(generation));
+        assert!(state.unlock_reset(true));
+        assert!(state.try_fire(state.observe()));
+        assert_eq!(state.finish_fire(), AfterFire::AwaitMessage);
+        assert_eq!(state.receive(), Received::Free);
+    }
+
+    #[test]
+    fn the_last_generation_is_retired() {
+        let state = TimerState {
+            word: AtomicU64::new((u64::from(u32::MAX)) << GENERATION_SHIFT),
+        };
+        assert!(!state.free());
     }
 }

@@ -331,7 +331,27 @@ impl<T> Wheel<T> {
         value: T,
     ) -> Result<TimerKey, CapacityError<T>> {
         let due_now = self.is_past(deadline);
-        let deadline = self.ticks.ceil(deadline);
+        self.insert_filed(self.ticks.ceil(deadline), due_now, value)
+    }
+
+    /// Arms a timer due at tick `deadline` (already rounded). For the engine's workers,
+    /// which keep deadlines as ticks.
+    #[inline]
+    pub(crate) fn try_insert_tick(
+        &mut self,
+        deadline: u64,
+        value: T,
+    ) -> Result<TimerKey, CapacityError<T>> {
+        self.insert_filed(deadline, false, value)
+    }
+
+    #[inline(always)]
+    fn insert_filed(
+        &mut self,
+        deadline: u64,
+        due_now: bool,
+        value: T,
+    ) -> Result<TimerKey, CapacityError<T>> {
         let location = self.location_for(deadline, due_now);
         let node = Node {
             deadline,
@@ -347,6 +367,32 @@ impl<T> Wheel<T> {
         self.lists
             .link_back(&mut self.slab, location, key.index, deadline);
         Ok(TimerKey::new(key.index, key.generation))
+    }
+
+    /// The tick at which [`poll_expired`](Wheel::poll_expired) will next hand out a timer,
+    /// with the guarantees of [`next_deadline`](Wheel::next_deadline).
+    pub(crate) fn next_tick(&self) -> Option<u64> {
+        if !self.lists.ready.is_empty() {
+            return Some(self.elapsed);
+        }
+        let due = self.next_expiration()?;
+        let earliest = match due.kind {
+            Due::Finest { .. } => due.tick,
+            Due::Coarse { level, slot } => {
+                due.tick.max(self.lists.levels[level].slots[slot].earliest)
+            }
+            Due::Flip => due.tick.max(self.lookahead_earliest()),
+            Due::Overflow => due.tick.max(self.lists.overflow_earliest),
+        };
+        (earliest < NEVER).then_some(earliest)
+    }
+
+    /// Removes every timer, due or not, and returns their values in no particular order.
+    pub(crate) fn take_all(&mut self) -> Vec<T> {
+        let nodes = self.slab.take_all();
+        let fresh = Self::with_parts(self.ticks, self.geometry, 0);
+        self.lists = fresh.lists;
+        nodes.into_iter().map(|node| node.value).collect()
     }
 
     /// Stops the timer and returns its value, or `None` if the key is stale: the timer
@@ -452,18 +498,9 @@ impl<T> Wheel<T> {
         if !self.lists.ready.is_empty() {
             return Some(self.last_poll.unwrap_or_else(|| self.ticks.origin()));
         }
-        let due = self.next_expiration()?;
-        let earliest = match due.kind {
-            Due::Finest { .. } => due.tick,
-            Due::Coarse { level, slot } => {
-                due.tick.max(self.lists.levels[level].slots[slot].earliest)
-            }
-            Due::Flip => due.tick.max(self.lookahead_earliest()),
-            Due::Overflow => due.tick.max(self.lists.overflow_earliest),
-        };
         // Timers beyond the tick range never fire by themselves, so there is no instant to
         // wait for (and reporting the range's end would make a sleeping loop spin there).
-        (earliest < NEVER).then(|| self.ticks.instant_at(earliest))
+        self.next_tick().map(|tick| self.ticks.instant_at(tick))
     }
 
     /// The deadline of a pending timer, rounded up to the tick, or `None` for a stale key.

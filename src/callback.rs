@@ -1,0 +1,272 @@
+//! A type-erased timer callback stored inside the pooled node, so that arming a timer with a
+//! small closure allocates nothing.
+//!
+//! A closure whose captures fit in [`INLINE_BYTES`] bytes (three machine words on 64-bit
+//! targets) with an alignment of at most a machine word lives in the node itself; a larger
+//! or more aligned one is boxed. A [`std::task::Waker`] is two words, so a future's timer
+//! can store `move || waker.wake()` inline.
+
+use std::mem::{MaybeUninit, align_of, size_of};
+use std::ptr::NonNull;
+
+/// The captures a callback may have and still be stored without an allocation: three
+/// machine words (24 bytes on 64-bit targets), at most word-aligned.
+pub const INLINE_BYTES: usize = 3 * size_of::<usize>();
+
+#[repr(C)]
+struct Storage([MaybeUninit<usize>; 3]);
+
+#[derive(Clone, Copy)]
+enum Action {
+    /// Whether `Call` consumes the closure; touches nothing.
+    Consumes,
+    Call,
+    Drop,
+}
+
+/// Runs or drops the closure in `storage`. For a one-shot closure `Call` consumes it. Returns
+/// the answer to `Consumes`, and `false` otherwise.
+type Shim = unsafe fn(NonNull<Storage>, Action) -> bool;
+
+/// A callback slot: empty, or holding one closure.
+pub(crate) struct Callback {
+    storage: Storage,
+    shim: Option<Shim>,
+}
+
+const fn fits_inline<F>() -> bool {
+    size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= align_of::<Storage>()
+}
+
+impl Callback {
+    pub(crate) const EMPTY: Self = Self {
+        storage: Storage([MaybeUninit::uninit(); 3]),
+        shim: None,
+    };
+
+    /// Whether a closure of type `F` would be stored without an allocation.
+    #[cfg(test)]
+    pub(crate) const fn is_inline<F>() -> bool {
+        fits_inline::<F>()
+    }
+
+    /// Stores a one-shot callback. The slot must be empty.
+    pub(crate) fn set_once<F: FnOnce() + Send + 'static>(&mut self, f: F) {
+        debug_assert!(self.shim.is_none());
+        if fits_inline::<F>() {
+            // SAFETY: `fits_inline` checked size and alignment, and the slot is empty, so
+            // writing `F` over its uninitialised words overwrites nothing live.
+            unsafe { self.storage.0.as_mut_ptr().cast::<F>().write(f) };
+            self.shim = Some(once_inline::<F>);
+        } else {
+            let boxed = Box::into_raw(Box::new(f));
+            // SAFETY: a pointer fits in the storage's first word, and the slot is empty.
+            unsafe { self.storage.0.as_mut_ptr().cast::<*mut F>().write(boxed) };
+            self.shim = Some(once_boxed::<F>);
+        }
+    }
+
+    /// Stores a repeating callback. The slot must be empty.
+    pub(crate) fn set_repeating<F: FnMut() + Send + 'static>(&mut self, f: F) {
+        debug_assert!(self.shim.is_none());
+        if fits_inline::<F>() {
+            // SAFETY: as in `set_once`.
+            unsafe { self.storage.0.as_mut_ptr().cast::<F>().write(f) };
+            self.shim = Some(repeating_inline::<F>);
+        } else {
+            let boxed = Box::into_raw(Box::new(f));
+            // SAFETY: as in `set_once`.
+            unsafe { self.storage.0.as_mut_ptr().cast::<*mut F>().write(boxed) };
+            self.shim = Some(repeating_boxed::<F>);
+        }
+    }
+
+    /// Runs the callback. A one-shot callback is consumed (even if it panics); a repeating
+    /// one stays for the next run. Does nothing on an empty slot.
+    pub(crate) fn call(&mut self) {
+        let Some(shim) = self.shim else { return };
+        let storage = NonNull::from(&mut self.storage);
+        // SAFETY: `Consumes` reads nothing from the storage.
+        if unsafe { shim(storage, Action::Consumes) } {
+            // Cleared first: if the closure panics it has already been moved out.
+            self.shim = None;
+        }
+        // SAFETY: `shim` was set together with the closure it expects in `storage`, and the
+        // slot is borrowed mutably for the call.
+        unsafe { shim(storage, Action::Call) };
+    }
+
+    /// Drops the callback without running it; the slot is empty afterwards.
+    pub(crate) fn clear(&mut self) {
+        if let Some(shim) = self.shim.take() {
+            // SAFETY: `shim` matches the closure in `storage`, which is dropped exactly once
+            // since the slot was emptied above.
+            unsafe { shim(NonNull::from(&mut self.storage), Action::Drop) };
+        }
+    }
+
+    /// Whether the slot holds a callback.
+    #[cfg(test)]
+    pub(crate) fn is_set(&self) -> bool {
+        self.shim.is_some()
+    }
+}
+
+impl Drop for Callback {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// # Safety
+/// `storage` holds an `F` written by `set_once`.
+unsafe fn once_inline<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> bool {
+    if let Action::Consumes = action {
+        return true;
+    }
+    // SAFETY: the caller guarantees an initialised `F` at the start of the storage, which is
+    // read out exactly once, here.
+    let f = unsafe { storage.cast::<F>().read() };
+    if let Action::Call = action {
+        f();
+    }
+    false
+}
+
+/// # Safety
+/// `storage` holds a `*mut F` from `Box::into_raw`, written by `set_once`.
+unsafe fn once_boxed<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> bool {
+    if let Action::Consumes = action {
+        return true;
+    }
+    // SAFETY: the caller guarantees the pointer came from `Box::into_raw` and is reclaimed
+    // exactly once, here.
+    let f = unsafe { Box::from_raw(storage.cast::<*mut F>().read()) };
+    if let Action::Call = action {
+        f();
+    }
+    false
+}
+
+/// # Safety
+/// `storage` holds an `F` written by `set_repeating`.
+unsafe fn repeating_inline<F: FnMut()>(storage: NonNull<Storage>, action: Action) -> bool {
+    let f = storage.cast::<F>();
+    match action {
+        Action::Consumes => {}
+        // SAFETY: the caller guarantees a live `F`, borrowed mutably for the call only.
+        Action::Call => unsafe { (*f.as_ptr())() },
+        // SAFETY: the caller empties the slot before asking for the drop, so it happens once.
+        Action::Drop => unsafe { f.as_ptr().drop_in_place() },
+    }
+    false
+}
+
+/// # Safety
+/// `storage` holds a `*mut F` from `Box::into_raw`, written by `set_repeating`.
+unsafe fn repeating_boxed<F: FnMut()>(storage: NonNull<Storage>, action: Action) -> bool {
+    // SAFETY: the caller guarantees the pointer came from `Box::into_raw` and is live.
+    let f = unsafe { storage.cast::<*mut F>().read() };
+    match action {
+        Action::Consumes => {}
+        // SAFETY: the box is live until `Drop`, and borrowed mutably for the call only.
+        Action::Call => unsafe { (*f)() },
+        // SAFETY: `Drop` comes once, after which the slot is empty.
+        Action::Drop => drop(unsafe { Box::from_raw(f) }),
+    }
+    false
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn three_words_are_inline_and_four_are_boxed() {
+        assert!(Callback::is_inline::<[usize; 3]>());
+        assert!(!Callback::is_inline::<[usize; 4]>());
+        assert!(Callback::is_inline::<std::task::Waker>());
+        assert!(!Callback::is_inline::<u128>() || align_of::<u128>() <= align_of::<usize>());
+    }
+
+    #[test]
+    fn one_shot_callbacks_run_once_inline_and_boxed() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        for big in [false, true] {
+            let mut slot = Callback::EMPTY;
+            let counter = Arc::clone(&runs);
+            let padding = [7_u64; 4];
+            if big {
+                slot.set_once(move || {
+                    assert_eq!(padding[3], 7);
+                    counter.fetch_add(1, Ordering::Relaxed);
+                });
+            } else {
+                slot.set_once(move || {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            slot.call();
+            assert!(!slot.is_set());
+            slot.call();
+        }
+        assert_eq!(runs.load(Ordering::Relaxed), 2);
+        assert_eq!(Arc::strong_count(&runs), 1, "every capture was dropped");
+    }
+
+    #[test]
+    fn repeating_callbacks_keep_their_state_and_drop_once() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        for big in [false, true] {
+            let mut slot = Callback::EMPTY;
+            let counter = Arc::clone(&runs);
+            let mut calls = 0_u64;
+            let padding = [1_u64; 4];
+            if big {
+                slot.set_repeating(move || {
+                    calls += padding[0];
+                    counter.store(calls as usize, Ordering::Relaxed);
+                });
+            } else {
+                slot.set_repeating(move || {
+                    calls += 1;
+                    counter.store(calls as usize, Ordering::Relaxed);
+                });
+            }
+            slot.call();
+            slot.call();
+            assert!(slot.is_set());
+            assert_eq!(runs.load(Ordering::Relaxed), 2);
+            slot.clear();
+            assert!(!slot.is_set());
+        }
+        assert_eq!(Arc::strong_count(&runs), 1);
+    }
+
+    #[test]
+    fn a_dropped_slot_drops_its_closure_unrun() {
+        let witness = Arc::new(());
+        let mut slot = Callback::EMPTY;
+        let held = Arc::clone(&witness);
+        slot.set_once(move || drop(held));
+        drop(slot);
+        assert_eq!(Arc::strong_count(&witness), 1);
+    }
+
+    #[test]
+    fn a_panicking_one_shot_is_consumed() {
+        let witness = Arc::new(());
+        let mut slot = Callback::EMPTY;
+        let held = Arc::clone(&witness);
+        slot.set_once(move || {
+            let _keep = held;
+            panic!("callback failure");
+        });
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slot.call()));
+        assert!(outcome.is_err());
+        assert!(!slot.is_set());
+        assert_eq!(Arc::strong_count(&witness), 1);
+    }
+}

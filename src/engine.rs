@@ -1,0 +1,493 @@
+//! The multi-core timer engine: one wheel per shard, each owned by one worker thread, fed
+//! by lock-free lanes and inboxes from every other thread.
+
+use std::sync::Mutex as StdMutex;
+use std::sync::atomic::{AtomicU32, AtomicUsize};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, ManualClock, MonotonicClock};
+use crate::engine_builder::EngineBuilder;
+use crate::engine_shared::EngineShared;
+use crate::error::{BuildError, ScheduleError};
+use crate::periodic::{MissedTicks, Period};
+use crate::shard::Shard;
+use crate::shard_counters::read;
+use crate::stats::{ShardStats, Stats};
+use crate::sync::Arc;
+use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use crate::ticks::{Ticks, saturating_add};
+use crate::timer_handle::TimerHandle;
+use crate::worker::{PendingTimers, Worker};
+
+/// Engines made so far in this process: a handle carries its engine's number, so a handle
+/// from one engine is stale in every other.
+static ENGINES: AtomicU32 = AtomicU32::new(1);
+
+/// What [`TimerEngine::shutdown`] did with the timers still pending.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Pending timers whose callbacks were run (with [`PendingTimers::Run`]).
+    pub ran: u64,
+    /// Pending timers dropped unrun (with [`PendingTimers::Drop`]).
+    pub dropped: u64,
+}
+
+/// A multi-core timer engine.
+///
+/// Each shard has a hierarchical timing wheel owned by one worker thread (pinned to a CPU by
+/// default), which sleeps until its next deadline. A thread that schedules a timer takes a
+/// node from its own magazine of the shard's pool, stores the callback in it and pushes it
+/// onto its own lane into the shard: no lock, no allocation, and no atomic operation on
+/// memory another core writes. The worker takes lanes when something on them is about to
+/// come due, and the thread hands batches over every 64 timers, after freeing the ones it
+/// has already cancelled itself. Cancels and resets work from any thread.
+///
+/// Guarantees:
+/// - **Never early.** A callback runs at or after its deadline, rounded up to the tick.
+/// - **Exactly once.** A one-shot timer runs once, unless [`cancel`](Self::cancel) returned
+///   `true`, in which case it never runs.
+/// - **Stale handles are harmless.** After a timer is over, its handle is stale: every
+///   operation on it returns `false` and touches nothing else.
+/// - **No panics on bad input.** Zero delays run on the next tick; deadlines in the past run
+///   on the worker's next turn; a delay past the end of time never fires (it can still be
+///   cancelled or reset); a repeating period shorter than a tick is one tick; anything
+///   after shutdown is an error or `false`.
+///
+/// Callbacks run on the shard's worker thread. A panic in one is caught and counted in
+/// [`Stats`], and the worker goes on. A callback should be short: while it runs, the
+/// shard's other timers wait.
+///
+/// ```
+/// use corewheel::{ManualClock, TimerEngine};
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let engine = TimerEngine::builder().workers(2).manual_clock(clock.clone()).build().unwrap();
+/// let fired = Arc::new(AtomicUsize::new(0));
+/// let counter = Arc::clone(&fired);
+/// let request = engine
+///     .schedule(Duration::from_millis(30), move || { counter.fetch_add(1, Ordering::Relaxed); })
+///     .unwrap();
+/// let idle = engine.schedule(Duration::from_secs(60), || unreachable!()).unwrap();
+///
+/// clock.advance(Duration::from_millis(29));
+/// engine.turn();
+/// assert_eq!(fired.load(Ordering::Relaxed), 0, "never early");
+/// clock.advance(Duration::from_millis(1));
+/// engine.turn();
+/// assert_eq!(fired.load(Ordering::Relaxed), 1);
+/// assert!(!engine.cancel(request), "already fired");
+/// assert!(engine.cancel(idle));
+/// ```
+pub struct TimerEngine {
+    shared: Arc<EngineShared>,
+    threads: StdMutex<Vec<JoinHandle<()>>>,
+    /// The shards' workers when the engine is driven by hand.
+    manual: Option<StdMutex<Vec<Worker>>>,
+    report: StdMutex<Option<ShutdownReport>>,
+    pinned: Arc<AtomicUsize>,
+}
+
+impl TimerEngine {
+    /// A builder: workers, tick, pinning, or a manual clock.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    pub(crate) fn start(
+        workers: usize,
+        tick: Duration,
+        pin: bool,
+        manual_clock: Option<ManualClock>,
+    ) -> Result<Self, BuildError> {
+        let manual = manual_clock.is_some();
+        let clock: Box<dyn Clock> = match manual_clock {
+            Some(clock) => Box::new(clock),
+            None => Box::new(MonotonicClock),
+        };
+        let origin = clock.now();
+        let ticks = Ticks::new(tick, origin);
+        let shared = Arc::new(EngineShared {
+            id: ENGINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            shards: (0..workers).map(|_| Shard::new()).collect(),
+            ticks,
+            clock,
+            shutdown: AtomicBool::new(false),
+            pending_mode: AtomicU8::new(0),
+            next_home: AtomicU64::new(0),
+        });
+        let pinned = Arc::new(AtomicUsize::new(0));
+        let engine = Self {
+            threads: StdMutex::new(Vec::new()),
+            manual: manual
+                .then(|| StdMutex::new((0..workers).map(|_| Worker::new(ticks)).collect())),
+            report: StdMutex::new(None),
+            pinned: Arc::clone(&pinned),
+            shared,
+        };
+        if !manual {
+            engine.spawn_workers(workers, pin)?;
+        }
+        Ok(engine)
+    }
+
+    #[cfg(not(loom))]
+    fn spawn_workers(&self, workers: usize, pin: bool) -> Result<(), BuildError> {
+        let cores = if pin {
+            core_affinity::get_core_ids().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        for index in 0..workers {
+            let shared = Arc::clone(&self.shared);
+            let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
+            let pin_failed = pin && core.is_none();
+            let pinned = Arc::clone(&self.pinned);
+            let spawned = std::thread::Builder::new()
+                .name(format!("corewheel-{index}"))
+                .spawn(move || {
+                    let pinned_here = core.is_some_and(core_affinity::set_for_current);
+                    if pinned_here {
+                        pinned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    } else if pin {
+                        eprintln!(
+                            "corewheel: could not pin worker {index} to a CPU; it runs unpinned"
+                        );
+                    }
+                    run_worker(&shared, index);
+                });
+            let _ = pin_failed;
+            match spawned {
+                Ok(handle) => {
+                    let _ = self.shared.shards[index]
+                        .thread
+                        .set(handle.thread().clone());
+                    threads.push(handle);
+                }
+                Err(error) => {
+                    drop(threads);
+                    self.shutdown(PendingTimers::Drop);
+                    return Err(BuildError::Spawn(error));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(loom)]
+    fn spawn_workers(&self, _workers: usize, _pin: bool) -> Result<(), BuildError> {
+        // loom models drive engines by hand.
+        Ok(())
+    }
+
+    /// Schedules `f` to run once, `delay` from now.
+    ///
+    /// A zero delay runs on the next tick. A delay so long that the deadline passes the end
+    /// of the engine's time range (about 584 million years at 1 ms) never fires by itself.
+    /// Closures capturing at most [`INLINE_CALLBACK_BYTES`](crate::INLINE_CALLBACK_BYTES)
+    /// bytes (three machine words), word-aligned, are stored in the timer's pooled node;
+    /// larger ones are boxed.
+    #[inline]
+    pub fn schedule(
+        &self,
+        delay: Duration,
+        f: impl FnOnce() + Send + 'static,
+    ) -> Result<TimerHandle, ScheduleError> {
+        self.schedule_at(saturating_add(self.shared.clock.now(), delay), f)
+    }
+
+    /// Schedules `f` to run once at `deadline`, rounded up to the tick. A deadline in the
+    /// past runs on the worker's next turn.
+    #[inline]
+    pub fn schedule_at(
+        &self,
+        deadline: Instant,
+        f: impl FnOnce() + Send + 'static,
+    ) -> Result<TimerHandle, ScheduleError> {
+        let tick = self.shared.ticks.ceil(deadline);
+        EngineShared::arm(&self.shared, tick, Period::ONE_SHOT, |callback| {
+            callback.set_once(f)
+        })
+    }
+
+    /// Schedules `f` to run every `period`, first `period` from now, skipping ticks it
+    /// missed ([`MissedTicks::Skip`]). The period is rounded up to whole ticks (at least
+    /// one).
+    pub fn schedule_repeating(
+        &self,
+        period: Duration,
+        f: impl FnMut() + Send + 'static,
+    ) -> Result<TimerHandle, ScheduleError> {
+        self.schedule_repeating_with(period, MissedTicks::Skip, f)
+    }
+
+    /// Schedules `f` to run every `period`, choosing what happens to missed ticks.
+    ///
+    /// ```
+    /// use corewheel::{ManualClock, MissedTicks, TimerEngine};
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let engine = TimerEngine::builder().workers(1).manual_clock(clock.clone()).build().unwrap();
+    /// let runs = Arc::new(AtomicUsize::new(0));
+    /// let counter = Arc::clone(&runs);
+    /// engine
+    ///     .schedule_repeating_with(Duration::from_millis(10), MissedTicks::Burst, move || {
+    ///         counter.fetch_add(1, Ordering::Relaxed);
+    ///     })
+    ///     .unwrap();
+    /// clock.advance(Duration::from_millis(35)); // the worker was away for three periods
+    /// while engine.turn() > 0 {}
+    /// assert_eq!(runs.load(Ordering::Relaxed), 3, "burst runs every missed tick");
+    /// ```
+    pub fn schedule_repeating_with(
+        &self,
+        period: Duration,
+        missed: MissedTicks,
+        f: impl FnMut() + Send + 'static,
+    ) -> Result<TimerHandle, ScheduleError> {
+        let ticks = self.shared.ticks.span(period);
+        let now = self.shared.clock.now();
+        let tick = self.shared.ticks.ceil(saturating_add(now, period));
+        EngineShared::arm(&self.shared, tick, Period { ticks, missed }, |callback| {
+            callback.set_repeating(f)
+        })
+    }
+
+    /// Stops the timer. `true` if and only if this call stopped it from running (for a
+    /// repeating timer, from running again, even mid-callback); `false` if it already ran,
+    /// was already cancelled, or the handle is stale. O(1) from any thread; the timer's
+    /// node goes back to the pool within about a tick.
+    #[inline]
+    pub fn cancel(&self, handle: TimerHandle) -> bool {
+        EngineShared::cancel(&self.shared, handle)
+    }
+
+    /// Moves a pending timer's deadline to `delay` from now. `false` if the timer already
+    /// fired or started firing, was cancelled, or the handle is stale.
+    ///
+    /// A later deadline is a few atomic operations on the timer's own node: the worker moves
+    /// the timer only when its old deadline comes round. An earlier one is sent to the
+    /// worker to re-file at once. A repeating timer's next run moves, and later runs keep
+    /// the period from there; it cannot be reset while its callback runs.
+    #[inline]
+    pub fn reset(&self, handle: TimerHandle, delay: Duration) -> bool {
+        self.reset_at(handle, saturating_add(self.shared.clock.now(), delay))
+    }
+
+    /// Moves a pending timer's deadline to `deadline`, as [`reset`](Self::reset) does.
+    #[inline]
+    pub fn reset_at(&self, handle: TimerHandle, deadline: Instant) -> bool {
+        EngineShared::reset(&self.shared, handle, self.shared.ticks.ceil(deadline))
+    }
+
+    /// Whether the timer will still run: pending, or a repeating timer that has not been
+    /// cancelled.
+    #[inline]
+    pub fn is_pending(&self, handle: TimerHandle) -> bool {
+        self.shared
+            .lookup(handle)
+            .is_some_and(|(_, node)| node.state.is_pending(handle.generation))
+    }
+
+    /// Counts per shard and in total.
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats::default();
+        for shard in self.shared.shards.iter() {
+            let counters = &shard.counters;
+            let mut one = ShardStats {
+                scheduled: read(&counters.retired_scheduled),
+                cancelled: read(&counters.retired_cancelled),
+                reset: read(&counters.retired_reset),
+                fired: read(&counters.fired),
+                panicked: read(&counters.panicked),
+                late: read(&counters.late),
+                ran_at_shutdown: read(&counters.ran_at_shutdown),
+                dropped_at_shutdown: read(&counters.dropped_at_shutdown),
+                pending: 0,
+            };
+            for lane in shard.lanes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                one.scheduled += read(&lane.scheduled);
+                one.cancelled += read(&lane.cancelled);
+                one.reset += read(&lane.reset);
+            }
+            one.pending = one
+                .scheduled
+                .saturating_sub(one.cancelled)
+                .saturating_sub(read(&counters.completed))
+                .saturating_sub(one.ran_at_shutdown)
+                .saturating_sub(one.dropped_at_shutdown);
+            stats.total.add(&one);
+            stats.shards.push(one);
+        }
+        stats
+    }
+
+    /// Runs every shard's due work once on the calling thread, at the manual clock's time,
+    /// and returns how many callbacks ran. Only for engines built with
+    /// [`EngineBuilder::manual_clock`]; elsewhere (or when called from inside a callback it
+    /// is running) it does nothing and returns 0.
+    pub fn turn(&self) -> usize {
+        let Some(manual) = &self.manual else {
+            return 0;
+        };
+        let Ok(mut workers) = manual.try_lock() else {
+            return 0;
+        };
+        let now = self.shared.clock.now();
+        let fired = workers
+            .iter_mut()
+            .zip(self.shared.shards.iter())
+            .map(|(worker, shard)| worker.turn(shard, now).fired)
+            .sum();
+        if self.shared.shutdown.load(Ordering::SeqCst) {
+            self.finish_manual(&mut workers, self.shared.pending_mode());
+        }
+        fired
+    }
+
+    /// The last turn of every hand-driven worker; they are gone afterwards.
+    fn finish_manual(&self, workers: &mut Vec<Worker>, pending: PendingTimers) {
+        for (worker, shard) in workers.iter_mut().zip(self.shared.shards.iter()) {
+            worker.finish(shard, pending);
+        }
+        workers.clear();
+    }
+
+    /// Stops the engine: new schedules fail with [`ScheduleError::Shutdown`], and every
+    /// timer still pending is run now or dropped, as `pending` says. Waits for the workers
+    /// to finish, and reports how many timers each way. A second call reports the first
+    /// call's figures and does nothing else.
+    ///
+    /// Dropping the engine shuts it down with [`PendingTimers::Drop`]. Called from inside a
+    /// callback, it does not wait for that callback's own worker.
+    pub fn shutdown(&self, pending: PendingTimers) -> ShutdownReport {
+        let mut report = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(report) = *report {
+            return report;
+        }
+        self.shared.set_pending_mode(pending);
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.finish_workers(pending);
+        let mut result = ShutdownReport::default();
+        for shard in self.shared.shards.iter() {
+            result.ran += read(&shard.counters.ran_at_shutdown);
+            result.dropped += read(&shard.counters.dropped_at_shutdown);
+        }
+        *report = Some(result);
+        result
+    }
+
+    fn finish_workers(&self, pending: PendingTimers) {
+        if let Some(manual) = &self.manual {
+            // From inside a callback the lock is held by `turn`, which finishes instead.
+            if let Ok(mut workers) = manual.try_lock() {
+                self.finish_manual(&mut workers, pending);
+            }
+            return;
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for shard in self.shared.shards.iter() {
+            if let Some(thread) = shard.thread.get() {
+                thread.unpark();
+            }
+        }
+        let me = std::thread::current().id();
+        for handle in threads {
+            if handle.thread().id() != me {
+                let _ = handle.join();
+            }
+        }
+    }
+
+    /// Worker threads (shards).
+    pub fn workers(&self) -> usize {
+        self.shared.shards.len()
+    }
+
+    /// Workers that were pinned to a CPU.
+    pub fn pinned_workers(&self) -> usize {
+        self.pinned.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The tick length.
+    pub fn tick(&self) -> Duration {
+        self.shared.ticks.tick()
+    }
+
+    /// Pool nodes holding a timer, counted by walking every node (a diagnostic: O(nodes)).
+    /// After a shutdown with no schedules racing it, every node is back in its pool and
+    /// this is 0.
+    pub fn nodes_in_use(&self) -> usize {
+        self.shared
+            .shards
+            .iter()
+            .map(|shard| shard.pool.nodes_in_use())
+            .sum()
+    }
+
+    /// Bytes of timer-node memory the pools hold (nodes are pooled, not freed, while the
+    /// engine lives).
+    pub fn pool_bytes(&self) -> usize {
+        self.shared
+            .shards
+            .iter()
+            .map(|shard| shard.pool.allocated_bytes())
+            .sum()
+    }
+}
+
+impl Drop for TimerEngine {
+    fn drop(&mut self) {
+        self.shutdown(PendingTimers::Drop);
+    }
+}
+
+impl std::fmt::Debug for TimerEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimerEngine")
+            .field("workers", &self.workers())
+            .field("tick", &self.tick())
+            .field("manual", &self.manual.is_some())
+            .finish()
+    }
+}
+
+/// A worker thread's life: turn, sleep until the next deadline or a wake-up, repeat; at
+/// shutdown, one last turn that settles every pending timer.
+#[cfg(not(loom))]
+fn run_worker(shared: &Arc<EngineShared>, index: usize) {
+    crate::context::set_home(shared, index);
+    let shard = &shared.shards[index];
+    let mut worker = Worker::new(shared.ticks);
+    loop {
+        let now = shared.clock.now();
+        let turn = worker.turn(shard, now);
+        if shared.shutdown.load(Ordering::SeqCst) {
+            worker.finish(shard, shared.pending_mode());
+            return;
+        }
+        let plan = turn.next.unwrap_or(u64::MAX);
+        if plan <= shared.ticks.floor(now) {
+            continue;
+        }
+        shard.plan_wake(plan);
+        if worker.must_turn_before(shard, plan) || shared.shutdown.load(Ordering::SeqCst) {
+            shard.plan_wake(crate::shard::AWAKE);
+            continue;
+        }
+        if plan == u64::MAX {
+            std::thread::park();
+        } else {
+            let wake = shared.ticks.instant_at(plan);
+            std::thread::park_timeout(wake.saturating_duration_since(shared.clock.now()));
+        }
+        shard.plan_wake(crate::shard::AWAKE);
+    }
+}

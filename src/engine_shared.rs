@@ -1,0 +1,316 @@
+//! The engine state every thread shares, and the producer side of the protocol: arming a
+//! node, sending it to its owner, cancelling and resetting it.
+
+use std::ptr::NonNull;
+
+use crate::callback::Callback;
+use crate::clock::Clock;
+use crate::context::{self, Context};
+use crate::error::ScheduleError;
+use crate::lane::Lane;
+use crate::mpsc::link_after;
+use crate::periodic::Period;
+use crate::pool::{BATCH, Magazine};
+use crate::shard::Shard;
+use crate::sync::Arc;
+use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use crate::ticks::Ticks;
+use crate::timer_handle::TimerHandle;
+use crate::timer_node::TimerNode;
+use crate::timer_state::{Cancelled, Phase};
+use crate::worker::PendingTimers;
+
+/// Free nodes a thread keeps per shard before handing a batch back.
+const MAGAZINE_LIMIT: u32 = 4 * BATCH;
+
+/// Shared by the engine handle, its workers and every thread's context.
+pub(crate) struct EngineShared {
+    pub(crate) id: u32,
+    pub(crate) shards: Box<[Shard]>,
+    pub(crate) ticks: Ticks,
+    pub(crate) clock: Box<dyn Clock>,
+    pub(crate) shutdown: AtomicBool,
+    /// What the workers' last turn does with pending timers: a [`PendingTimers`] as a byte.
+    pub(crate) pending_mode: AtomicU8,
+    pub(crate) next_home: AtomicU64,
+}
+
+impl EngineShared {
+    pub(crate) fn set_pending_mode(&self, pending: PendingTimers) {
+        self.pending_mode
+            .store(u8::from(pending == PendingTimers::Run), Ordering::SeqCst);
+    }
+
+    pub(crate) fn pending_mode(&self) -> PendingTimers {
+        if self.pending_mode.load(Ordering::SeqCst) == 1 {
+            PendingTimers::Run
+        } else {
+            PendingTimers::Drop
+        }
+    }
+
+    /// The current tick.
+    #[inline]
+    pub(crate) fn now_tick(&self) -> u64 {
+        self.ticks.floor(self.clock.now())
+    }
+
+    /// The shard and node a handle names, if the handle belongs to this engine.
+    #[inline]
+    pub(crate) fn lookup(&self, handle: TimerHandle) -> Option<(usize, &TimerNode)> {
+        if handle.engine != self.id {
+            return None;
+        }
+        let shard = self.shards.get(handle.shard as usize)?;
+        Some((handle.shard as usize, shard.pool.node(handle.index)?))
+    }
+
+    /// Arms a timer due at `tick` and sends it to the calling thread's home shard.
+    #[inline]
+    pub(crate) fn arm(
+        this: &Arc<Self>,
+        tick: u64,
+        period: Period,
+        store: impl FnOnce(&mut Callback),
+    ) -> Result<TimerHandle, ScheduleError> {
+        if this.shutdown.load(Ordering::Acquire) {
+            return Err(ScheduleError::Shutdown);
+        }
+        let handle = match context::current(this) {
+            Some(context) => this.arm_on_lane(&context, tick, period, store)?,
+            None => this.arm_direct(tick, period, store)?,
+        };
+        // Pairs with the shutdown's flag store and the final take of every lane: either
+        // the worker's last turn saw this timer, or this load sees the flag.
+        if this.shutdown.load(Ordering::SeqCst) && Self::cancel(this, handle) {
+            return Err(ScheduleError::Shutdown);
+        }
+        Ok(handle)
+    }
+
+    #[inline]
+    fn arm_on_lane(
+        &self,
+        context: &Context,
+        tick: u64,
+        period: Period,
+        store: impl FnOnce(&mut Callback),
+    ) -> Result<TimerHandle, ScheduleError> {
+        let shard_index = context.home;
+        let shard = &self.shards[shard_index];
+        let lane = context.lane(shard_index);
+        // SAFETY: this thread is the lane's producer, and nothing else is borrowing its side.
+        let node = unsafe {
+            lane.with_producer(|side| {
+                side.magazine.take().or_else(|| {
+                    side.magazine
+                        .refill(&shard.pool)
+                        .then(|| side.magazine.take())
+                        .flatten()
+                })
+            })
+        }
+        .ok_or(ScheduleError::Capacity)?;
+        let handle = self.prepare(shard_index, node, tick, period, store);
+        Lane::count(&lane.scheduled);
+        self.send(lane, shard, node, tick);
+        Ok(handle)
+    }
+
+    /// Arms a node taken straight from the pool and pushes it to the inbox: for threads
+    /// whose locals are gone (a destructor scheduling a timer during thread exit).
+    #[cold]
+    fn arm_direct(
+        &self,
+        tick: u64,
+        period: Period,
+        store: impl FnOnce(&mut Callback),
+    ) -> Result<TimerHandle, ScheduleError> {
+        let shard = &self.shards[0];
+        let mut magazine = Magazine::EMPTY;
+        if !magazine.refill(&shard.pool) {
+            return Err(ScheduleError::Capacity);
+        }
+        let node = magazine.take().ok_or(ScheduleError::Capacity)?;
+        magazine.give_back(&shard.pool);
+        let handle = self.prepare(0, node, tick, period, store);
+        // SAFETY: `node` is armed, in transit, and held by this thread until pushed.
+        unsafe { shard.send_direct(node, tick) };
+        Ok(handle)
+    }
+
+    /// Fills in a free node this thread holds and marks it pending and in transit.
+    #[inline]
+    fn prepare(
+        &self,
+        shard: usize,
+        node: NonNull<TimerNode>,
+        tick: u64,
+        period: Period,
+        store: impl FnOnce(&mut Callback),
+    ) -> TimerHandle {
+        // SAFETY: taken from a magazine or the pool, so live and held by this thread alone.
+        let node_ref = unsafe { node.as_ref() };
+        // SAFETY: as above: no other thread can reach a free node's held parts.
+        unsafe {
+            node_ref.with_held(|held| {
+                store(&mut held.callback);
+                held.period = period;
+            })
+        };
+        node_ref.deadline.store(tick, Ordering::Relaxed);
+        let generation = node_ref.state.arm(period.is_repeating());
+        TimerHandle {
+            engine: self.id,
+            shard: shard as u32,
+            index: node_ref.index,
+            generation,
+        }
+    }
+
+    /// Pushes a node this thread holds (marked in transit) onto its lane into `shard`,
+    /// waking the worker if the node is needed before the worker means to wake, and
+    /// reclaiming the lane when it is due.
+    #[inline]
+    fn send(&self, lane: &Lane, shard: &Shard, node: NonNull<TimerNode>, need: u64) {
+        // SAFETY: this thread is the lane's producer and holds `node`.
+        let (lowered, claim) = unsafe { lane.push(node, need) };
+        if let Some(need) = lowered {
+            shard.wake_for(need);
+        }
+        if claim {
+            self.reclaim(lane, shard);
+        }
+    }
+
+    /// Takes this thread's lane back: frees the timers it has cancelled before they ever
+    /// left the thread, and forwards the rest to the shard's inbox in one push.
+    fn reclaim(&self, lane: &Lane, shard: &Shard) {
+        // SAFETY: this thread is the lane's producer.
+        let chain = unsafe { lane.claim() };
+        let mut forward: Option<(NonNull<TimerNode>, NonNull<TimerNode>)> = None;
+        let mut need = u64::MAX;
+        let mut message_need = None;
+        for node in chain {
+            // SAFETY: nodes on a lane are live pool nodes, held by whoever takes them.
+            let node_ref = unsafe { node.as_ref() };
+            let seen = node_ref.state.observe();
+            if seen.phase() == Phase::Cancelled && !seen.is_filed() {
+                // Cancelled before the owner ever saw it: nobody else can reach it now.
+                // SAFETY: held by this thread, as above.
+                unsafe { node_ref.with_held(|held| held.callback.clear()) };
+                if node_ref.state.free() {
+                    // SAFETY: this thread is the lane's producer.
+                    unsafe { lane.with_producer(|side| side.magazine.put(node)) };
+                }
+                continue;
+            }
+            need = need.min(if seen.phase() == Phase::Pending && !seen.is_filed() {
+                node_ref.deadline()
+            } else {
+                *message_need.get_or_insert_with(|| self.now_tick() + 1)
+            });
+            forward = Some(match forward {
+                None => (node, node),
+                Some((first, last)) => {
+                    // SAFETY: both are held by this thread and on no queue.
+                    unsafe { link_after(last, node) };
+                    (first, node)
+                }
+            });
+        }
+        if let Some((first, last)) = forward {
+            // SAFETY: a chain of live nodes held by this thread, linked in order.
+            unsafe { shard.inbox.push_chain(first, last) };
+            shard.wake_for(need);
+        }
+        // SAFETY: this thread is the lane's producer.
+        unsafe {
+            lane.with_producer(|side| {
+                if side.magazine.len() > MAGAZINE_LIMIT {
+                    side.magazine.give_back(&shard.pool);
+                }
+            })
+        };
+    }
+
+    /// Sends a node to `shard`'s owner as a message, on this thread's lane if it has one.
+    fn notify(this: &Arc<Self>, shard_index: usize, node: &TimerNode, need: u64) {
+        let node = NonNull::from(node);
+        let shard = &this.shards[shard_index];
+        match context::current(this) {
+            Some(context) => this.send(context.lane(shard_index), shard, node, need),
+            // SAFETY: the cancel or reset that set `MSG` gave this thread the push.
+            None => unsafe { shard.send_direct(node, need) },
+        }
+    }
+
+    /// Counts a cancel or reset against this thread's lane into `shard`.
+    fn count(this: &Arc<Self>, shard: usize, counter: impl FnOnce(&Lane) -> &AtomicU64) {
+        if let Some(context) = context::current(this) {
+            Lane::count(counter(context.lane(shard)));
+        }
+    }
+
+    pub(crate) fn cancel(this: &Arc<Self>, handle: TimerHandle) -> bool {
+        let Some((shard, node)) = this.lookup(handle) else {
+            return false;
+        };
+        match node.state.try_cancel(handle.generation) {
+            None => false,
+            Some(outcome) => {
+                if outcome == Cancelled::Notify {
+                    Self::notify(this, shard, node, this.now_tick() + 1);
+                }
+                Self::count(this, shard, |lane| &lane.cancelled);
+                true
+            }
+        }
+    }
+
+    pub(crate) fn reset(this: &Arc<Self>, handle: TimerHandle, tick: u64) -> bool {
+        let Some((shard, node)) = this.lookup(handle) else {
+            return false;
+        };
+        if !node.state.lock_for_reset(handle.generation) {
+            return false;
+        }
+        let earlier = tick < node.deadline.load(Ordering::Relaxed);
+        node.deadline.store(tick, Ordering::Relaxed);
+        if node.state.unlock_reset(earlier) {
+            Self::notify(this, shard, node, tick);
+        } else if earlier {
+            // In transit on some lane whose need may be later than the new deadline.
+            this.shards[shard].make_urgent(tick);
+        }
+        Self::count(this, shard, |lane| &lane.reset);
+        true
+    }
+
+    /// A thread is exiting (or its context is being dropped): forward what its lane holds,
+    /// return its magazine, and let the worker forget the lane.
+    pub(crate) fn close_lane(&self, shard_index: usize, lane: &Lane) {
+        let shard = &self.shards[shard_index];
+        // SAFETY: the exiting thread is the lane's producer.
+        let chain = unsafe { lane.claim() };
+        let mut forward: Option<(NonNull<TimerNode>, NonNull<TimerNode>)> = None;
+        for node in chain {
+            forward = Some(match forward {
+                None => (node, node),
+                Some((first, last)) => {
+                    // SAFETY: taken off the lane by this thread; on no queue.
+                    unsafe { link_after(last, node) };
+                    (first, node)
+                }
+            });
+        }
+        if let Some((first, last)) = forward {
+            // SAFETY: a chain of live nodes held by this thread, linked in order.
+            unsafe { shard.inbox.push_chain(first, last) };
+        }
+        // SAFETY: as above.
+        unsafe { lane.with_producer(|side| side.magazine.give_back(&shard.pool)) };
+        lane.close();
+        shard.lane_closed();
+    }
+}

@@ -1,0 +1,92 @@
+//! When a repeating timer fires next, and what it does about ticks it missed.
+
+/// What a repeating timer does when its worker ran it late enough to miss whole periods
+/// (the worker was overloaded, or a callback blocked it).
+///
+/// Ticks stay phase-aligned to the first deadline with `Burst` and `Skip`; `Delay` starts a
+/// new phase from the late run. With a period of `p` first due at `t`, run late at `now`:
+///
+/// ```
+/// use corewheel::MissedTicks;
+/// // Due at 10, 20, 30, ... and run at 35, with a period of 10:
+/// assert_eq!(MissedTicks::Burst.next_after(20, 10, 35), 30); // 30 is already due: runs again at once
+/// assert_eq!(MissedTicks::Skip.next_after(20, 10, 35), 40);  // Go's formula: the next aligned tick
+/// assert_eq!(MissedTicks::Delay.next_after(20, 10, 35), 45); // a full period after the late run
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissedTicks {
+    /// Run once for every missed tick, back to back, until caught up (tokio's default).
+    Burst,
+    /// Run the next tick a full period after the late run: the phase shifts.
+    Delay,
+    /// Drop the missed ticks and run at the next tick still in the future (Go's
+    /// `when += period * (1 + (now - when) / period)`). The default.
+    #[default]
+    Skip,
+}
+
+impl MissedTicks {
+    /// The next deadline of a timer that was due at `due` and ran at `now` (`now >= due`),
+    /// in units of `period` (nonzero). Saturates at `u64::MAX`.
+    pub fn next_after(self, due: u64, period: u64, now: u64) -> u64 {
+        let period = period.max(1);
+        match self {
+            Self::Burst => due.saturating_add(period),
+            Self::Delay => now.max(due).saturating_add(period),
+            Self::Skip => {
+                let missed = now.saturating_sub(due) / period;
+                due.saturating_add(period.saturating_mul(missed.saturating_add(1)))
+            }
+        }
+    }
+}
+
+/// A timer's period in ticks (0 for a one-shot timer) and its missed-tick policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Period {
+    pub(crate) ticks: u64,
+    pub(crate) missed: MissedTicks,
+}
+
+impl Period {
+    pub(crate) const ONE_SHOT: Self = Self {
+        ticks: 0,
+        missed: MissedTicks::Skip,
+    };
+
+    pub(crate) const fn is_repeating(self) -> bool {
+        self.ticks != 0
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::MissedTicks;
+
+    #[test]
+    fn on_time_runs_step_by_one_period_under_every_policy() {
+        for policy in [MissedTicks::Burst, MissedTicks::Delay, MissedTicks::Skip] {
+            assert_eq!(policy.next_after(100, 7, 100), 107);
+        }
+    }
+
+    #[test]
+    fn skip_lands_on_the_first_aligned_tick_after_now() {
+        assert_eq!(MissedTicks::Skip.next_after(100, 7, 106), 107);
+        assert_eq!(MissedTicks::Skip.next_after(100, 7, 107), 114);
+        assert_eq!(MissedTicks::Skip.next_after(100, 7, 150), 156);
+    }
+
+    #[test]
+    fn huge_values_saturate() {
+        let max = u64::MAX;
+        assert_eq!(MissedTicks::Burst.next_after(max - 1, 10, max), max);
+        assert_eq!(MissedTicks::Skip.next_after(max - 1, 10, max), max);
+        assert_eq!(MissedTicks::Delay.next_after(0, max, max), max);
+        assert_eq!(
+            MissedTicks::Skip.next_after(5, 0, 9),
+            10,
+            "a zero period acts as one"
+        );
+    }
+}

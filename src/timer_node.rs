@@ -1,0 +1,99 @@
+//! One pooled timer: the node a handle names, shared between the thread that arms it, any
+//! thread that cancels or resets it, and the shard worker that owns it.
+
+use std::ptr::NonNull;
+
+use crate::callback::Callback;
+use crate::mpsc::{Link, Linked};
+use crate::periodic::Period;
+use crate::sync::UnsafeCell;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::timer_key::TimerKey;
+use crate::timer_state::TimerState;
+
+/// A timer node. `#[repr(C)]` with the link first, so a link pointer is a node pointer.
+#[repr(C)]
+pub(crate) struct TimerNode {
+    link: Link,
+    /// Generation, phase and flags: the one word every thread agrees on.
+    pub(crate) state: TimerState,
+    /// The deadline tick the timer should fire at. Written by the arming thread before the
+    /// node is published, by a resetter under the state's lock, and by the owner between
+    /// runs of a repeating timer; the owner reads it when it files or fires the timer.
+    /// While the node is free it holds the next batch on the pool's free stack.
+    pub(crate) deadline: AtomicU64,
+    /// This node's index in its pool; fixed for the node's life.
+    pub(crate) index: u32,
+    /// Touched only by whoever holds the node exclusively: the arming thread before it
+    /// publishes the node, and afterwards the owner (or a producer that took a cancelled,
+    /// never-filed node back off its lane).
+    held: UnsafeCell<Held>,
+}
+
+/// The parts of a node only its holder touches.
+pub(crate) struct Held {
+    /// Where the owner filed the node in its wheel, while the state says `FILED`.
+    pub(crate) key: TimerKey,
+    /// A repeating timer's period and missed-tick policy.
+    pub(crate) period: Period,
+    pub(crate) callback: Callback,
+}
+
+impl TimerNode {
+    pub(crate) fn new(index: u32) -> Self {
+        Self {
+            link: Link::new(),
+            state: TimerState::new(),
+            deadline: AtomicU64::new(0),
+            index,
+            held: UnsafeCell::new(Held {
+                key: TimerKey::new(0, 0),
+                period: Period::ONE_SHOT,
+                callback: Callback::EMPTY,
+            }),
+        }
+    }
+
+    /// Runs `f` on the holder-only parts.
+    ///
+    /// # Safety
+    /// The caller must hold the node exclusively (see [`TimerNode::held`]): no other thread
+    /// may be inside `with_held` for this node at the same time.
+    #[inline]
+    pub(crate) unsafe fn with_held<R>(&self, f: impl FnOnce(&mut Held) -> R) -> R {
+        // SAFETY: the caller's exclusivity makes this the only live reference.
+        self.held.with_mut(|held| f(unsafe { &mut *held }))
+    }
+
+    /// The deadline tick, as last stored.
+    #[inline]
+    pub(crate) fn deadline(&self) -> u64 {
+        self.deadline.load(Ordering::Acquire)
+    }
+
+    /// The next node on whatever chain this node is on (a lane, a free batch), if any.
+    #[inline]
+    pub(crate) fn next_in_chain(&self) -> Option<NonNull<TimerNode>> {
+        NonNull::new(self.link.next.load(Ordering::Acquire)).map(NonNull::cast)
+    }
+
+    /// Points this node's chain link at `next`.
+    #[inline]
+    pub(crate) fn set_next_in_chain(&self, next: Option<NonNull<TimerNode>>) {
+        let next = next.map_or(std::ptr::null_mut(), |n| n.cast::<Link>().as_ptr());
+        self.link.next.store(next, Ordering::Release);
+    }
+}
+
+// SAFETY: `link` is the first field of a `#[repr(C)]` struct, so the node's address is its
+// link's address; `link` projects from the node pointer without creating a reference.
+unsafe impl Linked for TimerNode {
+    unsafe fn link(node: NonNull<Self>) -> NonNull<Link> {
+        // SAFETY: `node` is live (caller's contract) and the link is at offset 0.
+        unsafe { NonNull::new_unchecked(&raw mut (*node.as_ptr()).link) }
+    }
+
+    unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self> {
+        link.cast()
+    }
+}
