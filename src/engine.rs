@@ -16,7 +16,7 @@ use crate::shard_counters::read;
 use crate::stats::{ShardStats, Stats};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use crate::ticks::{Ticks, saturating_add};
+use crate::ticks::Ticks;
 use crate::timer_handle::TimerHandle;
 use crate::worker::{PendingTimers, Worker};
 
@@ -197,7 +197,10 @@ impl TimerEngine {
         delay: Duration,
         f: impl FnOnce() + Send + 'static,
     ) -> Result<TimerHandle, ScheduleError> {
-        self.schedule_at(saturating_add(self.shared.clock.now(), delay), f)
+        let tick = self.shared.ticks.ceil_after(self.shared.clock.now(), delay);
+        EngineShared::arm(&self.shared, tick, Period::ONE_SHOT, |callback| {
+            callback.set_once(f)
+        })
     }
 
     /// Schedules `f` to run once at `deadline`, rounded up to the tick. A deadline in the
@@ -253,8 +256,10 @@ impl TimerEngine {
         f: impl FnMut() + Send + 'static,
     ) -> Result<TimerHandle, ScheduleError> {
         let ticks = self.shared.ticks.span(period);
-        let now = self.shared.clock.now();
-        let tick = self.shared.ticks.ceil(saturating_add(now, period));
+        let tick = self
+            .shared
+            .ticks
+            .ceil_after(self.shared.clock.now(), period);
         EngineShared::arm(&self.shared, tick, Period { ticks, missed }, |callback| {
             callback.set_repeating(f)
         })
@@ -278,7 +283,8 @@ impl TimerEngine {
     /// the period from there; it cannot be reset while its callback runs.
     #[inline]
     pub fn reset(&self, handle: TimerHandle, delay: Duration) -> bool {
-        self.reset_at(handle, saturating_add(self.shared.clock.now(), delay))
+        let tick = self.shared.ticks.ceil_after(self.shared.clock.now(), delay);
+        EngineShared::reset(&self.shared, handle, tick)
     }
 
     /// Moves a pending timer's deadline to `deadline`, as [`reset`](Self::reset) does.
@@ -366,9 +372,17 @@ impl TimerEngine {
     /// call's figures and does nothing else.
     ///
     /// Dropping the engine shuts it down with [`PendingTimers::Drop`]. Called from inside a
-    /// callback, it does not wait for that callback's own worker.
+    /// callback, it does not wait for that callback's own worker, and the report leaves out
+    /// that worker's shard. A call made while another is still in progress returns at once
+    /// with an empty report.
     pub fn shutdown(&self, pending: PendingTimers) -> ShutdownReport {
-        let mut report = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        // Another shutdown in progress (perhaps waiting for the worker this call runs on)
+        // must not be waited for: that could deadlock two callbacks shutting down at once.
+        let mut report = match self.report.try_lock() {
+            Ok(report) => report,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return ShutdownReport::default(),
+        };
         if let Some(report) = *report {
             return report;
         }
@@ -489,5 +503,70 @@ fn run_worker(shared: &Arc<EngineShared>, index: usize) {
             std::thread::park_timeout(wake.saturating_duration_since(shared.clock.now()));
         }
         shard.plan_wake(crate::shard::AWAKE);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// The whole protocol in a few hundred timers: lanes, claims, the inbox, cancel
+    /// messages, the pool and shutdown, small enough for Miri to check every unsafe access.
+    #[test]
+    fn threads_schedule_and_cancel_while_the_owner_turns() {
+        let clock = ManualClock::new();
+        let engine = Arc::new(
+            TimerEngine::builder()
+                .workers(2)
+                .manual_clock(clock.clone())
+                .build()
+                .expect("manual engine"),
+        );
+        let fired = Arc::new(AtomicUsize::new(0));
+        let cancelled: usize = std::thread::scope(|scope| {
+            let producers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (engine, fired) = (Arc::clone(&engine), Arc::clone(&fired));
+                    scope.spawn(move || {
+                        let mut cancelled = 0;
+                        for k in 0..150_u64 {
+                            let fired = Arc::clone(&fired);
+                            let handle = engine
+                                .schedule(Duration::from_millis(1 + k % 7), move || {
+                                    fired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                })
+                                .expect("scheduled");
+                            if k % 3 == 0 && engine.cancel(handle) {
+                                cancelled += 1;
+                            }
+                            if k % 5 == 0 {
+                                engine.reset(handle, Duration::from_millis(3));
+                            }
+                        }
+                        cancelled
+                    })
+                })
+                .collect();
+            for _ in 0..5 {
+                clock.advance(Duration::from_millis(1));
+                engine.turn();
+            }
+            producers
+                .into_iter()
+                .map(|p| p.join().expect("no panic"))
+                .sum()
+        });
+        for _ in 0..20 {
+            clock.advance(Duration::from_millis(1));
+            engine.turn();
+        }
+        assert_eq!(
+            fired.load(std::sync::atomic::Ordering::Relaxed) + cancelled,
+            300
+        );
+        let report = engine.shutdown(PendingTimers::Drop);
+        assert_eq!(report.dropped, 0);
+        assert_eq!(engine.nodes_in_use(), 0);
     }
 }

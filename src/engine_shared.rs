@@ -23,6 +23,13 @@ use crate::worker::PendingTimers;
 /// Free nodes a thread keeps per shard before handing a batch back.
 const MAGAZINE_LIMIT: u32 = 4 * BATCH;
 
+/// Ticks a node may wait on a lane before the worker takes it, unless its deadline comes
+/// sooner: how late a cancel reaches the owner and frees its node. Long enough that an
+/// active thread's stream of timers makes the worker wake on its own every few ticks rather
+/// than be woken by the thread (a wake-up is a system call); short enough that memory comes
+/// back promptly.
+const LANE_HORIZON: u64 = 2;
+
 /// Shared by the engine handle, its workers and every thread's context.
 pub(crate) struct EngineShared {
     pub(crate) id: u32,
@@ -76,10 +83,10 @@ impl EngineShared {
         if this.shutdown.load(Ordering::Acquire) {
             return Err(ScheduleError::Shutdown);
         }
-        let handle = match context::current(this) {
-            Some(context) => this.arm_on_lane(&context, tick, period, store)?,
-            None => this.arm_direct(tick, period, store)?,
-        };
+        let handle = context::with(this, |context| match context {
+            Some(context) => this.arm_on_lane(context, tick, period, store),
+            None => this.arm_direct(tick, period, store),
+        })?;
         // Pairs with the shutdown's flag store and the final take of every lane: either
         // the worker's last turn saw this timer, or this load sees the flag.
         if this.shutdown.load(Ordering::SeqCst) && Self::cancel(this, handle) {
@@ -113,7 +120,14 @@ impl EngineShared {
         .ok_or(ScheduleError::Capacity)?;
         let handle = self.prepare(shard_index, node, tick, period, store);
         Lane::count(&lane.scheduled);
-        self.send(lane, shard, node, tick);
+        // A fresh staging gets the horizon as its need; later pushes only lower it for an
+        // earlier deadline.
+        let need = if lane.looks_empty() {
+            tick.min(self.now_tick() + LANE_HORIZON)
+        } else {
+            tick
+        };
+        self.send(lane, shard, node, need);
         Ok(handle)
     }
 
@@ -169,17 +183,17 @@ impl EngineShared {
     }
 
     /// Pushes a node this thread holds (marked in transit) onto its lane into `shard`,
-    /// waking the worker if the node is needed before the worker means to wake, and
-    /// reclaiming the lane when it is due.
+    /// waking the worker if the node is needed before the worker means to wake; first
+    /// reclaiming the lane when that is due.
     #[inline]
     fn send(&self, lane: &Lane, shard: &Shard, node: NonNull<TimerNode>, need: u64) {
-        // SAFETY: this thread is the lane's producer and holds `node`.
-        let (lowered, claim) = unsafe { lane.push(node, need) };
-        if let Some(need) = lowered {
-            shard.wake_for(need);
-        }
-        if claim {
+        // SAFETY: this thread is the lane's producer.
+        if unsafe { lane.wants_claim() } {
             self.reclaim(lane, shard);
+        }
+        // SAFETY: this thread is the lane's producer and holds `node`.
+        if let Some(need) = unsafe { lane.push(node, need) } {
+            shard.wake_for(need);
         }
     }
 
@@ -208,7 +222,7 @@ impl EngineShared {
             need = need.min(if seen.phase() == Phase::Pending && !seen.is_filed() {
                 node_ref.deadline()
             } else {
-                *message_need.get_or_insert_with(|| self.now_tick() + 1)
+                *message_need.get_or_insert_with(|| self.now_tick() + LANE_HORIZON)
             });
             forward = Some(match forward {
                 None => (node, node),
@@ -238,18 +252,20 @@ impl EngineShared {
     fn notify(this: &Arc<Self>, shard_index: usize, node: &TimerNode, need: u64) {
         let node = NonNull::from(node);
         let shard = &this.shards[shard_index];
-        match context::current(this) {
+        context::with(this, |context| match context {
             Some(context) => this.send(context.lane(shard_index), shard, node, need),
             // SAFETY: the cancel or reset that set `MSG` gave this thread the push.
             None => unsafe { shard.send_direct(node, need) },
-        }
+        });
     }
 
     /// Counts a cancel or reset against this thread's lane into `shard`.
     fn count(this: &Arc<Self>, shard: usize, counter: impl FnOnce(&Lane) -> &AtomicU64) {
-        if let Some(context) = context::current(this) {
-            Lane::count(counter(context.lane(shard)));
-        }
+        context::with(this, |context| {
+            if let Some(context) = context {
+                Lane::count(counter(context.lane(shard)));
+            }
+        });
     }
 
     pub(crate) fn cancel(this: &Arc<Self>, handle: TimerHandle) -> bool {
@@ -260,7 +276,7 @@ impl EngineShared {
             None => false,
             Some(outcome) => {
                 if outcome == Cancelled::Notify {
-                    Self::notify(this, shard, node, this.now_tick() + 1);
+                    Self::notify(this, shard, node, this.now_tick() + LANE_HORIZON);
                 }
                 Self::count(this, shard, |lane| &lane.cancelled);
                 true

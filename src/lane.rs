@@ -91,18 +91,25 @@ impl Lane {
         self.producer.with_mut(|side| f(unsafe { &mut *side }))
     }
 
+    /// Whether the producer should claim the lane back before its next push: it has pushed
+    /// [`CLAIM_EVERY`] nodes since the last claim. Claiming before a push rather than after
+    /// gives the latest timer the time until the next push to be cancelled locally.
+    ///
+    /// # Safety
+    /// Only the producer thread may call this.
+    #[inline]
+    pub(crate) unsafe fn wants_claim(&self) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.with_producer(|side| side.pushes >= CLAIM_EVERY) }
+    }
+
     /// Pushes a node the caller holds and has marked in transit, that the worker must have
-    /// by `need_tick`. Returns the lane's need if this push lowered it (the caller then
-    /// checks whether the worker must be woken), and whether the producer should now claim
-    /// the lane back.
+    /// by `need_tick`. Returns the lane's need if this push lowered it: the caller then
+    /// checks whether the worker must be woken.
     ///
     /// # Safety
     /// Only the producer thread may push; `node` must be live and on no chain.
-    pub(crate) unsafe fn push(
-        &self,
-        node: NonNull<TimerNode>,
-        need_tick: u64,
-    ) -> (Option<u64>, bool) {
+    pub(crate) unsafe fn push(&self, node: NonNull<TimerNode>, need_tick: u64) -> Option<u64> {
         // SAFETY: the caller holds `node`.
         let link = unsafe { TimerNode::link(node) }.as_ptr();
         let mut head = self.head.load(Ordering::Relaxed);
@@ -128,12 +135,11 @@ impl Lane {
                 } else {
                     side.need.min(need_tick)
                 };
-                let lowered = (need != side.need || head.is_null()).then(|| {
+                (need != side.need || head.is_null()).then(|| {
                     side.need = need;
                     self.need.store(need, Ordering::SeqCst);
                     need
-                });
-                (lowered, side.pushes >= CLAIM_EVERY)
+                })
             })
         }
     }
@@ -151,6 +157,13 @@ impl Lane {
             })
         };
         self.take()
+    }
+
+    /// Whether the lane holds nothing, as far as the producer can tell without a fence (the
+    /// worker may empty it at any moment; only the producer fills it).
+    #[inline]
+    pub(crate) fn looks_empty(&self) -> bool {
+        self.head.load(Ordering::Relaxed).is_null()
     }
 
     /// Takes everything on the lane. Either side may; each node goes to exactly one taker.

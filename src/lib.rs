@@ -48,6 +48,7 @@ mod timer_node;
 mod timer_state;
 mod wheel;
 mod wheel_builder;
+mod wheel_core;
 mod worker;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
@@ -59,7 +60,165 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub mod loom_exports {
     pub use crate::mpsc::testing::{Message, consume, message};
     pub use crate::mpsc::{Link, Linked, Pop, Queue, link_after};
-    pub use crate::timer_state::{Observed, Phase, TimerState};
+    pub use crate::timer_state::{AfterFire, Cancelled, Observed, Phase, Received, TimerState};
+
+    use std::ptr::NonNull;
+
+    use crate::timer_node::TimerNode;
+
+    /// A handle's node index and generation, so that a model can tell that a node was
+    /// reused by a later timer.
+    pub fn handle_parts(handle: crate::TimerHandle) -> (u32, u32) {
+        (handle.index, handle.generation)
+    }
+
+    /// A pool node, as its holder names it. The index is read when the node is handed
+    /// out, so that naming it never touches memory the pool may have dropped since.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Node {
+        node: NonNull<TimerNode>,
+        index: u32,
+    }
+
+    // SAFETY: a `Node` is a name; every access through it is behind an `unsafe` method
+    // whose caller vouches that the pool is alive and that it holds the node.
+    unsafe impl Send for Node {}
+
+    impl Node {
+        /// # Safety
+        /// `node` must be a live pool node.
+        unsafe fn new(node: NonNull<TimerNode>) -> Self {
+            // SAFETY: live, by the caller's contract.
+            let index = unsafe { node.as_ref() }.index;
+            Self { node, index }
+        }
+
+        /// The node's index in its pool.
+        pub fn index(self) -> u32 {
+            self.index
+        }
+    }
+
+    /// A shard's node pool ([`crate::pool::Pool`]).
+    pub struct Pool(crate::pool::Pool);
+
+    impl Pool {
+        /// An empty pool: no chunk yet.
+        #[allow(clippy::new_without_default, reason = "test-only wrapper")]
+        pub fn new() -> Self {
+            Self(crate::pool::Pool::new())
+        }
+
+        /// Chunks allocated so far.
+        pub fn chunks(&self) -> usize {
+            self.0.chunks()
+        }
+
+        /// Nodes not free.
+        pub fn nodes_in_use(&self) -> usize {
+            self.0.nodes_in_use()
+        }
+
+        /// The state word of the node at `index`, as a stale handle would find it.
+        pub fn state(&self, index: u32) -> Option<&TimerState> {
+            self.0.node(index).map(|node| &node.state)
+        }
+    }
+
+    /// One thread's chain of free nodes ([`crate::pool::Magazine`]).
+    pub struct Magazine(crate::pool::Magazine);
+
+    impl Magazine {
+        /// An empty magazine.
+        #[allow(clippy::new_without_default, reason = "test-only wrapper")]
+        pub fn new() -> Self {
+            Self(crate::pool::Magazine::EMPTY)
+        }
+
+        /// Pops a batch from `pool` (or grows it) into this empty magazine.
+        pub fn refill(&mut self, pool: &Pool) -> bool {
+            self.0.refill(&pool.0)
+        }
+
+        /// Takes one node.
+        pub fn take(&mut self) -> Option<Node> {
+            // SAFETY: a magazine's nodes are live pool nodes.
+            self.0.take().map(|node| unsafe { Node::new(node) })
+        }
+
+        /// Adds a free node.
+        ///
+        /// # Safety
+        /// The caller must hold `node` exclusively, its pool must be alive, and the node
+        /// must be on no other chain.
+        pub unsafe fn put(&mut self, node: Node) {
+            self.0.put(node.node);
+        }
+
+        /// Nodes held.
+        pub fn len(&self) -> u32 {
+            self.0.len()
+        }
+
+        /// Whether the magazine holds no node.
+        pub fn is_empty(&self) -> bool {
+            self.0.len() == 0
+        }
+
+        /// Pushes every node to `pool` as one batch.
+        pub fn give_back(&mut self, pool: &Pool) {
+            self.0.give_back(&pool.0);
+        }
+    }
+
+    /// One thread's lane into a shard ([`crate::lane::Lane`]).
+    pub struct Lane(crate::lane::Lane);
+
+    impl Lane {
+        /// An empty lane.
+        #[allow(clippy::new_without_default, reason = "test-only wrapper")]
+        pub fn new() -> Self {
+            Self(crate::lane::Lane::new())
+        }
+
+        /// Pushes `node`, needed by tick `need`.
+        ///
+        /// # Safety
+        /// As [`crate::lane::Lane::push`]: only the producer thread pushes, and `node` is
+        /// live, held by the caller and on no chain.
+        pub unsafe fn push(&self, node: Node, need: u64) {
+            // SAFETY: forwarded from the caller.
+            let _ = unsafe { self.0.push(node.node, need) };
+        }
+
+        /// The producer takes everything back.
+        ///
+        /// # Safety
+        /// Only the producer thread may call this, and the nodes' pool must be alive.
+        pub unsafe fn claim(&self) -> Vec<Node> {
+            // SAFETY: forwarded from the caller; taken nodes are live.
+            unsafe { self.0.claim() }
+                .map(|node| unsafe { Node::new(node) })
+                .collect()
+        }
+
+        /// The worker takes everything.
+        ///
+        /// # Safety
+        /// The nodes' pool must be alive.
+        pub unsafe fn take(&self) -> Vec<Node> {
+            // SAFETY: taken nodes are live, by the caller's contract.
+            self.0
+                .take()
+                .map(|node| unsafe { Node::new(node) })
+                .collect()
+        }
+
+        /// The tick by which the worker must take the lane, `None` when empty.
+        pub fn need(&self) -> Option<u64> {
+            self.0.need()
+        }
+    }
 }
 pub use callback::INLINE_BYTES as INLINE_CALLBACK_BYTES;
 pub use engine::{ShutdownReport, TimerEngine};

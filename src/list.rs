@@ -1,10 +1,22 @@
-//! An intrusive doubly-linked list threaded through the slab's nodes by index.
+//! An intrusive doubly-linked list threaded through a wheel's timers by index.
 //!
-//! Indices instead of pointers keep a link at 4 bytes and let the slab move or free chunks
+//! Indices instead of pointers keep a link at 4 bytes and let a slab move or free chunks
 //! without fixing up pointers; doubly-linked so that cancel unlinks in O(1).
 
-use crate::node::{NIL, Node};
-use crate::slab::Slab;
+use crate::node::{Location, NIL};
+
+/// Where a wheel's timers keep their deadlines and links, addressed by index: a slab of
+/// nodes for [`Wheel`](crate::Wheel), a shard's node pool for the engine.
+pub(crate) trait Links {
+    /// The tick the timer is due at.
+    fn deadline(&self, index: u32) -> u64;
+    /// The list the timer is on, and its neighbours there.
+    fn links(&self, index: u32) -> (Location, u32, u32);
+    fn set_prev(&mut self, index: u32, prev: u32);
+    fn set_next(&mut self, index: u32, next: u32);
+    /// Records that the timer is on the list at `location`, between `prev` and `next`.
+    fn set_links(&mut self, index: u32, location: Location, prev: u32, next: u32);
+}
 
 /// Head and tail of one list. The links live in the nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,36 +46,35 @@ impl List {
     /// Appends `index`, whose node already has `prev == self.tail()` and `next == NIL`:
     /// appending to the end keeps timers filed into one slot in the order they came.
     #[inline]
-    pub(crate) fn link_back<T>(&mut self, slab: &mut Slab<Node<T>>, index: u32) {
+    pub(crate) fn link_back<N: Links>(&mut self, nodes: &mut N, index: u32) {
         if self.tail == NIL {
             self.head = index;
         } else {
-            slab.at_mut(self.tail).next = index;
+            nodes.set_next(self.tail, index);
         }
         self.tail = index;
     }
 
     /// Removes `index`, which must be on this list.
     #[inline]
-    pub(crate) fn unlink<T>(&mut self, slab: &mut Slab<Node<T>>, index: u32) {
-        let node = slab.at(index);
-        let (prev, next) = (node.prev, node.next);
-        self.unlink_between(slab, prev, next);
+    pub(crate) fn unlink<N: Links>(&mut self, nodes: &mut N, index: u32) {
+        let (_, prev, next) = nodes.links(index);
+        self.unlink_between(nodes, prev, next);
     }
 
     /// Closes the gap a node with links `prev` and `next` leaves, for a node that has
     /// already been read or removed.
     #[inline]
-    pub(crate) fn unlink_between<T>(&mut self, slab: &mut Slab<Node<T>>, prev: u32, next: u32) {
+    pub(crate) fn unlink_between<N: Links>(&mut self, nodes: &mut N, prev: u32, next: u32) {
         if prev == NIL {
             self.head = next;
         } else {
-            slab.at_mut(prev).next = next;
+            nodes.set_next(prev, next);
         }
         if next == NIL {
             self.tail = prev;
         } else {
-            slab.at_mut(next).prev = prev;
+            nodes.set_prev(next, prev);
         }
     }
 
@@ -75,12 +86,12 @@ impl List {
 
     /// Removes and returns the first index.
     #[inline]
-    pub(crate) fn pop_front<T>(&mut self, slab: &mut Slab<Node<T>>) -> Option<u32> {
+    pub(crate) fn pop_front<N: Links>(&mut self, nodes: &mut N) -> Option<u32> {
         let head = self.head;
         if head == NIL {
             return None;
         }
-        self.unlink(slab, head);
+        self.unlink(nodes, head);
         Some(head)
     }
 

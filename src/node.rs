@@ -3,6 +3,9 @@
 
 use std::num::NonZeroU16;
 
+use crate::list::Links;
+use crate::slab::Slab;
+
 /// Marks the end of an intrusive list.
 pub(crate) const NIL: u32 = u32::MAX;
 
@@ -70,6 +73,37 @@ impl Location {
                 }
             }
         }
+    }
+}
+
+impl<T> Links for Slab<Node<T>> {
+    #[inline]
+    fn deadline(&self, index: u32) -> u64 {
+        self.at(index).deadline
+    }
+
+    #[inline]
+    fn links(&self, index: u32) -> (Location, u32, u32) {
+        let node = self.at(index);
+        (node.location, node.prev, node.next)
+    }
+
+    #[inline]
+    fn set_prev(&mut self, index: u32, prev: u32) {
+        self.at_mut(index).prev = prev;
+    }
+
+    #[inline]
+    fn set_next(&mut self, index: u32, next: u32) {
+        self.at_mut(index).next = next;
+    }
+
+    #[inline]
+    fn set_links(&mut self, index: u32, location: Location, prev: u32, next: u32) {
+        let node = self.at_mut(index);
+        node.location = location;
+        node.prev = prev;
+        node.next = next;
     }
 }
 

@@ -10,6 +10,8 @@
 
 use std::ptr::NonNull;
 
+use crate::list::Links;
+use crate::node::Location;
 use crate::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use crate::timer_node::TimerNode;
 
@@ -28,6 +30,62 @@ pub(crate) const MAX_CHUNKS: usize = 2;
 
 /// Nodes per batch on the shared free stack.
 pub(crate) const BATCH: u32 = 64;
+
+/// A shard's nodes as its wheel sees them: the owner's view, for filing nodes by index.
+pub(crate) struct FiledNodes<'a>(pub(crate) &'a Pool);
+
+impl FiledNodes<'_> {
+    #[inline]
+    fn node(&self, index: u32) -> &TimerNode {
+        // Every index the wheel holds is one the owner filed from this pool, whose chunks
+        // never go away; a miss would be a bug in the wheel, not something a user causes.
+        match self.0.node(index) {
+            Some(node) => node,
+            None => unreachable!("a wheel index outside its pool"),
+        }
+    }
+}
+
+impl Links for FiledNodes<'_> {
+    #[inline]
+    fn deadline(&self, index: u32) -> u64 {
+        self.node(index).deadline()
+    }
+
+    #[inline]
+    fn links(&self, index: u32) -> (Location, u32, u32) {
+        // SAFETY: the wheel is the owner's, and only the owner touches a filed node's held
+        // parts (see `TimerNode::with_held`).
+        unsafe {
+            self.node(index)
+                .with_held(|held| (held.location, held.prev, held.next))
+        }
+    }
+
+    #[inline]
+    fn set_prev(&mut self, index: u32, prev: u32) {
+        // SAFETY: as in `links`.
+        unsafe { self.node(index).with_held(|held| held.prev = prev) }
+    }
+
+    #[inline]
+    fn set_next(&mut self, index: u32, next: u32) {
+        // SAFETY: as in `links`.
+        unsafe { self.node(index).with_held(|held| held.next = next) }
+    }
+
+    #[inline]
+    fn set_links(&mut self, index: u32, location: Location, prev: u32, next: u32) {
+        // SAFETY: as in `links`.
+        unsafe {
+            self.node(index).with_held(|held| {
+                held.location = location;
+                held.prev = prev;
+                held.next = next;
+            })
+        }
+    }
+}
 
 /// The shard's pool.
 pub(crate) struct Pool {

@@ -234,22 +234,6 @@ impl<V> Slab<V> {
         self.remove(SlabKey { index, generation })
     }
 
-    /// Takes every value out, in no particular order; the slab is then empty.
-    pub(crate) fn take_all(&mut self) -> Vec<V> {
-        let mut values = Vec::with_capacity(self.len);
-        for chunk_index in 0..self.chunks.len() {
-            let Some(entries) = self.chunks[chunk_index].entries.as_deref() else {
-                continue;
-            };
-            let live: Vec<u32> = (0..CHUNK_LEN as u32)
-                .filter(|&offset| entries[offset as usize].value.is_some())
-                .map(|offset| ((chunk_index as u32) << CHUNK_SHIFT) | offset)
-                .collect();
-            values.extend(live.into_iter().filter_map(|index| self.remove_at(index)));
-        }
-        values
-    }
-
     /// Frees every chunk that holds no value, spares included.
     pub(crate) fn shrink_to_fit(&mut self) {
         for chunk_index in 0..self.chunks.len() {

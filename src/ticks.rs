@@ -80,6 +80,24 @@ impl Ticks {
         ticks.saturating_add(1)
     }
 
+    /// `ceil(now + delay)` without building the `Instant`: one subtraction and a divide by
+    /// the tick, the whole cost of turning a delay into a deadline on the hot path.
+    #[inline]
+    pub(crate) fn ceil_after(&self, now: Instant, delay: Duration) -> u64 {
+        let delay_ns = delay
+            .as_secs()
+            .checked_mul(1_000_000_000)
+            .and_then(|ns| ns.checked_add(u64::from(delay.subsec_nanos())));
+        match (self.nanos_since_origin(now), delay_ns) {
+            (Some(since), Some(delay_ns)) if since.checked_add(delay_ns).is_some() => {
+                let (ticks, part) =
+                    StrengthReducedU64::div_rem(since + delay_ns, self.tick_divisor);
+                (ticks + u64::from(part != 0)).saturating_add(1)
+            }
+            _ => self.ceil(saturating_add(now, delay)),
+        }
+    }
+
     /// Nanoseconds from the origin to `at` (0 before it), when they fit in a `u64`: for
     /// 584 years after the origin, so every real deadline takes this path.
     #[inline]
@@ -139,6 +157,30 @@ fn latest_instant_within(origin: Instant, limit: Duration) -> Instant {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ceil_after_matches_ceil_of_the_sum() {
+        let origin = Instant::now();
+        for tick_ns in [1, 7, 1_000, 1_000_000, 999_999_937] {
+            let ticks = Ticks::new(Duration::from_nanos(tick_ns), origin);
+            for now_ns in [0, 1, 999, 1_000_000, 123_456_789] {
+                for delay in [
+                    Duration::ZERO,
+                    Duration::from_nanos(1),
+                    Duration::from_millis(30),
+                    Duration::from_secs(86_400 * 365 * 600),
+                    Duration::MAX,
+                ] {
+                    let now = origin + Duration::from_nanos(now_ns);
+                    assert_eq!(
+                        ticks.ceil_after(now, delay),
+                        ticks.ceil(saturating_add(now, delay)),
+                        "tick {tick_ns} now {now_ns} delay {delay:?}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn rounds_deadlines_up_and_now_down() {

@@ -5,10 +5,10 @@ use std::ptr::NonNull;
 
 use crate::callback::Callback;
 use crate::mpsc::{Link, Linked};
+use crate::node::{Location, NIL};
 use crate::periodic::Period;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::timer_key::TimerKey;
 use crate::timer_state::TimerState;
 
 /// A timer node. `#[repr(C)]` with the link first, so a link pointer is a node pointer.
@@ -32,8 +32,10 @@ pub(crate) struct TimerNode {
 
 /// The parts of a node only its holder touches.
 pub(crate) struct Held {
-    /// Where the owner filed the node in its wheel, while the state says `FILED`.
-    pub(crate) key: TimerKey,
+    /// The wheel list the node is on while the state says `FILED`, and its neighbours.
+    pub(crate) location: Location,
+    pub(crate) prev: u32,
+    pub(crate) next: u32,
     /// A repeating timer's period and missed-tick policy.
     pub(crate) period: Period,
     pub(crate) callback: Callback,
@@ -47,7 +49,9 @@ impl TimerNode {
             deadline: AtomicU64::new(0),
             index,
             held: UnsafeCell::new(Held {
-                key: TimerKey::new(0, 0),
+                location: Location::READY,
+                prev: NIL,
+                next: NIL,
                 period: Period::ONE_SHOT,
                 callback: Callback::EMPTY,
             }),
@@ -95,5 +99,13 @@ unsafe impl Linked for TimerNode {
 
     unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self> {
         link.cast()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    #[test]
+    fn node_size() {
+        eprintln!("TimerNode = {} bytes", size_of::<super::TimerNode>());
     }
 }

@@ -9,6 +9,7 @@ use std::time::Instant;
 use crate::geometry::Geometry;
 use crate::lane::Lane;
 use crate::mpsc::Pop;
+use crate::pool::FiledNodes;
 use crate::pool::{BATCH, Magazine};
 use crate::shard::Shard;
 use crate::shard_counters::bump;
@@ -17,7 +18,7 @@ use crate::sync::atomic::Ordering;
 use crate::ticks::Ticks;
 use crate::timer_node::TimerNode;
 use crate::timer_state::{AfterFire, Phase, Received};
-use crate::wheel::Wheel;
+use crate::wheel_core::WheelCore;
 
 /// What pending timers get at shutdown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +32,7 @@ pub enum PendingTimers {
 
 /// The owner side of one shard.
 pub(crate) struct Worker {
-    wheel: Wheel<u32>,
+    wheel: WheelCore,
     ticks: Ticks,
     /// Nodes freed this turn, on their way back to the pool.
     freed: Magazine,
@@ -52,7 +53,7 @@ pub(crate) struct Turn {
 impl Worker {
     pub(crate) fn new(ticks: Ticks) -> Self {
         Self {
-            wheel: Wheel::with_parts(ticks, Geometry::DEFAULT, 0),
+            wheel: WheelCore::new(ticks, Geometry::DEFAULT),
             ticks,
             freed: Magazine::EMPTY,
             lanes: Vec::new(),
@@ -151,17 +152,15 @@ impl Worker {
         // SAFETY: nodes on lanes and the inbox are live pool nodes.
         let node_ref = unsafe { node.as_ref() };
         match node_ref.state.receive() {
-            Received::File => self.file(node_ref, node_ref.deadline()),
+            Received::File => self.file(shard, node_ref, node_ref.deadline()),
             Received::Refile => {
-                // SAFETY: the worker holds every node in its wheel.
-                let key = unsafe { node_ref.with_held(|held| held.key) };
-                self.wheel.cancel(key);
-                self.file(node_ref, node_ref.deadline());
+                self.wheel
+                    .unlink(&mut FiledNodes(&shard.pool), node_ref.index);
+                self.file(shard, node_ref, node_ref.deadline());
             }
             Received::UnlinkAndFree => {
-                // SAFETY: as above.
-                let key = unsafe { node_ref.with_held(|held| held.key) };
-                self.wheel.cancel(key);
+                self.wheel
+                    .unlink(&mut FiledNodes(&shard.pool), node_ref.index);
                 self.free(shard, node);
             }
             Received::Free => self.free(shard, node),
@@ -169,14 +168,10 @@ impl Worker {
         }
     }
 
-    /// Files a node that is marked `FILED` at `deadline`.
-    fn file(&mut self, node: &TimerNode, deadline: u64) {
-        // A wheel names 2^32 timers and a pool holds fewer nodes, so this cannot fail.
-        if let Ok(key) = self.wheel.try_insert_tick(deadline, node.index) {
-            // SAFETY: the worker holds the node: it is filed, and only the owner touches a
-            // filed node's held parts.
-            unsafe { node.with_held(|held| held.key = key) };
-        }
+    /// Files a node that is marked `FILED` at `deadline` (due at once if already past).
+    fn file(&mut self, shard: &Shard, node: &TimerNode, deadline: u64) {
+        self.wheel
+            .file(&mut FiledNodes(&shard.pool), node.index, deadline, false);
     }
 
     /// Gives a node back: drops any callback, moves the generation on, batches the node.
@@ -196,7 +191,7 @@ impl Worker {
 
     fn fire_due(&mut self, shard: &Shard, now: Instant, now_tick: u64) -> usize {
         let mut fired = 0;
-        while let Some(index) = self.wheel.poll_expired(now) {
+        while let Some(index) = self.wheel.poll(&mut FiledNodes(&shard.pool), now) {
             let Some(node_ref) = shard.pool.node(index) else {
                 continue;
             };
@@ -211,14 +206,14 @@ impl Worker {
                     }
                     Phase::Pending if seen.is_locked() => {
                         // A reset is mid-write: look again next tick.
-                        self.file(node_ref, now_tick + 1);
+                        self.file(shard, node_ref, now_tick + 1);
                         break;
                     }
                     Phase::Pending => {
                         let deadline = node_ref.deadline();
                         if deadline > now_tick {
                             // Pushed back since it was filed.
-                            self.file(node_ref, deadline);
+                            self.file(shard, node_ref, deadline);
                             break;
                         }
                         if node_ref.state.try_fire(seen) {
@@ -264,7 +259,7 @@ impl Worker {
             node_ref.deadline.store(next, Ordering::Release);
         }
         match node_ref.state.finish_fire() {
-            AfterFire::Rearm => self.file(node_ref, next.unwrap_or(now_tick + 1)),
+            AfterFire::Rearm => self.file(shard, node_ref, next.unwrap_or(now_tick + 1)),
             AfterFire::Free => {
                 if !period.is_repeating() {
                     bump(&counters.completed, 1);
@@ -293,7 +288,7 @@ impl Worker {
             crate::sync::spin_or_yield(attempts);
         }
         let counters = &shard.counters;
-        for index in self.wheel.take_all() {
+        for index in self.wheel.drain(&mut FiledNodes(&shard.pool)) {
             let Some(node_ref) = shard.pool.node(index) else {
                 continue;
             };

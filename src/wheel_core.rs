@@ -1,0 +1,544 @@
+//! The hierarchical timing wheel's machinery, independent of where timers are stored: the
+//! levels, their occupancy bitmaps and slot lists, cascading and the lookahead. It files
+//! and hands out timers by index, and reaches their deadlines and links through [`Links`],
+//! so the same code serves [`Wheel`](crate::Wheel), whose timers live in a slab, and the
+//! engine's shards, whose timers are pooled nodes.
+
+use std::mem::size_of;
+use std::time::Instant;
+
+use crate::geometry::Geometry;
+use crate::list::{Links, List};
+use crate::node::{Filed, Location, NIL};
+use crate::ticks::{NEVER, Ticks};
+
+/// The wheel's state apart from its timers.
+pub(crate) struct WheelCore {
+    pub(crate) ticks: Ticks,
+    pub(crate) geometry: Geometry,
+    /// Every tick up to and including this one has been processed.
+    elapsed: u64,
+    /// The latest instant passed to `poll`: an earlier one is treated as this, and a
+    /// deadline at or before it is due at once.
+    last_poll: Option<Instant>,
+    lists: Lists,
+}
+
+/// Every list a timer can be filed on. Kept apart from the nodes so that both can be
+/// borrowed at once: the lists hold heads and tails, the nodes the links between.
+struct Lists {
+    /// The levels, finest first, plus (with two levels or more) a second finest level: the
+    /// lookahead, into which the next block's coarse slot is moved a little at a time while
+    /// the current block runs, so that no single poll has to move it all at once.
+    levels: Box<[Level]>,
+    /// Which of the two finest arrays is the finest level now; locations name arrays, so
+    /// swapping roles is O(1) and moves no timer.
+    current0: usize,
+    /// The other one, the lookahead; `None` for a one-level wheel.
+    spare0: Option<usize>,
+    /// Timers already due: filed with a deadline at or before `elapsed`, or cascaded onto it.
+    ready: List,
+    /// Timers beyond the levels' span.
+    overflow: List,
+    /// No overflow timer is due before this tick (a lower bound: cancels do not raise it).
+    overflow_earliest: u64,
+    link_operations: u64,
+}
+
+struct Level {
+    /// Bit `s` is set when slot `s` holds a timer.
+    occupied: u64,
+    slots: Box<[Slot]>,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    timers: List,
+    /// No timer in this slot is due before this tick (a lower bound: cancels do not raise
+    /// it). Lets `next_deadline` report the real deadline rather than the slot's start.
+    earliest: u64,
+}
+
+impl Slot {
+    const EMPTY: Self = Self {
+        timers: List::EMPTY,
+        earliest: u64::MAX,
+    };
+}
+
+/// The next thing that needs processing, and the tick it begins at.
+#[derive(Debug, Clone, Copy)]
+struct Expiration {
+    kind: Due,
+    tick: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Due {
+    /// A slot of the finest level: its timers are due at its tick.
+    Finest { slot: usize },
+    /// A slot of a coarser level, whose timers move to finer levels at its start.
+    Coarse { level: usize, slot: usize },
+    /// The next block begins: the lookahead becomes the finest level.
+    Flip,
+    /// The overflow list's next epoch begins.
+    Overflow,
+}
+
+/// Timers moved from the next block's coarse slot into the lookahead per idle poll: a few
+/// hundred microseconds of cache misses at most, so a poll that finds nothing due is never
+/// delayed by as much as a millisecond tick.
+const LOOKAHEAD_BUDGET: usize = 1024;
+
+impl Lists {
+    #[inline]
+    fn list(&self, location: Location) -> &List {
+        match location.decode() {
+            Filed::Ready => &self.ready,
+            Filed::Overflow => &self.overflow,
+            Filed::Slot { level, slot } => &self.levels[level].slots[slot].timers,
+        }
+    }
+
+    /// Appends a node whose links were set from `self.list(location).tail()`.
+    // Forced: LLVM leaves these out of line on size, and the call is a tenth of an insert.
+    #[inline(always)]
+    fn link_back<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        location: Location,
+        index: u32,
+        deadline: u64,
+    ) {
+        self.link_operations += 1;
+        match location.decode() {
+            Filed::Ready => self.ready.link_back(nodes, index),
+            Filed::Overflow => {
+                self.overflow_earliest = self.overflow_earliest.min(deadline);
+                self.overflow.link_back(nodes, index);
+            }
+            Filed::Slot { level, slot } => {
+                let level = &mut self.levels[level];
+                level.occupied |= 1 << slot;
+                let slot = &mut level.slots[slot];
+                slot.earliest = slot.earliest.min(deadline);
+                slot.timers.link_back(nodes, index);
+            }
+        }
+    }
+
+    /// Closes the gap left by a node that was on the list at `location` with links `prev`
+    /// and `next`.
+    #[inline(always)]
+    fn unlink_between<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        location: Location,
+        prev: u32,
+        next: u32,
+    ) {
+        self.link_operations += 1;
+        match location.decode() {
+            Filed::Ready => self.ready.unlink_between(nodes, prev, next),
+            Filed::Overflow => {
+                self.overflow.unlink_between(nodes, prev, next);
+                if self.overflow.is_empty() {
+                    // A stale lower bound must not outlive the list: it would put the next
+                    // overflow timer's epoch behind `elapsed`.
+                    self.overflow_earliest = u64::MAX;
+                }
+            }
+            Filed::Slot { level, slot } => {
+                let timers = &mut self.levels[level].slots[slot].timers;
+                timers.unlink_between(nodes, prev, next);
+                if timers.is_empty() {
+                    self.mark_empty(level, slot);
+                }
+            }
+        }
+    }
+
+    /// The array serving as logical level `level`.
+    #[inline]
+    fn physical(&self, level: usize) -> usize {
+        if level == 0 { self.current0 } else { level }
+    }
+
+    #[inline]
+    fn mark_empty(&mut self, level: usize, slot: usize) {
+        let level = &mut self.levels[level];
+        level.occupied &= !(1 << slot);
+        level.slots[slot].earliest = u64::MAX;
+    }
+
+    /// Empties a slot of the array at physical index `level` and returns what it held.
+    fn take(&mut self, level: usize, slot: usize) -> List {
+        let timers = self.levels[level].slots[slot].timers.take();
+        self.mark_empty(level, slot);
+        timers
+    }
+
+    /// Empties the overflow list and returns what it held.
+    fn take_overflow(&mut self) -> List {
+        self.overflow_earliest = u64::MAX;
+        self.overflow.take()
+    }
+}
+
+impl Lists {
+    fn new(geometry: Geometry) -> Self {
+        let level = || Level {
+            occupied: 0,
+            slots: vec![Slot::EMPTY; geometry.slots()].into_boxed_slice(),
+        };
+        Self {
+            levels: (0..geometry.levels() + usize::from(geometry.levels() >= 2))
+                .map(|_| level())
+                .collect(),
+            current0: 0,
+            spare0: (geometry.levels() >= 2).then_some(geometry.levels()),
+            ready: List::EMPTY,
+            overflow: List::EMPTY,
+            overflow_earliest: u64::MAX,
+            link_operations: 0,
+        }
+    }
+}
+
+impl WheelCore {
+    pub(crate) fn new(ticks: Ticks, geometry: Geometry) -> Self {
+        Self {
+            ticks,
+            geometry,
+            elapsed: 0,
+            last_poll: None,
+            lists: Lists::new(geometry),
+        }
+    }
+
+    /// Unlinks and returns the index of the next timer due at `now`, or `None` once nothing
+    /// is due. See [`Wheel::poll_expired`](crate::Wheel::poll_expired).
+    #[inline]
+    pub(crate) fn poll<N: Links>(&mut self, nodes: &mut N, now: Instant) -> Option<u32> {
+        let now = match self.last_poll {
+            Some(last) if last >= now => last,
+            _ => {
+                self.last_poll = Some(now);
+                now
+            }
+        };
+        let now = self.ticks.floor(now).max(self.elapsed);
+        loop {
+            if let Some(index) = self.take_first(nodes, Location::READY) {
+                return Some(index);
+            }
+            let due = match self.next_expiration() {
+                Some(due) if due.tick <= now => due,
+                _ => {
+                    self.elapsed = now;
+                    self.fill_lookahead(nodes, LOOKAHEAD_BUDGET);
+                    return None;
+                }
+            };
+            debug_assert!(due.tick >= self.elapsed, "time moved backwards");
+            self.elapsed = due.tick;
+            if let Due::Finest { slot } = due.kind {
+                // A finest-level slot holds timers due at its tick, and timers whose
+                // deadline was pushed back since they were filed: hand out the first kind
+                // straight from the slot, one per call, and move the second on.
+                let location = Location::slot(self.lists.current0, slot);
+                let head = self.lists.list(location).head();
+                let deadline = nodes.deadline(head);
+                if deadline <= due.tick {
+                    if let Some(index) = self.take_first(nodes, location) {
+                        return Some(index);
+                    }
+                } else {
+                    let (_, _, next) = nodes.links(head);
+                    self.lists.unlink_between(nodes, location, NIL, next);
+                    self.file(nodes, head, deadline, false);
+                }
+            } else {
+                self.process(nodes, due.kind);
+            }
+        }
+    }
+
+    /// Takes a filed timer off its list.
+    #[inline]
+    pub(crate) fn unlink<N: Links>(&mut self, nodes: &mut N, index: u32) {
+        let (location, prev, next) = nodes.links(index);
+        self.lists.unlink_between(nodes, location, prev, next);
+    }
+
+    /// Unlinks every timer, due or not, and returns their indices.
+    pub(crate) fn drain<N: Links>(&mut self, nodes: &mut N) -> Vec<u32> {
+        let mut indices = Vec::new();
+        let lists = &mut self.lists;
+        let all = lists
+            .levels
+            .iter_mut()
+            .flat_map(|level| level.slots.iter_mut().map(|slot| &mut slot.timers))
+            .chain([&mut lists.ready, &mut lists.overflow]);
+        for list in all {
+            while let Some(index) = list.pop_front(nodes) {
+                indices.push(index);
+            }
+        }
+        let link_operations = self.lists.link_operations;
+        self.lists = Lists::new(self.geometry);
+        self.lists.link_operations = link_operations;
+        indices
+    }
+
+    /// The tick at which [`poll`](Self::poll) will next hand out a timer; `None` when no
+    /// timer will ever fire by itself. Never later than the earliest pending deadline.
+    pub(crate) fn next_tick(&self) -> Option<u64> {
+        if !self.lists.ready.is_empty() {
+            return Some(self.elapsed);
+        }
+        let due = self.next_expiration()?;
+        let earliest = match due.kind {
+            Due::Finest { .. } => due.tick,
+            Due::Coarse { level, slot } => {
+                due.tick.max(self.lists.levels[level].slots[slot].earliest)
+            }
+            Due::Flip => due.tick.max(self.lookahead_earliest()),
+            Due::Overflow => due.tick.max(self.lists.overflow_earliest),
+        };
+        // Timers beyond the tick range never fire by themselves, so there is no tick to
+        // wait for (and reporting the range's end would make a sleeping loop spin there).
+        (earliest < NEVER).then_some(earliest)
+    }
+
+    /// [`next_tick`](Self::next_tick) as an instant; the latest polled instant when a
+    /// timer is already due.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        if !self.lists.ready.is_empty() {
+            return Some(self.last_poll.unwrap_or_else(|| self.ticks.origin()));
+        }
+        self.next_tick().map(|tick| self.ticks.instant_at(tick))
+    }
+
+    pub(crate) fn elapsed(&self) -> u64 {
+        self.elapsed
+    }
+
+    pub(crate) fn link_operations(&self) -> u64 {
+        self.lists.link_operations
+    }
+
+    /// Bytes of the levels' slot tables.
+    pub(crate) fn allocated_bytes(&self) -> usize {
+        self.lists.levels.len() * (size_of::<Level>() + self.geometry.slots() * size_of::<Slot>())
+    }
+
+    /// Whether a deadline is at or before the latest polled instant, and so due at once:
+    /// judged on the instant itself, because rounding up to the tick could put it after.
+    #[inline]
+    pub(crate) fn is_past(&self, deadline: Instant) -> bool {
+        self.last_poll.is_some_and(|last| deadline <= last)
+    }
+
+    /// The list a deadline belongs on, as seen from `elapsed`.
+    #[inline]
+    fn location_for(&self, deadline: u64, due_now: bool) -> Location {
+        if due_now || deadline <= self.elapsed {
+            return Location::READY;
+        }
+        let level = self.geometry.level_for(self.elapsed, deadline);
+        if level >= self.geometry.levels() {
+            Location::OVERFLOW
+        } else {
+            Location::slot(
+                self.lists.physical(level),
+                self.geometry.slot_for(deadline, level),
+            )
+        }
+    }
+
+    /// Puts a node that is on no list onto the one its deadline belongs to.
+    #[inline]
+    pub(crate) fn file<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        index: u32,
+        deadline: u64,
+        due_now: bool,
+    ) {
+        let location = self.location_for(deadline, due_now);
+        self.link_at(nodes, index, location, deadline);
+    }
+
+    /// Appends a node that is on no list to the list at `location`.
+    #[inline]
+    fn link_at<N: Links>(&mut self, nodes: &mut N, index: u32, location: Location, deadline: u64) {
+        let tail = self.lists.list(location).tail();
+        nodes.set_links(index, location, tail, NIL);
+        self.lists.link_back(nodes, location, index, deadline);
+    }
+
+    /// Unlinks the first timer of the list at `location` and returns its index.
+    #[inline]
+    fn take_first<N: Links>(&mut self, nodes: &mut N, location: Location) -> Option<u32> {
+        let head = self.lists.list(location).head();
+        if head == NIL {
+            return None;
+        }
+        let (_, _, next) = nodes.links(head);
+        self.lists.unlink_between(nodes, location, NIL, next);
+        Some(head)
+    }
+
+    /// Handles an expiration other than a finest slot, now that `elapsed` has reached it.
+    fn process<N: Links>(&mut self, nodes: &mut N, due: Due) {
+        let mut timers = match due {
+            // Every timer of a coarse slot, or of the overflow list, is re-filed: each lands
+            // on a finer level, or on the ready list.
+            Due::Coarse { level, slot } => self.lists.take(level, slot),
+            Due::Overflow => self.lists.take_overflow(),
+            Due::Flip => {
+                // Finish moving the block's coarse slot, then let the lookahead take over
+                // as the finest level (the current one is empty: its block is over).
+                // `elapsed` is already the block's first tick.
+                let start = self.elapsed;
+                self.fill_lookahead_block(
+                    nodes,
+                    start,
+                    self.geometry.slot_for(start, 1),
+                    usize::MAX,
+                );
+                if let Some(spare) = self.lists.spare0 {
+                    self.lists.spare0 = Some(self.lists.current0);
+                    self.lists.current0 = spare;
+                }
+                return;
+            }
+            Due::Finest { .. } => return,
+        };
+        while let Some(index) = timers.pop_front(nodes) {
+            let deadline = nodes.deadline(index);
+            self.file(nodes, index, deadline, false);
+        }
+    }
+
+    /// The first tick of the block after the one `elapsed` is in, and the level-1 slot that
+    /// holds that block's timers, when that slot is in the current level-2 rotation (at a
+    /// level-2 boundary the block's timers are still on coarser levels).
+    fn next_block(&self) -> Option<(u64, usize)> {
+        self.lists.spare0?;
+        let shift = self.geometry.shift(1);
+        let block = (self.elapsed >> shift).checked_add(1)?;
+        let start = block.checked_mul(1 << shift)?;
+        let slot = self.geometry.slot_for(start, 1);
+        (slot != 0).then_some((start, slot))
+    }
+
+    /// Moves up to `budget` timers from the next block's level-1 slot into the lookahead,
+    /// each into the finest slot of its own tick. Timers pushed back out of the block by a
+    /// lazy reset are re-filed where they now belong.
+    fn fill_lookahead<N: Links>(&mut self, nodes: &mut N, budget: usize) {
+        if let Some((start, slot)) = self.next_block() {
+            self.fill_lookahead_block(nodes, start, slot, budget);
+        }
+    }
+
+    /// Moves up to `budget` timers of the block beginning at `start`, from level-1 slot
+    /// `slot` into the lookahead.
+    fn fill_lookahead_block<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        start: u64,
+        slot: usize,
+        budget: usize,
+    ) {
+        let Some(spare) = self.lists.spare0 else {
+            return;
+        };
+        let shift = self.geometry.shift(1);
+        for _ in 0..budget {
+            let Some(index) = self.lists.levels[1].slots[slot].timers.pop_front(nodes) else {
+                break;
+            };
+            let deadline = nodes.deadline(index);
+            if deadline >> shift == start >> shift {
+                let location = Location::slot(spare, self.geometry.slot_for(deadline, 0));
+                self.link_at(nodes, index, location, deadline);
+            } else {
+                self.file(nodes, index, deadline, false);
+            }
+        }
+        if self.lists.levels[1].slots[slot].timers.is_empty() {
+            self.lists.mark_empty(1, slot);
+        }
+    }
+
+    /// No lookahead timer is due before this tick.
+    fn lookahead_earliest(&self) -> u64 {
+        let (Some((start, slot)), Some(spare)) = (self.next_block(), self.lists.spare0) else {
+            return u64::MAX;
+        };
+        let lookahead = &self.lists.levels[spare];
+        let first = if lookahead.occupied == 0 {
+            u64::MAX
+        } else {
+            start + u64::from(lookahead.occupied.trailing_zeros())
+        };
+        let source = &self.lists.levels[1].slots[slot];
+        let not_moved = if source.timers.is_empty() {
+            u64::MAX
+        } else {
+            source.earliest
+        };
+        first.min(not_moved)
+    }
+
+    /// The first slot at or after `elapsed` that holds timers, finest level first: every
+    /// timer on a finer level is due before the next slot of any coarser level begins, so
+    /// the first hit is the earliest. The overflow list comes after every level.
+    #[inline]
+    fn next_expiration(&self) -> Option<Expiration> {
+        for level in 0..self.geometry.levels() {
+            let state = &self.lists.levels[self.lists.physical(level)];
+            if state.occupied == 0 {
+                if level == 0 {
+                    // The lookahead's timers belong to the next block, after every finest
+                    // slot and before any coarse slot that begins later.
+                    let lookahead = self.lists.spare0.map(|spare| &self.lists.levels[spare]);
+                    if lookahead.is_some_and(|state| state.occupied != 0) {
+                        // Only ever filled for a next block that exists.
+                        if let Some((start, _)) = self.next_block() {
+                            return Some(Expiration {
+                                kind: Due::Flip,
+                                tick: start,
+                            });
+                        }
+                        debug_assert!(false, "a lookahead without a next block");
+                    }
+                }
+                continue;
+            }
+            let slot = self
+                .geometry
+                .next_occupied(self.elapsed, level, state.occupied);
+            let tick = self.geometry.slot_start(self.elapsed, level, slot);
+            debug_assert!(tick >= self.elapsed, "a slot behind elapsed was skipped");
+            let kind = if level == 0 {
+                Due::Finest { slot }
+            } else {
+                Due::Coarse { level, slot }
+            };
+            return Some(Expiration { kind, tick });
+        }
+        if self.lists.overflow.is_empty() {
+            return None;
+        }
+        // Overflow timers are filed into the levels at the start of their epoch, the first
+        // tick whose digits above the levels' span match theirs.
+        let span = self.geometry.span_bits();
+        Some(Expiration {
+            kind: Due::Overflow,
+            tick: (self.lists.overflow_earliest >> span) << span,
+        })
+    }
+}
