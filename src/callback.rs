@@ -1,17 +1,25 @@
 //! A type-erased timer callback stored inside the pooled node, so that arming a timer with a
 //! small closure allocates nothing.
 //!
-//! A closure whose captures fit in [`INLINE_BYTES`] bytes (three machine words on 64-bit
-//! targets) with an alignment of at most a machine word lives in the node itself; a larger
-//! or more aligned one is boxed. A [`std::task::Waker`] is two words, so a future's timer
-//! can store `move || waker.wake()` inline.
+//! A one-shot closure whose captures fit in [`INLINE_BYTES`] bytes (three machine words on
+//! 64-bit targets) with an alignment of at most a machine word lives in the node itself; a
+//! larger or more aligned one is boxed. A repeating timer keeps its period in the third
+//! word, so its closure is stored inline up to [`INLINE_REPEATING_BYTES`] (two words). A
+//! [`std::task::Waker`] is two words, so a future's timer can store `move || waker.wake()`
+//! inline either way.
 
 use std::mem::{MaybeUninit, align_of, size_of};
 use std::ptr::NonNull;
 
+use crate::periodic::Period;
+
 /// The captures a callback may have and still be stored without an allocation: three
 /// machine words (24 bytes on 64-bit targets), at most word-aligned.
 pub const INLINE_BYTES: usize = 3 * size_of::<usize>();
+
+/// The captures a repeating callback may have and still be stored without an allocation:
+/// two machine words (16 bytes on 64-bit targets), at most word-aligned.
+pub const INLINE_REPEATING_BYTES: usize = 2 * size_of::<usize>();
 
 #[repr(C)]
 struct Storage([MaybeUninit<usize>; 3]);
@@ -34,8 +42,8 @@ pub(crate) struct Callback {
     shim: Option<Shim>,
 }
 
-const fn fits_inline<F>() -> bool {
-    size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= align_of::<Storage>()
+const fn fits_inline<F>(bytes: usize) -> bool {
+    size_of::<F>() <= bytes && align_of::<F>() <= align_of::<Storage>()
 }
 
 impl Callback {
@@ -47,13 +55,13 @@ impl Callback {
     /// Whether a closure of type `F` would be stored without an allocation.
     #[cfg(test)]
     pub(crate) const fn is_inline<F>() -> bool {
-        fits_inline::<F>()
+        fits_inline::<F>(INLINE_BYTES)
     }
 
     /// Stores a one-shot callback. The slot must be empty.
     pub(crate) fn set_once<F: FnOnce() + Send + 'static>(&mut self, f: F) {
         debug_assert!(self.shim.is_none());
-        if fits_inline::<F>() {
+        if fits_inline::<F>(INLINE_BYTES) {
             // SAFETY: `fits_inline` checked size and alignment, and the slot is empty, so
             // writing `F` over its uninitialised words overwrites nothing live.
             unsafe { self.storage.0.as_mut_ptr().cast::<F>().write(f) };
@@ -66,10 +74,12 @@ impl Callback {
         }
     }
 
-    /// Stores a repeating callback. The slot must be empty.
-    pub(crate) fn set_repeating<F: FnMut() + Send + 'static>(&mut self, f: F) {
+    /// Stores a repeating callback and its period. The slot must be empty.
+    pub(crate) fn set_repeating<F: FnMut() + Send + 'static>(&mut self, f: F, period: Period) {
         debug_assert!(self.shim.is_none());
-        if fits_inline::<F>() {
+        // The third word holds the period, whichever way the closure is stored.
+        self.storage.0[2] = MaybeUninit::new(period.to_word() as usize);
+        if fits_inline::<F>(INLINE_REPEATING_BYTES) {
             // SAFETY: as in `set_once`.
             unsafe { self.storage.0.as_mut_ptr().cast::<F>().write(f) };
             self.shim = Some(repeating_inline::<F>);
@@ -103,6 +113,21 @@ impl Callback {
             // since the slot was emptied above.
             unsafe { shim(NonNull::from(&mut self.storage), Action::Drop) };
         }
+    }
+
+    /// The period of a repeating callback; [`Period::ONE_SHOT`] for a one-shot or empty slot.
+    pub(crate) fn period(&self) -> Period {
+        let Some(shim) = self.shim else {
+            return Period::ONE_SHOT;
+        };
+        let storage = NonNull::from(&self.storage);
+        // SAFETY: `Consumes` reads nothing from the storage.
+        if unsafe { shim(storage, Action::Consumes) } {
+            return Period::ONE_SHOT;
+        }
+        // SAFETY: a repeating slot's third word was initialised by `set_repeating`.
+        let word = unsafe { self.storage.0[2].assume_init() };
+        Period::from_word(word as u64)
     }
 
     /// Whether the slot holds a callback.
@@ -183,6 +208,11 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    const PERIOD: Period = Period {
+        ticks: 1234,
+        missed: crate::MissedTicks::Delay,
+    };
+
     #[test]
     fn three_words_are_inline_and_four_are_boxed() {
         assert!(Callback::is_inline::<[usize; 3]>());
@@ -208,6 +238,7 @@ mod tests {
                     counter.fetch_add(1, Ordering::Relaxed);
                 });
             }
+            assert_eq!(slot.period(), Period::ONE_SHOT);
             slot.call();
             assert!(!slot.is_set());
             slot.call();
@@ -225,19 +256,26 @@ mod tests {
             let mut calls = 0_u64;
             let padding = [1_u64; 4];
             if big {
-                slot.set_repeating(move || {
-                    calls += padding[0];
-                    counter.store(calls as usize, Ordering::Relaxed);
-                });
+                slot.set_repeating(
+                    move || {
+                        calls += padding[0];
+                        counter.store(calls as usize, Ordering::Relaxed);
+                    },
+                    PERIOD,
+                );
             } else {
-                slot.set_repeating(move || {
-                    calls += 1;
-                    counter.store(calls as usize, Ordering::Relaxed);
-                });
+                slot.set_repeating(
+                    move || {
+                        calls += 1;
+                        counter.store(calls as usize, Ordering::Relaxed);
+                    },
+                    PERIOD,
+                );
             }
             slot.call();
             slot.call();
             assert!(slot.is_set());
+            assert_eq!(slot.period(), PERIOD, "the period survives the calls");
             assert_eq!(runs.load(Ordering::Relaxed), 2);
             slot.clear();
             assert!(!slot.is_set());

@@ -260,8 +260,9 @@ impl TimerEngine {
             .shared
             .ticks
             .ceil_after(self.shared.clock.now(), period);
-        EngineShared::arm(&self.shared, tick, Period { ticks, missed }, |callback| {
-            callback.set_repeating(f)
+        let period = Period { ticks, missed };
+        EngineShared::arm(&self.shared, tick, period, |callback| {
+            callback.set_repeating(f, period)
         })
     }
 

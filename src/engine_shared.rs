@@ -169,7 +169,6 @@ impl EngineShared {
         unsafe {
             node_ref.with_held(|held| {
                 store(&mut held.callback);
-                held.period = period;
             })
         };
         node_ref.deadline.store(tick, Ordering::Relaxed);

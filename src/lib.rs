@@ -220,7 +220,10 @@ pub mod loom_exports {
         }
     }
 }
-pub use callback::INLINE_BYTES as INLINE_CALLBACK_BYTES;
+pub use callback::{
+    INLINE_BYTES as INLINE_CALLBACK_BYTES,
+    INLINE_REPEATING_BYTES as INLINE_REPEATING_CALLBACK_BYTES,
+};
 pub use engine::{ShutdownReport, TimerEngine};
 pub use engine_builder::EngineBuilder;
 pub use error::{BuildError, CapacityError, GeometryError, ScheduleError};

@@ -42,6 +42,8 @@ const OVERFLOW: u16 = u16::MAX - 1;
 /// Slot codes are `level * 64 + slot + 1`; with at most 64 levels of at most 64 slots they
 /// stay far below the two markers.
 const SLOT_STRIDE: usize = 64;
+const COMPACT_READY: u16 = (1 << 12) - 1;
+const COMPACT_OVERFLOW: u16 = (1 << 12) - 2;
 
 impl Location {
     pub(crate) const READY: Self = Self::from_code(READY);
@@ -58,6 +60,28 @@ impl Location {
     #[inline]
     pub(crate) const fn slot(level: usize, slot: usize) -> Self {
         Self::from_code((level * SLOT_STRIDE + slot + 1) as u16)
+    }
+
+    /// The location in 12 bits, for a node that packs it beside its links. Only wheels of
+    /// at most 63 level arrays (the engine's has 7) fit: their slot codes stay below the
+    /// two markers' compact forms.
+    #[inline]
+    pub(crate) const fn compact(self) -> u16 {
+        match self.0.get() {
+            READY => COMPACT_READY,
+            OVERFLOW => COMPACT_OVERFLOW,
+            code => code,
+        }
+    }
+
+    /// The inverse of [`compact`](Self::compact).
+    #[inline]
+    pub(crate) const fn from_compact(compact: u16) -> Self {
+        match compact {
+            COMPACT_READY => Self::READY,
+            COMPACT_OVERFLOW => Self::OVERFLOW,
+            code => Self::from_code(code),
+        }
     }
 
     #[inline]
@@ -121,6 +145,20 @@ mod tests {
                     Location::slot(level, slot).decode(),
                     Filed::Slot { level, slot }
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn compact_locations_round_trip_for_the_engine_geometry() {
+        for location in [Location::READY, Location::OVERFLOW] {
+            assert_eq!(Location::from_compact(location.compact()), location);
+        }
+        for level in 0..7 {
+            for slot in 0..64 {
+                let location = Location::slot(level, slot);
+                assert!(location.compact() < 1 << 12);
+                assert_eq!(Location::from_compact(location.compact()), location);
             }
         }
     }

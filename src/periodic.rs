@@ -57,6 +57,33 @@ impl Period {
     pub(crate) const fn is_repeating(self) -> bool {
         self.ticks != 0
     }
+
+    /// Packs into one word: the period (up to 2^62 - 1 ticks) above the policy.
+    pub(crate) const fn to_word(self) -> u64 {
+        let ticks = if self.ticks > u64::MAX >> 2 {
+            u64::MAX >> 2
+        } else {
+            self.ticks
+        };
+        let missed = match self.missed {
+            MissedTicks::Burst => 0,
+            MissedTicks::Delay => 1,
+            MissedTicks::Skip => 2,
+        };
+        (ticks << 2) | missed
+    }
+
+    pub(crate) const fn from_word(word: u64) -> Self {
+        let missed = match word & 3 {
+            0 => MissedTicks::Burst,
+            1 => MissedTicks::Delay,
+            _ => MissedTicks::Skip,
+        };
+        Self {
+            ticks: word >> 2,
+            missed,
+        }
+    }
 }
 
 #[cfg(all(test, not(loom)))]

@@ -56,33 +56,27 @@ impl Links for FiledNodes<'_> {
     fn links(&self, index: u32) -> (Location, u32, u32) {
         // SAFETY: the wheel is the owner's, and only the owner touches a filed node's held
         // parts (see `TimerNode::with_held`).
-        unsafe {
-            self.node(index)
-                .with_held(|held| (held.location, held.prev, held.next))
-        }
+        unsafe { self.node(index).with_held(|held| held.links()) }
     }
 
     #[inline]
     fn set_prev(&mut self, index: u32, prev: u32) {
         // SAFETY: as in `links`.
-        unsafe { self.node(index).with_held(|held| held.prev = prev) }
+        unsafe { self.node(index).with_held(|held| held.set_prev(prev)) }
     }
 
     #[inline]
     fn set_next(&mut self, index: u32, next: u32) {
         // SAFETY: as in `links`.
-        unsafe { self.node(index).with_held(|held| held.next = next) }
+        unsafe { self.node(index).with_held(|held| held.set_next(next)) }
     }
 
     #[inline]
     fn set_links(&mut self, index: u32, location: Location, prev: u32, next: u32) {
         // SAFETY: as in `links`.
         unsafe {
-            self.node(index).with_held(|held| {
-                held.location = location;
-                held.prev = prev;
-                held.next = next;
-            })
+            self.node(index)
+                .with_held(|held| held.set_links(location, prev, next))
         }
     }
 }

@@ -6,7 +6,6 @@ use std::ptr::NonNull;
 use crate::callback::Callback;
 use crate::mpsc::{Link, Linked};
 use crate::node::{Location, NIL};
-use crate::periodic::Period;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::timer_state::TimerState;
@@ -32,13 +31,59 @@ pub(crate) struct TimerNode {
 
 /// The parts of a node only its holder touches.
 pub(crate) struct Held {
-    /// The wheel list the node is on while the state says `FILED`, and its neighbours.
-    pub(crate) location: Location,
-    pub(crate) prev: u32,
-    pub(crate) next: u32,
-    /// A repeating timer's period and missed-tick policy.
-    pub(crate) period: Period,
+    /// The node's neighbours on its wheel list, while the state says `FILED`, each in the
+    /// low [`INDEX_BITS`] bits; the high bits of the two hold the list's location (six bits
+    /// each), so that the node fits in one 64-byte cache line.
+    prev: u32,
+    next: u32,
     pub(crate) callback: Callback,
+}
+
+/// Bits of a node index in a packed link: a pool holds fewer than 2^26 nodes.
+pub(crate) const INDEX_BITS: u32 = 26;
+const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+
+impl Held {
+    #[inline]
+    fn unpack(raw: u32) -> u32 {
+        match raw & INDEX_MASK {
+            INDEX_MASK => NIL,
+            index => index,
+        }
+    }
+
+    #[inline]
+    fn pack(index: u32, location_half: u32) -> u32 {
+        (location_half << INDEX_BITS) | (index & INDEX_MASK)
+    }
+
+    /// The list the node is on, and its neighbours there.
+    #[inline]
+    pub(crate) fn links(&self) -> (Location, u32, u32) {
+        let compact = ((self.prev >> INDEX_BITS) << 6) | (self.next >> INDEX_BITS);
+        (
+            Location::from_compact(compact as u16),
+            Self::unpack(self.prev),
+            Self::unpack(self.next),
+        )
+    }
+
+    #[inline]
+    pub(crate) fn set_prev(&mut self, prev: u32) {
+        self.prev = Self::pack(prev, self.prev >> INDEX_BITS);
+    }
+
+    #[inline]
+    pub(crate) fn set_next(&mut self, next: u32) {
+        self.next = Self::pack(next, self.next >> INDEX_BITS);
+    }
+
+    #[inline]
+    pub(crate) fn set_links(&mut self, location: Location, prev: u32, next: u32) {
+        let compact = u32::from(location.compact());
+        self.prev = Self::pack(prev, compact >> 6);
+        self.next = Self::pack(next, compact & 0x3F);
+    }
 }
 
 impl TimerNode {
@@ -49,10 +94,8 @@ impl TimerNode {
             deadline: AtomicU64::new(0),
             index,
             held: UnsafeCell::new(Held {
-                location: Location::READY,
-                prev: NIL,
-                next: NIL,
-                period: Period::ONE_SHOT,
+                prev: INDEX_MASK,
+                next: INDEX_MASK,
                 callback: Callback::EMPTY,
             }),
         }

@@ -250,7 +250,7 @@ impl Worker {
             bump(&counters.late, 1);
         }
         // SAFETY: as above.
-        let period = unsafe { node_ref.with_held(|held| held.period) };
+        let period = unsafe { node_ref.with_held(|held| held.callback.period()) };
         let next = period
             .is_repeating()
             .then(|| period.missed.next_after(due, period.ticks, now_tick));

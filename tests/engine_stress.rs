@@ -78,11 +78,7 @@ fn a_million_timers_with_racing_cancels_and_resets() {
                             // Race the workers: some of these have fired already.
                             for &(slot, handle) in &recent {
                                 match rng.next() % 4 {
-                                    0 => {
-                                        if engine.cancel(handle) {
-                                            outcomes[slot].1 = true;
-                                        }
-                                    }
+                                    0 if engine.cancel(handle) => outcomes[slot].1 = true,
                                     1 => {
                                         let delay = Duration::from_micros(rng.next() % 5_000);
                                         let deadline = Instant::now() + delay;
