@@ -1,6 +1,7 @@
 //! The multi-core timer engine: one wheel per shard, each owned by one worker thread, fed
 //! by lock-free lanes and inboxes from every other thread.
 
+use std::num::NonZeroU32;
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize};
 use std::thread::JoinHandle;
@@ -111,7 +112,9 @@ impl TimerEngine {
         let origin = clock.now();
         let ticks = Ticks::new(tick, origin);
         let shared = Arc::new(EngineShared {
-            id: ENGINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            // Wraps to 1 after four billion engines, never to 0.
+            id: NonZeroU32::new(ENGINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                .unwrap_or(NonZeroU32::MIN),
             shards: (0..workers).map(|_| Shard::new()).collect(),
             ticks,
             clock,

@@ -32,7 +32,7 @@ const LANE_HORIZON: u64 = 2;
 
 /// Shared by the engine handle, its workers and every thread's context.
 pub(crate) struct EngineShared {
-    pub(crate) id: u32,
+    pub(crate) id: std::num::NonZeroU32,
     pub(crate) shards: Box<[Shard]>,
     pub(crate) ticks: Ticks,
     pub(crate) clock: Box<dyn Clock>,

@@ -21,7 +21,9 @@
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TimerHandle {
-    pub(crate) engine: u32,
+    /// Nonzero, so that `Result<TimerHandle, ScheduleError>` is 16 bytes and comes back in
+    /// registers rather than through memory.
+    pub(crate) engine: std::num::NonZeroU32,
     pub(crate) shard: u32,
     pub(crate) index: u32,
     pub(crate) generation: u32,

@@ -276,6 +276,10 @@ impl Worker {
 
     /// The last turn: takes everything in transit, then runs or drops every pending timer.
     pub(crate) fn finish(&mut self, shard: &Shard, pending: PendingTimers) {
+        // Orders the shutdown flag (set before this call) before the lane and inbox reads
+        // below, against a scheduler's push-then-flag-check: either this turn sees its
+        // timer, or the scheduler sees the flag and takes the timer back.
+        crate::sync::atomic::fence(crate::sync::atomic::Ordering::SeqCst);
         self.lanes_version = u64::MAX;
         self.refresh_lanes(shard);
         self.collect(shard, u64::MAX, true);
