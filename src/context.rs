@@ -1,36 +1,50 @@
 //! Each thread's view of each engine it uses: its home shard and its lanes, found through a
 //! thread-local so that the hot path touches no shared structure to pick a shard.
+//!
+//! A context does not keep its engine alive: a long-lived thread that used an engine which
+//! has since been dropped holds only the context's own few bytes, which the next lookup on
+//! that thread prunes. Contexts are found by the engine's id, never by its address, which a
+//! later engine may reuse.
 
 use std::cell::{Cell, OnceCell, RefCell};
+use std::num::NonZeroU32;
 
 use crate::engine_shared::EngineShared;
 use crate::lane::Lane;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 
+/// How a context refers to its engine: weakly, so that dropping the engine frees it. loom's
+/// `Arc` has no weak form; models hold the engine for their whole run anyway.
+#[cfg(not(loom))]
+type EngineRef = std::sync::Weak<EngineShared>;
+#[cfg(loom)]
+type EngineRef = Arc<EngineShared>;
+
 /// One thread's context for one engine.
 pub(crate) struct Context {
-    pub(crate) engine: Arc<EngineShared>,
+    engine_id: NonZeroU32,
+    engine: EngineRef,
     /// The shard this thread schedules onto: chosen once, round-robin across threads, or
     /// the worker's own shard for a worker thread.
     pub(crate) home: usize,
     lanes: Box<[OnceCell<Arc<Lane>>]>,
 }
 
-/// The last context used: (engine, context). Cleared when any context is dropped.
-type Last = Cell<(*const EngineShared, *const Context)>;
+/// The last context used: (engine id, context). Cleared when any context is dropped.
+type Last = Cell<(u32, *const Context)>;
 
 /// This thread's contexts, each allocated once and held as the raw pointer `Box::into_raw`
 /// gave, so that the pointers handed out stay valid while the list grows (a `Box` moved by
-/// the list's growth would assert unique access and invalidate them). Freed when the
-/// thread's locals are destroyed.
+/// the list's growth would assert unique access and invalidate them). Freed when pruned or
+/// when the thread's locals are destroyed.
 struct Contexts(Vec<*mut Context>);
 
 impl Drop for Contexts {
     fn drop(&mut self) {
         for context in self.0.drain(..) {
             // SAFETY: every pointer came from `Box::into_raw` in `lookup` and is freed once,
-            // here; pointers cached in LAST are cleared by the context's own drop.
+            // here or when pruned; pointers cached in LAST are cleared by the context's drop.
             drop(unsafe { Box::from_raw(context) });
         }
     }
@@ -39,12 +53,12 @@ impl Drop for Contexts {
 #[cfg(not(loom))]
 std::thread_local! {
     static CONTEXTS: RefCell<Contexts> = const { RefCell::new(Contexts(Vec::new())) };
-    static LAST: Last = const { Cell::new((std::ptr::null(), std::ptr::null())) };
+    static LAST: Last = const { Cell::new((0, std::ptr::null())) };
 }
 #[cfg(loom)]
 loom::thread_local! {
     static CONTEXTS: RefCell<Contexts> = RefCell::new(Contexts(Vec::new()));
-    static LAST: Last = Cell::new((std::ptr::null(), std::ptr::null()));
+    static LAST: Last = Cell::new((0, std::ptr::null()));
 }
 
 impl Context {
@@ -54,16 +68,29 @@ impl Context {
             (engine.next_home.fetch_add(1, Ordering::Relaxed) % shards as u64) as usize
         });
         Self {
+            engine_id: engine.id,
+            #[cfg(not(loom))]
+            engine: Arc::downgrade(engine),
+            #[cfg(loom)]
             engine: Arc::clone(engine),
             home,
             lanes: (0..shards).map(|_| OnceCell::new()).collect(),
         }
     }
 
-    /// This thread's lane into `shard`, opened on first use.
+    /// This thread's lane into `shard` of `engine` (this context's engine), opened on first
+    /// use.
     #[inline]
-    pub(crate) fn lane(&self, shard: usize) -> &Lane {
-        self.lanes[shard].get_or_init(|| self.engine.shards[shard].open_lane())
+    pub(crate) fn lane(&self, engine: &EngineShared, shard: usize) -> &Lane {
+        self.lanes[shard].get_or_init(|| engine.shards[shard].open_lane())
+    }
+
+    /// The engine, if it is still alive.
+    fn engine(&self) -> Option<Arc<EngineShared>> {
+        #[cfg(not(loom))]
+        return self.engine.upgrade();
+        #[cfg(loom)]
+        return Some(Arc::clone(&self.engine));
     }
 }
 
@@ -72,18 +99,15 @@ impl Context {
 /// because the list is borrowed (a re-entrant call from inside a context's creation).
 #[inline]
 pub(crate) fn with<R>(engine: &Arc<EngineShared>, f: impl FnOnce(Option<&Context>) -> R) -> R {
-    let wanted = Arc::as_ptr(engine);
-    let cached = LAST.try_with(Cell::get).ok();
-    let context = match cached {
-        Some((last_engine, context)) if last_engine == wanted && !context.is_null() => {
-            Some(context)
-        }
+    let wanted = engine.id.get();
+    let context = match LAST.try_with(Cell::get) {
+        Ok((last_engine, context)) if last_engine == wanted && !context.is_null() => Some(context),
         _ => lookup(engine, None),
     };
     // SAFETY: `context` is a context owned by this thread's CONTEXTS, which frees contexts
-    // only when the thread's locals are destroyed; dropping a context clears LAST,
-    // and `lookup` returns `None` once CONTEXTS is gone. The context's `Arc` keeps `engine`
-    // alive, so its address cannot be reused by another engine while this pointer is cached.
+    // only when it prunes them (a dead engine's, in `lookup`, never this live engine's) or
+    // when the thread's locals are destroyed; dropping a context clears LAST. Ids are never
+    // reused by a live engine, so an id match names this engine's context.
     f(context.map(|context| unsafe { &*context }))
 }
 
@@ -103,31 +127,45 @@ pub(crate) fn set_home(engine: &Arc<EngineShared>, home: usize) {
 fn lookup(engine: &Arc<EngineShared>, home: Option<usize>) -> Option<*const Context> {
     let found = CONTEXTS
         .try_with(|contexts| {
-            if let Some(&found) = contexts.try_borrow().ok()?.0.iter().find(|&&context| {
-                // SAFETY: pointers in the list are live until the list is dropped.
-                Arc::ptr_eq(unsafe { &(*context).engine }, engine)
+            let mut list = contexts.try_borrow_mut().ok()?;
+            // Forget the contexts of engines that have been dropped.
+            list.0.retain(|&context| {
+                // SAFETY: pointers in the list are live until removed here or dropped.
+                let alive = unsafe { (*context).engine() }.is_some();
+                if !alive {
+                    // SAFETY: from `Box::into_raw`, removed from the list, freed once.
+                    drop(unsafe { Box::from_raw(context) });
+                }
+                alive
+            });
+            if let Some(&found) = list.0.iter().find(|&&context| {
+                // SAFETY: as above.
+                (unsafe { (*context).engine_id }) == engine.id
             }) {
                 return Some(found.cast_const());
             }
-            let mut list = contexts.try_borrow_mut().ok()?;
             let context = Box::into_raw(Box::new(Context::new(engine, home)));
             list.0.push(context);
             Some(context.cast_const())
         })
         .ok()
         .flatten()?;
-    let _ = LAST.try_with(|last| last.set((Arc::as_ptr(engine), found)));
+    let _ = LAST.try_with(|last| last.set((engine.id.get(), found)));
     Some(found)
 }
 
 impl Drop for Context {
-    /// The thread is exiting: everything on its lanes goes to the shards' inboxes, its
-    /// magazines go back to the pools, and the workers may forget the lanes.
+    /// The thread is exiting (or the engine is gone): if the engine is still alive,
+    /// everything on the lanes goes to the shards' inboxes, the magazines go back to the
+    /// pools, and the workers may forget the lanes.
     fn drop(&mut self) {
-        let _ = LAST.try_with(|last| last.set((std::ptr::null(), std::ptr::null())));
+        let _ = LAST.try_with(|last| last.set((0, std::ptr::null())));
+        let Some(engine) = self.engine() else {
+            return;
+        };
         for (shard, lane) in self.lanes.iter_mut().enumerate() {
             if let Some(lane) = lane.take() {
-                self.engine.close_lane(shard, &lane);
+                engine.close_lane(shard, &lane);
             }
         }
     }

@@ -103,6 +103,7 @@ impl TimerEngine {
         tick: Duration,
         pin: bool,
         manual_clock: Option<ManualClock>,
+        capacity: usize,
     ) -> Result<Self, BuildError> {
         let manual = manual_clock.is_some();
         let clock: Box<dyn Clock> = match manual_clock {
@@ -115,7 +116,7 @@ impl TimerEngine {
             // Wraps to 1 after four billion engines, never to 0.
             id: NonZeroU32::new(ENGINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
                 .unwrap_or(NonZeroU32::MIN),
-            shards: (0..workers).map(|_| Shard::new()).collect(),
+            shards: (0..workers).map(|_| Shard::new(capacity)).collect(),
             ticks,
             clock,
             shutdown: AtomicBool::new(false),
@@ -311,6 +312,9 @@ impl TimerEngine {
         let mut stats = Stats::default();
         for shard in self.shared.shards.iter() {
             let counters = &shard.counters;
+            // Under the lanes lock, so that a closing lane's counts are read either on the
+            // lane or among the retired counts, never both or neither.
+            let lanes = shard.lanes.lock().unwrap_or_else(|p| p.into_inner());
             let mut one = ShardStats {
                 scheduled: read(&counters.retired_scheduled),
                 cancelled: read(&counters.retired_cancelled),
@@ -322,7 +326,7 @@ impl TimerEngine {
                 dropped_at_shutdown: read(&counters.dropped_at_shutdown),
                 pending: 0,
             };
-            for lane in shard.lanes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            for lane in lanes.iter() {
                 one.scheduled += read(&lane.scheduled);
                 one.cancelled += read(&lane.cancelled);
                 one.reset += read(&lane.reset);
@@ -333,6 +337,7 @@ impl TimerEngine {
                 .saturating_sub(read(&counters.completed))
                 .saturating_sub(one.ran_at_shutdown)
                 .saturating_sub(one.dropped_at_shutdown);
+            drop(lanes);
             stats.total.add(&one);
             stats.shards.push(one);
         }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::clock::ManualClock;
 use crate::engine::TimerEngine;
 use crate::error::BuildError;
+use crate::pool::DEFAULT_CAPACITY;
 
 /// Most workers an engine can have: a handle names its shard in 16 bits.
 pub(crate) const MAX_WORKERS: usize = 1 << 16;
@@ -29,6 +30,7 @@ pub struct EngineBuilder {
     pub(crate) tick: Duration,
     pub(crate) pin_workers: bool,
     pub(crate) manual_clock: Option<ManualClock>,
+    pub(crate) capacity: usize,
 }
 
 impl Default for EngineBuilder {
@@ -38,6 +40,7 @@ impl Default for EngineBuilder {
             tick: Duration::from_millis(1),
             pin_workers: true,
             manual_clock: None,
+            capacity: DEFAULT_CAPACITY,
         }
     }
 }
@@ -66,6 +69,18 @@ impl EngineBuilder {
         self
     }
 
+    /// The most timers one shard can hold at once; beyond it, scheduling on that shard is a
+    /// [`ScheduleError::Capacity`](crate::ScheduleError::Capacity). Default: about four
+    /// million (4 × 2^20). Rounded up to a multiple of 1024, and at most 2^26 - 1024.
+    ///
+    /// Each shard reserves address space for this many 64-byte timer nodes when the engine
+    /// is built (256 MiB by default); memory is used only as timers are scheduled, and the
+    /// high-water mark stays in use, for reuse, until the engine is dropped.
+    pub fn capacity(mut self, timers_per_shard: usize) -> Self {
+        self.capacity = timers_per_shard;
+        self
+    }
+
     /// Drives the engine by hand, for deterministic tests: no worker threads are started,
     /// time comes from `clock`, and each [`TimerEngine::turn`] runs every shard's due work
     /// on the calling thread.
@@ -85,6 +100,12 @@ impl EngineBuilder {
         if self.tick.is_zero() {
             return Err(BuildError::ZeroTick);
         }
-        TimerEngine::start(workers, self.tick, self.pin_workers, self.manual_clock)
+        TimerEngine::start(
+            workers,
+            self.tick,
+            self.pin_workers,
+            self.manual_clock,
+            self.capacity,
+        )
     }
 }

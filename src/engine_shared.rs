@@ -105,7 +105,7 @@ impl EngineShared {
     ) -> Result<TimerHandle, ScheduleError> {
         let shard_index = context.home;
         let shard = &self.shards[shard_index];
-        let lane = context.lane(shard_index);
+        let lane = context.lane(self, shard_index);
         // SAFETY: this thread is the lane's producer, and nothing else is borrowing its side.
         let node = unsafe {
             lane.with_producer(|side| {
@@ -120,14 +120,7 @@ impl EngineShared {
         .ok_or(ScheduleError::Capacity)?;
         let handle = self.prepare(shard_index, node, tick, period, store);
         Lane::count(&lane.scheduled);
-        // A fresh staging gets the horizon as its need; later pushes only lower it for an
-        // earlier deadline.
-        let need = if lane.looks_empty() {
-            tick.min(self.now_tick() + LANE_HORIZON)
-        } else {
-            tick
-        };
-        self.send(lane, shard, node, need);
+        self.send(lane, shard, node, tick);
         Ok(handle)
     }
 
@@ -176,14 +169,16 @@ impl EngineShared {
         TimerHandle {
             engine: self.id,
             shard: shard as u32,
-            index: node_ref.index,
+            index: self.shards[shard].pool.index_of(node),
             generation,
         }
     }
 
     /// Pushes a node this thread holds (marked in transit) onto its lane into `shard`,
     /// waking the worker if the node is needed before the worker means to wake; first
-    /// reclaiming the lane when that is due.
+    /// reclaiming the lane when that is due. `need` is the node's own deadline, or
+    /// `u64::MAX` for a message, which travels with the lane's staging: a fresh staging is
+    /// taken within [`LANE_HORIZON`] ticks, so only starting one reads the clock.
     #[inline]
     fn send(&self, lane: &Lane, shard: &Shard, node: NonNull<TimerNode>, need: u64) {
         // SAFETY: this thread is the lane's producer.
@@ -191,7 +186,7 @@ impl EngineShared {
             self.reclaim(lane, shard);
         }
         // SAFETY: this thread is the lane's producer and holds `node`.
-        if let Some(need) = unsafe { lane.push(node, need) } {
+        if let Some(need) = unsafe { lane.push(node, need, || self.now_tick() + LANE_HORIZON) } {
             shard.wake_for(need);
         }
     }
@@ -252,9 +247,9 @@ impl EngineShared {
         let node = NonNull::from(node);
         let shard = &this.shards[shard_index];
         context::with(this, |context| match context {
-            Some(context) => this.send(context.lane(shard_index), shard, node, need),
+            Some(context) => this.send(context.lane(this, shard_index), shard, node, need),
             // SAFETY: the cancel or reset that set `MSG` gave this thread the push.
-            None => unsafe { shard.send_direct(node, need) },
+            None => unsafe { shard.send_direct(node, need.min(this.now_tick() + LANE_HORIZON)) },
         });
     }
 
@@ -262,7 +257,7 @@ impl EngineShared {
     fn count(this: &Arc<Self>, shard: usize, counter: impl FnOnce(&Lane) -> &AtomicU64) {
         context::with(this, |context| {
             if let Some(context) = context {
-                Lane::count(counter(context.lane(shard)));
+                Lane::count(counter(context.lane(this, shard)));
             }
         });
     }
@@ -275,7 +270,7 @@ impl EngineShared {
             None => false,
             Some(outcome) => {
                 if outcome == Cancelled::Notify {
-                    Self::notify(this, shard, node, this.now_tick() + LANE_HORIZON);
+                    Self::notify(this, shard, node, u64::MAX);
                 }
                 Self::count(this, shard, |lane| &lane.cancelled);
                 true

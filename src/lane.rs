@@ -104,12 +104,19 @@ impl Lane {
     }
 
     /// Pushes a node the caller holds and has marked in transit, that the worker must have
-    /// by `need_tick`. Returns the lane's need if this push lowered it: the caller then
-    /// checks whether the worker must be woken.
+    /// by `need_tick` (`u64::MAX` for no deadline of its own). A push onto an empty lane
+    /// starts a new staging, whose need is at most `fresh()`: the horizon by which the
+    /// worker takes whatever the lane holds. Returns the lane's need if this push lowered
+    /// it: the caller then checks whether the worker must be woken.
     ///
     /// # Safety
     /// Only the producer thread may push; `node` must be live and on no chain.
-    pub(crate) unsafe fn push(&self, node: NonNull<TimerNode>, need_tick: u64) -> Option<u64> {
+    pub(crate) unsafe fn push(
+        &self,
+        node: NonNull<TimerNode>,
+        need_tick: u64,
+        fresh: impl FnOnce() -> u64,
+    ) -> Option<u64> {
         // SAFETY: the caller holds `node`.
         let link = unsafe { TimerNode::link(node) }.as_ptr();
         let mut head = self.head.load(Ordering::Relaxed);
@@ -131,7 +138,7 @@ impl Lane {
             self.with_producer(|side| {
                 side.pushes += 1;
                 let need = if head.is_null() {
-                    need_tick
+                    need_tick.min(fresh())
                 } else {
                     side.need.min(need_tick)
                 };
@@ -157,13 +164,6 @@ impl Lane {
             })
         };
         self.take()
-    }
-
-    /// Whether the lane holds nothing, as far as the producer can tell without a fence (the
-    /// worker may empty it at any moment; only the producer fills it).
-    #[inline]
-    pub(crate) fn looks_empty(&self) -> bool {
-        self.head.load(Ordering::Relaxed).is_null()
     }
 
     /// Takes everything on the lane. Either side may; each node goes to exactly one taker.

@@ -72,8 +72,15 @@ pub mod loom_exports {
         (handle.index, handle.generation)
     }
 
-    /// A pool node, as its holder names it. The index is read when the node is handed
-    /// out, so that naming it never touches memory the pool may have dropped since.
+    std::thread_local! {
+        /// The region of the pool the model on this test thread made last: a node's index
+        /// is its offset there. A model makes one pool at a time, and loom runs a model's
+        /// threads on its test's own thread, so this names the pool its nodes come from.
+        static REGION: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A pool node, as its holder names it. The index is worked out when the node is
+    /// handed out, so that naming it never touches memory the pool may have dropped since.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct Node {
         node: NonNull<TimerNode>,
@@ -88,9 +95,12 @@ pub mod loom_exports {
         /// # Safety
         /// `node` must be a live pool node.
         unsafe fn new(node: NonNull<TimerNode>) -> Self {
-            // SAFETY: live, by the caller's contract.
-            let index = unsafe { node.as_ref() }.index;
-            Self { node, index }
+            let region = REGION.with(std::cell::Cell::get);
+            let index = (node.as_ptr() as usize - region) / size_of::<TimerNode>();
+            Self {
+                node,
+                index: index as u32,
+            }
         }
 
         /// The node's index in its pool.
@@ -106,7 +116,9 @@ pub mod loom_exports {
         /// An empty pool: no chunk yet.
         #[allow(clippy::new_without_default, reason = "test-only wrapper")]
         pub fn new() -> Self {
-            Self(crate::pool::Pool::new())
+            let pool = crate::pool::Pool::new();
+            REGION.with(|region| region.set(pool.region_start() as usize));
+            Self(pool)
         }
 
         /// Chunks allocated so far.
@@ -188,7 +200,7 @@ pub mod loom_exports {
         /// live, held by the caller and on no chain.
         pub unsafe fn push(&self, node: Node, need: u64) {
             // SAFETY: forwarded from the caller.
-            let _ = unsafe { self.0.push(node.node, need) };
+            let _ = unsafe { self.0.push(node.node, need, || need) };
         }
 
         /// The producer takes everything back.

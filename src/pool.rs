@@ -1,32 +1,46 @@
-//! A shard's pool of timer nodes: fixed-address chunks that are never freed while the
-//! engine lives, and a lock-free stack of free batches shared by every thread.
+//! A shard's pool of timer nodes: one region of address space reserved up front, carved
+//! into nodes a chunk at a time as demand grows, and a lock-free stack of free batches
+//! shared by every thread.
 //!
 //! Nodes move in batches so that the shared stack sees one compare-and-swap per batch, not
 //! per timer: the worker gives back the nodes it frees a batch at a time, and each thread
 //! takes a batch into its own magazine and arms timers from there without touching shared
-//! memory. Because chunks stay put until the engine is dropped, any thread may look up a
-//! node by index at any time, stale handles included; the generation in the node's state
-//! word, not the memory's lifetime, is what makes a stale handle harmless.
+//! memory. Nodes never move and are not freed while the engine lives, so any thread may
+//! look up a node by index at any time, stale handles included; the generation in the
+//! node's state word, not the memory's lifetime, is what makes a stale handle harmless.
+//!
+//! The region is one allocation of `capacity` nodes. The allocator maps so large a block
+//! straight from the operating system, which backs a page with memory only when it is first
+//! written; a chunk is written when it is carved, so resident memory follows the peak number
+//! of timers, not the capacity. A node's index is its offset in the region, so a node does
+//! not need to carry it.
 
 use std::ptr::NonNull;
 
 use crate::list::Links;
 use crate::node::Location;
-use crate::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::timer_node::TimerNode;
 
-/// Nodes per chunk: one allocation per this many timers of peak demand.
+/// Nodes carved from the region at a time.
 #[cfg(not(loom))]
 pub(crate) const CHUNK_NODES: usize = 1024;
 #[cfg(loom)]
 pub(crate) const CHUNK_NODES: usize = 4;
-const CHUNK_SHIFT: u32 = CHUNK_NODES.trailing_zeros();
 
-/// Chunks one pool can have: with 1024-node chunks, about 16.7 million timers per shard.
-#[cfg(not(loom))]
-pub(crate) const MAX_CHUNKS: usize = 16 * 1024;
+/// The most nodes a pool can hold: a packed wheel link names 2^26 - 1 indices, the last of
+/// which means "none".
+pub(crate) const MAX_CAPACITY: usize =
+    ((1 << crate::timer_node::INDEX_BITS) - 1) / CHUNK_NODES * CHUNK_NODES;
+
+/// Nodes a pool holds unless the engine's builder says otherwise: about four million
+/// timers per shard, 256 MiB of address space, resident only as far as it is used.
+#[cfg(not(any(loom, miri)))]
+pub(crate) const DEFAULT_CAPACITY: usize = 4 << 20;
+#[cfg(all(miri, not(loom)))]
+pub(crate) const DEFAULT_CAPACITY: usize = 8 * CHUNK_NODES;
 #[cfg(loom)]
-pub(crate) const MAX_CHUNKS: usize = 2;
+pub(crate) const DEFAULT_CAPACITY: usize = 2 * CHUNK_NODES;
 
 /// Nodes per batch on the shared free stack.
 pub(crate) const BATCH: u32 = 64;
@@ -83,15 +97,24 @@ impl Links for FiledNodes<'_> {
 
 /// The shard's pool.
 pub(crate) struct Pool {
-    /// Chunk `c` holds nodes `c * CHUNK_NODES ..`; null until allocated.
-    directory: Box<[AtomicPtr<TimerNode>]>,
-    /// Chunks claimed so far (some may still be being allocated).
+    /// `capacity` node slots; the first `ready` hold initialised nodes.
+    region: NonNull<TimerNode>,
+    capacity: usize,
+    /// Chunks claimed so far (some may still be being initialised).
     claimed: AtomicU64,
+    /// Nodes initialised: always a whole number of chunks, published in order.
+    ready: AtomicU64,
     /// The free stack's head: `tag (32) | first node's index + 1 (32)`, 0 when empty. The
     /// tag changes on every push and pop, so a pop that read a head which was then popped
     /// and pushed again fails its swap instead of corrupting the stack (the ABA problem).
     free: AtomicU64,
 }
+
+// SAFETY: the region's nodes are shared only through their atomics and through the holder
+// discipline of `TimerNode::with_held`; the pool's own bookkeeping is atomic.
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
 
 /// A chain of free nodes held by one thread: a producer's magazine, or the worker's batch of
 /// freshly freed nodes on its way back to the stack.
@@ -158,27 +181,60 @@ impl Magazine {
 }
 
 impl Pool {
+    /// A pool of [`DEFAULT_CAPACITY`] nodes.
+    #[cfg(any(test, loom))]
     pub(crate) fn new() -> Self {
+        Self::with_capacity(DEFAULT_CAPACITY)
+    }
+
+    /// A pool of `capacity` nodes (rounded up to whole chunks, at most [`MAX_CAPACITY`]).
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let capacity = capacity
+            .clamp(CHUNK_NODES, MAX_CAPACITY)
+            .div_ceil(CHUNK_NODES)
+            * CHUNK_NODES;
+        let layout = Self::layout(capacity);
+        // SAFETY: the layout has a nonzero size (at least one chunk of nonzero-sized nodes).
+        let region = unsafe { std::alloc::alloc(layout) }.cast::<TimerNode>();
+        let Some(region) = NonNull::new(region) else {
+            std::alloc::handle_alloc_error(layout)
+        };
         Self {
-            directory: (0..MAX_CHUNKS)
-                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
-                .collect(),
+            region,
+            capacity,
             claimed: AtomicU64::new(0),
+            ready: AtomicU64::new(0),
             free: AtomicU64::new(0),
         }
     }
 
-    /// The node at `index`, if its chunk exists. Any thread, any time.
+    fn layout(capacity: usize) -> std::alloc::Layout {
+        match std::alloc::Layout::array::<TimerNode>(capacity) {
+            Ok(layout) => layout,
+            // MAX_CAPACITY nodes of 64 bytes is 4 GiB, far below the size limit.
+            Err(_) => unreachable!("a pool region larger than the address space"),
+        }
+    }
+
+    /// The node at `index`, if it has been carved. Any thread, any time.
     #[inline]
     pub(crate) fn node(&self, index: u32) -> Option<&TimerNode> {
-        let chunk = self.directory.get((index >> CHUNK_SHIFT) as usize)?;
-        let first = chunk.load(Ordering::Acquire);
-        if first.is_null() {
+        if u64::from(index) >= self.ready.load(Ordering::Acquire) {
             return None;
         }
-        // SAFETY: a published chunk holds CHUNK_NODES live nodes until the pool is dropped,
-        // and the offset is below CHUNK_NODES.
-        Some(unsafe { &*first.add(index as usize & (CHUNK_NODES - 1)) })
+        // SAFETY: nodes below `ready` were initialised before `ready` was published (the
+        // Acquire above pairs with its Release store), and live until the pool is dropped.
+        Some(unsafe { self.region.add(index as usize).as_ref() })
+    }
+
+    /// The index of one of this pool's nodes: its offset in the region.
+    #[inline]
+    pub(crate) fn index_of(&self, node: NonNull<TimerNode>) -> u32 {
+        // SAFETY: `node` points into this pool's region (every node handed out does), so
+        // both pointers are derived from the same allocation and the offset is exact.
+        let offset = unsafe { node.offset_from(self.region) };
+        debug_assert!((0..self.capacity as isize).contains(&offset));
+        offset as u32
     }
 
     /// Pushes a chain of free nodes (linked through their chain links) as one batch.
@@ -193,7 +249,7 @@ impl Pool {
                 .deadline
                 .store(head & 0xFFFF_FFFF, Ordering::Relaxed);
             let tag = (head >> 32).wrapping_add(1) & 0xFFFF_FFFF;
-            let next = (tag << 32) | (u64::from(first_node.index) + 1);
+            let next = (tag << 32) | (u64::from(self.index_of(first)) + 1);
             match self
                 .free
                 .compare_exchange_weak(head, next, Ordering::AcqRel, Ordering::Acquire)
@@ -226,88 +282,95 @@ impl Pool {
         }
     }
 
-    /// Allocates a chunk, keeps its first batch for the caller and pushes the rest. `None`
-    /// when the pool already has [`MAX_CHUNKS`] chunks.
+    /// Carves a chunk from the region, keeps its first batch for the caller and pushes the
+    /// rest. `None` when the region is used up.
     fn grow(&self) -> Option<NonNull<TimerNode>> {
         let chunk = self.claimed.fetch_add(1, Ordering::AcqRel) as usize;
-        if chunk >= MAX_CHUNKS {
+        let start = chunk * CHUNK_NODES;
+        if start >= self.capacity {
             self.claimed.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        let base = (chunk * CHUNK_NODES) as u32;
-        let nodes: Box<[TimerNode]> = (0..CHUNK_NODES as u32)
-            .map(|offset| TimerNode::new(base + offset))
-            .collect();
-        let first = Box::into_raw(nodes).cast::<TimerNode>();
-        self.directory[chunk].store(first, Ordering::Release);
-        // Chain the chunk into batches; no handle names these nodes yet.
+        // SAFETY: `start..start + CHUNK_NODES` is inside the region (capacity is a whole
+        // number of chunks) and was claimed by this call alone; no handle names these
+        // nodes yet, and `node` does not hand them out until `ready` covers them.
+        let first = unsafe { self.region.add(start) };
+        for offset in 0..CHUNK_NODES {
+            // SAFETY: as above; writing initialises the slot without reading it.
+            unsafe { first.add(offset).write(TimerNode::new()) };
+        }
+        // Chain the chunk into batches.
         let mut kept = None;
-        for start in (0..CHUNK_NODES).step_by(BATCH as usize) {
-            let end = (start + BATCH as usize).min(CHUNK_NODES);
-            for offset in start..end {
-                // SAFETY: `offset` is inside the chunk just allocated, which no other thread
-                // can see yet.
-                let node = unsafe { &*first.add(offset) };
-                let next = (offset + 1 < end)
-                    // SAFETY: as above, `offset + 1` is inside the chunk.
-                    .then(|| unsafe { NonNull::new_unchecked(first.add(offset + 1)) });
+        for batch_start in (0..CHUNK_NODES).step_by(BATCH as usize) {
+            let end = (batch_start + BATCH as usize).min(CHUNK_NODES);
+            for offset in batch_start..end {
+                // SAFETY: initialised just above, and still private to this call.
+                let node = unsafe { first.add(offset).as_ref() };
+                // SAFETY: `offset + 1 < end` keeps the pointer inside the chunk.
+                let next = (offset + 1 < end).then(|| unsafe { first.add(offset + 1) });
                 node.set_next_in_chain(next);
             }
-            // SAFETY: `start` is inside the chunk.
-            let batch = unsafe { NonNull::new_unchecked(first.add(start)) };
+            // SAFETY: `batch_start` is inside the chunk.
+            let batch = unsafe { first.add(batch_start) };
             if kept.is_none() {
                 kept = Some(batch);
-            } else {
-                self.push_batch(batch);
             }
+        }
+        // Publish in chunk order, so that `ready` always covers initialised nodes only. A
+        // chunk carved at the same time by another thread finishes within a few
+        // microseconds; this wait happens once per chunk of growth, never on the hot path.
+        let mut attempt = 0;
+        while self.ready.load(Ordering::Acquire) != start as u64 {
+            attempt += 1;
+            crate::sync::spin_or_yield(attempt);
+        }
+        self.ready
+            .store((start + CHUNK_NODES) as u64, Ordering::Release);
+        for batch_start in (BATCH as usize..CHUNK_NODES).step_by(BATCH as usize) {
+            // SAFETY: inside the chunk, now published.
+            self.push_batch(unsafe { first.add(batch_start) });
         }
         kept
     }
 
-    /// Chunks allocated so far.
+    /// Where the region begins (for the loom models' node names).
+    #[cfg(loom)]
+    pub(crate) fn region_start(&self) -> *const TimerNode {
+        self.region.as_ptr()
+    }
+
+    /// Chunks carved so far.
+    #[cfg(any(test, loom))]
     pub(crate) fn chunks(&self) -> usize {
-        self.directory
-            .iter()
-            .take_while(|chunk| !chunk.load(Ordering::Acquire).is_null())
-            .count()
+        self.ready.load(Ordering::Acquire) as usize / CHUNK_NODES
     }
 
     /// Nodes that hold a timer (not free), counted by walking every node: a diagnostic for
     /// tests and shutdown reports, not for the hot path.
     pub(crate) fn nodes_in_use(&self) -> usize {
-        let mut in_use = 0;
-        for chunk in 0..self.chunks() {
-            for offset in 0..CHUNK_NODES {
-                let index = (chunk * CHUNK_NODES + offset) as u32;
-                if let Some(node) = self.node(index)
-                    && node.state.observe().phase() != crate::timer_state::Phase::Free
-                {
-                    in_use += 1;
-                }
-            }
-        }
-        in_use
+        (0..self.ready.load(Ordering::Acquire) as u32)
+            .filter_map(|index| self.node(index))
+            .filter(|node| node.state.observe().phase() != crate::timer_state::Phase::Free)
+            .count()
     }
 
-    /// Bytes of node memory allocated.
+    /// Bytes of node memory carved (and so resident); the rest of the region is address
+    /// space only.
     pub(crate) fn allocated_bytes(&self) -> usize {
-        self.chunks() * CHUNK_NODES * size_of::<TimerNode>()
-            + self.directory.len() * size_of::<AtomicPtr<TimerNode>>()
+        self.ready.load(Ordering::Acquire) as usize * size_of::<TimerNode>()
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        for chunk in self.directory.iter() {
-            let first = chunk.load(Ordering::Acquire);
-            if !first.is_null() {
-                let slice = std::ptr::slice_from_raw_parts_mut(first, CHUNK_NODES);
-                // SAFETY: `first` came from `Box::into_raw` of a CHUNK_NODES-long boxed slice
-                // in `grow`, and with `&mut self` no thread can still reach its nodes.
-                // Dropping it drops any callback a node still holds.
-                drop(unsafe { Box::from_raw(slice) });
-            }
+        let ready = self.ready.load(Ordering::Acquire) as usize;
+        for index in 0..ready {
+            // SAFETY: nodes below `ready` are initialised, and with `&mut self` no thread
+            // can reach them any more. Dropping one drops any callback it still holds.
+            unsafe { self.region.add(index).drop_in_place() };
         }
+        // SAFETY: the region came from `alloc` with this layout in `with_capacity`.
+        unsafe { std::alloc::dealloc(self.region.as_ptr().cast(), Self::layout(self.capacity)) };
     }
 }
 
@@ -328,8 +391,7 @@ mod tests {
                 assert!(magazine.refill(&pool));
                 magazine.take().expect("a refilled magazine has a node")
             });
-            // SAFETY: taken from the pool, live.
-            assert!(seen.insert(unsafe { node.as_ref() }.index));
+            assert!(seen.insert(pool.index_of(node)));
         }
         assert_eq!(pool.chunks(), 3);
         assert_eq!(pool.nodes_in_use(), 0, "free nodes are not in use");

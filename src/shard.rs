@@ -37,9 +37,9 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            pool: Pool::new(),
+            pool: Pool::with_capacity(capacity),
             inbox: Queue::new(),
             lanes: Mutex::new(Vec::new()),
             lanes_version: AtomicU64::new(0),

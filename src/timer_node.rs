@@ -21,8 +21,6 @@ pub(crate) struct TimerNode {
     /// runs of a repeating timer; the owner reads it when it files or fires the timer.
     /// While the node is free it holds the next batch on the pool's free stack.
     pub(crate) deadline: AtomicU64,
-    /// This node's index in its pool; fixed for the node's life.
-    pub(crate) index: u32,
     /// Touched only by whoever holds the node exclusively: the arming thread before it
     /// publishes the node, and afterwards the owner (or a producer that took a cancelled,
     /// never-filed node back off its lane).
@@ -87,12 +85,11 @@ impl Held {
 }
 
 impl TimerNode {
-    pub(crate) fn new(index: u32) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             link: Link::new(),
             state: TimerState::new(),
             deadline: AtomicU64::new(0),
-            index,
             held: UnsafeCell::new(Held {
                 prev: INDEX_MASK,
                 next: INDEX_MASK,
@@ -148,7 +145,9 @@ unsafe impl Linked for TimerNode {
 #[cfg(all(test, not(loom)))]
 mod tests {
     #[test]
-    fn node_size() {
-        eprintln!("TimerNode = {} bytes", size_of::<super::TimerNode>());
+    fn a_node_is_one_cache_line() {
+        if cfg!(target_pointer_width = "64") {
+            assert_eq!(size_of::<super::TimerNode>(), 64);
+        }
     }
 }

@@ -155,12 +155,12 @@ impl Worker {
             Received::File => self.file(shard, node_ref, node_ref.deadline()),
             Received::Refile => {
                 self.wheel
-                    .unlink(&mut FiledNodes(&shard.pool), node_ref.index);
+                    .unlink(&mut FiledNodes(&shard.pool), shard.pool.index_of(node));
                 self.file(shard, node_ref, node_ref.deadline());
             }
             Received::UnlinkAndFree => {
                 self.wheel
-                    .unlink(&mut FiledNodes(&shard.pool), node_ref.index);
+                    .unlink(&mut FiledNodes(&shard.pool), shard.pool.index_of(node));
                 self.free(shard, node);
             }
             Received::Free => self.free(shard, node),
@@ -170,8 +170,9 @@ impl Worker {
 
     /// Files a node that is marked `FILED` at `deadline` (due at once if already past).
     fn file(&mut self, shard: &Shard, node: &TimerNode, deadline: u64) {
+        let index = shard.pool.index_of(NonNull::from(node));
         self.wheel
-            .file(&mut FiledNodes(&shard.pool), node.index, deadline, false);
+            .file(&mut FiledNodes(&shard.pool), index, deadline, false);
     }
 
     /// Gives a node back: drops any callback, moves the generation on, batches the node.

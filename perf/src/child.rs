@@ -7,6 +7,7 @@
 use std::process::{Command, ExitCode, Stdio};
 
 use crate::peers::Subject;
+use crate::workloads::engine_live_1m::{self, EngineLiveResult};
 use crate::workloads::live_1m::{self, LiveResult};
 
 /// Set in a child's environment to the measurement it is to make.
@@ -21,12 +22,22 @@ pub enum Error {
 
 /// Measures live-1m for one subject in a child process.
 pub fn run_live_1m(subject: Subject, timers: u64) -> Result<LiveResult, Error> {
+    let stdout = run(live_1m::NAME, subject, timers)?;
+    LiveResult::decode(&stdout).map_err(Error::Failed)
+}
+
+/// Measures engine-live-1m for one subject in a child process.
+pub fn run_engine_live_1m(subject: Subject, timers: u64) -> Result<EngineLiveResult, Error> {
+    let stdout = run(engine_live_1m::NAME, subject, timers)?;
+    EngineLiveResult::decode(&stdout).map_err(Error::Failed)
+}
+
+/// Runs the measurement `workload` names for `subject` in a child process, and returns
+/// what it printed.
+fn run(workload: &str, subject: Subject, timers: u64) -> Result<String, Error> {
     let exe = std::env::current_exe().map_err(|error| Error::Spawn(error.to_string()))?;
     let output = Command::new(exe)
-        .env(
-            ENV,
-            format!("{} {} {timers}", live_1m::NAME, subject.name()),
-        )
+        .env(ENV, format!("{workload} {} {timers}", subject.name()))
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
@@ -37,13 +48,13 @@ pub fn run_live_1m(subject: Subject, timers: u64) -> Result<LiveResult, Error> {
             output.status
         )));
     }
-    LiveResult::decode(&String::from_utf8_lossy(&output.stdout)).map_err(Error::Failed)
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// The child's side: makes the measurement `spec` names and prints the result.
 pub fn main(spec: &str) -> ExitCode {
     let mut words = spec.split_whitespace();
-    let (Some(live_1m::NAME), Some(subject), Some(timers), None) =
+    let (Some(workload), Some(subject), Some(timers), None) =
         (words.next(), words.next(), words.next(), words.next())
     else {
         eprintln!("corewheel-perf: {ENV}={spec:?} names no measurement");
@@ -53,17 +64,23 @@ pub fn main(spec: &str) -> ExitCode {
         eprintln!("corewheel-perf: {ENV}={spec:?} names no measurement");
         return ExitCode::from(2);
     };
-    match live_1m::measure_here(subject, timers) {
-        Ok(result) => {
-            print!("{}", result.encode());
+    let result = match workload {
+        live_1m::NAME => live_1m::measure_here(subject, timers).map(|result| result.encode()),
+        engine_live_1m::NAME => {
+            engine_live_1m::measure_here(subject, timers).map(|result| result.encode())
+        }
+        _ => {
+            eprintln!("corewheel-perf: {ENV}={spec:?} names no measurement");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(encoded) => {
+            print!("{encoded}");
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!(
-                "corewheel-perf: {} {}: {error}",
-                live_1m::NAME,
-                subject.name()
-            );
+            eprintln!("corewheel-perf: {workload} {}: {error}", subject.name());
             ExitCode::FAILURE
         }
     }

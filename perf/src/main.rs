@@ -7,6 +7,7 @@
 mod allocator;
 mod child;
 mod cpu_time;
+mod load;
 mod peers;
 mod repeat;
 mod report;
@@ -20,34 +21,52 @@ use std::process::ExitCode;
 
 use peers::Subject;
 use report::{Csv, thousands};
-use workloads::{Sizes, Workload, arm_cancel, fire_storm, live_1m, not_yet, reset_heavy};
+use workloads::{
+    Sizes, Workload, arm_cancel, engine_arm_cancel, engine_live_1m, engine_reset, fire_storm,
+    live_1m, not_yet, reset_heavy,
+};
 
 /// More than this would not fit a 24 GiB machine in any subject, and a mistyped zero should
 /// not turn into an out-of-memory kill.
 const MAX_TIMERS: u64 = 100_000_000;
 
+/// Most application threads the engine workloads take.
+const MAX_THREADS: usize = 1024;
+
+/// Largest window of requests in flight per thread.
+const MAX_WINDOW: usize = 10_000_000;
+
 const HELP: &str = "\
 corewheel-perf: the million-timer workload harness
 
 Runs corewheel's Wheel and its peers (tokio-util DelayQueue, std BinaryHeap) through the
-same workloads in one run, prints a table per workload and writes perf/results/latest.csv.
+same single-thread workloads, and corewheel's multi-core TimerEngine against tokio's sleep
+through the engine-* workloads from 1..N threads, in one run; prints a table per workload
+and writes perf/results/latest.csv.
 
 USAGE:
     cargo run --release -p corewheel-perf -- [OPTIONS]
 
 OPTIONS:
     --workloads LIST   comma-separated, default all:
-                       arm-cancel, live-1m, reset-heavy, fire-storm, burst-steal, steady-mix
+                       arm-cancel, engine-arm-cancel, live-1m, engine-live-1m,
+                       reset-heavy, engine-reset, fire-storm, burst-steal, steady-mix
     --peers LIST       comma-separated subjects, default all:
-                       corewheel, delay-queue, binary-heap
-                       (tokio-sleep and pingora-timeout: not yet, they need the multi-core engine)
-    --timers N         timers for live-1m and fire-storm (default 1,000,000;
-                       --full: 10,000,000 for live-1m)
-    --full             full sizes: 20M arm-cancel ops, 10M live-1m timers, 20M resets
+                       corewheel, delay-queue, binary-heap (single-thread workloads),
+                       engine, tokio-sleep (engine-* workloads)
+                       (pingora-timeout: not yet)
+    --threads LIST     application threads for engine-arm-cancel and engine-reset,
+                       comma-separated (default 1 up to the CPU count: 1,2,...)
+    --windows LIST     requests in flight per thread for engine-arm-cancel, comma-separated
+                       (default 16,10000; 0 = arm then cancel at once)
+    --timers N         timers for live-1m, engine-live-1m and fire-storm (default 1,000,000;
+                       --full: 10,000,000 for live-1m and engine-live-1m)
+    --full             full sizes: 20M arm-cancel ops and engine-arm-cancel timers per run,
+                       10M live timers, 20M resets
     -h, --help         this text
 
-arm-cancel, live-1m and reset-heavy report the median of 3 runs per subject; live-1m
-runs each in a fresh child process so that RSS deltas are the subject's own.
+Every workload but fire-storm reports the median of 3 runs per subject; live-1m and
+engine-live-1m run each in a fresh child process so that RSS deltas are the subject's own.
 Build with --features system-alloc to measure on the system allocator instead of mimalloc.
 ";
 
@@ -57,6 +76,13 @@ struct Options {
     subjects: Vec<Subject>,
     timers: Option<u64>,
     full: bool,
+    threads: Vec<usize>,
+    windows: Vec<usize>,
+}
+
+/// 1, 2, ... up to the CPUs this process may use.
+fn default_threads() -> Vec<usize> {
+    (1..=peers::engine::cpus()).collect()
 }
 
 #[derive(Debug, PartialEq)]
@@ -71,6 +97,8 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Strin
         subjects: Subject::ALL.to_vec(),
         timers: None,
         full: false,
+        threads: default_threads(),
+        windows: engine_arm_cancel::DEFAULT_WINDOWS.to_vec(),
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -103,6 +131,16 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Strin
             }
             "--peers" => options.subjects = parse_list(&value("--peers")?, "peer", parse_subject)?,
             "--timers" => options.timers = Some(parse_timers(&value("--timers")?)?),
+            "--threads" => {
+                options.threads = parse_list(&value("--threads")?, "thread", |name| {
+                    parse_count(name, "--threads", 1, MAX_THREADS)
+                })?
+            }
+            "--windows" => {
+                options.windows = parse_list(&value("--windows")?, "window", |name| {
+                    parse_count(name, "--windows", 0, MAX_WINDOW)
+                })?
+            }
             _ if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
             _ => return Err(format!("unexpected argument {flag:?}")),
         }
@@ -143,11 +181,22 @@ fn parse_workload(name: &str) -> Result<Workload, String> {
     })
 }
 
+/// A whole number in `low..=high`, written with `_` or `,` separators if wanted.
+fn parse_count(text: &str, flag: &str, low: usize, high: usize) -> Result<usize, String> {
+    let digits: String = text.chars().filter(|c| !matches!(c, '_' | ',')).collect();
+    match digits.parse::<usize>() {
+        Ok(n) if (low..=high).contains(&n) => Ok(n),
+        Ok(_) => Err(format!(
+            "{flag} takes whole numbers from {low} to {}, not {text}",
+            thousands(high as u64)
+        )),
+        Err(_) => Err(format!("{flag} needs whole numbers, not {text:?}")),
+    }
+}
+
 fn parse_subject(name: &str) -> Result<Subject, String> {
     if let Some((_, what)) = peers::NOT_YET.iter().find(|(peer, _)| *peer == name) {
-        return Err(format!(
-            "peer {name:?} ({what}) is not measured yet: its multi-thread workloads come with the multi-core engine"
-        ));
+        return Err(format!("peer {name:?} ({what}) is not measured yet"));
     }
     Subject::parse(name).ok_or_else(|| {
         let known: Vec<&str> = Subject::ALL.iter().map(|subject| subject.name()).collect();
@@ -178,21 +227,36 @@ fn print_header(options: &Options) {
         println!("WARNING:   debug build: the numbers mean nothing; use cargo run --release");
     }
     println!(
-        "sizes:     {} (--full for the full sizes, --timers N for live-1m and fire-storm)",
+        "sizes:     {} (--full for the full sizes, --timers N for live-1m, engine-live-1m and fire-storm)",
         if options.full { "full" } else { "default" }
     );
+    if options.workloads.iter().any(|w| w.is_engine()) {
+        let list = |items: &[usize]| {
+            items
+                .iter()
+                .map(|n| thousands(*n as u64))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "threads:   {} (engine-arm-cancel, engine-reset; --threads)",
+            list(&options.threads)
+        );
+        println!(
+            "windows:   {} requests in flight per thread (engine-arm-cancel; --windows)",
+            list(&options.windows)
+        );
+    }
     println!("subjects:");
     for subject in &options.subjects {
-        println!("  {:<16}{}", subject.name(), subject.describe());
+        println!("  {:<19}{}", subject.name(), subject.describe());
     }
     for (peer, what) in peers::NOT_YET {
-        println!(
-            "  {peer:<16}not yet: {what}; multi-thread and async workloads come with the multi-core engine"
-        );
+        println!("  {peer:<19}not yet: {what}");
     }
     println!("workloads:");
     for workload in &options.workloads {
-        println!("  {:<16}{}", workload.name(), workload.summary());
+        println!("  {:<19}{}", workload.name(), workload.summary());
     }
     println!();
 }
@@ -216,16 +280,55 @@ fn main() -> ExitCode {
     let sizes = Sizes::new(options.full, options.timers);
     print_header(&options);
 
-    let subjects = &options.subjects;
+    let single = Subject::of_kind(&options.subjects, true);
+    let multi = Subject::of_kind(&options.subjects, false);
+    let (threads, windows) = (&options.threads, &options.windows);
     let mut csv = Csv::default();
-    for workload in &options.workloads {
+    for &workload in &options.workloads {
+        let subjects = if workload.is_engine() {
+            &multi
+        } else {
+            &single
+        };
+        if subjects.is_empty() && !matches!(workload, Workload::BurstSteal | Workload::SteadyMix) {
+            println!(
+                "{}: skipped: none of the chosen peers is one it drives\n",
+                workload.name()
+            );
+            continue;
+        }
+        let meter = load::LoadMeter::start();
         match workload {
             Workload::ArmCancel => arm_cancel::run(subjects, sizes.arm_cancel_ops, &mut csv),
+            Workload::EngineArmCancel => {
+                engine_arm_cancel::run(subjects, threads, windows, sizes.arm_cancel_ops, &mut csv)
+            }
             Workload::Live1m => live_1m::run(subjects, sizes.live_timers, &mut csv),
+            Workload::EngineLive1m => engine_live_1m::run(subjects, sizes.live_timers, &mut csv),
             Workload::ResetHeavy => reset_heavy::run(subjects, sizes.reset_ops, &mut csv),
+            Workload::EngineReset => {
+                engine_reset::run(subjects, threads, sizes.reset_ops, &mut csv)
+            }
             Workload::FireStorm => fire_storm::run(subjects, sizes.storm_timers, &mut csv),
             Workload::BurstSteal => not_yet::burst_steal(),
             Workload::SteadyMix => not_yet::steady_mix(),
+        }
+        if matches!(workload, Workload::BurstSteal | Workload::SteadyMix) {
+            continue;
+        }
+        if let Some(note) = meter.note() {
+            println!("{}: {note}\n", workload.name());
+        }
+        if let Some(share) = meter.others_share() {
+            csv.push(report::CsvRow {
+                workload: workload.name().to_string(),
+                subject: "machine".to_string(),
+                threads: 0,
+                timers: 0,
+                metric: "other_processes_cpu_share",
+                value: share * 100.0,
+                unit: "%",
+            });
         }
     }
 
@@ -266,6 +369,8 @@ mod tests {
         assert_eq!(options.subjects, Subject::ALL);
         assert_eq!(options.timers, None);
         assert!(!options.full);
+        assert_eq!(options.threads[0], 1);
+        assert_eq!(options.windows, [16, 10_000]);
     }
 
     #[test]
@@ -277,13 +382,18 @@ mod tests {
                 "--peers=corewheel",
                 "--timers",
                 "100_000",
-                "--full"
+                "--full",
+                "--threads=1,2,4",
+                "--windows",
+                "0,16"
             ]),
             Ok(Command::Run(Options {
                 workloads: vec![Workload::FireStorm, Workload::ArmCancel],
                 subjects: vec![Subject::Corewheel],
                 timers: Some(100_000),
                 full: true,
+                threads: vec![1, 2, 4],
+                windows: vec![0, 16],
             }))
         );
         assert_eq!(parse(&["--full", "-h"]), Ok(Command::Help));
@@ -300,8 +410,12 @@ mod tests {
             &["--timers", "999999999999"],
             &["--workloads", "nope"],
             &["--workloads", ","],
-            &["--peers", "tokio-sleep"],
+            &["--peers", "pingora-timeout"],
             &["--full=yes"],
+            &["--threads", "0"],
+            &["--threads", "two"],
+            &["--windows", ""],
+            &["--windows", "-1"],
         ] {
             assert!(parse(args).is_err(), "{args:?} should be rejected");
         }

@@ -112,7 +112,7 @@ pub fn mib(bytes: i64) -> String {
 
 /// One CSV row: `workload,subject,threads,timers,metric,value,unit`.
 pub struct CsvRow {
-    pub workload: &'static str,
+    pub workload: String,
     pub subject: String,
     pub threads: u32,
     pub timers: u64,
@@ -135,14 +135,14 @@ impl Csv {
     /// Several metrics of one subject in one workload.
     pub fn push_metrics(
         &mut self,
-        workload: &'static str,
+        workload: &str,
         subject: &str,
         timers: u64,
         metrics: &[(&'static str, f64, &'static str)],
     ) {
         for &(metric, value, unit) in metrics {
             self.push(CsvRow {
-                workload,
+                workload: workload.to_string(),
                 subject: subject.to_string(),
                 threads: 1,
                 timers,

@@ -1,8 +1,12 @@
 //! The subjects a workload drives: corewheel's `Wheel` and real peer crates, behind one small
-//! trait so that every subject runs exactly the same harness loop.
+//! trait so that every subject runs exactly the same harness loop; and the multi-thread
+//! subjects, corewheel's `TimerEngine` and tokio's `sleep`, which the engine workloads drive
+//! from several threads the way their users do.
 
 pub mod binary_heap;
 pub mod delay_queue;
+pub mod engine;
+pub mod tokio_sleep;
 pub mod wheel;
 
 use std::time::Instant;
@@ -12,20 +16,56 @@ use binary_heap::TombstoneHeap;
 /// One timer structure under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subject {
+    /// corewheel's single-owner `Wheel`.
     Corewheel,
     DelayQueue,
     BinaryHeap,
+    /// corewheel's multi-core `TimerEngine`.
+    Engine,
+    TokioSleep,
 }
 
 impl Subject {
-    pub const ALL: [Subject; 3] = [Subject::Corewheel, Subject::DelayQueue, Subject::BinaryHeap];
+    pub const ALL: [Subject; 5] = [
+        Subject::Corewheel,
+        Subject::DelayQueue,
+        Subject::BinaryHeap,
+        Subject::Engine,
+        Subject::TokioSleep,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Subject::Corewheel => "corewheel",
             Subject::DelayQueue => "delay-queue",
             Subject::BinaryHeap => "binary-heap",
+            Subject::Engine => "engine",
+            Subject::TokioSleep => "tokio-sleep",
         }
+    }
+
+    /// A structure one thread owns, driven through [`TimerQueue`] by the single-thread
+    /// workloads; the others are driven from several threads by the engine workloads.
+    pub fn is_single_owner(self) -> bool {
+        matches!(
+            self,
+            Subject::Corewheel | Subject::DelayQueue | Subject::BinaryHeap
+        )
+    }
+
+    /// corewheel's own subjects, whose rows get the "vs peer" ratio columns.
+    pub fn is_corewheel(self) -> bool {
+        matches!(self, Subject::Corewheel | Subject::Engine)
+    }
+
+    /// The subjects in `subjects` that `single_owner` workloads (or the engine workloads,
+    /// when `false`) drive, in the order given.
+    pub fn of_kind(subjects: &[Subject], single_owner: bool) -> Vec<Subject> {
+        subjects
+            .iter()
+            .copied()
+            .filter(|subject| subject.is_single_owner() == single_owner)
+            .collect()
     }
 
     pub fn parse(name: &str) -> Option<Self> {
@@ -44,15 +84,18 @@ impl Subject {
             Subject::BinaryHeap => {
                 "std BinaryHeap, lazy cancellation: a tombstone per cancelled timer, dropped at the top or in a rebuild once tombstones outnumber live timers"
             }
+            Subject::Engine => {
+                "corewheel::TimerEngine, one pinned worker per CPU, 1 ms tick; application threads call schedule(delay, closure) / cancel(handle) / reset(handle, delay)"
+            }
+            Subject::TokioSleep => {
+                "tokio 1 time::sleep in a rt-multi-thread runtime, one task per application thread: each Sleep pinned and polled once with its task's waker (registered in tokio's timer wheel), dropped to cancel, Sleep::reset to push back"
+            }
         }
     }
 }
 
-/// Peers whose workloads need threads or async tasks; the multi-core engine brings them.
-pub const NOT_YET: [(&str, &str); 2] = [
-    ("tokio-sleep", "tokio::time::sleep, one task per timer"),
-    ("pingora-timeout", "pingora-timeout's timeouts"),
-];
+/// Peers not measured yet.
+pub const NOT_YET: [(&str, &str); 1] = [("pingora-timeout", "pingora-timeout's timeouts")];
 
 /// What the single-owner workloads do to a timer structure.
 ///
@@ -110,7 +153,7 @@ pub trait Measure<T> {
 }
 
 /// Runs `measurement` on a fresh, empty structure of `subject`'s kind, inside a runtime for
-/// DelayQueue.
+/// DelayQueue. The multi-thread subjects have no single-owner structure to give.
 pub fn measure_fresh<T, M: Measure<T>>(
     subject: Subject,
     measurement: M,
@@ -119,5 +162,9 @@ pub fn measure_fresh<T, M: Measure<T>>(
         Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),
         Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,
         Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
+        Subject::Engine | Subject::TokioSleep => Err(format!(
+            "{} is driven from several threads, not as a single-owner structure",
+            subject.name()
+        )),
     }
 }

@@ -107,8 +107,9 @@ pub fn run(subjects: &[Subject], ops: u64, csv: &mut Csv) {
             ns_per(elapsed, ops)
         ));
     }
+    table.note(format!(
+        "from several threads: see {}, corewheel's TimerEngine against tokio's sleep",
+        crate::workloads::engine_arm_cancel::NAME
+    ));
     table.print();
-    println!(
-        "{NAME} (2..N threads): not yet: needs the multi-core engine, which is still being built\n"
-    );
 }

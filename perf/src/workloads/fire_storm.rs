@@ -125,6 +125,9 @@ fn storm(subject: Subject, timers: u64) -> Result<Storm, String> {
             timers,
             capacity,
         )),
+        Subject::Engine | Subject::TokioSleep => {
+            Err(format!("{} is not a single-owner subject", subject.name()))
+        }
     }
 }
 

@@ -2,10 +2,14 @@
 //! deadline distribution of request timeouts.
 
 pub mod arm_cancel;
+pub mod engine_arm_cancel;
+pub mod engine_live_1m;
+pub mod engine_reset;
 pub mod fire_storm;
 pub mod lateness;
 pub mod live_1m;
 pub mod not_yet;
+pub mod parallel;
 pub mod reset_heavy;
 
 use std::time::Duration;
@@ -18,18 +22,24 @@ use crate::rng::XorShift64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {
     ArmCancel,
+    EngineArmCancel,
     Live1m,
+    EngineLive1m,
     ResetHeavy,
+    EngineReset,
     FireStorm,
     BurstSteal,
     SteadyMix,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 9] = [
         Workload::ArmCancel,
+        Workload::EngineArmCancel,
         Workload::Live1m,
+        Workload::EngineLive1m,
         Workload::ResetHeavy,
+        Workload::EngineReset,
         Workload::FireStorm,
         Workload::BurstSteal,
         Workload::SteadyMix,
@@ -38,8 +48,11 @@ impl Workload {
     pub fn name(self) -> &'static str {
         match self {
             Workload::ArmCancel => "arm-cancel",
+            Workload::EngineArmCancel => engine_arm_cancel::NAME,
             Workload::Live1m => "live-1m",
+            Workload::EngineLive1m => engine_live_1m::NAME,
             Workload::ResetHeavy => "reset-heavy",
+            Workload::EngineReset => engine_reset::NAME,
             Workload::FireStorm => "fire-storm",
             Workload::BurstSteal => "burst-steal",
             Workload::SteadyMix => "steady-mix",
@@ -57,16 +70,36 @@ impl Workload {
             Workload::ArmCancel => {
                 "request timeouts: arm one, cancel the one armed 10,000 ops earlier"
             }
+            Workload::EngineArmCancel => {
+                "request timeouts from 1..N threads: TimerEngine vs tokio sleep, a window of requests in flight per thread"
+            }
             Workload::Live1m => "insert a million timers, measure RSS, cancel them in random order",
+            Workload::EngineLive1m => {
+                "a million live timers on the TimerEngine vs tokio sleep: insert, RSS, cancel"
+            }
             Workload::ResetHeavy => {
                 "idle timeouts: 100,000 connections pushing their deadlines back"
+            }
+            Workload::EngineReset => {
+                "idle timeouts from 1..N threads: TimerEngine reset vs tokio Sleep::reset, 100,000 connections"
             }
             Workload::FireStorm => {
                 "a million timers all due within one second, fired on the real clock"
             }
             Workload::BurstSteal => "not yet (needs the engine's work stealing)",
-            Workload::SteadyMix => "not yet (needs the multi-core engine)",
+            Workload::SteadyMix => "not yet (needs a mixed arm/reset/fire load on the engine)",
         }
+    }
+}
+
+impl Workload {
+    /// Whether the workload drives the multi-thread subjects (the engine, tokio sleep)
+    /// rather than the single-owner ones.
+    pub fn is_engine(self) -> bool {
+        matches!(
+            self,
+            Workload::EngineArmCancel | Workload::EngineLive1m | Workload::EngineReset
+        )
     }
 }
 
@@ -110,7 +143,7 @@ pub fn ratio_columns(subjects: &[Subject]) -> Vec<usize> {
         return Vec::new();
     }
     let peers: Vec<usize> = (0..subjects.len())
-        .filter(|&i| subjects[i] != Subject::Corewheel)
+        .filter(|&i| !subjects[i].is_corewheel())
         .collect();
     if peers.len() < subjects.len() {
         peers

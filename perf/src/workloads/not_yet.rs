@@ -5,5 +5,7 @@ pub fn burst_steal() {
 }
 
 pub fn steady_mix() {
-    println!("steady-mix: not yet: needs the multi-core engine, which is still being built\n");
+    println!(
+        "steady-mix: not yet: a mixed load of arms, resets and fires on the engine is still to be written\n"
+    );
 }

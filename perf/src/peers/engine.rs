@@ -1,0 +1,152 @@
+//! corewheel's `TimerEngine` as a subject: built the way a service builds it (one worker per
+//! CPU, pinned, 1 ms tick) and driven from application threads with `schedule`, `cancel` and
+//! `reset`.
+//!
+//! The engine does part of each timer's work on its workers: filing timers that leave a
+//! thread's lane, unlinking and freeing the ones cancelled after that. So a measurement ends
+//! only when the engine has settled: every scheduled timer cancelled or fired by the counts
+//! in `stats()`, and every pool node free again.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use corewheel::{ManualClock, Stats, TimerEngine};
+
+use crate::cpu_time;
+
+/// The prefix of the engine's worker thread names (`corewheel-0`, `corewheel-1`, ...).
+pub const WORKER_PREFIX: &str = "corewheel-";
+
+/// How long a run waits for the engine to settle before calling it a failure.
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Callbacks the engine ran, across every engine workload. The timers are request and idle
+/// timeouts, so their callbacks do what a timeout handler's first step does: note it.
+pub static CALLBACKS_RUN: AtomicU64 = AtomicU64::new(0);
+
+/// The timeout handler of request `id`: two words of captures, stored in the timer's node
+/// without an allocation.
+#[inline]
+pub fn on_timeout(id: u64) -> impl FnOnce() + Send + 'static {
+    move || {
+        black_box(id);
+        CALLBACKS_RUN.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// CPUs this process may use: the engine's default worker count.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |cpus| cpus.get())
+}
+
+/// An engine as a service makes one: one worker per CPU, pinned.
+pub fn build() -> Result<TimerEngine, String> {
+    let engine = TimerEngine::builder()
+        .workers(cpus())
+        .build()
+        .map_err(|error| format!("could not start the engine: {error}"))?;
+    Ok(engine)
+}
+
+/// Bytes of pool memory per timer node, measured: what one chunk of nodes adds to a
+/// hand-driven engine's `pool_bytes()`, over the nodes in a chunk (found by scheduling until
+/// a second chunk appears). On a thread of its own, which takes the engine's per-thread
+/// state with it when it exits.
+pub fn node_bytes() -> Option<f64> {
+    std::thread::scope(|scope| scope.spawn(node_bytes_here).join().ok().flatten())
+}
+
+fn node_bytes_here() -> Option<f64> {
+    let engine = TimerEngine::builder()
+        .workers(1)
+        .manual_clock(ManualClock::new())
+        .build()
+        .ok()?;
+    let empty = engine.pool_bytes();
+    let mut handles = vec![engine.schedule(Duration::from_secs(1), || {}).ok()?];
+    let one_chunk = engine.pool_bytes();
+    while engine.pool_bytes() == one_chunk && handles.len() < 1 << 20 {
+        handles.push(engine.schedule(Duration::from_secs(1), || {}).ok()?);
+    }
+    // The schedule that found the first chunk full took a node from the second.
+    let per_chunk = handles.len() - 1;
+    (per_chunk > 0).then(|| (one_chunk - empty) as f64 / per_chunk as f64)
+}
+
+/// What a run's wait for the engine to settle found.
+pub struct Settled {
+    /// From the call to the moment the engine was seen settled.
+    pub waited: Duration,
+    pub stats: Stats,
+}
+
+/// Waits until every timer the engine was given has been cancelled or has fired, and every
+/// node is back in its pool: the engine has nothing left to do for this run.
+pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
+    let started = Instant::now();
+    let mut pause = Duration::from_micros(20);
+    loop {
+        let stats = engine.stats();
+        if stats.total.pending == 0 && engine.nodes_in_use() == 0 {
+            return Ok(Settled {
+                waited: started.elapsed(),
+                stats: engine.stats(),
+            });
+        }
+        if started.elapsed() > SETTLE_LIMIT {
+            return Err(format!(
+                "the engine did not settle within {SETTLE_LIMIT:?}: {} timers pending, {} nodes in use, stats {:?}",
+                stats.total.pending,
+                engine.nodes_in_use(),
+                stats.total
+            ));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Checks the engine's counts at the end of a run: everything scheduled was cancelled or
+/// fired, and as many as the application threads were told.
+pub fn check_counts(
+    stats: &Stats,
+    scheduled: u64,
+    cancelled: u64,
+    not_cancelled: u64,
+) -> Result<(), String> {
+    let total = &stats.total;
+    if total.scheduled != scheduled
+        || total.cancelled != cancelled
+        || total.fired != not_cancelled
+        || total.panicked != 0
+    {
+        return Err(format!(
+            "the engine's counts disagree with the run: scheduled {} (the threads scheduled {scheduled}), cancelled {} (cancel returned true {cancelled} times), fired {} (cancel returned false {not_cancelled} times), panicked {}",
+            total.scheduled, total.cancelled, total.fired, total.panicked
+        ));
+    }
+    Ok(())
+}
+
+/// CPU time the engine's worker threads have used so far.
+pub fn workers_cpu_time() -> Option<Duration> {
+    cpu_time::named_threads_cpu_time(WORKER_PREFIX)
+}
+
+/// Waits until the workers stop using CPU (less than `quiet` in `interval`), at most
+/// `limit`: after a burst of schedules, the workers are still filing what the lanes
+/// forwarded, which no count shows. Returns the workers' CPU time then.
+pub fn wait_for_idle_workers(interval: Duration, limit: Duration) -> Option<Duration> {
+    let quiet = interval / 20;
+    let started = Instant::now();
+    let mut last = workers_cpu_time()?;
+    loop {
+        std::thread::sleep(interval);
+        let now = workers_cpu_time()?;
+        if now.saturating_sub(last) < quiet || started.elapsed() > limit {
+            return Some(now);
+        }
+        last = now;
+    }
+}

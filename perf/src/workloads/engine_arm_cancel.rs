@@ -1,0 +1,247 @@
+//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine`
+//! against tokio's `sleep`.
+//!
+//! Each thread keeps a window of K requests in flight: it arms a timer for a new request
+//! (delay uniform in 1 ms..30 s) and cancels the one armed K operations earlier, whose
+//! response has arrived; window 0 arms a timer and cancels it at once. At the end each
+//! thread cancels what it still has in flight. The engine's threads are plain threads
+//! calling `schedule` and `cancel`; tokio's are the T workers of a runtime, each running one
+//! task that registers a `Sleep` per request and drops it to cancel.
+//!
+//! A run is timed from the moment every thread has its window armed until the work is done:
+//! for the engine, until its counts show every timer cancelled or fired and every pool
+//! node is free again, so the workers' share of the work is inside the time.
+
+use std::pin::{Pin, pin};
+use std::time::Instant;
+
+use corewheel::TimerEngine;
+use tokio::time::Sleep;
+
+use crate::peers::Subject;
+use crate::peers::engine::{self, on_timeout};
+use crate::peers::tokio_sleep::{self, register};
+use crate::report::{Csv, thousands};
+use crate::rng::XorShift64;
+use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
+use crate::workloads::request_timeout;
+
+pub const NAME: &str = "engine-arm-cancel";
+
+/// The default windows: a handful of requests in flight per thread (most timers are
+/// cancelled while still on the thread's lane, which the thread hands over every 64
+/// pushes, so they never reach a worker), and as many as the single-thread arm-cancel
+/// keeps (every timer is filed in a worker's wheel before its cancel).
+pub const DEFAULT_WINDOWS: [usize; 2] = [16, 10_000];
+
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    threads: usize,
+    window: usize,
+    timers: u64,
+}
+
+fn seed(index: usize) -> u64 {
+    XorShift64::SEED ^ (index as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
+fn engine_share(
+    engine: &TimerEngine,
+    index: usize,
+    gate: &Gate,
+    config: Config,
+) -> Result<Share, String> {
+    let ops = share_of(config.timers, config.threads, index);
+    let mut rng = XorShift64::new(seed(index));
+    let mut share = Share::new(std::thread::current().id());
+    let mut window = Vec::with_capacity(config.window);
+    let mut failure = None;
+    for i in 0..config.window as u64 {
+        match engine.schedule(request_timeout(&mut rng), on_timeout(i)) {
+            Ok(handle) => window.push(handle),
+            Err(error) => {
+                failure = Some(format!("schedule failed: {error}"));
+                break;
+            }
+        }
+    }
+    gate.wait();
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    share.scheduled = window.len() as u64;
+    let mut oldest = 0;
+    for op in 0..ops {
+        let fresh = engine
+            .schedule(request_timeout(&mut rng), on_timeout(op))
+            .map_err(|error| format!("schedule failed: {error}"))?;
+        let old = if window.is_empty() {
+            fresh
+        } else {
+            let old = std::mem::replace(&mut window[oldest], fresh);
+            oldest += 1;
+            if oldest == window.len() {
+                oldest = 0;
+            }
+            old
+        };
+        if engine.cancel(old) {
+            share.cancelled += 1;
+        } else {
+            share.too_late += 1;
+        }
+    }
+    for handle in window {
+        if engine.cancel(handle) {
+            share.cancelled += 1;
+        } else {
+            share.too_late += 1;
+        }
+    }
+    share.scheduled += ops;
+    share.done = Instant::now();
+    Ok(share)
+}
+
+fn run_engine(config: Config) -> Result<Run, String> {
+    let (run, settled, shares) =
+        parallel::on_engine(config.threads, true, |engine, index, gate| {
+            engine_share(engine, index, gate, config)
+        })?;
+    let scheduled = shares.iter().map(|share| share.scheduled).sum();
+    let cancelled = shares.iter().map(|share| share.cancelled).sum();
+    if let Some(settled) = settled {
+        engine::check_counts(&settled.stats, scheduled, cancelled, run.too_late)?;
+    }
+    Ok(run)
+}
+
+async fn tokio_share(
+    index: usize,
+    line: std::sync::Arc<tokio_sleep::StartLine>,
+    config: Config,
+) -> Result<Share, String> {
+    let ops = share_of(config.timers, config.threads, index);
+    // One pinned slot per request in flight, reused: each new Sleep is written over the
+    // oldest, which drops (cancels) it, so no allocation happens per timer.
+    let mut window: Vec<Pin<Box<Option<Sleep>>>> =
+        (0..config.window).map(|_| Box::pin(None)).collect();
+    tokio_sleep::with_context(|cx| {
+        let mut rng = XorShift64::new(seed(index));
+        let mut share = Share::new(std::thread::current().id());
+        for slot in &mut window {
+            slot.as_mut()
+                .set(Some(tokio::time::sleep(request_timeout(&mut rng))));
+            if let Some(sleep) = slot.as_mut().as_pin_mut() {
+                share.due_at_once += u64::from(register(sleep, cx));
+            }
+        }
+        share.scheduled = window.len() as u64;
+        if !line.arrive_and_wait() {
+            return Err("the run was called off".to_string());
+        }
+        if window.is_empty() {
+            for _ in 0..ops {
+                let sleep = pin!(tokio::time::sleep(request_timeout(&mut rng)));
+                share.due_at_once += u64::from(register(sleep, cx));
+            }
+        } else {
+            let mut oldest = 0;
+            for _ in 0..ops {
+                let slot = &mut window[oldest];
+                slot.as_mut()
+                    .set(Some(tokio::time::sleep(request_timeout(&mut rng))));
+                if let Some(sleep) = slot.as_mut().as_pin_mut() {
+                    share.due_at_once += u64::from(register(sleep, cx));
+                }
+                oldest += 1;
+                if oldest == window.len() {
+                    oldest = 0;
+                }
+            }
+            for slot in &mut window {
+                slot.as_mut().set(None);
+            }
+        }
+        share.scheduled += ops;
+        share.cancelled = share.scheduled;
+        share.done = Instant::now();
+        Ok(share)
+    })
+    .await
+}
+
+fn run_tokio(config: Config) -> Result<Run, String> {
+    let (run, _) = parallel::on_tokio(config.threads, |index, line| {
+        tokio_share(index, line, config)
+    })?;
+    Ok(run)
+}
+
+fn measure(subject: Subject, config: Config) -> Result<Run, String> {
+    match subject {
+        Subject::Engine => run_engine(config),
+        Subject::TokioSleep => run_tokio(config),
+        _ => Err(format!("{} is not an engine subject", subject.name())),
+    }
+}
+
+pub fn run(subjects: &[Subject], threads: &[usize], windows: &[usize], timers: u64, csv: &mut Csv) {
+    for &window in windows {
+        let measured: Vec<Measured> = threads
+            .iter()
+            .map(|&t| {
+                let config = Config {
+                    threads: t,
+                    window,
+                    timers,
+                };
+                Measured::take(subjects, t, timers, |subject, run| {
+                    eprintln!(
+                        "running {NAME}/{} ({t} threads, window {window}, run {}) ...",
+                        subject.name(),
+                        run + 1
+                    );
+                    measure(subject, config)
+                })
+            })
+            .collect();
+        let mut table = ThreadsTable {
+            workload: format!("{NAME}-w{window}"),
+            title: format!(
+                "{NAME} (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
+                thousands(window as u64),
+                thousands(timers)
+            ),
+            unit: "timer",
+            units: timers,
+            live_nodes: engine::node_bytes().map(|bytes| {
+                let threads = threads.iter().copied().max().unwrap_or(1) as u64;
+                (threads * window.max(1) as u64, bytes)
+            }),
+        }
+        .build(subjects, &measured, csv);
+        table.note(if window == 0 {
+            "timer = arm one (delay uniform in 1 ms..30 s) and cancel it at once".to_string()
+        } else {
+            format!(
+                "timer = arm one (delay uniform in 1 ms..30 s) and cancel the one this thread armed {} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)",
+                thousands(window as u64)
+            )
+        });
+        table.note("ns/timer = wall time / timers, all threads together: from the moment every thread has its window armed to the end; for the engine the end is when stats() shows every timer cancelled or fired and every pool node is free, so its workers' share is inside");
+        table.note(format!(
+            "engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped",
+            engine::cpus()
+        ));
+        for note in measured.iter().flat_map(|m| {
+            m.notes(
+                subjects,
+                "fired before their cancel (the cancel then returns false)",
+            )
+        }) {
+            table.note(note);
+        }
+        table.print();
+    }
+}

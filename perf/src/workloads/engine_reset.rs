@@ -1,0 +1,172 @@
+//! engine-reset: idle timeouts from T application threads, corewheel's `TimerEngine` against
+//! tokio's `Sleep::reset`.
+//!
+//! 100,000 connections, split evenly over the threads; every connection has an idle timer
+//! of 30 s. Each read or write on a connection pushes its timer back to now + 30 s on the
+//! real clock: each thread picks one of its own connections at random and resets its timer,
+//! `engine.reset(handle, 30 s)` or `sleep.as_mut().reset(Instant::now() + 30 s)`. Nothing
+//! comes due during a run, so both take their "later deadline" path: a few atomic
+//! operations on the timer's own entry, the move deferred until the old deadline comes round.
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use corewheel::{TimerEngine, TimerHandle};
+use tokio::time::Sleep;
+
+use crate::peers::Subject;
+use crate::peers::engine::{self, on_timeout};
+use crate::peers::tokio_sleep::{self, register};
+use crate::report::{Csv, thousands};
+use crate::rng::XorShift64;
+use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
+
+pub const NAME: &str = "engine-reset";
+pub const CONNECTIONS: u64 = 100_000;
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    threads: usize,
+    resets: u64,
+}
+
+fn seed(index: usize) -> u64 {
+    XorShift64::SEED ^ (index as u64 + 7).wrapping_mul(0xA076_1D64_78BD_642F)
+}
+
+fn engine_share(
+    engine: &TimerEngine,
+    index: usize,
+    gate: &Gate,
+    config: Config,
+) -> Result<Share, String> {
+    let connections = share_of(CONNECTIONS, config.threads, index);
+    let resets = share_of(config.resets, config.threads, index);
+    let mut rng = XorShift64::new(seed(index));
+    let mut share = Share::new(std::thread::current().id());
+    let timers: Result<Vec<TimerHandle>, String> = (0..connections)
+        .map(|connection| {
+            engine
+                .schedule(IDLE_TIMEOUT, on_timeout(connection))
+                .map_err(|error| format!("schedule failed: {error}"))
+        })
+        .collect();
+    gate.wait();
+    let timers = timers?;
+    share.scheduled = connections;
+    for _ in 0..resets {
+        let connection = rng.below(connections) as usize;
+        if !engine.reset(timers[connection], IDLE_TIMEOUT) {
+            share.too_late += 1;
+        }
+    }
+    share.done = Instant::now();
+    // Every connection's timer must still be pending, or a reset lost it.
+    let lost = timers
+        .iter()
+        .filter(|&&handle| !engine.is_pending(handle))
+        .count();
+    if lost > 0 {
+        return Err(format!("{lost} connections lost their idle timer"));
+    }
+    Ok(share)
+}
+
+fn run_engine(config: Config) -> Result<Run, String> {
+    // Nothing is due for 30 s and every reset is to a later deadline, so the workers have
+    // nothing to do for this run: the engine is dropped with its timers pending, untimed.
+    let (run, _, _) = parallel::on_engine(config.threads, false, |engine, index, gate| {
+        engine_share(engine, index, gate, config)
+    })?;
+    Ok(run)
+}
+
+async fn tokio_share(
+    index: usize,
+    line: std::sync::Arc<tokio_sleep::StartLine>,
+    config: Config,
+) -> Result<Share, String> {
+    let connections = share_of(CONNECTIONS, config.threads, index);
+    let resets = share_of(config.resets, config.threads, index);
+    let mut timers: Vec<Pin<Box<Sleep>>> = (0..connections)
+        .map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)))
+        .collect();
+    tokio_sleep::with_context(|cx| {
+        let mut rng = XorShift64::new(seed(index));
+        let mut share = Share::new(std::thread::current().id());
+        for timer in &mut timers {
+            share.due_at_once += u64::from(register(timer.as_mut(), cx));
+        }
+        share.scheduled = connections;
+        if !line.arrive_and_wait() {
+            return Err("the run was called off".to_string());
+        }
+        for _ in 0..resets {
+            let connection = rng.below(connections) as usize;
+            timers[connection]
+                .as_mut()
+                .reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
+        }
+        share.done = Instant::now();
+        let lost = timers.iter().filter(|timer| timer.is_elapsed()).count();
+        if lost > 0 {
+            return Err(format!("{lost} connections' idle timers fired"));
+        }
+        Ok(share)
+    })
+    .await
+}
+
+fn run_tokio(config: Config) -> Result<Run, String> {
+    let (run, _) = parallel::on_tokio(config.threads, |index, line| {
+        tokio_share(index, line, config)
+    })?;
+    Ok(run)
+}
+
+fn measure(subject: Subject, config: Config) -> Result<Run, String> {
+    match subject {
+        Subject::Engine => run_engine(config),
+        Subject::TokioSleep => run_tokio(config),
+        _ => Err(format!("{} is not an engine subject", subject.name())),
+    }
+}
+
+pub fn run(subjects: &[Subject], threads: &[usize], resets: u64, csv: &mut Csv) {
+    let measured: Vec<Measured> = threads
+        .iter()
+        .map(|&t| {
+            let config = Config { threads: t, resets };
+            Measured::take(subjects, t, resets, |subject, run| {
+                eprintln!(
+                    "running {NAME}/{} ({t} threads, run {}) ...",
+                    subject.name(),
+                    run + 1
+                );
+                measure(subject, config)
+            })
+        })
+        .collect();
+    let mut table = ThreadsTable {
+        workload: NAME.to_string(),
+        title: format!(
+            "{NAME} ({} connections over the threads, {} resets per run, idle timeout 30 s)",
+            thousands(CONNECTIONS),
+            thousands(resets)
+        ),
+        unit: "reset",
+        units: resets,
+        live_nodes: engine::node_bytes().map(|bytes| (CONNECTIONS, bytes)),
+    }
+    .build(subjects, &measured, csv);
+    table.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s); each new deadline is later, so neither moves the timer in its wheel yet");
+    table.note("ns/reset = wall time / resets, all threads together, from the moment every thread has its connections' timers armed (untimed); nothing is due during a run, so the engine's workers have nothing to settle");
+    for note in measured
+        .iter()
+        .flat_map(|m| m.notes(subjects, "found already fired by a reset"))
+    {
+        table.note(note);
+    }
+    table.print();
+}

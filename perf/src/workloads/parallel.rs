@@ -1,0 +1,460 @@
+//! Runs of the engine workloads: the same application work on T threads, for the engine on
+//! T plain threads calling it, for tokio on T tasks of a T-worker runtime; timed from the
+//! moment all of them are ready to the moment the work is done, the engine's deferred work
+//! included.
+
+use std::future::Future;
+use std::sync::{Arc, Barrier};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use corewheel::TimerEngine;
+
+use crate::cpu_time::{cpu_between, process_cpu_time};
+use crate::peers::Subject;
+use crate::peers::engine::{self, Settled};
+use crate::peers::tokio_sleep::{self, StartLine};
+use crate::repeat::{self, in_turns, median};
+use crate::report::{Csv, CsvRow, RATIO_LEGEND, Table, thousands};
+
+/// What one application thread or task did.
+#[derive(Debug, Clone, Copy)]
+pub struct Share {
+    /// When its timed work ended.
+    pub done: Instant,
+    pub thread: ThreadId,
+    /// Timers armed, prefill included.
+    pub scheduled: u64,
+    /// Cancels that stopped a timer (engine: `cancel` returned `true`).
+    pub cancelled: u64,
+    /// Cancels or resets that found the timer already fired.
+    pub too_late: u64,
+    /// Timers that were already due when registered (tokio: the first poll was ready).
+    pub due_at_once: u64,
+}
+
+impl Share {
+    pub fn new(thread: ThreadId) -> Self {
+        Self {
+            done: Instant::now(),
+            thread,
+            scheduled: 0,
+            cancelled: 0,
+            too_late: 0,
+            due_at_once: 0,
+        }
+    }
+}
+
+/// One timed run.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    /// Start to end, the engine's settling included.
+    pub wall: Duration,
+    /// Start to the last application thread's end.
+    pub app: Duration,
+    /// Process CPU time over the run, every thread's.
+    pub cpu: Option<Duration>,
+    /// The engine's workers' CPU time over the run.
+    pub worker_cpu: Option<Duration>,
+    /// From the last application thread's end until the engine was seen settled.
+    pub settle: Option<Duration>,
+    pub too_late: u64,
+    pub due_at_once: u64,
+    /// The engine's node pools at the end of the run (they never shrink while it lives).
+    pub pool_bytes: Option<u64>,
+}
+
+/// The medians of several runs' figures, each in ns per unit of work.
+#[derive(Debug, Clone, Copy)]
+pub struct PerUnit {
+    pub wall: f64,
+    pub app: f64,
+    pub cpu: Option<f64>,
+    pub worker_cpu: Option<f64>,
+    /// Median settle wait, in microseconds (not per unit).
+    pub settle_us: Option<f64>,
+    pub wall_min: f64,
+    pub wall_max: f64,
+    /// The largest pool any run ended with, in bytes.
+    pub pool_max: Option<u64>,
+}
+
+impl PerUnit {
+    pub fn of(runs: &[Run], units: u64) -> Self {
+        let per = |d: Duration| d.as_nanos() as f64 / units.max(1) as f64;
+        let optional = |field: fn(&Run) -> Option<Duration>| -> Option<f64> {
+            let values: Option<Vec<f64>> = runs.iter().map(|run| field(run).map(per)).collect();
+            values.filter(|v| !v.is_empty()).map(median)
+        };
+        let walls: Vec<f64> = runs.iter().map(|run| per(run.wall)).collect();
+        let settles: Option<Vec<f64>> = runs
+            .iter()
+            .map(|run| run.settle.map(|d| d.as_secs_f64() * 1e6))
+            .collect();
+        Self {
+            wall: median(walls.iter().copied()),
+            app: median(runs.iter().map(|run| per(run.app))),
+            cpu: optional(|run| run.cpu),
+            worker_cpu: optional(|run| run.worker_cpu),
+            settle_us: settles.filter(|v| !v.is_empty()).map(median),
+            wall_min: walls.iter().copied().fold(f64::INFINITY, f64::min),
+            wall_max: walls.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            pool_max: runs.iter().filter_map(|run| run.pool_bytes).max(),
+        }
+    }
+}
+
+/// The point between an application thread's untimed set-up and its timed work.
+pub struct Gate<'a> {
+    barrier: &'a Barrier,
+}
+
+impl Gate<'_> {
+    /// Waits until every thread is set up and the main thread has taken its readings.
+    pub fn wait(&self) {
+        self.barrier.wait();
+        self.barrier.wait();
+    }
+}
+
+/// Runs `body` on `threads` fresh threads against a fresh engine, then, if `settle`, waits
+/// for the engine to settle (every timer cancelled or fired, every node free) and counts
+/// that wait in the run. `body(engine, thread index, gate)` sets up, calls `gate.wait()`,
+/// does the timed work and reports its share; it must reach the gate even when its set-up
+/// fails. Without `settle`, the engine is dropped with whatever timers are left, untimed.
+pub fn on_engine(
+    threads: usize,
+    settle: bool,
+    body: impl Fn(&TimerEngine, usize, &Gate) -> Result<Share, String> + Sync,
+) -> Result<(Run, Option<Settled>, Vec<Share>), String> {
+    let engine = engine::build()?;
+    let barrier = Barrier::new(threads + 1);
+    let (start, shares, cpu_before, workers_before) = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|index| {
+                let engine = &engine;
+                let body = &body;
+                let gate = Gate { barrier: &barrier };
+                scope.spawn(move || body(engine, index, &gate))
+            })
+            .collect();
+        barrier.wait();
+        let cpu_before = process_cpu_time();
+        let workers_before = engine::workers_cpu_time();
+        barrier.wait();
+        let start = Instant::now();
+        let shares: Vec<Result<Share, String>> = handles
+            .into_iter()
+            .map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|_| Err("an application thread panicked".to_string()))
+            })
+            .collect();
+        (start, shares, cpu_before, workers_before)
+    });
+    let shares: Vec<Share> = shares.into_iter().collect::<Result<_, _>>()?;
+    let app_end = shares.iter().map(|share| share.done).max().unwrap_or(start);
+    let joined = Instant::now();
+    let (settled, end) = if settle {
+        let settled = engine::settle(&engine)?;
+        let end = joined + settled.waited;
+        (Some(settled), end)
+    } else {
+        (None, app_end)
+    };
+    let run = Run {
+        wall: end - start,
+        app: app_end - start,
+        cpu: cpu_between(cpu_before, process_cpu_time()),
+        worker_cpu: cpu_between(workers_before, engine::workers_cpu_time()),
+        settle: settled
+            .is_some()
+            .then(|| end.saturating_duration_since(app_end)),
+        too_late: shares.iter().map(|share| share.too_late).sum(),
+        due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
+        pool_bytes: Some(engine.pool_bytes() as u64),
+    };
+    drop(engine);
+    Ok((run, settled, shares))
+}
+
+/// Runs `body` as `tasks` tasks of a fresh runtime with as many worker threads, each task
+/// spawned as a plain task (see `peers::tokio_sleep` on the cooperative budget). `body(task index,
+/// start line)` sets up, calls `line.arrive_and_wait()`, does the timed work and reports.
+pub fn on_tokio<F, Fut>(tasks: usize, body: F) -> Result<(Run, Vec<Share>), String>
+where
+    F: Fn(usize, Arc<StartLine>) -> Fut,
+    Fut: Future<Output = Result<Share, String>> + Send + 'static,
+{
+    let runtime = tokio_sleep::runtime(tasks)?;
+    let line = Arc::new(StartLine::default());
+    let handles: Vec<_> = (0..tasks)
+        .map(|index| runtime.spawn(body(index, Arc::clone(&line))))
+        .collect();
+    line.gather(tasks)?;
+    let cpu_before = process_cpu_time();
+    let start = line.go();
+    let shares: Vec<Result<Share, String>> = runtime.block_on(async {
+        let mut shares = Vec::with_capacity(handles.len());
+        for handle in handles {
+            shares.push(
+                handle
+                    .await
+                    .unwrap_or_else(|error| Err(format!("a task failed: {error}"))),
+            );
+        }
+        shares
+    });
+    let cpu = cpu_between(cpu_before, process_cpu_time());
+    let shares: Vec<Share> = shares.into_iter().collect::<Result<_, _>>()?;
+    tokio_sleep::check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
+    let end = shares.iter().map(|share| share.done).max().unwrap_or(start);
+    let run = Run {
+        wall: end - start,
+        app: end - start,
+        cpu,
+        worker_cpu: None,
+        settle: None,
+        too_late: shares.iter().map(|share| share.too_late).sum(),
+        due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
+        pool_bytes: None,
+    };
+    drop(runtime);
+    Ok((run, shares))
+}
+
+/// Splits `total` units of work over `parts` as evenly as can be.
+pub fn share_of(total: u64, parts: usize, index: usize) -> u64 {
+    let parts = parts.max(1) as u64;
+    total / parts + u64::from((index as u64) < total % parts)
+}
+
+/// What one thread count measured, per subject, over several runs.
+pub struct Measured {
+    pub threads: usize,
+    pub results: Vec<Result<PerUnit, String>>,
+    /// Per subject, over all runs: timers that fired (or were due) before the workload
+    /// meant to cancel or move them.
+    pub too_late: Vec<u64>,
+}
+
+impl Measured {
+    /// Measures every subject `repeat::RUNS` times in turns at `threads` threads.
+    pub fn take(
+        subjects: &[Subject],
+        threads: usize,
+        units: u64,
+        measure: impl FnMut(Subject, usize) -> Result<Run, String>,
+    ) -> Self {
+        let runs = in_turns(subjects, measure);
+        let too_late = runs
+            .iter()
+            .map(|runs| {
+                runs.as_ref().map_or(0, |runs| {
+                    runs.iter().map(|run| run.too_late + run.due_at_once).sum()
+                })
+            })
+            .collect();
+        Self {
+            threads,
+            results: runs
+                .into_iter()
+                .map(|runs| runs.map(|runs| PerUnit::of(&runs, units)))
+                .collect(),
+            too_late,
+        }
+    }
+
+    /// Notes on timers that fired before the workload got to them, and errors.
+    pub fn notes(&self, subjects: &[Subject], what: &str) -> Vec<String> {
+        let mut notes = Vec::new();
+        for (row, subject) in subjects.iter().enumerate() {
+            let name = format!("{}, {} threads", subject.name(), self.threads);
+            if let Err(error) = &self.results[row] {
+                notes.push(format!("ERROR: {name}: {error}"));
+            } else if self.too_late[row] > 0 {
+                notes.push(format!(
+                    "{name}: {} timers {what}, over {} runs",
+                    thousands(self.too_late[row]),
+                    repeat::RUNS
+                ));
+            }
+        }
+        notes
+    }
+}
+
+/// The CSV metric names for a unit of work: ns, rate, application ns, CPU ns, worker CPU ns.
+fn metric_names(unit: &str) -> [&'static str; 5] {
+    match unit {
+        "reset" => [
+            "ns_per_reset",
+            "mresets_per_s",
+            "app_ns_per_reset",
+            "cpu_ns_per_reset",
+            "worker_cpu_ns_per_reset",
+        ],
+        _ => [
+            "ns_per_timer",
+            "mtimers_per_s",
+            "app_ns_per_timer",
+            "cpu_ns_per_timer",
+            "worker_cpu_ns_per_timer",
+        ],
+    }
+}
+
+/// The table of an engine workload: a row per thread count and subject, with ratios against
+/// tokio and against the subject's own 1-thread figure.
+pub struct ThreadsTable {
+    /// The CSV's workload column.
+    pub workload: String,
+    pub title: String,
+    /// What one unit of work is, as the headers name it: `timer`, `reset`.
+    pub unit: &'static str,
+    /// Units of work per run.
+    pub units: u64,
+    /// The most timers live at once at the most threads, and the measured bytes of one
+    /// engine node, where known: what the engine's pools need at least.
+    pub live_nodes: Option<(u64, f64)>,
+}
+
+impl ThreadsTable {
+    pub fn build(self, subjects: &[Subject], measured: &[Measured], csv: &mut Csv) -> Table {
+        let unit = self.unit;
+        let tokio = subjects.iter().position(|&s| s == Subject::TokioSleep);
+        let settles = measured.iter().any(|m| {
+            m.results
+                .iter()
+                .any(|r| r.as_ref().is_ok_and(|per| per.settle_us.is_some()))
+        });
+        let mut header = vec![
+            "subject, threads".to_string(),
+            format!("ns/{unit}"),
+            format!("M{unit}s/s"),
+            format!("CPU ns/{unit}"),
+            format!("worker CPU ns/{unit}"),
+        ];
+        if settles {
+            header.push(format!("app ns/{unit}"));
+            header.push("settle us".to_string());
+        }
+        header.push("pool MiB".to_string());
+        header.push("vs tokio-sleep".to_string());
+        header.push("vs own 1 thread".to_string());
+        let header: Vec<&str> = header.iter().map(String::as_str).collect();
+        let mut table = Table::new(self.title, &header);
+        let show = |value: Option<f64>, digits: usize| {
+            value.map_or_else(|| "n/a".to_string(), |v| format!("{v:.digits$}"))
+        };
+        let mut spreads = Vec::new();
+        let one_thread = measured.iter().find(|m| m.threads == 1);
+        for m in measured {
+            for (row, subject) in subjects.iter().enumerate() {
+                let name = format!("{}, {}", subject.name(), m.threads);
+                let Ok(per) = &m.results[row] else {
+                    table.row(vec![name, "error".to_string()]);
+                    continue;
+                };
+                let peer = match tokio.map(|t| &m.results[t]) {
+                    Some(Ok(peer)) if *subject != Subject::TokioSleep => Some(peer.wall / per.wall),
+                    _ => None,
+                };
+                let vs_tokio = match peer {
+                    _ if *subject == Subject::TokioSleep => "-".to_string(),
+                    Some(ratio) => format!("{ratio:.2}x"),
+                    None => "n/a".to_string(),
+                };
+                let scaling = match one_thread.map(|one| &one.results[row]) {
+                    _ if m.threads == 1 => "-".to_string(),
+                    Some(Ok(one)) => format!("{:.2}x", one.wall / per.wall),
+                    _ => "n/a".to_string(),
+                };
+                let mut cells = vec![
+                    name.clone(),
+                    format!("{:.1}", per.wall),
+                    format!("{:.2}", 1e3 / per.wall),
+                    show(per.cpu, 1),
+                    show(per.worker_cpu, 1),
+                ];
+                if settles {
+                    cells.push(format!("{:.1}", per.app));
+                    cells.push(show(per.settle_us, 0));
+                }
+                cells.push(show(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)), 1));
+                cells.push(vs_tokio);
+                cells.push(scaling);
+                table.row(cells);
+                spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
+
+                let [ns, rate, app, cpu, worker] = metric_names(unit);
+                let mut metrics = vec![
+                    (ns, per.wall, "ns"),
+                    (rate, 1e3 / per.wall, "M/s"),
+                    (app, per.app, "ns"),
+                ];
+                metrics.extend(per.cpu.map(|value| (cpu, value, "ns")));
+                metrics.extend(per.worker_cpu.map(|value| (worker, value, "ns")));
+                metrics.extend(per.settle_us.map(|us| ("settle_wait", us, "us")));
+                metrics.extend(
+                    per.pool_max
+                        .map(|b| ("engine_pool_bytes_max", b as f64, "B")),
+                );
+                metrics.extend(peer.map(|ratio| ("vs_tokio_sleep", ratio, "x")));
+                for (metric, value, unit) in metrics {
+                    csv.push(CsvRow {
+                        workload: self.workload.clone(),
+                        subject: subject.name().to_string(),
+                        threads: m.threads as u32,
+                        timers: self.units,
+                        metric,
+                        value,
+                        unit,
+                    });
+                }
+            }
+        }
+        table.note(format!(
+            "CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone"
+        ));
+        if settles {
+            table.note(format!(
+                "app ns/{unit}: start to the last application thread's end; settle us: the wait after that until the engine was seen settled (median)"
+            ));
+        }
+        table.note(format!(
+            "pool MiB: the engine's pool_bytes() at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped; it grows whenever threads schedule faster than the workers hand nodes back{}",
+            self.live_nodes.map_or_else(String::new, |(nodes, bytes)| format!(
+                " (this workload's live timers need {} nodes at {bytes:.0} B, {:.1} MiB)",
+                thousands(nodes),
+                nodes as f64 * bytes / (1024.0 * 1024.0)
+            ))
+        ));
+        table.note(format!(
+            "median of {} runs per subject, taken in turns; ns/{unit} range: {}",
+            repeat::RUNS,
+            spreads.join(", ")
+        ));
+        table.note(format!(
+            "{RATIO_LEGEND}; vs own 1 thread = the subject's 1-thread ns/{unit} / this row's: above 1 means more threads got more done"
+        ));
+        table
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_of;
+
+    #[test]
+    fn shares_add_up() {
+        for total in [0, 1, 7, 2_000_000] {
+            for parts in 1..5 {
+                let sum: u64 = (0..parts).map(|i| share_of(total, parts, i)).sum();
+                assert_eq!(sum, total);
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The engine's memory, counted at the allocator: arming and cancelling allocate nothing,
+//! the pool's node memory follows the peak number of timers, and a dropped engine gives
+//! everything back even when a long-lived thread used it.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use corewheel::{ManualClock, TimerEngine};
+
+struct Counting;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged, only counting.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded from the caller.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded from the caller.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// One test at a time, so that the counts are this test's own.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn manual_engine() -> (TimerEngine, ManualClock) {
+    let clock = ManualClock::new();
+    let engine = TimerEngine::builder()
+        .workers(1)
+        .capacity(1 << 20)
+        .manual_clock(clock.clone())
+        .build()
+        .expect("a manual engine");
+    (engine, clock)
+}
+
+#[test]
+fn arming_cancelling_and_resetting_allocate_nothing() {
+    let _serial = SERIAL.lock().unwrap();
+    let (engine, clock) = manual_engine();
+    // Warm up: the thread's context, lane and first chunks of the pool.
+    let warm: Vec<_> = (0..10_000)
+        .map(|k| {
+            engine
+                .schedule(Duration::from_millis(1 + k % 500), || {})
+                .unwrap()
+        })
+        .collect();
+    for handle in warm {
+        engine.cancel(handle);
+    }
+    clock.advance(Duration::from_millis(5));
+    engine.turn();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let mut live = Vec::with_capacity(10_000);
+    for k in 0..10_000_u64 {
+        let handle = engine
+            .schedule(Duration::from_millis(1 + k % 500), || {})
+            .unwrap();
+        assert!(engine.reset(handle, Duration::from_millis(600)));
+        if k % 2 == 0 {
+            assert!(engine.cancel(handle));
+        } else {
+            live.push(handle);
+        }
+    }
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert_eq!(allocations, 1, "only the test's own Vec");
+    drop(live);
+}
+
+#[test]
+fn a_dropped_engine_gives_its_memory_back_to_a_long_lived_thread() {
+    let _serial = SERIAL.lock().unwrap();
+    let baseline = LIVE_BYTES.load(Ordering::Relaxed);
+    for _ in 0..5 {
+        let (engine, clock) = manual_engine();
+        for k in 0..100_000_u64 {
+            let handle = engine
+                .schedule(Duration::from_millis(1 + k % 100), || {})
+                .unwrap();
+            if k % 3 == 0 {
+                engine.cancel(handle);
+            }
+        }
+        clock.advance(Duration::from_millis(200));
+        engine.turn();
+        drop(engine);
+        // This thread's context for the dead engine holds a few bytes until the next
+        // lookup prunes it.
+        let kept = LIVE_BYTES.load(Ordering::Relaxed) - baseline;
+        assert!(
+            kept < 16 * 1024,
+            "{kept} bytes kept after the engine was dropped"
+        );
+    }
+}
