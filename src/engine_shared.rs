@@ -7,8 +7,7 @@ use crate::callback::Callback;
 use crate::clock::Clock;
 use crate::context::{self, Context};
 use crate::error::ScheduleError;
-use crate::lane::Lane;
-use crate::mpsc::link_after;
+use crate::lane::{ChainBuilder, Lane, OLD_HORIZON};
 use crate::periodic::Period;
 use crate::pool::{BATCH, Magazine};
 use crate::shard::Shard;
@@ -17,7 +16,7 @@ use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use crate::ticks::Ticks;
 use crate::timer_handle::TimerHandle;
 use crate::timer_node::TimerNode;
-use crate::timer_state::{Cancelled, Phase};
+use crate::timer_state::{Cancelled, Observed, Phase};
 use crate::worker::PendingTimers;
 
 /// Free nodes a thread keeps per shard before handing a batch back.
@@ -191,43 +190,63 @@ impl EngineShared {
         }
     }
 
-    /// Takes this thread's lane back: frees the timers it has cancelled before they ever
-    /// left the thread, and forwards the rest to the shard's inbox in one push.
+    /// Takes this thread's young stack back: frees the timers it has cancelled before
+    /// they ever left the thread, parks pending timers not due soon on the old stack, and
+    /// forwards the rest (messages, timers due soon) to the shard's inbox in one push. Once
+    /// the old stack has waited its horizon it is taken back too: its cancelled timers are
+    /// freed here and the rest forwarded.
     fn reclaim(&self, lane: &Lane, shard: &Shard) {
+        let now = self.now_tick();
+        let park_after = now.saturating_add(OLD_HORIZON);
+        let mut forward = ChainBuilder::default();
+        let mut park = ChainBuilder::default();
         // SAFETY: this thread is the lane's producer.
-        let chain = unsafe { lane.claim() };
-        let mut forward: Option<(NonNull<TimerNode>, NonNull<TimerNode>)> = None;
-        let mut need = u64::MAX;
-        let mut message_need = None;
-        for node in chain {
+        let young = unsafe { lane.claim() };
+        for node in young {
             // SAFETY: nodes on a lane are live pool nodes, held by whoever takes them.
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
-            if seen.phase() == Phase::Cancelled && !seen.is_filed() {
-                // Cancelled before the owner ever saw it: nobody else can reach it now.
-                // SAFETY: held by this thread, as above.
-                unsafe { node_ref.with_held(|held| held.callback.clear()) };
-                if node_ref.state.free() {
-                    // SAFETY: this thread is the lane's producer.
-                    unsafe { lane.with_producer(|side| side.magazine.put(node)) };
-                }
+            if self.recycle(lane, node, seen) {
                 continue;
             }
-            need = need.min(if seen.phase() == Phase::Pending && !seen.is_filed() {
-                node_ref.deadline()
+            let insert = seen.phase() == Phase::Pending && !seen.is_filed();
+            if insert && node_ref.deadline() > park_after {
+                park.push(node, node_ref.deadline());
             } else {
-                *message_need.get_or_insert_with(|| self.now_tick() + LANE_HORIZON)
-            });
-            forward = Some(match forward {
-                None => (node, node),
-                Some((first, last)) => {
-                    // SAFETY: both are held by this thread and on no queue.
-                    unsafe { link_after(last, node) };
-                    (first, node)
-                }
-            });
+                forward.push(
+                    node,
+                    if insert {
+                        node_ref.deadline()
+                    } else {
+                        now + LANE_HORIZON
+                    },
+                );
+            }
         }
-        if let Some((first, last)) = forward {
+        if let Some((first, last, earliest)) = park.finish() {
+            // SAFETY: this thread is the lane's producer; the chain is its own.
+            if let Some(need) = unsafe { lane.park(first, last, earliest, now) } {
+                shard.wake_for(need);
+            }
+        }
+        // SAFETY: this thread is the lane's producer.
+        for node in unsafe { lane.claim_old_if_due(now) } {
+            // SAFETY: as above.
+            let node_ref = unsafe { node.as_ref() };
+            let seen = node_ref.state.observe();
+            if !self.recycle(lane, node, seen) {
+                let insert = seen.phase() == Phase::Pending && !seen.is_filed();
+                forward.push(
+                    node,
+                    if insert {
+                        node_ref.deadline()
+                    } else {
+                        now + LANE_HORIZON
+                    },
+                );
+            }
+        }
+        if let Some((first, last, need)) = forward.finish() {
             // SAFETY: a chain of live nodes held by this thread, linked in order.
             unsafe { shard.inbox.push_chain(first, last) };
             shard.wake_for(need);
@@ -240,6 +259,23 @@ impl EngineShared {
                 }
             })
         };
+    }
+
+    /// Frees a node this thread took off its own lane if it was cancelled before the owner
+    /// ever filed it: nobody else can reach it then. `true` if it did.
+    fn recycle(&self, lane: &Lane, node: NonNull<TimerNode>, seen: Observed) -> bool {
+        if seen.phase() != Phase::Cancelled || seen.is_filed() {
+            return false;
+        }
+        // SAFETY: held by this thread (taken off its lane), and cancelled in transit.
+        let node_ref = unsafe { node.as_ref() };
+        // SAFETY: as above.
+        unsafe { node_ref.with_held(|held| held.callback.clear()) };
+        if node_ref.state.free() {
+            // SAFETY: this thread is the lane's producer.
+            unsafe { lane.with_producer(|side| side.magazine.put(node)) };
+        }
+        true
     }
 
     /// Sends a node to `shard`'s owner as a message, on this thread's lane if it has one.
@@ -301,20 +337,11 @@ impl EngineShared {
     /// return its magazine, and let the worker forget the lane.
     pub(crate) fn close_lane(&self, shard_index: usize, lane: &Lane) {
         let shard = &self.shards[shard_index];
-        // SAFETY: the exiting thread is the lane's producer.
-        let chain = unsafe { lane.claim() };
-        let mut forward: Option<(NonNull<TimerNode>, NonNull<TimerNode>)> = None;
-        for node in chain {
-            forward = Some(match forward {
-                None => (node, node),
-                Some((first, last)) => {
-                    // SAFETY: taken off the lane by this thread; on no queue.
-                    unsafe { link_after(last, node) };
-                    (first, node)
-                }
-            });
+        let mut forward = ChainBuilder::default();
+        for node in lane.take() {
+            forward.push(node, 0);
         }
-        if let Some((first, last)) = forward {
+        if let Some((first, last, _)) = forward.finish() {
             // SAFETY: a chain of live nodes held by this thread, linked in order.
             unsafe { shard.inbox.push_chain(first, last) };
         }

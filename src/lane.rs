@@ -11,12 +11,20 @@
 //! The producer publishes `need`: the earliest tick at which the worker must have taken the
 //! lane. The worker sleeps no later than that, and a push that lowers it below the worker's
 //! planned wake-up wakes the worker.
+//!
+//! A lane has two such stacks. New timers go on the young one. When the producer claims it,
+//! timers still pending and not due soon move to the old one, where they wait up to
+//! [`OLD_HORIZON`] ticks more before being forwarded: a request timeout cancelled within a
+//! few milliseconds (a proxy's common case, even with thousands of requests in flight) is
+//! then recycled by the thread that armed it and never costs the worker anything. Each
+//! timer is walked at most twice this way. The worker takes both stacks when their needs
+//! come due.
 
 use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::mpsc::{Link, Linked};
+use crate::mpsc::{Link, Linked, link_after};
 use crate::pool::Magazine;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
@@ -25,12 +33,69 @@ use crate::timer_node::TimerNode;
 /// Pushes after which the producer takes its lane back to recycle and forward.
 pub(crate) const CLAIM_EVERY: u32 = 64;
 
+/// Ticks a timer may wait on the old stack before it is forwarded to the worker.
+pub(crate) const OLD_HORIZON: u64 = 4;
+
+/// A stack both sides empty whole, with the tick by which the worker must take it.
+struct Staging {
+    head: CachePadded<AtomicPtr<Link>>,
+    /// Written by the producer only; meaningful while `head` is non-null.
+    need: AtomicU64,
+}
+
+impl Staging {
+    fn new() -> Self {
+        Self {
+            head: CachePadded::new(AtomicPtr::new(std::ptr::null_mut())),
+            need: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Pushes the chain `first..=last` (linked through their chain links); returns whether
+    /// the stack was empty.
+    ///
+    /// # Safety
+    /// Only the producer pushes; the chain's nodes are live, held by the caller, and on no
+    /// other chain.
+    unsafe fn push(&self, first: NonNull<TimerNode>, last: NonNull<TimerNode>) -> bool {
+        // SAFETY: the caller holds the nodes.
+        let (first, last) = unsafe { (TimerNode::link(first).as_ptr(), TimerNode::link(last)) };
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `last` is still private to this thread until the swap succeeds.
+            unsafe { last.as_ref().next.store(head, Ordering::Relaxed) };
+            // SeqCst: with the `need` store and the worker's `wake_at` store it forms the
+            // handshake that keeps a sleeping worker from missing these nodes.
+            match self
+                .head
+                .compare_exchange_weak(head, first, Ordering::SeqCst, Ordering::Relaxed)
+            {
+                Ok(_) => return head.is_null(),
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    fn take(&self) -> Option<NonNull<TimerNode>> {
+        NonNull::new(self.head.swap(std::ptr::null_mut(), Ordering::SeqCst)).map(NonNull::cast)
+    }
+
+    fn need(&self) -> Option<u64> {
+        if self.head.load(Ordering::SeqCst).is_null() {
+            return None;
+        }
+        Some(self.need.load(Ordering::SeqCst))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Acquire).is_null()
+    }
+}
+
 /// One thread's lane into one shard.
 pub(crate) struct Lane {
-    head: CachePadded<AtomicPtr<Link>>,
-    /// The earliest tick by which the worker must take the lane; written by the producer
-    /// only. Meaningful while `head` is non-null.
-    need: AtomicU64,
+    young: Staging,
+    old: Staging,
     producer: UnsafeCell<ProducerSide>,
     /// Counts the producer keeps (single writer, so plain load and store, no read-modify-
     /// write): timers scheduled, cancelled and reset through this lane's thread.
@@ -46,17 +111,23 @@ pub(crate) struct ProducerSide {
     /// Free nodes of this lane's shard, ready to arm.
     pub(crate) magazine: Magazine,
     pushes: u32,
-    /// `need` as last published.
+    /// The young stack's `need` as last published.
     need: u64,
+    /// The old stack's `need` as last published, and the tick its current contents began.
+    old_need: u64,
+    old_since: u64,
 }
 
-/// A chain of nodes taken off a lane, first to last through their chain links.
-pub(crate) struct Chain(Option<NonNull<TimerNode>>);
+/// Nodes taken off a lane: one chain, then a second, each through their chain links.
+pub(crate) struct Chain(Option<NonNull<TimerNode>>, Option<NonNull<TimerNode>>);
 
 impl Iterator for Chain {
     type Item = NonNull<TimerNode>;
 
     fn next(&mut self) -> Option<NonNull<TimerNode>> {
+        if self.0.is_none() {
+            self.0 = self.1.take();
+        }
         let node = self.0?;
         // SAFETY: a taken chain's nodes are live and held by the taker alone; the link is
         // read before the caller acts on the node (and may reuse the link).
@@ -65,15 +136,47 @@ impl Iterator for Chain {
     }
 }
 
+/// Builds a chain of nodes this thread holds, remembering the earliest tick among them.
+#[derive(Default)]
+pub(crate) struct ChainBuilder {
+    ends: Option<(NonNull<TimerNode>, NonNull<TimerNode>)>,
+    earliest: u64,
+}
+
+impl ChainBuilder {
+    /// Appends a node the caller holds, on no chain, needed by tick `need`.
+    pub(crate) fn push(&mut self, node: NonNull<TimerNode>, need: u64) {
+        self.ends = Some(match self.ends {
+            None => {
+                self.earliest = need;
+                (node, node)
+            }
+            Some((first, last)) => {
+                // SAFETY: both are held by this thread and on no queue.
+                unsafe { link_after(last, node) };
+                self.earliest = self.earliest.min(need);
+                (first, node)
+            }
+        });
+    }
+
+    /// The chain's first and last nodes and earliest need, unless it is empty.
+    pub(crate) fn finish(self) -> Option<(NonNull<TimerNode>, NonNull<TimerNode>, u64)> {
+        self.ends.map(|(first, last)| (first, last, self.earliest))
+    }
+}
+
 impl Lane {
     pub(crate) fn new() -> Self {
         Self {
-            head: CachePadded::new(AtomicPtr::new(std::ptr::null_mut())),
-            need: AtomicU64::new(u64::MAX),
+            young: Staging::new(),
+            old: Staging::new(),
             producer: UnsafeCell::new(ProducerSide {
                 magazine: Magazine::EMPTY,
                 pushes: 0,
                 need: u64::MAX,
+                old_need: u64::MAX,
+                old_since: 0,
             }),
             scheduled: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
@@ -117,41 +220,27 @@ impl Lane {
         need_tick: u64,
         fresh: impl FnOnce() -> u64,
     ) -> Option<u64> {
-        // SAFETY: the caller holds `node`.
-        let link = unsafe { TimerNode::link(node) }.as_ptr();
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: `node` is still private to this thread until the swap succeeds.
-            unsafe { (*link).next.store(head, Ordering::Relaxed) };
-            // SeqCst: with the `need` store and the worker's `wake_at` store it forms the
-            // handshake that keeps a sleeping worker from missing this node.
-            match self
-                .head
-                .compare_exchange_weak(head, link, Ordering::SeqCst, Ordering::Relaxed)
-            {
-                Ok(_) => break,
-                Err(actual) => head = actual,
-            }
-        }
+        // SAFETY: forwarded from the caller: a live node, held, on no chain.
+        let was_empty = unsafe { self.young.push(node, node) };
         // SAFETY: the caller is the producer thread.
         unsafe {
             self.with_producer(|side| {
                 side.pushes += 1;
-                let need = if head.is_null() {
+                let need = if was_empty {
                     need_tick.min(fresh())
                 } else {
                     side.need.min(need_tick)
                 };
-                (need != side.need || head.is_null()).then(|| {
+                (need != side.need || was_empty).then(|| {
                     side.need = need;
-                    self.need.store(need, Ordering::SeqCst);
+                    self.young.need.store(need, Ordering::SeqCst);
                     need
                 })
             })
         }
     }
 
-    /// Takes everything on the lane, as the producer reclaiming it.
+    /// Takes the young stack, as the producer reclaiming it.
     ///
     /// # Safety
     /// Only the producer thread may call this.
@@ -163,21 +252,73 @@ impl Lane {
                 side.need = u64::MAX;
             })
         };
-        self.take()
+        Chain(self.young.take(), None)
     }
 
-    /// Takes everything on the lane. Either side may; each node goes to exactly one taker.
+    /// Moves a chain of pending timers, due no sooner than `earliest`, onto the old stack
+    /// at tick `now`. Returns the old stack's need if this lowered it (the caller then
+    /// checks whether the worker must be woken).
+    ///
+    /// # Safety
+    /// Only the producer thread may call this; the chain's nodes are live, held by the
+    /// caller, linked first to last, and on no other chain.
+    pub(crate) unsafe fn park(
+        &self,
+        first: NonNull<TimerNode>,
+        last: NonNull<TimerNode>,
+        earliest: u64,
+        now: u64,
+    ) -> Option<u64> {
+        // SAFETY: forwarded from the caller.
+        let was_empty = unsafe { self.old.push(first, last) };
+        // SAFETY: the caller is the producer thread.
+        unsafe {
+            self.with_producer(|side| {
+                let need = if was_empty {
+                    side.old_since = now;
+                    earliest.min(now.saturating_add(OLD_HORIZON))
+                } else {
+                    side.old_need.min(earliest)
+                };
+                (need != side.old_need || was_empty).then(|| {
+                    side.old_need = need;
+                    self.old.need.store(need, Ordering::SeqCst);
+                    need
+                })
+            })
+        }
+    }
+
+    /// Takes the old stack back if its timers have waited [`OLD_HORIZON`] ticks by `now`.
+    ///
+    /// # Safety
+    /// Only the producer thread may call this.
+    pub(crate) unsafe fn claim_old_if_due(&self, now: u64) -> Chain {
+        // SAFETY: the caller is the producer thread.
+        let due = unsafe {
+            self.with_producer(|side| {
+                let due = now >= side.old_since.saturating_add(OLD_HORIZON);
+                if due {
+                    side.old_need = u64::MAX;
+                }
+                due
+            })
+        };
+        Chain(due.then(|| self.old.take()).flatten(), None)
+    }
+
+    /// Takes everything on the lane: the worker, or the producer closing it. Each node goes
+    /// to exactly one taker.
     pub(crate) fn take(&self) -> Chain {
-        let first = self.head.swap(std::ptr::null_mut(), Ordering::Acquire);
-        Chain(NonNull::new(first).map(NonNull::cast))
+        Chain(self.young.take(), self.old.take())
     }
 
     /// The tick by which the worker must take this lane, or `None` when it is empty.
     pub(crate) fn need(&self) -> Option<u64> {
-        if self.head.load(Ordering::SeqCst).is_null() {
-            return None;
+        match (self.young.need(), self.old.need()) {
+            (Some(young), Some(old)) => Some(young.min(old)),
+            (young, old) => young.or(old),
         }
-        Some(self.need.load(Ordering::SeqCst))
     }
 
     pub(crate) fn close(&self) {
@@ -186,7 +327,7 @@ impl Lane {
 
     /// Closed by its thread and empty: the worker may forget it.
     pub(crate) fn is_finished(&self) -> bool {
-        self.closed.load(Ordering::Acquire) && self.head.load(Ordering::Acquire).is_null()
+        self.closed.load(Ordering::Acquire) && self.young.is_empty() && self.old.is_empty()
     }
 
     /// Adds one to a producer-kept count.
