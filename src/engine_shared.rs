@@ -209,18 +209,11 @@ impl EngineShared {
             if self.recycle(lane, node, seen) {
                 continue;
             }
-            let insert = seen.phase() == Phase::Pending && !seen.is_filed();
-            if insert && node_ref.deadline() > park_after {
-                park.push(node, node_ref.deadline());
+            let need = Self::forward_need(node_ref, seen, now);
+            if need > park_after {
+                park.push(node, need);
             } else {
-                forward.push(
-                    node,
-                    if insert {
-                        node_ref.deadline()
-                    } else {
-                        now + LANE_HORIZON
-                    },
-                );
+                forward.push(node, need);
             }
         }
         if let Some((first, last, earliest)) = park.finish() {
@@ -235,15 +228,7 @@ impl EngineShared {
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
             if !self.recycle(lane, node, seen) {
-                let insert = seen.phase() == Phase::Pending && !seen.is_filed();
-                forward.push(
-                    node,
-                    if insert {
-                        node_ref.deadline()
-                    } else {
-                        now + LANE_HORIZON
-                    },
-                );
+                forward.push(node, Self::forward_need(node_ref, seen, now));
             }
         }
         if let Some((first, last, need)) = forward.finish() {
@@ -259,6 +244,16 @@ impl EngineShared {
                 }
             })
         };
+    }
+
+    /// By when the worker needs a node this thread forwards: a new timer by its deadline, a
+    /// message within the lane horizon.
+    fn forward_need(node: &TimerNode, seen: Observed, now: u64) -> u64 {
+        if seen.phase() == Phase::Pending && !seen.is_filed() {
+            node.deadline()
+        } else {
+            now + LANE_HORIZON
+        }
     }
 
     /// Frees a node this thread took off its own lane if it was cancelled before the owner

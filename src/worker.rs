@@ -238,15 +238,7 @@ impl Worker {
         // SAFETY: `try_fire` succeeded, so the worker holds the node until `finish_fire`.
         let node_ref = unsafe { node.as_ref() };
         let counters = &shard.counters;
-        // SAFETY: as above.
-        let panicked = unsafe {
-            node_ref
-                .with_held(|held| catch_unwind(AssertUnwindSafe(|| held.callback.call())).is_err())
-        };
-        bump(&counters.fired, 1);
-        if panicked {
-            bump(&counters.panicked, 1);
-        }
+        Self::run_callback(shard, node_ref);
         if now_tick > due.saturating_add(1) {
             bump(&counters.late, 1);
         }
@@ -273,6 +265,17 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Runs a claimed timer's callback, catching and counting a panic.
+    fn run_callback(shard: &Shard, node: &TimerNode) {
+        // SAFETY: the caller claimed the timer (its state says Firing), so the worker holds
+        // the node until it settles it.
+        let panicked = unsafe {
+            node.with_held(|held| catch_unwind(AssertUnwindSafe(|| held.callback.call())).is_err())
+        };
+        bump(&shard.counters.fired, 1);
+        bump(&shard.counters.panicked, u64::from(panicked));
     }
 
     /// The last turn: takes everything in transit, then runs or drops every pending timer.
@@ -311,14 +314,7 @@ impl Worker {
                             continue;
                         }
                         if pending == PendingTimers::Run {
-                            // SAFETY: claimed above; the worker holds the node.
-                            let panicked = unsafe {
-                                node_ref.with_held(|held| {
-                                    catch_unwind(AssertUnwindSafe(|| held.callback.call())).is_err()
-                                })
-                            };
-                            bump(&counters.fired, 1);
-                            bump(&counters.panicked, u64::from(panicked));
+                            Self::run_callback(shard, node_ref);
                             bump(&counters.ran_at_shutdown, 1);
                         } else {
                             bump(&counters.dropped_at_shutdown, 1);
