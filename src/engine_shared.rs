@@ -193,8 +193,9 @@ impl EngineShared {
     /// Takes this thread's young stack back: frees the timers it has cancelled before
     /// they ever left the thread, parks pending timers not due soon on the old stack, and
     /// forwards the rest (messages, timers due soon) to the shard's inbox in one push. Once
-    /// the old stack has waited its horizon it is taken back too: its cancelled timers are
-    /// freed here and the rest forwarded.
+    /// the old stack has waited its horizon it is taken back first (so that the timers
+    /// parked now start a fresh wait): its cancelled timers are freed here and the rest
+    /// forwarded.
     fn reclaim(&self, lane: &Lane, shard: &Shard) {
         let now = self.now_tick();
         let park_after = now.saturating_add(OLD_HORIZON);
@@ -216,12 +217,6 @@ impl EngineShared {
                 forward.push(node, need);
             }
         }
-        if let Some((first, last, earliest)) = park.finish() {
-            // SAFETY: this thread is the lane's producer; the chain is its own.
-            if let Some(need) = unsafe { lane.park(first, last, earliest, now) } {
-                shard.wake_for(need);
-            }
-        }
         // SAFETY: this thread is the lane's producer.
         for node in unsafe { lane.claim_old_if_due(now) } {
             // SAFETY: as above.
@@ -229,6 +224,12 @@ impl EngineShared {
             let seen = node_ref.state.observe();
             if !self.recycle(lane, node, seen) {
                 forward.push(node, Self::forward_need(node_ref, seen, now));
+            }
+        }
+        if let Some((first, last, earliest)) = park.finish() {
+            // SAFETY: this thread is the lane's producer; the chain is its own.
+            if let Some(need) = unsafe { lane.park(first, last, earliest, now) } {
+                shard.wake_for(need);
             }
         }
         if let Some((first, last, need)) = forward.finish() {

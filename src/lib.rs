@@ -183,6 +183,10 @@ pub mod loom_exports {
         }
     }
 
+    /// Ticks a timer may wait on a lane's old stack before the producer forwards it
+    /// ([`crate::lane::OLD_HORIZON`]).
+    pub const OLD_HORIZON: u64 = crate::lane::OLD_HORIZON;
+
     /// One thread's lane into a shard ([`crate::lane::Lane`]).
     pub struct Lane(crate::lane::Lane);
 
@@ -210,6 +214,38 @@ pub mod loom_exports {
         pub unsafe fn claim(&self) -> Vec<Node> {
             // SAFETY: forwarded from the caller; taken nodes are live.
             unsafe { self.0.claim() }
+                .map(|node| unsafe { Node::new(node) })
+                .collect()
+        }
+
+        /// Parks `chain` on the old stack at tick `now`, as the producer does with the
+        /// pending timers it claimed: the nodes are linked first to last in the order given
+        /// (so a take finds them in that order, ahead of what was parked before), each
+        /// needed by the tick beside it. Returns the old stack's need if this set or lowered
+        /// it (the producer then checks whether to wake the worker).
+        ///
+        /// # Safety
+        /// As [`crate::lane::Lane::park`]: only the producer thread may call this, `chain`
+        /// is not empty, and its nodes are live, distinct, held by the caller and on no
+        /// chain.
+        pub unsafe fn park(&self, chain: &[(Node, u64)], now: u64) -> Option<u64> {
+            let mut builder = crate::lane::ChainBuilder::default();
+            for &(node, need) in chain {
+                builder.push(node.node, need);
+            }
+            let (first, last, earliest) = builder.finish().expect("a parked chain has a node");
+            // SAFETY: forwarded from the caller; the builder linked the chain first to last.
+            unsafe { self.0.park(first, last, earliest, now) }
+        }
+
+        /// The producer takes the old stack back if its timers have waited
+        /// [`OLD_HORIZON`] ticks by tick `now`.
+        ///
+        /// # Safety
+        /// Only the producer thread may call this, and the nodes' pool must be alive.
+        pub unsafe fn claim_old_if_due(&self, now: u64) -> Vec<Node> {
+            // SAFETY: forwarded from the caller; taken nodes are live.
+            unsafe { self.0.claim_old_if_due(now) }
                 .map(|node| unsafe { Node::new(node) })
                 .collect()
         }
