@@ -107,12 +107,16 @@ impl Callback {
     }
 
     /// Drops the callback without running it; the slot is empty afterwards.
-    pub(crate) fn clear(&mut self) {
-        if let Some(shim) = self.shim.take() {
-            // SAFETY: `shim` matches the closure in `storage`, which is dropped exactly once
-            // since the slot was emptied above.
-            unsafe { shim(NonNull::from(&mut self.storage), Action::Drop) };
-        }
+    /// A panic in a capture's `Drop` is caught (the engine's threads must not unwind
+    /// through its own bookkeeping); returns whether one happened.
+    pub(crate) fn clear(&mut self) -> bool {
+        let Some(shim) = self.shim.take() else {
+            return false;
+        };
+        let storage = NonNull::from(&mut self.storage);
+        // SAFETY: `shim` matches the closure in `storage`, which is dropped exactly once
+        // since the slot was emptied above.
+        std::panic::catch_unwind(|| unsafe { shim(storage, Action::Drop) }).is_err()
     }
 
     /// The period of a repeating callback; [`Period::ONE_SHOT`] for a one-shot or empty slot.
@@ -139,7 +143,7 @@ impl Callback {
 
 impl Drop for Callback {
     fn drop(&mut self) {
-        self.clear();
+        let _ = self.clear();
     }
 }
 

@@ -25,6 +25,16 @@ use crate::worker::{PendingTimers, Worker};
 /// from one engine is stale in every other.
 static ENGINES: AtomicU32 = AtomicU32::new(1);
 
+#[cfg(not(loom))]
+std::thread_local! {
+    /// Whether this thread is inside a hand-driven engine's `turn` (running callbacks).
+    static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+#[cfg(loom)]
+loom::thread_local! {
+    static IN_TURN: std::cell::Cell<bool> = std::cell::Cell::new(false);
+}
+
 /// What [`TimerEngine::shutdown`] did with the timers still pending.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
@@ -330,6 +340,7 @@ impl TimerEngine {
                 one.scheduled += read(&lane.scheduled);
                 one.cancelled += read(&lane.cancelled);
                 one.reset += read(&lane.reset);
+                one.panicked += read(&lane.panicked);
             }
             one.pending = one
                 .scheduled
@@ -356,11 +367,13 @@ impl TimerEngine {
             return 0;
         };
         let now = self.shared.clock.now();
+        IN_TURN.with(|in_turn| in_turn.set(true));
         let fired = workers
             .iter_mut()
             .zip(self.shared.shards.iter())
             .map(|(worker, shard)| worker.turn(shard, now).fired)
             .sum();
+        IN_TURN.with(|in_turn| in_turn.set(false));
         if self.shared.shutdown.load(Ordering::SeqCst) {
             self.finish_manual(&mut workers, self.shared.pending_mode());
         }
@@ -409,10 +422,13 @@ impl TimerEngine {
 
     fn finish_workers(&self, pending: PendingTimers) {
         if let Some(manual) = &self.manual {
-            // From inside a callback the lock is held by `turn`, which finishes instead.
-            if let Ok(mut workers) = manual.try_lock() {
-                self.finish_manual(&mut workers, pending);
+            // From inside a callback the lock is held by this thread's `turn`, which
+            // finishes instead; another thread's `turn` is waited for.
+            if IN_TURN.with(std::cell::Cell::get) {
+                return;
             }
+            let mut workers = manual.lock().unwrap_or_else(|p| p.into_inner());
+            self.finish_manual(&mut workers, pending);
             return;
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));

@@ -69,9 +69,12 @@ impl EngineBuilder {
         self
     }
 
-    /// The most timers one shard can hold at once; beyond it, scheduling on that shard is a
-    /// [`ScheduleError::Capacity`](crate::ScheduleError::Capacity). Default: about four
-    /// million (4 × 2^20). Rounded up to a multiple of 1024, and at most 2^26 - 1024.
+    /// The most timer nodes one shard's pool holds; when they are all in use, scheduling on
+    /// that shard is a [`ScheduleError::Capacity`](crate::ScheduleError::Capacity).
+    /// Default: about four million (4 × 2^20). Rounded up to a multiple of 1024, and at
+    /// most 2^26 - 1024. Besides live timers, nodes in use include free ones each thread
+    /// keeps at hand for its next timers (up to about 320 per thread and shard) and
+    /// cancelled ones a few ticks from going back to the pool.
     ///
     /// Each shard reserves address space for this many 64-byte timer nodes when the engine
     /// is built (256 MiB by default); memory is used only as timers are scheduled, and the

@@ -7,7 +7,7 @@ use crate::callback::Callback;
 use crate::clock::Clock;
 use crate::context::{self, Context};
 use crate::error::ScheduleError;
-use crate::lane::{ChainBuilder, Lane, OLD_HORIZON};
+use crate::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
 use crate::periodic::Period;
 use crate::pool::{BATCH, Magazine};
 use crate::shard::Shard;
@@ -185,7 +185,9 @@ impl EngineShared {
             self.reclaim(lane, shard);
         }
         // SAFETY: this thread is the lane's producer and holds `node`.
-        if let Some(need) = unsafe { lane.push(node, need, || self.now_tick() + LANE_HORIZON) } {
+        if let Some(need) =
+            unsafe { lane.push(node, need, || self.now_tick().saturating_add(LANE_HORIZON)) }
+        {
             shard.wake_for(need);
         }
     }
@@ -197,22 +199,46 @@ impl EngineShared {
     /// parked now start a fresh wait): its cancelled timers are freed here and the rest
     /// forwarded.
     fn reclaim(&self, lane: &Lane, shard: &Shard) {
+        if !lane.enter(&self.shutdown) {
+            return;
+        }
+        let recycled = self.reclaim_entered(lane, shard);
+        lane.leave();
+        // Only now, with nothing held back from the worker, may user code run: dropping a
+        // callback runs its captures' destructors, which may call into the engine.
+        for node in recycled {
+            self.recycle(lane, node);
+        }
+    }
+
+    /// The body of [`reclaim`](Self::reclaim) while the lane is marked busy; returns the
+    /// timers to recycle, chained.
+    fn reclaim_entered(&self, lane: &Lane, shard: &Shard) -> Chain {
         let now = self.now_tick();
+        let mut recycled = ChainBuilder::default();
         let park_after = now.saturating_add(OLD_HORIZON);
         let mut forward = ChainBuilder::default();
         let mut park = ChainBuilder::default();
+        // The parked nodes, to look at their deadlines again once they are published.
+        let mut parked = [None; CLAIM_EVERY as usize];
+        let mut parked_count = 0;
         // SAFETY: this thread is the lane's producer.
         let young = unsafe { lane.claim() };
         for node in young {
             // SAFETY: nodes on a lane are live pool nodes, held by whoever takes them.
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
-            if self.recycle(lane, node, seen) {
+            if Self::recyclable(seen) {
+                recycled.push(node, 0);
                 continue;
             }
             let need = Self::forward_need(node_ref, seen, now);
             if need > park_after {
                 park.push(node, need);
+                if let Some(slot) = parked.get_mut(parked_count) {
+                    *slot = Some(node);
+                    parked_count += 1;
+                }
             } else {
                 forward.push(node, need);
             }
@@ -222,7 +248,9 @@ impl EngineShared {
             // SAFETY: as above.
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
-            if !self.recycle(lane, node, seen) {
+            if Self::recyclable(seen) {
+                recycled.push(node, 0);
+            } else {
                 forward.push(node, Self::forward_need(node_ref, seen, now));
             }
         }
@@ -230,6 +258,20 @@ impl EngineShared {
             // SAFETY: this thread is the lane's producer; the chain is its own.
             if let Some(need) = unsafe { lane.park(first, last, earliest, now) } {
                 shard.wake_for(need);
+            }
+            // A reset that brought one of them forward while this thread held it could not
+            // reach the lane's need; its urgent tick may already have been spent. Look again
+            // now that the worker can see them (deadlines are atomics, so reading them after
+            // the worker may have taken the nodes is harmless).
+            let moved = parked
+                .iter()
+                .flatten()
+                // SAFETY: pool nodes stay live while the engine does.
+                .map(|node| unsafe { node.as_ref() }.deadline())
+                .min()
+                .filter(|&deadline| deadline < earliest);
+            if let Some(deadline) = moved {
+                shard.make_urgent(deadline);
             }
         }
         if let Some((first, last, need)) = forward.finish() {
@@ -245,6 +287,7 @@ impl EngineShared {
                 }
             })
         };
+        recycled.into_chain()
     }
 
     /// By when the worker needs a node this thread forwards: a new timer by its deadline, a
@@ -253,25 +296,28 @@ impl EngineShared {
         if seen.phase() == Phase::Pending && !seen.is_filed() {
             node.deadline()
         } else {
-            now + LANE_HORIZON
+            now.saturating_add(LANE_HORIZON)
         }
     }
 
-    /// Frees a node this thread took off its own lane if it was cancelled before the owner
-    /// ever filed it: nobody else can reach it then. `true` if it did.
-    fn recycle(&self, lane: &Lane, node: NonNull<TimerNode>, seen: Observed) -> bool {
-        if seen.phase() != Phase::Cancelled || seen.is_filed() {
-            return false;
-        }
+    /// Whether a node this thread took off its own lane was cancelled before the owner
+    /// ever filed it: nobody else can reach it then, and this thread frees it.
+    fn recyclable(seen: Observed) -> bool {
+        seen.phase() == Phase::Cancelled && !seen.is_filed()
+    }
+
+    /// Frees a recyclable node into this thread's magazine.
+    fn recycle(&self, lane: &Lane, node: NonNull<TimerNode>) {
         // SAFETY: held by this thread (taken off its lane), and cancelled in transit.
         let node_ref = unsafe { node.as_ref() };
         // SAFETY: as above.
-        unsafe { node_ref.with_held(|held| held.callback.clear()) };
+        if unsafe { node_ref.with_held(|held| held.callback.clear()) } {
+            Lane::count(&lane.panicked);
+        }
         if node_ref.state.free() {
             // SAFETY: this thread is the lane's producer.
             unsafe { lane.with_producer(|side| side.magazine.put(node)) };
         }
-        true
     }
 
     /// Sends a node to `shard`'s owner as a message, on this thread's lane if it has one.
@@ -281,7 +327,9 @@ impl EngineShared {
         context::with(this, |context| match context {
             Some(context) => this.send(context.lane(this, shard_index), shard, node, need),
             // SAFETY: the cancel or reset that set `MSG` gave this thread the push.
-            None => unsafe { shard.send_direct(node, need.min(this.now_tick() + LANE_HORIZON)) },
+            None => unsafe {
+                shard.send_direct(node, need.min(this.now_tick().saturating_add(LANE_HORIZON)))
+            },
         });
     }
 
@@ -333,15 +381,19 @@ impl EngineShared {
     /// return its magazine, and let the worker forget the lane.
     pub(crate) fn close_lane(&self, shard_index: usize, lane: &Lane) {
         let shard = &self.shards[shard_index];
-        let mut forward = ChainBuilder::default();
-        for node in lane.take() {
-            forward.push(node, 0);
+        // At shutdown the nodes stay on the lane, where the worker's last turn takes them.
+        if lane.enter(&self.shutdown) {
+            let mut forward = ChainBuilder::default();
+            for node in lane.take() {
+                forward.push(node, 0);
+            }
+            if let Some((first, last, _)) = forward.finish() {
+                // SAFETY: a chain of live nodes held by this thread, linked in order.
+                unsafe { shard.inbox.push_chain(first, last) };
+            }
+            lane.leave();
         }
-        if let Some((first, last, _)) = forward.finish() {
-            // SAFETY: a chain of live nodes held by this thread, linked in order.
-            unsafe { shard.inbox.push_chain(first, last) };
-        }
-        // SAFETY: as above.
+        // SAFETY: the exiting thread is the lane's producer.
         unsafe { lane.with_producer(|side| side.magazine.give_back(&shard.pool)) };
         lane.close();
         shard.lane_closed();

@@ -30,8 +30,12 @@ use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use crate::timer_node::TimerNode;
 
-/// Pushes after which the producer takes its lane back to recycle and forward.
+/// Pushes after which the producer takes its lane back to recycle and forward. Two under
+/// loom, so that models with a handful of timers go through the reclaim path too.
+#[cfg(not(loom))]
 pub(crate) const CLAIM_EVERY: u32 = 64;
+#[cfg(loom)]
+pub(crate) const CLAIM_EVERY: u32 = 2;
 
 /// Ticks a timer may wait on the old stack before it is forwarded to the worker.
 pub(crate) const OLD_HORIZON: u64 = 4;
@@ -102,8 +106,13 @@ pub(crate) struct Lane {
     pub(crate) scheduled: AtomicU64,
     pub(crate) cancelled: AtomicU64,
     pub(crate) reset: AtomicU64,
+    /// Panics caught while dropping the callbacks of timers this thread recycled.
+    pub(crate) panicked: AtomicU64,
     /// The thread has exited; the worker drops the lane once it is empty.
     closed: AtomicBool,
+    /// The producer holds nodes it took off this lane and has not yet put anywhere the
+    /// worker can see (see [`Lane::enter`]).
+    busy: AtomicBool,
 }
 
 /// State only the producer thread touches.
@@ -160,6 +169,15 @@ impl ChainBuilder {
         });
     }
 
+    /// The chain as an iterator, first to last.
+    pub(crate) fn into_chain(self) -> Chain {
+        if let Some((_, last)) = self.ends {
+            // SAFETY: the caller holds every node of the chain.
+            unsafe { last.as_ref() }.set_next_in_chain(None);
+        }
+        Chain(self.ends.map(|(first, _)| first), None)
+    }
+
     /// The chain's first and last nodes and earliest need, unless it is empty.
     pub(crate) fn finish(self) -> Option<(NonNull<TimerNode>, NonNull<TimerNode>, u64)> {
         self.ends.map(|(first, last)| (first, last, self.earliest))
@@ -181,7 +199,9 @@ impl Lane {
             scheduled: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             reset: AtomicU64::new(0),
+            panicked: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
         }
     }
 
@@ -319,6 +339,32 @@ impl Lane {
             (Some(young), Some(old)) => Some(young.min(old)),
             (young, old) => young.or(old),
         }
+    }
+
+    /// The producer is about to take nodes off the lane into its own hands (to reclaim or
+    /// close it). Returns `false`, and marks nothing, if the engine is shutting down: the
+    /// nodes must then stay where the worker's last turn finds them. Pairs with the
+    /// worker's last turn, which sets the shutdown flag, fences, and then waits until no
+    /// lane is busy before its final collection: either it sees this mark, or this call
+    /// sees the flag.
+    pub(crate) fn enter(&self, shutdown: &AtomicBool) -> bool {
+        self.busy.store(true, Ordering::SeqCst);
+        crate::sync::atomic::fence(Ordering::SeqCst);
+        if shutdown.load(Ordering::SeqCst) {
+            self.busy.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// The producer has put every node it took back where the worker can see it.
+    pub(crate) fn leave(&self) {
+        self.busy.store(false, Ordering::Release);
+    }
+
+    /// Whether the producer holds nodes taken off this lane.
+    pub(crate) fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
     }
 
     pub(crate) fn close(&self) {

@@ -157,9 +157,23 @@ impl Magazine {
         self.len
     }
 
-    /// Hands every node to `pool` as one batch.
+    /// Hands every node to `pool`, in batches of at most [`BATCH`], so that whoever pops
+    /// one knows how many it got at most.
     pub(crate) fn give_back(&mut self, pool: &Pool) {
-        if let Some(first) = self.first.take() {
+        let mut rest = self.first.take();
+        while let Some(first) = rest {
+            let mut last = first;
+            for _ in 1..BATCH {
+                // SAFETY: nodes on a magazine are live and held by this magazine alone.
+                match unsafe { last.as_ref() }.next_in_chain() {
+                    Some(next) => last = next,
+                    None => break,
+                }
+            }
+            // SAFETY: as above.
+            let last_ref = unsafe { last.as_ref() };
+            rest = last_ref.next_in_chain();
+            last_ref.set_next_in_chain(None);
             pool.push_batch(first);
         }
         self.len = 0;
@@ -172,6 +186,7 @@ impl Magazine {
         match pool.pop_batch().or_else(|| pool.grow()) {
             Some(first) => {
                 self.first = Some(first);
+                // Batches hold at most this many (`give_back` cuts them so).
                 self.len = BATCH;
                 true
             }

@@ -359,6 +359,16 @@ impl TimerState {
                 .is_ok()
     }
 
+    /// The owner ends a timer it ran or discarded at shutdown but cannot free (a message
+    /// still names it): `Done`, so that no handle sees it pending any more.
+    pub fn end(&self) {
+        let _ = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                Some(Observed(current).with_phase(Phase::Done))
+            });
+    }
+
     /// The holder gives the node back: the generation moves on, so every handle to the old
     /// timer goes stale. `false` when the generation is exhausted: the node must be retired,
     /// never reused, or a handle four billion generations old would name its next timer.

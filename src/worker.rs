@@ -120,6 +120,7 @@ impl Worker {
                 lane.cancelled.load(Ordering::Relaxed),
             );
             bump(&counters.retired_reset, lane.reset.load(Ordering::Relaxed));
+            bump(&counters.panicked, lane.panicked.load(Ordering::Relaxed));
             false
         });
         self.lanes.clone_from(&lanes);
@@ -181,7 +182,8 @@ impl Worker {
         // the generation moves on below).
         let node_ref = unsafe { node.as_ref() };
         // SAFETY: as above.
-        unsafe { node_ref.with_held(|held| held.callback.clear()) };
+        let panicked = unsafe { node_ref.with_held(|held| held.callback.clear()) };
+        bump(&shard.counters.panicked, u64::from(panicked));
         if node_ref.state.free() {
             self.freed.put(node);
             if self.freed.len() >= BATCH {
@@ -286,12 +288,18 @@ impl Worker {
         crate::sync::atomic::fence(crate::sync::atomic::Ordering::SeqCst);
         self.lanes_version = u64::MAX;
         self.refresh_lanes(shard);
-        self.collect(shard, u64::MAX, true);
-        // A producer between its swap and its link finishes in a few instructions.
-        // SAFETY: the worker is the inbox's single consumer.
+        // Collect until no producer holds nodes it took off a lane (it puts them back where
+        // this sees them, see `Lane::enter`) and no push to the inbox is half done.
         let mut attempts = 0;
-        while unsafe { shard.inbox.has_pending() } && attempts < 1_000_000 {
+        loop {
+            // Busy first: a lane seen idle here has put back everything it took before this
+            // read, so the collection after it finds them.
+            let busy = self.lanes.iter().any(|lane| lane.is_busy());
             self.collect(shard, u64::MAX, true);
+            // SAFETY: the worker is the inbox's single consumer.
+            if !busy && !unsafe { shard.inbox.has_pending() } {
+                break;
+            }
             attempts += 1;
             crate::sync::spin_or_yield(attempts);
         }
@@ -319,7 +327,11 @@ impl Worker {
                         } else {
                             bump(&counters.dropped_at_shutdown, 1);
                         }
-                        if !seen.in_transit() {
+                        if seen.in_transit() {
+                            // A message raced the shutdown; nobody takes it any more. The
+                            // timer is over either way.
+                            node_ref.state.end();
+                        } else {
                             self.free(shard, node);
                         }
                         break;

@@ -307,3 +307,31 @@ fn schedule_against_shutdown_that_runs_pending_timers() {
 fn schedule_against_shutdown_that_drops_pending_timers() {
     schedule_against_shutdown(PendingTimers::Drop);
 }
+
+/// A shutdown that runs pending timers races a thread whose third schedule reclaims its
+/// lane (under loom a lane is reclaimed every two pushes): the reclaim holds the first two
+/// timers in its own hands for a moment and parks them on the old stack. The worker's last
+/// turn must wait for that (the lane's busy mark) or the reclaim must see the shutdown and
+/// leave them on the lane: either way every timer whose schedule returned `Ok` runs once.
+#[test]
+fn shutdown_against_a_reclaim_settles_every_timer() {
+    model(Some(2), || {
+        let (engine, _clock) = engine();
+        let probes: Vec<Probe> = (0..3).map(|_| Probe::new()).collect();
+        let stopper = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || {
+                engine.shutdown(PendingTimers::Run);
+                fence(Ordering::SeqCst);
+            })
+        };
+        let scheduled: Vec<bool> = probes
+            .iter()
+            .map(|probe| engine.schedule(ticks(5), probe.callback()).is_ok())
+            .collect();
+        stopper.join().unwrap();
+        for (probe, ok) in probes.iter().zip(&scheduled) {
+            assert_eq!(probe.ran(), usize::from(*ok), "scheduled Ok: {ok}");
+        }
+    });
+}
