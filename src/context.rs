@@ -104,11 +104,15 @@ pub(crate) fn with<R>(engine: &Arc<EngineShared>, f: impl FnOnce(Option<&Context
         Ok((last_engine, context)) if last_engine == wanted && !context.is_null() => Some(context),
         _ => lookup(engine, None),
     };
-    // SAFETY: `context` is a context owned by this thread's CONTEXTS, which frees contexts
-    // only when it prunes them (a dead engine's, in `lookup`, never this live engine's) or
-    // when the thread's locals are destroyed; dropping a context clears LAST. Ids are never
-    // reused by a live engine, so an id match names this engine's context.
-    f(context.map(|context| unsafe { &*context }))
+    // `context` is owned by this thread's CONTEXTS, which frees contexts only when it prunes
+    // them (a dead engine's, in `lookup`, never this live engine's) or when the thread's
+    // locals are destroyed; dropping a context clears LAST. Ids are never reused by a live
+    // engine, so an id match names this engine's context.
+    let context = context.map(|context| {
+        // SAFETY: a live context of this thread, by the invariant above.
+        unsafe { &*context }
+    });
+    f(context)
 }
 
 /// Makes `home` the calling thread's home shard for `engine` (for worker threads).

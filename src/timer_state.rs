@@ -306,13 +306,19 @@ impl TimerState {
     /// unlocked, with no reset since the owner read the deadline). On `false` the owner
     /// observes again.
     pub fn try_fire(&self, seen: Observed) -> bool {
+        self.claim(seen, Phase::Firing)
+    }
+
+    /// Moves a pending, unlocked timer out of the wheel into `phase`, if the state is still
+    /// exactly `seen`.
+    fn claim(&self, seen: Observed, phase: Phase) -> bool {
         seen.phase() == Phase::Pending
             && !seen.is_locked()
             && self
                 .word
                 .compare_exchange(
                     seen.0,
-                    seen.with_phase(Phase::Firing) & !FILED,
+                    seen.with_phase(phase) & !FILED,
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 )
@@ -346,17 +352,7 @@ impl TimerState {
     /// The owner ends a pending timer at shutdown, without running it. `true` if it did
     /// (a canceller may win instead).
     pub fn try_discard(&self, seen: Observed) -> bool {
-        seen.phase() == Phase::Pending
-            && !seen.is_locked()
-            && self
-                .word
-                .compare_exchange(
-                    seen.0,
-                    (seen.with_phase(Phase::Cancelled)) & !(FILED | LOCKED),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
+        self.claim(seen, Phase::Cancelled)
     }
 
     /// The owner ends a timer it ran or discarded at shutdown but cannot free (a message
