@@ -147,3 +147,55 @@ fn a_million_timers_with_racing_cancels_and_resets() {
     assert_eq!(report.dropped, 0, "nothing was left pending");
     assert_eq!(engine.nodes_in_use(), 0, "every node is back in its pool");
 }
+
+/// A missed wake-up shows as a timer that fires only when something else wakes its worker.
+/// Here nothing else does: the worker sleeps until a timer an hour away, and a thread arms
+/// one short timer and then stays idle (its lane holds the timer until the worker takes
+/// it), or exits (its lane is closed and forwarded). Each must fire within seconds: on
+/// time is a millisecond or two, so only a lost wake-up can miss the bound, not a slow
+/// machine.
+#[test]
+fn a_lone_timer_wakes_a_sleeping_worker() {
+    let engine = Arc::new(
+        TimerEngine::builder()
+            .workers(1)
+            .pin_workers(false)
+            .build()
+            .expect("one worker"),
+    );
+    engine
+        .schedule(Duration::from_secs(3600), || {})
+        .expect("the far timer");
+    for (round, delay_ms) in [0_u64, 1, 3, 7, 20].into_iter().enumerate() {
+        let fired = Arc::new(AtomicU8::new(0));
+        let stays_alive = round % 2 == 0;
+        let (go_idle, idle) = std::sync::mpsc::channel::<()>();
+        let armer = {
+            let (engine, fired) = (Arc::clone(&engine), Arc::clone(&fired));
+            std::thread::spawn(move || {
+                // Let the worker settle into its long sleep first.
+                std::thread::sleep(Duration::from_millis(20));
+                engine
+                    .schedule(Duration::from_millis(delay_ms), move || {
+                        fired.fetch_add(1, Ordering::SeqCst);
+                    })
+                    .expect("scheduled");
+                if stays_alive {
+                    let _ = idle.recv();
+                }
+            })
+        };
+        let waiting = Instant::now();
+        while fired.load(Ordering::SeqCst) == 0 {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(10),
+                "round {round}: a {delay_ms} ms timer from a thread that {} never fired",
+                if stays_alive { "went idle" } else { "exited" }
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(go_idle);
+        armer.join().expect("no panic");
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+    }
+}
