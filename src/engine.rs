@@ -159,7 +159,6 @@ impl TimerEngine {
         for index in 0..workers {
             let shared = Arc::clone(&self.shared);
             let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
-            let pin_failed = pin && core.is_none();
             let pinned = Arc::clone(&self.pinned);
             let spawned = std::thread::Builder::new()
                 .name(format!("corewheel-{index}"))
@@ -174,7 +173,6 @@ impl TimerEngine {
                     }
                     run_worker(&shared, index);
                 });
-            let _ = pin_failed;
             match spawned {
                 Ok(handle) => {
                     let _ = self.shared.shards[index]
