@@ -12,13 +12,14 @@
 //! lane. The worker sleeps no later than that, and a push that lowers it below the worker's
 //! planned wake-up wakes the worker.
 //!
-//! A lane has two such stacks. New timers go on the young one. When the producer claims it,
-//! timers still pending and not due soon move to the old one, where they wait up to
-//! [`OLD_HORIZON`] ticks more before being forwarded: a request timeout cancelled within a
-//! few milliseconds (a proxy's common case, even with thousands of requests in flight) is
-//! then recycled by the thread that armed it and never costs the worker anything. Each
-//! timer is walked at most twice this way. The worker takes both stacks when their needs
-//! come due.
+//! A lane has three such stacks. New timers go on the young one. When the producer claims
+//! it, timers still pending and not due soon move to the current old generation. Every
+//! [`OLD_HORIZON`] ticks the generations rotate and the producer takes back the one that has
+//! been closed for a whole horizon, so every parked timer waits between one and two
+//! horizons before being forwarded: a request timeout cancelled within a few milliseconds
+//! (a proxy's common case, even with thousands of requests in flight) is then recycled by
+//! the thread that armed it and never costs the worker anything. Each timer is walked at
+//! most twice this way. The worker takes every stack whose need has come.
 
 use std::ptr::NonNull;
 
@@ -37,7 +38,8 @@ pub(crate) const CLAIM_EVERY: u32 = 64;
 #[cfg(loom)]
 pub(crate) const CLAIM_EVERY: u32 = 2;
 
-/// Ticks a timer may wait on the old stack before it is forwarded to the worker.
+/// Ticks an old generation collects parked timers before it closes, and then waits before
+/// the producer takes it back.
 pub(crate) const OLD_HORIZON: u64 = 4;
 
 /// A stack both sides empty whole, with the tick by which the worker must take it.
@@ -99,7 +101,7 @@ impl Staging {
 /// One thread's lane into one shard.
 pub(crate) struct Lane {
     young: Staging,
-    old: Staging,
+    old: [Staging; 2],
     producer: UnsafeCell<ProducerSide>,
     /// Counts the producer keeps (single writer, so plain load and store, no read-modify-
     /// write): timers scheduled, cancelled and reset through this lane's thread.
@@ -122,25 +124,33 @@ pub(crate) struct ProducerSide {
     pushes: u32,
     /// The young stack's `need` as last published.
     need: u64,
-    /// The old stack's `need` as last published, and the tick its current contents began.
-    old_need: u64,
-    old_since: u64,
+    /// Which old generation collects parked timers now.
+    old_current: usize,
+    /// Each old generation's `need` as last published.
+    old_need: [u64; 2],
+    /// The tick at which the current generation closes and the other is taken back.
+    rotate_at: u64,
 }
 
-/// Nodes taken off a lane: one chain, then a second, each through their chain links.
-pub(crate) struct Chain(Option<NonNull<TimerNode>>, Option<NonNull<TimerNode>>);
+/// Nodes taken off a lane: up to three chains, one after another, each through their chain
+/// links.
+pub(crate) struct Chain([Option<NonNull<TimerNode>>; 3]);
+
+impl Chain {
+    fn one(first: Option<NonNull<TimerNode>>) -> Self {
+        Self([first, None, None])
+    }
+}
 
 impl Iterator for Chain {
     type Item = NonNull<TimerNode>;
 
     fn next(&mut self) -> Option<NonNull<TimerNode>> {
-        if self.0.is_none() {
-            self.0 = self.1.take();
-        }
-        let node = self.0?;
+        let slot = self.0.iter_mut().find(|head| head.is_some())?;
+        let node = (*slot)?;
         // SAFETY: a taken chain's nodes are live and held by the taker alone; the link is
         // read before the caller acts on the node (and may reuse the link).
-        self.0 = unsafe { node.as_ref() }.next_in_chain();
+        *slot = unsafe { node.as_ref() }.next_in_chain();
         Some(node)
     }
 }
@@ -175,7 +185,7 @@ impl ChainBuilder {
             // SAFETY: the caller holds every node of the chain.
             unsafe { last.as_ref() }.set_next_in_chain(None);
         }
-        Chain(self.ends.map(|(first, _)| first), None)
+        Chain::one(self.ends.map(|(first, _)| first))
     }
 
     /// The chain's first and last nodes and earliest need, unless it is empty.
@@ -188,13 +198,14 @@ impl Lane {
     pub(crate) fn new() -> Self {
         Self {
             young: Staging::new(),
-            old: Staging::new(),
+            old: [Staging::new(), Staging::new()],
             producer: UnsafeCell::new(ProducerSide {
                 magazine: Magazine::EMPTY,
                 pushes: 0,
                 need: u64::MAX,
-                old_need: u64::MAX,
-                old_since: 0,
+                old_current: 0,
+                old_need: [u64::MAX; 2],
+                rotate_at: 0,
             }),
             scheduled: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
@@ -272,12 +283,12 @@ impl Lane {
                 side.need = u64::MAX;
             })
         };
-        Chain(self.young.take(), None)
+        Chain::one(self.young.take())
     }
 
-    /// Moves a chain of pending timers, due no sooner than `earliest`, onto the old stack
-    /// at tick `now`. Returns the old stack's need if this lowered it (the caller then
-    /// checks whether the worker must be woken).
+    /// Moves a chain of pending timers, due no sooner than `earliest`, onto the current old
+    /// generation at tick `now`. Returns that generation's need if this lowered it (the
+    /// caller then checks whether the worker must be woken).
     ///
     /// # Safety
     /// Only the producer thread may call this; the chain's nodes are live, held by the
@@ -289,56 +300,64 @@ impl Lane {
         earliest: u64,
         now: u64,
     ) -> Option<u64> {
+        // SAFETY: the caller is the producer thread.
+        let current = unsafe { self.with_producer(|side| side.old_current) };
+        let generation = &self.old[current];
         // SAFETY: forwarded from the caller.
-        let was_empty = unsafe { self.old.push(first, last) };
+        let was_empty = unsafe { generation.push(first, last) };
         // SAFETY: the caller is the producer thread.
         unsafe {
             self.with_producer(|side| {
+                // The producer takes this generation back within two horizons; the worker
+                // only if the producer has gone quiet by a tick after that.
                 let need = if was_empty {
-                    side.old_since = now;
-                    earliest.min(now.saturating_add(OLD_HORIZON))
+                    earliest.min(now.saturating_add(2 * OLD_HORIZON + 1))
                 } else {
-                    side.old_need.min(earliest)
+                    side.old_need[current].min(earliest)
                 };
-                (need != side.old_need || was_empty).then(|| {
-                    side.old_need = need;
-                    self.old.need.store(need, Ordering::SeqCst);
+                (need != side.old_need[current] || was_empty).then(|| {
+                    side.old_need[current] = need;
+                    generation.need.store(need, Ordering::SeqCst);
                     need
                 })
             })
         }
     }
 
-    /// Takes the old stack back if its timers have waited [`OLD_HORIZON`] ticks by `now`.
+    /// Every [`OLD_HORIZON`] ticks: closes the current old generation and takes back the
+    /// other, whose timers have all waited at least a horizon. Empty between rotations.
     ///
     /// # Safety
     /// Only the producer thread may call this.
     pub(crate) unsafe fn claim_old_if_due(&self, now: u64) -> Chain {
         // SAFETY: the caller is the producer thread.
-        let due = unsafe {
+        let aged = unsafe {
             self.with_producer(|side| {
-                let due = now >= side.old_since.saturating_add(OLD_HORIZON);
-                if due {
-                    side.old_need = u64::MAX;
+                if now < side.rotate_at {
+                    return None;
                 }
-                due
+                let aged = 1 - side.old_current;
+                side.old_current = aged;
+                side.old_need[aged] = u64::MAX;
+                side.rotate_at = now.saturating_add(OLD_HORIZON);
+                Some(aged)
             })
         };
-        Chain(due.then(|| self.old.take()).flatten(), None)
+        Chain::one(aged.and_then(|aged| self.old[aged].take()))
     }
 
     /// Takes everything on the lane: the worker, or the producer closing it. Each node goes
     /// to exactly one taker.
     pub(crate) fn take(&self) -> Chain {
-        Chain(self.young.take(), self.old.take())
+        Chain([self.young.take(), self.old[0].take(), self.old[1].take()])
     }
 
     /// The tick by which the worker must take this lane, or `None` when it is empty.
     pub(crate) fn need(&self) -> Option<u64> {
-        match (self.young.need(), self.old.need()) {
-            (Some(young), Some(old)) => Some(young.min(old)),
-            (young, old) => young.or(old),
-        }
+        [self.young.need(), self.old[0].need(), self.old[1].need()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The producer is about to take nodes off the lane into its own hands (to reclaim or
@@ -373,7 +392,9 @@ impl Lane {
 
     /// Closed by its thread and empty: the worker may forget it.
     pub(crate) fn is_finished(&self) -> bool {
-        self.closed.load(Ordering::Acquire) && self.young.is_empty() && self.old.is_empty()
+        self.closed.load(Ordering::Acquire)
+            && self.young.is_empty()
+            && self.old.iter().all(Staging::is_empty)
     }
 
     /// Adds one to a producer-kept count.
