@@ -161,6 +161,7 @@ impl EngineShared {
         unsafe {
             node_ref.with_held(|held| {
                 store(&mut held.callback);
+                held.start_transit();
             })
         };
         node_ref.deadline.store(tick, Ordering::Relaxed);
@@ -219,9 +220,11 @@ impl EngineShared {
         let park_after = now.saturating_add(OLD_HORIZON);
         let mut forward = ChainBuilder::default();
         let mut park = ChainBuilder::default();
-        // The parked nodes, to look at their deadlines again once they are published.
-        let mut parked = [None; CLAIM_EVERY as usize];
-        let mut parked_count = 0;
+        let mut keep = ChainBuilder::default();
+        // The nodes kept back on the lane and the needs they were filed with, to look at
+        // their deadlines again once they are published.
+        let mut held_back = [(None, 0); 2 * CLAIM_EVERY as usize];
+        let mut held_back_count = 0;
         // SAFETY: this thread is the lane's producer.
         let young = unsafe { lane.claim() };
         for node in young {
@@ -234,10 +237,18 @@ impl EngineShared {
             }
             let need = Self::forward_need(node_ref, seen, now);
             if need > park_after {
-                park.push(node, need);
-                if let Some(slot) = parked.get_mut(parked_count) {
-                    *slot = Some(node);
-                    parked_count += 1;
+                // A timer's first claim keeps it on the young stack for one more: most
+                // request timeouts are cancelled within a few dozen schedules, and those
+                // never need the old stacks' longer wait (nor their memory).
+                // SAFETY: held by this thread, taken off its lane, not filed.
+                if unsafe { node_ref.with_held(|held| held.outlive_claim()) } {
+                    park.push(node, need);
+                } else {
+                    keep.push(node, need);
+                }
+                if let Some(slot) = held_back.get_mut(held_back_count) {
+                    *slot = (Some(node), need);
+                    held_back_count += 1;
                 }
             } else {
                 forward.push(node, need);
@@ -259,20 +270,28 @@ impl EngineShared {
             if let Some(need) = unsafe { lane.park(first, last, earliest, now) } {
                 shard.wake_for(need);
             }
-            // A reset that brought one of them forward while this thread held it could not
-            // reach the lane's need; its urgent tick may already have been spent. Look again
-            // now that the worker can see them (deadlines are atomics, so reading them after
-            // the worker may have taken the nodes is harmless).
-            let moved = parked
-                .iter()
-                .flatten()
-                // SAFETY: pool nodes stay live while the engine does.
-                .map(|node| unsafe { node.as_ref() }.deadline())
-                .min()
-                .filter(|&deadline| deadline < earliest);
-            if let Some(deadline) = moved {
-                shard.make_urgent(deadline);
+        }
+        if let Some((first, last, earliest)) = keep.finish() {
+            let fresh = || now.saturating_add(LANE_HORIZON);
+            // SAFETY: this thread is the lane's producer; the chain is its own.
+            if let Some(need) = unsafe { lane.requeue(first, last, earliest, fresh) } {
+                shard.wake_for(need);
             }
+        }
+        // A reset that brought one of them forward while this thread held it could not
+        // reach the lane's need; its urgent tick may already have been spent. Look again now
+        // that the worker can see them (deadlines are atomics, so reading them after the
+        // worker may have taken the nodes is harmless).
+        let moved = held_back[..held_back_count]
+            .iter()
+            .filter_map(|&(node, need)| {
+                // SAFETY: pool nodes stay live while the engine does.
+                let deadline = unsafe { node?.as_ref() }.deadline();
+                (deadline < need).then_some(deadline)
+            })
+            .min();
+        if let Some(deadline) = moved {
+            shard.make_urgent(deadline);
         }
         if let Some((first, last, need)) = forward.finish() {
             // SAFETY: a chain of live nodes held by this thread, linked in order.

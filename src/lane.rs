@@ -251,12 +251,31 @@ impl Lane {
         need_tick: u64,
         fresh: impl FnOnce() -> u64,
     ) -> Option<u64> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.with_producer(|side| side.pushes += 1) };
         // SAFETY: forwarded from the caller: a live node, held, on no chain.
-        let was_empty = unsafe { self.young.push(node, node) };
+        unsafe { self.requeue(node, node, need_tick, fresh) }
+    }
+
+    /// Pushes a chain of nodes back onto the young stack (the producer keeps timers that
+    /// outlived one claim there for one more): as [`push`](Self::push), with `need_tick`
+    /// the chain's earliest need, but not counted towards the next claim.
+    ///
+    /// # Safety
+    /// Only the producer thread may call this; the chain's nodes are live, held by the
+    /// caller, linked first to last, and on no other chain.
+    pub(crate) unsafe fn requeue(
+        &self,
+        first: NonNull<TimerNode>,
+        last: NonNull<TimerNode>,
+        need_tick: u64,
+        fresh: impl FnOnce() -> u64,
+    ) -> Option<u64> {
+        // SAFETY: forwarded from the caller.
+        let was_empty = unsafe { self.young.push(first, last) };
         // SAFETY: the caller is the producer thread.
         unsafe {
             self.with_producer(|side| {
-                side.pushes += 1;
                 let need = if was_empty {
                     need_tick.min(fresh())
                 } else {

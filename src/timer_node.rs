@@ -41,7 +41,24 @@ pub(crate) struct Held {
 pub(crate) const INDEX_BITS: u32 = 26;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 
+/// `Held::next` of a node in transit that has outlived one lane claim (the link fields are
+/// free while a node is not filed).
+const OUTLIVED_CLAIM: u32 = u32::MAX - 1;
+
 impl Held {
+    /// Marks a node just armed as not yet having outlived a lane claim.
+    #[inline]
+    pub(crate) fn start_transit(&mut self) {
+        self.next = 0;
+    }
+
+    /// Whether a node in transit had outlived a lane claim before; marks it as having done
+    /// so now.
+    #[inline]
+    pub(crate) fn outlive_claim(&mut self) -> bool {
+        std::mem::replace(&mut self.next, OUTLIVED_CLAIM) == OUTLIVED_CLAIM
+    }
+
     #[inline]
     fn unpack(raw: u32) -> u32 {
         match raw & INDEX_MASK {
