@@ -13,13 +13,15 @@
 //! planned wake-up wakes the worker.
 //!
 //! A lane has three such stacks. New timers go on the young one. When the producer claims
-//! it, timers still pending and not due soon move to the current old generation. Every
+//! it, timers still pending stay there through one more claim (most request timeouts are
+//! cancelled within a few dozen schedules); those still pending then, and not due soon,
+//! move to the current old generation. Every
 //! [`OLD_HORIZON`] ticks the generations rotate and the producer takes back the one that has
 //! been closed for a whole horizon, so every parked timer waits between one and two
 //! horizons before being forwarded: a request timeout cancelled within a few milliseconds
 //! (a proxy's common case, even with thousands of requests in flight) is then recycled by
 //! the thread that armed it and never costs the worker anything. Each timer is walked at
-//! most twice this way. The worker takes every stack whose need has come.
+//! most three times this way. The worker takes every stack whose need has come.
 
 use std::ptr::NonNull;
 
