@@ -9,6 +9,7 @@
 use std::cell::{Cell, OnceCell, RefCell};
 use std::num::NonZeroU32;
 
+use crate::cycle_clock::Anchor;
 use crate::engine_shared::EngineShared;
 use crate::lane::Lane;
 use crate::sync::Arc;
@@ -29,6 +30,8 @@ pub(crate) struct Context {
     /// the worker's own shard for a worker thread.
     pub(crate) home: usize,
     lanes: Box<[OnceCell<Arc<Lane>>]>,
+    /// Where this thread's deadlines start from between reads of the engine's clock.
+    pub(crate) anchor: Anchor,
 }
 
 /// The last context used: (engine id, context). Cleared when any context is dropped.
@@ -75,6 +78,7 @@ impl Context {
             engine: Arc::clone(engine),
             home,
             lanes: (0..shards).map(|_| OnceCell::new()).collect(),
+            anchor: Anchor::default(),
         }
     }
 
@@ -82,6 +86,14 @@ impl Context {
     /// use.
     #[inline]
     pub(crate) fn lane(&self, engine: &EngineShared, shard: usize) -> &Lane {
+        match self.lanes[shard].get() {
+            Some(lane) => lane,
+            None => self.open_lane(engine, shard),
+        }
+    }
+
+    #[cold]
+    fn open_lane(&self, engine: &EngineShared, shard: usize) -> &Lane {
         self.lanes[shard].get_or_init(|| engine.shards[shard].open_lane())
     }
 

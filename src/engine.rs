@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, ManualClock, MonotonicClock};
+use crate::cycle_clock::CycleScale;
 use crate::engine_builder::EngineBuilder;
 use crate::engine_shared::EngineShared;
 use crate::error::{BuildError, ScheduleError};
@@ -129,6 +130,7 @@ impl TimerEngine {
             shards: (0..workers).map(|_| Shard::new(capacity)).collect(),
             ticks,
             clock,
+            cycles: if manual { None } else { CycleScale::get() },
             shutdown: AtomicBool::new(false),
             pending_mode: AtomicU8::new(0),
             next_home: AtomicU64::new(0),
@@ -209,7 +211,7 @@ impl TimerEngine {
         delay: Duration,
         f: impl FnOnce() + Send + 'static,
     ) -> Result<TimerHandle, ScheduleError> {
-        let tick = self.shared.ticks.ceil_after(self.shared.clock.now(), delay);
+        let tick = EngineShared::deadline_after(&self.shared, delay);
         EngineShared::arm(&self.shared, tick, Period::ONE_SHOT, |callback| {
             callback.set_once(f)
         })
@@ -268,10 +270,7 @@ impl TimerEngine {
         f: impl FnMut() + Send + 'static,
     ) -> Result<TimerHandle, ScheduleError> {
         let ticks = self.shared.ticks.span(period);
-        let tick = self
-            .shared
-            .ticks
-            .ceil_after(self.shared.clock.now(), period);
+        let tick = EngineShared::deadline_after(&self.shared, period);
         let period = Period { ticks, missed };
         EngineShared::arm(&self.shared, tick, period, |callback| {
             callback.set_repeating(f, period)
@@ -296,7 +295,7 @@ impl TimerEngine {
     /// the period from there; it cannot be reset while its callback runs.
     #[inline]
     pub fn reset(&self, handle: TimerHandle, delay: Duration) -> bool {
-        let tick = self.shared.ticks.ceil_after(self.shared.clock.now(), delay);
+        let tick = EngineShared::deadline_after(&self.shared, delay);
         EngineShared::reset(&self.shared, handle, tick)
     }
 
@@ -312,7 +311,7 @@ impl TimerEngine {
     pub fn is_pending(&self, handle: TimerHandle) -> bool {
         self.shared
             .lookup(handle)
-            .is_some_and(|(_, node)| node.state.is_pending(handle.generation))
+            .is_some_and(|(_, node)| node.state.is_pending(handle.generation()))
     }
 
     /// Counts per shard and in total.

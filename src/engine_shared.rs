@@ -2,10 +2,12 @@
 //! node, sending it to its owner, cancelling and resetting it.
 
 use std::ptr::NonNull;
+use std::time::Duration;
 
 use crate::callback::Callback;
 use crate::clock::Clock;
 use crate::context::{self, Context};
+use crate::cycle_clock::CycleScale;
 use crate::error::ScheduleError;
 use crate::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
 use crate::periodic::Period;
@@ -35,6 +37,9 @@ pub(crate) struct EngineShared {
     pub(crate) shards: Box<[Shard]>,
     pub(crate) ticks: Ticks,
     pub(crate) clock: Box<dyn Clock>,
+    /// How to extrapolate `clock` from the cycle counter: only for the monotonic clock, and
+    /// only where the counter can be trusted.
+    pub(crate) cycles: Option<&'static CycleScale>,
     pub(crate) shutdown: AtomicBool,
     /// What the workers' last turn does with pending timers: a [`PendingTimers`] as a byte.
     pub(crate) pending_mode: AtomicU8,
@@ -61,14 +66,29 @@ impl EngineShared {
         self.ticks.floor(self.clock.now())
     }
 
+    /// The deadline tick `delay` from now, never earlier: from this thread's anchor on the
+    /// cycle counter where there is one, from a clock read otherwise.
+    #[inline]
+    pub(crate) fn deadline_after(this: &Arc<Self>, delay: Duration) -> u64 {
+        let extrapolated = this.cycles.and_then(|scale| {
+            let since = context::with(this, |context| {
+                context?
+                    .anchor
+                    .now_at_most(scale, || this.ticks.nanos_since_origin(this.clock.now()))
+            })?;
+            this.ticks.ceil_after_nanos(since, delay)
+        });
+        extrapolated.unwrap_or_else(|| this.ticks.ceil_after(this.clock.now(), delay))
+    }
+
     /// The shard and node a handle names, if the handle belongs to this engine.
     #[inline]
     pub(crate) fn lookup(&self, handle: TimerHandle) -> Option<(usize, &TimerNode)> {
-        if handle.engine != self.id {
+        if handle.engine() != self.id.get() {
             return None;
         }
-        let shard = self.shards.get(handle.shard as usize)?;
-        Some((handle.shard as usize, shard.pool.node(handle.index)?))
+        let shard = self.shards.get(handle.shard() as usize)?;
+        Some((handle.shard() as usize, shard.pool.node(handle.index())?))
     }
 
     /// Arms a timer due at `tick` and sends it to the calling thread's home shard.
@@ -166,12 +186,12 @@ impl EngineShared {
         };
         node_ref.deadline.store(tick, Ordering::Relaxed);
         let generation = node_ref.state.arm(period.is_repeating());
-        TimerHandle {
-            engine: self.id,
-            shard: shard as u32,
-            index: self.shards[shard].pool.index_of(node),
+        TimerHandle::new(
+            self.id,
+            shard as u32,
+            self.shards[shard].pool.index_of(node),
             generation,
-        }
+        )
     }
 
     /// Pushes a node this thread holds (marked in transit) onto its lane into `shard`,
@@ -365,7 +385,7 @@ impl EngineShared {
         let Some((shard, node)) = this.lookup(handle) else {
             return false;
         };
-        match node.state.try_cancel(handle.generation) {
+        match node.state.try_cancel(handle.generation()) {
             None => false,
             Some(outcome) => {
                 if outcome == Cancelled::Notify {
@@ -381,7 +401,7 @@ impl EngineShared {
         let Some((shard, node)) = this.lookup(handle) else {
             return false;
         };
-        if !node.state.lock_for_reset(handle.generation) {
+        if !node.state.lock_for_reset(handle.generation()) {
             return false;
         }
         let earlier = tick < node.deadline.load(Ordering::Relaxed);

@@ -25,6 +25,7 @@
 mod callback;
 mod clock;
 mod context;
+mod cycle_clock;
 mod engine;
 mod engine_builder;
 mod engine_shared;
@@ -69,7 +70,7 @@ pub mod loom_exports {
     /// A handle's node index and generation, so that a model can tell that a node was
     /// reused by a later timer.
     pub fn handle_parts(handle: crate::TimerHandle) -> (u32, u32) {
-        (handle.index, handle.generation)
+        (handle.index(), handle.generation())
     }
 
     std::thread_local! {

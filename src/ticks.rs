@@ -84,24 +84,28 @@ impl Ticks {
     /// the tick, the whole cost of turning a delay into a deadline on the hot path.
     #[inline]
     pub(crate) fn ceil_after(&self, now: Instant, delay: Duration) -> u64 {
+        self.nanos_since_origin(now)
+            .and_then(|since| self.ceil_after_nanos(since, delay))
+            .unwrap_or_else(|| self.ceil(saturating_add(now, delay)))
+    }
+
+    /// `ceil(now + delay)` for a `now` given as nanoseconds since the origin; `None` when
+    /// the sum leaves the `u64` range, which only a delay of centuries reaches.
+    #[inline]
+    pub(crate) fn ceil_after_nanos(&self, since: u64, delay: Duration) -> Option<u64> {
         let delay_ns = delay
             .as_secs()
-            .checked_mul(1_000_000_000)
-            .and_then(|ns| ns.checked_add(u64::from(delay.subsec_nanos())));
-        match (self.nanos_since_origin(now), delay_ns) {
-            (Some(since), Some(delay_ns)) if since.checked_add(delay_ns).is_some() => {
-                let (ticks, part) =
-                    StrengthReducedU64::div_rem(since + delay_ns, self.tick_divisor);
-                (ticks + u64::from(part != 0)).saturating_add(1)
-            }
-            _ => self.ceil(saturating_add(now, delay)),
-        }
+            .checked_mul(1_000_000_000)?
+            .checked_add(u64::from(delay.subsec_nanos()))?;
+        let (ticks, part) =
+            StrengthReducedU64::div_rem(since.checked_add(delay_ns)?, self.tick_divisor);
+        Some((ticks + u64::from(part != 0)).saturating_add(1))
     }
 
     /// Nanoseconds from the origin to `at` (0 before it), when they fit in a `u64`: for
     /// 584 years after the origin, so every real deadline takes this path.
     #[inline]
-    fn nanos_since_origin(&self, at: Instant) -> Option<u64> {
+    pub(crate) fn nanos_since_origin(&self, at: Instant) -> Option<u64> {
         let since = at.saturating_duration_since(self.origin);
         since
             .as_secs()

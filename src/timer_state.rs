@@ -192,6 +192,7 @@ impl TimerState {
 
     /// Stops the timer of `generation` from running (again). `Some` if and only if this call
     /// did it: the timer was pending, or was a repeating timer in the middle of firing.
+    #[inline]
     pub fn try_cancel(&self, generation: u32) -> Option<Cancelled> {
         let mut current = self.unlocked();
         loop {
