@@ -202,6 +202,10 @@ impl TimerEngine {
     ///
     /// A zero delay runs on the next tick. A delay so long that the deadline passes the end
     /// of the engine's time range (about 584 million years at 1 ms) never fires by itself.
+    /// "Now" is never underestimated: on x86-64 Linux with an invariant time-stamp counter
+    /// that the kernel keeps time with, each thread reads the real clock at most once a
+    /// millisecond and extrapolates from the counter, rounding up, which can make a
+    /// deadline a few microseconds later (and so, rarely, one tick later), never earlier.
     /// Closures capturing at most [`INLINE_CALLBACK_BYTES`](crate::INLINE_CALLBACK_BYTES)
     /// bytes (three machine words), word-aligned, are stored in the timer's pooled node;
     /// larger ones are boxed.
