@@ -6,6 +6,7 @@
 pub mod binary_heap;
 pub mod delay_queue;
 pub mod engine;
+pub mod timeouts;
 pub mod tokio_sleep;
 pub mod wheel;
 
@@ -23,15 +24,19 @@ pub enum Subject {
     /// corewheel's multi-core `TimerEngine`.
     Engine,
     TokioSleep,
+    TokioTimeout,
+    PingoraTimeout,
 }
 
 impl Subject {
-    pub const ALL: [Subject; 5] = [
+    pub const ALL: [Subject; 7] = [
         Subject::Corewheel,
         Subject::DelayQueue,
         Subject::BinaryHeap,
         Subject::Engine,
         Subject::TokioSleep,
+        Subject::TokioTimeout,
+        Subject::PingoraTimeout,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +46,8 @@ impl Subject {
             Subject::BinaryHeap => "binary-heap",
             Subject::Engine => "engine",
             Subject::TokioSleep => "tokio-sleep",
+            Subject::TokioTimeout => "tokio-timeout",
+            Subject::PingoraTimeout => "pingora-timeout",
         }
     }
 
@@ -51,6 +58,12 @@ impl Subject {
             self,
             Subject::Corewheel | Subject::DelayQueue | Subject::BinaryHeap
         )
+    }
+
+    /// A `timeout()` future around I/O: armed and cancelled, never reset or kept live by
+    /// the million, so only engine-arm-cancel drives it.
+    pub fn is_timeout(self) -> bool {
+        matches!(self, Subject::TokioTimeout | Subject::PingoraTimeout)
     }
 
     /// corewheel's own subjects, whose rows get the "vs peer" ratio columns.
@@ -90,12 +103,15 @@ impl Subject {
             Subject::TokioSleep => {
                 "tokio 1 time::sleep in a rt-multi-thread runtime, one task per application thread: each Sleep pinned and polled once with its task's waker (registered in tokio's timer wheel), dropped to cancel, Sleep::reset to push back"
             }
+            Subject::TokioTimeout => {
+                "tokio 1 time::timeout around a read that is pending, in the same runtime: polled once (which arms it), dropped to cancel"
+            }
+            Subject::PingoraTimeout => {
+                "pingora-timeout 0.9 timeout (fast_timeout: 10 ms ticks, one timer shared per tick) around a pending read, in the same runtime: polled once, dropped to cancel"
+            }
         }
     }
 }
-
-/// Peers not measured yet.
-pub const NOT_YET: [(&str, &str); 1] = [("pingora-timeout", "pingora-timeout's timeouts")];
 
 /// What the single-owner workloads do to a timer structure.
 ///
@@ -162,9 +178,11 @@ pub fn measure_fresh<T, M: Measure<T>>(
         Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),
         Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,
         Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
-        Subject::Engine | Subject::TokioSleep => Err(format!(
-            "{} is driven from several threads, not as a single-owner structure",
-            subject.name()
-        )),
+        Subject::Engine | Subject::TokioSleep | Subject::TokioTimeout | Subject::PingoraTimeout => {
+            Err(format!(
+                "{} is driven from several threads, not as a single-owner structure",
+                subject.name()
+            ))
+        }
     }
 }

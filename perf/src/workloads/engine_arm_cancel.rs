@@ -1,26 +1,28 @@
 //! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine`
-//! against tokio's `sleep`.
+//! against tokio's `sleep`, tokio's `timeout()` and pingora-timeout's `timeout()`.
 //!
 //! Each thread keeps a window of K requests in flight: it arms a timer for a new request
 //! (delay uniform in 1 ms..30 s) and cancels the one armed K operations earlier, whose
 //! response has arrived; window 0 arms a timer and cancels it at once. At the end each
 //! thread cancels what it still has in flight. The engine's threads are plain threads
 //! calling `schedule` and `cancel`; tokio's are the T workers of a runtime, each running one
-//! task that registers a `Sleep` per request and drops it to cancel.
+//! task that registers a `Sleep` (or polls a `timeout()` around a pending read) per request
+//! and drops it to cancel.
 //!
 //! A run is timed from the moment every thread has its window armed until the work is done:
 //! for the engine, until its counts show every timer cancelled or fired and every pool
 //! node is free again, so the workers' share of the work is inside the time.
 
+use std::future::Future;
 use std::pin::{Pin, pin};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use corewheel::TimerEngine;
-use tokio::time::Sleep;
 
 use crate::peers::Subject;
 use crate::peers::engine::{self, on_timeout};
-use crate::peers::tokio_sleep::{self, register};
+use crate::peers::timeouts;
+use crate::peers::tokio_sleep;
 use crate::report::{Csv, thousands};
 use crate::rng::XorShift64;
 use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
@@ -116,24 +118,25 @@ fn run_engine(config: Config) -> Result<Run, String> {
     Ok(run)
 }
 
-async fn tokio_share(
+/// One task's share on tokio: `arm(delay)` makes a request's timer future (a `Sleep`, or a
+/// `timeout()` around a pending read), which the task polls once to arm and drops to cancel.
+async fn tokio_share<F: Future + Send + 'static>(
     index: usize,
     line: std::sync::Arc<tokio_sleep::StartLine>,
     config: Config,
+    arm: fn(Duration) -> F,
 ) -> Result<Share, String> {
     let ops = share_of(config.timers, config.threads, index);
-    // One pinned slot per request in flight, reused: each new Sleep is written over the
+    // One pinned slot per request in flight, reused: each new timer is written over the
     // oldest, which drops (cancels) it, so no allocation happens per timer.
-    let mut window: Vec<Pin<Box<Option<Sleep>>>> =
-        (0..config.window).map(|_| Box::pin(None)).collect();
+    let mut window: Vec<Pin<Box<Option<F>>>> = (0..config.window).map(|_| Box::pin(None)).collect();
     tokio_sleep::with_context(|cx| {
         let mut rng = XorShift64::new(seed(index));
         let mut share = Share::new(std::thread::current().id());
         for slot in &mut window {
-            slot.as_mut()
-                .set(Some(tokio::time::sleep(request_timeout(&mut rng))));
-            if let Some(sleep) = slot.as_mut().as_pin_mut() {
-                share.due_at_once += u64::from(register(sleep, cx));
+            slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
+            if let Some(timer) = slot.as_mut().as_pin_mut() {
+                share.due_at_once += u64::from(timeouts::arm(timer, cx));
             }
         }
         share.scheduled = window.len() as u64;
@@ -142,17 +145,16 @@ async fn tokio_share(
         }
         if window.is_empty() {
             for _ in 0..ops {
-                let sleep = pin!(tokio::time::sleep(request_timeout(&mut rng)));
-                share.due_at_once += u64::from(register(sleep, cx));
+                let timer = pin!(arm(request_timeout(&mut rng)));
+                share.due_at_once += u64::from(timeouts::arm(timer, cx));
             }
         } else {
             let mut oldest = 0;
             for _ in 0..ops {
                 let slot = &mut window[oldest];
-                slot.as_mut()
-                    .set(Some(tokio::time::sleep(request_timeout(&mut rng))));
-                if let Some(sleep) = slot.as_mut().as_pin_mut() {
-                    share.due_at_once += u64::from(register(sleep, cx));
+                slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
+                if let Some(timer) = slot.as_mut().as_pin_mut() {
+                    share.due_at_once += u64::from(timeouts::arm(timer, cx));
                 }
                 oldest += 1;
                 if oldest == window.len() {
@@ -171,9 +173,12 @@ async fn tokio_share(
     .await
 }
 
-fn run_tokio(config: Config) -> Result<Run, String> {
+fn run_tokio<F: Future + Send + 'static>(
+    config: Config,
+    arm: fn(Duration) -> F,
+) -> Result<Run, String> {
     let (run, _) = parallel::on_tokio(config.threads, |index, line| {
-        tokio_share(index, line, config)
+        tokio_share(index, line, config, arm)
     })?;
     Ok(run)
 }
@@ -181,7 +186,9 @@ fn run_tokio(config: Config) -> Result<Run, String> {
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
         Subject::Engine => run_engine(config),
-        Subject::TokioSleep => run_tokio(config),
+        Subject::TokioSleep => run_tokio(config, tokio::time::sleep),
+        Subject::TokioTimeout => run_tokio(config, timeouts::tokio_timeout),
+        Subject::PingoraTimeout => run_tokio(config, timeouts::pingora_timeout),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
@@ -231,7 +238,7 @@ pub fn run(subjects: &[Subject], threads: &[usize], windows: &[usize], timers: u
         });
         table.note("ns/timer = wall time / timers, all threads together: from the moment every thread has its window armed to the end; for the engine the end is when stats() shows every timer cancelled or fired and every pool node is free, so its workers' share is inside");
         table.note(format!(
-            "engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped",
+            "engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending",
             engine::cpus()
         ));
         for note in measured.iter().flat_map(|m| {

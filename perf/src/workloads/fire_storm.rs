@@ -125,7 +125,7 @@ fn storm(subject: Subject, timers: u64) -> Result<Storm, String> {
             timers,
             capacity,
         )),
-        Subject::Engine | Subject::TokioSleep => {
+        Subject::Engine | Subject::TokioSleep | Subject::TokioTimeout | Subject::PingoraTimeout => {
             Err(format!("{} is not a single-owner subject", subject.name()))
         }
     }

@@ -324,7 +324,10 @@ pub struct ThreadsTable {
 impl ThreadsTable {
     pub fn build(self, subjects: &[Subject], measured: &[Measured], csv: &mut Csv) -> Table {
         let unit = self.unit;
-        let tokio = subjects.iter().position(|&s| s == Subject::TokioSleep);
+        // Every subject that is not corewheel's is a peer, with a ratio column of its own.
+        let peers: Vec<usize> = (0..subjects.len())
+            .filter(|&i| !subjects[i].is_corewheel())
+            .collect();
         let settles = measured.iter().any(|m| {
             m.results
                 .iter()
@@ -342,7 +345,7 @@ impl ThreadsTable {
             header.push("settle us".to_string());
         }
         header.push("pool MiB".to_string());
-        header.push("vs tokio-sleep".to_string());
+        header.extend(peers.iter().map(|&p| format!("vs {}", subjects[p].name())));
         header.push("vs own 1 thread".to_string());
         let header: Vec<&str> = header.iter().map(String::as_str).collect();
         let mut table = Table::new(self.title, &header);
@@ -358,15 +361,17 @@ impl ThreadsTable {
                     table.row(vec![name, "error".to_string()]);
                     continue;
                 };
-                let peer = match tokio.map(|t| &m.results[t]) {
-                    Some(Ok(peer)) if *subject != Subject::TokioSleep => Some(peer.wall / per.wall),
-                    _ => None,
-                };
-                let vs_tokio = match peer {
-                    _ if *subject == Subject::TokioSleep => "-".to_string(),
-                    Some(ratio) => format!("{ratio:.2}x"),
-                    None => "n/a".to_string(),
-                };
+                // How many times faster this row is than each peer: on corewheel's rows only.
+                let ratios: Vec<(Subject, Option<f64>)> = peers
+                    .iter()
+                    .map(|&p| {
+                        let ratio = match &m.results[p] {
+                            Ok(peer) if subject.is_corewheel() => Some(peer.wall / per.wall),
+                            _ => None,
+                        };
+                        (subjects[p], ratio)
+                    })
+                    .collect();
                 let scaling = match one_thread.map(|one| &one.results[row]) {
                     _ if m.threads == 1 => "-".to_string(),
                     Some(Ok(one)) => format!("{:.2}x", one.wall / per.wall),
@@ -384,7 +389,11 @@ impl ThreadsTable {
                     cells.push(show(per.settle_us, 0));
                 }
                 cells.push(show(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)), 1));
-                cells.push(vs_tokio);
+                cells.extend(ratios.iter().map(|(_, ratio)| match ratio {
+                    _ if !subject.is_corewheel() => "-".to_string(),
+                    Some(ratio) => format!("{ratio:.2}x"),
+                    None => "n/a".to_string(),
+                }));
                 cells.push(scaling);
                 table.row(cells);
                 spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
@@ -402,7 +411,11 @@ impl ThreadsTable {
                     per.pool_max
                         .map(|b| ("engine_pool_bytes_max", b as f64, "B")),
                 );
-                metrics.extend(peer.map(|ratio| ("vs_tokio_sleep", ratio, "x")));
+                metrics.extend(
+                    ratios
+                        .iter()
+                        .filter_map(|&(peer, ratio)| Some((ratio_metric(peer)?, ratio?, "x"))),
+                );
                 for (metric, value, unit) in metrics {
                     csv.push(CsvRow {
                         workload: self.workload.clone(),
@@ -441,6 +454,18 @@ impl ThreadsTable {
             "{RATIO_LEGEND}; vs own 1 thread = the subject's 1-thread ns/{unit} / this row's: above 1 means more threads got more done"
         ));
         table
+    }
+}
+
+/// The CSV metric of a ratio against `peer`.
+fn ratio_metric(peer: Subject) -> Option<&'static str> {
+    match peer {
+        Subject::TokioSleep => Some("vs_tokio_sleep"),
+        Subject::TokioTimeout => Some("vs_tokio_timeout"),
+        Subject::PingoraTimeout => Some("vs_pingora_timeout"),
+        Subject::DelayQueue => Some("vs_delay_queue"),
+        Subject::BinaryHeap => Some("vs_binary_heap"),
+        Subject::Corewheel | Subject::Engine => None,
     }
 }
 

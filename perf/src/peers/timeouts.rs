@@ -1,0 +1,78 @@
+//! `timeout()` wrapped around I/O, the way a proxy on tokio arms a request timeout: tokio's
+//! `time::timeout`, and pingora-timeout's `timeout` (what Cloudflare's proxy uses). Each
+//! wraps a read whose response has not arrived. Polling the wrapper once polls the read,
+//! which is pending, and that arms the timer (pingora arms it only then, lazily); dropping
+//! the wrapper cancels it.
+//!
+//! pingora-timeout rounds every deadline up to its 10 ms tick and shares one timer between
+//! the timeouts due in the same tick, so it does less work per timeout than a timer that
+//! keeps each deadline to the millisecond; the harness drives it as its users do anyway.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// A read whose response has not arrived: pending on every poll, and never woken.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PendingRead;
+
+impl Future for PendingRead {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        Poll::Pending
+    }
+}
+
+/// tokio's `timeout` around a pending read.
+pub fn tokio_timeout(delay: Duration) -> tokio::time::Timeout<PendingRead> {
+    tokio::time::timeout(delay, PendingRead)
+}
+
+/// pingora-timeout's `timeout` around a pending read.
+pub fn pingora_timeout(
+    delay: Duration,
+) -> pingora_timeout::Timeout<PendingRead, pingora_timeout::fast_timeout::FastOrTokioTimeout> {
+    pingora_timeout::timeout(delay, PendingRead)
+}
+
+/// Polls a fresh timeout (or sleep) once, which arms its timer. `true` if it was already
+/// done, which for a 1 ms..30 s timeout around a pending read means the machine stalled.
+#[inline]
+pub fn arm<F: Future>(future: Pin<&mut F>, cx: &mut Context<'_>) -> bool {
+    future.poll(cx).is_ready()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PendingRead, arm, pingora_timeout, tokio_timeout};
+    use crate::peers::tokio_sleep::{runtime, with_context};
+    use std::time::Duration;
+
+    /// A polled timeout around a pending read is armed: not done at once, and it does
+    /// elapse (with an error) once its delay has passed.
+    #[test]
+    fn both_timeouts_arm_on_their_first_poll_and_elapse() {
+        let rt = runtime(1).expect("a runtime");
+        rt.block_on(async {
+            let mut tokio = Box::pin(tokio_timeout(Duration::from_millis(5)));
+            let mut pingora = Box::pin(pingora_timeout(Duration::from_millis(5)));
+            let armed_done =
+                with_context(|cx| (arm(tokio.as_mut(), cx), arm(pingora.as_mut(), cx))).await;
+            assert_eq!(armed_done, (false, false), "neither was done at once");
+            assert!(tokio.await.is_err(), "tokio's timeout elapsed");
+            assert!(pingora.await.is_err(), "pingora's timeout elapsed");
+        });
+    }
+
+    #[test]
+    fn the_read_never_completes() {
+        let rt = runtime(1).expect("a runtime");
+        let done = rt.block_on(async {
+            let mut read = Box::pin(PendingRead);
+            with_context(|cx| arm(read.as_mut(), cx)).await
+        });
+        assert!(!done);
+    }
+}
