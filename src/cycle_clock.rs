@@ -210,10 +210,10 @@ impl Sample {
 fn trustworthy() -> bool {
     #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri), not(loom)))]
     {
-        // SAFETY: CPUID exists on every x86-64 CPU; leaf 0x8000_0000 reports the highest
-        // extended leaf, which is checked before leaf 0x8000_0007 is read. (Newer Rust
-        // declares `__cpuid` safe; the block keeps older compilers building.)
+        // Newer Rust declares `__cpuid` safe; the block keeps older compilers building.
         #[allow(unused_unsafe)]
+        // SAFETY: CPUID exists on every x86-64 CPU; leaf 0x8000_0000 reports the highest
+        // extended leaf, which is checked before leaf 0x8000_0007 is read.
         let invariant = unsafe {
             use core::arch::x86_64::__cpuid;
             __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0

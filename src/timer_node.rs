@@ -143,10 +143,10 @@ impl TimerNode {
     #[inline]
     pub(crate) fn prefetch_for_write(node: NonNull<TimerNode>) {
         #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
-        // SAFETY: PREFETCHW (or the read prefetch it falls back to) never faults, whatever
-        // the address, and has no effect a program can observe but timing. (Newer Rust
-        // declares `_mm_prefetch` safe; the block keeps older compilers building.)
+        // Newer Rust declares `_mm_prefetch` safe; the block keeps older compilers building.
         #[allow(unused_unsafe)]
+        // SAFETY: a prefetch never faults, whatever the address, and has no effect a
+        // program can observe but timing.
         unsafe {
             use core::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
             _mm_prefetch::<_MM_HINT_ET0>(node.as_ptr().cast::<i8>());
