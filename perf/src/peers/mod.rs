@@ -60,6 +60,18 @@ impl Subject {
         )
     }
 
+    /// The CSV metric of corewheel's ratio against this subject; `None` for corewheel's own.
+    pub fn ratio_metric(self) -> Option<&'static str> {
+        match self {
+            Subject::DelayQueue => Some("vs_delay_queue"),
+            Subject::BinaryHeap => Some("vs_binary_heap"),
+            Subject::TokioSleep => Some("vs_tokio_sleep"),
+            Subject::TokioTimeout => Some("vs_tokio_timeout"),
+            Subject::PingoraTimeout => Some("vs_pingora_timeout"),
+            Subject::Corewheel | Subject::Engine => None,
+        }
+    }
+
     /// A `timeout()` future around I/O: armed and cancelled, never reset or kept live by
     /// the million, so only engine-arm-cancel drives it.
     pub fn is_timeout(self) -> bool {

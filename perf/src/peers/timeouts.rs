@@ -37,17 +37,10 @@ pub fn pingora_timeout(
     pingora_timeout::timeout(delay, PendingRead)
 }
 
-/// Polls a fresh timeout (or sleep) once, which arms its timer. `true` if it was already
-/// done, which for a 1 ms..30 s timeout around a pending read means the machine stalled.
-#[inline]
-pub fn arm<F: Future>(future: Pin<&mut F>, cx: &mut Context<'_>) -> bool {
-    future.poll(cx).is_ready()
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{PendingRead, arm, pingora_timeout, tokio_timeout};
-    use crate::peers::tokio_sleep::{runtime, with_context};
+    use super::{PendingRead, pingora_timeout, tokio_timeout};
+    use crate::peers::tokio_sleep::{register, runtime, with_context};
     use std::time::Duration;
 
     /// A polled timeout around a pending read is armed: not done at once, and it does
@@ -59,7 +52,8 @@ mod tests {
             let mut tokio = Box::pin(tokio_timeout(Duration::from_millis(5)));
             let mut pingora = Box::pin(pingora_timeout(Duration::from_millis(5)));
             let armed_done =
-                with_context(|cx| (arm(tokio.as_mut(), cx), arm(pingora.as_mut(), cx))).await;
+                with_context(|cx| (register(tokio.as_mut(), cx), register(pingora.as_mut(), cx)))
+                    .await;
             assert_eq!(armed_done, (false, false), "neither was done at once");
             assert!(tokio.await.is_err(), "tokio's timeout elapsed");
             assert!(pingora.await.is_err(), "pingora's timeout elapsed");
@@ -71,7 +65,7 @@ mod tests {
         let rt = runtime(1).expect("a runtime");
         let done = rt.block_on(async {
             let mut read = Box::pin(PendingRead);
-            with_context(|cx| arm(read.as_mut(), cx)).await
+            with_context(|cx| register(read.as_mut(), cx)).await
         });
         assert!(!done);
     }

@@ -16,7 +16,6 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::{Builder, Runtime};
-use tokio::time::Sleep;
 
 /// How long the tasks of a run may take to all be running at once before the run fails.
 const GATHER_LIMIT: Duration = Duration::from_secs(10);
@@ -30,11 +29,11 @@ pub fn runtime(workers: usize) -> Result<Runtime, String> {
         .map_err(|error| format!("could not start a tokio runtime: {error}"))
 }
 
-/// Polls a fresh `Sleep` once, which registers it with the runtime's timer. `true` if it
-/// was already due (it is then not waiting in the wheel).
+/// Polls a fresh `Sleep` (or a `timeout()` around a pending read) once, which registers its
+/// timer. `true` if it was already done: due at once, so not waiting in any timer.
 #[inline]
-pub fn register(sleep: Pin<&mut Sleep>, cx: &mut Context<'_>) -> bool {
-    sleep.poll(cx).is_ready()
+pub fn register<F: Future>(timer: Pin<&mut F>, cx: &mut Context<'_>) -> bool {
+    timer.poll(cx).is_ready()
 }
 
 /// The start line the tasks of one run wait at: a task spins (without yielding, so that it

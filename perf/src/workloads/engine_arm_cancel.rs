@@ -22,7 +22,7 @@ use corewheel::TimerEngine;
 use crate::peers::Subject;
 use crate::peers::engine::{self, on_timeout};
 use crate::peers::timeouts;
-use crate::peers::tokio_sleep;
+use crate::peers::tokio_sleep::{self, register};
 use crate::report::{Csv, thousands};
 use crate::rng::XorShift64;
 use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
@@ -136,7 +136,7 @@ async fn tokio_share<F: Future + Send + 'static>(
         for slot in &mut window {
             slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
             if let Some(timer) = slot.as_mut().as_pin_mut() {
-                share.due_at_once += u64::from(timeouts::arm(timer, cx));
+                share.due_at_once += u64::from(register(timer, cx));
             }
         }
         share.scheduled = window.len() as u64;
@@ -146,7 +146,7 @@ async fn tokio_share<F: Future + Send + 'static>(
         if window.is_empty() {
             for _ in 0..ops {
                 let timer = pin!(arm(request_timeout(&mut rng)));
-                share.due_at_once += u64::from(timeouts::arm(timer, cx));
+                share.due_at_once += u64::from(register(timer, cx));
             }
         } else {
             let mut oldest = 0;
@@ -154,7 +154,7 @@ async fn tokio_share<F: Future + Send + 'static>(
                 let slot = &mut window[oldest];
                 slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
                 if let Some(timer) = slot.as_mut().as_pin_mut() {
-                    share.due_at_once += u64::from(timeouts::arm(timer, cx));
+                    share.due_at_once += u64::from(register(timer, cx));
                 }
                 oldest += 1;
                 if oldest == window.len() {

@@ -414,7 +414,7 @@ impl ThreadsTable {
                 metrics.extend(
                     ratios
                         .iter()
-                        .filter_map(|&(peer, ratio)| Some((ratio_metric(peer)?, ratio?, "x"))),
+                        .filter_map(|&(peer, ratio)| Some((peer.ratio_metric()?, ratio?, "x"))),
                 );
                 for (metric, value, unit) in metrics {
                     csv.push(CsvRow {
@@ -454,18 +454,6 @@ impl ThreadsTable {
             "{RATIO_LEGEND}; vs own 1 thread = the subject's 1-thread ns/{unit} / this row's: above 1 means more threads got more done"
         ));
         table
-    }
-}
-
-/// The CSV metric of a ratio against `peer`.
-fn ratio_metric(peer: Subject) -> Option<&'static str> {
-    match peer {
-        Subject::TokioSleep => Some("vs_tokio_sleep"),
-        Subject::TokioTimeout => Some("vs_tokio_timeout"),
-        Subject::PingoraTimeout => Some("vs_pingora_timeout"),
-        Subject::DelayQueue => Some("vs_delay_queue"),
-        Subject::BinaryHeap => Some("vs_binary_heap"),
-        Subject::Corewheel | Subject::Engine => None,
     }
 }
 
