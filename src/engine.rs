@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, ManualClock, MonotonicClock};
 use crate::cycle_clock::CycleScale;
 use crate::engine_builder::EngineBuilder;
-use crate::engine_shared::EngineShared;
+use crate::engine_shared::{Due, EngineShared};
 use crate::error::{BuildError, ScheduleError};
 use crate::periodic::{MissedTicks, Period};
 use crate::shard::Shard;
@@ -215,10 +215,12 @@ impl TimerEngine {
         delay: Duration,
         f: impl FnOnce() + Send + 'static,
     ) -> Result<TimerHandle, ScheduleError> {
-        let tick = EngineShared::deadline_after(&self.shared, delay);
-        EngineShared::arm(&self.shared, tick, Period::ONE_SHOT, |callback| {
-            callback.set_once(f)
-        })
+        EngineShared::arm(
+            &self.shared,
+            Due::After(delay),
+            Period::ONE_SHOT,
+            |callback| callback.set_once(f),
+        )
     }
 
     /// Schedules `f` to run once at `deadline`, rounded up to the tick. A deadline in the
@@ -230,9 +232,12 @@ impl TimerEngine {
         f: impl FnOnce() + Send + 'static,
     ) -> Result<TimerHandle, ScheduleError> {
         let tick = self.shared.ticks.ceil(deadline);
-        EngineShared::arm(&self.shared, tick, Period::ONE_SHOT, |callback| {
-            callback.set_once(f)
-        })
+        EngineShared::arm(
+            &self.shared,
+            Due::AtTick(tick),
+            Period::ONE_SHOT,
+            |callback| callback.set_once(f),
+        )
     }
 
     /// Schedules `f` to run every `period`, first `period` from now, skipping ticks it
@@ -273,10 +278,12 @@ impl TimerEngine {
         missed: MissedTicks,
         f: impl FnMut() + Send + 'static,
     ) -> Result<TimerHandle, ScheduleError> {
-        let ticks = self.shared.ticks.span(period);
-        let tick = EngineShared::deadline_after(&self.shared, period);
-        let period = Period { ticks, missed };
-        EngineShared::arm(&self.shared, tick, period, |callback| {
+        let first = Due::After(period);
+        let period = Period {
+            ticks: self.shared.ticks.span(period),
+            missed,
+        };
+        EngineShared::arm(&self.shared, first, period, |callback| {
             callback.set_repeating(f, period)
         })
     }

@@ -31,6 +31,15 @@ const MAGAZINE_LIMIT: u32 = 4 * BATCH;
 /// back promptly.
 const LANE_HORIZON: u64 = 2;
 
+/// When a timer being armed is due.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Due {
+    /// This long from now, as [`EngineShared::deadline_after`] reads "now".
+    After(Duration),
+    /// At this tick.
+    AtTick(u64),
+}
+
 /// Shared by the engine handle, its workers and every thread's context.
 pub(crate) struct EngineShared {
     pub(crate) id: std::num::NonZeroU32,
@@ -70,15 +79,20 @@ impl EngineShared {
     /// cycle counter where there is one, from a clock read otherwise.
     #[inline]
     pub(crate) fn deadline_after(this: &Arc<Self>, delay: Duration) -> u64 {
-        let extrapolated = this.cycles.and_then(|scale| {
-            let since = context::with(this, |context| {
-                context?
-                    .anchor
-                    .now_at_most(scale, || this.ticks.nanos_since_origin(this.clock.now()))
-            })?;
-            this.ticks.ceil_after_nanos(since, delay)
+        context::with(this, |context| this.deadline_in(context, delay))
+    }
+
+    /// [`deadline_after`](Self::deadline_after) for a caller that has already looked up
+    /// its thread's context.
+    #[inline]
+    fn deadline_in(&self, context: Option<&Context>, delay: Duration) -> u64 {
+        let extrapolated = self.cycles.zip(context).and_then(|(scale, context)| {
+            let since = context
+                .anchor
+                .now_at_most(scale, || self.ticks.nanos_since_origin(self.clock.now()))?;
+            self.ticks.ceil_after_nanos(since, delay)
         });
-        extrapolated.unwrap_or_else(|| this.ticks.ceil_after(this.clock.now(), delay))
+        extrapolated.unwrap_or_else(|| self.ticks.ceil_after(self.clock.now(), delay))
     }
 
     /// The shard and node a handle names, if the handle belongs to this engine.
@@ -91,20 +105,27 @@ impl EngineShared {
         Some((handle.shard() as usize, shard.pool.node(handle.index())?))
     }
 
-    /// Arms a timer due at `tick` and sends it to the calling thread's home shard.
+    /// Arms a timer due at `due` and sends it to the calling thread's home shard.
     #[inline]
     pub(crate) fn arm(
         this: &Arc<Self>,
-        tick: u64,
+        due: Due,
         period: Period,
         store: impl FnOnce(&mut Callback),
     ) -> Result<TimerHandle, ScheduleError> {
         if this.shutdown.load(Ordering::Acquire) {
             return Err(ScheduleError::Shutdown);
         }
-        let handle = context::with(this, |context| match context {
-            Some(context) => this.arm_on_lane(context, tick, period, store),
-            None => this.arm_direct(tick, period, store),
+        // One lookup of the thread's context serves both the deadline and the lane.
+        let handle = context::with(this, |context| {
+            let tick = match due {
+                Due::After(delay) => this.deadline_in(context, delay),
+                Due::AtTick(tick) => tick,
+            };
+            match context {
+                Some(context) => this.arm_on_lane(context, tick, period, store),
+                None => this.arm_direct(tick, period, store),
+            }
         })?;
         // Pairs with the shutdown's flag store and the final take of every lane: either
         // the worker's last turn saw this timer, or this load sees the flag.
