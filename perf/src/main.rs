@@ -9,6 +9,8 @@ mod child;
 mod cpu_time;
 mod load;
 mod peers;
+mod plots;
+mod progress;
 mod repeat;
 mod report;
 mod rng;
@@ -18,12 +20,13 @@ mod workloads;
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use peers::Subject;
 use report::{Csv, thousands};
 use workloads::{
     Sizes, Workload, arm_cancel, engine_arm_cancel, engine_live_1m, engine_reset, fire_storm,
-    live_1m, not_yet, reset_heavy,
+    live_1m, not_yet, reset_heavy, steady_mix,
 };
 
 /// More than this would not fit a 24 GiB machine in any subject, and a mistyped zero should
@@ -36,13 +39,18 @@ const MAX_THREADS: usize = 1024;
 /// Largest window of requests in flight per thread.
 const MAX_WINDOW: usize = 10_000_000;
 
+/// Most timers a second steady-mix may be asked to arm, and most seconds it may run.
+const MAX_MIX_RATE: usize = 1_000_000_000;
+const MAX_MIX_SECONDS: usize = 3_600;
+
 const HELP: &str = "\
 corewheel-perf: the million-timer workload harness
 
 Runs corewheel's Wheel and its peers (tokio-util DelayQueue, std BinaryHeap) through the
 same single-thread workloads, and corewheel's multi-core TimerEngine against tokio's sleep
-through the engine-* workloads from 1..N threads, in one run; prints a table per workload
-and writes perf/results/latest.csv.
+and timeout(), pingora-timeout and a Mutex<BinaryHeap> shared by all threads through the
+engine-* workloads from 1..N threads and steady-mix, in one run; prints a table per
+workload and writes perf/results/latest.csv and SVG plots.
 
 USAGE:
     cargo run --release -p corewheel-perf -- [OPTIONS]
@@ -53,21 +61,27 @@ OPTIONS:
                        reset-heavy, engine-reset, fire-storm, burst-steal, steady-mix
     --peers LIST       comma-separated subjects, default all:
                        corewheel, delay-queue, binary-heap (single-thread workloads),
-                       engine, tokio-sleep (engine-* workloads),
+                       engine, tokio-sleep (engine-* workloads, steady-mix),
+                       mutex-heap (engine-arm-cancel, engine-reset, steady-mix),
                        tokio-timeout, pingora-timeout (engine-arm-cancel only)
     --threads LIST     application threads for engine-arm-cancel and engine-reset,
                        comma-separated (default 1 up to the CPU count: 1,2,...)
     --windows LIST     requests in flight per thread for engine-arm-cancel, comma-separated
                        (default 16,10000; 0 = arm then cancel at once)
-    --timers N         timers for live-1m, engine-live-1m and fire-storm (default 1,000,000;
-                       --full: 10,000,000 for live-1m and engine-live-1m)
+    --timers N         timers for live-1m, engine-live-1m, fire-storm and steady-mix (default
+                       1,000,000; --full: 10,000,000 for live-1m and engine-live-1m)
+    --mix-rate N       timers armed per second in steady-mix, all threads together
+                       (default 1,000,000); it runs on the largest --threads count
+    --mix-seconds N    how long steady-mix runs (default 10)
+    --allocator NAME   the global allocator for the whole run: mimalloc (default) or system
     --full             full sizes: 20M arm-cancel ops and engine-arm-cancel timers per run,
                        10M live timers, 20M resets
     -h, --help         this text
 
-Every workload but fire-storm reports the median of 3 runs per subject; live-1m and
-engine-live-1m run each in a fresh child process so that RSS deltas are the subject's own.
-Build with --features system-alloc to measure on the system allocator instead of mimalloc.
+Every workload but fire-storm and steady-mix reports the median of 3 runs per subject;
+live-1m and engine-live-1m run each in a fresh child process so that RSS deltas are the
+subject's own. Plots of throughput against threads and of the fire storm's lateness go to
+perf/results/*.svg beside the CSV.
 ";
 
 #[derive(Debug, PartialEq)]
@@ -78,6 +92,10 @@ struct Options {
     full: bool,
     threads: Vec<usize>,
     windows: Vec<usize>,
+    mix_rate: u64,
+    mix_seconds: u64,
+    /// `mimalloc` or `system`, when asked for.
+    allocator: Option<&'static str>,
 }
 
 /// 1, 2, ... up to the CPUs this process may use.
@@ -99,6 +117,9 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Strin
         full: false,
         threads: default_threads(),
         windows: engine_arm_cancel::DEFAULT_WINDOWS.to_vec(),
+        mix_rate: steady_mix::DEFAULT_RATE,
+        mix_seconds: steady_mix::DEFAULT_SECONDS,
+        allocator: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -140,6 +161,29 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Strin
                 options.windows = parse_list(&value("--windows")?, "window", |name| {
                     parse_count(name, "--windows", 0, MAX_WINDOW)
                 })?
+            }
+            "--allocator" => {
+                options.allocator = match value("--allocator")?.as_str() {
+                    "mimalloc" => Some("mimalloc"),
+                    "system" => Some("system"),
+                    other => {
+                        return Err(format!(
+                            "--allocator takes mimalloc or system, not {other:?}"
+                        ));
+                    }
+                }
+            }
+            "--mix-rate" => {
+                options.mix_rate =
+                    parse_count(&value("--mix-rate")?, "--mix-rate", 1, MAX_MIX_RATE)? as u64
+            }
+            "--mix-seconds" => {
+                options.mix_seconds = parse_count(
+                    &value("--mix-seconds")?,
+                    "--mix-seconds",
+                    1,
+                    MAX_MIX_SECONDS,
+                )? as u64
             }
             _ if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
             _ => return Err(format!("unexpected argument {flag:?}")),
@@ -219,7 +263,7 @@ fn print_header(options: &Options) {
         .map_or_else(|_| "unknown".to_string(), |cpus| cpus.get().to_string());
     println!("corewheel-perf: the million-timer workload harness");
     println!("machine:   {cpus} CPUs available to this process");
-    println!("allocator: {}", allocator::NAME);
+    println!("allocator: {}", allocator::name());
     if cfg!(debug_assertions) {
         println!("WARNING:   debug build: the numbers mean nothing; use cargo run --release");
     }
@@ -271,27 +315,29 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(wanted) = options.allocator.filter(|&w| w != allocator::short_name()) {
+        return run_with_allocator(wanted);
+    }
     let sizes = Sizes::new(options.full, options.timers);
     print_header(&options);
 
-    let single = Subject::of_kind(&options.subjects, true);
-    let multi = Subject::of_kind(&options.subjects, false);
     let (threads, windows) = (&options.threads, &options.windows);
     let mut csv = Csv::default();
+    let mut plots = plots::Plots::default();
+    progress::start(planned_runs(&options));
     for &workload in &options.workloads {
-        // timeout() futures are armed and cancelled, never reset or kept live by the
-        // million: only engine-arm-cancel drives them.
-        let resettable: Vec<Subject> = multi.iter().copied().filter(|s| !s.is_timeout()).collect();
-        let subjects = match workload {
-            Workload::EngineArmCancel => &multi,
-            _ if workload.is_engine() => &resettable,
-            _ => &single,
-        };
-        if subjects.is_empty() && !matches!(workload, Workload::BurstSteal | Workload::SteadyMix) {
-            println!(
+        let subjects: Vec<Subject> = options
+            .subjects
+            .iter()
+            .copied()
+            .filter(|&subject| workload.drives(subject))
+            .collect();
+        let subjects = &subjects;
+        if subjects.is_empty() && workload != Workload::BurstSteal {
+            progress::print(&format!(
                 "{}: skipped: none of the chosen peers is one it drives\n",
                 workload.name()
-            );
+            ));
             continue;
         }
         let meter = load::LoadMeter::start();
@@ -306,15 +352,26 @@ fn main() -> ExitCode {
             Workload::EngineReset => {
                 engine_reset::run(subjects, threads, sizes.reset_ops, &mut csv)
             }
-            Workload::FireStorm => fire_storm::run(subjects, sizes.storm_timers, &mut csv),
-            Workload::BurstSteal => not_yet::burst_steal(),
-            Workload::SteadyMix => not_yet::steady_mix(),
-        }
-        if matches!(workload, Workload::BurstSteal | Workload::SteadyMix) {
-            continue;
+            Workload::FireStorm => {
+                fire_storm::run(subjects, sizes.storm_timers, &mut csv, &mut plots)
+            }
+            Workload::SteadyMix => steady_mix::run(
+                subjects,
+                steady_mix::Config {
+                    threads: threads.iter().copied().max().unwrap_or(1),
+                    live: sizes.storm_timers,
+                    rate: options.mix_rate,
+                    duration: Duration::from_secs(options.mix_seconds),
+                },
+                &mut csv,
+            ),
+            Workload::BurstSteal => {
+                not_yet::burst_steal();
+                continue;
+            }
         }
         if let Some(note) = meter.note() {
-            println!("{}: {note}\n", workload.name());
+            progress::print(&format!("{}: {note}\n", workload.name()));
         }
         if let Some(share) = meter.others_share() {
             csv.push(report::CsvRow {
@@ -329,22 +386,83 @@ fn main() -> ExitCode {
         }
     }
 
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("results")
-        .join("latest.csv");
-    match csv.write(&path) {
-        Ok(()) => {
-            println!("CSV: {}", path.display());
+    progress::finish();
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+    let path = dir.join("latest.csv");
+    if let Err(error) = csv.write(&path) {
+        eprintln!(
+            "corewheel-perf: could not write {}: {error}",
+            path.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    println!("CSV: {}", path.display());
+    let machine = format!("{}, {}", plots::machine(), allocator::short_name());
+    match plots.write(&csv, &dir, &machine) {
+        Ok(written) => {
+            for path in written {
+                println!("plot: {}", path.display());
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!(
-                "corewheel-perf: could not write {}: {error}",
-                path.display()
-            );
+            eprintln!("corewheel-perf: {error}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs the harness again, with the same arguments, in a child process whose allocator is
+/// `wanted`: this process chose its allocator at its first allocation, long before it read
+/// its arguments.
+fn run_with_allocator(wanted: &str) -> ExitCode {
+    if !allocator::CAN_SWITCH {
+        eprintln!("corewheel-perf: --allocator system needs a Unix platform");
+        return ExitCode::from(2);
+    }
+    let status = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env(allocator::ENV, wanted)
+            .status()
+    });
+    match status {
+        Ok(status) if status.success() => ExitCode::SUCCESS,
+        Ok(status) => ExitCode::from(status.code().map_or(1, |code| code.clamp(1, 255) as u8)),
+        Err(error) => {
+            eprintln!("corewheel-perf: could not run again with the {wanted} allocator: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// How many measured runs `options` asks for: the progress bar's length.
+fn planned_runs(options: &Options) -> u64 {
+    let runs = repeat::RUNS as u64;
+    let threads = options.threads.len() as u64;
+    options
+        .workloads
+        .iter()
+        .map(|&workload| {
+            let subjects = options
+                .subjects
+                .iter()
+                .filter(|&&subject| workload.drives(subject))
+                .count() as u64;
+            subjects
+                * match workload {
+                    Workload::ArmCancel
+                    | Workload::Live1m
+                    | Workload::EngineLive1m
+                    | Workload::ResetHeavy => runs,
+                    Workload::EngineArmCancel => runs * threads * options.windows.len() as u64,
+                    Workload::EngineReset => runs * threads,
+                    Workload::FireStorm | Workload::SteadyMix => 1,
+                    Workload::BurstSteal => 0,
+                }
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -382,7 +500,11 @@ mod tests {
                 "--full",
                 "--threads=1,2,4",
                 "--windows",
-                "0,16"
+                "0,16",
+                "--mix-rate=2,000",
+                "--mix-seconds",
+                "3",
+                "--allocator=system"
             ]),
             Ok(Command::Run(Options {
                 workloads: vec![Workload::FireStorm, Workload::ArmCancel],
@@ -391,6 +513,9 @@ mod tests {
                 full: true,
                 threads: vec![1, 2, 4],
                 windows: vec![0, 16],
+                mix_rate: 2_000,
+                mix_seconds: 3,
+                allocator: Some("system"),
             }))
         );
         assert_eq!(parse(&["--full", "-h"]), Ok(Command::Help));
@@ -413,6 +538,9 @@ mod tests {
             &["--threads", "two"],
             &["--windows", ""],
             &["--windows", "-1"],
+            &["--mix-rate", "0"],
+            &["--allocator", "jemalloc"],
+            &["--mix-seconds", "100000"],
         ] {
             assert!(parse(args).is_err(), "{args:?} should be rejected");
         }

@@ -71,7 +71,7 @@ impl Table {
     }
 
     pub fn print(&self) {
-        println!("{}", self.render());
+        crate::progress::print(&self.render());
     }
 }
 
@@ -130,6 +130,11 @@ pub struct Csv {
 impl Csv {
     pub fn push(&mut self, row: CsvRow) {
         self.rows.push(row);
+    }
+
+    /// Every row so far, in the order pushed.
+    pub fn rows(&self) -> &[CsvRow] {
+        &self.rows
     }
 
     /// Several metrics of one subject in one workload.

@@ -102,6 +102,13 @@ impl<T> TombstoneHeap<T> {
         Some(value)
     }
 
+    /// Whether `key` names a pending timer.
+    pub fn contains(&self, key: HeapKey) -> bool {
+        self.slots
+            .get(key.slot as usize)
+            .is_some_and(|slot| slot.generation == key.generation && slot.value.is_some())
+    }
+
     /// Tombstones the timer's entry and pushes a new one; the returned key names it.
     pub fn reset(&mut self, key: HeapKey, deadline: Instant) -> Option<HeapKey> {
         let slot = self.slots.get_mut(key.slot as usize)?;

@@ -11,8 +11,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use corewheel::{ManualClock, Stats, TimerEngine};
+use corewheel::{ManualClock, Stats, TimerEngine, TimerHandle};
 
+use super::SharedTimers;
 use crate::cpu_time;
 
 /// The prefix of the engine's worker thread names (`corewheel-0`, `corewheel-1`, ...).
@@ -32,6 +33,30 @@ pub fn on_timeout(id: u64) -> impl FnOnce() + Send + 'static {
     move || {
         black_box(id);
         CALLBACKS_RUN.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl SharedTimers for TimerEngine {
+    type Handle = TimerHandle;
+
+    #[inline]
+    fn arm(&self, delay: Duration, id: u64) -> Result<TimerHandle, String> {
+        self.schedule(delay, on_timeout(id))
+            .map_err(|error| format!("schedule failed: {error}"))
+    }
+
+    #[inline]
+    fn cancel(&self, handle: TimerHandle) -> bool {
+        TimerEngine::cancel(self, handle)
+    }
+
+    #[inline]
+    fn reset(&self, handle: TimerHandle, delay: Duration) -> Option<TimerHandle> {
+        TimerEngine::reset(self, handle, delay).then_some(handle)
+    }
+
+    fn is_pending(&self, handle: TimerHandle) -> bool {
+        TimerEngine::is_pending(self, handle)
     }
 }
 

@@ -6,11 +6,12 @@
 pub mod binary_heap;
 pub mod delay_queue;
 pub mod engine;
+pub mod mutex_heap;
 pub mod timeouts;
 pub mod tokio_sleep;
 pub mod wheel;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use binary_heap::TombstoneHeap;
 
@@ -26,10 +27,12 @@ pub enum Subject {
     TokioSleep,
     TokioTimeout,
     PingoraTimeout,
+    /// One `BinaryHeap` behind a `Mutex`, shared by every thread, with a timer thread.
+    MutexHeap,
 }
 
 impl Subject {
-    pub const ALL: [Subject; 7] = [
+    pub const ALL: [Subject; 8] = [
         Subject::Corewheel,
         Subject::DelayQueue,
         Subject::BinaryHeap,
@@ -37,6 +40,7 @@ impl Subject {
         Subject::TokioSleep,
         Subject::TokioTimeout,
         Subject::PingoraTimeout,
+        Subject::MutexHeap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -48,6 +52,7 @@ impl Subject {
             Subject::TokioSleep => "tokio-sleep",
             Subject::TokioTimeout => "tokio-timeout",
             Subject::PingoraTimeout => "pingora-timeout",
+            Subject::MutexHeap => "mutex-heap",
         }
     }
 
@@ -68,29 +73,14 @@ impl Subject {
             Subject::TokioSleep => Some("vs_tokio_sleep"),
             Subject::TokioTimeout => Some("vs_tokio_timeout"),
             Subject::PingoraTimeout => Some("vs_pingora_timeout"),
+            Subject::MutexHeap => Some("vs_mutex_heap"),
             Subject::Corewheel | Subject::Engine => None,
         }
-    }
-
-    /// A `timeout()` future around I/O: armed and cancelled, never reset or kept live by
-    /// the million, so only engine-arm-cancel drives it.
-    pub fn is_timeout(self) -> bool {
-        matches!(self, Subject::TokioTimeout | Subject::PingoraTimeout)
     }
 
     /// corewheel's own subjects, whose rows get the "vs peer" ratio columns.
     pub fn is_corewheel(self) -> bool {
         matches!(self, Subject::Corewheel | Subject::Engine)
-    }
-
-    /// The subjects in `subjects` that `single_owner` workloads (or the engine workloads,
-    /// when `false`) drive, in the order given.
-    pub fn of_kind(subjects: &[Subject], single_owner: bool) -> Vec<Subject> {
-        subjects
-            .iter()
-            .copied()
-            .filter(|subject| subject.is_single_owner() == single_owner)
-            .collect()
     }
 
     pub fn parse(name: &str) -> Option<Self> {
@@ -121,8 +111,31 @@ impl Subject {
             Subject::PingoraTimeout => {
                 "pingora-timeout 0.9 timeout (fast_timeout: 10 ms ticks, one timer shared per tick) around a pending read, in the same runtime: polled once, dropped to cancel"
             }
+            Subject::MutexHeap => {
+                "the naive baseline: one std BinaryHeap (tombstone cancel) behind one Mutex shared by every application thread, and a timer thread waiting on a Condvar for the earliest deadline"
+            }
         }
     }
+}
+
+/// What plain application threads do to a timer structure they all share: the engine, or
+/// the locked heap. One call each of the structure's own operations.
+pub trait SharedTimers: Sync {
+    /// What the structure hands back to name a timer.
+    type Handle: Copy + Send;
+
+    /// Arms timer `id` to fire `delay` from now.
+    fn arm(&self, delay: Duration, id: u64) -> Result<Self::Handle, String>;
+
+    /// `true` if the timer was pending and is now stopped; `false` if it had fired.
+    fn cancel(&self, handle: Self::Handle) -> bool;
+
+    /// Moves a pending timer to `delay` from now, and returns what names it from then on;
+    /// `None` if it had fired.
+    fn reset(&self, handle: Self::Handle, delay: Duration) -> Option<Self::Handle>;
+
+    /// Whether the timer is still waiting to fire.
+    fn is_pending(&self, handle: Self::Handle) -> bool;
 }
 
 /// What the single-owner workloads do to a timer structure.
@@ -190,11 +203,13 @@ pub fn measure_fresh<T, M: Measure<T>>(
         Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),
         Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,
         Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
-        Subject::Engine | Subject::TokioSleep | Subject::TokioTimeout | Subject::PingoraTimeout => {
-            Err(format!(
-                "{} is driven from several threads, not as a single-owner structure",
-                subject.name()
-            ))
-        }
+        Subject::Engine
+        | Subject::TokioSleep
+        | Subject::TokioTimeout
+        | Subject::PingoraTimeout
+        | Subject::MutexHeap => Err(format!(
+            "{} is driven from several threads, not as a single-owner structure",
+            subject.name()
+        )),
     }
 }

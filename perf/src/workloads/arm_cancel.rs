@@ -81,7 +81,7 @@ impl TimerQueue<u64> for Nothing {
 
 pub fn run(subjects: &[Subject], ops: u64, csv: &mut Csv) {
     let runs = in_turns(subjects, |subject, run| {
-        eprintln!("running {NAME}/{} (run {}) ...", subject.name(), run + 1);
+        crate::progress::step(format!("{NAME}/{} (run {})", subject.name(), run + 1));
         measure_fresh(subject, ArmCancel { ops }).map(|elapsed| ns_per(elapsed, ops))
     });
     let overhead = ArmCancel { ops }.measure(&mut Nothing);

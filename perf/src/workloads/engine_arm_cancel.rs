@@ -1,5 +1,6 @@
 //! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine`
-//! against tokio's `sleep`, tokio's `timeout()` and pingora-timeout's `timeout()`.
+//! against tokio's `sleep`, tokio's `timeout()`, pingora-timeout's `timeout()` and a
+//! `Mutex<BinaryHeap>` shared by the threads.
 //!
 //! Each thread keeps a window of K requests in flight: it arms a timer for a new request
 //! (delay uniform in 1 ms..30 s) and cancels the one armed K operations earlier, whose
@@ -17,12 +18,10 @@ use std::future::Future;
 use std::pin::{Pin, pin};
 use std::time::{Duration, Instant};
 
-use corewheel::TimerEngine;
-
-use crate::peers::Subject;
-use crate::peers::engine::{self, on_timeout};
+use crate::peers::engine;
 use crate::peers::timeouts;
 use crate::peers::tokio_sleep::{self, register};
+use crate::peers::{SharedTimers, Subject};
 use crate::report::{Csv, thousands};
 use crate::rng::XorShift64;
 use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
@@ -47,8 +46,8 @@ fn seed(index: usize) -> u64 {
     XorShift64::SEED ^ (index as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
 }
 
-fn engine_share(
-    engine: &TimerEngine,
+fn thread_share<S: SharedTimers>(
+    subject: &S,
     index: usize,
     gate: &Gate,
     config: Config,
@@ -59,10 +58,10 @@ fn engine_share(
     let mut window = Vec::with_capacity(config.window);
     let mut failure = None;
     for i in 0..config.window as u64 {
-        match engine.schedule(request_timeout(&mut rng), on_timeout(i)) {
+        match subject.arm(request_timeout(&mut rng), i) {
             Ok(handle) => window.push(handle),
             Err(error) => {
-                failure = Some(format!("schedule failed: {error}"));
+                failure = Some(error);
                 break;
             }
         }
@@ -74,9 +73,7 @@ fn engine_share(
     share.scheduled = window.len() as u64;
     let mut oldest = 0;
     for op in 0..ops {
-        let fresh = engine
-            .schedule(request_timeout(&mut rng), on_timeout(op))
-            .map_err(|error| format!("schedule failed: {error}"))?;
+        let fresh = subject.arm(request_timeout(&mut rng), op)?;
         let old = if window.is_empty() {
             fresh
         } else {
@@ -87,14 +84,14 @@ fn engine_share(
             }
             old
         };
-        if engine.cancel(old) {
+        if subject.cancel(old) {
             share.cancelled += 1;
         } else {
             share.too_late += 1;
         }
     }
     for handle in window {
-        if engine.cancel(handle) {
+        if subject.cancel(handle) {
             share.cancelled += 1;
         } else {
             share.too_late += 1;
@@ -105,10 +102,17 @@ fn engine_share(
     Ok(share)
 }
 
+fn run_mutex_heap(config: Config) -> Result<Run, String> {
+    let (run, _) = parallel::on_mutex_heap(config.threads, |heap, index, gate| {
+        thread_share(heap, index, gate, config)
+    })?;
+    Ok(run)
+}
+
 fn run_engine(config: Config) -> Result<Run, String> {
     let (run, settled, shares) =
         parallel::on_engine(config.threads, true, |engine, index, gate| {
-            engine_share(engine, index, gate, config)
+            thread_share(engine, index, gate, config)
         })?;
     let scheduled = shares.iter().map(|share| share.scheduled).sum();
     let cancelled = shares.iter().map(|share| share.cancelled).sum();
@@ -189,6 +193,7 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
         Subject::TokioSleep => run_tokio(config, tokio::time::sleep),
         Subject::TokioTimeout => run_tokio(config, timeouts::tokio_timeout),
         Subject::PingoraTimeout => run_tokio(config, timeouts::pingora_timeout),
+        Subject::MutexHeap => run_mutex_heap(config),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
@@ -204,11 +209,11 @@ pub fn run(subjects: &[Subject], threads: &[usize], windows: &[usize], timers: u
                     timers,
                 };
                 Measured::take(subjects, t, timers, |subject, run| {
-                    eprintln!(
-                        "running {NAME}/{} ({t} threads, window {window}, run {}) ...",
+                    crate::progress::step(format!(
+                        "{NAME}/{} ({t} threads, window {window}, run {})",
                         subject.name(),
                         run + 1
-                    );
+                    ));
                     measure(subject, config)
                 })
             })
@@ -238,7 +243,7 @@ pub fn run(subjects: &[Subject], threads: &[usize], windows: &[usize], timers: u
         });
         table.note("ns/timer = wall time / timers, all threads together: from the moment every thread has its window armed to the end; for the engine the end is when stats() shows every timer cancelled or fired and every pool node is free, so its workers' share is inside");
         table.note(format!(
-            "engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending",
+            "engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending; mutex-heap: T plain threads sharing one locked heap",
             engine::cpus()
         ));
         for note in measured.iter().flat_map(|m| {

@@ -329,11 +329,11 @@ fn measure_tokio(timers: u64) -> Result<EngineLiveResult, String> {
 
 pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
     let runs = in_turns(subjects, |subject, run| {
-        eprintln!(
-            "running {NAME}/{} (run {}, own process) ...",
+        crate::progress::step(format!(
+            "{NAME}/{} (run {}, own process)",
             subject.name(),
             run + 1
-        );
+        ));
         match child::run_engine_live_1m(subject, timers) {
             Err(child::Error::Spawn(error)) => Err(format!(
                 "could not start a child process ({error}); this workload measures only in one"
@@ -507,7 +507,7 @@ fn memory_table(
     let mut table = Table::new(
         format!(
             "{NAME} memory (process RSS with allocator {}; MiB above the RSS just before the first insert)",
-            allocator::SHORT_NAME
+            allocator::short_name()
         ),
         &[
             "subject",
@@ -595,7 +595,7 @@ fn memory_table(
     ));
     table.note("engine own count: pool_bytes(), the nodes' memory (the workers' wheels are not in it); pools keep their nodes while the engine lives, so it does not drop after the cancels");
     table.note("dropped: after the engine (or the runtime) was dropped; vs tokio-sleep: tokio's live MiB / this row's");
-    if !cfg!(feature = "system-alloc") {
+    if allocator::is_mimalloc() {
         table.note("mimalloc keeps freed pages for reuse and returns them lazily, so RSS after cancelling or dropping says more about the allocator than the structure");
     }
     table

@@ -1,5 +1,5 @@
 //! engine-reset: idle timeouts from T application threads, corewheel's `TimerEngine` against
-//! tokio's `Sleep::reset`.
+//! tokio's `Sleep::reset` and a `Mutex<BinaryHeap>` shared by the threads.
 //!
 //! 100,000 connections, split evenly over the threads; every connection has an idle timer
 //! of 30 s. Each read or write on a connection pushes its timer back to now + 30 s on the
@@ -11,12 +11,11 @@
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use corewheel::{TimerEngine, TimerHandle};
 use tokio::time::Sleep;
 
-use crate::peers::Subject;
-use crate::peers::engine::{self, on_timeout};
+use crate::peers::engine;
 use crate::peers::tokio_sleep::{self, register};
+use crate::peers::{SharedTimers, Subject};
 use crate::report::{Csv, thousands};
 use crate::rng::XorShift64;
 use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
@@ -35,8 +34,8 @@ fn seed(index: usize) -> u64 {
     XorShift64::SEED ^ (index as u64 + 7).wrapping_mul(0xA076_1D64_78BD_642F)
 }
 
-fn engine_share(
-    engine: &TimerEngine,
+fn thread_share<S: SharedTimers>(
+    subject: &S,
     index: usize,
     gate: &Gate,
     config: Config,
@@ -45,27 +44,24 @@ fn engine_share(
     let resets = share_of(config.resets, config.threads, index);
     let mut rng = XorShift64::new(seed(index));
     let mut share = Share::new(std::thread::current().id());
-    let timers: Result<Vec<TimerHandle>, String> = (0..connections)
-        .map(|connection| {
-            engine
-                .schedule(IDLE_TIMEOUT, on_timeout(connection))
-                .map_err(|error| format!("schedule failed: {error}"))
-        })
+    let timers: Result<Vec<S::Handle>, String> = (0..connections)
+        .map(|connection| subject.arm(IDLE_TIMEOUT, connection))
         .collect();
     gate.wait();
-    let timers = timers?;
+    let mut timers = timers?;
     share.scheduled = connections;
     for _ in 0..resets {
         let connection = rng.below(connections) as usize;
-        if !engine.reset(timers[connection], IDLE_TIMEOUT) {
-            share.too_late += 1;
+        match subject.reset(timers[connection], IDLE_TIMEOUT) {
+            Some(moved) => timers[connection] = moved,
+            None => share.too_late += 1,
         }
     }
     share.done = Instant::now();
     // Every connection's timer must still be pending, or a reset lost it.
     let lost = timers
         .iter()
-        .filter(|&&handle| !engine.is_pending(handle))
+        .filter(|&&handle| !subject.is_pending(handle))
         .count();
     if lost > 0 {
         return Err(format!("{lost} connections lost their idle timer"));
@@ -73,11 +69,18 @@ fn engine_share(
     Ok(share)
 }
 
+fn run_mutex_heap(config: Config) -> Result<Run, String> {
+    let (run, _) = parallel::on_mutex_heap(config.threads, |heap, index, gate| {
+        thread_share(heap, index, gate, config)
+    })?;
+    Ok(run)
+}
+
 fn run_engine(config: Config) -> Result<Run, String> {
     // Nothing is due for 30 s and every reset is to a later deadline, so the workers have
     // nothing to do for this run: the engine is dropped with its timers pending, untimed.
     let (run, _, _) = parallel::on_engine(config.threads, false, |engine, index, gate| {
-        engine_share(engine, index, gate, config)
+        thread_share(engine, index, gate, config)
     })?;
     Ok(run)
 }
@@ -129,6 +132,7 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
         Subject::Engine => run_engine(config),
         Subject::TokioSleep => run_tokio(config),
+        Subject::MutexHeap => run_mutex_heap(config),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
@@ -139,11 +143,11 @@ pub fn run(subjects: &[Subject], threads: &[usize], resets: u64, csv: &mut Csv) 
         .map(|&t| {
             let config = Config { threads: t, resets };
             Measured::take(subjects, t, resets, |subject, run| {
-                eprintln!(
-                    "running {NAME}/{} ({t} threads, run {}) ...",
+                crate::progress::step(format!(
+                    "{NAME}/{} ({t} threads, run {})",
                     subject.name(),
                     run + 1
-                );
+                ));
                 measure(subject, config)
             })
         })
@@ -160,7 +164,7 @@ pub fn run(subjects: &[Subject], threads: &[usize], resets: u64, csv: &mut Csv) 
         live_nodes: engine::node_bytes().map(|bytes| (CONNECTIONS, bytes)),
     }
     .build(subjects, &measured, csv);
-    table.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s); each new deadline is later, so neither moves the timer in its wheel yet");
+    table.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s) / a tombstone and a new entry in the locked heap; each new deadline is later, so neither wheel moves the timer yet");
     table.note("ns/reset = wall time / resets, all threads together, from the moment every thread has its connections' timers armed (untimed); nothing is due during a run, so the engine's workers have nothing to settle");
     for note in measured
         .iter()

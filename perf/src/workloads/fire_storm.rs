@@ -12,6 +12,7 @@ use tokio_util::time::DelayQueue;
 use crate::cpu_time::thread_cpu_time;
 use crate::peers::binary_heap::TombstoneHeap;
 use crate::peers::{PolledQueue, Subject, TimerQueue, delay_queue, wheel};
+use crate::plots::Plots;
 use crate::report::{Csv, RATIO_LEGEND, Table, ratio_cells, thousands};
 use crate::rng::XorShift64;
 use crate::workloads::lateness::{Lateness, LatenessSummary};
@@ -125,9 +126,7 @@ fn storm(subject: Subject, timers: u64) -> Result<Storm, String> {
             timers,
             capacity,
         )),
-        Subject::Engine | Subject::TokioSleep | Subject::TokioTimeout | Subject::PingoraTimeout => {
-            Err(format!("{} is not a single-owner subject", subject.name()))
-        }
+        _ => Err(format!("{} is not a single-owner subject", subject.name())),
     }
 }
 
@@ -135,14 +134,14 @@ fn micros(duration: Duration) -> String {
     format!("{:.0}", duration.as_secs_f64() * 1e6)
 }
 
-pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
+pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv, plots: &mut Plots) {
     let results: Vec<Result<Storm, String>> = subjects
         .iter()
         .map(|&subject| {
-            eprintln!(
-                "running {NAME}/{} (about 2 s of real time) ...",
+            crate::progress::step(format!(
+                "{NAME}/{} (about 2 s of real time)",
                 subject.name()
-            );
+            ));
             storm(subject, timers)
         })
         .collect();
@@ -185,6 +184,7 @@ pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
             }
         };
         let late = &storm.lateness;
+        plots.add_lateness(name, late.cdf.clone());
         let span = late
             .last_fire
             .map(|last| last.saturating_duration_since(storm.first_deadline));
@@ -248,10 +248,9 @@ pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
     }
     table.print();
     for error in &errors {
-        println!("{error}");
-        eprintln!("{error}");
+        crate::progress::print(error);
     }
     if !errors.is_empty() {
-        println!();
+        crate::progress::print("");
     }
 }

@@ -10,7 +10,7 @@ pub struct Lateness {
 }
 
 /// What a fire-storm subject's lateness came to.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LatenessSummary {
     pub fired: u64,
     /// Timers handed out before their deadline: a correctness failure.
@@ -19,6 +19,9 @@ pub struct LatenessSummary {
     pub p99: Duration,
     pub max: Duration,
     pub last_fire: Option<Instant>,
+    /// The lateness distribution, as (lateness in microseconds, share of timers at or
+    /// below it), at every half percent and at 99.9%: what the lateness plot draws.
+    pub cdf: Vec<(f64, f64)>,
 }
 
 impl Lateness {
@@ -59,7 +62,19 @@ impl Lateness {
             let rank = (p * self.samples.len() as f64).ceil() as usize;
             Duration::from_nanos(self.samples[rank.clamp(1, self.samples.len()) - 1])
         };
+        let mut shares: Vec<f64> = (0..=200).map(|i| f64::from(i) / 200.0).collect();
+        shares.push(0.999);
+        shares.sort_by(f64::total_cmp);
+        let cdf = if self.samples.is_empty() {
+            Vec::new()
+        } else {
+            shares
+                .into_iter()
+                .map(|share| (percentile(share).as_secs_f64() * 1e6, share))
+                .collect()
+        };
         LatenessSummary {
+            cdf,
             fired: self.samples.len() as u64,
             early: self.early,
             p50: percentile(0.50),
@@ -89,5 +104,17 @@ mod tests {
         assert_eq!(summary.early, 1);
         assert_eq!(summary.p50, us(50));
         assert_eq!(summary.max, us(100));
+        let last = summary.cdf.last().copied();
+        assert_eq!(
+            last,
+            Some((100.0, 1.0)),
+            "the CDF ends at the largest lateness"
+        );
+        assert!(
+            summary
+                .cdf
+                .windows(2)
+                .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1)
+        );
     }
 }

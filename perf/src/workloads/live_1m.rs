@@ -206,11 +206,11 @@ impl LiveResult {
 pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
     let mut in_process = Vec::new();
     let runs = in_turns(subjects, |subject, run| {
-        eprintln!(
-            "running {NAME}/{} (run {}, own process) ...",
+        crate::progress::step(format!(
+            "{NAME}/{} (run {}, own process)",
             subject.name(),
             run + 1
-        );
+        ));
         match child::run_live_1m(subject, timers) {
             Err(child::Error::Spawn(error)) => {
                 if !in_process.contains(&subject) {
@@ -332,7 +332,7 @@ fn memory_table(
     let mut table = Table::new(
         format!(
             "{NAME} memory (process RSS with allocator {}; MiB above the RSS just before the first insert)",
-            allocator::SHORT_NAME
+            allocator::short_name()
         ),
         &[
             "subject",
@@ -378,7 +378,7 @@ fn memory_table(
     if subjects.contains(&Subject::BinaryHeap) {
         table.note("binary-heap: cancel is a tombstone write and the memory is not returned (rebuilds keep the vectors' capacity); it has no shrink call here");
     }
-    if !cfg!(feature = "system-alloc") {
+    if allocator::is_mimalloc() {
         table.note("mimalloc keeps freed pages for reuse and returns them lazily: where 'cancelled MiB' stays high while the own count drops, the allocator holds the memory, not the structure");
     }
     table

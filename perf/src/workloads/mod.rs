@@ -11,6 +11,7 @@ pub mod live_1m;
 pub mod not_yet;
 pub mod parallel;
 pub mod reset_heavy;
+pub mod steady_mix;
 
 use std::time::Duration;
 
@@ -71,7 +72,7 @@ impl Workload {
                 "request timeouts: arm one, cancel the one armed 10,000 ops earlier"
             }
             Workload::EngineArmCancel => {
-                "request timeouts from 1..N threads: TimerEngine vs tokio sleep, a window of requests in flight per thread"
+                "request timeouts from 1..N threads: TimerEngine vs tokio sleep and timeout(), pingora-timeout and a shared Mutex<BinaryHeap>, a window of requests in flight per thread"
             }
             Workload::Live1m => "insert a million timers, measure RSS, cancel them in random order",
             Workload::EngineLive1m => {
@@ -81,18 +82,39 @@ impl Workload {
                 "idle timeouts: 100,000 connections pushing their deadlines back"
             }
             Workload::EngineReset => {
-                "idle timeouts from 1..N threads: TimerEngine reset vs tokio Sleep::reset, 100,000 connections"
+                "idle timeouts from 1..N threads: TimerEngine reset vs tokio Sleep::reset and a shared Mutex<BinaryHeap>, 100,000 connections"
             }
             Workload::FireStorm => {
                 "a million timers all due within one second, fired on the real clock"
             }
             Workload::BurstSteal => "not yet (needs the engine's work stealing)",
-            Workload::SteadyMix => "not yet (needs a mixed arm/reset/fire load on the engine)",
+            Workload::SteadyMix => {
+                "a proxy's steady load: a million live timers, new ones armed at a fixed rate for 10 s, 90% cancelled and 10% fired: CPU per timer"
+            }
         }
     }
 }
 
 impl Workload {
+    /// Whether the workload drives `subject`: the single-thread workloads drive the
+    /// single-owner structures; the engine workloads the multi-thread subjects that can do
+    /// what they ask (a `timeout()` future is only armed and cancelled; engine-live-1m
+    /// measures each subject's memory in a child process, and has tokio as its peer).
+    pub fn drives(self, subject: Subject) -> bool {
+        match self {
+            Workload::ArmCancel | Workload::Live1m | Workload::ResetHeavy | Workload::FireStorm => {
+                subject.is_single_owner()
+            }
+            Workload::EngineArmCancel => !subject.is_single_owner(),
+            Workload::EngineReset | Workload::SteadyMix => matches!(
+                subject,
+                Subject::Engine | Subject::TokioSleep | Subject::MutexHeap
+            ),
+            Workload::EngineLive1m => matches!(subject, Subject::Engine | Subject::TokioSleep),
+            Workload::BurstSteal => subject == Subject::Engine,
+        }
+    }
+
     /// Whether the workload drives the multi-thread subjects (the engine, tokio sleep)
     /// rather than the single-owner ones.
     pub fn is_engine(self) -> bool {

@@ -13,6 +13,7 @@ use corewheel::TimerEngine;
 use crate::cpu_time::{cpu_between, process_cpu_time};
 use crate::peers::Subject;
 use crate::peers::engine::{self, Settled};
+use crate::peers::mutex_heap::SharedHeap;
 use crate::peers::tokio_sleep::{self, StartLine};
 use crate::repeat::{self, in_turns, median};
 use crate::report::{Csv, CsvRow, RATIO_LEGEND, Table, thousands};
@@ -118,30 +119,36 @@ impl Gate<'_> {
     }
 }
 
-/// Runs `body` on `threads` fresh threads against a fresh engine, then, if `settle`, waits
-/// for the engine to settle (every timer cancelled or fired, every node free) and counts
-/// that wait in the run. `body(engine, thread index, gate)` sets up, calls `gate.wait()`,
+/// What `on_threads` hands back: when the timed work began, each thread's share, and the
+/// CPU readings taken just before it.
+struct ThreadsRun {
+    start: Instant,
+    shares: Vec<Share>,
+    cpu_before: Option<Duration>,
+    workers_before: Option<Duration>,
+}
+
+/// Runs `body(index, gate)` on `threads` fresh threads: each sets up, calls `gate.wait()`,
 /// does the timed work and reports its share; it must reach the gate even when its set-up
-/// fails. Without `settle`, the engine is dropped with whatever timers are left, untimed.
-pub fn on_engine(
+/// fails. `workers_cpu` reads the CPU time of the subject's own threads (the engine's
+/// workers, the heap's timer thread).
+fn on_threads(
     threads: usize,
-    settle: bool,
-    body: impl Fn(&TimerEngine, usize, &Gate) -> Result<Share, String> + Sync,
-) -> Result<(Run, Option<Settled>, Vec<Share>), String> {
-    let engine = engine::build()?;
+    workers_cpu: fn() -> Option<Duration>,
+    body: impl Fn(usize, &Gate) -> Result<Share, String> + Sync,
+) -> Result<ThreadsRun, String> {
     let barrier = Barrier::new(threads + 1);
     let (start, shares, cpu_before, workers_before) = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|index| {
-                let engine = &engine;
                 let body = &body;
                 let gate = Gate { barrier: &barrier };
-                scope.spawn(move || body(engine, index, &gate))
+                scope.spawn(move || body(index, &gate))
             })
             .collect();
         barrier.wait();
         let cpu_before = process_cpu_time();
-        let workers_before = engine::workers_cpu_time();
+        let workers_before = workers_cpu();
         barrier.wait();
         let start = Instant::now();
         let shares: Vec<Result<Share, String>> = handles
@@ -154,30 +161,77 @@ pub fn on_engine(
             .collect();
         (start, shares, cpu_before, workers_before)
     });
-    let shares: Vec<Share> = shares.into_iter().collect::<Result<_, _>>()?;
-    let app_end = shares.iter().map(|share| share.done).max().unwrap_or(start);
+    Ok(ThreadsRun {
+        start,
+        shares: shares.into_iter().collect::<Result<_, _>>()?,
+        cpu_before,
+        workers_before,
+    })
+}
+
+impl ThreadsRun {
+    /// The run, ended at `end` (`None`: when the last thread's work ended).
+    fn finish(&self, end: Option<Instant>, workers_cpu: fn() -> Option<Duration>) -> Run {
+        let shares = &self.shares;
+        let app_end = shares
+            .iter()
+            .map(|share| share.done)
+            .max()
+            .unwrap_or(self.start);
+        let wall_end = end.unwrap_or(app_end);
+        Run {
+            wall: wall_end - self.start,
+            app: app_end - self.start,
+            cpu: cpu_between(self.cpu_before, process_cpu_time()),
+            worker_cpu: cpu_between(self.workers_before, workers_cpu()),
+            settle: end.map(|end| end.saturating_duration_since(app_end)),
+            too_late: shares.iter().map(|share| share.too_late).sum(),
+            due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
+            pool_bytes: None,
+        }
+    }
+}
+
+/// Runs `body` on `threads` fresh threads against a fresh engine, then, if `settle`, waits
+/// for the engine to settle (every timer cancelled or fired, every node free) and counts
+/// that wait in the run. `body(engine, thread index, gate)` is as for [`on_threads`].
+/// Without `settle`, the engine is dropped with whatever timers are left, untimed.
+pub fn on_engine(
+    threads: usize,
+    settle: bool,
+    body: impl Fn(&TimerEngine, usize, &Gate) -> Result<Share, String> + Sync,
+) -> Result<(Run, Option<Settled>, Vec<Share>), String> {
+    let engine = engine::build()?;
+    let timed = on_threads(threads, engine::workers_cpu_time, |index, gate| {
+        body(&engine, index, gate)
+    })?;
     let joined = Instant::now();
-    let (settled, end) = if settle {
-        let settled = engine::settle(&engine)?;
-        let end = joined + settled.waited;
-        (Some(settled), end)
+    let settled = if settle {
+        Some(engine::settle(&engine)?)
     } else {
-        (None, app_end)
+        None
     };
-    let run = Run {
-        wall: end - start,
-        app: app_end - start,
-        cpu: cpu_between(cpu_before, process_cpu_time()),
-        worker_cpu: cpu_between(workers_before, engine::workers_cpu_time()),
-        settle: settled
-            .is_some()
-            .then(|| end.saturating_duration_since(app_end)),
-        too_late: shares.iter().map(|share| share.too_late).sum(),
-        due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
-        pool_bytes: Some(engine.pool_bytes() as u64),
-    };
+    let end = settled.as_ref().map(|settled| joined + settled.waited);
+    let mut run = timed.finish(end, engine::workers_cpu_time);
+    run.pool_bytes = Some(engine.pool_bytes() as u64);
     drop(engine);
-    Ok((run, settled, shares))
+    Ok((run, settled, timed.shares))
+}
+
+/// Runs `body(heap, thread index, gate)` on `threads` fresh threads sharing one fresh
+/// `Mutex<BinaryHeap>`, as [`on_threads`] does. The heap is dropped with whatever timers
+/// are left, untimed.
+pub fn on_mutex_heap(
+    threads: usize,
+    body: impl Fn(&SharedHeap, usize, &Gate) -> Result<Share, String> + Sync,
+) -> Result<(Run, Vec<Share>), String> {
+    let heap = SharedHeap::start()?;
+    let timed = on_threads(threads, SharedHeap::timer_thread_cpu_time, |index, gate| {
+        body(&heap, index, gate)
+    })?;
+    let run = timed.finish(None, SharedHeap::timer_thread_cpu_time);
+    drop(heap);
+    Ok((run, timed.shares))
 }
 
 /// Runs `body` as `tasks` tasks of a fresh runtime with as many worker threads, each task
@@ -430,7 +484,7 @@ impl ThreadsTable {
             }
         }
         table.note(format!(
-            "CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone"
+            "CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread)"
         ));
         if settles {
             table.note(format!(

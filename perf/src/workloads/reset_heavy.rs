@@ -54,7 +54,7 @@ impl Measure<u64> for ResetHeavy {
 
 pub fn run(subjects: &[Subject], resets: u64, csv: &mut Csv) {
     let runs = in_turns(subjects, |subject, run| {
-        eprintln!("running {NAME}/{} (run {}) ...", subject.name(), run + 1);
+        crate::progress::step(format!("{NAME}/{} (run {})", subject.name(), run + 1));
         measure_fresh(subject, ResetHeavy { resets }).map(|elapsed| ns_per(elapsed, resets))
     });
     let mut table = TimingTable {
