@@ -268,7 +268,7 @@ fn print_header(options: &Options) {
         println!("WARNING:   debug build: the numbers mean nothing; use cargo run --release");
     }
     println!(
-        "sizes:     {} (--full for the full sizes, --timers N for live-1m, engine-live-1m and fire-storm)",
+        "sizes:     {} (--full for the full sizes, --timers N for live-1m, engine-live-1m, fire-storm and steady-mix)",
         if options.full { "full" } else { "default" }
     );
     if options.workloads.iter().any(|w| w.is_engine()) {
@@ -280,7 +280,7 @@ fn print_header(options: &Options) {
                 .join(", ")
         };
         println!(
-            "threads:   {} (engine-arm-cancel, engine-reset; --threads)",
+            "threads:   {} (engine-arm-cancel, engine-reset; steady-mix runs on the largest; --threads)",
             list(&options.threads)
         );
         println!(
