@@ -98,6 +98,17 @@ struct Options {
     allocator: Option<&'static str>,
 }
 
+impl Options {
+    /// The chosen subjects that `workload` drives, in the order given.
+    fn subjects_for(&self, workload: Workload) -> Vec<Subject> {
+        self.subjects
+            .iter()
+            .copied()
+            .filter(|&subject| workload.drives(subject))
+            .collect()
+    }
+}
+
 /// 1, 2, ... up to the CPUs this process may use.
 fn default_threads() -> Vec<usize> {
     (1..=peers::engine::cpus()).collect()
@@ -326,13 +337,7 @@ fn main() -> ExitCode {
     let mut plots = plots::Plots::default();
     progress::start(planned_runs(&options));
     for &workload in &options.workloads {
-        let subjects: Vec<Subject> = options
-            .subjects
-            .iter()
-            .copied()
-            .filter(|&subject| workload.drives(subject))
-            .collect();
-        let subjects = &subjects;
+        let subjects = &options.subjects_for(workload);
         if subjects.is_empty() && workload != Workload::BurstSteal {
             progress::print(&format!(
                 "{}: skipped: none of the chosen peers is one it drives\n",
@@ -445,11 +450,7 @@ fn planned_runs(options: &Options) -> u64 {
         .workloads
         .iter()
         .map(|&workload| {
-            let subjects = options
-                .subjects
-                .iter()
-                .filter(|&&subject| workload.drives(subject))
-                .count() as u64;
+            let subjects = options.subjects_for(workload).len() as u64;
             subjects
                 * match workload {
                     Workload::ArmCancel

@@ -81,8 +81,9 @@ struct Ring {
     rng: XorShift64,
     /// Whether each slot's timer is meant to fire (else to be cancelled).
     fires: Vec<bool>,
-    /// Each slot's deadline, on the ring's schedule: the time since the run's start at
-    /// which its turn was due, plus its delay. The thread arms no earlier than its schedule,
+    /// Each firing timer's deadline, on the ring's schedule: the time since the run's start
+    /// at which its turn was due, plus its delay (kept for firing timers only, the ones
+    /// judged late or not). The thread arms no earlier than its schedule,
     /// so the real deadline is no earlier either, and lateness judged by this is never
     /// overstated.
     due: Vec<Duration>,
@@ -185,7 +186,7 @@ impl Ring {
     fn fill<S: Slots>(&mut self, slots: &mut S) -> Result<(), String> {
         for slot in 0..slots.len() {
             let (fires, delay) = self.draw();
-            let first_turn = Duration::from_secs_f64(slot as f64 / self.rate);
+            let first_turn = self.turn_time(slot as u64);
             let delay = if fires {
                 first_turn.mul_f64(self.rng.below(1 << 20) as f64 / (1 << 20) as f64)
             } else {
@@ -199,17 +200,25 @@ impl Ring {
         Ok(())
     }
 
+    /// When turn `turn` is due, counted from the run's start.
+    fn turn_time(&self, turn: u64) -> Duration {
+        Duration::from_secs_f64(turn as f64 / self.rate)
+    }
+
     /// Takes turns until `elapsed` of the run's time has had its share of them.
     fn catch_up<S: Slots>(&mut self, slots: &mut S, elapsed: Duration) -> Result<(), String> {
         let due = (elapsed.as_secs_f64() * self.rate) as u64;
         let len = slots.len() as u64;
         while self.counts.turns < due {
             let slot = (self.counts.turns % len) as usize;
-            let now = Duration::from_secs_f64(self.counts.turns as f64 / self.rate);
+            let turn = self.counts.turns;
             let pending = slots.cancel(slot);
+            // Only a firing timer still pending needs its turn's time.
+            let is_late =
+                self.fires[slot] && pending && self.turn_time(turn) >= self.due[slot] + LATE;
             let counts = &mut self.counts;
             match (self.fires[slot], pending) {
-                (true, true) if now >= self.due[slot] + LATE => counts.late += 1,
+                (true, true) if is_late => counts.late += 1,
                 (true, true) => counts.not_yet_fired += 1,
                 (true, false) => counts.fired += 1,
                 (false, true) => counts.cancelled += 1,
@@ -218,7 +227,9 @@ impl Ring {
             let (fires, delay) = self.draw();
             slots.arm(slot, delay, self.counts.armed)?;
             self.fires[slot] = fires;
-            self.due[slot] = now + delay;
+            if fires {
+                self.due[slot] = self.turn_time(turn) + delay;
+            }
             self.counts.armed += 1;
             self.counts.turns += 1;
         }
