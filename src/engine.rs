@@ -7,12 +7,15 @@ use std::sync::atomic::{AtomicU32, AtomicUsize};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::clock::{Clock, ManualClock, MonotonicClock};
+use crate::balance::{Balance, stand_in};
+use crate::clock::{Clock, MonotonicClock};
 use crate::cycle_clock::CycleScale;
 use crate::engine_builder::EngineBuilder;
 use crate::engine_shared::{Due, EngineShared};
 use crate::error::{BuildError, ScheduleError};
 use crate::periodic::{MissedTicks, Period};
+use crate::run_queue::MAX_RUN;
+use crate::runner;
 use crate::shard::Shard;
 use crate::shard_counters::read;
 use crate::stats::{ShardStats, Stats};
@@ -20,7 +23,7 @@ use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use crate::ticks::Ticks;
 use crate::timer_handle::TimerHandle;
-use crate::worker::{PendingTimers, Worker};
+use crate::worker::PendingTimers;
 
 /// Engines made so far in this process: a handle carries its engine's number, so a handle
 /// from one engine is stale in every other.
@@ -97,8 +100,8 @@ pub struct ShutdownReport {
 pub struct TimerEngine {
     shared: Arc<EngineShared>,
     threads: StdMutex<Vec<JoinHandle<()>>>,
-    /// The shards' workers when the engine is driven by hand.
-    manual: Option<StdMutex<Vec<Worker>>>,
+    /// Driven by hand: no worker threads.
+    manual: bool,
     report: StdMutex<Option<ShutdownReport>>,
     pinned: Arc<AtomicUsize>,
 }
@@ -109,43 +112,43 @@ impl TimerEngine {
         EngineBuilder::default()
     }
 
-    pub(crate) fn start(
-        workers: usize,
-        tick: Duration,
-        pin: bool,
-        manual_clock: Option<ManualClock>,
-        capacity: usize,
-    ) -> Result<Self, BuildError> {
-        let manual = manual_clock.is_some();
-        let clock: Box<dyn Clock> = match manual_clock {
+    pub(crate) fn start(builder: EngineBuilder, workers: usize) -> Result<Self, BuildError> {
+        let manual = builder.manual_clock.is_some();
+        let clock: Box<dyn Clock> = match builder.manual_clock {
             Some(clock) => Box::new(clock),
             None => Box::new(MonotonicClock),
         };
         let origin = clock.now();
-        let ticks = Ticks::new(tick, origin);
+        let ticks = Ticks::new(builder.tick, origin);
         let shared = Arc::new(EngineShared {
             // Wraps to 1 after four billion engines, never to 0.
             id: NonZeroU32::new(ENGINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
                 .unwrap_or(NonZeroU32::MIN),
-            shards: (0..workers).map(|_| Shard::new(capacity)).collect(),
+            shards: (0..workers)
+                .map(|_| Shard::new(builder.capacity, ticks))
+                .collect(),
             ticks,
             clock,
             cycles: if manual { None } else { CycleScale::get() },
             shutdown: AtomicBool::new(false),
             pending_mode: AtomicU8::new(0),
             next_home: AtomicU64::new(0),
+            balance: Balance::new(
+                workers,
+                builder.stealing,
+                builder.rescue_after.map(u64::from),
+            ),
         });
         let pinned = Arc::new(AtomicUsize::new(0));
         let engine = Self {
             threads: StdMutex::new(Vec::new()),
-            manual: manual
-                .then(|| StdMutex::new((0..workers).map(|_| Worker::new(ticks)).collect())),
+            manual,
             report: StdMutex::new(None),
             pinned: Arc::clone(&pinned),
             shared,
         };
         if !manual {
-            engine.spawn_workers(workers, pin)?;
+            engine.spawn_workers(workers, builder.pin_workers)?;
         }
         Ok(engine)
     }
@@ -340,6 +343,8 @@ impl TimerEngine {
                 fired: read(&counters.fired),
                 panicked: read(&counters.panicked),
                 late: read(&counters.late),
+                stolen: read(&counters.stolen),
+                rescued: read(&counters.rescued),
                 ran_at_shutdown: read(&counters.ran_at_shutdown),
                 dropped_at_shutdown: read(&counters.dropped_at_shutdown),
                 pending: 0,
@@ -367,33 +372,72 @@ impl TimerEngine {
     /// and returns how many callbacks ran. Only for engines built with
     /// [`EngineBuilder::manual_clock`]; elsewhere (or when called from inside a callback it
     /// is running) it does nothing and returns 0.
+    ///
+    /// Several threads may turn at once. A shard another thread is turning is skipped,
+    /// unless that thread has been in its callbacks for more than
+    /// [`rescue_after`](EngineBuilder::rescue_after) ticks of the manual clock: then this
+    /// call stands in for it, as a worker thread would, and runs that shard's due timers.
     pub fn turn(&self) -> usize {
-        let Some(manual) = &self.manual else {
+        if !self.manual || IN_TURN.with(std::cell::Cell::get) {
             return 0;
-        };
-        let Ok(mut workers) = manual.try_lock() else {
-            return 0;
-        };
-        let now = self.shared.clock.now();
+        }
+        let shared = &*self.shared;
+        let now = shared.clock.now();
+        let now_tick = shared.ticks.floor(now);
         IN_TURN.with(|in_turn| in_turn.set(true));
-        let fired = workers
-            .iter_mut()
-            .zip(self.shared.shards.iter())
-            .map(|(worker, shard)| worker.turn(shard, now).fired)
-            .sum();
+        let mut fired = 0;
+        for shard in shared.shards.iter() {
+            if shard.try_own() {
+                fired += Self::turn_owned(shared, shard);
+                shard.set_busy(false);
+            } else if shared
+                .balance
+                .rescue_after
+                .is_some_and(|after| shard.is_stuck(now_tick, after))
+            {
+                fired += stand_in(shared, shard, now, None);
+            }
+        }
         IN_TURN.with(|in_turn| in_turn.set(false));
-        if self.shared.shutdown.load(Ordering::SeqCst) {
-            self.finish_manual(&mut workers, self.shared.pending_mode());
+        if shared.shutdown.load(Ordering::SeqCst) {
+            self.finish_manual(shared.pending_mode());
         }
         fired
     }
 
-    /// The last turn of every hand-driven worker; they are gone afterwards.
-    fn finish_manual(&self, workers: &mut Vec<Worker>, pending: PendingTimers) {
-        for (worker, shard) in workers.iter_mut().zip(self.shared.shards.iter()) {
-            worker.finish(shard, pending);
+    /// A hand-driven owner's turn: looks at the wheel and runs what it claimed, until a
+    /// look claims nothing (a repeating timer that missed several ticks may come due again
+    /// at once). Each look reads the clock, as a worker thread does, so a turn that ran a
+    /// slow callback also runs what came due meanwhile.
+    fn turn_owned(shared: &EngineShared, shard: &Shard) -> usize {
+        let mut fired = 0;
+        loop {
+            let now = shared.clock.now();
+            let now_tick = shared.ticks.floor(now);
+            let look = shard.with_wheel_waiting(|wheel| wheel.extract(shard, now));
+            shard.beat(now_tick);
+            while let Some(run) = shard.run.take(MAX_RUN) {
+                fired += runner::run(shard, &run, now_tick, true);
+            }
+            if look.claimed == 0 && !look.more_due {
+                return fired;
+            }
         }
-        workers.clear();
+    }
+
+    /// The last turn of every hand-driven shard, each once its current turn is over.
+    fn finish_manual(&self, pending: PendingTimers) {
+        let shared = &*self.shared;
+        let now = shared.clock.now();
+        for shard in shared.shards.iter() {
+            let mut attempts = 0;
+            while !shard.try_own() {
+                attempts += 1;
+                crate::sync::spin_or_yield(attempts);
+            }
+            finish_shard(shard, pending, now);
+            shard.set_busy(false);
+        }
     }
 
     /// Stops the engine: new schedules fail with [`ScheduleError::Shutdown`], and every
@@ -402,8 +446,9 @@ impl TimerEngine {
     /// call's figures and does nothing else.
     ///
     /// Dropping the engine shuts it down with [`PendingTimers::Drop`]. Called from inside a
-    /// callback, it does not wait for that callback's own worker, and the report leaves out
-    /// that worker's shard. A call made while another is still in progress returns at once
+    /// callback, it waits for no worker (the one running the callback cannot finish until
+    /// it returns, and the others may wait for it), so its report counts only what the
+    /// workers had settled by then. A call made while another is still in progress returns at once
     /// with an empty report.
     pub fn shutdown(&self, pending: PendingTimers) -> ShutdownReport {
         // Another shutdown in progress (perhaps waiting for the worker this call runs on)
@@ -429,14 +474,12 @@ impl TimerEngine {
     }
 
     fn finish_workers(&self, pending: PendingTimers) {
-        if let Some(manual) = &self.manual {
-            // From inside a callback the lock is held by this thread's `turn`, which
-            // finishes instead; another thread's `turn` is waited for.
+        if self.manual {
+            // From inside a callback, the turn running it finishes instead, once it is over.
             if IN_TURN.with(std::cell::Cell::get) {
                 return;
             }
-            let mut workers = manual.lock().unwrap_or_else(|p| p.into_inner());
-            self.finish_manual(&mut workers, pending);
+            self.finish_manual(pending);
             return;
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
@@ -445,12 +488,22 @@ impl TimerEngine {
                 thread.unpark();
             }
         }
+        // A callback runs on some worker, perhaps not its own shard's, and that worker
+        // cannot finish (nor let others finish) until the callback returns: so a shutdown
+        // from inside one waits for no worker.
         let me = std::thread::current().id();
-        for handle in threads {
-            if handle.thread().id() != me {
-                let _ = handle.join();
-            }
+        if threads.iter().any(|handle| handle.thread().id() == me) {
+            return;
         }
+        for handle in threads {
+            let _ = handle.join();
+        }
+    }
+
+    /// What every thread shares, for hand-driven steps in the loom models and unit tests.
+    #[cfg(any(loom, test))]
+    pub(crate) fn shared(&self) -> &EngineShared {
+        &self.shared
     }
 
     /// Worker threads (shards).
@@ -501,47 +554,85 @@ impl std::fmt::Debug for TimerEngine {
         f.debug_struct("TimerEngine")
             .field("workers", &self.workers())
             .field("tick", &self.tick())
-            .field("manual", &self.manual.is_some())
+            .field("manual", &self.manual)
             .finish()
     }
 }
 
-/// A worker thread's life: turn, sleep until the next deadline or a wake-up, repeat; at
-/// shutdown, one last turn that settles every pending timer.
+/// A shard's last turn, once no other worker holds or can take its timers.
+fn finish_shard(shard: &Shard, pending: PendingTimers, now: Instant) {
+    shard.wait_for_hands();
+    shard.with_wheel_waiting(|wheel| wheel.finish(shard, pending, now));
+}
+
+/// A worker thread's life: look at the wheel, run what came due, help other shards when
+/// there is nothing of its own to do, sleep until the next deadline or a wake-up, repeat;
+/// at shutdown, one last turn that settles every pending timer.
 #[cfg(not(loom))]
 fn run_worker(shared: &Arc<EngineShared>, index: usize) {
     crate::context::set_home(shared, index);
     let shard = &shared.shards[index];
-    let mut worker = Worker::new(shared.ticks);
+    let shards = &shared.shards[..];
+    let balance = &shared.balance;
+    shard.beat(shared.now_tick());
+    shard.set_busy(true);
     loop {
         let now = shared.clock.now();
-        let turn = worker.turn(shard, now);
+        let now_tick = shared.ticks.floor(now);
+        let look = shard.with_wheel_waiting(|wheel| wheel.extract(shard, now));
+        shard.beat(now_tick);
         if shared.shutdown.load(Ordering::SeqCst) {
-            worker.finish(shard, shared.pending_mode());
+            finish_shard(shard, shared.pending_mode(), now);
             return;
         }
-        let plan = turn.next.unwrap_or(u64::MAX);
-        if plan <= shared.ticks.floor(now) {
+        if look.claimed > 0 {
+            balance.offer(shards, shard);
+        }
+        // One run at a time, looking at the wheel in between, so that the heartbeat stays
+        // fresh while the owner makes progress.
+        if let Some(run) = shard.run.take(MAX_RUN) {
+            balance.running(shards, shard, now_tick);
+            runner::run(shard, &run, now_tick, true);
+            continue;
+        }
+        if look.more_due || balance.help(shared, index, now) {
+            continue;
+        }
+        let plan = look.next.unwrap_or(u64::MAX);
+        if plan <= now_tick {
             continue;
         }
         shard.plan_wake(plan);
-        if worker.must_turn_before(shard, plan) || shared.shutdown.load(Ordering::SeqCst) {
-            shard.plan_wake(crate::shard::AWAKE);
-            continue;
+        shard.set_busy(false);
+        let idle = balance.begin_idle(shards, index, now_tick);
+        let must_turn = shard.with_wheel_waiting(|wheel| wheel.must_turn_before(shard, plan));
+        let wake = match &idle {
+            Some(idle) if !must_turn && !shared.shutdown.load(Ordering::SeqCst) => {
+                idle.watch.map_or(plan, |watch| watch.min(plan))
+            }
+            _ => now_tick,
+        };
+        if wake > now_tick {
+            if wake == u64::MAX {
+                std::thread::park();
+            } else {
+                let at = shared.ticks.instant_at(wake);
+                std::thread::park_timeout(at.saturating_duration_since(shared.clock.now()));
+            }
         }
-        if plan == u64::MAX {
-            std::thread::park();
-        } else {
-            let wake = shared.ticks.instant_at(plan);
-            std::thread::park_timeout(wake.saturating_duration_since(shared.clock.now()));
+        if let Some(idle) = idle {
+            balance.end_idle(idle);
         }
         shard.plan_wake(crate::shard::AWAKE);
+        shard.beat(shared.now_tick());
+        shard.set_busy(true);
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::ManualClock;
     use std::sync::atomic::AtomicUsize;
 
     /// The whole protocol in a few hundred timers: lanes, claims, the inbox, cancel

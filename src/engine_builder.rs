@@ -31,7 +31,12 @@ pub struct EngineBuilder {
     pub(crate) pin_workers: bool,
     pub(crate) manual_clock: Option<ManualClock>,
     pub(crate) capacity: usize,
+    pub(crate) stealing: bool,
+    pub(crate) rescue_after: Option<u32>,
 }
+
+/// The default for [`EngineBuilder::rescue_after`], in ticks.
+pub const DEFAULT_RESCUE_AFTER: u32 = 8;
 
 impl Default for EngineBuilder {
     fn default() -> Self {
@@ -41,6 +46,8 @@ impl Default for EngineBuilder {
             pin_workers: true,
             manual_clock: None,
             capacity: DEFAULT_CAPACITY,
+            stealing: true,
+            rescue_after: Some(DEFAULT_RESCUE_AFTER),
         }
     }
 }
@@ -84,6 +91,35 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether idle workers take part of another shard's burst of due timers. Default
+    /// `true`.
+    ///
+    /// Timers stay on the shard that armed them until they are due. The owner then claims
+    /// its due timers onto the shard's run queue, and when more than a few dozen wait there,
+    /// a sleeping worker is woken to take runs of them. So a million timers armed from one
+    /// thread and due together fire on every worker. Off, each shard's timers run on its own
+    /// worker only (standing in for a stuck owner, [`rescue_after`](Self::rescue_after),
+    /// still runs them elsewhere).
+    pub fn stealing(mut self, stealing: bool) -> Self {
+        self.stealing = stealing;
+        self
+    }
+
+    /// How many ticks a shard's owner may go without looking at its wheel, while awake
+    /// (stuck in a slow callback), before another worker stands in: it takes the wheel for
+    /// a moment, claims the timers that have come due and runs them, until the owner is
+    /// back. `None` turns this off, and a slow callback then delays its shard's other
+    /// timers until it returns. Default: `Some(8)` ([`DEFAULT_RESCUE_AFTER`]).
+    ///
+    /// With it on, while any owner is running timers (and for 64 times this long after
+    /// the last time one did), one otherwise idle worker wakes every this many ticks to
+    /// look. Timers due at the same tick as the slow callback, claimed with it in one run
+    /// (at most 32), wait for it.
+    pub fn rescue_after(mut self, ticks: Option<u32>) -> Self {
+        self.rescue_after = ticks;
+        self
+    }
+
     /// Drives the engine by hand, for deterministic tests: no worker threads are started,
     /// time comes from `clock`, and each [`TimerEngine::turn`] runs every shard's due work
     /// on the calling thread.
@@ -103,12 +139,6 @@ impl EngineBuilder {
         if self.tick.is_zero() {
             return Err(BuildError::ZeroTick);
         }
-        TimerEngine::start(
-            workers,
-            self.tick,
-            self.pin_workers,
-            self.manual_clock,
-            self.capacity,
-        )
+        TimerEngine::start(self, workers)
     }
 }

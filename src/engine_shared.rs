@@ -4,6 +4,7 @@
 use std::ptr::NonNull;
 use std::time::Duration;
 
+use crate::balance::Balance;
 use crate::callback::Callback;
 use crate::clock::Clock;
 use crate::context::{self, Context};
@@ -53,6 +54,7 @@ pub(crate) struct EngineShared {
     /// What the workers' last turn does with pending timers: a [`PendingTimers`] as a byte.
     pub(crate) pending_mode: AtomicU8,
     pub(crate) next_home: AtomicU64,
+    pub(crate) balance: Balance,
 }
 
 impl EngineShared {

@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod balance;
 mod callback;
 mod clock;
 mod context;
@@ -37,6 +38,8 @@ mod mpsc;
 mod node;
 mod periodic;
 mod pool;
+mod run_queue;
+mod runner;
 mod shard;
 mod shard_counters;
 mod slab;
@@ -66,6 +69,65 @@ pub mod loom_exports {
     use std::ptr::NonNull;
 
     use crate::timer_node::TimerNode;
+
+    /// One shard's pieces of a worker's loop, driven by hand: the owner's look at its
+    /// wheel, the owner's run of a run of claimed timers, another worker's steal from the
+    /// run queue, and another worker standing in for a stuck owner. Each returns the
+    /// timers it claimed or ran.
+    pub mod shard_steps {
+        use crate::TimerEngine;
+
+        /// The owner looks at shard `shard`'s wheel (waiting out a stand-in's hold) and
+        /// claims what is due onto the run queue. Returns the timers claimed.
+        pub fn owner_look(engine: &TimerEngine, shard: usize) -> usize {
+            let shared = engine.shared();
+            let (shard_ref, now) = (&shared.shards[shard], shared.clock.now());
+            let look = shard_ref.with_wheel_waiting(|wheel| wheel.extract(shard_ref, now));
+            shard_ref.beat(shared.ticks.floor(now));
+            look.claimed
+        }
+
+        /// The owner runs one run of at most `most` timers off its queue. Returns the
+        /// callbacks run.
+        pub fn owner_run(engine: &TimerEngine, shard: usize, most: usize) -> usize {
+            let shared = engine.shared();
+            let shard_ref = &shared.shards[shard];
+            let now_tick = shared.ticks.floor(shared.clock.now());
+            shard_ref
+                .run
+                .take(most)
+                .map_or(0, |run| crate::runner::run(shard_ref, &run, now_tick, true))
+        }
+
+        /// Another worker takes one run of at most `most` timers off shard `shard`'s queue
+        /// and runs it, as a thief does. Returns the callbacks run.
+        pub fn steal(engine: &TimerEngine, shard: usize, most: usize) -> usize {
+            let shared = engine.shared();
+            let shard_ref = &shared.shards[shard];
+            if !shard_ref.enter_hands(&shared.shutdown) {
+                return 0;
+            }
+            let now_tick = shared.ticks.floor(shared.clock.now());
+            let ran = shard_ref.run.take(most).map_or(0, |run| {
+                crate::runner::run(shard_ref, &run, now_tick, false)
+            });
+            shard_ref.leave_hands();
+            ran
+        }
+
+        /// Another worker stands in for shard `shard`'s owner: claims what is due if the
+        /// owner is not holding the wheel, then runs the queue. Returns the callbacks run.
+        pub fn stand_in(engine: &TimerEngine, shard: usize) -> usize {
+            let shared = engine.shared();
+            crate::balance::stand_in(shared, &shared.shards[shard], shared.clock.now(), None)
+        }
+
+        /// Marks shard `shard`'s owner awake (as a worker thread is while it runs
+        /// callbacks) or asleep.
+        pub fn set_owner_awake(engine: &TimerEngine, shard: usize, awake: bool) {
+            engine.shared().shards[shard].set_busy(awake);
+        }
+    }
 
     /// A handle's node index and generation, so that a model can tell that a node was
     /// reused by a later timer.
@@ -274,7 +336,7 @@ pub use callback::{
     INLINE_REPEATING_BYTES as INLINE_REPEATING_CALLBACK_BYTES,
 };
 pub use engine::{ShutdownReport, TimerEngine};
-pub use engine_builder::EngineBuilder;
+pub use engine_builder::{DEFAULT_RESCUE_AFTER, EngineBuilder};
 pub use error::{BuildError, CapacityError, GeometryError, ScheduleError};
 pub use periodic::MissedTicks;
 pub use stats::{ShardStats, Stats};

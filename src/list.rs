@@ -16,6 +16,12 @@ pub(crate) trait Links {
     fn set_next(&mut self, index: u32, next: u32);
     /// Records that the timer is on the list at `location`, between `prev` and `next`.
     fn set_links(&mut self, index: u32, location: Location, prev: u32, next: u32);
+    /// Hints that the timer will be touched soon (a wheel walking a list asks for the node
+    /// after next while it works on the current one). Does nothing unless overridden.
+    #[inline]
+    fn prefetch(&self, index: u32) {
+        let _ = index;
+    }
 }
 
 /// Head and tail of one list. The links live in the nodes.

@@ -68,9 +68,16 @@ impl Links for FiledNodes<'_> {
 
     #[inline]
     fn links(&self, index: u32) -> (Location, u32, u32) {
-        // SAFETY: the wheel is the owner's, and only the owner touches a filed node's held
-        // parts (see `TimerNode::with_held`).
+        // SAFETY: only the thread holding the shard's wheel touches a filed node's held
+        // parts (see `TimerNode::with_held`), and the wheel's methods run on that thread.
         unsafe { self.node(index).with_held(|held| held.links()) }
+    }
+
+    #[inline]
+    fn prefetch(&self, index: u32) {
+        if let Some(node) = self.0.node(index) {
+            TimerNode::prefetch_for_write(NonNull::from(node));
+        }
     }
 
     #[inline]

@@ -1,5 +1,7 @@
 //! What every thread shares about one shard: its node pool, its inbox, the lanes threads
-//! have opened into it, and the handshake that wakes its worker.
+//! have opened into it, the handshake that wakes its worker, its wheel (behind a hand-over
+//! flag, so that another worker can stand in for a stuck owner) and its run queue of
+//! claimed timers.
 
 use std::ptr::NonNull;
 use std::sync::OnceLock;
@@ -9,10 +11,13 @@ use crossbeam_utils::CachePadded;
 use crate::lane::Lane;
 use crate::mpsc::Queue;
 use crate::pool::Pool;
+use crate::run_queue::RunQueue;
 use crate::shard_counters::ShardCounters;
-use crate::sync::atomic::{AtomicU64, Ordering, fence};
-use crate::sync::{Arc, Mutex};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use crate::sync::{Arc, Mutex, UnsafeCell};
+use crate::ticks::Ticks;
 use crate::timer_node::TimerNode;
+use crate::worker::Worker;
 
 /// `wake_at` while the worker is awake: no producer needs to wake it.
 pub(crate) const AWAKE: u64 = 0;
@@ -34,10 +39,37 @@ pub(crate) struct Shard {
     /// The worker thread, once it runs (engines driven by hand have none).
     pub(crate) thread: OnceLock<std::thread::Thread>,
     pub(crate) counters: ShardCounters,
+    /// The wheel side, touched only by the thread that holds `wheel_held`.
+    wheel: UnsafeCell<Worker>,
+    wheel_held: CachePadded<AtomicBool>,
+    /// Timers claimed from the wheel, waiting to run.
+    pub(crate) run: RunQueue,
+    signals: CachePadded<OwnerSignals>,
+    /// Workers other than the owner that are running, or about to take, this shard's
+    /// timers; the owner's last turn waits for them.
+    in_hands: CachePadded<AtomicU64>,
 }
 
+/// What a shard's owner tells the workers that might stand in for it: written by the owner
+/// (and `next_due` by the wheel's holder), read by the others while they look for work.
+struct OwnerSignals {
+    /// The owner is awake; for an engine driven by hand, some thread is turning the shard.
+    busy: AtomicBool,
+    /// The tick of the owner's latest look at its wheel.
+    heartbeat: AtomicU64,
+    /// The tick at which the owner last began running timers.
+    #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+    last_run: AtomicU64,
+    /// The wheel's next deadline at its latest look (`u64::MAX`: none).
+    next_due: AtomicU64,
+}
+
+// SAFETY: every field is shared through atomics, locks or lock-free queues, except `wheel`,
+// which only the thread holding `wheel_held` touches (see `with_wheel`).
+unsafe impl Sync for Shard {}
+
 impl Shard {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, ticks: Ticks) -> Self {
         Self {
             pool: Pool::with_capacity(capacity),
             inbox: Queue::new(),
@@ -47,6 +79,128 @@ impl Shard {
             urgent: CachePadded::new(AtomicU64::new(u64::MAX)),
             thread: OnceLock::new(),
             counters: ShardCounters::default(),
+            wheel: UnsafeCell::new(Worker::new(ticks)),
+            wheel_held: CachePadded::new(AtomicBool::new(false)),
+            run: RunQueue::new(),
+            signals: CachePadded::new(OwnerSignals {
+                busy: AtomicBool::new(false),
+                heartbeat: AtomicU64::new(0),
+                last_run: AtomicU64::new(0),
+                next_due: AtomicU64::new(u64::MAX),
+            }),
+            in_hands: CachePadded::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Runs `f` on the wheel side if no other thread holds it; `None` if one does. Nobody
+    /// waits long for the wheel: a holder only files and claims timers, never runs
+    /// callbacks.
+    pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
+        self.try_hold_wheel().then(|| self.held_wheel(f))
+    }
+
+    /// [`with_wheel`](Self::with_wheel) for the owner, which waits out a stand-in's short
+    /// hold.
+    pub(crate) fn with_wheel_waiting<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> R {
+        let mut attempts = 0;
+        while !self.try_hold_wheel() {
+            attempts += 1;
+            crate::sync::spin_or_yield(attempts);
+        }
+        self.held_wheel(f)
+    }
+
+    fn try_hold_wheel(&self) -> bool {
+        self.wheel_held
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Runs `f` on the wheel this thread has just come to hold, then lets it go.
+    fn held_wheel<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> R {
+        // SAFETY: `try_hold_wheel` succeeded, so this thread is the wheel's only holder
+        // until the store below, and its Acquire pairs with the previous holder's Release.
+        let result = self.wheel.with_mut(|wheel| f(unsafe { &mut *wheel }));
+        self.wheel_held.store(false, Ordering::Release);
+        result
+    }
+
+    /// The owner is awake (`true`) or about to sleep.
+    pub(crate) fn set_busy(&self, busy: bool) {
+        self.signals.busy.store(busy, Ordering::SeqCst);
+    }
+
+    /// Takes the owner's part for one hand-driven turn; `false` if another thread has it.
+    pub(crate) fn try_own(&self) -> bool {
+        self.signals
+            .busy
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    pub(crate) fn is_busy(&self) -> bool {
+        self.signals.busy.load(Ordering::SeqCst)
+    }
+
+    /// The owner looked at its wheel at `tick`.
+    pub(crate) fn beat(&self, tick: u64) {
+        self.signals.heartbeat.store(tick, Ordering::Release);
+    }
+
+    /// The tick of the owner's latest look at its wheel.
+    pub(crate) fn heartbeat(&self) -> u64 {
+        self.signals.heartbeat.load(Ordering::Acquire)
+    }
+
+    /// The owner began running timers at `tick`.
+    #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+    pub(crate) fn mark_run(&self, tick: u64) {
+        self.signals.last_run.store(tick, Ordering::Relaxed);
+    }
+
+    #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+    pub(crate) fn last_run(&self) -> u64 {
+        self.signals.last_run.load(Ordering::Relaxed)
+    }
+
+    /// The wheel's holder records the wheel's next deadline.
+    pub(crate) fn publish_next_due(&self, tick: u64) {
+        self.signals.next_due.store(tick, Ordering::Release);
+    }
+
+    #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+    pub(crate) fn next_due(&self) -> u64 {
+        self.signals.next_due.load(Ordering::Acquire)
+    }
+
+    /// Whether the owner is awake but has not looked at its wheel for more than `after`
+    /// ticks: it is stuck in a callback, and another worker may stand in for it.
+    pub(crate) fn is_stuck(&self, now_tick: u64, after: u64) -> bool {
+        self.is_busy() && now_tick > self.heartbeat().saturating_add(after)
+    }
+
+    /// A worker other than the owner is about to take this shard's timers. `false` (and
+    /// nothing taken) once shutdown has begun: the owner's last turn settles them.
+    pub(crate) fn enter_hands(&self, shutdown: &AtomicBool) -> bool {
+        self.in_hands.fetch_add(1, Ordering::SeqCst);
+        if shutdown.load(Ordering::SeqCst) {
+            self.leave_hands();
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn leave_hands(&self) {
+        self.in_hands.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Waits until no other worker holds this shard's timers; the caller has set the
+    /// shutdown flag, so none will take more.
+    pub(crate) fn wait_for_hands(&self) {
+        let mut attempts = 0;
+        while self.in_hands.load(Ordering::SeqCst) != 0 {
+            attempts += 1;
+            crate::sync::spin_or_yield(attempts);
         }
     }
 

@@ -1,9 +1,10 @@
-//! Counts a shard's worker keeps: one writer each, so plain loads and stores, never a
-//! read-modify-write that other cores would contend on.
+//! Counts kept for one shard by the threads that do the work: its owner, and any worker
+//! that runs or rescues its timers. Runners add a whole run's counts at once, so a count
+//! costs a shared read-modify-write per run of timers, never per timer.
 
 use crate::sync::atomic::{AtomicU64, Ordering};
 
-/// The worker's counts for one shard.
+/// The workers' counts for one shard.
 #[derive(Default)]
 pub(crate) struct ShardCounters {
     /// Callback runs, every run of a repeating timer included.
@@ -13,18 +14,25 @@ pub(crate) struct ShardCounters {
     pub(crate) panicked: AtomicU64,
     /// Runs more than one tick after the deadline.
     pub(crate) late: AtomicU64,
+    /// Runs by a worker other than the shard's owner.
+    pub(crate) stolen: AtomicU64,
+    /// Timers claimed from the wheel by a worker standing in for a stuck owner.
+    pub(crate) rescued: AtomicU64,
     pub(crate) ran_at_shutdown: AtomicU64,
     pub(crate) dropped_at_shutdown: AtomicU64,
-    /// The producer counts of lanes the worker has forgotten (their threads exited).
+    /// The producer counts of lanes the wheel's holder has forgotten (their threads
+    /// exited).
     pub(crate) retired_scheduled: AtomicU64,
     pub(crate) retired_cancelled: AtomicU64,
     pub(crate) retired_reset: AtomicU64,
 }
 
-/// Adds `n` to a single-writer count.
+/// Adds `n` to a count that more than one thread may add to.
 #[inline]
-pub(crate) fn bump(counter: &AtomicU64, n: u64) {
-    counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    if n > 0 {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 /// Reads a count.

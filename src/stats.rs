@@ -23,6 +23,12 @@ pub struct ShardStats {
     pub panicked: u64,
     /// Callback runs more than one tick after their deadline.
     pub late: u64,
+    /// Callback runs of this shard's timers by another shard's worker: stolen from a burst
+    /// of expirations, or run for a stuck owner.
+    pub stolen: u64,
+    /// Timers taken out of this shard's wheel by another worker while the owner was stuck
+    /// in a callback (they are counted in `stolen` too when that worker runs them).
+    pub rescued: u64,
     /// Pending timers run by a shutdown that asked for it.
     pub ran_at_shutdown: u64,
     /// Pending timers dropped unrun by a shutdown.
@@ -38,6 +44,8 @@ impl ShardStats {
         self.pending += other.pending;
         self.panicked += other.panicked;
         self.late += other.late;
+        self.stolen += other.stolen;
+        self.rescued += other.rescued;
         self.ran_at_shutdown += other.ran_at_shutdown;
         self.dropped_at_shutdown += other.dropped_at_shutdown;
     }

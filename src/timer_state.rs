@@ -129,11 +129,15 @@ pub enum Received {
     Ignore,
 }
 
-/// What the owner does with a timer after its callback ran.
+/// What the worker that ran a timer does with it afterwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterFire {
-    /// A repeating timer: file it again at its next deadline (already `Pending` and filed).
+    /// A repeating timer, `Pending` again and now in transit: send it to its owner, which
+    /// files it at the next deadline the runner stored.
     Rearm,
+    /// A repeating timer, `Pending` again, whose node a message already in transit carries
+    /// to its owner: that message's arrival files it.
+    RearmOnArrival,
     /// Give the node back to the pool now.
     Free,
     /// Leave it: a message is in transit, and its arrival frees the node.
@@ -326,9 +330,10 @@ impl TimerState {
                 .is_ok()
     }
 
-    /// The owner finished running the callback. A repeating timer that was not cancelled
-    /// meanwhile goes back to `Pending` and filed (the owner stored its next deadline before
-    /// this call); anything else is done.
+    /// The runner finished running the callback. A repeating timer that was not cancelled
+    /// meanwhile goes back to `Pending`, in transit to its owner (the runner stored its next
+    /// deadline before this call; it is in no wheel, since claiming it took it out); anything
+    /// else is done.
     pub fn finish_fire(&self) -> AfterFire {
         let mut outcome = AfterFire::Free;
         let _ = self
@@ -337,8 +342,11 @@ impl TimerState {
                 let seen = Observed(current);
                 let next;
                 (next, outcome) = match seen.phase() {
+                    Phase::Firing if seen.is_repeating() && seen.in_transit() => {
+                        (seen.with_phase(Phase::Pending), AfterFire::RearmOnArrival)
+                    }
                     Phase::Firing if seen.is_repeating() => {
-                        (seen.with_phase(Phase::Pending) | FILED, AfterFire::Rearm)
+                        (seen.with_phase(Phase::Pending) | MSG, AfterFire::Rearm)
                     }
                     _ if seen.in_transit() => {
                         (seen.with_phase(Phase::Done), AfterFire::AwaitMessage)
@@ -470,6 +478,11 @@ mod tests {
         assert!(state.try_fire(state.observe()));
         assert!(state.is_pending(generation));
         assert_eq!(state.finish_fire(), AfterFire::Rearm);
+        assert_eq!(
+            state.receive(),
+            Received::File,
+            "a re-armed timer is filed anew"
+        );
         assert!(state.try_fire(state.observe()));
         assert_eq!(state.try_cancel(generation), Some(Cancelled::Done));
         assert!(!state.is_pending(generation));

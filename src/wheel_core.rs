@@ -387,6 +387,14 @@ impl WheelCore {
         }
         let (_, _, next) = nodes.links(head);
         self.lists.unlink_between(nodes, location, NIL, next);
+        if next != NIL {
+            // Unlinking just brought `next` into the cache: start the miss on the node after
+            // it now, so that walking a long due list keeps two misses in flight.
+            let (_, _, after) = nodes.links(next);
+            if after != NIL {
+                nodes.prefetch(after);
+            }
+        }
         Some(head)
     }
 

@@ -1,8 +1,9 @@
-//! A shard's owner: the only thread that touches the shard's wheel. Each turn it takes what
-//! has come due on the lanes, drains the inbox, fires due timers and gives freed nodes
-//! back to the pool.
+//! A shard's wheel side: the wheel, the lanes it takes timers from, and what it has freed.
+//! Only the thread holding the shard's wheel touches it: its owner, or for a while a
+//! worker standing in for a stuck owner. Each look at the wheel takes what has come due on
+//! the lanes, drains the inbox, and claims due timers onto the shard's run queue, where
+//! the owner and idle workers take them to run (see [`runner`](crate::runner)).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::time::Instant;
 
@@ -11,13 +12,15 @@ use crate::lane::Lane;
 use crate::mpsc::Pop;
 use crate::pool::FiledNodes;
 use crate::pool::{BATCH, Magazine};
+use crate::run_queue::MAX_RUN;
+use crate::runner;
 use crate::shard::Shard;
-use crate::shard_counters::bump;
+use crate::shard_counters::add;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::ticks::Ticks;
 use crate::timer_node::TimerNode;
-use crate::timer_state::{AfterFire, Phase, Received};
+use crate::timer_state::{Phase, Received};
 use crate::wheel_core::WheelCore;
 
 /// What pending timers get at shutdown.
@@ -30,22 +33,26 @@ pub enum PendingTimers {
     Drop,
 }
 
-/// The owner side of one shard.
+/// The wheel side of one shard. See the module documentation.
 pub(crate) struct Worker {
     wheel: WheelCore,
     ticks: Ticks,
-    /// Nodes freed this turn, on their way back to the pool.
+    /// Nodes freed during this look, on their way back to the pool.
     freed: Magazine,
     lanes: Vec<Arc<Lane>>,
     lanes_version: u64,
+    /// The shard's last turn has run: nothing is filed or claimed any more.
+    finished: bool,
 }
 
-/// The outcome of one turn.
-pub(crate) struct Turn {
-    /// Callback runs.
-    pub(crate) fired: usize,
+/// What one look at the wheel found.
+pub(crate) struct Extracted {
+    /// Timers claimed onto the run queue.
+    pub(crate) claimed: usize,
+    /// The run queue filled up while timers were still due: look again once it drains.
+    pub(crate) more_due: bool,
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
-    /// The tick by which the worker must turn again: the wheel's next deadline, or a lane's
+    /// The tick by which the owner must look again: the wheel's next deadline, or a lane's
     /// need; `None` when nothing will ever be due.
     pub(crate) next: Option<u64>,
 }
@@ -58,19 +65,31 @@ impl Worker {
             freed: Magazine::EMPTY,
             lanes: Vec::new(),
             lanes_version: u64::MAX,
+            finished: false,
         }
     }
 
-    /// One turn at `now`.
-    pub(crate) fn turn(&mut self, shard: &Shard, now: Instant) -> Turn {
+    /// One look at `now`: takes what is due on the lanes and the whole inbox, files it, and
+    /// claims due timers onto the run queue while it has room.
+    pub(crate) fn extract(&mut self, shard: &Shard, now: Instant) -> Extracted {
+        if self.finished {
+            return Extracted {
+                claimed: 0,
+                more_due: false,
+                next: None,
+            };
+        }
         let now_tick = self.ticks.floor(now);
         self.refresh_lanes(shard);
         let all_lanes = shard.take_urgent(now_tick);
         self.collect(shard, now_tick, all_lanes);
-        let fired = self.fire_due(shard, now, now_tick);
+        let (claimed, more_due) = self.claim_due(shard, now, now_tick);
         self.freed.give_back(&shard.pool);
+        let wheel_next = self.wheel.next_tick();
+        shard.publish_next_due(wheel_next.unwrap_or(u64::MAX));
         let next = [
-            self.wheel.next_tick(),
+            more_due.then_some(now_tick),
+            wheel_next,
             self.lanes_need(),
             Some(shard.urgent()),
         ]
@@ -78,19 +97,25 @@ impl Worker {
         .flatten()
         .min()
         .filter(|&tick| tick != u64::MAX);
-        Turn { fired, next }
+        Extracted {
+            claimed,
+            more_due,
+            next,
+        }
     }
 
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
-    /// Whether anything arrived that the worker must see before `plan`: called after
-    /// publishing the plan, so that a producer who missed it has been seen here.
+    /// Whether anything arrived that the owner must see before `plan`: called after
+    /// publishing the plan, so that a producer who missed it has been seen here. Also
+    /// catches a timer a rescuer filed after the owner's last look.
     pub(crate) fn must_turn_before(&self, shard: &Shard, plan: u64) -> bool {
-        // SAFETY: only the worker (the inbox's single consumer) calls this.
+        // SAFETY: only the wheel's holder (the inbox's single consumer) calls this.
         let inbox = unsafe { shard.inbox.has_pending() };
         inbox
             || shard.lanes_version.load(Ordering::Acquire) != self.lanes_version
             || shard.urgent() < plan
             || self.lanes_need().is_some_and(|need| need < plan)
+            || self.wheel.next_tick().is_some_and(|tick| tick < plan)
     }
 
     fn lanes_need(&self) -> Option<u64> {
@@ -111,16 +136,16 @@ impl Worker {
                 return true;
             }
             let counters = &shard.counters;
-            bump(
+            add(
                 &counters.retired_scheduled,
                 lane.scheduled.load(Ordering::Relaxed),
             );
-            bump(
+            add(
                 &counters.retired_cancelled,
                 lane.cancelled.load(Ordering::Relaxed),
             );
-            bump(&counters.retired_reset, lane.reset.load(Ordering::Relaxed));
-            bump(&counters.panicked, lane.panicked.load(Ordering::Relaxed));
+            add(&counters.retired_reset, lane.reset.load(Ordering::Relaxed));
+            add(&counters.panicked, lane.panicked.load(Ordering::Relaxed));
             false
         });
         self.lanes.clone_from(&lanes);
@@ -139,7 +164,7 @@ impl Worker {
             }
         }
         loop {
-            // SAFETY: the worker is the inbox's single consumer.
+            // SAFETY: the wheel's holder is the inbox's single consumer.
             match unsafe { shard.inbox.pop() } {
                 Pop::Node(node) => self.receive(shard, node),
                 Pop::Empty => break,
@@ -178,27 +203,24 @@ impl Worker {
 
     /// Gives a node back: drops any callback, moves the generation on, batches the node.
     fn free(&mut self, shard: &Shard, node: NonNull<TimerNode>) {
-        // SAFETY: the caller holds the node exclusively (nothing else will touch it until
-        // the generation moves on below).
-        let node_ref = unsafe { node.as_ref() };
-        // SAFETY: as above.
-        let panicked = unsafe { node_ref.with_held(|held| held.callback.clear()) };
-        bump(&shard.counters.panicked, u64::from(panicked));
-        if node_ref.state.free() {
-            self.freed.put(node);
-            if self.freed.len() >= BATCH {
-                self.freed.give_back(&shard.pool);
-            }
+        runner::free_into(shard, node, &mut self.freed);
+        if self.freed.len() >= BATCH {
+            self.freed.give_back(&shard.pool);
         }
     }
 
-    fn fire_due(&mut self, shard: &Shard, now: Instant, now_tick: u64) -> usize {
-        let mut fired = 0;
-        while let Some(index) = self.wheel.poll(&mut FiledNodes(&shard.pool), now) {
+    /// Claims due timers onto the run queue while it has room; `true` beside the count if
+    /// it filled up with timers still due.
+    fn claim_due(&mut self, shard: &Shard, now: Instant, now_tick: u64) -> (usize, bool) {
+        let mut filler = shard.run.filler();
+        let mut claimed = 0;
+        while filler.room() > 0 {
+            let Some(index) = self.wheel.poll(&mut FiledNodes(&shard.pool), now) else {
+                return (claimed, false);
+            };
             let Some(node_ref) = shard.pool.node(index) else {
                 continue;
             };
-            let node = NonNull::from(node_ref);
             loop {
                 let seen = node_ref.state.observe();
                 match seen.phase() {
@@ -219,9 +241,12 @@ impl Worker {
                             self.file(shard, node_ref, deadline);
                             break;
                         }
+                        // Claimed now, so that whoever takes it off the run queue holds it
+                        // and a cancel from here on finds it firing.
                         if node_ref.state.try_fire(seen) {
-                            self.fire(shard, node, deadline, now_tick);
-                            fired += 1;
+                            let pushed = filler.push(index);
+                            debug_assert!(pushed, "the run queue had room");
+                            claimed += 1;
                             break;
                         }
                     }
@@ -232,60 +257,28 @@ impl Worker {
                 }
             }
         }
-        fired
+        (
+            claimed,
+            self.wheel.next_tick().is_some_and(|tick| tick <= now_tick),
+        )
     }
 
-    /// Runs a claimed timer's callback and settles the node.
-    fn fire(&mut self, shard: &Shard, node: NonNull<TimerNode>, due: u64, now_tick: u64) {
-        // SAFETY: `try_fire` succeeded, so the worker holds the node until `finish_fire`.
-        let node_ref = unsafe { node.as_ref() };
-        let counters = &shard.counters;
-        Self::run_callback(shard, node_ref);
-        if now_tick > due.saturating_add(1) {
-            bump(&counters.late, 1);
+    /// The last turn: runs what is already claimed, takes everything in transit, then runs
+    /// or drops every pending timer. The caller has made sure no other worker still holds
+    /// or can take this shard's timers.
+    pub(crate) fn finish(&mut self, shard: &Shard, pending: PendingTimers, now: Instant) {
+        if self.finished {
+            return;
         }
-        // SAFETY: as above.
-        let period = unsafe { node_ref.with_held(|held| held.callback.period()) };
-        let next = period
-            .is_repeating()
-            .then(|| period.missed.next_after(due, period.ticks, now_tick));
-        if let Some(next) = next {
-            // No resetter can touch a firing timer, so the owner may store its deadline.
-            node_ref.deadline.store(next, Ordering::Release);
-        }
-        match node_ref.state.finish_fire() {
-            AfterFire::Rearm => self.file(shard, node_ref, next.unwrap_or(now_tick + 1)),
-            AfterFire::Free => {
-                if !period.is_repeating() {
-                    bump(&counters.completed, 1);
-                }
-                self.free(shard, node);
-            }
-            AfterFire::AwaitMessage => {
-                if !period.is_repeating() {
-                    bump(&counters.completed, 1);
-                }
-            }
-        }
-    }
-
-    /// Runs a claimed timer's callback, catching and counting a panic.
-    fn run_callback(shard: &Shard, node: &TimerNode) {
-        // SAFETY: the caller claimed the timer (its state says Firing), so the worker holds
-        // the node until it settles it.
-        let panicked = unsafe {
-            node.with_held(|held| catch_unwind(AssertUnwindSafe(|| held.callback.call())).is_err())
-        };
-        bump(&shard.counters.fired, 1);
-        bump(&shard.counters.panicked, u64::from(panicked));
-    }
-
-    /// The last turn: takes everything in transit, then runs or drops every pending timer.
-    pub(crate) fn finish(&mut self, shard: &Shard, pending: PendingTimers) {
         // Orders the shutdown flag (set before this call) before the lane and inbox reads
         // below, against a scheduler's push-then-flag-check: either this turn sees its
         // timer, or the scheduler sees the flag and takes the timer back.
         crate::sync::atomic::fence(crate::sync::atomic::Ordering::SeqCst);
+        // Claimed timers were due before the shutdown: they run, whatever `pending` says.
+        let now_tick = self.ticks.floor(now);
+        while let Some(run) = shard.run.take(MAX_RUN) {
+            runner::run(shard, &run, now_tick, true);
+        }
         self.lanes_version = u64::MAX;
         self.refresh_lanes(shard);
         // Collect until no producer holds nodes it took off a lane (it puts them back where
@@ -296,7 +289,7 @@ impl Worker {
             // read, so the collection after it finds them.
             let busy = self.lanes.iter().any(|lane| lane.is_busy());
             self.collect(shard, u64::MAX, true);
-            // SAFETY: the worker is the inbox's single consumer.
+            // SAFETY: the wheel's holder is the inbox's single consumer.
             if !busy && !unsafe { shard.inbox.has_pending() } {
                 break;
             }
@@ -304,6 +297,7 @@ impl Worker {
             crate::sync::spin_or_yield(attempts);
         }
         let counters = &shard.counters;
+        let (mut ran, mut dropped) = (0, 0);
         for index in self.wheel.drain(&mut FiledNodes(&shard.pool)) {
             let Some(node_ref) = shard.pool.node(index) else {
                 continue;
@@ -322,10 +316,10 @@ impl Worker {
                             continue;
                         }
                         if pending == PendingTimers::Run {
-                            Self::run_callback(shard, node_ref);
-                            bump(&counters.ran_at_shutdown, 1);
+                            runner::run_callback(shard, node_ref);
+                            ran += 1;
                         } else {
-                            bump(&counters.dropped_at_shutdown, 1);
+                            dropped += 1;
                         }
                         if seen.in_transit() {
                             // A message raced the shutdown; nobody takes it any more. The
@@ -344,6 +338,9 @@ impl Worker {
                 }
             }
         }
+        add(&counters.ran_at_shutdown, ran);
+        add(&counters.dropped_at_shutdown, dropped);
         self.freed.give_back(&shard.pool);
+        self.finished = true;
     }
 }

@@ -206,13 +206,14 @@ fn a_repeating_timer_cancelled_mid_fire_stays_stopped() {
         };
         let owner = expire(&state, &deadline, 10);
         let mut freed = 0;
+        let mut rearmed = false;
         if owner == Owner::Fired {
-            // The callback runs here; then the owner stores the next deadline and settles.
+            // The callback runs here; then the runner stores the next deadline and settles.
             deadline.store(20, Ordering::Release);
             match state.finish_fire() {
-                AfterFire::Rearm => {}
+                AfterFire::Rearm => rearmed = true,
                 AfterFire::Free => freed += 1,
-                AfterFire::AwaitMessage => panic!("no message was sent to a firing timer"),
+                other => panic!("no message was sent to a firing timer, yet {other:?}"),
             }
         }
         let cancelled = canceller.join().unwrap();
@@ -231,6 +232,13 @@ fn a_repeating_timer_cancelled_mid_fire_stays_stopped() {
             }
         } else {
             assert_eq!(owner, Owner::Fired, "only a firing timer needs no message");
+        }
+        if rearmed {
+            // The re-armed timer reaches its owner after the cancel stopped it.
+            match state.receive() {
+                Received::Free => freed += 1,
+                other => panic!("the re-armed timer arrived to {other:?}"),
+            }
         }
         assert_eq!(freed, 1, "the node must be freed exactly once");
         assert_ne!(state.observe().phase(), Phase::Pending, "it re-armed");

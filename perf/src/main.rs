@@ -25,8 +25,8 @@ use std::time::Duration;
 use peers::Subject;
 use report::{Csv, thousands};
 use workloads::{
-    Sizes, Workload, arm_cancel, engine_arm_cancel, engine_live_1m, engine_reset, fire_storm,
-    live_1m, not_yet, reset_heavy, steady_mix,
+    Sizes, Workload, arm_cancel, burst_steal, engine_arm_cancel, engine_live_1m, engine_reset,
+    fire_storm, live_1m, reset_heavy, steady_mix,
 };
 
 /// More than this would not fit a 24 GiB machine in any subject, and a mistyped zero should
@@ -338,7 +338,7 @@ fn main() -> ExitCode {
     progress::start(planned_runs(&options));
     for &workload in &options.workloads {
         let subjects = &options.subjects_for(workload);
-        if subjects.is_empty() && workload != Workload::BurstSteal {
+        if subjects.is_empty() {
             progress::print(&format!(
                 "{}: skipped: none of the chosen peers is one it drives\n",
                 workload.name()
@@ -370,10 +370,7 @@ fn main() -> ExitCode {
                 },
                 &mut csv,
             ),
-            Workload::BurstSteal => {
-                not_yet::burst_steal();
-                continue;
-            }
+            Workload::BurstSteal => burst_steal::run(threads, sizes.storm_timers, &mut csv),
         }
         if let Some(note) = meter.note() {
             progress::print(&format!("{}: {note}\n", workload.name()));
@@ -460,7 +457,10 @@ fn planned_runs(options: &Options) -> u64 {
                     Workload::EngineArmCancel => runs * threads * options.windows.len() as u64,
                     Workload::EngineReset => runs * threads,
                     Workload::FireStorm | Workload::SteadyMix => 1,
-                    Workload::BurstSteal => 0,
+                    // Stealing on and off, at each worker count above one.
+                    Workload::BurstSteal => {
+                        runs * 2 * options.threads.iter().filter(|&&n| n > 1).count() as u64
+                    }
                 }
         })
         .sum()

@@ -52,6 +52,21 @@ impl Lateness {
         self.last_fire = Some(self.last_fire.map_or(fired_at, |last| last.max(fired_at)));
     }
 
+    /// Timers recorded.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Adds another record's timers to this one.
+    pub fn absorb(&mut self, other: Lateness) {
+        self.samples.extend_from_slice(&other.samples);
+        self.early += other.early;
+        self.last_fire = match (self.last_fire, other.last_fire) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
     pub fn summarize(mut self) -> LatenessSummary {
         self.samples.sort_unstable();
         let percentile = |p: f64| -> Duration {

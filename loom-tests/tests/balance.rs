@@ -1,0 +1,141 @@
+//! Expiry balancing, one shard driven by hand: a thief taking claimed timers off the run
+//! queue against the owner claiming and running them, a steal against a cancel, a worker
+//! standing in for a stuck owner against the owner coming back, and a steal against
+//! shutdown. Each checks that every timer runs exactly once unless a cancel returned
+//! `true`, that nobody else touches the wheel while one thread holds it (loom checks the
+//! wheel's cell), and that every node goes back to the pool.
+#![cfg(loom)]
+
+use corewheel::PendingTimers;
+use corewheel::loom_exports::shard_steps::{
+    owner_look, owner_run, set_owner_awake, stand_in, steal,
+};
+use corewheel_loom_tests::{Probe, engine, filed, model, settle, ticks};
+use loom::sync::Arc;
+use loom::thread;
+
+/// Two due timers: the owner claims them and runs its queue one timer at a time while a
+/// thief takes one. Each runs exactly once, on one of the two, and the thief's runs are
+/// counted as stolen.
+#[test]
+fn a_steal_against_the_owner_runs_each_timer_once() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let (first, second) = (Probe::new(), Probe::new());
+        filed(&engine, &clock, 3, first.callback());
+        filed(&engine, &clock, 2, second.callback());
+        // Both are due now (the second helper call advanced the clock a tick).
+        clock.advance(ticks(1));
+        let thief = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || steal(&engine, 0, 1))
+        };
+        let mut owner = 0;
+        if owner_look(&engine, 0) > 0 {
+            owner += owner_run(&engine, 0, 1);
+        }
+        let stolen = thief.join().unwrap();
+        owner += owner_run(&engine, 0, 2);
+        assert_eq!(owner + stolen, 2, "owner ran {owner}, thief ran {stolen}");
+        assert_eq!((first.ran(), second.ran()), (1, 1));
+        assert_eq!(engine.stats().total.stolen, stolen as u64);
+        assert_eq!(settle(&engine, &clock), 0);
+        assert_eq!(engine.nodes_in_use(), 0, "a node was not given back");
+        assert_eq!((first.dropped(), second.dropped()), (1, 1));
+    });
+}
+
+/// A due timer is claimed by its owner and taken by a thief while another thread cancels
+/// it: exactly one of the cancel and the run wins.
+#[test]
+fn a_steal_against_a_cancel_has_one_winner() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let probe = Probe::new();
+        let handle = filed(&engine, &clock, 2, probe.callback());
+        clock.advance(ticks(1));
+        let owner = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || owner_look(&engine, 0))
+        };
+        let thief = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || steal(&engine, 0, 1))
+        };
+        let cancelled = engine.cancel(handle);
+        owner.join().unwrap();
+        let stolen = thief.join().unwrap();
+        let rest = owner_run(&engine, 0, 1);
+        assert_eq!(stolen + rest, probe.ran());
+        assert_eq!(
+            u8::from(cancelled) + u8::from(probe.ran() == 1),
+            1,
+            "cancelled={cancelled}, ran={}",
+            probe.ran()
+        );
+        settle(&engine, &clock);
+        assert_eq!(probe.ran(), usize::from(!cancelled), "ran after the race");
+        assert_eq!(engine.nodes_in_use(), 0, "the node was not given back");
+        assert_eq!(probe.dropped(), 1);
+    });
+}
+
+/// The owner is stuck (awake, not looking at its wheel) while a timer is due; another
+/// worker stands in for it just as the owner comes back and looks itself. The wheel has
+/// one holder at a time, and the timer runs exactly once.
+#[test]
+fn a_stand_in_against_the_owner_coming_back_runs_the_timer_once() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let probe = Probe::new();
+        filed(&engine, &clock, 2, probe.callback());
+        clock.advance(ticks(1));
+        set_owner_awake(&engine, 0, true);
+        let stand_in = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || stand_in(&engine, 0))
+        };
+        let mut owner = 0;
+        if owner_look(&engine, 0) > 0 {
+            owner = owner_run(&engine, 0, 1);
+        }
+        let rescued = stand_in.join().unwrap();
+        owner += owner_run(&engine, 0, 1);
+        set_owner_awake(&engine, 0, false);
+        assert_eq!(
+            owner + rescued,
+            1,
+            "owner ran {owner}, stand-in ran {rescued}"
+        );
+        assert_eq!(probe.ran(), 1);
+        let stats = engine.stats().total;
+        assert_eq!(stats.stolen, rescued as u64);
+        assert!(stats.rescued <= 1);
+        assert_eq!(settle(&engine, &clock), 0);
+        assert_eq!(engine.nodes_in_use(), 0, "the node was not given back");
+    });
+}
+
+/// A claimed timer waits on the run queue when shutdown begins, while a thief tries to
+/// take it: it runs exactly once (claimed timers were due, so shutdown runs them even when
+/// it drops pending ones), and the shutdown leaves every node in the pool.
+#[test]
+fn a_steal_against_shutdown_runs_the_claimed_timer_once() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let probe = Probe::new();
+        filed(&engine, &clock, 2, probe.callback());
+        clock.advance(ticks(1));
+        assert_eq!(owner_look(&engine, 0), 1);
+        let thief = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || steal(&engine, 0, 1))
+        };
+        let report = engine.shutdown(PendingTimers::Drop);
+        let stolen = thief.join().unwrap();
+        assert_eq!(report.dropped, 0);
+        assert_eq!(probe.ran(), 1, "stolen={stolen}");
+        assert_eq!(probe.dropped(), 1);
+        assert_eq!(engine.nodes_in_use(), 0, "the node was not given back");
+    });
+}

@@ -1,0 +1,275 @@
+//! burst-steal: a million timers scheduled from one thread, so all on that thread's shard,
+//! all due within the same 10 ms, fired on the real clock by a TimerEngine with one worker
+//! per thread count, stealing on and off. Reports when the last one fired, lateness
+//! percentiles, and what share the other workers ran.
+//!
+//! Each callback records its lateness on the worker thread that runs it, in that thread's
+//! own buffer (an uncontended lock), so the callback adds no cross-core traffic of its own
+//! and the two settings are compared on the engine's work alone.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use corewheel::TimerEngine;
+
+use crate::repeat::{RUNS, median, spread};
+use crate::report::{Csv, CsvRow, Table, thousands};
+use crate::rng::XorShift64;
+use crate::workloads::lateness::{Lateness, LatenessSummary};
+
+pub const NAME: &str = "burst-steal";
+/// All deadlines fall within this window.
+const SPREAD_NS: u64 = 10_000_000;
+/// From the start of scheduling to the window: long enough to schedule a million timers
+/// (tens of milliseconds) with room for a slow spell.
+const LEAD: Duration = Duration::from_millis(600);
+/// How long to wait for the last fire before calling timers lost.
+const GIVE_UP: Duration = Duration::from_secs(60);
+
+/// One worker thread's record of the timers it ran.
+type Record = Arc<Mutex<Lateness>>;
+
+/// Every worker thread's record, registered on its first fire.
+static RECORDS: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+
+/// Records made before the burst, sized for every timer, for workers to take on their
+/// first fire: growing one inside a callback would show up as lateness.
+static SPARE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+
+thread_local! {
+    static RECORD: RefCell<Option<Record>> = const { RefCell::new(None) };
+}
+
+/// Records one fire on the calling worker thread.
+fn record(deadline: Instant) {
+    let fired_at = Instant::now();
+    RECORD.with(|record| {
+        let mut record = record.borrow_mut();
+        let record = record.get_or_insert_with(|| {
+            let spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let fresh = spare.unwrap_or_else(|| Arc::new(Mutex::new(Lateness::with_capacity(0))));
+            RECORDS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Arc::clone(&fresh));
+            fresh
+        });
+        record
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(deadline, fired_at, fired_at);
+    });
+}
+
+struct Burst {
+    /// From the first deadline to the last fire.
+    last_fire: Duration,
+    lateness: LatenessSummary,
+    /// Fires per worker thread, most first.
+    per_worker: Vec<u64>,
+    stolen: u64,
+}
+
+fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burst, String> {
+    RECORDS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
+    *SPARE.lock().unwrap_or_else(PoisonError::into_inner) = (0..workers)
+        .map(|_| Arc::new(Mutex::new(Lateness::with_capacity(timers as usize))))
+        .collect();
+    let engine = TimerEngine::builder()
+        .workers(workers)
+        .stealing(stealing)
+        .build()
+        .map_err(|error| format!("could not start the engine: {error}"))?;
+    let mut rng = XorShift64::new(XorShift64::SEED ^ run as u64);
+    let first = Instant::now() + LEAD;
+    for _ in 0..timers {
+        let deadline = first + Duration::from_nanos(rng.below(SPREAD_NS));
+        engine
+            .schedule_at(deadline, move || record(deadline))
+            .map_err(|error| format!("schedule failed: {error}"))?;
+    }
+    if Instant::now() > first {
+        return Err("scheduling took longer than the lead before the burst".to_string());
+    }
+    let give_up = Instant::now() + GIVE_UP;
+    while engine.stats().total.fired < timers {
+        if Instant::now() > give_up {
+            return Err(format!(
+                "only {} of {timers} timers fired within {GIVE_UP:?}",
+                engine.stats().total.fired
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let stolen = engine.stats().total.stolen;
+    drop(engine);
+    SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    let records = std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut all = Lateness::with_capacity(timers as usize);
+    let mut per_worker = Vec::new();
+    for record in records {
+        let record = std::mem::replace(
+            &mut *record.lock().unwrap_or_else(PoisonError::into_inner),
+            Lateness::with_capacity(0),
+        );
+        per_worker.push(record.len() as u64);
+        all.absorb(record);
+    }
+    per_worker.sort_unstable_by(|a, b| b.cmp(a));
+    let lateness = all.summarize();
+    let last_fire = lateness
+        .last_fire
+        .map_or(Duration::ZERO, |last| last.saturating_duration_since(first));
+    Ok(Burst {
+        last_fire,
+        lateness,
+        per_worker,
+        stolen,
+    })
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// Runs the burst at each worker count of `threads` above 1 (stealing needs another
+/// worker), stealing on and off in turns, [`RUNS`] times each.
+pub fn run(threads: &[usize], timers: u64, csv: &mut Csv) {
+    let counts: Vec<usize> = threads.iter().copied().filter(|&n| n > 1).collect();
+    if counts.is_empty() {
+        crate::progress::print(&format!(
+            "{NAME}: skipped: stealing needs at least 2 workers (--threads)\n"
+        ));
+        return;
+    }
+    let mut table = Table::new(
+        format!(
+            "{NAME} ({} timers from one thread onto one shard, due within 10 ms; median of {RUNS} runs)",
+            thousands(timers)
+        ),
+        &[
+            "workers",
+            "stealing",
+            "last fire ms",
+            "p50 late ms",
+            "p99 late ms",
+            "max late ms",
+            "run elsewhere",
+            "per worker",
+            "early",
+            "on/off",
+        ],
+    );
+    let mut errors = Vec::new();
+    for &workers in &counts {
+        let mut results: [Vec<Burst>; 2] = [Vec::new(), Vec::new()];
+        for run in 0..RUNS {
+            for (setting, stealing) in [true, false].into_iter().enumerate() {
+                crate::progress::step(format!(
+                    "{NAME}/{workers} workers/stealing {}",
+                    if stealing { "on" } else { "off" }
+                ));
+                match burst(workers, stealing, timers, run) {
+                    Ok(burst) => results[setting].push(burst),
+                    Err(error) => errors.push(format!("ERROR: {NAME}: {error}")),
+                }
+            }
+        }
+        let last = |runs: &[Burst]| median(runs.iter().map(|b| ms(b.last_fire)));
+        let off_last = last(&results[1]);
+        for (setting, runs) in results.iter().enumerate() {
+            if runs.is_empty() {
+                continue;
+            }
+            let stealing = setting == 0;
+            let subject = if stealing {
+                "engine"
+            } else {
+                "engine-no-steal"
+            };
+            let middle = |f: &dyn Fn(&Burst) -> f64| median(runs.iter().map(f));
+            let last_fire = last(runs);
+            let p50 = middle(&|b| ms(b.lateness.p50));
+            let p99 = middle(&|b| ms(b.lateness.p99));
+            let max = middle(&|b| ms(b.lateness.max));
+            let elsewhere = middle(&|b| 100.0 * b.stolen as f64 / timers as f64);
+            let early: u64 = runs.iter().map(|b| b.lateness.early).sum();
+            let fired_wrong = runs.iter().any(|b| b.lateness.fired != timers);
+            // The run whose last fire is the median's, for its split across workers.
+            let typical = runs.iter().min_by(|a, b| {
+                (ms(a.last_fire) - last_fire)
+                    .abs()
+                    .total_cmp(&(ms(b.last_fire) - last_fire).abs())
+            });
+            let split = typical.map_or(String::new(), |b| {
+                b.per_worker
+                    .iter()
+                    .map(|&n| format!("{:.0}%", 100.0 * n as f64 / timers as f64))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            });
+            table.row(vec![
+                workers.to_string(),
+                if stealing { "on" } else { "off" }.to_string(),
+                format!("{last_fire:.1}"),
+                format!("{p50:.2}"),
+                format!("{p99:.2}"),
+                format!("{max:.2}"),
+                format!("{elsewhere:.0}%"),
+                split,
+                thousands(early),
+                if stealing {
+                    format!("{:.2}x", off_last / last_fire)
+                } else {
+                    String::new()
+                },
+            ]);
+            if early > 0 {
+                errors.push(format!(
+                    "ERROR: {NAME}: {subject} fired {early} timers EARLY"
+                ));
+            }
+            if fired_wrong {
+                errors.push(format!(
+                    "ERROR: {NAME}: {subject} fired a wrong number of timers"
+                ));
+            }
+            table.note(format!(
+                "{workers} workers, stealing {}: last fire {} ms over the runs",
+                if stealing { "on" } else { "off" },
+                spread(runs.iter().map(|b| ms(b.last_fire)))
+            ));
+            for (metric, value, unit) in [
+                ("last_fire_after_first_deadline", last_fire, "ms"),
+                ("lateness_p50", p50, "ms"),
+                ("lateness_p99", p99, "ms"),
+                ("lateness_max", max, "ms"),
+                ("run_by_other_workers", elsewhere, "%"),
+                ("early_fires", early as f64, "count"),
+            ] {
+                csv.push(CsvRow {
+                    workload: NAME.to_string(),
+                    subject: subject.to_string(),
+                    threads: workers as u32,
+                    timers,
+                    metric,
+                    value,
+                    unit,
+                });
+            }
+        }
+    }
+    table.note("last fire: from the first deadline to the last callback; the deadlines span 10 ms");
+    table.note("late: callback start - deadline (deadlines round up to the 1 ms tick)");
+    table.note("run elsewhere: share of the timers run by a worker other than their shard's owner (Stats::stolen)");
+    table.note("per worker: share of the timers each worker thread ran, in the median run");
+    table.note("on/off: last fire with stealing off / with stealing on: above 1 means stealing finished sooner");
+    table.print();
+    for error in &errors {
+        crate::progress::print(error);
+    }
+}

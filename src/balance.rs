@@ -1,0 +1,332 @@
+//! Expiry balancing: idle workers take part of another shard's burst of due timers
+//! (stealing), and stand in for an owner stuck in a slow callback (rescue).
+//!
+//! Balancing happens at expiry, never at insert: a timer stays on the shard that armed it
+//! until it is due. The owner claims due timers onto its shard's run queue; an idle worker
+//! takes runs from a queue with a backlog. An owner that is awake but has not looked at its
+//! wheel for more than `rescue_after` ticks is stuck, and an idle worker takes its wheel
+//! for a moment to claim what has come due, then runs it.
+//!
+//! Waking helpers costs system calls, so they are woken only when there is something to
+//! do: an owner with a backlog wakes one parked worker, which wakes the next if a backlog
+//! remains. For rescue, someone must notice a stuck owner while every other worker sleeps:
+//! a worker that goes to sleep while another owner is running timers (or ran some lately)
+//! sleeps no longer than `rescue_after` ticks, and an owner that starts running timers while
+//! nobody watches wakes a parked worker to watch.
+
+#![cfg_attr(
+    loom,
+    allow(
+        dead_code,
+        reason = "loom models drive engines by hand, without worker threads"
+    )
+)]
+
+use std::time::Instant;
+
+use crate::engine_shared::EngineShared;
+use crate::run_queue::MAX_RUN;
+use crate::runner;
+use crate::shard::Shard;
+use crate::shard_counters::add;
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+/// Entries on a run queue before idle workers are woken to take some: a backlog worth a
+/// cross-core hand-over.
+pub(crate) const STEAL_MIN: usize = MAX_RUN;
+
+/// How long a watcher keeps watching after the last time any owner began running timers,
+/// in multiples of `rescue_after`.
+const LINGER_PERIODS: u64 = 64;
+
+/// The engine's balancing settings and its record of parked workers.
+pub(crate) struct Balance {
+    pub(crate) stealing: bool,
+    /// Ticks an awake owner may go without looking at its wheel before another worker
+    /// stands in; `None`: never.
+    pub(crate) rescue_after: Option<u64>,
+    /// Bit `i % 64` of word `i / 64`: worker `i` is parked and may be woken to help.
+    idle: Box<[AtomicU64]>,
+    /// Parked workers whose sleep is bounded so that they look for stuck owners.
+    watching: AtomicU64,
+}
+
+impl Balance {
+    pub(crate) fn new(workers: usize, stealing: bool, rescue_after: Option<u64>) -> Self {
+        Self {
+            stealing,
+            rescue_after,
+            idle: (0..workers.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            watching: AtomicU64::new(0),
+        }
+    }
+
+    /// Wakes one parked worker, if any, to help.
+    pub(crate) fn wake_one(&self, shards: &[Shard]) {
+        for (word_index, word) in self.idle.iter().enumerate() {
+            let mut bits = word.load(Ordering::SeqCst);
+            while bits != 0 {
+                let bit = 1 << bits.trailing_zeros();
+                let before = word.fetch_and(!bit, Ordering::SeqCst);
+                if before & bit != 0 {
+                    let worker = word_index * 64 + bit.trailing_zeros() as usize;
+                    if let Some(thread) = shards.get(worker).and_then(|s| s.thread.get()) {
+                        thread.unpark();
+                    }
+                    return;
+                }
+                bits = before & !bit;
+            }
+        }
+    }
+
+    /// An owner with a fresh backlog on its run queue wakes a helper.
+    pub(crate) fn offer(&self, shards: &[Shard], shard: &Shard) {
+        if self.stealing && shard.run.len() >= STEAL_MIN {
+            self.wake_one(shards);
+        }
+    }
+
+    /// An owner begins running timers at `now_tick`: if nobody watches for stuck owners,
+    /// it wakes a parked worker to.
+    pub(crate) fn running(&self, shards: &[Shard], shard: &Shard, now_tick: u64) {
+        if self.rescue_after.is_none() {
+            return;
+        }
+        shard.mark_run(now_tick);
+        if self.watching.load(Ordering::SeqCst) == 0 {
+            self.wake_one(shards);
+        }
+    }
+
+    /// Worker `me` is about to park: it becomes wakeable for help, and learns until which
+    /// tick at most it should sleep to watch for stuck owners. `None` if helpers' work is
+    /// already waiting: then it must not park (and has nothing to end).
+    pub(crate) fn begin_idle(&self, shards: &[Shard], me: usize, now_tick: u64) -> Option<Idle> {
+        self.set_idle(me, true);
+        let watch = self.watch_until(shards, me, now_tick);
+        if watch.is_some() {
+            self.watching.fetch_add(1, Ordering::SeqCst);
+        }
+        let idle = Idle { watch, me };
+        // After publishing the idle bit (SeqCst): an owner that filled its queue after
+        // this looks at the bits and wakes this worker, or this look sees the backlog.
+        if self.work_waiting(shards, me, now_tick) {
+            self.end_idle(idle);
+            return None;
+        }
+        Some(idle)
+    }
+
+    /// The worker is awake again.
+    pub(crate) fn end_idle(&self, idle: Idle) {
+        if idle.watch.is_some() {
+            self.watching.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.set_idle(idle.me, false);
+    }
+
+    fn set_idle(&self, me: usize, idle: bool) {
+        let Some(word) = self.idle.get(me / 64) else {
+            return;
+        };
+        let bit = 1 << (me % 64);
+        if idle {
+            word.fetch_or(bit, Ordering::SeqCst);
+        } else {
+            word.fetch_and(!bit, Ordering::SeqCst);
+        }
+    }
+
+    /// The tick by which a worker going to sleep must look for stuck owners again.
+    fn watch_until(&self, shards: &[Shard], me: usize, now_tick: u64) -> Option<u64> {
+        let after = self.rescue_after?;
+        let mut until: Option<u64> = None;
+        let mut recent = false;
+        for (index, shard) in shards.iter().enumerate() {
+            if index == me {
+                continue;
+            }
+            recent |= shard.last_run().saturating_add(LINGER_PERIODS * after) >= now_tick;
+            if !shard.is_busy() {
+                continue;
+            }
+            let tick = if shard.is_stuck(now_tick, after) {
+                shard.next_due().max(now_tick + 1)
+            } else {
+                shard.heartbeat().saturating_add(after + 1)
+            };
+            until = Some(until.map_or(tick, |until| until.min(tick)));
+        }
+        until.or_else(|| recent.then(|| now_tick.saturating_add(after)))
+    }
+
+    /// Whether some other shard has a backlog to steal or a stuck owner to stand in for.
+    fn work_waiting(&self, shards: &[Shard], me: usize, now_tick: u64) -> bool {
+        shards.iter().enumerate().any(|(index, shard)| {
+            index != me
+                && ((self.stealing && shard.run.len() >= STEAL_MIN)
+                    || self
+                        .rescue_after
+                        .is_some_and(|after| shard.is_stuck(now_tick, after)))
+        })
+    }
+
+    /// Worker `me`, with nothing of its own to do, helps one other shard once: stands in
+    /// for a stuck owner, or steals a run from a backlog. Returns whether it did anything.
+    pub(crate) fn help(&self, shared: &EngineShared, me: usize, now: Instant) -> bool {
+        let shards = &shared.shards;
+        let now_tick = shared.ticks.floor(now);
+        (1..shards.len()).any(|offset| {
+            let index = (me + offset) % shards.len();
+            let shard = &shards[index];
+            if self
+                .rescue_after
+                .is_some_and(|after| shard.is_stuck(now_tick, after))
+            {
+                return stand_in(shared, shard, now, Some(1)) > 0;
+            }
+            let backlog = shard.run.len();
+            self.stealing && backlog >= STEAL_MIN && self.steal(shared, shard, now, backlog)
+        })
+    }
+
+    /// Takes about half of `shard`'s backlog (at most a run) and runs it.
+    fn steal(&self, shared: &EngineShared, shard: &Shard, now: Instant, backlog: usize) -> bool {
+        if !shard.enter_hands(&shared.shutdown) {
+            return false;
+        }
+        let run = shard.run.take(backlog.div_ceil(2));
+        if run.is_some() && shard.run.len() >= STEAL_MIN {
+            // Enough left for one more helper.
+            self.wake_one(&shared.shards);
+        }
+        if let Some(run) = &run {
+            runner::run(shard, run, shared.ticks.floor(now), false);
+        }
+        shard.leave_hands();
+        run.is_some()
+    }
+}
+
+/// A worker's idle spell: see [`Balance::begin_idle`].
+#[must_use]
+pub(crate) struct Idle {
+    /// Sleep no later than this tick, to watch for stuck owners.
+    pub(crate) watch: Option<u64>,
+    me: usize,
+}
+
+/// Stands in for `shard`'s owner at `now`: claims what has come due in its wheel (if the
+/// owner is not holding it), then runs up to `runs` runs of its queue (`None`: until it is
+/// empty). Returns the callbacks run.
+pub(crate) fn stand_in(
+    shared: &EngineShared,
+    shard: &Shard,
+    now: Instant,
+    runs: Option<usize>,
+) -> usize {
+    if !shard.enter_hands(&shared.shutdown) {
+        return 0;
+    }
+    if let Some(look) = shard.with_wheel(|wheel| wheel.extract(shard, now)) {
+        add(&shard.counters.rescued, look.claimed as u64);
+    }
+    let now_tick = shared.ticks.floor(now);
+    let mut fired = 0;
+    let mut left = runs.unwrap_or(usize::MAX);
+    while left > 0 {
+        let Some(run) = shard.run.take(MAX_RUN) else {
+            break;
+        };
+        fired += runner::run(shard, &run, now_tick, false);
+        left -= 1;
+    }
+    shard.leave_hands();
+    fired
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::STEAL_MIN;
+    use crate::run_queue::MAX_RUN;
+    use crate::{Clock, ManualClock, TimerEngine};
+
+    /// A hand-driven two-shard engine with `timers` timers due at tick 1 on the calling
+    /// thread's shard, the clock at tick 1, and the owner having claimed them onto its run
+    /// queue. Returns the engine and the home shard.
+    fn claimed_backlog(
+        stealing: bool,
+        timers: usize,
+        f: impl Fn() + Clone + Send + 'static,
+    ) -> (TimerEngine, ManualClock, usize) {
+        let clock = ManualClock::new();
+        let engine = TimerEngine::builder()
+            .workers(2)
+            .stealing(stealing)
+            .manual_clock(clock.clone())
+            .build()
+            .unwrap();
+        for _ in 0..timers {
+            let f = f.clone();
+            engine.schedule(Duration::from_millis(1), f).unwrap();
+        }
+        let home = engine
+            .stats()
+            .shards
+            .iter()
+            .position(|shard| shard.scheduled > 0)
+            .unwrap();
+        clock.advance(Duration::from_millis(1));
+        let shared = engine.shared();
+        assert!(
+            !shared.balance.help(shared, 1 - home, clock.now()),
+            "nothing claimed yet"
+        );
+        let shard = &shared.shards[home];
+        let look = shard.with_wheel_waiting(|wheel| wheel.extract(shard, clock.now()));
+        assert_eq!(look.claimed, timers);
+        (engine, clock, home)
+    }
+
+    /// An owner claims a backlog; an idle worker's help takes half of it (at most a run)
+    /// and runs it, counted as stolen; the owner's turn runs the rest, each timer once.
+    #[test]
+    fn an_idle_worker_steals_part_of_a_backlog_and_each_timer_runs_once() {
+        let fired = Arc::new(AtomicUsize::new(0));
+        let timers = 4 * MAX_RUN;
+        let counter = Arc::clone(&fired);
+        let (engine, clock, home) = claimed_backlog(true, timers, move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        let (shared, now) = (engine.shared(), clock.now());
+        let thief = 1 - home;
+        assert!(timers >= STEAL_MIN);
+        assert!(shared.balance.help(shared, thief, now));
+        assert_eq!(fired.load(Ordering::Relaxed), MAX_RUN);
+        assert_eq!(engine.stats().shards[home].stolen, MAX_RUN as u64);
+        assert_eq!(engine.turn(), timers - MAX_RUN);
+        assert_eq!(fired.load(Ordering::Relaxed), timers);
+        let stats = engine.stats().total;
+        assert_eq!(
+            (stats.fired, stats.stolen, stats.pending),
+            (timers as u64, MAX_RUN as u64, 0)
+        );
+    }
+
+    /// With stealing off, a backlog is left to its owner.
+    #[test]
+    fn with_stealing_off_nobody_takes_a_backlog() {
+        let (engine, clock, home) = claimed_backlog(false, 2 * STEAL_MIN, || {});
+        let shared = engine.shared();
+        assert!(!shared.balance.help(shared, 1 - home, clock.now()));
+        assert_eq!(engine.turn(), 2 * STEAL_MIN);
+        assert_eq!(engine.stats().total.stolen, 0);
+    }
+}

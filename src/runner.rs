@@ -1,0 +1,107 @@
+//! Running claimed timers: a run taken off a shard's run queue, by its owner or by any
+//! other worker. Claiming a timer (moving it to `Firing`) gave whoever took it off the
+//! queue the node, so a run needs no wheel: it calls each callback, settles each node
+//! (freed to the shard's pool, or sent back to the owner to be filed again), and adds the
+//! counts once per run.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+
+use crate::pool::Magazine;
+use crate::run_queue::Run;
+use crate::shard::Shard;
+use crate::shard_counters::add;
+use crate::sync::atomic::Ordering;
+use crate::timer_node::TimerNode;
+use crate::timer_state::{AfterFire, Phase};
+
+/// Runs every timer of `run`, claimed from `shard`'s wheel, at `now_tick`; `by_owner` when
+/// the shard's own worker runs it. Returns the callbacks run.
+pub(crate) fn run(shard: &Shard, run: &Run, now_tick: u64, by_owner: bool) -> usize {
+    let mut freed = Magazine::EMPTY;
+    let (mut fired, mut late, mut completed) = (0_u64, 0_u64, 0_u64);
+    // A run's nodes are independent lines, often last touched on another core: start all
+    // their misses at once rather than one per timer.
+    for &index in run.indices() {
+        if let Some(node) = shard.pool.node(index) {
+            TimerNode::prefetch_for_write(NonNull::from(node));
+        }
+    }
+    for &index in run.indices() {
+        let Some(node_ref) = shard.pool.node(index) else {
+            debug_assert!(false, "a claimed index outside the pool");
+            continue;
+        };
+        let node = NonNull::from(node_ref);
+        let due = node_ref.deadline();
+        // A repeating timer cancelled while it waited on the queue is not run again.
+        if node_ref.state.observe().phase() != Phase::FiringCancelled {
+            run_callback_uncounted(shard, node_ref);
+            fired += 1;
+            late += u64::from(now_tick > due.saturating_add(1));
+        }
+        // SAFETY: the timer was claimed for this run, so this thread holds the node until
+        // it settles it below.
+        let period = unsafe { node_ref.with_held(|held| held.callback.period()) };
+        let next = period
+            .is_repeating()
+            .then(|| period.missed.next_after(due, period.ticks, now_tick));
+        if let Some(next) = next {
+            // No resetter can touch a firing timer, so the runner may store its deadline.
+            node_ref.deadline.store(next, Ordering::Release);
+        }
+        match node_ref.state.finish_fire() {
+            AfterFire::Rearm => {
+                let need = next.unwrap_or(now_tick + 1);
+                // SAFETY: `finish_fire` marked the node in transit and gave this thread the
+                // push; nothing else touches it until the owner takes it off the inbox.
+                unsafe { shard.send_direct(node, need) };
+            }
+            AfterFire::RearmOnArrival => {}
+            AfterFire::Free => {
+                completed += u64::from(!period.is_repeating());
+                free_into(shard, node, &mut freed);
+            }
+            AfterFire::AwaitMessage => completed += u64::from(!period.is_repeating()),
+        }
+    }
+    freed.give_back(&shard.pool);
+    let counters = &shard.counters;
+    add(&counters.fired, fired);
+    add(&counters.late, late);
+    add(&counters.completed, completed);
+    if !by_owner {
+        add(&counters.stolen, fired);
+    }
+    fired as usize
+}
+
+/// Runs a claimed timer's callback, catching and counting a panic and counting the run.
+pub(crate) fn run_callback(shard: &Shard, node: &TimerNode) {
+    run_callback_uncounted(shard, node);
+    add(&shard.counters.fired, 1);
+}
+
+/// Runs a claimed timer's callback, catching and counting a panic.
+fn run_callback_uncounted(shard: &Shard, node: &TimerNode) {
+    // SAFETY: the caller claimed the timer (its state says Firing), so this thread holds
+    // the node until it settles it.
+    let panicked = unsafe {
+        node.with_held(|held| catch_unwind(AssertUnwindSafe(|| held.callback.call())).is_err())
+    };
+    add(&shard.counters.panicked, u64::from(panicked));
+}
+
+/// Gives a node the caller holds back: drops any callback, moves the generation on, and
+/// puts the node on `freed` for the shard's pool.
+pub(crate) fn free_into(shard: &Shard, node: NonNull<TimerNode>, freed: &mut Magazine) {
+    // SAFETY: the caller holds the node exclusively (nothing else will touch it until the
+    // generation moves on below).
+    let node_ref = unsafe { node.as_ref() };
+    // SAFETY: as above.
+    let panicked = unsafe { node_ref.with_held(|held| held.callback.clear()) };
+    add(&shard.counters.panicked, u64::from(panicked));
+    if node_ref.state.free() {
+        freed.put(node);
+    }
+}
