@@ -414,8 +414,7 @@ impl TimerEngine {
         loop {
             let now = shared.clock.now();
             let now_tick = shared.ticks.floor(now);
-            let look = shard.with_wheel_waiting(|wheel| wheel.extract(shard, now));
-            shard.beat(now_tick);
+            let look = shard.owner_look(now, now_tick);
             while let Some(run) = shard.run.take(MAX_RUN) {
                 fired += runner::run(shard, &run, now_tick, true);
             }
@@ -579,8 +578,7 @@ fn run_worker(shared: &Arc<EngineShared>, index: usize) {
     loop {
         let now = shared.clock.now();
         let now_tick = shared.ticks.floor(now);
-        let look = shard.with_wheel_waiting(|wheel| wheel.extract(shard, now));
-        shard.beat(now_tick);
+        let look = shard.owner_look(now, now_tick);
         if shared.shutdown.load(Ordering::SeqCst) {
             finish_shard(shard, shared.pending_mode(), now);
             return;

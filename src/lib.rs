@@ -82,9 +82,7 @@ pub mod loom_exports {
         pub fn owner_look(engine: &TimerEngine, shard: usize) -> usize {
             let shared = engine.shared();
             let (shard_ref, now) = (&shared.shards[shard], shared.clock.now());
-            let look = shard_ref.with_wheel_waiting(|wheel| wheel.extract(shard_ref, now));
-            shard_ref.beat(shared.ticks.floor(now));
-            look.claimed
+            shard_ref.owner_look(now, shared.ticks.floor(now)).claimed
         }
 
         /// The owner runs one run of at most `most` timers off its queue. Returns the

@@ -17,7 +17,7 @@ use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use crate::sync::{Arc, Mutex, UnsafeCell};
 use crate::ticks::Ticks;
 use crate::timer_node::TimerNode;
-use crate::worker::Worker;
+use crate::worker::{Extracted, Worker};
 
 /// `wake_at` while the worker is awake: no producer needs to wake it.
 pub(crate) const AWAKE: u64 = 0;
@@ -123,6 +123,14 @@ impl Shard {
         let result = self.wheel.with_mut(|wheel| f(unsafe { &mut *wheel }));
         self.wheel_held.store(false, Ordering::Release);
         result
+    }
+
+    /// The owner's look at its wheel at `now` (tick `now_tick`): claims what is due, waiting
+    /// out a stand-in's hold, and records the look as the owner's heartbeat.
+    pub(crate) fn owner_look(&self, now: std::time::Instant, now_tick: u64) -> Extracted {
+        let look = self.with_wheel_waiting(|wheel| wheel.extract(self, now));
+        self.beat(now_tick);
+        look
     }
 
     /// The owner is awake (`true`) or about to sleep.
