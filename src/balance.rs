@@ -10,9 +10,11 @@
 //! Waking helpers costs system calls, so they are woken only when there is something to
 //! do: an owner with a backlog wakes one parked worker, which wakes the next if a backlog
 //! remains. For rescue, someone must notice a stuck owner while every other worker sleeps:
-//! a worker that goes to sleep while another owner is running timers (or ran some lately)
-//! sleeps no longer than `rescue_after` ticks, and an owner that starts running timers while
-//! nobody watches wakes a parked worker to watch.
+//! one worker that goes to sleep while another owner is running callbacks (or ran some
+//! lately) sleeps no longer than `rescue_after` ticks, and an owner that starts running
+//! callbacks while nobody watches wakes a parked worker to watch. Only an owner running
+//! callbacks can be stuck, and at most one worker watches, so an idle engine costs no CPU
+//! at any worker count.
 
 #![cfg_attr(
     loom,
@@ -47,7 +49,8 @@ pub(crate) struct Balance {
     pub(crate) rescue_after: Option<u64>,
     /// Bit `i % 64` of word `i / 64`: worker `i` is parked and may be woken to help.
     idle: Box<[AtomicU64]>,
-    /// Parked workers whose sleep is bounded so that they look for stuck owners.
+    /// 1 while a parked worker's sleep is bounded so that it looks for stuck owners (at
+    /// most one does), 0 otherwise.
     watching: AtomicU64,
 }
 
@@ -106,10 +109,13 @@ impl Balance {
     /// already waiting: then it must not park (and has nothing to end).
     pub(crate) fn begin_idle(&self, shards: &[Shard], me: usize, now_tick: u64) -> Option<Idle> {
         self.set_idle(me, true);
-        let watch = self.watch_until(shards, me, now_tick);
-        if watch.is_some() {
-            self.watching.fetch_add(1, Ordering::SeqCst);
-        }
+        // One watcher at a time is enough, and keeps the wake-ups it costs from growing
+        // with the worker count.
+        let watch = self.watch_until(shards, me, now_tick).filter(|_| {
+            self.watching
+                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        });
         let idle = Idle { watch, me };
         // After publishing the idle bit (SeqCst): an owner that filled its queue after
         // this looks at the bits and wakes this worker, or this look sees the backlog.
@@ -149,8 +155,8 @@ impl Balance {
             if index == me {
                 continue;
             }
-            recent |= shard.last_run().saturating_add(LINGER_PERIODS * after) >= now_tick;
-            if !shard.is_busy() {
+            recent |= shard.ran_within(LINGER_PERIODS * after, now_tick);
+            if !shard.is_running() {
                 continue;
             }
             let tick = if shard.is_stuck(now_tick, after) {
@@ -231,10 +237,11 @@ pub(crate) fn stand_in(
     if !shard.enter_hands(&shared.shutdown) {
         return 0;
     }
+    let mut now_tick = shared.ticks.floor(now);
     if let Some(look) = shard.with_wheel(|wheel| wheel.extract(shard, now)) {
         add(&shard.counters.rescued, look.claimed as u64);
+        now_tick = look.now_tick;
     }
-    let now_tick = shared.ticks.floor(now);
     let mut fired = 0;
     let mut left = runs.unwrap_or(usize::MAX);
     while left > 0 {

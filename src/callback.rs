@@ -116,7 +116,9 @@ impl Callback {
         let storage = NonNull::from(&mut self.storage);
         // SAFETY: `shim` matches the closure in `storage`, which is dropped exactly once
         // since the slot was emptied above.
-        std::panic::catch_unwind(|| unsafe { shim(storage, Action::Drop) }).is_err()
+        crate::panics::contain(|| unsafe {
+            shim(storage, Action::Drop);
+        })
     }
 
     /// The period of a repeating callback; [`Period::ONE_SHOT`] for a one-shot or empty slot.

@@ -21,6 +21,7 @@ use crate::shard_counters::read;
 use crate::stats::{ShardStats, Stats};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use crate::thread_role::{self, Turn};
 use crate::ticks::Ticks;
 use crate::timer_handle::TimerHandle;
 use crate::worker::PendingTimers;
@@ -28,16 +29,6 @@ use crate::worker::PendingTimers;
 /// Engines made so far in this process: a handle carries its engine's number, so a handle
 /// from one engine is stale in every other.
 static ENGINES: AtomicU32 = AtomicU32::new(1);
-
-#[cfg(not(loom))]
-std::thread_local! {
-    /// Whether this thread is inside a hand-driven engine's `turn` (running callbacks).
-    static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-#[cfg(loom)]
-loom::thread_local! {
-    static IN_TURN: std::cell::Cell<bool> = std::cell::Cell::new(false);
-}
 
 /// What [`TimerEngine::shutdown`] did with the timers still pending.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -102,7 +93,8 @@ pub struct TimerEngine {
     threads: StdMutex<Vec<JoinHandle<()>>>,
     /// Driven by hand: no worker threads.
     manual: bool,
-    report: StdMutex<Option<ShutdownReport>>,
+    /// Whether a shutdown has begun; held while the first one runs.
+    shutdown_started: StdMutex<bool>,
     pinned: Arc<AtomicUsize>,
 }
 
@@ -143,7 +135,7 @@ impl TimerEngine {
         let engine = Self {
             threads: StdMutex::new(Vec::new()),
             manual,
-            report: StdMutex::new(None),
+            shutdown_started: StdMutex::new(false),
             pinned: Arc::clone(&pinned),
             shared,
         };
@@ -245,7 +237,8 @@ impl TimerEngine {
 
     /// Schedules `f` to run every `period`, first `period` from now, skipping ticks it
     /// missed ([`MissedTicks::Skip`]). The period is rounded up to whole ticks (at least
-    /// one).
+    /// one); see [`schedule_repeating_with`](Self::schedule_repeating_with) for periods
+    /// too long to keep.
     pub fn schedule_repeating(
         &self,
         period: Duration,
@@ -255,6 +248,11 @@ impl TimerEngine {
     }
 
     /// Schedules `f` to run every `period`, choosing what happens to missed ticks.
+    ///
+    /// The period is rounded up to whole ticks (at least one). A period longer than
+    /// 2^62 - 2 ticks (about 146 years at a 1 ns tick, 146 million years at 1 ms) is more
+    /// than a timer can keep: such a timer runs once, `period` from now, and then never
+    /// again by itself (it stays pending until cancelled). It is never run early.
     ///
     /// ```
     /// use corewheel::{ManualClock, MissedTicks, TimerEngine};
@@ -378,18 +376,20 @@ impl TimerEngine {
     /// [`rescue_after`](EngineBuilder::rescue_after) ticks of the manual clock: then this
     /// call stands in for it, as a worker thread would, and runs that shard's due timers.
     pub fn turn(&self) -> usize {
-        if !self.manual || IN_TURN.with(std::cell::Cell::get) {
+        if !self.manual {
             return 0;
         }
         let shared = &*self.shared;
+        let Some(turn) = Turn::begin(shared.id.get()) else {
+            return 0;
+        };
         let now = shared.clock.now();
         let now_tick = shared.ticks.floor(now);
-        IN_TURN.with(|in_turn| in_turn.set(true));
         let mut fired = 0;
         for shard in shared.shards.iter() {
             if shard.try_own() {
                 fired += Self::turn_owned(shared, shard);
-                shard.set_busy(false);
+                shard.disown();
             } else if shared
                 .balance
                 .rescue_after
@@ -398,7 +398,7 @@ impl TimerEngine {
                 fired += stand_in(shared, shard, now, None);
             }
         }
-        IN_TURN.with(|in_turn| in_turn.set(false));
+        drop(turn);
         if shared.shutdown.load(Ordering::SeqCst) {
             self.finish_manual(shared.pending_mode());
         }
@@ -415,9 +415,11 @@ impl TimerEngine {
             let now = shared.clock.now();
             let now_tick = shared.ticks.floor(now);
             let look = shard.owner_look(now, now_tick);
+            shard.set_running(true);
             while let Some(run) = shard.run.take(MAX_RUN) {
                 fired += runner::run(shard, &run, now_tick, true);
             }
+            shard.set_running(false);
             if look.claimed == 0 && !look.more_due {
                 return fired;
             }
@@ -435,47 +437,53 @@ impl TimerEngine {
                 crate::sync::spin_or_yield(attempts);
             }
             finish_shard(shard, pending, now);
-            shard.set_busy(false);
+            shard.disown();
         }
     }
 
     /// Stops the engine: new schedules fail with [`ScheduleError::Shutdown`], and every
     /// timer still pending is run now or dropped, as `pending` says. Waits for the workers
-    /// to finish, and reports how many timers each way. A second call reports the first
-    /// call's figures and does nothing else.
+    /// to finish, and reports how many timers each way. A later call changes nothing and
+    /// reports the figures as they stand then.
     ///
-    /// Dropping the engine shuts it down with [`PendingTimers::Drop`]. Called from inside a
-    /// callback, it waits for no worker (the one running the callback cannot finish until
-    /// it returns, and the others may wait for it), so its report counts only what the
-    /// workers had settled by then. A call made while another is still in progress returns at once
-    /// with an empty report.
+    /// Dropping the engine shuts it down with [`PendingTimers::Drop`].
+    ///
+    /// Called on a worker thread (from inside a callback, of this engine or of another),
+    /// it waits for no worker, and neither does a drop there: the worker running the
+    /// callback cannot finish until it returns, and another engine's worker may be waiting
+    /// for this one. The workers then finish by themselves once their callbacks return.
+    /// Likewise a call made while another is still in progress returns at once. Either way
+    /// the report counts what the workers had settled by then; the report always agrees
+    /// with [`stats`](Self::stats)' `ran_at_shutdown` and `dropped_at_shutdown`, and a
+    /// later call, once the workers are done, reports the final figures.
     pub fn shutdown(&self, pending: PendingTimers) -> ShutdownReport {
         // Another shutdown in progress (perhaps waiting for the worker this call runs on)
         // must not be waited for: that could deadlock two callbacks shutting down at once.
-        let mut report = match self.report.try_lock() {
-            Ok(report) => report,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return ShutdownReport::default(),
+        let started = match self.shutdown_started.try_lock() {
+            Ok(started) => Some(started),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
         };
-        if let Some(report) = *report {
-            return report;
+        if let Some(mut started) = started
+            && !*started
+        {
+            *started = true;
+            self.shared.set_pending_mode(pending);
+            self.shared.shutdown.store(true, Ordering::SeqCst);
+            self.finish_workers(pending);
         }
-        self.shared.set_pending_mode(pending);
-        self.shared.shutdown.store(true, Ordering::SeqCst);
-        self.finish_workers(pending);
-        let mut result = ShutdownReport::default();
+        let mut report = ShutdownReport::default();
         for shard in self.shared.shards.iter() {
-            result.ran += read(&shard.counters.ran_at_shutdown);
-            result.dropped += read(&shard.counters.dropped_at_shutdown);
+            report.ran += read(&shard.counters.ran_at_shutdown);
+            report.dropped += read(&shard.counters.dropped_at_shutdown);
         }
-        *report = Some(result);
-        result
+        report
     }
 
     fn finish_workers(&self, pending: PendingTimers) {
         if self.manual {
             // From inside a callback, the turn running it finishes instead, once it is over.
-            if IN_TURN.with(std::cell::Cell::get) {
+            if thread_role::is_turning(self.shared.id.get()) {
                 return;
             }
             self.finish_manual(pending);
@@ -487,11 +495,11 @@ impl TimerEngine {
                 thread.unpark();
             }
         }
-        // A callback runs on some worker, perhaps not its own shard's, and that worker
-        // cannot finish (nor let others finish) until the callback returns: so a shutdown
-        // from inside one waits for no worker.
-        let me = std::thread::current().id();
-        if threads.iter().any(|handle| handle.thread().id() == me) {
+        // A worker thread, of this engine or any other, waits for no worker: the callback
+        // it is running may be one the awaited worker is waiting for (its own shard's, or
+        // one that drops the engine that worker belongs to). The workers finish by
+        // themselves once their callbacks return; their handles are let go unjoined.
+        if thread_role::is_worker() {
             return;
         }
         for handle in threads {
@@ -569,12 +577,12 @@ fn finish_shard(shard: &Shard, pending: PendingTimers, now: Instant) {
 /// at shutdown, one last turn that settles every pending timer.
 #[cfg(not(loom))]
 fn run_worker(shared: &Arc<EngineShared>, index: usize) {
+    thread_role::become_worker();
     crate::context::set_home(shared, index);
     let shard = &shared.shards[index];
     let shards = &shared.shards[..];
     let balance = &shared.balance;
     shard.beat(shared.now_tick());
-    shard.set_busy(true);
     loop {
         let now = shared.clock.now();
         let now_tick = shared.ticks.floor(now);
@@ -589,8 +597,10 @@ fn run_worker(shared: &Arc<EngineShared>, index: usize) {
         // One run at a time, looking at the wheel in between, so that the heartbeat stays
         // fresh while the owner makes progress.
         if let Some(run) = shard.run.take(MAX_RUN) {
+            shard.set_running(true);
             balance.running(shards, shard, now_tick);
             runner::run(shard, &run, now_tick, true);
+            shard.set_running(false);
             continue;
         }
         if look.more_due || balance.help(shared, index, now) {
@@ -601,7 +611,6 @@ fn run_worker(shared: &Arc<EngineShared>, index: usize) {
             continue;
         }
         shard.plan_wake(plan);
-        shard.set_busy(false);
         let idle = balance.begin_idle(shards, index, now_tick);
         let must_turn = shard.with_wheel_waiting(|wheel| wheel.must_turn_before(shard, plan));
         let wake = match &idle {
@@ -623,7 +632,6 @@ fn run_worker(shared: &Arc<EngineShared>, index: usize) {
         }
         shard.plan_wake(crate::shard::AWAKE);
         shard.beat(shared.now_tick());
-        shard.set_busy(true);
     }
 }
 

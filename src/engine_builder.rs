@@ -7,8 +7,13 @@ use crate::engine::TimerEngine;
 use crate::error::BuildError;
 use crate::pool::DEFAULT_CAPACITY;
 
-/// Most workers an engine can have: a handle names its shard in 16 bits.
-pub(crate) const MAX_WORKERS: usize = 1 << 16;
+/// The most workers (shards) an engine may have; more is a
+/// [`BuildError::TooManyWorkers`].
+///
+/// Each worker is a thread, reserves address space for its shard's node pool, and is one
+/// more shard for idle workers to look over when they balance, so an engine with far more
+/// workers than CPUs only costs more. 1024 covers the largest machines in use.
+pub const MAX_WORKERS: usize = 1024;
 
 /// Builds a [`TimerEngine`]. Made by [`TimerEngine::builder`].
 ///
@@ -54,7 +59,9 @@ impl Default for EngineBuilder {
 
 impl EngineBuilder {
     /// How many shards, each with its own worker thread. Default: one per CPU the process
-    /// may use ([`std::thread::available_parallelism`]). Zero is a [`BuildError::NoWorkers`].
+    /// may use ([`std::thread::available_parallelism`]), at most [`MAX_WORKERS`]. Zero is a
+    /// [`BuildError::NoWorkers`], and more than [`MAX_WORKERS`] a
+    /// [`BuildError::TooManyWorkers`].
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = Some(workers);
         self
@@ -134,7 +141,7 @@ impl EngineBuilder {
             Some(0) => return Err(BuildError::NoWorkers),
             Some(n) if n > MAX_WORKERS => return Err(BuildError::TooManyWorkers(n)),
             Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            None => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS)),
         };
         if self.tick.is_zero() {
             return Err(BuildError::ZeroTick);

@@ -14,6 +14,7 @@ use crate::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
 use crate::periodic::Period;
 use crate::pool::{BATCH, Magazine};
 use crate::shard::Shard;
+use crate::shard_counters::add;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use crate::ticks::Ticks;
@@ -39,6 +40,38 @@ pub(crate) enum Due {
     After(Duration),
     /// At this tick.
     AtTick(u64),
+}
+
+/// An operation a producer counts for [`stats`](crate::TimerEngine::stats).
+#[derive(Debug, Clone, Copy)]
+enum Counted {
+    Schedule,
+    Cancel,
+    Reset,
+}
+
+impl Counted {
+    /// The count on a thread's own lane: written only by that thread.
+    fn on_lane(self, lane: &Lane) -> &AtomicU64 {
+        match self {
+            Self::Schedule => &lane.scheduled,
+            Self::Cancel => &lane.cancelled,
+            Self::Reset => &lane.reset,
+        }
+    }
+
+    /// Counts the operation of a thread that has no lane: a thread-local destructor's, once
+    /// this thread's contexts are gone. It joins the counts of retired lanes, with a shared
+    /// read-modify-write that only this rare path pays.
+    fn without_lane(self, shard: &Shard) {
+        let counters = &shard.counters;
+        let counter = match self {
+            Self::Schedule => &counters.retired_scheduled,
+            Self::Cancel => &counters.retired_cancelled,
+            Self::Reset => &counters.retired_reset,
+        };
+        add(counter, 1);
+    }
 }
 
 /// Shared by the engine handle, its workers and every thread's context.
@@ -161,7 +194,7 @@ impl EngineShared {
         }
         .ok_or(ScheduleError::Capacity)?;
         let handle = self.prepare(shard_index, node, tick, period, store);
-        Lane::count(&lane.scheduled);
+        Lane::count(Counted::Schedule.on_lane(lane));
         self.send(lane, shard, node, tick);
         Ok(handle)
     }
@@ -183,8 +216,10 @@ impl EngineShared {
         let node = magazine.take().ok_or(ScheduleError::Capacity)?;
         magazine.give_back(&shard.pool);
         let handle = self.prepare(0, node, tick, period, store);
+        Counted::Schedule.without_lane(shard);
         // SAFETY: `node` is armed, in transit, and held by this thread until pushed.
         unsafe { shard.send_direct(node, tick) };
+        self.pushed(shard);
         Ok(handle)
     }
 
@@ -233,6 +268,18 @@ impl EngineShared {
             unsafe { lane.push(node, need, || self.now_tick().saturating_add(LANE_HORIZON)) }
         {
             shard.wake_for(need);
+        }
+        self.pushed(shard);
+    }
+
+    /// After a push onto `shard`'s lane or inbox: once the engine is shutting down, the
+    /// shard's last turn may already be over, and then nobody takes the node but a sweep.
+    /// `SeqCst`, after the push: pairs with the shutdown's flag store then the last turn's
+    /// collection, so that either that collection takes the node or this sees the flag.
+    #[inline]
+    fn pushed(&self, shard: &Shard) {
+        if self.shutdown.load(Ordering::SeqCst) {
+            shard.settle_after_shutdown();
         }
     }
 
@@ -388,19 +435,20 @@ impl EngineShared {
         let shard = &this.shards[shard_index];
         context::with(this, |context| match context {
             Some(context) => this.send(context.lane(this, shard_index), shard, node, need),
-            // SAFETY: the cancel or reset that set `MSG` gave this thread the push.
-            None => unsafe {
-                shard.send_direct(node, need.min(this.now_tick().saturating_add(LANE_HORIZON)))
-            },
+            None => {
+                let need = need.min(this.now_tick().saturating_add(LANE_HORIZON));
+                // SAFETY: the cancel or reset that set `MSG` gave this thread the push.
+                unsafe { shard.send_direct(node, need) };
+                this.pushed(shard);
+            }
         });
     }
 
     /// Counts a cancel or reset against this thread's lane into `shard`.
-    fn count(this: &Arc<Self>, shard: usize, counter: impl FnOnce(&Lane) -> &AtomicU64) {
-        context::with(this, |context| {
-            if let Some(context) = context {
-                Lane::count(counter(context.lane(this, shard)));
-            }
+    fn count(this: &Arc<Self>, shard: usize, what: Counted) {
+        context::with(this, |context| match context {
+            Some(context) => Lane::count(what.on_lane(context.lane(this, shard))),
+            None => what.without_lane(&this.shards[shard]),
         });
     }
 
@@ -414,7 +462,7 @@ impl EngineShared {
                 if outcome == Cancelled::Notify {
                     Self::notify(this, shard, node, u64::MAX);
                 }
-                Self::count(this, shard, |lane| &lane.cancelled);
+                Self::count(this, shard, Counted::Cancel);
                 true
             }
         }
@@ -435,7 +483,7 @@ impl EngineShared {
             // In transit on some lane whose need may be later than the new deadline.
             this.shards[shard].make_urgent(tick);
         }
-        Self::count(this, shard, |lane| &lane.reset);
+        Self::count(this, shard, Counted::Reset);
         true
     }
 

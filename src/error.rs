@@ -58,7 +58,8 @@ impl<T: fmt::Debug> std::error::Error for CapacityError<T> {}
 pub enum BuildError {
     /// Zero workers were asked for; an engine needs at least one.
     NoWorkers,
-    /// More workers were asked for than a handle can name (65,536).
+    /// More workers were asked for than an engine may have
+    /// ([`MAX_WORKERS`](crate::MAX_WORKERS), 1024).
     TooManyWorkers(usize),
     /// The tick was zero.
     ZeroTick,
@@ -70,7 +71,11 @@ impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NoWorkers => write!(f, "an engine needs at least one worker"),
-            Self::TooManyWorkers(n) => write!(f, "{n} workers is more than 65536"),
+            Self::TooManyWorkers(n) => write!(
+                f,
+                "{n} workers is more than an engine may have ({})",
+                crate::MAX_WORKERS
+            ),
             Self::ZeroTick => write!(f, "the tick must be longer than zero"),
             Self::Spawn(error) => write!(f, "could not start a worker thread: {error}"),
         }

@@ -36,6 +36,7 @@ mod lane;
 mod list;
 mod mpsc;
 mod node;
+mod panics;
 mod periodic;
 mod pool;
 mod run_queue;
@@ -45,6 +46,7 @@ mod shard_counters;
 mod slab;
 mod stats;
 mod sync;
+mod thread_role;
 mod ticks;
 mod timer_handle;
 mod timer_key;
@@ -120,10 +122,26 @@ pub mod loom_exports {
             crate::balance::stand_in(shared, &shared.shards[shard], shared.clock.now(), None)
         }
 
-        /// Marks shard `shard`'s owner awake (as a worker thread is while it runs
-        /// callbacks) or asleep.
-        pub fn set_owner_awake(engine: &TimerEngine, shard: usize, awake: bool) {
-            engine.shared().shards[shard].set_busy(awake);
+        /// [`owner_look`] with a clock reading of the caller's, which may be older than
+        /// one another thread already looked with.
+        pub fn owner_look_at(engine: &TimerEngine, shard: usize, now: std::time::Instant) -> usize {
+            let shared = engine.shared();
+            shared.shards[shard]
+                .owner_look(now, shared.ticks.floor(now))
+                .claimed
+        }
+
+        /// [`stand_in`] with a clock reading of the caller's, which may be older than one
+        /// another thread already looked with.
+        pub fn stand_in_at(engine: &TimerEngine, shard: usize, now: std::time::Instant) -> usize {
+            let shared = engine.shared();
+            crate::balance::stand_in(shared, &shared.shards[shard], now, None)
+        }
+
+        /// Marks shard `shard`'s owner as running callbacks (as an owner stuck in one is),
+        /// or not.
+        pub fn set_owner_running(engine: &TimerEngine, shard: usize, running: bool) {
+            engine.shared().shards[shard].set_running(running);
         }
     }
 
@@ -334,7 +352,7 @@ pub use callback::{
     INLINE_REPEATING_BYTES as INLINE_REPEATING_CALLBACK_BYTES,
 };
 pub use engine::{ShutdownReport, TimerEngine};
-pub use engine_builder::{DEFAULT_RESCUE_AFTER, EngineBuilder};
+pub use engine_builder::{DEFAULT_RESCUE_AFTER, EngineBuilder, MAX_WORKERS};
 pub use error::{BuildError, CapacityError, GeometryError, ScheduleError};
 pub use periodic::MissedTicks;
 pub use stats::{ShardStats, Stats};

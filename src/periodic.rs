@@ -41,6 +41,14 @@ impl MissedTicks {
     }
 }
 
+/// The longest period a repeating timer keeps between runs: 2^62 - 2 ticks (about 146
+/// years at a 1 ns tick, 146 million years at 1 ms). After its first run, a timer with a
+/// longer period never runs again by itself.
+pub(crate) const MAX_PERIOD_TICKS: u64 = (u64::MAX >> 2) - 1;
+
+/// The packed period of a timer whose period is longer than [`MAX_PERIOD_TICKS`].
+const BEYOND_RANGE: u64 = u64::MAX >> 2;
+
 /// A timer's period in ticks (0 for a one-shot timer) and its missed-tick policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Period {
@@ -58,10 +66,12 @@ impl Period {
         self.ticks != 0
     }
 
-    /// Packs into one word: the period (up to 2^62 - 1 ticks) above the policy.
+    /// Packs into one word: the period above the policy. A period longer than
+    /// [`MAX_PERIOD_TICKS`] is packed as [`BEYOND_RANGE`], which unpacks as `u64::MAX`
+    /// ticks, so the timer's next run is never: shortening it instead would run it early.
     pub(crate) const fn to_word(self) -> u64 {
-        let ticks = if self.ticks > u64::MAX >> 2 {
-            u64::MAX >> 2
+        let ticks = if self.ticks > MAX_PERIOD_TICKS {
+            BEYOND_RANGE
         } else {
             self.ticks
         };
@@ -79,16 +89,36 @@ impl Period {
             1 => MissedTicks::Delay,
             _ => MissedTicks::Skip,
         };
-        Self {
-            ticks: word >> 2,
-            missed,
-        }
+        let ticks = match word >> 2 {
+            BEYOND_RANGE => u64::MAX,
+            ticks => ticks,
+        };
+        Self { ticks, missed }
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::MissedTicks;
+    use super::{MAX_PERIOD_TICKS, MissedTicks, Period};
+
+    /// A period too long to pack is never shortened: it unpacks as `u64::MAX` ticks, whose
+    /// next run saturates to the end of time under every policy.
+    #[test]
+    fn periods_beyond_the_packed_range_never_come_round_again() {
+        for missed in [MissedTicks::Burst, MissedTicks::Delay, MissedTicks::Skip] {
+            let kept = Period {
+                ticks: MAX_PERIOD_TICKS,
+                missed,
+            };
+            assert_eq!(Period::from_word(kept.to_word()), kept);
+            for ticks in [MAX_PERIOD_TICKS + 1, u64::MAX >> 1, u64::MAX] {
+                let unpacked = Period::from_word(Period { ticks, missed }.to_word());
+                assert_eq!(unpacked.missed, missed);
+                assert_eq!(unpacked.ticks, u64::MAX);
+                assert_eq!(missed.next_after(1000, unpacked.ticks, 5000), u64::MAX);
+            }
+        }
+    }
 
     #[test]
     fn on_time_runs_step_by_one_period_under_every_policy() {

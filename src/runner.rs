@@ -4,7 +4,6 @@
 //! (freed to the shard's pool, or sent back to the owner to be filed again), and adds the
 //! counts once per run.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 
 use crate::pool::Magazine;
@@ -86,9 +85,8 @@ pub(crate) fn run_callback(shard: &Shard, node: &TimerNode) {
 fn run_callback_uncounted(shard: &Shard, node: &TimerNode) {
     // SAFETY: the caller claimed the timer (its state says Firing), so this thread holds
     // the node until it settles it.
-    let panicked = unsafe {
-        node.with_held(|held| catch_unwind(AssertUnwindSafe(|| held.callback.call())).is_err())
-    };
+    let panicked =
+        unsafe { node.with_held(|held| crate::panics::contain(|| held.callback.call())) };
     add(&shard.counters.panicked, u64::from(panicked));
 }
 

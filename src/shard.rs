@@ -22,6 +22,9 @@ use crate::worker::{Extracted, Worker};
 /// `wake_at` while the worker is awake: no producer needs to wake it.
 pub(crate) const AWAKE: u64 = 0;
 
+/// `last_run` of an owner that has not run a timer yet.
+const NEVER_RAN: u64 = u64::MAX;
+
 /// One shard, as seen from any thread.
 pub(crate) struct Shard {
     pub(crate) pool: Pool,
@@ -42,6 +45,9 @@ pub(crate) struct Shard {
     /// The wheel side, touched only by the thread that holds `wheel_held`.
     wheel: UnsafeCell<Worker>,
     wheel_held: CachePadded<AtomicBool>,
+    /// A thread pushed onto this shard after its last turn may have begun and asks for a
+    /// sweep; see [`settle_after_shutdown`](Self::settle_after_shutdown).
+    sweep_wanted: CachePadded<AtomicBool>,
     /// Timers claimed from the wheel, waiting to run.
     pub(crate) run: RunQueue,
     signals: CachePadded<OwnerSignals>,
@@ -53,11 +59,16 @@ pub(crate) struct Shard {
 /// What a shard's owner tells the workers that might stand in for it: written by the owner
 /// (and `next_due` by the wheel's holder), read by the others while they look for work.
 struct OwnerSignals {
-    /// The owner is awake; for an engine driven by hand, some thread is turning the shard.
+    /// For an engine driven by hand: some thread is turning the shard as its owner.
     busy: AtomicBool,
     /// The tick of the owner's latest look at its wheel.
     heartbeat: AtomicU64,
-    /// The tick at which the owner last began running timers.
+    /// The owner is running its timers' callbacks: only then can it be stuck in one. An
+    /// owner that is merely awake looks at its wheel again within moments, unless the
+    /// operating system has not scheduled it; standing in for such owners made hundreds of
+    /// workers on a few cores wake each other without end.
+    running: AtomicBool,
+    /// The tick at which the owner last began running timers ([`NEVER_RAN`]: never).
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     last_run: AtomicU64,
     /// The wheel's next deadline at its latest look (`u64::MAX`: none).
@@ -81,11 +92,13 @@ impl Shard {
             counters: ShardCounters::default(),
             wheel: UnsafeCell::new(Worker::new(ticks)),
             wheel_held: CachePadded::new(AtomicBool::new(false)),
+            sweep_wanted: CachePadded::new(AtomicBool::new(false)),
             run: RunQueue::new(),
             signals: CachePadded::new(OwnerSignals {
                 busy: AtomicBool::new(false),
                 heartbeat: AtomicU64::new(0),
-                last_run: AtomicU64::new(0),
+                running: AtomicBool::new(false),
+                last_run: AtomicU64::new(NEVER_RAN),
                 next_due: AtomicU64::new(u64::MAX),
             }),
             in_hands: CachePadded::new(AtomicU64::new(0)),
@@ -118,11 +131,54 @@ impl Shard {
 
     /// Runs `f` on the wheel this thread has just come to hold, then lets it go.
     fn held_wheel<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> R {
-        // SAFETY: `try_hold_wheel` succeeded, so this thread is the wheel's only holder
-        // until the store below, and its Acquire pairs with the previous holder's Release.
+        // SAFETY: this thread holds the wheel (`try_hold_wheel` succeeded), so it is the
+        // wheel's only holder until `let_go_of_wheel`, and its Acquire pairs with the
+        // previous holder's release.
         let result = self.wheel.with_mut(|wheel| f(unsafe { &mut *wheel }));
-        self.wheel_held.store(false, Ordering::Release);
+        self.let_go_of_wheel();
         result
+    }
+
+    /// Lets the wheel go, first sweeping it for a thread that asked while this one held it.
+    /// The release is followed by a fence and a look at the request: against
+    /// `settle_after_shutdown`'s request, fence and attempt to hold, either that thread
+    /// takes the wheel and sweeps, or this one sees the request, takes the wheel back and
+    /// sweeps. The fence costs one barrier per look at the wheel, not per timer.
+    fn let_go_of_wheel(&self) {
+        loop {
+            if self.sweep_wanted.load(Ordering::Relaxed)
+                && self.sweep_wanted.swap(false, Ordering::Acquire)
+            {
+                // SAFETY: this thread still holds the wheel.
+                self.wheel
+                    .with_mut(|wheel| unsafe { &mut *wheel }.sweep(self));
+            }
+            self.wheel_held.store(false, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if !self.sweep_wanted.load(Ordering::SeqCst) || !self.try_hold_wheel_seqcst() {
+                return;
+            }
+        }
+    }
+
+    /// [`try_hold_wheel`](Self::try_hold_wheel) for the sweep handshake, whose failure
+    /// must be ordered too.
+    fn try_hold_wheel_seqcst(&self) -> bool {
+        self.wheel_held
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// Called by a thread that pushed a node onto one of this shard's lanes or its inbox,
+    /// and then saw the engine shutting down: once the shard's last turn is over nobody
+    /// takes what is pushed, so it sweeps the wheel side itself, or, if another thread
+    /// holds the wheel, leaves the sweep to that thread. Never waits.
+    pub(crate) fn settle_after_shutdown(&self) {
+        self.sweep_wanted.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.try_hold_wheel_seqcst() {
+            self.let_go_of_wheel();
+        }
     }
 
     /// The owner's look at its wheel at `now` (tick `now_tick`): claims what is due, waiting
@@ -133,9 +189,9 @@ impl Shard {
         look
     }
 
-    /// The owner is awake (`true`) or about to sleep.
-    pub(crate) fn set_busy(&self, busy: bool) {
-        self.signals.busy.store(busy, Ordering::SeqCst);
+    /// Gives back the owner's part taken by [`try_own`](Self::try_own).
+    pub(crate) fn disown(&self) {
+        self.signals.busy.store(false, Ordering::SeqCst);
     }
 
     /// Takes the owner's part for one hand-driven turn; `false` if another thread has it.
@@ -144,10 +200,6 @@ impl Shard {
             .busy
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::Relaxed)
             .is_ok()
-    }
-
-    pub(crate) fn is_busy(&self) -> bool {
-        self.signals.busy.load(Ordering::SeqCst)
     }
 
     /// The owner looked at its wheel at `tick`.
@@ -166,9 +218,20 @@ impl Shard {
         self.signals.last_run.store(tick, Ordering::Relaxed);
     }
 
+    /// Whether the owner began running timers within `linger` ticks before `now_tick`.
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
-    pub(crate) fn last_run(&self) -> u64 {
-        self.signals.last_run.load(Ordering::Relaxed)
+    pub(crate) fn ran_within(&self, linger: u64, now_tick: u64) -> bool {
+        let last = self.signals.last_run.load(Ordering::Relaxed);
+        last != NEVER_RAN && last.saturating_add(linger) >= now_tick
+    }
+
+    /// The owner begins (`true`) or ends a spell of running its timers' callbacks.
+    pub(crate) fn set_running(&self, running: bool) {
+        self.signals.running.store(running, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        self.signals.running.load(Ordering::SeqCst)
     }
 
     /// The wheel's holder records the wheel's next deadline.
@@ -181,10 +244,11 @@ impl Shard {
         self.signals.next_due.load(Ordering::Acquire)
     }
 
-    /// Whether the owner is awake but has not looked at its wheel for more than `after`
-    /// ticks: it is stuck in a callback, and another worker may stand in for it.
+    /// Whether the owner is running callbacks and has not looked at its wheel for more
+    /// than `after` ticks: it is stuck in a callback, and another worker may stand in for
+    /// it.
     pub(crate) fn is_stuck(&self, now_tick: u64, after: u64) -> bool {
-        self.is_busy() && now_tick > self.heartbeat().saturating_add(after)
+        self.is_running() && now_tick > self.heartbeat().saturating_add(after)
     }
 
     /// A worker other than the owner is about to take this shard's timers. `false` (and

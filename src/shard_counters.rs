@@ -21,7 +21,8 @@ pub(crate) struct ShardCounters {
     pub(crate) ran_at_shutdown: AtomicU64,
     pub(crate) dropped_at_shutdown: AtomicU64,
     /// The producer counts of lanes the wheel's holder has forgotten (their threads
-    /// exited).
+    /// exited), and of operations by threads that had no lane any more (thread-local
+    /// destructors).
     pub(crate) retired_scheduled: AtomicU64,
     pub(crate) retired_cancelled: AtomicU64,
     pub(crate) retired_reset: AtomicU64,

@@ -220,14 +220,7 @@ impl WheelCore {
     /// is due. See [`Wheel::poll_expired`](crate::Wheel::poll_expired).
     #[inline]
     pub(crate) fn poll<N: Links>(&mut self, nodes: &mut N, now: Instant) -> Option<u32> {
-        let now = match self.last_poll {
-            Some(last) if last >= now => last,
-            _ => {
-                self.last_poll = Some(now);
-                now
-            }
-        };
-        let now = self.ticks.floor(now).max(self.elapsed);
+        let (_, now) = self.catch_up(now);
         loop {
             if let Some(index) = self.take_first(nodes, Location::READY) {
                 return Some(index);
@@ -262,6 +255,24 @@ impl WheelCore {
                 self.process(nodes, due.kind);
             }
         }
+    }
+
+    /// The wheel's own "now" for a caller's clock reading: the latest instant any caller
+    /// has passed, and its tick, never behind a tick the wheel has already processed.
+    /// Several threads may take turns at one wheel with readings taken at different times
+    /// (an owner and workers standing in for it); a reading older than one the wheel has
+    /// seen must not make a due timer look not yet due, or the timer would be handed out
+    /// and filed back as due forever. Every decision about what is due uses this.
+    #[inline]
+    pub(crate) fn catch_up(&mut self, now: Instant) -> (Instant, u64) {
+        let now = match self.last_poll {
+            Some(last) if last >= now => last,
+            _ => {
+                self.last_poll = Some(now);
+                now
+            }
+        };
+        (now, self.ticks.floor(now).max(self.elapsed))
     }
 
     /// Takes a filed timer off its list.

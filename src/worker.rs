@@ -36,19 +36,22 @@ pub enum PendingTimers {
 /// The wheel side of one shard. See the module documentation.
 pub(crate) struct Worker {
     wheel: WheelCore,
-    ticks: Ticks,
     /// Nodes freed during this look, on their way back to the pool.
     freed: Magazine,
     lanes: Vec<Arc<Lane>>,
     lanes_version: u64,
-    /// The shard's last turn has run: nothing is filed or claimed any more.
-    finished: bool,
+    /// The shard's last turn has run, with what it did to pending timers: nothing is filed
+    /// or claimed any more.
+    finished: Option<PendingTimers>,
 }
 
 /// What one look at the wheel found.
 pub(crate) struct Extracted {
     /// Timers claimed onto the run queue.
     pub(crate) claimed: usize,
+    /// The tick the look judged due timers by: the caller's reading, or the wheel's latest
+    /// if that was later. Whoever runs what it claimed runs it as of this tick.
+    pub(crate) now_tick: u64,
     /// The run queue filled up while timers were still due: look again once it drains.
     pub(crate) more_due: bool,
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
@@ -61,25 +64,26 @@ impl Worker {
     pub(crate) fn new(ticks: Ticks) -> Self {
         Self {
             wheel: WheelCore::new(ticks, Geometry::DEFAULT),
-            ticks,
             freed: Magazine::EMPTY,
             lanes: Vec::new(),
             lanes_version: u64::MAX,
-            finished: false,
+            finished: None,
         }
     }
 
     /// One look at `now`: takes what is due on the lanes and the whole inbox, files it, and
     /// claims due timers onto the run queue while it has room.
     pub(crate) fn extract(&mut self, shard: &Shard, now: Instant) -> Extracted {
-        if self.finished {
+        if self.finished.is_some() {
             return Extracted {
                 claimed: 0,
+                now_tick: self.wheel.elapsed(),
                 more_due: false,
                 next: None,
             };
         }
-        let now_tick = self.ticks.floor(now);
+        // A stand-in's or a late owner's reading may be older than the last look's.
+        let (now, now_tick) = self.wheel.catch_up(now);
         self.refresh_lanes(shard);
         let all_lanes = shard.take_urgent(now_tick);
         self.collect(shard, now_tick, all_lanes);
@@ -99,6 +103,7 @@ impl Worker {
         .filter(|&tick| tick != u64::MAX);
         Extracted {
             claimed,
+            now_tick,
             more_due,
             next,
         }
@@ -177,7 +182,30 @@ impl Worker {
     fn receive(&mut self, shard: &Shard, node: NonNull<TimerNode>) {
         // SAFETY: nodes on lanes and the inbox are live pool nodes.
         let node_ref = unsafe { node.as_ref() };
-        match node_ref.state.receive() {
+        let received = node_ref.state.receive();
+        if let Some(pending) = self.finished {
+            // Swept up after the last turn: the wheel's lists are gone, so nothing is filed
+            // or unlinked. A one-shot timer that arrives new was pushed after the last
+            // turn's collection, so its scheduler sees the shutdown and cancels it (and
+            // `schedule` returns `Err(Shutdown)`): it stays marked filed, on no list, until
+            // that cancel's message comes back here. A repeating one may be a re-arm that
+            // nobody else will settle, so it is settled now, as the shutdown chose.
+            let (ran, dropped) = match received {
+                Received::File if node_ref.state.observe().is_repeating() => {
+                    self.settle_at_shutdown(shard, node_ref, pending)
+                }
+                Received::File | Received::Refile => (0, 0),
+                Received::UnlinkAndFree | Received::Free => {
+                    self.free(shard, node);
+                    (0, 0)
+                }
+                Received::Ignore => (0, 0),
+            };
+            add(&shard.counters.ran_at_shutdown, ran);
+            add(&shard.counters.dropped_at_shutdown, dropped);
+            return;
+        }
+        match received {
             Received::File => self.file(shard, node_ref, node_ref.deadline()),
             Received::Refile => {
                 self.wheel
@@ -267,7 +295,7 @@ impl Worker {
     /// or drops every pending timer. The caller has made sure no other worker still holds
     /// or can take this shard's timers.
     pub(crate) fn finish(&mut self, shard: &Shard, pending: PendingTimers, now: Instant) {
-        if self.finished {
+        if self.finished.is_some() {
             return;
         }
         // Orders the shutdown flag (set before this call) before the lane and inbox reads
@@ -275,7 +303,7 @@ impl Worker {
         // timer, or the scheduler sees the flag and takes the timer back.
         crate::sync::atomic::fence(crate::sync::atomic::Ordering::SeqCst);
         // Claimed timers were due before the shutdown: they run, whatever `pending` says.
-        let now_tick = self.ticks.floor(now);
+        let (_, now_tick) = self.wheel.catch_up(now);
         while let Some(run) = shard.run.take(MAX_RUN) {
             runner::run(shard, &run, now_tick, true);
         }
@@ -296,51 +324,79 @@ impl Worker {
             attempts += 1;
             crate::sync::spin_or_yield(attempts);
         }
-        let counters = &shard.counters;
         let (mut ran, mut dropped) = (0, 0);
         for index in self.wheel.drain(&mut FiledNodes(&shard.pool)) {
-            let Some(node_ref) = shard.pool.node(index) else {
-                continue;
-            };
-            let node = NonNull::from(node_ref);
-            loop {
-                let seen = node_ref.state.observe();
-                match seen.phase() {
-                    Phase::Pending if seen.is_locked() => crate::sync::spin_or_yield(64),
-                    Phase::Pending => {
-                        let claimed = match pending {
-                            PendingTimers::Run => node_ref.state.try_fire(seen),
-                            PendingTimers::Drop => node_ref.state.try_discard(seen),
-                        };
-                        if !claimed {
-                            continue;
-                        }
-                        if pending == PendingTimers::Run {
-                            runner::run_callback(shard, node_ref);
-                            ran += 1;
-                        } else {
-                            dropped += 1;
-                        }
-                        if seen.in_transit() {
-                            // A message raced the shutdown; nobody takes it any more. The
-                            // timer is over either way.
-                            node_ref.state.end();
-                        } else {
-                            self.free(shard, node);
-                        }
-                        break;
-                    }
-                    Phase::Cancelled if !seen.in_transit() => {
-                        self.free(shard, node);
-                        break;
-                    }
-                    _ => break,
-                }
+            if let Some(node_ref) = shard.pool.node(index) {
+                let (r, d) = self.settle_at_shutdown(shard, node_ref, pending);
+                (ran, dropped) = (ran + r, dropped + d);
             }
         }
-        add(&counters.ran_at_shutdown, ran);
-        add(&counters.dropped_at_shutdown, dropped);
+        add(&shard.counters.ran_at_shutdown, ran);
+        add(&shard.counters.dropped_at_shutdown, dropped);
         self.freed.give_back(&shard.pool);
-        self.finished = true;
+        self.finished = Some(pending);
+    }
+
+    /// Runs or drops (as `pending` says) a timer of this shard at shutdown, or frees it if
+    /// it was cancelled; leaves it if a message in transit still names it (that message's
+    /// arrival frees it). The timer is in no wheel list. Returns the runs and drops.
+    fn settle_at_shutdown(
+        &mut self,
+        shard: &Shard,
+        node_ref: &TimerNode,
+        pending: PendingTimers,
+    ) -> (u64, u64) {
+        let node = NonNull::from(node_ref);
+        loop {
+            let seen = node_ref.state.observe();
+            match seen.phase() {
+                Phase::Pending if seen.is_locked() => crate::sync::spin_or_yield(64),
+                Phase::Pending => {
+                    let claimed = match pending {
+                        PendingTimers::Run => node_ref.state.try_fire(seen),
+                        PendingTimers::Drop => node_ref.state.try_discard(seen),
+                    };
+                    if !claimed {
+                        continue;
+                    }
+                    if pending == PendingTimers::Run {
+                        runner::run_callback(shard, node_ref);
+                    }
+                    if seen.in_transit() {
+                        // A message raced the shutdown: its arrival (swept up after the
+                        // last turn) frees the node. The timer is over either way.
+                        node_ref.state.end();
+                    } else {
+                        self.free(shard, node);
+                    }
+                    return match pending {
+                        PendingTimers::Run => (1, 0),
+                        PendingTimers::Drop => (0, 1),
+                    };
+                }
+                Phase::Cancelled if !seen.in_transit() => {
+                    self.free(shard, node);
+                    return (0, 0);
+                }
+                _ => return (0, 0),
+            }
+        }
+    }
+
+    /// After the last turn, nobody else takes what threads push onto this shard's lanes
+    /// and inbox: a cancel's message that raced the shutdown, or a timer scheduled as it
+    /// began. Whoever pushes one then asks for a sweep (see
+    /// [`Shard::settle_after_shutdown`]), and this takes everything pushed so far and
+    /// settles it: a cancelled or finished timer's node is freed, dropping its callback,
+    /// and a pending repeating timer is run or dropped as the shutdown chose (see
+    /// `receive` for new one-shot timers). Before the last turn it does nothing: that turn
+    /// takes everything pushed before it.
+    pub(crate) fn sweep(&mut self, shard: &Shard) {
+        if self.finished.is_none() {
+            return;
+        }
+        self.refresh_lanes(shard);
+        self.collect(shard, u64::MAX, true);
+        self.freed.give_back(&shard.pool);
     }
 }

@@ -255,7 +255,13 @@ fn a_burst_on_one_shard_fires_exactly_once_with_stealing_on_and_off() {
         );
         assert_eq!(stats.fired, timers as u64);
         if !stealing {
-            assert_eq!(stats.stolen, 0, "stolen with stealing off");
+            // An owner the machine deschedules mid-run for longer than `rescue_after` is
+            // stood in for, and those runs count as stolen too: with stealing off, every
+            // timer run elsewhere was claimed by a stand-in.
+            assert!(
+                stats.stolen <= stats.rescued,
+                "stolen with stealing off: {stats:?}"
+            );
         }
         assert_eq!(engine.shutdown(PendingTimers::Drop).dropped, 0);
         assert_eq!(engine.nodes_in_use(), 0);

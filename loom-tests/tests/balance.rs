@@ -6,10 +6,10 @@
 //! wheel's cell), and that every node goes back to the pool.
 #![cfg(loom)]
 
-use corewheel::PendingTimers;
 use corewheel::loom_exports::shard_steps::{
-    owner_look, owner_run, set_owner_awake, stand_in, steal,
+    owner_look, owner_look_at, owner_run, set_owner_running, stand_in, stand_in_at, steal,
 };
+use corewheel::{Clock, PendingTimers};
 use corewheel_loom_tests::{Probe, engine, filed, model, settle, ticks};
 use loom::sync::Arc;
 use loom::thread;
@@ -90,7 +90,7 @@ fn a_stand_in_against_the_owner_coming_back_runs_the_timer_once() {
         let probe = Probe::new();
         filed(&engine, &clock, 2, probe.callback());
         clock.advance(ticks(1));
-        set_owner_awake(&engine, 0, true);
+        set_owner_running(&engine, 0, true);
         let stand_in = {
             let engine = Arc::clone(&engine);
             thread::spawn(move || stand_in(&engine, 0))
@@ -101,7 +101,7 @@ fn a_stand_in_against_the_owner_coming_back_runs_the_timer_once() {
         }
         let rescued = stand_in.join().unwrap();
         owner += owner_run(&engine, 0, 1);
-        set_owner_awake(&engine, 0, false);
+        set_owner_running(&engine, 0, false);
         assert_eq!(
             owner + rescued,
             1,
@@ -137,5 +137,51 @@ fn a_steal_against_shutdown_runs_the_claimed_timer_once() {
         assert_eq!(probe.ran(), 1, "stolen={stolen}");
         assert_eq!(probe.dropped(), 1);
         assert_eq!(engine.nodes_in_use(), 0, "the node was not given back");
+    });
+}
+
+/// Two workers stand in for a stuck owner with clock readings taken at different times,
+/// while the owner, back from its callback, files new timers and looks with a third: one
+/// stand-in read tick 4, the other tick 2, the owner tick 3. Whatever order they take the
+/// wheel in, a reading older than the wheel's latest is read as the latest, so every look
+/// returns (a due timer is never filed back as due), and each timer runs exactly once.
+#[test]
+fn stand_ins_and_the_owner_with_different_readings_run_each_timer_once() {
+    model(Some(2), || {
+        let (engine, clock) = engine();
+        let origin = clock.now();
+        let at = move |tick: u32| origin + ticks(tick);
+        let filed_early = Probe::new();
+        filed(&engine, &clock, 2, filed_early.callback());
+        // The clock stands at tick 1; every look below brings its own reading.
+        let (soon, later) = (Probe::new(), Probe::new());
+        let late_reader = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || stand_in_at(&engine, 0, at(4)))
+        };
+        let early_reader = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || stand_in_at(&engine, 0, at(2)))
+        };
+        // The owner's new timers travel on its lane, due at ticks 2 and 3: the lane is
+        // taken whole by a look that reads tick 2.
+        engine.schedule(ticks(1), soon.callback()).unwrap();
+        engine.schedule(ticks(2), later.callback()).unwrap();
+        let mut ran = 0;
+        if owner_look_at(&engine, 0, at(3)) > 0 {
+            ran += owner_run(&engine, 0, 3);
+        }
+        ran += late_reader.join().unwrap();
+        ran += early_reader.join().unwrap();
+        owner_look_at(&engine, 0, at(4));
+        ran += owner_run(&engine, 0, 3);
+        assert_eq!(ran, 3);
+        assert_eq!(
+            (filed_early.ran(), soon.ran(), later.ran()),
+            (1, 1, 1),
+            "each timer runs exactly once"
+        );
+        assert_eq!(settle(&engine, &clock), 0);
+        assert_eq!(engine.nodes_in_use(), 0, "a node was not given back");
     });
 }

@@ -335,3 +335,35 @@ fn shutdown_against_a_reclaim_settles_every_timer() {
         }
     });
 }
+
+/// A timer in the wheel is cancelled while another thread shuts the engine down, dropping
+/// pending timers. Whichever wins, once both have returned the callback has been dropped
+/// and its node is back in the pool, with no turn after: a cancel whose message arrives
+/// after the shard's last turn sweeps it up itself (or has the wheel's holder do it),
+/// rather than leave the callback alive until the engine is dropped.
+#[test]
+fn cancel_against_shutdown_drops_the_callback_before_both_return() {
+    model(Some(3), || {
+        let (engine, clock) = engine();
+        let probe = Probe::new();
+        let handle = filed(&engine, &clock, 5, probe.callback());
+        let stopper = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || {
+                let report = engine.shutdown(PendingTimers::Drop);
+                fence(Ordering::SeqCst);
+                report
+            })
+        };
+        let cancelled = engine.cancel(handle);
+        let report = stopper.join().unwrap();
+        assert_eq!(probe.ran(), 0);
+        assert_eq!(
+            u64::from(cancelled) + engine.stats().total.dropped_at_shutdown,
+            1,
+            "cancelled={cancelled}, report={report:?}"
+        );
+        assert_eq!(probe.dropped(), 1, "the callback outlived its timer");
+        assert_eq!(engine.nodes_in_use(), 0, "the node was not given back");
+    });
+}

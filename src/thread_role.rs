@@ -1,0 +1,69 @@
+//! What the calling thread is doing for engines, so that a shutdown or a drop never waits
+//! for something that may be waiting for the caller: a worker thread of some engine (a
+//! callback there may drop another engine whose workers are running callbacks that drop
+//! this one), or a thread inside hand-driven engines' turns.
+
+use std::cell::{Cell, RefCell};
+
+#[cfg(not(loom))]
+std::thread_local! {
+    static WORKER: Cell<bool> = const { Cell::new(false) };
+    /// The ids of the hand-driven engines whose `turn` this thread is inside, innermost
+    /// last (a callback may turn another engine).
+    static TURNING: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+#[cfg(loom)]
+loom::thread_local! {
+    static WORKER: Cell<bool> = Cell::new(false);
+    static TURNING: RefCell<Vec<u32>> = RefCell::new(Vec::new());
+}
+
+/// Marks the calling thread as an engine's worker for the rest of its life.
+#[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+pub(crate) fn become_worker() {
+    let _ = WORKER.try_with(|worker| worker.set(true));
+}
+
+/// Whether the calling thread is a worker of any engine. Such a thread must not wait for
+/// any engine's workers: the one it waits for may be running a callback that waits for it.
+pub(crate) fn is_worker() -> bool {
+    WORKER.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Whether the calling thread is inside a turn of the engine `engine`.
+pub(crate) fn is_turning(engine: u32) -> bool {
+    TURNING
+        .try_with(|turning| turning.borrow().contains(&engine))
+        .unwrap_or(false)
+}
+
+/// The calling thread's turn of one engine; ends when dropped.
+pub(crate) struct Turn(u32);
+
+impl Turn {
+    /// Begins a turn of `engine`; `None` if this thread is already inside one (a callback
+    /// turning its own engine), or while its thread locals are being destroyed.
+    pub(crate) fn begin(engine: u32) -> Option<Self> {
+        TURNING
+            .try_with(|turning| {
+                let mut turning = turning.borrow_mut();
+                (!turning.contains(&engine)).then(|| {
+                    turning.push(engine);
+                    Self(engine)
+                })
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let _ = TURNING.try_with(|turning| {
+            let mut turning = turning.borrow_mut();
+            if let Some(at) = turning.iter().rposition(|&engine| engine == self.0) {
+                turning.remove(at);
+            }
+        });
+    }
+}
