@@ -55,6 +55,22 @@ fn eventually(what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// Schedules a callback due in 1 ms that panics with a [`Bomb`], then ten timers due a
+/// tick apart from `first` ms; returns how many of the ten have fired.
+fn bomb_then_ten(engine: &TimerEngine, first: u32) -> Arc<AtomicUsize> {
+    engine.schedule(MS, || std::panic::panic_any(Bomb)).unwrap();
+    let fired = Arc::new(AtomicUsize::new(0));
+    for k in 0..10 {
+        let fired = Arc::clone(&fired);
+        engine
+            .schedule(MS * (first + k), move || {
+                fired.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+    }
+    fired
+}
+
 /// A callback panics with a payload whose `Drop` panics too: the turn that runs it returns,
 /// the panic is counted once, and the shard's later timers fire.
 #[test]
@@ -65,16 +81,7 @@ fn a_panic_payload_whose_drop_panics_is_contained_on_a_manual_engine() {
         .manual_clock(clock.clone())
         .build()
         .unwrap();
-    engine.schedule(MS, || std::panic::panic_any(Bomb)).unwrap();
-    let fired = Arc::new(AtomicUsize::new(0));
-    for k in 0..10 {
-        let fired = Arc::clone(&fired);
-        engine
-            .schedule(MS * (1 + k), move || {
-                fired.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
-    }
+    let fired = bomb_then_ten(&engine, 1);
     for _ in 0..10 {
         clock.advance(MS);
         engine.turn();
@@ -93,16 +100,7 @@ fn a_panic_payload_whose_drop_panics_does_not_kill_a_worker() {
         .pin_workers(false)
         .build()
         .unwrap();
-    engine.schedule(MS, || std::panic::panic_any(Bomb)).unwrap();
-    let fired = Arc::new(AtomicUsize::new(0));
-    for k in 0..10 {
-        let fired = Arc::clone(&fired);
-        engine
-            .schedule(MS * (2 + k), move || {
-                fired.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
-    }
+    let fired = bomb_then_ten(&engine, 2);
     eventually("the worker died: later timers never fired", || {
         fired.load(Ordering::SeqCst) == 10
     });
