@@ -3,7 +3,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::Mutex as StdMutex;
-use std::sync::atomic::{AtomicU32, AtomicUsize};
+use std::sync::atomic::AtomicU32;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -95,7 +95,8 @@ pub struct TimerEngine {
     manual: bool,
     /// Whether a shutdown has begun; held while the first one runs.
     shutdown_started: StdMutex<bool>,
-    pinned: Arc<AtomicUsize>,
+    /// Workers pinned to a CPU, counted before `build` returns.
+    pinned: usize,
 }
 
 impl TimerEngine {
@@ -131,39 +132,42 @@ impl TimerEngine {
                 builder.rescue_after.map(u64::from),
             ),
         });
-        let pinned = Arc::new(AtomicUsize::new(0));
-        let engine = Self {
+        let mut engine = Self {
             threads: StdMutex::new(Vec::new()),
             manual,
             shutdown_started: StdMutex::new(false),
-            pinned: Arc::clone(&pinned),
+            pinned: 0,
             shared,
         };
         if !manual {
-            engine.spawn_workers(workers, builder.pin_workers)?;
+            engine.pinned = engine.spawn_workers(workers, builder.pin_workers)?;
         }
         Ok(engine)
     }
 
+    /// Starts the workers and returns how many were pinned to a CPU, once each has tried,
+    /// so that what `build` reports is already true when it returns.
     #[cfg(not(loom))]
-    fn spawn_workers(&self, workers: usize, pin: bool) -> Result<(), BuildError> {
+    fn spawn_workers(&self, workers: usize, pin: bool) -> Result<usize, BuildError> {
         let cores = if pin {
             core_affinity::get_core_ids().unwrap_or_default()
         } else {
             Vec::new()
         };
+        let (pin_results, pinned) = std::sync::mpsc::channel();
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         for index in 0..workers {
             let shared = Arc::clone(&self.shared);
             let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
-            let pinned = Arc::clone(&self.pinned);
+            let pin_result = pin_results.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("corewheel-{index}"))
                 .spawn(move || {
                     let pinned_here = core.is_some_and(core_affinity::set_for_current);
-                    if pinned_here {
-                        pinned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    } else if pin {
+                    // The builder may have given up (another spawn failed): nobody listens.
+                    let _ = pin_result.send(pinned_here);
+                    drop(pin_result);
+                    if !pinned_here && pin {
                         eprintln!(
                             "corewheel: could not pin worker {index} to a CPU; it runs unpinned"
                         );
@@ -184,13 +188,17 @@ impl TimerEngine {
                 }
             }
         }
-        Ok(())
+        drop(threads);
+        drop(pin_results);
+        // One result per started worker; a worker that died before sending (it cannot
+        // panic there) closes its sender, which ends the count rather than hanging it.
+        Ok(pinned.iter().filter(|&pinned_here| pinned_here).count())
     }
 
     #[cfg(loom)]
-    fn spawn_workers(&self, _workers: usize, _pin: bool) -> Result<(), BuildError> {
+    fn spawn_workers(&self, _workers: usize, _pin: bool) -> Result<usize, BuildError> {
         // loom models drive engines by hand.
-        Ok(())
+        Ok(0)
     }
 
     /// Schedules `f` to run once, `delay` from now.
@@ -518,9 +526,10 @@ impl TimerEngine {
         self.shared.shards.len()
     }
 
-    /// Workers that were pinned to a CPU.
+    /// Workers pinned to a CPU: final once [`build`](EngineBuilder::build) has returned,
+    /// which waits for every worker to try. 0 for an engine driven by hand.
     pub fn pinned_workers(&self) -> usize {
-        self.pinned.load(std::sync::atomic::Ordering::Relaxed)
+        self.pinned
     }
 
     /// The tick length.

@@ -13,7 +13,7 @@ use crate::mpsc::Queue;
 use crate::pool::Pool;
 use crate::run_queue::RunQueue;
 use crate::shard_counters::ShardCounters;
-use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering, fence};
 use crate::sync::{Arc, Mutex, UnsafeCell};
 use crate::ticks::Ticks;
 use crate::timer_node::TimerNode;
@@ -21,6 +21,11 @@ use crate::worker::{Extracted, Worker};
 
 /// `wake_at` while the worker is awake: no producer needs to wake it.
 pub(crate) const AWAKE: u64 = 0;
+
+/// In `wheel_hold`: a thread holds the wheel side.
+const HELD: u8 = 1;
+/// In `wheel_hold`, only with [`HELD`]: a sweep is asked of the holder.
+const SWEEP: u8 = 2;
 
 /// `last_run` of an owner that has not run a timer yet.
 const NEVER_RAN: u64 = u64::MAX;
@@ -42,12 +47,13 @@ pub(crate) struct Shard {
     /// The worker thread, once it runs (engines driven by hand have none).
     pub(crate) thread: OnceLock<std::thread::Thread>,
     pub(crate) counters: ShardCounters,
-    /// The wheel side, touched only by the thread that holds `wheel_held`.
+    /// The wheel side, touched only by the thread whose [`HELD`] bit is in `wheel_hold`.
     wheel: UnsafeCell<Worker>,
-    wheel_held: CachePadded<AtomicBool>,
-    /// A thread pushed onto this shard after its last turn may have begun and asks for a
-    /// sweep; see [`settle_after_shutdown`](Self::settle_after_shutdown).
-    sweep_wanted: CachePadded<AtomicBool>,
+    /// [`HELD`] while a thread holds the wheel side, with [`SWEEP`] when a thread that
+    /// pushed after the last turn may have begun asks the holder to sweep before letting
+    /// go (see [`settle_after_shutdown`](Self::settle_after_shutdown)). One word, changed
+    /// only by read-modify-writes, so a request and a release cannot miss each other.
+    wheel_hold: CachePadded<AtomicU8>,
     /// Timers claimed from the wheel, waiting to run.
     pub(crate) run: RunQueue,
     signals: CachePadded<OwnerSignals>,
@@ -76,7 +82,7 @@ struct OwnerSignals {
 }
 
 // SAFETY: every field is shared through atomics, locks or lock-free queues, except `wheel`,
-// which only the thread holding `wheel_held` touches (see `with_wheel`).
+// which only the thread whose `HELD` bit is in `wheel_hold` touches (see `with_wheel`).
 unsafe impl Sync for Shard {}
 
 impl Shard {
@@ -91,8 +97,7 @@ impl Shard {
             thread: OnceLock::new(),
             counters: ShardCounters::default(),
             wheel: UnsafeCell::new(Worker::new(ticks)),
-            wheel_held: CachePadded::new(AtomicBool::new(false)),
-            sweep_wanted: CachePadded::new(AtomicBool::new(false)),
+            wheel_hold: CachePadded::new(AtomicU8::new(0)),
             run: RunQueue::new(),
             signals: CachePadded::new(OwnerSignals {
                 busy: AtomicBool::new(false),
@@ -124,8 +129,8 @@ impl Shard {
     }
 
     fn try_hold_wheel(&self) -> bool {
-        self.wheel_held
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        self.wheel_hold
+            .compare_exchange(0, HELD, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
 
@@ -139,44 +144,36 @@ impl Shard {
         result
     }
 
-    /// Lets the wheel go, first sweeping it for a thread that asked while this one held it.
-    /// The release is followed by a fence and a look at the request: against
-    /// `settle_after_shutdown`'s request, fence and attempt to hold, either that thread
-    /// takes the wheel and sweeps, or this one sees the request, takes the wheel back and
-    /// sweeps. The fence costs one barrier per look at the wheel, not per timer.
+    /// Lets the wheel go, first sweeping it for each thread that asked while this one held
+    /// it. The release only succeeds on a word with no request in it, so a request made
+    /// before it is seen here, and one made after it takes the wheel itself.
     fn let_go_of_wheel(&self) {
-        loop {
-            if self.sweep_wanted.load(Ordering::Relaxed)
-                && self.sweep_wanted.swap(false, Ordering::Acquire)
-            {
-                // SAFETY: this thread still holds the wheel.
-                self.wheel
-                    .with_mut(|wheel| unsafe { &mut *wheel }.sweep(self));
-            }
-            self.wheel_held.store(false, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            if !self.sweep_wanted.load(Ordering::SeqCst) || !self.try_hold_wheel_seqcst() {
-                return;
-            }
+        // Acquire on failure: the request was made after its maker's push, which the sweep
+        // must see.
+        while self
+            .wheel_hold
+            .compare_exchange(HELD, 0, Ordering::Release, Ordering::Acquire)
+            .is_err()
+        {
+            // A read-modify-write, so that a request made meanwhile stays in the word (and
+            // fails the next release, whose Acquire then orders its push before a sweep).
+            self.wheel_hold.fetch_and(!SWEEP, Ordering::Relaxed);
+            // SAFETY: this thread still holds the wheel.
+            self.wheel
+                .with_mut(|wheel| unsafe { &mut *wheel }.sweep(self));
         }
-    }
-
-    /// [`try_hold_wheel`](Self::try_hold_wheel) for the sweep handshake, whose failure
-    /// must be ordered too.
-    fn try_hold_wheel_seqcst(&self) -> bool {
-        self.wheel_held
-            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
     }
 
     /// Called by a thread that pushed a node onto one of this shard's lanes or its inbox,
     /// and then saw the engine shutting down: once the shard's last turn is over nobody
     /// takes what is pushed, so it sweeps the wheel side itself, or, if another thread
-    /// holds the wheel, leaves the sweep to that thread. Never waits.
+    /// holds the wheel, leaves the sweep to that thread's release. Never waits.
     pub(crate) fn settle_after_shutdown(&self) {
-        self.sweep_wanted.store(true, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        if self.try_hold_wheel_seqcst() {
+        // Release: the holder that sees the request sees the push before it. Acquire: a
+        // thread that takes the wheel here follows the last holder's release.
+        let before = self.wheel_hold.fetch_or(HELD | SWEEP, Ordering::AcqRel);
+        if before & HELD == 0 {
+            // This thread holds the wheel now, with its own request in the word.
             self.let_go_of_wheel();
         }
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use corewheel::{ManualClock, PendingTimers, TimerEngine};
+use corewheel::{ManualClock, PendingTimers, ScheduleError, TimerEngine};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -44,6 +44,17 @@ impl Drop for Witness {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// An engine of two unpinned workers, shareable with the threads that race it.
+fn two_unpinned_workers() -> Arc<TimerEngine> {
+    Arc::new(
+        TimerEngine::builder()
+            .workers(2)
+            .pin_workers(false)
+            .build()
+            .unwrap(),
+    )
 }
 
 /// Waits up to a minute for `done`, so that only a dead worker fails, not a slow machine.
@@ -360,13 +371,7 @@ fn cancels_racing_shutdown_drop_every_closure_by_the_time_both_return() {
     } else {
         300_000
     };
-    let engine = Arc::new(
-        TimerEngine::builder()
-            .workers(2)
-            .pin_workers(false)
-            .build()
-            .unwrap(),
-    );
+    let engine = two_unpinned_workers();
     let live = Live::default();
     let handles: Vec<_> = (0..timers)
         .map(|_| {
@@ -398,4 +403,56 @@ fn cancels_racing_shutdown_drop_every_closure_by_the_time_both_return() {
     assert_eq!(cancelled + report.dropped as usize, timers, "{report:?}");
     assert_eq!(live.count(), 0, "cancelled closures outlived their timers");
     assert_eq!(engine.nodes_in_use(), 0);
+}
+
+/// Threads schedule without pause while the engine shuts down, dropping pending timers.
+/// Whether a schedule returned `Ok` (its timer dropped by the shutdown or swept up after
+/// it) or `Err(Shutdown)`, once the shutdown and the schedulers have returned no closure
+/// is still alive.
+#[test]
+fn schedules_racing_shutdown_keep_no_closure_alive() {
+    for _ in 0..20 {
+        let engine = two_unpinned_workers();
+        let live = Live::default();
+        let schedulers: Vec<_> = (0..3)
+            .map(|_| {
+                let (engine, live) = (Arc::clone(&engine), live.clone());
+                std::thread::spawn(move || {
+                    let mut refused = 0;
+                    while refused < 100 {
+                        let witness = live.witness();
+                        let scheduled =
+                            engine.schedule(Duration::from_secs(3600), move || drop(witness));
+                        if scheduled == Err(ScheduleError::Shutdown) {
+                            refused += 1;
+                        }
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(MS);
+        engine.shutdown(PendingTimers::Drop);
+        for scheduler in schedulers {
+            scheduler.join().unwrap();
+        }
+        assert_eq!(live.count(), 0, "closures outlived their timers");
+        assert_eq!(engine.nodes_in_use(), 0);
+    }
+}
+
+/// What `build` reports about pinning is already final when it returns: the count read at
+/// once equals the count read after the workers have long started.
+#[test]
+fn pinned_workers_is_final_when_build_returns() {
+    for workers in [1, 2, 4] {
+        let engine = TimerEngine::builder()
+            .workers(workers)
+            .pin_workers(true)
+            .build()
+            .unwrap();
+        let at_once = engine.pinned_workers();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(at_once, engine.pinned_workers(), "{workers} workers");
+        assert!(at_once <= workers);
+    }
 }

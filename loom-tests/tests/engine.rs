@@ -288,6 +288,7 @@ fn schedule_against_shutdown(pending: PendingTimers) {
                 assert_eq!(error, ScheduleError::Shutdown);
                 assert_eq!(settled, ShutdownReport::default());
                 assert_eq!(probe.ran(), 0, "a failed schedule's callback ran");
+                assert_eq!(probe.dropped(), 1, "a failed schedule kept its callback");
             }
         }
         assert_eq!(
