@@ -1,36 +1,66 @@
 #!/usr/bin/env bash
 # corewheel's whole test suite, from a fresh machine: unit, integration, property and doc
-# tests, the loom models, and Miri. Installs the nightly Miri component when it is missing;
-# if that cannot be done, says so loudly and runs the rest.
-set -euo pipefail
+# tests, the benchmarks run once each, the loom models, and Miri. Installs the nightly Miri
+# component when it is missing; if that cannot be done, says so loudly and runs the rest.
+#
+#   ./scripts/test-all.sh              every stage
+#   ./scripts/test-all.sh loom miri    only those stages, in the order given
+#
+# Stages: unit integration property doc benches loom miri. Every stage runs even when an
+# earlier one failed; the script ends with a table of what each stage ran and exits
+# non-zero if any stage failed. A CARGO_TARGET_DIR you set is respected (the loom build
+# goes to its loom/ subfolder, so that its RUSTFLAGS do not invalidate the normal build).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-section() { printf '\n==> %s\n' "$*"; }
-# Runs a test command, keeping its output for the final count.
-run() { "$@" 2>&1 | tee -a "$log"; }
-
-section "Unit, integration, property and doc tests (benches and the perf harness build too)"
-run cargo test --workspace --all-targets
-run cargo test --workspace --doc
-
-section "loom models (RUSTFLAGS=--cfg loom; separate target dir keeps the normal build cached)"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom run cargo test -p corewheel-loom-tests --release
-
-section "Miri over the library's unit tests"
-miri_ok=1
-if ! cargo +nightly miri --version >/dev/null 2>&1; then
-  echo "Miri is missing: installing the nightly toolchain's miri and rust-src components"
-  rustup toolchain install nightly --profile minimal --component miri,rust-src \
-    || rustup component add --toolchain nightly miri rust-src \
-    || miri_ok=0
-fi
-if [ "$miri_ok" = 1 ] && cargo +nightly miri --version >/dev/null 2>&1; then
-  cargo +nightly miri setup >/dev/null
-  run cargo +nightly miri test -p corewheel --lib
+all_stages=(unit integration property doc benches loom miri)
+if [ $# -gt 0 ]; then
+  stages=("$@")
 else
-  cat <<'WARN'
+  stages=("${all_stages[@]}")
+fi
+for stage in "${stages[@]}"; do
+  case " ${all_stages[*]} " in
+    *" $stage "*) ;;
+    *) echo "unknown stage '$stage'; the stages are: ${all_stages[*]}" >&2; exit 2 ;;
+  esac
+done
+
+target_dir="${CARGO_TARGET_DIR:-target}"
+# The integration tests, without the property-based ones, each a --test flag.
+property_tests=(wheel_model)
+integration_flags=()
+for file in tests/*.rs; do
+  name=$(basename "$file" .rs)
+  case " ${property_tests[*]} " in
+    *" $name "*) ;;
+    *) integration_flags+=(--test "$name") ;;
+  esac
+done
+property_flags=()
+for name in "${property_tests[@]}"; do property_flags+=(--test "$name"); done
+
+stage_unit() {
+  cargo test -p corewheel --lib && cargo test -p corewheel-perf --bins
+}
+stage_integration() { cargo test -p corewheel "${integration_flags[@]}"; }
+stage_property() { cargo test -p corewheel "${property_flags[@]}"; }
+stage_doc() { cargo test -p corewheel --doc; }
+# criterion runs each benchmark once, as a check that it works, when run under cargo test.
+stage_benches() { cargo test -p corewheel --benches; }
+stage_loom() {
+  RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target_dir/loom" \
+    cargo test -p corewheel-loom-tests --release --test '*'
+}
+stage_miri() {
+  if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    echo "Miri is missing: installing the nightly toolchain's miri and rust-src components"
+    rustup toolchain install nightly --profile minimal --component miri,rust-src \
+      || rustup component add --toolchain nightly miri rust-src \
+      || true
+  fi
+  if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    cat <<'WARN'
 
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
 !!  MIRI WAS NOT RUN: the nightly toolchain's miri component could not be installed. !!
@@ -38,7 +68,57 @@ else
 !!  Install it with: rustup component add --toolchain nightly miri rust-src          !!
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
 WARN
-fi
+    return 3
+  fi
+  cargo +nightly miri setup >/dev/null && cargo +nightly miri test -p corewheel --lib
+}
 
-# One closing line for the whole suite; `set -e` has already stopped on any failure.
-awk '/^test result:/ { p += $4; f += $6 } END { printf "\ncorewheel test suite: %d passed, %d failed\n", p, f }' "$log"
+describe() {
+  case $1 in
+    unit) echo "unit tests: the library's and the perf harness's" ;;
+    integration) echo "integration tests (tests/*.rs but the property tests)" ;;
+    property) echo "property tests (${property_tests[*]})" ;;
+    doc) echo "doc tests, the README's examples among them" ;;
+    benches) echo "criterion benchmarks, each run once as a check" ;;
+    loom) echo "loom models (RUSTFLAGS=--cfg loom, target $target_dir/loom)" ;;
+    miri) echo "Miri over the library's unit tests" ;;
+  esac
+}
+
+rows=()
+failed_stages=0
+for stage in "${stages[@]}"; do
+  printf '\n==> %s: %s\n' "$stage" "$(describe "$stage")"
+  log=$(mktemp)
+  started=$(date +%s)
+  "stage_$stage" 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  seconds=$(($(date +%s) - started))
+  # libtest's summaries; criterion's test mode prints one "Success" per benchmark.
+  read -r passed failed ignored < <(awk '
+    /^test result:/ { p += $4; f += $6; i += $8 }
+    /^Success$/ { p += 1 }
+    END { printf "%d %d %d\n", p, f, i }' "$log")
+  rm -f "$log"
+  case $status in
+    0) outcome=ok ;;
+    3) [ "$stage" = miri ] && outcome="NOT RUN" || outcome="FAILED (exit 3)" ;;
+    *) outcome="FAILED (exit $status)" ;;
+  esac
+  # Miri that cannot be installed was announced loudly above; the rest still decides.
+  case $outcome in ok | "NOT RUN") ;; *) failed_stages=$((failed_stages + 1)) ;; esac
+  rows+=("$stage $passed $failed $ignored $seconds $outcome")
+done
+
+printf '\n==> corewheel test suite\n'
+printf '%-12s %8s %8s %8s %8s  %s\n' stage passed failed ignored seconds result
+total=(0 0 0 0)
+for row in "${rows[@]}"; do
+  read -r stage passed failed ignored seconds outcome <<<"$row"
+  printf '%-12s %8d %8d %8d %8d  %s\n' "$stage" "$passed" "$failed" "$ignored" "$seconds" "$outcome"
+  total=($((total[0] + passed)) $((total[1] + failed)) $((total[2] + ignored)) $((total[3] + seconds)))
+done
+printf '%-12s %8d %8d %8d %8d  %s\n' total "${total[@]}" \
+  "$([ "$failed_stages" = 0 ] && echo ok || echo "$failed_stages stage(s) failed")"
+echo "(Miri runs the library's unit tests again, under the interpreter: those count in both rows.)"
+[ "$failed_stages" = 0 ]

@@ -1,8 +1,9 @@
 //! corewheel-perf: the million-timer workload harness.
 //!
 //! Runs each workload against corewheel's `Wheel` and real peer crates in one process run,
-//! and prints a table per workload plus `perf/results/latest.csv`. This file holds the
-//! command line and the order things run in; each workload lives in its own file.
+//! prints a table per workload, and writes the run's CSV, plots and summary into a folder
+//! of its own (see `run_folder`). This file holds the command line and the order things
+//! run in; each workload lives in its own file.
 
 mod allocator;
 mod child;
@@ -15,10 +16,11 @@ mod repeat;
 mod report;
 mod rng;
 mod rss;
+mod run_folder;
 mod workloads;
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -50,7 +52,9 @@ Runs corewheel's Wheel and its peers (tokio-util DelayQueue, std BinaryHeap) thr
 same single-thread workloads, and corewheel's multi-core TimerEngine against tokio's sleep
 and timeout(), pingora-timeout and a Mutex<BinaryHeap> shared by all threads through the
 engine-* workloads from 1..N threads and steady-mix, in one run; prints a table per
-workload and writes perf/results/latest.csv and SVG plots.
+workload and writes the run's results.csv, SVG plots and summary.md into a folder of its
+own, target/perf-runs/<UTC date and time>/ (under CARGO_TARGET_DIR where that is set),
+whose path it prints at the end. Nothing in the source tree changes unless --save asks.
 
 USAGE:
     cargo run --release -p corewheel-perf -- [OPTIONS]
@@ -74,14 +78,18 @@ OPTIONS:
                        (default 1,000,000); it runs on the largest --threads count
     --mix-seconds N    how long steady-mix runs (default 10)
     --allocator NAME   the global allocator for the whole run: mimalloc (default) or system
+    --save DIR         also copy this run's results over DIR's (its CSV, SVG and summary.md
+                       files are replaced as one set; subfolders are left alone): how the
+                       reference results in perf/results are made
     --full             full sizes: 20M arm-cancel ops and engine-arm-cancel timers per run,
                        10M live timers, 20M resets
     -h, --help         this text
 
 Every workload but fire-storm and steady-mix reports the median of 3 runs per subject;
 live-1m and engine-live-1m run each in a fresh child process so that RSS deltas are the
-subject's own. Plots of throughput against threads and of the fire storm's lateness go to
-perf/results/*.svg beside the CSV.
+subject's own. Plots of throughput against threads and of the fire storm's lateness go
+beside the CSV. When stderr is not a terminal, progress is one line per run and per
+workload as it starts and ends, instead of a bar.
 ";
 
 #[derive(Debug, PartialEq)]
@@ -96,6 +104,8 @@ struct Options {
     mix_seconds: u64,
     /// `mimalloc` or `system`, when asked for.
     allocator: Option<&'static str>,
+    /// Where to copy the run's results as the reference set, when asked.
+    save: Option<PathBuf>,
 }
 
 impl Options {
@@ -131,6 +141,7 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Strin
         mix_rate: steady_mix::DEFAULT_RATE,
         mix_seconds: steady_mix::DEFAULT_SECONDS,
         allocator: None,
+        save: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -183,6 +194,13 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Strin
                         ));
                     }
                 }
+            }
+            "--save" => {
+                let dir = value("--save")?;
+                if dir.is_empty() {
+                    return Err("--save needs a folder".to_string());
+                }
+                options.save = Some(PathBuf::from(dir));
             }
             "--mix-rate" => {
                 options.mix_rate =
@@ -269,16 +287,25 @@ fn parse_timers(text: &str) -> Result<u64, String> {
     }
 }
 
-fn print_header(options: &Options) {
+/// The run's header: what it runs, on what, and where its results go.
+fn header(options: &Options, run_dir: &Path) -> String {
+    use std::fmt::Write as _;
+    // Writing to a String cannot fail, hence the `let _`.
+    let mut out = String::new();
     let cpus = std::thread::available_parallelism()
         .map_or_else(|_| "unknown".to_string(), |cpus| cpus.get().to_string());
-    println!("corewheel-perf: the million-timer workload harness");
-    println!("machine:   {cpus} CPUs available to this process");
-    println!("allocator: {}", allocator::name());
+    let _ = writeln!(out, "corewheel-perf: the million-timer workload harness");
+    let _ = writeln!(out, "machine:   {cpus} CPUs available to this process");
+    let _ = writeln!(out, "allocator: {}", allocator::name());
+    let _ = writeln!(out, "results:   {}", run_dir.display());
     if cfg!(debug_assertions) {
-        println!("WARNING:   debug build: the numbers mean nothing; use cargo run --release");
+        let _ = writeln!(
+            out,
+            "WARNING:   debug build: the numbers mean nothing; use cargo run --release"
+        );
     }
-    println!(
+    let _ = writeln!(
+        out,
         "sizes:     {} (--full for the full sizes, --timers N for live-1m, engine-live-1m, fire-storm and steady-mix)",
         if options.full { "full" } else { "default" }
     );
@@ -290,24 +317,26 @@ fn print_header(options: &Options) {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        println!(
+        let _ = writeln!(
+            out,
             "threads:   {} (engine-arm-cancel, engine-reset; steady-mix runs on the largest; --threads)",
             list(&options.threads)
         );
-        println!(
+        let _ = writeln!(
+            out,
             "windows:   {} requests in flight per thread (engine-arm-cancel; --windows)",
             list(&options.windows)
         );
     }
-    println!("subjects:");
+    let _ = writeln!(out, "subjects:");
     for subject in &options.subjects {
-        println!("  {:<19}{}", subject.name(), subject.describe());
+        let _ = writeln!(out, "  {:<19}{}", subject.name(), subject.describe());
     }
-    println!("workloads:");
+    let _ = writeln!(out, "workloads:");
     for workload in &options.workloads {
-        println!("  {:<19}{}", workload.name(), workload.summary());
+        let _ = writeln!(out, "  {:<19}{}", workload.name(), workload.summary());
     }
-    println!();
+    out
 }
 
 fn main() -> ExitCode {
@@ -330,7 +359,15 @@ fn main() -> ExitCode {
         return run_with_allocator(wanted);
     }
     let sizes = Sizes::new(options.full, options.timers);
-    print_header(&options);
+    let run_dir = match run_folder::create() {
+        Ok(dir) => dir,
+        Err(error) => {
+            eprintln!("corewheel-perf: could not make a folder for the results: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let began = std::time::Instant::now();
+    progress::print(&header(&options, &run_dir));
 
     let (threads, windows) = (&options.threads, &options.windows);
     let mut csv = Csv::default();
@@ -345,6 +382,7 @@ fn main() -> ExitCode {
             ));
             continue;
         }
+        progress::workload(workload.name());
         let meter = load::LoadMeter::start();
         match workload {
             Workload::ArmCancel => arm_cancel::run(subjects, sizes.arm_cancel_ops, &mut csv),
@@ -390,29 +428,74 @@ fn main() -> ExitCode {
 
     progress::finish();
 
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
-    let path = dir.join("latest.csv");
-    if let Err(error) = csv.write(&path) {
-        eprintln!(
-            "corewheel-perf: could not write {}: {error}",
-            path.display()
-        );
-        return ExitCode::FAILURE;
-    }
-    println!("CSV: {}", path.display());
-    let machine = format!("{}, {}", plots::machine(), allocator::short_name());
-    match plots.write(&csv, &dir, &machine) {
-        Ok(written) => {
-            for path in written {
-                println!("plot: {}", path.display());
-            }
-            ExitCode::SUCCESS
-        }
+    match write_results(&options, &csv, &plots, &run_dir, began.elapsed()) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("corewheel-perf: {error}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes the run's CSV, plots and summary into `run_dir`, then over the `--save` folder
+/// when asked, and says where each went.
+fn write_results(
+    options: &Options,
+    csv: &Csv,
+    plots: &plots::Plots,
+    run_dir: &Path,
+    took: Duration,
+) -> Result<(), String> {
+    let path = run_dir.join(run_folder::CSV);
+    csv.write(&path)
+        .map_err(|error| format!("could not write {}: {error}", path.display()))?;
+    let machine = format!("{}, {}", plots::machine(), allocator::short_name());
+    plots.write(csv, run_dir, &machine)?;
+    let summary = run_dir.join(run_folder::SUMMARY);
+    std::fs::write(&summary, summary_text(run_dir, &machine, took))
+        .map_err(|error| format!("could not write {}: {error}", summary.display()))?;
+    println!();
+    println!("results of this run: {}", run_dir.display());
+    println!("  (results.csv, summary.md and the plots; nothing in the source tree changed)");
+    if let Some(dest) = &options.save {
+        let written = run_folder::save(run_dir, dest)
+            .map_err(|error| format!("could not save to {}: {error}", dest.display()))?;
+        println!(
+            "saved as the reference set: {} ({} files)",
+            dest.display(),
+            written.len()
+        );
+    }
+    Ok(())
+}
+
+/// The run's `summary.md`: its command line, machine, duration and every table it printed.
+fn summary_text(run_dir: &Path, machine: &str, took: Duration) -> String {
+    let name = run_dir
+        .file_name()
+        .map_or_else(String::new, |name| name.to_string_lossy().into_owned());
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let command = if args.is_empty() {
+        "cargo run --release -p corewheel-perf".to_string()
+    } else {
+        format!(
+            "cargo run --release -p corewheel-perf -- {}",
+            args.join(" ")
+        )
+    };
+    format!(
+        "# corewheel-perf run {name}\n\n\
+         - command: `{command}`\n\
+         - machine: {machine}\n\
+         - took: {:.0} s\n\n\
+         Every figure is in `results.csv` beside this file; the tables as printed:\n\n\
+         ```text\n{}```\n",
+        took.as_secs_f64(),
+        progress::transcript()
+    )
 }
 
 /// Runs the harness again, with the same arguments, in a child process whose allocator is
@@ -505,7 +588,9 @@ mod tests {
                 "--mix-rate=2,000",
                 "--mix-seconds",
                 "3",
-                "--allocator=system"
+                "--allocator=system",
+                "--save",
+                "perf/results"
             ]),
             Ok(Command::Run(Options {
                 workloads: vec![Workload::FireStorm, Workload::ArmCancel],
@@ -517,6 +602,7 @@ mod tests {
                 mix_rate: 2_000,
                 mix_seconds: 3,
                 allocator: Some("system"),
+                save: Some("perf/results".into()),
             }))
         );
         assert_eq!(parse(&["--full", "-h"]), Ok(Command::Help));
@@ -542,6 +628,8 @@ mod tests {
             &["--mix-rate", "0"],
             &["--allocator", "jemalloc"],
             &["--mix-seconds", "100000"],
+            &["--save"],
+            &["--save="],
         ] {
             assert!(parse(args).is_err(), "{args:?} should be rejected");
         }
