@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use corewheel::{ManualClock, PendingTimers, ScheduleError, TimerEngine};
 
+mod common;
+use common::{Live, unpinned};
+
 const MS: Duration = Duration::from_millis(1);
 
 /// A panic payload whose own `Drop` panics.
@@ -20,41 +23,6 @@ impl Drop for Bomb {
     fn drop(&mut self) {
         panic!("a panic payload's drop");
     }
-}
-
-/// Counts the live values of one kind, so a test can tell when captures were dropped.
-#[derive(Clone, Default)]
-struct Live(Arc<AtomicUsize>);
-
-/// One live value, counted by its [`Live`] from creation to drop.
-struct Witness(Arc<AtomicUsize>);
-
-impl Live {
-    fn witness(&self) -> Witness {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Witness(Arc::clone(&self.0))
-    }
-
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Witness {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// An engine of two unpinned workers, shareable with the threads that race it.
-fn two_unpinned_workers() -> Arc<TimerEngine> {
-    Arc::new(
-        TimerEngine::builder()
-            .workers(2)
-            .pin_workers(false)
-            .build()
-            .unwrap(),
-    )
 }
 
 /// Waits up to a minute for `done`, so that only a dead worker fails, not a slow machine.
@@ -371,7 +339,7 @@ fn cancels_racing_shutdown_drop_every_closure_by_the_time_both_return() {
     } else {
         300_000
     };
-    let engine = two_unpinned_workers();
+    let engine = unpinned(2);
     let live = Live::default();
     let handles: Vec<_> = (0..timers)
         .map(|_| {
@@ -412,7 +380,7 @@ fn cancels_racing_shutdown_drop_every_closure_by_the_time_both_return() {
 #[test]
 fn schedules_racing_shutdown_keep_no_closure_alive() {
     for _ in 0..20 {
-        let engine = two_unpinned_workers();
+        let engine = unpinned(2);
         let live = Live::default();
         let schedulers: Vec<_> = (0..3)
             .map(|_| {
@@ -450,9 +418,9 @@ fn pinned_workers_is_final_when_build_returns() {
             .pin_workers(true)
             .build()
             .unwrap();
-        let at_once = engine.pinned_workers();
+        let at_once = engine.stats().pinned_workers;
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(at_once, engine.pinned_workers(), "{workers} workers");
+        assert_eq!(at_once, engine.stats().pinned_workers, "{workers} workers");
         assert!(at_once <= workers);
     }
 }

@@ -10,27 +10,14 @@ use std::time::Duration;
 
 use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine};
 
+mod common;
+use common::within;
+
 const MS: Duration = Duration::from_millis(1);
 
 /// Timers on the blocked shard, due from 30 to 40 ms: more than one run queue's worth
 /// (1024), so that the stand-in with the later reading leaves due timers in the wheel.
 const DUE_LATER: usize = 3000;
-
-/// Runs `f` on a thread of its own and waits at most `limit` for it: a turn that never
-/// returns fails the test instead of hanging it.
-fn within<R: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> R + Send + 'static,
-) -> R {
-    let (done, result) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(f());
-    });
-    result
-        .recv_timeout(limit)
-        .unwrap_or_else(|_| panic!("{what} did not return within {limit:?}: the shard is stuck"))
-}
 
 /// The shape in which a stand-in once spun forever: thread A's turn is blocked in a
 /// callback of shard 1, which also holds 3000 timers due at 30-40 ms. The main turn reads

@@ -4,11 +4,13 @@
 //! the structure's own. The parent starts the child with `COREWHEEL_PERF_CHILD` naming the
 //! measurement; the child prints its result on stdout and its progress on stderr.
 
+//!
+//! This module knows no workload: the parent names one and decodes what the child printed,
+//! and the child's side is handed the function that makes the measurement.
+
 use std::process::{Command, ExitCode, Stdio};
 
 use crate::peers::Subject;
-use crate::workloads::engine_live_1m::{self, EngineLiveResult};
-use crate::workloads::live_1m::{self, LiveResult};
 
 /// Set in a child's environment to the measurement it is to make.
 pub const ENV: &str = "COREWHEEL_PERF_CHILD";
@@ -20,21 +22,9 @@ pub enum Error {
     Failed(String),
 }
 
-/// Measures live-1m for one subject in a child process.
-pub fn run_live_1m(subject: Subject, timers: u64) -> Result<LiveResult, Error> {
-    let stdout = run(live_1m::NAME, subject, timers)?;
-    LiveResult::decode(&stdout).map_err(Error::Failed)
-}
-
-/// Measures engine-live-1m for one subject in a child process.
-pub fn run_engine_live_1m(subject: Subject, timers: u64) -> Result<EngineLiveResult, Error> {
-    let stdout = run(engine_live_1m::NAME, subject, timers)?;
-    EngineLiveResult::decode(&stdout).map_err(Error::Failed)
-}
-
 /// Runs the measurement `workload` names for `subject` in a child process, and returns
 /// what it printed.
-fn run(workload: &str, subject: Subject, timers: u64) -> Result<String, Error> {
+pub fn run(workload: &str, subject: Subject, timers: u64) -> Result<String, Error> {
     let exe = std::env::current_exe().map_err(|error| Error::Spawn(error.to_string()))?;
     let output = Command::new(exe)
         .env(ENV, format!("{workload} {} {timers}", subject.name()))
@@ -51,8 +41,13 @@ fn run(workload: &str, subject: Subject, timers: u64) -> Result<String, Error> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// The child's side: makes the measurement `spec` names and prints the result.
-pub fn main(spec: &str) -> ExitCode {
+/// What a child makes: the encoded result of the measurement a workload names for a
+/// subject and a size, `None` when no workload of that name measures in a child.
+pub type Measure = fn(&str, Subject, u64) -> Option<Result<String, String>>;
+
+/// The child's side: makes the measurement `spec` names with `measure` and prints the
+/// result.
+pub fn main(spec: &str, measure: Measure) -> ExitCode {
     let mut words = spec.split_whitespace();
     let (Some(workload), Some(subject), Some(timers), None) =
         (words.next(), words.next(), words.next(), words.next())
@@ -64,22 +59,16 @@ pub fn main(spec: &str) -> ExitCode {
         eprintln!("corewheel-perf: {ENV}={spec:?} names no measurement");
         return ExitCode::from(2);
     };
-    let result = match workload {
-        live_1m::NAME => live_1m::measure_here(subject, timers).map(|result| result.encode()),
-        engine_live_1m::NAME => {
-            engine_live_1m::measure_here(subject, timers).map(|result| result.encode())
-        }
-        _ => {
+    match measure(workload, subject, timers) {
+        None => {
             eprintln!("corewheel-perf: {ENV}={spec:?} names no measurement");
-            return ExitCode::from(2);
+            ExitCode::from(2)
         }
-    };
-    match result {
-        Ok(encoded) => {
+        Some(Ok(encoded)) => {
             print!("{encoded}");
             ExitCode::SUCCESS
         }
-        Err(error) => {
+        Some(Err(error)) => {
             eprintln!("corewheel-perf: {workload} {}: {error}", subject.name());
             ExitCode::FAILURE
         }

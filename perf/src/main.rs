@@ -341,7 +341,7 @@ fn header(options: &Options, run_dir: &Path) -> String {
 
 fn main() -> ExitCode {
     if let Ok(spec) = std::env::var(child::ENV) {
-        return child::main(&spec);
+        return child::main(&spec, workloads::measure_in_child);
     }
     let options = match parse_args(std::env::args_os().skip(1)) {
         Ok(Command::Run(options)) => options,

@@ -88,10 +88,10 @@ fn node_bytes_here() -> Option<f64> {
         .manual_clock(ManualClock::new())
         .build()
         .ok()?;
-    let empty = engine.pool_bytes();
+    let empty = engine.stats().pool_bytes;
     let mut handles = vec![engine.schedule(Duration::from_secs(1), || {}).ok()?];
-    let one_chunk = engine.pool_bytes();
-    while engine.pool_bytes() == one_chunk && handles.len() < 1 << 20 {
+    let one_chunk = engine.stats().pool_bytes;
+    while engine.stats().pool_bytes == one_chunk && handles.len() < 1 << 20 {
         handles.push(engine.schedule(Duration::from_secs(1), || {}).ok()?);
     }
     // The schedule that found the first chunk full took a node from the second.

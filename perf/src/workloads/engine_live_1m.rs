@@ -13,7 +13,6 @@
 //! Each run is a fresh child process (see `child.rs`), so RSS deltas are the subject's own.
 
 use std::hint::black_box;
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
@@ -21,15 +20,15 @@ use corewheel::TimerHandle;
 use tokio::time::Sleep;
 
 use crate::allocator;
-use crate::child;
 use crate::cpu_time::{cpu_between, process_cpu_time};
 use crate::peers::Subject;
 use crate::peers::engine::{self, on_timeout};
 use crate::peers::tokio_sleep::{self, register};
-use crate::repeat::{self, in_turns, median, spread};
+use crate::repeat::{self, median, spread};
 use crate::report::{Csv, RATIO_LEGEND, Table, mib, thousands};
 use crate::rng::XorShift64;
 use crate::rss;
+use crate::workloads::live_runs;
 use crate::workloads::{ns_per, request_timeout};
 
 pub const NAME: &str = "engine-live-1m";
@@ -198,12 +197,7 @@ fn measure_engine(timers: u64) -> Result<EngineLiveResult, String> {
     let n = usize::try_from(timers).map_err(|_| "too many timers for this machine")?;
     let engine = engine::build()?;
     let mut rng = XorShift64::new(XorShift64::SEED);
-    let mut handles: Vec<TimerHandle> = Vec::with_capacity(n);
-    // Touch the handle vector's pages now, so that the RSS delta is the engine's alone.
-    for slot in handles.spare_capacity_mut() {
-        *slot = MaybeUninit::zeroed();
-    }
-    black_box(handles.as_mut_ptr());
+    let mut handles: Vec<TimerHandle> = live_runs::touched_vec(n);
 
     let rss_before = rss::resident_bytes();
     let cpu_start = process_cpu_time();
@@ -222,7 +216,7 @@ fn measure_engine(timers: u64) -> Result<EngineLiveResult, String> {
     let cpu_filed = process_cpu_time();
     let rss_live = rss::resident_bytes();
     let huge_live = rss::huge_page_bytes();
-    let own_live = engine.pool_bytes();
+    let own_live = engine.stats().pool_bytes;
 
     rng.shuffle(&mut handles);
     let mut fired = 0u64;
@@ -241,7 +235,7 @@ fn measure_engine(timers: u64) -> Result<EngineLiveResult, String> {
     let stats = &settled.stats;
     engine::check_counts(stats, timers, timers - fired, fired)?;
     let rss_cancelled = rss::resident_bytes();
-    let own_cancelled = engine.pool_bytes();
+    let own_cancelled = engine.stats().pool_bytes;
     drop(engine);
     let rss_dropped = rss::resident_bytes();
     Ok(EngineLiveResult {
@@ -267,12 +261,7 @@ fn measure_tokio(timers: u64) -> Result<EngineLiveResult, String> {
     let n = usize::try_from(timers).map_err(|_| "too many timers for this machine")?;
     let runtime = tokio_sleep::runtime(engine::cpus())?;
     let task = runtime.spawn(async move {
-        let mut sleeps: Vec<Pin<Box<Sleep>>> = Vec::with_capacity(n);
-        // As for the engine's handles: the vector is the harness's, not the timers'.
-        for slot in sleeps.spare_capacity_mut() {
-            *slot = MaybeUninit::zeroed();
-        }
-        black_box(sleeps.as_mut_ptr());
+        let mut sleeps: Vec<Pin<Box<Sleep>>> = live_runs::touched_vec(n);
         let mut rng = XorShift64::new(XorShift64::SEED);
         let rss_before = rss::resident_bytes();
         let cpu_start = process_cpu_time();
@@ -328,20 +317,8 @@ fn measure_tokio(timers: u64) -> Result<EngineLiveResult, String> {
 }
 
 pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
-    let runs = in_turns(subjects, |subject, run| {
-        crate::progress::step(format!(
-            "{NAME}/{} (run {}, own process)",
-            subject.name(),
-            run + 1
-        ));
-        match child::run_engine_live_1m(subject, timers) {
-            Err(child::Error::Spawn(error)) => Err(format!(
-                "could not start a child process ({error}); this workload measures only in one"
-            )),
-            Err(child::Error::Failed(error)) => Err(error),
-            Ok(result) => Ok(result),
-        }
-    });
+    // RSS from a process another subject ran in first says little here: child or nothing.
+    let (runs, _) = live_runs::in_children(NAME, subjects, timers, EngineLiveResult::decode, None);
     let results: Vec<Result<EngineLiveResult, String>> = runs
         .iter()
         .map(|runs| match runs {
@@ -593,7 +570,7 @@ fn memory_table(
         std::mem::size_of::<Sleep>(),
         std::mem::align_of::<Sleep>()
     ));
-    table.note("engine own count: pool_bytes(), the nodes' memory (the workers' wheels are not in it); pools keep their nodes while the engine lives, so it does not drop after the cancels");
+    table.note("engine own count: stats().pool_bytes, the nodes' memory (the workers' wheels are not in it); pools keep their nodes while the engine lives, so it does not drop after the cancels");
     table.note("dropped: after the engine (or the runtime) was dropped; vs tokio-sleep: tokio's live MiB / this row's");
     if allocator::is_mimalloc() {
         table.note("mimalloc keeps freed pages for reuse and returns them lazily, so RSS after cancelling or dropping says more about the allocator than the structure");

@@ -7,16 +7,15 @@
 //! retention would decide the comparison.
 
 use std::hint::black_box;
-use std::mem::MaybeUninit;
 use std::time::Instant;
 
 use crate::allocator;
-use crate::child;
 use crate::peers::{Measure, Subject, TimerQueue, measure_fresh};
-use crate::repeat::{self, in_turns, median, spread};
+use crate::repeat::{self, median, spread};
 use crate::report::{Csv, RATIO_LEGEND, Table, mib, ratio_cells, thousands};
 use crate::rng::XorShift64;
 use crate::rss;
+use crate::workloads::live_runs;
 use crate::workloads::{ns_per, ratio_columns, request_timeout};
 
 pub const NAME: &str = "live-1m";
@@ -50,13 +49,7 @@ impl Measure<u64> for Live1m {
     fn measure<Q: TimerQueue<u64>>(self, queue: &mut Q) -> Result<LiveResult, String> {
         let n = usize::try_from(self.timers).map_err(|_| "too many timers for this machine")?;
         let mut rng = XorShift64::new(XorShift64::SEED);
-        let mut keys: Vec<Q::Key> = Vec::with_capacity(n);
-        // Touch the key vector's pages now, so that the RSS delta below is the structure's
-        // alone and not the harness's bookkeeping too.
-        for slot in keys.spare_capacity_mut() {
-            *slot = MaybeUninit::zeroed();
-        }
-        black_box(keys.as_mut_ptr());
+        let mut keys: Vec<Q::Key> = live_runs::touched_vec(n);
 
         let rss_before = rss::resident_bytes();
         let base = Instant::now();
@@ -204,25 +197,13 @@ impl LiveResult {
 }
 
 pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
-    let mut in_process = Vec::new();
-    let runs = in_turns(subjects, |subject, run| {
-        crate::progress::step(format!(
-            "{NAME}/{} (run {}, own process)",
-            subject.name(),
-            run + 1
-        ));
-        match child::run_live_1m(subject, timers) {
-            Err(child::Error::Spawn(error)) => {
-                if !in_process.contains(&subject) {
-                    eprintln!("could not start a child process ({error}); measuring here");
-                    in_process.push(subject);
-                }
-                measure_here(subject, timers)
-            }
-            Err(child::Error::Failed(error)) => Err(error),
-            Ok(result) => Ok(result),
-        }
-    });
+    let (runs, in_process) = live_runs::in_children(
+        NAME,
+        subjects,
+        timers,
+        LiveResult::decode,
+        Some(measure_here),
+    );
     let results: Vec<Result<LiveResult, String>> = runs
         .iter()
         .map(|runs| {

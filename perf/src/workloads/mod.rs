@@ -9,6 +9,7 @@ pub mod engine_reset;
 pub mod fire_storm;
 pub mod lateness;
 pub mod live_1m;
+pub mod live_runs;
 pub mod parallel;
 pub mod reset_heavy;
 pub mod steady_mix;
@@ -19,6 +20,22 @@ use crate::peers::Subject;
 use crate::repeat::{self, median, spread};
 use crate::report::{Csv, RATIO_LEGEND, Table, ratio_cells};
 use crate::rng::XorShift64;
+
+/// The measurements made in a child process of this binary (see [`crate::child`]): the
+/// encoded result for `subject` at `timers`, `None` for a workload that has none.
+pub fn measure_in_child(
+    workload: &str,
+    subject: Subject,
+    timers: u64,
+) -> Option<Result<String, String>> {
+    Some(match workload {
+        live_1m::NAME => live_1m::measure_here(subject, timers).map(|result| result.encode()),
+        engine_live_1m::NAME => {
+            engine_live_1m::measure_here(subject, timers).map(|result| result.encode())
+        }
+        _ => return None,
+    })
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {

@@ -213,7 +213,7 @@ pub fn on_engine(
     };
     let end = settled.as_ref().map(|settled| joined + settled.waited);
     let mut run = timed.finish(end, engine::workers_cpu_time);
-    run.pool_bytes = Some(engine.pool_bytes() as u64);
+    run.pool_bytes = Some(engine.stats().pool_bytes as u64);
     drop(engine);
     Ok((run, settled, timed.shares))
 }
@@ -492,7 +492,7 @@ impl ThreadsTable {
             ));
         }
         table.note(format!(
-            "pool MiB: the engine's pool_bytes() at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped; it grows whenever threads schedule faster than the workers hand nodes back{}",
+            "pool MiB: the engine's stats().pool_bytes at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped; it grows whenever threads schedule faster than the workers hand nodes back{}",
             self.live_nodes.map_or_else(String::new, |(nodes, bytes)| format!(
                 " (this workload's live timers need {} nodes at {bytes:.0} B, {:.1} MiB)",
                 thousands(nodes),

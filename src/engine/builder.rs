@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use crate::clock::ManualClock;
 use crate::engine::TimerEngine;
+use crate::engine::pool::DEFAULT_CAPACITY;
 use crate::error::BuildError;
-use crate::pool::DEFAULT_CAPACITY;
+use crate::time::clock::ManualClock;
 
 /// The most workers (shards) an engine may have; more is a
 /// [`BuildError::TooManyWorkers`].
@@ -76,8 +76,9 @@ impl EngineBuilder {
     }
 
     /// Whether to pin worker `i` to CPU `i` (modulo the CPU count). Default `true`. A pin
-    /// the operating system refuses is reported on standard error and counted in
-    /// [`TimerEngine::pinned_workers`], and the worker runs unpinned.
+    /// the operating system refuses leaves that worker unpinned, which
+    /// [`Stats::pinned_workers`](crate::Stats::pinned_workers) shows from the moment
+    /// `build` returns; the library prints nothing.
     pub fn pin_workers(mut self, pin: bool) -> Self {
         self.pin_workers = pin;
         self

@@ -11,7 +11,7 @@
 use std::mem::{MaybeUninit, align_of, size_of};
 use std::ptr::NonNull;
 
-use crate::periodic::Period;
+use crate::engine::periodic::Period;
 
 /// The captures a callback may have and still be stored without an allocation: three
 /// machine words (24 bytes on 64-bit targets), at most word-aligned.
@@ -116,7 +116,7 @@ impl Callback {
         let storage = NonNull::from(&mut self.storage);
         // SAFETY: `shim` matches the closure in `storage`, which is dropped exactly once
         // since the slot was emptied above.
-        crate::panics::contain(|| unsafe {
+        crate::engine::panics::contain(|| unsafe {
             shim(storage, Action::Drop);
         })
     }

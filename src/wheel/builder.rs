@@ -3,9 +3,9 @@
 use std::time::{Duration, Instant};
 
 use crate::error::GeometryError;
-use crate::geometry::Geometry;
-use crate::ticks::Ticks;
+use crate::time::ticks::Ticks;
 use crate::wheel::Wheel;
+use crate::wheel::geometry::Geometry;
 
 /// Builds a [`Wheel`] with a chosen tick, geometry and capacity hint.
 ///

@@ -3,7 +3,7 @@
 //! Indices instead of pointers keep a link at 4 bytes and let a slab move or free chunks
 //! without fixing up pointers; doubly-linked so that cancel unlinks in O(1).
 
-use crate::node::{Location, NIL};
+use crate::wheel::location::{Location, NIL};
 
 /// Where a wheel's timers keep their deadlines and links, addressed by index: a slab of
 /// nodes for [`Wheel`](crate::Wheel), a shard's node pool for the engine.

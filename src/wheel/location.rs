@@ -1,23 +1,11 @@
-//! One timer as the wheel stores it in its slab: deadline, list links, where it is filed, and
-//! the caller's value.
+//! Where a timer is filed in a wheel (a slot, the ready list or the overflow list) and the
+//! end-of-list marker: the vocabulary shared by the wheel's lists, its slab nodes and the
+//! engine's pooled nodes.
 
 use std::num::NonZeroU16;
 
-use crate::list::Links;
-use crate::slab::Slab;
-
 /// Marks the end of an intrusive list.
 pub(crate) const NIL: u32 = u32::MAX;
-
-/// A timer inside the wheel.
-pub(crate) struct Node<T> {
-    /// The deadline in ticks since the wheel's origin, rounded up.
-    pub(crate) deadline: u64,
-    pub(crate) prev: u32,
-    pub(crate) next: u32,
-    pub(crate) location: Location,
-    pub(crate) value: T,
-}
 
 /// Which list a node is on, so that cancel can unlink it without searching.
 ///
@@ -100,37 +88,6 @@ impl Location {
     }
 }
 
-impl<T> Links for Slab<Node<T>> {
-    #[inline]
-    fn deadline(&self, index: u32) -> u64 {
-        self.at(index).deadline
-    }
-
-    #[inline]
-    fn links(&self, index: u32) -> (Location, u32, u32) {
-        let node = self.at(index);
-        (node.location, node.prev, node.next)
-    }
-
-    #[inline]
-    fn set_prev(&mut self, index: u32, prev: u32) {
-        self.at_mut(index).prev = prev;
-    }
-
-    #[inline]
-    fn set_next(&mut self, index: u32, next: u32) {
-        self.at_mut(index).next = next;
-    }
-
-    #[inline]
-    fn set_links(&mut self, index: u32, location: Location, prev: u32, next: u32) {
-        let node = self.at_mut(index);
-        node.location = location;
-        node.prev = prev;
-        node.next = next;
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -161,11 +118,5 @@ mod tests {
                 assert_eq!(Location::from_compact(location.compact()), location);
             }
         }
-    }
-
-    #[test]
-    fn option_of_a_node_needs_no_tag() {
-        use std::mem::size_of;
-        assert_eq!(size_of::<Option<Node<u64>>>(), size_of::<Node<u64>>());
     }
 }

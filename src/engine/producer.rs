@@ -1,27 +1,25 @@
-//! The engine state every thread shares, and the producer side of the protocol: arming a
-//! node, sending it to its owner, cancelling and resetting it.
+//! The producer side of the protocol, for any thread: arming a node and sending it to its
+//! owner on the thread's lane, taking the lane back to recycle what the thread already
+//! cancelled, and cancelling and resetting a timer. See the ground rules in
+//! [`engine`](crate::engine) for who holds a node at each step.
 
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use crate::balance::Balance;
-use crate::callback::Callback;
-use crate::clock::Clock;
-use crate::context::{self, Context};
-use crate::cycle_clock::CycleScale;
+use crate::engine::callback::Callback;
+use crate::engine::context::{self, Context};
+use crate::engine::counters::add;
+use crate::engine::handle::TimerHandle;
+use crate::engine::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
+use crate::engine::periodic::Period;
+use crate::engine::pool::{BATCH, Magazine};
+use crate::engine::shard::Shard;
+use crate::engine::shared::{EngineShared, When};
+use crate::engine::timer_node::TimerNode;
 use crate::error::ScheduleError;
-use crate::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
-use crate::periodic::Period;
-use crate::pool::{BATCH, Magazine};
-use crate::shard::Shard;
-use crate::shard_counters::add;
 use crate::sync::Arc;
-use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use crate::ticks::Ticks;
-use crate::timer_handle::TimerHandle;
-use crate::timer_node::TimerNode;
-use crate::timer_state::{Cancelled, Observed, Phase};
-use crate::worker::PendingTimers;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::timer_state::{Cancelled, Observed, Phase};
 
 /// Free nodes a thread keeps per shard before handing a batch back.
 const MAGAZINE_LIMIT: u32 = 4 * BATCH;
@@ -32,15 +30,6 @@ const MAGAZINE_LIMIT: u32 = 4 * BATCH;
 /// than be woken by the thread (a wake-up is a system call); short enough that memory comes
 /// back promptly.
 const LANE_HORIZON: u64 = 2;
-
-/// When a timer being armed is due.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Due {
-    /// This long from now, as [`EngineShared::deadline_after`] reads "now".
-    After(Duration),
-    /// At this tick.
-    AtTick(u64),
-}
 
 /// An operation a producer counts for [`stats`](crate::TimerEngine::stats).
 #[derive(Debug, Clone, Copy)]
@@ -74,42 +63,7 @@ impl Counted {
     }
 }
 
-/// Shared by the engine handle, its workers and every thread's context.
-pub(crate) struct EngineShared {
-    pub(crate) id: std::num::NonZeroU32,
-    pub(crate) shards: Box<[Shard]>,
-    pub(crate) ticks: Ticks,
-    pub(crate) clock: Box<dyn Clock>,
-    /// How to extrapolate `clock` from the cycle counter: only for the monotonic clock, and
-    /// only where the counter can be trusted.
-    pub(crate) cycles: Option<&'static CycleScale>,
-    pub(crate) shutdown: AtomicBool,
-    /// What the workers' last turn does with pending timers: a [`PendingTimers`] as a byte.
-    pub(crate) pending_mode: AtomicU8,
-    pub(crate) next_home: AtomicU64,
-    pub(crate) balance: Balance,
-}
-
 impl EngineShared {
-    pub(crate) fn set_pending_mode(&self, pending: PendingTimers) {
-        self.pending_mode
-            .store(u8::from(pending == PendingTimers::Run), Ordering::SeqCst);
-    }
-
-    pub(crate) fn pending_mode(&self) -> PendingTimers {
-        if self.pending_mode.load(Ordering::SeqCst) == 1 {
-            PendingTimers::Run
-        } else {
-            PendingTimers::Drop
-        }
-    }
-
-    /// The current tick.
-    #[inline]
-    pub(crate) fn now_tick(&self) -> u64 {
-        self.ticks.floor(self.clock.now())
-    }
-
     /// The deadline tick `delay` from now, never earlier: from this thread's anchor on the
     /// cycle counter where there is one, from a clock read otherwise.
     #[inline]
@@ -130,21 +84,11 @@ impl EngineShared {
         extrapolated.unwrap_or_else(|| self.ticks.ceil_after(self.clock.now(), delay))
     }
 
-    /// The shard and node a handle names, if the handle belongs to this engine.
-    #[inline]
-    pub(crate) fn lookup(&self, handle: TimerHandle) -> Option<(usize, &TimerNode)> {
-        if handle.engine() != self.id.get() {
-            return None;
-        }
-        let shard = self.shards.get(handle.shard() as usize)?;
-        Some((handle.shard() as usize, shard.pool.node(handle.index())?))
-    }
-
     /// Arms a timer due at `due` and sends it to the calling thread's home shard.
     #[inline]
     pub(crate) fn arm(
         this: &Arc<Self>,
-        due: Due,
+        due: When,
         period: Period,
         store: impl FnOnce(&mut Callback),
     ) -> Result<TimerHandle, ScheduleError> {
@@ -154,8 +98,8 @@ impl EngineShared {
         // One lookup of the thread's context serves both the deadline and the lane.
         let handle = context::with(this, |context| {
             let tick = match due {
-                Due::After(delay) => this.deadline_in(context, delay),
-                Due::AtTick(tick) => tick,
+                When::After(delay) => this.deadline_in(context, delay),
+                When::AtTick(tick) => tick,
             };
             match context {
                 Some(context) => this.arm_on_lane(context, tick, period, store),
@@ -321,11 +265,11 @@ impl EngineShared {
             // SAFETY: nodes on a lane are live pool nodes, held by whoever takes them.
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
-            if Self::recyclable(seen) {
+            if recyclable(seen) {
                 recycled.push(node, 0);
                 continue;
             }
-            let need = Self::forward_need(node_ref, seen, now);
+            let need = forward_need(node_ref, seen, now);
             if need > park_after {
                 // A timer's first claim keeps it on the young stack for one more: most
                 // request timeouts are cancelled within a few dozen schedules, and those
@@ -349,10 +293,10 @@ impl EngineShared {
             // SAFETY: as above.
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
-            if Self::recyclable(seen) {
+            if recyclable(seen) {
                 recycled.push(node, 0);
             } else {
-                forward.push(node, Self::forward_need(node_ref, seen, now));
+                forward.push(node, forward_need(node_ref, seen, now));
             }
         }
         if let Some((first, last, earliest)) = park.finish() {
@@ -397,22 +341,6 @@ impl EngineShared {
             })
         };
         recycled.into_chain()
-    }
-
-    /// By when the worker needs a node this thread forwards: a new timer by its deadline, a
-    /// message within the lane horizon.
-    fn forward_need(node: &TimerNode, seen: Observed, now: u64) -> u64 {
-        if seen.phase() == Phase::Pending && !seen.is_filed() {
-            node.deadline()
-        } else {
-            now.saturating_add(LANE_HORIZON)
-        }
-    }
-
-    /// Whether a node this thread took off its own lane was cancelled before the owner
-    /// ever filed it: nobody else can reach it then, and this thread frees it.
-    fn recyclable(seen: Observed) -> bool {
-        seen.phase() == Phase::Cancelled && !seen.is_filed()
     }
 
     /// Frees a recyclable node into this thread's magazine.
@@ -508,4 +436,20 @@ impl EngineShared {
         lane.close();
         shard.lane_closed();
     }
+}
+
+/// By when the worker needs a node a thread forwards: a new timer by its deadline, a
+/// message within the lane horizon.
+fn forward_need(node: &TimerNode, seen: Observed, now: u64) -> u64 {
+    if seen.phase() == Phase::Pending && !seen.is_filed() {
+        node.deadline()
+    } else {
+        now.saturating_add(LANE_HORIZON)
+    }
+}
+
+/// Whether a node a thread took off its own lane was cancelled before the owner ever filed
+/// it: nobody else can reach it then, and that thread frees it.
+fn recyclable(seen: Observed) -> bool {
+    seen.phase() == Phase::Cancelled && !seen.is_filed()
 }

@@ -15,6 +15,8 @@
 //! callbacks while nobody watches wakes a parked worker to watch. Only an owner running
 //! callbacks can be stuck, and at most one worker watches, so an idle engine costs no CPU
 //! at any worker count.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 #![cfg_attr(
     loom,
@@ -26,12 +28,11 @@
 
 use std::time::Instant;
 
-use crate::engine_shared::EngineShared;
-use crate::run_queue::MAX_RUN;
-use crate::runner;
-use crate::shard::Shard;
-use crate::shard_counters::add;
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::engine::counters::add;
+use crate::engine::runner;
+use crate::engine::shard::Shard;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::run_queue::MAX_RUN;
 
 /// Entries on a run queue before idle workers are woken to take some: a backlog worth a
 /// cross-core hand-over.
@@ -182,9 +183,13 @@ impl Balance {
 
     /// Worker `me`, with nothing of its own to do, helps one other shard once: stands in
     /// for a stuck owner, or steals a run from a backlog. Returns whether it did anything.
-    pub(crate) fn help(&self, shared: &EngineShared, me: usize, now: Instant) -> bool {
-        let shards = &shared.shards;
-        let now_tick = shared.ticks.floor(now);
+    pub(crate) fn help(
+        &self,
+        shards: &[Shard],
+        shutdown: &AtomicBool,
+        me: usize,
+        (now, now_tick): (Instant, u64),
+    ) -> bool {
         (1..shards.len()).any(|offset| {
             let index = (me + offset) % shards.len();
             let shard = &shards[index];
@@ -192,28 +197,38 @@ impl Balance {
                 .rescue_after
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
             {
-                return stand_in(shared, shard, now, Some(1)) > 0;
+                return stand_in(shard, shutdown, (now, now_tick), Some(1)) > 0;
             }
             let backlog = shard.run.len();
-            self.stealing && backlog >= STEAL_MIN && self.steal(shared, shard, now, backlog)
+            self.stealing
+                && backlog >= STEAL_MIN
+                && self
+                    .steal(shards, shard, shutdown, now_tick, backlog)
+                    .is_some()
         })
     }
 
-    /// Takes about half of `shard`'s backlog (at most a run) and runs it.
-    fn steal(&self, shared: &EngineShared, shard: &Shard, now: Instant, backlog: usize) -> bool {
-        if !shard.enter_hands(&shared.shutdown) {
-            return false;
+    /// Takes about half of `shard`'s backlog (at most a run) and runs it. Returns the
+    /// callbacks run, `None` if it took nothing.
+    pub(crate) fn steal(
+        &self,
+        shards: &[Shard],
+        shard: &Shard,
+        shutdown: &AtomicBool,
+        now_tick: u64,
+        backlog: usize,
+    ) -> Option<usize> {
+        if !shard.enter_hands(shutdown) {
+            return None;
         }
         let run = shard.run.take(backlog.div_ceil(2));
         if run.is_some() && shard.run.len() >= STEAL_MIN {
             // Enough left for one more helper.
-            self.wake_one(&shared.shards);
+            self.wake_one(shards);
         }
-        if let Some(run) = &run {
-            runner::run(shard, run, shared.ticks.floor(now), false);
-        }
+        let ran = run.map(|run| runner::run(shard, &run, now_tick, false));
         shard.leave_hands();
-        run.is_some()
+        ran
     }
 }
 
@@ -225,19 +240,18 @@ pub(crate) struct Idle {
     me: usize,
 }
 
-/// Stands in for `shard`'s owner at `now`: claims what has come due in its wheel (if the
-/// owner is not holding it), then runs up to `runs` runs of its queue (`None`: until it is
-/// empty). Returns the callbacks run.
+/// Stands in for `shard`'s owner at `now` (tick `now_tick`): claims what has come due in
+/// its wheel (if the owner is not holding it), then runs up to `runs` runs of its queue
+/// (`None`: until it is empty). Returns the callbacks run.
 pub(crate) fn stand_in(
-    shared: &EngineShared,
     shard: &Shard,
-    now: Instant,
+    shutdown: &AtomicBool,
+    (now, mut now_tick): (Instant, u64),
     runs: Option<usize>,
 ) -> usize {
-    if !shard.enter_hands(&shared.shutdown) {
+    if !shard.enter_hands(shutdown) {
         return 0;
     }
-    let mut now_tick = shared.ticks.floor(now);
     if let Some(look) = shard.with_wheel(|wheel| wheel.extract(shard, now)) {
         add(&shard.counters.rescued, look.claimed as u64);
         now_tick = look.now_tick;
@@ -262,7 +276,7 @@ mod tests {
     use std::time::Duration;
 
     use super::STEAL_MIN;
-    use crate::run_queue::MAX_RUN;
+    use crate::sync::run_queue::MAX_RUN;
     use crate::{Clock, ManualClock, TimerEngine};
 
     /// A hand-driven two-shard engine with `timers` timers due at tick 1 on the calling
@@ -293,7 +307,12 @@ mod tests {
         clock.advance(Duration::from_millis(1));
         let shared = engine.shared();
         assert!(
-            !shared.balance.help(shared, 1 - home, clock.now()),
+            !shared.balance.help(
+                &shared.shards,
+                &shared.shutdown,
+                1 - home,
+                shared.now_at(clock.now())
+            ),
             "nothing claimed yet"
         );
         let shard = &shared.shards[home];
@@ -315,7 +334,11 @@ mod tests {
         let (shared, now) = (engine.shared(), clock.now());
         let thief = 1 - home;
         assert!(timers >= STEAL_MIN);
-        assert!(shared.balance.help(shared, thief, now));
+        assert!(
+            shared
+                .balance
+                .help(&shared.shards, &shared.shutdown, thief, shared.now_at(now))
+        );
         assert_eq!(fired.load(Ordering::Relaxed), MAX_RUN);
         assert_eq!(engine.stats().shards[home].stolen, MAX_RUN as u64);
         assert_eq!(engine.turn(), timers - MAX_RUN);
@@ -332,7 +355,12 @@ mod tests {
     fn with_stealing_off_nobody_takes_a_backlog() {
         let (engine, clock, home) = claimed_backlog(false, 2 * STEAL_MIN, || {});
         let shared = engine.shared();
-        assert!(!shared.balance.help(shared, 1 - home, clock.now()));
+        assert!(!shared.balance.help(
+            &shared.shards,
+            &shared.shutdown,
+            1 - home,
+            shared.now_at(clock.now())
+        ));
         assert_eq!(engine.turn(), 2 * STEAL_MIN);
         assert_eq!(engine.stats().total.stolen, 0);
     }

@@ -7,10 +7,10 @@
 use std::mem::size_of;
 use std::time::Instant;
 
-use crate::geometry::Geometry;
-use crate::list::{Links, List};
-use crate::node::{Filed, Location, NIL};
-use crate::ticks::{NEVER, Ticks};
+use crate::time::ticks::{NEVER, Ticks};
+use crate::wheel::geometry::Geometry;
+use crate::wheel::list::{Links, List};
+use crate::wheel::location::{Filed, Location, NIL};
 
 /// The wheel's state apart from its timers.
 pub(crate) struct WheelCore {
@@ -69,12 +69,13 @@ impl Slot {
 /// The next thing that needs processing, and the tick it begins at.
 #[derive(Debug, Clone, Copy)]
 struct Expiration {
-    kind: Due,
+    kind: NextWork,
     tick: u64,
 }
 
+/// What an [`Expiration`] asks of the wheel.
 #[derive(Debug, Clone, Copy)]
-enum Due {
+enum NextWork {
     /// A slot of the finest level: its timers are due at its tick.
     Finest { slot: usize },
     /// A slot of a coarser level, whose timers move to finer levels at its start.
@@ -235,7 +236,7 @@ impl WheelCore {
             };
             debug_assert!(due.tick >= self.elapsed, "time moved backwards");
             self.elapsed = due.tick;
-            if let Due::Finest { slot } = due.kind {
+            if let NextWork::Finest { slot } = due.kind {
                 // A finest-level slot holds timers due at its tick, and timers whose
                 // deadline was pushed back since they were filed: hand out the first kind
                 // straight from the slot, one per call, and move the second on.
@@ -310,12 +311,12 @@ impl WheelCore {
         }
         let due = self.next_expiration()?;
         let earliest = match due.kind {
-            Due::Finest { .. } => due.tick,
-            Due::Coarse { level, slot } => {
+            NextWork::Finest { .. } => due.tick,
+            NextWork::Coarse { level, slot } => {
                 due.tick.max(self.lists.levels[level].slots[slot].earliest)
             }
-            Due::Flip => due.tick.max(self.lookahead_earliest()),
-            Due::Overflow => due.tick.max(self.lists.overflow_earliest),
+            NextWork::Flip => due.tick.max(self.lookahead_earliest()),
+            NextWork::Overflow => due.tick.max(self.lists.overflow_earliest),
         };
         // Timers beyond the tick range never fire by themselves, so there is no tick to
         // wait for (and reporting the range's end would make a sleeping loop spin there).
@@ -335,6 +336,7 @@ impl WheelCore {
         self.elapsed
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn link_operations(&self) -> u64 {
         self.lists.link_operations
     }
@@ -410,13 +412,13 @@ impl WheelCore {
     }
 
     /// Handles an expiration other than a finest slot, now that `elapsed` has reached it.
-    fn process<N: Links>(&mut self, nodes: &mut N, due: Due) {
+    fn process<N: Links>(&mut self, nodes: &mut N, due: NextWork) {
         let mut timers = match due {
             // Every timer of a coarse slot, or of the overflow list, is re-filed: each lands
             // on a finer level, or on the ready list.
-            Due::Coarse { level, slot } => self.lists.take(level, slot),
-            Due::Overflow => self.lists.take_overflow(),
-            Due::Flip => {
+            NextWork::Coarse { level, slot } => self.lists.take(level, slot),
+            NextWork::Overflow => self.lists.take_overflow(),
+            NextWork::Flip => {
                 // Finish moving the block's coarse slot, then let the lookahead take over
                 // as the finest level (the current one is empty: its block is over).
                 // `elapsed` is already the block's first tick.
@@ -433,7 +435,7 @@ impl WheelCore {
                 }
                 return;
             }
-            Due::Finest { .. } => return,
+            NextWork::Finest { .. } => return,
         };
         while let Some(index) = timers.pop_front(nodes) {
             let deadline = nodes.deadline(index);
@@ -528,7 +530,7 @@ impl WheelCore {
                         // Only ever filled for a next block that exists.
                         if let Some((start, _)) = self.next_block() {
                             return Some(Expiration {
-                                kind: Due::Flip,
+                                kind: NextWork::Flip,
                                 tick: start,
                             });
                         }
@@ -543,9 +545,9 @@ impl WheelCore {
             let tick = self.geometry.slot_start(self.elapsed, level, slot);
             debug_assert!(tick >= self.elapsed, "a slot behind elapsed was skipped");
             let kind = if level == 0 {
-                Due::Finest { slot }
+                NextWork::Finest { slot }
             } else {
-                Due::Coarse { level, slot }
+                NextWork::Coarse { level, slot }
             };
             return Some(Expiration { kind, tick });
         }
@@ -556,7 +558,7 @@ impl WheelCore {
         // tick whose digits above the levels' span match theirs.
         let span = self.geometry.span_bits();
         Some(Expiration {
-            kind: Due::Overflow,
+            kind: NextWork::Overflow,
             tick: (self.lists.overflow_earliest >> span) << span,
         })
     }

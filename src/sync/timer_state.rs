@@ -183,15 +183,14 @@ impl TimerState {
 
     /// Waits out a resetter's lock: two instructions, unless that thread was preempted.
     fn unlocked(&self) -> u64 {
-        let mut backoff = 0_u32;
-        loop {
-            let current = self.word.load(Ordering::Acquire);
-            if current & LOCKED == 0 {
-                return current;
-            }
-            backoff = backoff.saturating_add(1);
-            crate::sync::spin_or_yield(backoff);
+        let current = self.word.load(Ordering::Acquire);
+        if current & LOCKED == 0 {
+            return current;
         }
+        crate::sync::spin_until(|| {
+            let current = self.word.load(Ordering::Acquire);
+            (current & LOCKED == 0).then_some(current)
+        })
     }
 
     /// Stops the timer of `generation` from running (again). `Some` if and only if this call

@@ -14,13 +14,15 @@
 //! written; a chunk is written when it is carved, so resident memory follows the peak number
 //! of timers, not the capacity. A node's index is its offset in the region, so a node does
 //! not need to carry it.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
-use crate::list::Links;
-use crate::node::Location;
+use crate::engine::timer_node::TimerNode;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::timer_node::TimerNode;
+use crate::wheel::list::Links;
+use crate::wheel::location::Location;
 
 /// Nodes carved from the region at a time.
 #[cfg(not(loom))]
@@ -31,7 +33,7 @@ pub(crate) const CHUNK_NODES: usize = 4;
 /// The most nodes a pool can hold: a packed wheel link names 2^26 - 1 indices, the last of
 /// which means "none".
 pub(crate) const MAX_CAPACITY: usize =
-    ((1 << crate::timer_node::INDEX_BITS) - 1) / CHUNK_NODES * CHUNK_NODES;
+    ((1 << crate::engine::timer_node::INDEX_BITS) - 1) / CHUNK_NODES * CHUNK_NODES;
 
 /// Nodes a pool holds unless the engine's builder says otherwise: about four million
 /// timers per shard, 256 MiB of address space, resident only as far as it is used.
@@ -346,11 +348,9 @@ impl Pool {
         // Publish in chunk order, so that `ready` always covers initialised nodes only. A
         // chunk carved at the same time by another thread finishes within a few
         // microseconds; this wait happens once per chunk of growth, never on the hot path.
-        let mut attempt = 0;
-        while self.ready.load(Ordering::Acquire) != start as u64 {
-            attempt += 1;
-            crate::sync::spin_or_yield(attempt);
-        }
+        crate::sync::spin_until(|| {
+            (self.ready.load(Ordering::Acquire) == start as u64).then_some(())
+        });
         self.ready
             .store((start + CHUNK_NODES) as u64, Ordering::Release);
         for batch_start in (BATCH as usize..CHUNK_NODES).step_by(BATCH as usize) {
@@ -374,10 +374,11 @@ impl Pool {
 
     /// Nodes that hold a timer (not free), counted by walking every node: a diagnostic for
     /// tests and shutdown reports, not for the hot path.
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub(crate) fn nodes_in_use(&self) -> usize {
         (0..self.ready.load(Ordering::Acquire) as u32)
             .filter_map(|index| self.node(index))
-            .filter(|node| node.state.observe().phase() != crate::timer_state::Phase::Free)
+            .filter(|node| node.state.observe().phase() != crate::sync::timer_state::Phase::Free)
             .count()
     }
 

@@ -51,11 +51,17 @@ impl ShardStats {
     }
 }
 
-/// Counts per shard and in total.
+/// Counts per shard and in total, and what the engine holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
     /// The sum over every shard.
     pub total: ShardStats,
     /// One entry per shard, in shard order.
     pub shards: Vec<ShardStats>,
+    /// Workers pinned to a CPU. Final once [`build`](crate::EngineBuilder::build) has
+    /// returned, which waits for every worker to try; 0 for an engine driven by hand.
+    pub pinned_workers: usize,
+    /// Bytes of timer-node memory the shards' pools hold. Nodes are pooled, not freed,
+    /// while the engine lives, so this is the high-water mark of timers in flight.
+    pub pool_bytes: usize,
 }

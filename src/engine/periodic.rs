@@ -4,15 +4,12 @@
 /// (the worker was overloaded, or a callback blocked it).
 ///
 /// Ticks stay phase-aligned to the first deadline with `Burst` and `Skip`; `Delay` starts a
-/// new phase from the late run. With a period of `p` first due at `t`, run late at `now`:
+/// new phase from the late run. A timer due at 10, 20, 30, ... whose run due at 20 ran at
+/// 35 runs next:
 ///
-/// ```
-/// use corewheel::MissedTicks;
-/// // Due at 10, 20, 30, ... and run at 35, with a period of 10:
-/// assert_eq!(MissedTicks::Burst.next_after(20, 10, 35), 30); // 30 is already due: runs again at once
-/// assert_eq!(MissedTicks::Skip.next_after(20, 10, 35), 40);  // Go's formula: the next aligned tick
-/// assert_eq!(MissedTicks::Delay.next_after(20, 10, 35), 45); // a full period after the late run
-/// ```
+/// - with `Burst`, at 30, which is already due, so at once;
+/// - with `Skip`, at 40, the next aligned tick (Go's formula);
+/// - with `Delay`, at 45, a full period after the late run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MissedTicks {
     /// Run once for every missed tick, back to back, until caught up (tokio's default).
@@ -28,7 +25,7 @@ pub enum MissedTicks {
 impl MissedTicks {
     /// The next deadline of a timer that was due at `due` and ran at `now` (`now >= due`),
     /// in units of `period` (nonzero). Saturates at `u64::MAX`.
-    pub fn next_after(self, due: u64, period: u64, now: u64) -> u64 {
+    pub(crate) fn next_after(self, due: u64, period: u64, now: u64) -> u64 {
         let period = period.max(1);
         match self {
             Self::Burst => due.saturating_add(period),
@@ -129,6 +126,10 @@ mod tests {
 
     #[test]
     fn skip_lands_on_the_first_aligned_tick_after_now() {
+        // The type's documented example: due at 20, run at 35, period 10.
+        assert_eq!(MissedTicks::Burst.next_after(20, 10, 35), 30);
+        assert_eq!(MissedTicks::Skip.next_after(20, 10, 35), 40);
+        assert_eq!(MissedTicks::Delay.next_after(20, 10, 35), 45);
         assert_eq!(MissedTicks::Skip.next_after(100, 7, 106), 107);
         assert_eq!(MissedTicks::Skip.next_after(100, 7, 107), 114);
         assert_eq!(MissedTicks::Skip.next_after(100, 7, 150), 156);

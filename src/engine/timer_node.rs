@@ -1,14 +1,16 @@
 //! One pooled timer: the node a handle names, shared between the thread that arms it, any
 //! thread that cancels or resets it, and the shard worker that owns it.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
-use crate::callback::Callback;
-use crate::mpsc::{Link, Linked};
-use crate::node::{Location, NIL};
+use crate::engine::callback::Callback;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::timer_state::TimerState;
+use crate::sync::mpsc::{Link, Linked};
+use crate::sync::timer_state::TimerState;
+use crate::wheel::location::{Location, NIL};
 
 /// A timer node. `#[repr(C)]` with the link first, so a link pointer is a node pointer.
 #[repr(C)]

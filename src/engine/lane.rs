@@ -22,16 +22,18 @@
 //! (a proxy's common case, even with thousands of requests in flight) is then recycled by
 //! the thread that armed it and never costs the worker anything. Each timer is walked at
 //! most three times this way. The worker takes every stack whose need has come.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::mpsc::{Link, Linked, link_after};
-use crate::pool::Magazine;
+use crate::engine::pool::Magazine;
+use crate::engine::timer_node::TimerNode;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use crate::timer_node::TimerNode;
+use crate::sync::mpsc::{Link, Linked, link_after};
 
 /// Pushes after which the producer takes its lane back to recycle and forward. Two under
 /// loom, so that models with a handful of timers go through the reclaim path too.

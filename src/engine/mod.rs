@@ -1,43 +1,119 @@
 //! The multi-core timer engine: one wheel per shard, each owned by one worker thread, fed
 //! by lock-free lanes and inboxes from every other thread.
+//!
+//! This layer builds on [`wheel`](crate::wheel) (each shard runs a
+//! [`WheelCore`](crate::wheel::core::WheelCore) over its pooled nodes),
+//! [`sync`](crate::sync) (the queue, the per-timer state word, the run queue and the
+//! std/loom shim) and [`time`](crate::time).
+//!
+//! # The data path
+//!
+//! A timer travels one way: `schedule` ([`shared`]) takes a node from the thread's
+//! magazine ([`pool`]), fills it and pushes it onto the thread's [`lane`] into its home
+//! shard; the lane is forwarded to the shard's inbox, or taken by the owner directly, and
+//! the owner files the node in its wheel ([`wheel_side`]); when it is due the wheel's
+//! holder claims it onto the shard's run queue, and whoever takes it from there runs it
+//! ([`runner`]): the owner's thread ([`worker`]) or an idle worker ([`balance`]). Cancels
+//! and resets change the node's state word from any thread, and reach the owner as
+//! messages on the same lanes when the wheel must change.
+//!
+//! # Ground rules
+//!
+//! Who may touch what, and when. Every `unsafe` block in this layer relies on one of these;
+//! the files point here rather than restating them.
+//!
+//! 1. **A shard's wheel side** ([`wheel_side::WheelSide`]: the wheel, the worker's copy of
+//!    the lanes, the nodes freed during a look) is touched only by the thread that holds the
+//!    shard's `HELD` bit ([`shard::Shard::with_wheel`]): the owner, or for one look a
+//!    worker standing in for a stuck owner, or on an engine driven by hand the thread
+//!    turning it. A callback runs with the bit held only in the last turn (rule 6).
+//! 2. **A node's state word** ([`TimerState`](crate::sync::timer_state::TimerState)) may be
+//!    read by anyone, and is changed only by compare-and-swaps that check the generation,
+//!    so a stale handle changes nothing. Its `deadline` is written by the arming thread
+//!    before it publishes the node, by a resetter only under the word's `LOCKED` bit, and
+//!    by whoever settles a repeating timer between runs.
+//! 3. **A node's held part** (its wheel links and its callback) belongs to exactly one
+//!    thread at a time, and the phase says which:
+//!    - *free*: whoever took it from the pool, into a magazine;
+//!    - *pending, in transit* (`MSG`): the arming thread until it pushes the node, then
+//!      whoever takes it off the lane or inbox; a node is on at most one queue;
+//!    - *pending, filed* (`FILED`): the wheel's holder (rule 1);
+//!    - *firing*: whoever moved it from pending to firing, then whoever takes its entry
+//!      off the run queue, who runs the callback and settles the node;
+//!    - *cancelled* or *done*: whoever holds it when no message names it any more, who
+//!      drops the callback and gives the node back.
+//! 4. **A thread's lane** is pushed, claimed and parked only by that thread; the owner
+//!    takes a stack of it whole with one swap. A producer holding nodes it took back marks
+//!    the lane busy, and the owner's last turn waits for it to put them back.
+//! 5. **The run queue** has one producer at a time, the wheel's holder (so handing the wheel
+//!    over orders the appends), and any number of consumers; an entry belongs to whoever
+//!    takes it. A worker other than the owner registers in the shard's `in_hands` before it
+//!    takes entries, and the owner's last turn waits for `in_hands` to drop to zero.
+//! 6. **User code.** A callback runs while its thread holds no wheel and no busy lane,
+//!    except in a shard's last turn at shutdown, which runs pending timers holding the
+//!    wheel (nobody else takes it any more, and a `turn` from inside returns 0). The
+//!    destructor of a callback's captures runs wherever the node is freed: with no lane
+//!    busy, but possibly holding the wheel (a look frees cancelled timers). Either may call
+//!    back into any engine, this one included, and may drop or shut one down; nothing the
+//!    engine does on such a call waits for a wheel or lane its own thread holds. On an
+//!    engine with workers, no other thread runs a callback: a producer or a sweep only
+//!    drops the captures of timers that were cancelled.
+//! 7. **Shutdown** sets the flag, then each shard's last turn collects every lane and the
+//!    inbox, waits for other hands, and runs or drops what is pending. Any push made after
+//!    the flag is set checks it again (sequentially consistent on both sides) and then asks
+//!    the shard for a sweep, so nothing pushed late keeps a closure alive. A shutdown or
+//!    drop on any engine's worker thread joins no worker ([`thread_role`]).
+
+pub(crate) mod balance;
+pub(crate) mod builder;
+pub(crate) mod callback;
+pub(crate) mod context;
+pub(crate) mod counters;
+pub(crate) mod handle;
+pub(crate) mod lane;
+pub(crate) mod panics;
+pub(crate) mod periodic;
+pub(crate) mod pool;
+pub(crate) mod producer;
+pub(crate) mod runner;
+pub(crate) mod shard;
+pub(crate) mod shard_parts;
+pub(crate) mod shared;
+pub(crate) mod shutdown;
+pub(crate) mod stats;
+pub(crate) mod thread_role;
+pub(crate) mod timer_node;
+pub(crate) mod wheel_side;
+// loom models drive engines by hand, without worker threads.
+#[cfg(not(loom))]
+mod worker;
 
 use std::num::NonZeroU32;
-use std::sync::Mutex as StdMutex;
-use std::sync::atomic::AtomicU32;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::balance::{Balance, stand_in};
-use crate::clock::{Clock, MonotonicClock};
-use crate::cycle_clock::CycleScale;
-use crate::engine_builder::EngineBuilder;
-use crate::engine_shared::{Due, EngineShared};
+use crate::engine::balance::{Balance, stand_in};
+use crate::engine::builder::EngineBuilder;
+use crate::engine::counters::read;
+use crate::engine::handle::TimerHandle;
+use crate::engine::periodic::{MissedTicks, Period};
+use crate::engine::shard::Shard;
+use crate::engine::shared::{EngineShared, When};
+use crate::engine::shutdown::{PendingTimers, ShutdownReport};
+use crate::engine::stats::{ShardStats, Stats};
+use crate::engine::thread_role::Turn;
 use crate::error::{BuildError, ScheduleError};
-use crate::periodic::{MissedTicks, Period};
-use crate::run_queue::MAX_RUN;
-use crate::runner;
-use crate::shard::Shard;
-use crate::shard_counters::read;
-use crate::stats::{ShardStats, Stats};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use crate::thread_role::{self, Turn};
-use crate::ticks::Ticks;
-use crate::timer_handle::TimerHandle;
-use crate::worker::PendingTimers;
+use crate::sync::run_queue::MAX_RUN;
+use crate::sync::unmodelled::{self, AtomicU32, Mutex as StdMutex};
+use crate::time::clock::{Clock, MonotonicClock};
+use crate::time::cycle_clock::CycleScale;
+use crate::time::ticks::Ticks;
 
 /// Engines made so far in this process: a handle carries its engine's number, so a handle
 /// from one engine is stale in every other.
 static ENGINES: AtomicU32 = AtomicU32::new(1);
-
-/// What [`TimerEngine::shutdown`] did with the timers still pending.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ShutdownReport {
-    /// Pending timers whose callbacks were run (with [`PendingTimers::Run`]).
-    pub ran: u64,
-    /// Pending timers dropped unrun (with [`PendingTimers::Drop`]).
-    pub dropped: u64,
-}
 
 /// A multi-core timer engine.
 ///
@@ -115,7 +191,7 @@ impl TimerEngine {
         let ticks = Ticks::new(builder.tick, origin);
         let shared = Arc::new(EngineShared {
             // Wraps to 1 after four billion engines, never to 0.
-            id: NonZeroU32::new(ENGINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+            id: NonZeroU32::new(ENGINES.fetch_add(1, unmodelled::Ordering::Relaxed))
                 .unwrap_or(NonZeroU32::MIN),
             shards: (0..workers)
                 .map(|_| Shard::new(builder.capacity, ticks))
@@ -167,12 +243,7 @@ impl TimerEngine {
                     // The builder may have given up (another spawn failed): nobody listens.
                     let _ = pin_result.send(pinned_here);
                     drop(pin_result);
-                    if !pinned_here && pin {
-                        eprintln!(
-                            "corewheel: could not pin worker {index} to a CPU; it runs unpinned"
-                        );
-                    }
-                    run_worker(&shared, index);
+                    worker::run(&shared, index);
                 });
             match spawned {
                 Ok(handle) => {
@@ -220,7 +291,7 @@ impl TimerEngine {
     ) -> Result<TimerHandle, ScheduleError> {
         EngineShared::arm(
             &self.shared,
-            Due::After(delay),
+            When::After(delay),
             Period::ONE_SHOT,
             |callback| callback.set_once(f),
         )
@@ -237,7 +308,7 @@ impl TimerEngine {
         let tick = self.shared.ticks.ceil(deadline);
         EngineShared::arm(
             &self.shared,
-            Due::AtTick(tick),
+            When::AtTick(tick),
             Period::ONE_SHOT,
             |callback| callback.set_once(f),
         )
@@ -287,7 +358,7 @@ impl TimerEngine {
         missed: MissedTicks,
         f: impl FnMut() + Send + 'static,
     ) -> Result<TimerHandle, ScheduleError> {
-        let first = Due::After(period);
+        let first = When::After(period);
         let period = Period {
             ticks: self.shared.ticks.span(period),
             missed,
@@ -370,7 +441,9 @@ impl TimerEngine {
             drop(lanes);
             stats.total.add(&one);
             stats.shards.push(one);
+            stats.pool_bytes += shard.pool.allocated_bytes();
         }
+        stats.pinned_workers = self.pinned;
         stats
     }
 
@@ -388,13 +461,26 @@ impl TimerEngine {
             return 0;
         }
         let shared = &*self.shared;
-        let Some(turn) = Turn::begin(shared.id.get()) else {
+        // Inside a turn of this engine already, or on an exiting thread that cannot mark
+        // one (a turn from there could not tell a callback's nested turn from its own).
+        let Ok(turn) = Turn::begin(shared.id.get()) else {
             return 0;
         };
+        if shared.shutdown.load(Ordering::SeqCst) {
+            // Shutting down, or shut down: no more turns, only last turns, and those only
+            // of shards nobody is turning (whoever is finishes them when that turn ends).
+            self.finish_manual(shared.pending_mode(), false);
+            return 0;
+        }
         let now = shared.clock.now();
         let now_tick = shared.ticks.floor(now);
         let mut fired = 0;
         for shard in shared.shards.iter() {
+            if shared.shutdown.load(Ordering::SeqCst) {
+                // A callback of this turn, or another thread, began a shutdown: from now
+                // on every shard gets its last turn instead.
+                break;
+            }
             if shard.try_own() {
                 fired += Self::turn_owned(shared, shard);
                 shard.disown();
@@ -403,13 +489,15 @@ impl TimerEngine {
                 .rescue_after
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
             {
-                fired += stand_in(shared, shard, now, None);
+                fired += stand_in(shard, &shared.shutdown, shared.now_at(now), None);
             }
         }
-        drop(turn);
         if shared.shutdown.load(Ordering::SeqCst) {
-            self.finish_manual(shared.pending_mode());
+            // A callback of this turn, or another thread, began a shutdown: the last turns
+            // that nobody else can make now are this thread's to make.
+            self.finish_manual(shared.pending_mode(), false);
         }
+        drop(turn);
         fired
     }
 
@@ -434,18 +522,28 @@ impl TimerEngine {
         }
     }
 
-    /// The last turn of every hand-driven shard, each once its current turn is over.
-    fn finish_manual(&self, pending: PendingTimers) {
+    /// The last turn of every hand-driven shard not finished yet. With `wait`, waits for
+    /// each shard's current turn to end first; without, leaves a shard another thread is
+    /// turning to that thread, which finishes it when its turn ends (a turn looks at the
+    /// shutdown flag after giving its shards back). The caller is inside a [`Turn`] of this
+    /// engine, so a callback the last turn runs, or a capture it drops, that turns the
+    /// engine gets 0 rather than waiting for a wheel its own thread holds.
+    fn finish_manual(&self, pending: PendingTimers, wait: bool) {
         let shared = &*self.shared;
         let now = shared.clock.now();
         for shard in shared.shards.iter() {
-            let mut attempts = 0;
-            while !shard.try_own() {
-                attempts += 1;
-                crate::sync::spin_or_yield(attempts);
+            let owned = if wait {
+                crate::sync::spin_until(|| match shard.is_finished() {
+                    true => Some(false),
+                    false => shard.try_own().then_some(true),
+                })
+            } else {
+                !shard.is_finished() && shard.try_own()
+            };
+            if owned {
+                shard.finish(pending, now);
+                shard.disown();
             }
-            finish_shard(shard, pending, now);
-            shard.disown();
         }
     }
 
@@ -460,10 +558,17 @@ impl TimerEngine {
     /// it waits for no worker, and neither does a drop there: the worker running the
     /// callback cannot finish until it returns, and another engine's worker may be waiting
     /// for this one. The workers then finish by themselves once their callbacks return.
-    /// Likewise a call made while another is still in progress returns at once. Either way
-    /// the report counts what the workers had settled by then; the report always agrees
-    /// with [`stats`](Self::stats)' `ran_at_shutdown` and `dropped_at_shutdown`, and a
-    /// later call, once the workers are done, reports the final figures.
+    /// Likewise, inside a callback of a hand-driven engine's turn, the turn finishes the
+    /// engine when it ends; and a call made while another is still in progress returns at
+    /// once. Either way the report counts what had been settled by then, and always agrees
+    /// with [`stats`](Self::stats)' `ran_at_shutdown` and `dropped_at_shutdown`. A later
+    /// call from a thread that can wait (not a worker, not inside a turn) waits for what
+    /// the first could not, and reports the final figures.
+    ///
+    /// Callbacks that a shutdown runs ([`PendingTimers::Run`]) run on the workers (on the
+    /// calling thread for a hand-driven engine); a [`turn`](Self::turn) from inside one
+    /// returns 0. After shutdown, `turn` makes the last turns nobody else is making and
+    /// returns 0, waiting for nothing.
     pub fn shutdown(&self, pending: PendingTimers) -> ShutdownReport {
         // Another shutdown in progress (perhaps waiting for the worker this call runs on)
         // must not be waited for: that could deadlock two callbacks shutting down at once.
@@ -472,13 +577,14 @@ impl TimerEngine {
             Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
-        if let Some(mut started) = started
-            && !*started
-        {
-            *started = true;
-            self.shared.set_pending_mode(pending);
-            self.shared.shutdown.store(true, Ordering::SeqCst);
-            self.finish_workers(pending);
+        if let Some(mut started) = started {
+            if !*started {
+                *started = true;
+                self.shared.set_pending_mode(pending);
+                self.shared.shutdown.store(true, Ordering::SeqCst);
+            }
+            // Also on a later call: the first may have been made where it could not wait.
+            self.finish_workers();
         }
         let mut report = ShutdownReport::default();
         for shard in self.shared.shards.iter() {
@@ -488,16 +594,27 @@ impl TimerEngine {
         report
     }
 
-    fn finish_workers(&self, pending: PendingTimers) {
+    /// Makes or waits for every shard's last turn, where the calling thread may wait.
+    fn finish_workers(&self) {
+        let pending = self.shared.pending_mode();
         if self.manual {
-            // From inside a callback, the turn running it finishes instead, once it is over.
-            if thread_role::is_turning(self.shared.id.get()) {
-                return;
+            // Waiting for a shard another thread is turning is safe only for a thread that
+            // nobody can be waiting for: not a worker, and inside no turn of any engine (two
+            // callbacks on two threads may each be shutting down the other's engine).
+            // Otherwise the threads turning those shards finish them when their turns end.
+            let wait = !thread_role::is_worker() && !thread_role::in_any_turn();
+            match Turn::begin(self.shared.id.get()) {
+                Ok(turn) => {
+                    self.finish_manual(pending, wait);
+                    drop(turn);
+                }
+                // From inside a callback, the turn running it finishes instead, once over.
+                Err(thread_role::NoTurn::Inside) => {}
+                // An exiting thread is inside no turn; a nested `turn` there returns 0.
+                Err(thread_role::NoTurn::Exiting) => self.finish_manual(pending, wait),
             }
-            self.finish_manual(pending);
             return;
         }
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
         for shard in self.shared.shards.iter() {
             if let Some(thread) = shard.thread.get() {
                 thread.unpark();
@@ -506,10 +623,12 @@ impl TimerEngine {
         // A worker thread, of this engine or any other, waits for no worker: the callback
         // it is running may be one the awaited worker is waiting for (its own shard's, or
         // one that drops the engine that worker belongs to). The workers finish by
-        // themselves once their callbacks return; their handles are let go unjoined.
+        // themselves once their callbacks return, and their handles stay for a later call
+        // from a thread that can wait.
         if thread_role::is_worker() {
             return;
         }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
         for handle in threads {
             let _ = handle.join();
         }
@@ -526,35 +645,20 @@ impl TimerEngine {
         self.shared.shards.len()
     }
 
-    /// Workers pinned to a CPU: final once [`build`](EngineBuilder::build) has returned,
-    /// which waits for every worker to try. 0 for an engine driven by hand.
-    pub fn pinned_workers(&self) -> usize {
-        self.pinned
-    }
-
     /// The tick length.
     pub fn tick(&self) -> Duration {
         self.shared.ticks.tick()
     }
 
-    /// Pool nodes holding a timer, counted by walking every node (a diagnostic: O(nodes)).
-    /// After a shutdown with no schedules racing it, every node is back in its pool and
-    /// this is 0.
+    /// Pool nodes holding a timer, counted by walking every node (a leak check for tests:
+    /// O(nodes)). After a shutdown with no schedules racing it, every node is back in its
+    /// pool and this is 0. Only with the `test-util` feature.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn nodes_in_use(&self) -> usize {
         self.shared
             .shards
             .iter()
             .map(|shard| shard.pool.nodes_in_use())
-            .sum()
-    }
-
-    /// Bytes of timer-node memory the pools hold (nodes are pooled, not freed, while the
-    /// engine lives).
-    pub fn pool_bytes(&self) -> usize {
-        self.shared
-            .shards
-            .iter()
-            .map(|shard| shard.pool.allocated_bytes())
             .sum()
     }
 }
@@ -572,75 +676,6 @@ impl std::fmt::Debug for TimerEngine {
             .field("tick", &self.tick())
             .field("manual", &self.manual)
             .finish()
-    }
-}
-
-/// A shard's last turn, once no other worker holds or can take its timers.
-fn finish_shard(shard: &Shard, pending: PendingTimers, now: Instant) {
-    shard.wait_for_hands();
-    shard.with_wheel_waiting(|wheel| wheel.finish(shard, pending, now));
-}
-
-/// A worker thread's life: look at the wheel, run what came due, help other shards when
-/// there is nothing of its own to do, sleep until the next deadline or a wake-up, repeat;
-/// at shutdown, one last turn that settles every pending timer.
-#[cfg(not(loom))]
-fn run_worker(shared: &Arc<EngineShared>, index: usize) {
-    thread_role::become_worker();
-    crate::context::set_home(shared, index);
-    let shard = &shared.shards[index];
-    let shards = &shared.shards[..];
-    let balance = &shared.balance;
-    shard.beat(shared.now_tick());
-    loop {
-        let now = shared.clock.now();
-        let now_tick = shared.ticks.floor(now);
-        let look = shard.owner_look(now, now_tick);
-        if shared.shutdown.load(Ordering::SeqCst) {
-            finish_shard(shard, shared.pending_mode(), now);
-            return;
-        }
-        if look.claimed > 0 {
-            balance.offer(shards, shard);
-        }
-        // One run at a time, looking at the wheel in between, so that the heartbeat stays
-        // fresh while the owner makes progress.
-        if let Some(run) = shard.run.take(MAX_RUN) {
-            shard.set_running(true);
-            balance.running(shards, shard, now_tick);
-            runner::run(shard, &run, now_tick, true);
-            shard.set_running(false);
-            continue;
-        }
-        if look.more_due || balance.help(shared, index, now) {
-            continue;
-        }
-        let plan = look.next.unwrap_or(u64::MAX);
-        if plan <= now_tick {
-            continue;
-        }
-        shard.plan_wake(plan);
-        let idle = balance.begin_idle(shards, index, now_tick);
-        let must_turn = shard.with_wheel_waiting(|wheel| wheel.must_turn_before(shard, plan));
-        let wake = match &idle {
-            Some(idle) if !must_turn && !shared.shutdown.load(Ordering::SeqCst) => {
-                idle.watch.map_or(plan, |watch| watch.min(plan))
-            }
-            _ => now_tick,
-        };
-        if wake > now_tick {
-            if wake == u64::MAX {
-                std::thread::park();
-            } else {
-                let at = shared.ticks.instant_at(wake);
-                std::thread::park_timeout(at.saturating_duration_since(shared.clock.now()));
-            }
-        }
-        if let Some(idle) = idle {
-            balance.end_idle(idle);
-        }
-        shard.plan_wake(crate::shard::AWAKE);
-        shard.beat(shared.now_tick());
     }
 }
 

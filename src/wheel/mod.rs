@@ -1,16 +1,35 @@
-//! The single-threaded hierarchical timing wheel.
+//! The hierarchical timing wheel, owned by one thread.
+//!
+//! [`Wheel<T>`] is the public single-owner wheel; [`core::WheelCore`] is the level, slot and
+//! bitmap machinery under it, written against the [`list::Links`] trait so that the
+//! engine's shards run the same code over their pooled nodes. The rest is what only a
+//! wheel needs: its geometry, the slab its timers live in, the keys that name them, and
+//! its builder.
+//!
+//! This layer uses [`time`](crate::time) for tick arithmetic and nothing of the engine: it
+//! has no atomics and no threads.
+
+pub(crate) mod builder;
+pub(crate) mod core;
+pub(crate) mod geometry;
+pub(crate) mod key;
+pub(crate) mod list;
+pub(crate) mod location;
+mod slab;
+mod slab_node;
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::CapacityError;
-use crate::geometry::Geometry;
-use crate::node::{Location, NIL, Node};
-use crate::slab::{Slab, SlabKey};
-use crate::ticks::Ticks;
-use crate::timer_key::TimerKey;
-use crate::wheel_builder::WheelBuilder;
-use crate::wheel_core::WheelCore;
+use crate::time::ticks::Ticks;
+use crate::wheel::builder::WheelBuilder;
+use crate::wheel::core::WheelCore;
+use crate::wheel::geometry::Geometry;
+use crate::wheel::key::TimerKey;
+use crate::wheel::location::{Location, NIL};
+use crate::wheel::slab::{Slab, SlabKey};
+use crate::wheel::slab_node::Node;
 
 /// A hierarchical timing wheel owned by one thread.
 ///
@@ -279,7 +298,8 @@ impl<T> Wheel<T> {
     /// a due timer 1, and moving a timer from a coarse slot to a finer one 1.
     ///
     /// A measure of the wheel's work, which shows that insert, cancel and reset are O(1)
-    /// and how much cascading a workload causes.
+    /// and how much cascading a workload causes. Only with the `test-util` feature.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn link_operations(&self) -> u64 {
         self.core.link_operations()
     }

@@ -4,16 +4,27 @@ use std::time::{Duration, Instant};
 
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::ticks::saturating_add;
+use crate::time::ticks::saturating_add;
 
 /// A source of monotonic time.
 ///
 /// corewheel never reads the system clock behind the caller's back: whatever drives a wheel
 /// or engine asks a `Clock`, so a test can substitute [`ManualClock`] and make every timing
 /// decision deterministic.
-pub trait Clock: Send + Sync {
+///
+/// The trait is sealed: the clocks are [`MonotonicClock`] and [`ManualClock`], which is what
+/// an engine's builder accepts. A wheel takes its instants from the caller and needs no
+/// clock at all.
+pub trait Clock: sealed::Sealed + Send + Sync {
     /// The current instant. Successive calls never go backwards.
     fn now(&self) -> Instant;
+}
+
+/// Keeps [`Clock`] to this crate's clocks.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::MonotonicClock {}
+    impl Sealed for super::ManualClock {}
 }
 
 /// The process's monotonic clock, [`Instant::now`].

@@ -11,7 +11,7 @@
 //! - the anchor's counter value is read (and fenced) before its clock read, so the clock
 //!   value belongs to a moment at or after the anchor;
 //! - nanoseconds per cycle are measured against the monotonic clock and rounded up by
-//!   [`RATE_MARGIN`], which is four times the most that NTP may slew the monotonic clock;
+//!   [`RATE_MARGIN_PER_MILLE`], which is four times the most that NTP may slew the monotonic clock;
 //! - [`SLACK_NS`] covers the counter read being reordered with the instructions around it
 //!   and any skew between cores' counters that the kernel tolerates.
 //!
@@ -23,7 +23,8 @@
 //! engine reads its clock as before.
 
 use std::cell::Cell;
-use std::sync::OnceLock;
+
+use crate::sync::unmodelled::OnceLock;
 
 /// How much the measured nanoseconds per cycle are rounded up: 0.2%.
 const RATE_MARGIN_PER_MILLE: u64 = 2;

@@ -5,15 +5,17 @@
 //! has since been dropped holds only the context's own few bytes, which the next lookup on
 //! that thread prunes. Contexts are found by the engine's id, never by its address, which a
 //! later engine may reuse.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::num::NonZeroU32;
 
-use crate::cycle_clock::Anchor;
-use crate::engine_shared::EngineShared;
-use crate::lane::Lane;
+use crate::engine::lane::Lane;
+use crate::engine::shared::EngineShared;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
+use crate::time::cycle_clock::Anchor;
 
 /// How a context refers to its engine: weakly, so that dropping the engine frees it. loom's
 /// `Arc` has no weak form; models hold the engine for their whole run anyway.

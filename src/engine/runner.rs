@@ -3,20 +3,22 @@
 //! queue the node, so a run needs no wheel: it calls each callback, settles each node
 //! (freed to the shard's pool, or sent back to the owner to be filed again), and adds the
 //! counts once per run.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
-use crate::pool::Magazine;
-use crate::run_queue::Run;
-use crate::shard::Shard;
-use crate::shard_counters::add;
+use crate::engine::counters::add;
+use crate::engine::pool::Magazine;
+use crate::engine::shard_parts::ShardParts;
+use crate::engine::timer_node::TimerNode;
 use crate::sync::atomic::Ordering;
-use crate::timer_node::TimerNode;
-use crate::timer_state::{AfterFire, Phase};
+use crate::sync::run_queue::Run;
+use crate::sync::timer_state::{AfterFire, Phase};
 
 /// Runs every timer of `run`, claimed from `shard`'s wheel, at `now_tick`; `by_owner` when
 /// the shard's own worker runs it. Returns the callbacks run.
-pub(crate) fn run(shard: &Shard, run: &Run, now_tick: u64, by_owner: bool) -> usize {
+pub(crate) fn run(shard: &ShardParts, run: &Run, now_tick: u64, by_owner: bool) -> usize {
     let mut freed = Magazine::EMPTY;
     let (mut fired, mut late, mut completed) = (0_u64, 0_u64, 0_u64);
     // A run's nodes are independent lines, often last touched on another core: start all
@@ -76,23 +78,23 @@ pub(crate) fn run(shard: &Shard, run: &Run, now_tick: u64, by_owner: bool) -> us
 }
 
 /// Runs a claimed timer's callback, catching and counting a panic and counting the run.
-pub(crate) fn run_callback(shard: &Shard, node: &TimerNode) {
+pub(crate) fn run_callback(shard: &ShardParts, node: &TimerNode) {
     run_callback_uncounted(shard, node);
     add(&shard.counters.fired, 1);
 }
 
 /// Runs a claimed timer's callback, catching and counting a panic.
-fn run_callback_uncounted(shard: &Shard, node: &TimerNode) {
+fn run_callback_uncounted(shard: &ShardParts, node: &TimerNode) {
     // SAFETY: the caller claimed the timer (its state says Firing), so this thread holds
     // the node until it settles it.
     let panicked =
-        unsafe { node.with_held(|held| crate::panics::contain(|| held.callback.call())) };
+        unsafe { node.with_held(|held| crate::engine::panics::contain(|| held.callback.call())) };
     add(&shard.counters.panicked, u64::from(panicked));
 }
 
 /// Gives a node the caller holds back: drops any callback, moves the generation on, and
 /// puts the node on `freed` for the shard's pool.
-pub(crate) fn free_into(shard: &Shard, node: NonNull<TimerNode>, freed: &mut Magazine) {
+pub(crate) fn free_into(shard: &ShardParts, node: NonNull<TimerNode>, freed: &mut Magazine) {
     // SAFETY: the caller holds the node exclusively (nothing else will touch it until the
     // generation moves on below).
     let node_ref = unsafe { node.as_ref() };

@@ -1,37 +1,34 @@
-//! What every thread shares about one shard: its node pool, its inbox, the lanes threads
-//! have opened into it, the handshake that wakes its worker, its wheel (behind a hand-over
-//! flag, so that another worker can stand in for a stuck owner) and its run queue of
-//! claimed timers.
-
-use std::ptr::NonNull;
-use std::sync::OnceLock;
+//! What every thread shares about one shard, but its wheel side: its node pool, its
+//! inbox, the lanes threads have opened into it, the handshake that wakes its worker, its
+//! run queue of claimed timers, and what its owner tells the workers that might stand in
+//! for it. The wheel side and the hand-over of it live in [`shard`](crate::engine::shard),
+//! which builds on this; the code that works on a shard's timers (its wheel side, the
+//! runner) takes these parts, so it needs no shard.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use crossbeam_utils::CachePadded;
+use std::ptr::NonNull;
 
-use crate::lane::Lane;
-use crate::mpsc::Queue;
-use crate::pool::Pool;
-use crate::run_queue::RunQueue;
-use crate::shard_counters::ShardCounters;
-use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering, fence};
-use crate::sync::{Arc, Mutex, UnsafeCell};
-use crate::ticks::Ticks;
-use crate::timer_node::TimerNode;
-use crate::worker::{Extracted, Worker};
+use crate::engine::counters::ShardCounters;
+use crate::engine::lane::Lane;
+use crate::engine::pool::Pool;
+use crate::engine::timer_node::TimerNode;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use crate::sync::mpsc::Queue;
+use crate::sync::run_queue::RunQueue;
+use crate::sync::unmodelled::OnceLock;
+use crate::sync::{Arc, Mutex};
 
 /// `wake_at` while the worker is awake: no producer needs to wake it.
 pub(crate) const AWAKE: u64 = 0;
 
-/// In `wheel_hold`: a thread holds the wheel side.
-const HELD: u8 = 1;
-/// In `wheel_hold`, only with [`HELD`]: a sweep is asked of the holder.
-const SWEEP: u8 = 2;
-
 /// `last_run` of an owner that has not run a timer yet.
 const NEVER_RAN: u64 = u64::MAX;
 
-/// One shard, as seen from any thread.
-pub(crate) struct Shard {
+/// Everything of one shard but its wheel side: what producers, the owner and other
+/// workers share.
+pub(crate) struct ShardParts {
     pub(crate) pool: Pool,
     /// Batches forwarded from lanes, and single nodes from threads without a lane.
     pub(crate) inbox: Queue<TimerNode>,
@@ -47,13 +44,6 @@ pub(crate) struct Shard {
     /// The worker thread, once it runs (engines driven by hand have none).
     pub(crate) thread: OnceLock<std::thread::Thread>,
     pub(crate) counters: ShardCounters,
-    /// The wheel side, touched only by the thread whose [`HELD`] bit is in `wheel_hold`.
-    wheel: UnsafeCell<Worker>,
-    /// [`HELD`] while a thread holds the wheel side, with [`SWEEP`] when a thread that
-    /// pushed after the last turn may have begun asks the holder to sweep before letting
-    /// go (see [`settle_after_shutdown`](Self::settle_after_shutdown)). One word, changed
-    /// only by read-modify-writes, so a request and a release cannot miss each other.
-    wheel_hold: CachePadded<AtomicU8>,
     /// Timers claimed from the wheel, waiting to run.
     pub(crate) run: RunQueue,
     signals: CachePadded<OwnerSignals>,
@@ -81,12 +71,8 @@ struct OwnerSignals {
     next_due: AtomicU64,
 }
 
-// SAFETY: every field is shared through atomics, locks or lock-free queues, except `wheel`,
-// which only the thread whose `HELD` bit is in `wheel_hold` touches (see `with_wheel`).
-unsafe impl Sync for Shard {}
-
-impl Shard {
-    pub(crate) fn new(capacity: usize, ticks: Ticks) -> Self {
+impl ShardParts {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             pool: Pool::with_capacity(capacity),
             inbox: Queue::new(),
@@ -96,8 +82,6 @@ impl Shard {
             urgent: CachePadded::new(AtomicU64::new(u64::MAX)),
             thread: OnceLock::new(),
             counters: ShardCounters::default(),
-            wheel: UnsafeCell::new(Worker::new(ticks)),
-            wheel_hold: CachePadded::new(AtomicU8::new(0)),
             run: RunQueue::new(),
             signals: CachePadded::new(OwnerSignals {
                 busy: AtomicBool::new(false),
@@ -108,82 +92,6 @@ impl Shard {
             }),
             in_hands: CachePadded::new(AtomicU64::new(0)),
         }
-    }
-
-    /// Runs `f` on the wheel side if no other thread holds it; `None` if one does. Nobody
-    /// waits long for the wheel: a holder only files and claims timers, never runs
-    /// callbacks.
-    pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
-        self.try_hold_wheel().then(|| self.held_wheel(f))
-    }
-
-    /// [`with_wheel`](Self::with_wheel) for the owner, which waits out a stand-in's short
-    /// hold.
-    pub(crate) fn with_wheel_waiting<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> R {
-        let mut attempts = 0;
-        while !self.try_hold_wheel() {
-            attempts += 1;
-            crate::sync::spin_or_yield(attempts);
-        }
-        self.held_wheel(f)
-    }
-
-    fn try_hold_wheel(&self) -> bool {
-        self.wheel_hold
-            .compare_exchange(0, HELD, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// Runs `f` on the wheel this thread has just come to hold, then lets it go.
-    fn held_wheel<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> R {
-        // SAFETY: this thread holds the wheel (`try_hold_wheel` succeeded), so it is the
-        // wheel's only holder until `let_go_of_wheel`, and its Acquire pairs with the
-        // previous holder's release.
-        let result = self.wheel.with_mut(|wheel| f(unsafe { &mut *wheel }));
-        self.let_go_of_wheel();
-        result
-    }
-
-    /// Lets the wheel go, first sweeping it for each thread that asked while this one held
-    /// it. The release only succeeds on a word with no request in it, so a request made
-    /// before it is seen here, and one made after it takes the wheel itself.
-    fn let_go_of_wheel(&self) {
-        // Acquire on failure: the request was made after its maker's push, which the sweep
-        // must see.
-        while self
-            .wheel_hold
-            .compare_exchange(HELD, 0, Ordering::Release, Ordering::Acquire)
-            .is_err()
-        {
-            // A read-modify-write, so that a request made meanwhile stays in the word (and
-            // fails the next release, whose Acquire then orders its push before a sweep).
-            self.wheel_hold.fetch_and(!SWEEP, Ordering::Relaxed);
-            // SAFETY: this thread still holds the wheel.
-            self.wheel
-                .with_mut(|wheel| unsafe { &mut *wheel }.sweep(self));
-        }
-    }
-
-    /// Called by a thread that pushed a node onto one of this shard's lanes or its inbox,
-    /// and then saw the engine shutting down: once the shard's last turn is over nobody
-    /// takes what is pushed, so it sweeps the wheel side itself, or, if another thread
-    /// holds the wheel, leaves the sweep to that thread's release. Never waits.
-    pub(crate) fn settle_after_shutdown(&self) {
-        // Release: the holder that sees the request sees the push before it. Acquire: a
-        // thread that takes the wheel here follows the last holder's release.
-        let before = self.wheel_hold.fetch_or(HELD | SWEEP, Ordering::AcqRel);
-        if before & HELD == 0 {
-            // This thread holds the wheel now, with its own request in the word.
-            self.let_go_of_wheel();
-        }
-    }
-
-    /// The owner's look at its wheel at `now` (tick `now_tick`): claims what is due, waiting
-    /// out a stand-in's hold, and records the look as the owner's heartbeat.
-    pub(crate) fn owner_look(&self, now: std::time::Instant, now_tick: u64) -> Extracted {
-        let look = self.with_wheel_waiting(|wheel| wheel.extract(self, now));
-        self.beat(now_tick);
-        look
     }
 
     /// Gives back the owner's part taken by [`try_own`](Self::try_own).
@@ -266,11 +174,7 @@ impl Shard {
     /// Waits until no other worker holds this shard's timers; the caller has set the
     /// shutdown flag, so none will take more.
     pub(crate) fn wait_for_hands(&self) {
-        let mut attempts = 0;
-        while self.in_hands.load(Ordering::SeqCst) != 0 {
-            attempts += 1;
-            crate::sync::spin_or_yield(attempts);
-        }
+        crate::sync::spin_until(|| (self.in_hands.load(Ordering::SeqCst) == 0).then_some(()));
     }
 
     /// Opens a lane into this shard for the calling thread.

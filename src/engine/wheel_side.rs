@@ -2,39 +2,32 @@
 //! Only the thread holding the shard's wheel touches it: its owner, or for a while a
 //! worker standing in for a stuck owner. Each look at the wheel takes what has come due on
 //! the lanes, drains the inbox, and claims due timers onto the shard's run queue, where
-//! the owner and idle workers take them to run (see [`runner`](crate::runner)).
+//! the owner and idle workers take them to run (see [`runner`]).
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 use std::time::Instant;
 
-use crate::geometry::Geometry;
-use crate::lane::Lane;
-use crate::mpsc::Pop;
-use crate::pool::FiledNodes;
-use crate::pool::{BATCH, Magazine};
-use crate::run_queue::MAX_RUN;
-use crate::runner;
-use crate::shard::Shard;
-use crate::shard_counters::add;
+use crate::engine::counters::add;
+use crate::engine::lane::Lane;
+use crate::engine::pool::FiledNodes;
+use crate::engine::pool::{BATCH, Magazine};
+use crate::engine::runner;
+use crate::engine::shard_parts::ShardParts;
+use crate::engine::shutdown::PendingTimers;
+use crate::engine::timer_node::TimerNode;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
-use crate::ticks::Ticks;
-use crate::timer_node::TimerNode;
-use crate::timer_state::{Phase, Received};
-use crate::wheel_core::WheelCore;
-
-/// What pending timers get at shutdown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PendingTimers {
-    /// Run every pending timer's callback once, now, on its worker (early, by the
-    /// caller's choice); repeating timers run once more and stop.
-    Run,
-    /// Drop every pending timer's callback without running it.
-    Drop,
-}
+use crate::sync::mpsc::Pop;
+use crate::sync::run_queue::MAX_RUN;
+use crate::sync::timer_state::{Phase, Received};
+use crate::time::ticks::Ticks;
+use crate::wheel::core::WheelCore;
+use crate::wheel::geometry::Geometry;
 
 /// The wheel side of one shard. See the module documentation.
-pub(crate) struct Worker {
+pub(crate) struct WheelSide {
     wheel: WheelCore,
     /// Nodes freed during this look, on their way back to the pool.
     freed: Magazine,
@@ -60,7 +53,7 @@ pub(crate) struct Extracted {
     pub(crate) next: Option<u64>,
 }
 
-impl Worker {
+impl WheelSide {
     pub(crate) fn new(ticks: Ticks) -> Self {
         Self {
             wheel: WheelCore::new(ticks, Geometry::DEFAULT),
@@ -73,7 +66,7 @@ impl Worker {
 
     /// One look at `now`: takes what is due on the lanes and the whole inbox, files it, and
     /// claims due timers onto the run queue while it has room.
-    pub(crate) fn extract(&mut self, shard: &Shard, now: Instant) -> Extracted {
+    pub(crate) fn extract(&mut self, shard: &ShardParts, now: Instant) -> Extracted {
         if self.finished.is_some() {
             return Extracted {
                 claimed: 0,
@@ -113,7 +106,7 @@ impl Worker {
     /// Whether anything arrived that the owner must see before `plan`: called after
     /// publishing the plan, so that a producer who missed it has been seen here. Also
     /// catches a timer a rescuer filed after the owner's last look.
-    pub(crate) fn must_turn_before(&self, shard: &Shard, plan: u64) -> bool {
+    pub(crate) fn must_turn_before(&self, shard: &ShardParts, plan: u64) -> bool {
         // SAFETY: only the wheel's holder (the inbox's single consumer) calls this.
         let inbox = unsafe { shard.inbox.has_pending() };
         inbox
@@ -127,7 +120,7 @@ impl Worker {
         self.lanes.iter().filter_map(|lane| lane.need()).min()
     }
 
-    fn refresh_lanes(&mut self, shard: &Shard) {
+    fn refresh_lanes(&mut self, shard: &ShardParts) {
         let version = shard.lanes_version.load(Ordering::Acquire);
         if version == self.lanes_version {
             return;
@@ -158,7 +151,7 @@ impl Worker {
     }
 
     /// Takes the lanes whose need has come (every lane when `all`), and the whole inbox.
-    fn collect(&mut self, shard: &Shard, now_tick: u64, all: bool) {
+    fn collect(&mut self, shard: &ShardParts, now_tick: u64, all: bool) {
         for lane_index in 0..self.lanes.len() {
             let lane = &self.lanes[lane_index];
             if lane.need().is_some_and(|need| all || need <= now_tick) {
@@ -179,30 +172,24 @@ impl Worker {
         }
     }
 
-    fn receive(&mut self, shard: &Shard, node: NonNull<TimerNode>) {
+    fn receive(&mut self, shard: &ShardParts, node: NonNull<TimerNode>) {
         // SAFETY: nodes on lanes and the inbox are live pool nodes.
         let node_ref = unsafe { node.as_ref() };
         let received = node_ref.state.receive();
-        if let Some(pending) = self.finished {
+        if self.finished.is_some() {
             // Swept up after the last turn: the wheel's lists are gone, so nothing is filed
-            // or unlinked. A one-shot timer that arrives new was pushed after the last
-            // turn's collection, so its scheduler sees the shutdown and cancels it (and
-            // `schedule` returns `Err(Shutdown)`): it stays marked filed, on no list, until
-            // that cancel's message comes back here. A repeating one may be a re-arm that
-            // nobody else will settle, so it is settled now, as the shutdown chose.
-            let (ran, dropped) = match received {
-                Received::File if node_ref.state.observe().is_repeating() => {
-                    self.settle_at_shutdown(shard, node_ref, pending)
-                }
-                Received::File | Received::Refile => (0, 0),
-                Received::UnlinkAndFree | Received::Free => {
-                    self.free(shard, node);
-                    (0, 0)
-                }
-                Received::Ignore => (0, 0),
-            };
-            add(&shard.counters.ran_at_shutdown, ran);
-            add(&shard.counters.dropped_at_shutdown, dropped);
+            // or unlinked, and nothing is run (a sweep may be made by any thread that
+            // pushed, and callbacks run on workers). A timer that arrives new, one-shot or
+            // repeating, was pushed after the last turn's collection, so its scheduler sees
+            // the shutdown and cancels it (and `schedule` returns `Err(Shutdown)`): it
+            // stays marked filed, on no list, until that cancel's message comes back here.
+            // No re-arm of a repeating timer can arrive now: every run of this shard's
+            // timers ended before the last turn (it waits for other hands, and runs what
+            // was claimed first).
+            match received {
+                Received::File | Received::Refile | Received::Ignore => {}
+                Received::UnlinkAndFree | Received::Free => self.free(shard, node),
+            }
             return;
         }
         match received {
@@ -223,14 +210,14 @@ impl Worker {
     }
 
     /// Files a node that is marked `FILED` at `deadline` (due at once if already past).
-    fn file(&mut self, shard: &Shard, node: &TimerNode, deadline: u64) {
+    fn file(&mut self, shard: &ShardParts, node: &TimerNode, deadline: u64) {
         let index = shard.pool.index_of(NonNull::from(node));
         self.wheel
             .file(&mut FiledNodes(&shard.pool), index, deadline, false);
     }
 
     /// Gives a node back: drops any callback, moves the generation on, batches the node.
-    fn free(&mut self, shard: &Shard, node: NonNull<TimerNode>) {
+    fn free(&mut self, shard: &ShardParts, node: NonNull<TimerNode>) {
         runner::free_into(shard, node, &mut self.freed);
         if self.freed.len() >= BATCH {
             self.freed.give_back(&shard.pool);
@@ -239,7 +226,7 @@ impl Worker {
 
     /// Claims due timers onto the run queue while it has room; `true` beside the count if
     /// it filled up with timers still due.
-    fn claim_due(&mut self, shard: &Shard, now: Instant, now_tick: u64) -> (usize, bool) {
+    fn claim_due(&mut self, shard: &ShardParts, now: Instant, now_tick: u64) -> (usize, bool) {
         let mut filler = shard.run.filler();
         let mut claimed = 0;
         while filler.room() > 0 {
@@ -294,7 +281,7 @@ impl Worker {
     /// The last turn: runs what is already claimed, takes everything in transit, then runs
     /// or drops every pending timer. The caller has made sure no other worker still holds
     /// or can take this shard's timers.
-    pub(crate) fn finish(&mut self, shard: &Shard, pending: PendingTimers, now: Instant) {
+    pub(crate) fn finish(&mut self, shard: &ShardParts, pending: PendingTimers, now: Instant) {
         if self.finished.is_some() {
             return;
         }
@@ -311,19 +298,14 @@ impl Worker {
         self.refresh_lanes(shard);
         // Collect until no producer holds nodes it took off a lane (it puts them back where
         // this sees them, see `Lane::enter`) and no push to the inbox is half done.
-        let mut attempts = 0;
-        loop {
+        crate::sync::spin_until(|| {
             // Busy first: a lane seen idle here has put back everything it took before this
             // read, so the collection after it finds them.
             let busy = self.lanes.iter().any(|lane| lane.is_busy());
             self.collect(shard, u64::MAX, true);
             // SAFETY: the wheel's holder is the inbox's single consumer.
-            if !busy && !unsafe { shard.inbox.has_pending() } {
-                break;
-            }
-            attempts += 1;
-            crate::sync::spin_or_yield(attempts);
-        }
+            (!busy && !unsafe { shard.inbox.has_pending() }).then_some(())
+        });
         let (mut ran, mut dropped) = (0, 0);
         for index in self.wheel.drain(&mut FiledNodes(&shard.pool)) {
             if let Some(node_ref) = shard.pool.node(index) {
@@ -342,15 +324,18 @@ impl Worker {
     /// arrival frees it). The timer is in no wheel list. Returns the runs and drops.
     fn settle_at_shutdown(
         &mut self,
-        shard: &Shard,
+        shard: &ShardParts,
         node_ref: &TimerNode,
         pending: PendingTimers,
     ) -> (u64, u64) {
         let node = NonNull::from(node_ref);
         loop {
-            let seen = node_ref.state.observe();
+            // Waits out a resetter's lock: two instructions, unless that thread was preempted.
+            let seen = crate::sync::spin_until(|| {
+                let seen = node_ref.state.observe();
+                (seen.phase() != Phase::Pending || !seen.is_locked()).then_some(seen)
+            });
             match seen.phase() {
-                Phase::Pending if seen.is_locked() => crate::sync::spin_or_yield(64),
                 Phase::Pending => {
                     let claimed = match pending {
                         PendingTimers::Run => node_ref.state.try_fire(seen),
@@ -386,12 +371,11 @@ impl Worker {
     /// After the last turn, nobody else takes what threads push onto this shard's lanes
     /// and inbox: a cancel's message that raced the shutdown, or a timer scheduled as it
     /// began. Whoever pushes one then asks for a sweep (see
-    /// [`Shard::settle_after_shutdown`]), and this takes everything pushed so far and
-    /// settles it: a cancelled or finished timer's node is freed, dropping its callback,
-    /// and a pending repeating timer is run or dropped as the shutdown chose (see
-    /// `receive` for new one-shot timers). Before the last turn it does nothing: that turn
-    /// takes everything pushed before it.
-    pub(crate) fn sweep(&mut self, shard: &Shard) {
+    /// [`Shard::settle_after_shutdown`](crate::engine::shard::Shard::settle_after_shutdown)), and this takes everything pushed so far and
+    /// settles it: a cancelled or finished timer's node is freed, dropping its callback
+    /// (see `receive` for a timer that arrives new). It never runs a callback. Before the
+    /// last turn it does nothing: that turn takes everything pushed before it.
+    pub(crate) fn sweep(&mut self, shard: &ShardParts) {
         if self.finished.is_none() {
             return;
         }

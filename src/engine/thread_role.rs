@@ -30,30 +30,40 @@ pub(crate) fn is_worker() -> bool {
     WORKER.try_with(Cell::get).unwrap_or(false)
 }
 
-/// Whether the calling thread is inside a turn of the engine `engine`.
-pub(crate) fn is_turning(engine: u32) -> bool {
+/// Whether the calling thread is inside a turn of any hand-driven engine. Such a thread
+/// must not wait for another thread's turn: that one may be waiting for it.
+pub(crate) fn in_any_turn() -> bool {
     TURNING
-        .try_with(|turning| turning.borrow().contains(&engine))
+        .try_with(|turning| !turning.borrow().is_empty())
         .unwrap_or(false)
+}
+
+/// Why [`Turn::begin`] began no turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoTurn {
+    /// This thread is already inside a turn of that engine (a callback turning its own
+    /// engine, or shutting it down).
+    Inside,
+    /// This thread's locals are being destroyed: it is inside no turn, and can mark none.
+    Exiting,
 }
 
 /// The calling thread's turn of one engine; ends when dropped.
 pub(crate) struct Turn(u32);
 
 impl Turn {
-    /// Begins a turn of `engine`; `None` if this thread is already inside one (a callback
-    /// turning its own engine), or while its thread locals are being destroyed.
-    pub(crate) fn begin(engine: u32) -> Option<Self> {
+    /// Begins a turn of `engine`.
+    pub(crate) fn begin(engine: u32) -> Result<Self, NoTurn> {
         TURNING
             .try_with(|turning| {
                 let mut turning = turning.borrow_mut();
-                (!turning.contains(&engine)).then(|| {
-                    turning.push(engine);
-                    Self(engine)
-                })
+                if turning.contains(&engine) {
+                    return Err(NoTurn::Inside);
+                }
+                turning.push(engine);
+                Ok(Self(engine))
             })
-            .ok()
-            .flatten()
+            .unwrap_or(Err(NoTurn::Exiting))
     }
 }
 

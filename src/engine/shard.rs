@@ -1,0 +1,149 @@
+//! One shard as every thread sees it: its [`ShardParts`] (pool, inbox, lanes, run queue,
+//! signals), and its wheel side behind a hand-over flag, so that another worker can stand
+//! in for a stuck owner.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+
+use std::ops::Deref;
+use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
+
+use crate::engine::shard_parts::ShardParts;
+use crate::engine::shutdown::PendingTimers;
+use crate::engine::wheel_side::{Extracted, WheelSide};
+use crate::sync::UnsafeCell;
+use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use crate::time::ticks::Ticks;
+
+/// In `wheel_hold`: a thread holds the wheel side.
+const HELD: u8 = 1;
+/// In `wheel_hold`, only with [`HELD`]: a sweep is asked of the holder.
+const SWEEP: u8 = 2;
+
+/// One shard, as seen from any thread: its parts, and its wheel side.
+pub(crate) struct Shard {
+    parts: ShardParts,
+    /// The wheel side, touched only by the thread whose [`HELD`] bit is in `wheel_hold`.
+    wheel: UnsafeCell<WheelSide>,
+    /// [`HELD`] while a thread holds the wheel side, with [`SWEEP`] when a thread that
+    /// pushed after the last turn may have begun asks the holder to sweep before letting
+    /// go (see [`settle_after_shutdown`](Self::settle_after_shutdown)). One word, changed
+    /// only by read-modify-writes, so a request and a release cannot miss each other.
+    wheel_hold: CachePadded<AtomicU8>,
+    /// Set once the shard's last turn is over: a later finish has nothing to do, and must
+    /// not wait for the wheel (its caller may be holding it, in a sweep).
+    finished: AtomicBool,
+}
+
+// SAFETY: every field is shared through atomics, locks or lock-free queues, except `wheel`,
+// which only the thread whose `HELD` bit is in `wheel_hold` touches (see `with_wheel`).
+unsafe impl Sync for Shard {}
+
+impl Deref for Shard {
+    type Target = ShardParts;
+
+    #[inline]
+    fn deref(&self) -> &ShardParts {
+        &self.parts
+    }
+}
+
+impl Shard {
+    pub(crate) fn new(capacity: usize, ticks: Ticks) -> Self {
+        Self {
+            parts: ShardParts::new(capacity),
+            wheel: UnsafeCell::new(WheelSide::new(ticks)),
+            wheel_hold: CachePadded::new(AtomicU8::new(0)),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// Runs `f` on the wheel side if no other thread holds it; `None` if one does. Nobody
+    /// waits long for the wheel: a holder only files and claims timers, never runs
+    /// callbacks.
+    pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> Option<R> {
+        self.try_hold_wheel().then(|| self.held_wheel(f))
+    }
+
+    /// [`with_wheel`](Self::with_wheel) for the owner, which waits out a stand-in's short
+    /// hold.
+    pub(crate) fn with_wheel_waiting<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> R {
+        crate::sync::spin_until(|| self.try_hold_wheel().then_some(()));
+        self.held_wheel(f)
+    }
+
+    fn try_hold_wheel(&self) -> bool {
+        self.wheel_hold
+            .compare_exchange(0, HELD, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Runs `f` on the wheel this thread has just come to hold, then lets it go.
+    fn held_wheel<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> R {
+        // SAFETY: this thread holds the wheel (`try_hold_wheel` succeeded), so it is the
+        // wheel's only holder until `let_go_of_wheel`, and its Acquire pairs with the
+        // previous holder's release.
+        let result = self.wheel.with_mut(|wheel| f(unsafe { &mut *wheel }));
+        self.let_go_of_wheel();
+        result
+    }
+
+    /// Lets the wheel go, first sweeping it for each thread that asked while this one held
+    /// it. The release only succeeds on a word with no request in it, so a request made
+    /// before it is seen here, and one made after it takes the wheel itself.
+    fn let_go_of_wheel(&self) {
+        // Acquire on failure: the request was made after its maker's push, which the sweep
+        // must see.
+        while self
+            .wheel_hold
+            .compare_exchange(HELD, 0, Ordering::Release, Ordering::Acquire)
+            .is_err()
+        {
+            // A read-modify-write, so that a request made meanwhile stays in the word (and
+            // fails the next release, whose Acquire then orders its push before a sweep).
+            self.wheel_hold.fetch_and(!SWEEP, Ordering::Relaxed);
+            // SAFETY: this thread still holds the wheel.
+            self.wheel
+                .with_mut(|wheel| unsafe { &mut *wheel }.sweep(self));
+        }
+    }
+
+    /// Called by a thread that pushed a node onto one of this shard's lanes or its inbox,
+    /// and then saw the engine shutting down: once the shard's last turn is over nobody
+    /// takes what is pushed, so it sweeps the wheel side itself, or, if another thread
+    /// holds the wheel, leaves the sweep to that thread's release. Never waits.
+    pub(crate) fn settle_after_shutdown(&self) {
+        // Release: the holder that sees the request sees the push before it. Acquire: a
+        // thread that takes the wheel here follows the last holder's release.
+        let before = self.wheel_hold.fetch_or(HELD | SWEEP, Ordering::AcqRel);
+        if before & HELD == 0 {
+            // This thread holds the wheel now, with its own request in the word.
+            self.let_go_of_wheel();
+        }
+    }
+
+    /// The shard's last turn at shutdown, once no other worker holds or can take its
+    /// timers; nothing if it is over already.
+    pub(crate) fn finish(&self, pending: PendingTimers, now: Instant) {
+        if self.is_finished() {
+            return;
+        }
+        self.wait_for_hands();
+        self.with_wheel_waiting(|wheel| wheel.finish(self, pending, now));
+        self.finished.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the shard's last turn is over.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::SeqCst)
+    }
+
+    /// The owner's look at its wheel at `now` (tick `now_tick`): claims what is due, waiting
+    /// out a stand-in's hold, and records the look as the owner's heartbeat.
+    pub(crate) fn owner_look(&self, now: Instant, now_tick: u64) -> Extracted {
+        let look = self.with_wheel_waiting(|wheel| wheel.extract(self, now));
+        self.beat(now_tick);
+        look
+    }
+}

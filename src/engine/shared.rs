@@ -1,0 +1,79 @@
+//! The engine state every thread shares: the shards, the clock and its tick arithmetic,
+//! the shutdown flag, and the balancing state. What producers do with it (arm, send,
+//! cancel, reset) is in [`producer`](crate::engine::producer).
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+
+use std::time::{Duration, Instant};
+
+use crate::engine::balance::Balance;
+use crate::engine::handle::TimerHandle;
+use crate::engine::shard::Shard;
+use crate::engine::shutdown::PendingTimers;
+use crate::engine::timer_node::TimerNode;
+use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use crate::time::clock::Clock;
+use crate::time::cycle_clock::CycleScale;
+use crate::time::ticks::Ticks;
+
+/// When a timer being armed is due.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum When {
+    /// This long from now, as [`EngineShared::deadline_after`] reads "now".
+    After(Duration),
+    /// At this tick.
+    AtTick(u64),
+}
+
+/// Shared by the engine handle, its workers and every thread's context.
+pub(crate) struct EngineShared {
+    pub(crate) id: std::num::NonZeroU32,
+    pub(crate) shards: Box<[Shard]>,
+    pub(crate) ticks: Ticks,
+    pub(crate) clock: Box<dyn Clock>,
+    /// How to extrapolate `clock` from the cycle counter: only for the monotonic clock, and
+    /// only where the counter can be trusted.
+    pub(crate) cycles: Option<&'static CycleScale>,
+    pub(crate) shutdown: AtomicBool,
+    /// What the workers' last turn does with pending timers: a [`PendingTimers`] as a byte.
+    pub(crate) pending_mode: AtomicU8,
+    pub(crate) next_home: AtomicU64,
+    pub(crate) balance: Balance,
+}
+
+impl EngineShared {
+    pub(crate) fn set_pending_mode(&self, pending: PendingTimers) {
+        self.pending_mode
+            .store(u8::from(pending == PendingTimers::Run), Ordering::SeqCst);
+    }
+
+    pub(crate) fn pending_mode(&self) -> PendingTimers {
+        if self.pending_mode.load(Ordering::SeqCst) == 1 {
+            PendingTimers::Run
+        } else {
+            PendingTimers::Drop
+        }
+    }
+
+    /// The current tick.
+    #[inline]
+    pub(crate) fn now_tick(&self) -> u64 {
+        self.ticks.floor(self.clock.now())
+    }
+
+    /// `now` with its tick.
+    #[inline]
+    pub(crate) fn now_at(&self, now: Instant) -> (Instant, u64) {
+        (now, self.ticks.floor(now))
+    }
+
+    /// The shard and node a handle names, if the handle belongs to this engine.
+    #[inline]
+    pub(crate) fn lookup(&self, handle: TimerHandle) -> Option<(usize, &TimerNode)> {
+        if handle.engine() != self.id.get() {
+            return None;
+        }
+        let shard = self.shards.get(handle.shard() as usize)?;
+        Some((handle.shard() as usize, shard.pool.node(handle.index())?))
+    }
+}

@@ -1,0 +1,297 @@
+//! The lock-free internals, exposed only to the loom models in `loom-tests/` (built with
+//! `--cfg loom`). Not part of the API: this module does not exist in a normal build.
+
+pub use crate::sync::mpsc::testing::{Message, consume, message};
+pub use crate::sync::mpsc::{Link, Linked, Pop, Queue, link_after};
+pub use crate::sync::timer_state::{AfterFire, Cancelled, Observed, Phase, Received, TimerState};
+
+use std::ptr::NonNull;
+
+use crate::engine::timer_node::TimerNode;
+
+/// One shard's pieces of a worker's loop, driven by hand: the owner's look at its
+/// wheel, the owner's run of a run of claimed timers, another worker's steal from the
+/// run queue, and another worker standing in for a stuck owner. Each returns the
+/// timers it claimed or ran.
+pub mod shard_steps {
+    use crate::TimerEngine;
+
+    /// The owner looks at shard `shard`'s wheel (waiting out a stand-in's hold) and
+    /// claims what is due onto the run queue. Returns the timers claimed.
+    pub fn owner_look(engine: &TimerEngine, shard: usize) -> usize {
+        let shared = engine.shared();
+        let (shard_ref, now) = (&shared.shards[shard], shared.clock.now());
+        shard_ref.owner_look(now, shared.ticks.floor(now)).claimed
+    }
+
+    /// The owner runs one run of at most `most` timers off its queue. Returns the
+    /// callbacks run.
+    pub fn owner_run(engine: &TimerEngine, shard: usize, most: usize) -> usize {
+        let shared = engine.shared();
+        let shard_ref = &shared.shards[shard];
+        let now_tick = shared.ticks.floor(shared.clock.now());
+        shard_ref.run.take(most).map_or(0, |run| {
+            crate::engine::runner::run(shard_ref, &run, now_tick, true)
+        })
+    }
+
+    /// Another worker takes one run of at most `most` timers off shard `shard`'s queue
+    /// and runs it, as a thief does (the real steal, told of a backlog of twice `most`).
+    /// Returns the callbacks run.
+    pub fn steal(engine: &TimerEngine, shard: usize, most: usize) -> usize {
+        let shared = engine.shared();
+        let backlog = most.saturating_mul(2);
+        let now_tick = shared.now_tick();
+        shared
+            .balance
+            .steal(
+                &shared.shards,
+                &shared.shards[shard],
+                &shared.shutdown,
+                now_tick,
+                backlog,
+            )
+            .unwrap_or(0)
+    }
+
+    /// Another worker stands in for shard `shard`'s owner: claims what is due if the
+    /// owner is not holding the wheel, then runs the queue. Returns the callbacks run.
+    pub fn stand_in(engine: &TimerEngine, shard: usize) -> usize {
+        let shared = engine.shared();
+        crate::engine::balance::stand_in(
+            &shared.shards[shard],
+            &shared.shutdown,
+            shared.now_at(shared.clock.now()),
+            None,
+        )
+    }
+
+    /// [`owner_look`] with a clock reading of the caller's, which may be older than
+    /// one another thread already looked with.
+    pub fn owner_look_at(engine: &TimerEngine, shard: usize, now: std::time::Instant) -> usize {
+        let shared = engine.shared();
+        shared.shards[shard]
+            .owner_look(now, shared.ticks.floor(now))
+            .claimed
+    }
+
+    /// [`stand_in`] with a clock reading of the caller's, which may be older than one
+    /// another thread already looked with.
+    pub fn stand_in_at(engine: &TimerEngine, shard: usize, now: std::time::Instant) -> usize {
+        let shared = engine.shared();
+        crate::engine::balance::stand_in(
+            &shared.shards[shard],
+            &shared.shutdown,
+            shared.now_at(now),
+            None,
+        )
+    }
+
+    /// Marks shard `shard`'s owner as running callbacks (as an owner stuck in one is),
+    /// or not.
+    pub fn set_owner_running(engine: &TimerEngine, shard: usize, running: bool) {
+        engine.shared().shards[shard].set_running(running);
+    }
+}
+
+/// A handle's node index and generation, so that a model can tell that a node was
+/// reused by a later timer.
+pub fn handle_parts(handle: crate::TimerHandle) -> (u32, u32) {
+    (handle.index(), handle.generation())
+}
+
+std::thread_local! {
+    /// The region of the pool the model on this test thread made last: a node's index
+    /// is its offset there. A model makes one pool at a time, and loom runs a model's
+    /// threads on its test's own thread, so this names the pool its nodes come from.
+    static REGION: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A pool node, as its holder names it. The index is worked out when the node is
+/// handed out, so that naming it never touches memory the pool may have dropped since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    node: NonNull<TimerNode>,
+    index: u32,
+}
+
+// SAFETY: a `Node` is a name; every access through it is behind an `unsafe` method
+// whose caller vouches that the pool is alive and that it holds the node.
+unsafe impl Send for Node {}
+
+impl Node {
+    /// # Safety
+    /// `node` must be a live pool node.
+    unsafe fn new(node: NonNull<TimerNode>) -> Self {
+        let region = REGION.with(std::cell::Cell::get);
+        let index = (node.as_ptr() as usize - region) / size_of::<TimerNode>();
+        Self {
+            node,
+            index: index as u32,
+        }
+    }
+
+    /// The node's index in its pool.
+    pub fn index(self) -> u32 {
+        self.index
+    }
+}
+
+/// A shard's node pool ([`crate::engine::pool::Pool`]).
+pub struct Pool(crate::engine::pool::Pool);
+
+impl Pool {
+    /// An empty pool: no chunk yet.
+    #[allow(clippy::new_without_default, reason = "test-only wrapper")]
+    pub fn new() -> Self {
+        let pool = crate::engine::pool::Pool::new();
+        REGION.with(|region| region.set(pool.region_start() as usize));
+        Self(pool)
+    }
+
+    /// Chunks allocated so far.
+    pub fn chunks(&self) -> usize {
+        self.0.chunks()
+    }
+
+    /// Nodes not free.
+    pub fn nodes_in_use(&self) -> usize {
+        self.0.nodes_in_use()
+    }
+
+    /// The state word of the node at `index`, as a stale handle would find it.
+    pub fn state(&self, index: u32) -> Option<&TimerState> {
+        self.0.node(index).map(|node| &node.state)
+    }
+}
+
+/// One thread's chain of free nodes ([`crate::engine::pool::Magazine`]).
+pub struct Magazine(crate::engine::pool::Magazine);
+
+impl Magazine {
+    /// An empty magazine.
+    #[allow(clippy::new_without_default, reason = "test-only wrapper")]
+    pub fn new() -> Self {
+        Self(crate::engine::pool::Magazine::EMPTY)
+    }
+
+    /// Pops a batch from `pool` (or grows it) into this empty magazine.
+    pub fn refill(&mut self, pool: &Pool) -> bool {
+        self.0.refill(&pool.0)
+    }
+
+    /// Takes one node.
+    pub fn take(&mut self) -> Option<Node> {
+        // SAFETY: a magazine's nodes are live pool nodes.
+        self.0.take().map(|node| unsafe { Node::new(node) })
+    }
+
+    /// Adds a free node.
+    ///
+    /// # Safety
+    /// The caller must hold `node` exclusively, its pool must be alive, and the node
+    /// must be on no other chain.
+    pub unsafe fn put(&mut self, node: Node) {
+        self.0.put(node.node);
+    }
+
+    /// Nodes held.
+    pub fn len(&self) -> u32 {
+        self.0.len()
+    }
+
+    /// Whether the magazine holds no node.
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+
+    /// Pushes every node to `pool` as one batch.
+    pub fn give_back(&mut self, pool: &Pool) {
+        self.0.give_back(&pool.0);
+    }
+}
+
+/// Ticks a timer may wait on a lane's old stack before the producer forwards it
+/// ([`crate::engine::lane::OLD_HORIZON`]).
+pub const OLD_HORIZON: u64 = crate::engine::lane::OLD_HORIZON;
+
+/// One thread's lane into a shard ([`crate::engine::lane::Lane`]).
+pub struct Lane(crate::engine::lane::Lane);
+
+impl Lane {
+    /// An empty lane.
+    #[allow(clippy::new_without_default, reason = "test-only wrapper")]
+    pub fn new() -> Self {
+        Self(crate::engine::lane::Lane::new())
+    }
+
+    /// Pushes `node`, needed by tick `need`.
+    ///
+    /// # Safety
+    /// As [`crate::engine::lane::Lane::push`]: only the producer thread pushes, and `node` is
+    /// live, held by the caller and on no chain.
+    pub unsafe fn push(&self, node: Node, need: u64) {
+        // SAFETY: forwarded from the caller.
+        let _ = unsafe { self.0.push(node.node, need, || need) };
+    }
+
+    /// The producer takes everything back.
+    ///
+    /// # Safety
+    /// Only the producer thread may call this, and the nodes' pool must be alive.
+    pub unsafe fn claim(&self) -> Vec<Node> {
+        // SAFETY: forwarded from the caller; taken nodes are live.
+        unsafe { self.0.claim() }
+            .map(|node| unsafe { Node::new(node) })
+            .collect()
+    }
+
+    /// Parks `chain` on the old stack at tick `now`, as the producer does with the
+    /// pending timers it claimed: the nodes are linked first to last in the order given
+    /// (so a take finds them in that order, ahead of what was parked before), each
+    /// needed by the tick beside it. Returns the old stack's need if this set or lowered
+    /// it (the producer then checks whether to wake the worker).
+    ///
+    /// # Safety
+    /// As [`crate::engine::lane::Lane::park`]: only the producer thread may call this, `chain`
+    /// is not empty, and its nodes are live, distinct, held by the caller and on no
+    /// chain.
+    pub unsafe fn park(&self, chain: &[(Node, u64)], now: u64) -> Option<u64> {
+        let mut builder = crate::engine::lane::ChainBuilder::default();
+        for &(node, need) in chain {
+            builder.push(node.node, need);
+        }
+        let (first, last, earliest) = builder.finish().expect("a parked chain has a node");
+        // SAFETY: forwarded from the caller; the builder linked the chain first to last.
+        unsafe { self.0.park(first, last, earliest, now) }
+    }
+
+    /// The producer takes the old stack back if its timers have waited
+    /// [`OLD_HORIZON`] ticks by tick `now`.
+    ///
+    /// # Safety
+    /// Only the producer thread may call this, and the nodes' pool must be alive.
+    pub unsafe fn claim_old_if_due(&self, now: u64) -> Vec<Node> {
+        // SAFETY: forwarded from the caller; taken nodes are live.
+        unsafe { self.0.claim_old_if_due(now) }
+            .map(|node| unsafe { Node::new(node) })
+            .collect()
+    }
+
+    /// The worker takes everything.
+    ///
+    /// # Safety
+    /// The nodes' pool must be alive.
+    pub unsafe fn take(&self) -> Vec<Node> {
+        // SAFETY: taken nodes are live, by the caller's contract.
+        self.0
+            .take()
+            .map(|node| unsafe { Node::new(node) })
+            .collect()
+    }
+
+    /// The tick by which the worker must take the lane, `None` when empty.
+    pub fn need(&self) -> Option<u64> {
+        self.0.need()
+    }
+}

@@ -1,0 +1,126 @@
+//! The lock-free building blocks the engine is made of, and the one place that chooses
+//! between `std` and loom primitives.
+//!
+//! - [`mpsc`]: the intrusive multi-producer single-consumer queue that carries timers and
+//!   messages into a shard's owner;
+//! - [`timer_state`]: the one word per pooled timer that decides every race between a
+//!   cancel, a reset, the owner firing it and the pool taking it back;
+//! - [`run_queue`]: the ring of claimed timers that the owner and idle workers take runs
+//!   from.
+//!
+//! This layer knows nothing of wheels, shards or callbacks: each piece is generic over the
+//! nodes it links, or works on plain words, so that its loom model checks it alone.
+//!
+//! Every atomic, `Arc` and interior-mutable cell in corewheel comes from this module, so
+//! that building with `RUSTFLAGS="--cfg loom"` swaps them all for loom's model-checked
+//! versions and the models in `loom-tests/` explore the real code rather than a copy of it.
+//! The few std primitives that loom must not replace (see [`unmodelled`]) are named here
+//! too, so that no other file imports `std::sync` directly.
+
+pub(crate) mod mpsc;
+pub(crate) mod run_queue;
+pub(crate) mod timer_state;
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{Arc, Mutex};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Arc, Mutex};
+
+/// std primitives that stay std's under loom too. They guard nothing the models race: an
+/// engine's list of worker threads and the start of its shutdown (taken by the thread that
+/// builds or shuts the engine down, never on a timer's path), the process-wide count of
+/// engines, which only numbers them so that a handle from one is stale in another, and
+/// values set once before any timer exists (a worker's thread handle, the cycle counter's
+/// calibration).
+pub(crate) mod unmodelled {
+    pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
+    pub(crate) use std::sync::{Mutex, OnceLock};
+}
+
+/// Atomics: loom's under `--cfg loom`, std's otherwise.
+pub(crate) mod atomic {
+    #[cfg(loom)]
+    pub(crate) use loom::sync::atomic::{
+        AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering, fence,
+    };
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::atomic::{
+        AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering, fence,
+    };
+}
+
+/// Waits for another thread that holds a short critical section: calls `ready` until it
+/// returns a value, spinning at first, then yielding so that a preempted holder can run.
+/// Under loom every wait yields, which is what lets the model explore the holder making
+/// progress. The one spin-wait loop in the crate.
+#[inline]
+pub(crate) fn spin_until<R>(mut ready: impl FnMut() -> Option<R>) -> R {
+    let mut attempt = 0_u32;
+    loop {
+        if let Some(value) = ready() {
+            return value;
+        }
+        attempt = attempt.saturating_add(1);
+        spin_or_yield(attempt);
+    }
+}
+
+/// One step of [`spin_until`]'s wait.
+#[inline]
+fn spin_or_yield(attempt: u32) {
+    #[cfg(loom)]
+    {
+        let _ = attempt;
+        loom::thread::yield_now();
+    }
+    #[cfg(not(loom))]
+    {
+        if attempt < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;
+
+/// `std`'s `UnsafeCell` behind loom's closure-based API.
+///
+/// loom can only check accesses it sees, so its cell hands out raw pointers inside closures;
+/// giving the std build the same shape lets the lock-free modules compile unchanged under
+/// both.
+#[cfg(not(loom))]
+#[derive(Debug, Default)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    pub(crate) const fn new(value: T) -> Self {
+        Self(std::cell::UnsafeCell::new(value))
+    }
+
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::UnsafeCell;
+
+    #[test]
+    fn cell_reads_what_was_written() {
+        let cell = UnsafeCell::new(1_u32);
+        // SAFETY: `cell` is local to this test and no other reference to its contents
+        // exists while the pointer is written through.
+        cell.with_mut(|p| unsafe { *p = 7 });
+        // SAFETY: the write above has finished and nothing else holds the cell.
+        assert_eq!(cell.with(|p| unsafe { *p }), 7);
+    }
+}

@@ -1,0 +1,64 @@
+//! Helpers shared by the integration tests that race threads against an engine: a time
+//! limit that turns a hang into a failure, counted captures, and engines of unpinned
+//! workers.
+// Each test file uses only some of these.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use corewheel::TimerEngine;
+
+/// Runs `f` on a thread of its own and waits at most `limit` for it: a body that never
+/// returns fails the test (naming `what`) instead of hanging the suite.
+pub fn within<R: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let (done, result) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    match result.recv_timeout(limit) {
+        Ok(value) => value,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what} did not return within {limit:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
+}
+
+/// Counts the live values of one kind, so a test can tell when captures were dropped.
+#[derive(Clone, Default)]
+pub struct Live(Arc<AtomicUsize>);
+
+/// One live value, counted by its [`Live`] from creation to drop.
+pub struct Witness(Arc<AtomicUsize>);
+
+impl Live {
+    pub fn witness(&self) -> Witness {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Witness(Arc::clone(&self.0))
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// An engine of `workers` unpinned workers, shareable with the threads that race it.
+pub fn unpinned(workers: usize) -> Arc<TimerEngine> {
+    Arc::new(
+        TimerEngine::builder()
+            .workers(workers)
+            .pin_workers(false)
+            .build()
+            .unwrap(),
+    )
+}
