@@ -47,7 +47,7 @@ stage_integration() { cargo test -p corewheel "${integration_flags[@]}"; }
 stage_property() { cargo test -p corewheel "${property_flags[@]}"; }
 stage_doc() { cargo test -p corewheel --doc; }
 # criterion runs each benchmark once, as a check that it works, when run under cargo test.
-stage_benches() { cargo test -p corewheel --benches; }
+stage_benches() { cargo test -p corewheel --bench '*'; }
 stage_loom() {
   RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target_dir/loom" \
     cargo test -p corewheel-loom-tests --release --test '*'
