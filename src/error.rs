@@ -73,8 +73,7 @@ impl fmt::Display for BuildError {
             Self::NoWorkers => write!(f, "an engine needs at least one worker"),
             Self::TooManyWorkers(n) => write!(
                 f,
-                "{n} workers is more than an engine may have ({})",
-                crate::MAX_WORKERS
+                "{n} workers is more than an engine may have (MAX_WORKERS)"
             ),
             Self::ZeroTick => write!(f, "the tick must be longer than zero"),
             Self::Spawn(error) => write!(f, "could not start a worker thread: {error}"),
@@ -97,7 +96,8 @@ impl std::error::Error for BuildError {
 pub enum ScheduleError {
     /// The engine has been shut down.
     Shutdown,
-    /// The shard's pool is full: about 16.7 million live timers on one shard.
+    /// The shard's pool is full: as many timers are in flight on that shard as
+    /// [`EngineBuilder::capacity`](crate::EngineBuilder::capacity) allows.
     Capacity,
 }
 

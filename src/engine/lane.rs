@@ -386,9 +386,9 @@ impl Lane {
     /// The producer is about to take nodes off the lane into its own hands (to reclaim or
     /// close it). Returns `false`, and marks nothing, if the engine is shutting down: the
     /// nodes must then stay where the worker's last turn finds them. Pairs with the
-    /// worker's last turn, which sets the shutdown flag, fences, and then waits until no
-    /// lane is busy before its final collection: either it sees this mark, or this call
-    /// sees the flag.
+    /// shutdown, which sets the flag before the last turn, which fences and then waits
+    /// until no lane is busy before its final collection: either it sees this mark, or
+    /// this call sees the flag.
     pub(crate) fn enter(&self, shutdown: &AtomicBool) -> bool {
         self.busy.store(true, Ordering::SeqCst);
         crate::sync::atomic::fence(Ordering::SeqCst);

@@ -26,12 +26,14 @@
 //!    the lanes, the nodes freed during a look) is touched only by the thread that holds the
 //!    shard's `HELD` bit ([`shard::Shard::with_wheel`]): the owner, or for one look a
 //!    worker standing in for a stuck owner, or on an engine driven by hand the thread
-//!    turning it. A callback runs with the bit held only in the last turn (rule 6).
+//!    turning it; after the last turn, any thread that pushed onto the shard, to sweep
+//!    what it pushed. A callback runs with the bit held only in the last turn (rule 6).
 //! 2. **A node's state word** ([`TimerState`](crate::sync::timer_state::TimerState)) may be
 //!    read by anyone, and is changed only by compare-and-swaps that check the generation,
 //!    so a stale handle changes nothing. Its `deadline` is written by the arming thread
-//!    before it publishes the node, by a resetter only under the word's `LOCKED` bit, and
-//!    by whoever settles a repeating timer between runs.
+//!    before it publishes the node, by a resetter only under the word's `LOCKED` bit, by
+//!    whoever runs a repeating timer (to its next run), and, while the node is free, by
+//!    the pool (it links the free batches).
 //! 3. **A node's held part** (its wheel links and its callback) belongs to exactly one
 //!    thread at a time, and the phase says which:
 //!    - *free*: whoever took it from the pool, into a magazine;
@@ -57,7 +59,8 @@
 //!    back into any engine, this one included, and may drop or shut one down; nothing the
 //!    engine does on such a call waits for a wheel or lane its own thread holds. On an
 //!    engine with workers, no other thread runs a callback: a producer or a sweep only
-//!    drops the captures of timers that were cancelled.
+//!    drops captures, of timers that were cancelled or, after the last turn, of a
+//!    repeating timer that turn settled while a reset's message was on its way.
 //! 7. **Shutdown** sets the flag, then each shard's last turn collects every lane and the
 //!    inbox, waits for other hands, and runs or drops what is pending. Any push made after
 //!    the flag is set checks it again (sequentially consistent on both sides) and then asks

@@ -247,7 +247,9 @@ impl EngineShared {
     }
 
     /// The body of [`reclaim`](Self::reclaim) while the lane is marked busy; returns the
-    /// timers to recycle, chained.
+    /// timers to recycle, chained. It sorts what it takes back (the young stack, then the
+    /// old one if it has waited its horizon), then holds back, looks again, forwards and
+    /// trims, each a step of its own below.
     fn reclaim_entered(&self, lane: &Lane, shard: &Shard) -> Chain {
         let now = self.now_tick();
         let mut recycled = ChainBuilder::default();
@@ -299,24 +301,54 @@ impl EngineShared {
                 forward.push(node, forward_need(node_ref, seen, now));
             }
         }
+        // SAFETY: this thread is the lane's producer (for each step).
+        unsafe {
+            Self::hold_back(lane, shard, park, keep, now);
+            Self::look_again(shard, &held_back[..held_back_count]);
+            Self::forward(shard, forward);
+            Self::trim_magazine(lane, shard);
+        }
+        recycled.into_chain()
+    }
+
+    /// A reclaim's step: puts the pending timers it holds back onto the lane, the ones
+    /// through their first claim on the old stack, the rest back on the young one, waking
+    /// the worker if one is needed sooner than it plans to wake.
+    ///
+    /// # Safety
+    /// The caller is the lane's producer, and the chains are its own.
+    #[inline]
+    unsafe fn hold_back(
+        lane: &Lane,
+        shard: &Shard,
+        park: ChainBuilder,
+        keep: ChainBuilder,
+        now: u64,
+    ) {
         if let Some((first, last, earliest)) = park.finish() {
-            // SAFETY: this thread is the lane's producer; the chain is its own.
+            // SAFETY: forwarded from the caller.
             if let Some(need) = unsafe { lane.park(first, last, earliest, now) } {
                 shard.wake_for(need);
             }
         }
         if let Some((first, last, earliest)) = keep.finish() {
             let fresh = || now.saturating_add(LANE_HORIZON);
-            // SAFETY: this thread is the lane's producer; the chain is its own.
+            // SAFETY: forwarded from the caller.
             if let Some(need) = unsafe { lane.requeue(first, last, earliest, fresh) } {
                 shard.wake_for(need);
             }
         }
-        // A reset that brought one of them forward while this thread held it could not
-        // reach the lane's need; its urgent tick may already have been spent. Look again now
-        // that the worker can see them (deadlines are atomics, so reading them after the
-        // worker may have taken the nodes is harmless).
-        let moved = held_back[..held_back_count]
+    }
+
+    /// A reclaim's step, once the held-back timers are published: a reset that brought one
+    /// of them forward while this thread held it could not reach the lane's need, and its
+    /// urgent tick may already have been spent, so look at their deadlines again now that
+    /// the worker can see them (deadlines are atomics, so reading them after the worker may
+    /// have taken the nodes is harmless). `held_back` pairs each node with the need it was
+    /// held back with.
+    #[inline]
+    fn look_again(shard: &Shard, held_back: &[(Option<NonNull<TimerNode>>, u64)]) {
+        let moved = held_back
             .iter()
             .filter_map(|&(node, need)| {
                 // SAFETY: pool nodes stay live while the engine does.
@@ -327,12 +359,29 @@ impl EngineShared {
         if let Some(deadline) = moved {
             shard.make_urgent(deadline);
         }
+    }
+
+    /// A reclaim's step: forwards the rest to the shard's inbox in one push.
+    ///
+    /// # Safety
+    /// The chain's nodes are live and held by the calling thread, linked in order.
+    #[inline]
+    unsafe fn forward(shard: &Shard, forward: ChainBuilder) {
         if let Some((first, last, need)) = forward.finish() {
-            // SAFETY: a chain of live nodes held by this thread, linked in order.
+            // SAFETY: forwarded from the caller.
             unsafe { shard.inbox.push_chain(first, last) };
             shard.wake_for(need);
         }
-        // SAFETY: this thread is the lane's producer.
+    }
+
+    /// A reclaim's last step: hands a batch of free nodes back to the pool when this
+    /// thread keeps more than it needs.
+    ///
+    /// # Safety
+    /// The caller is the lane's producer.
+    #[inline]
+    unsafe fn trim_magazine(lane: &Lane, shard: &Shard) {
+        // SAFETY: forwarded from the caller.
         unsafe {
             lane.with_producer(|side| {
                 if side.magazine.len() > MAGAZINE_LIMIT {
@@ -340,7 +389,6 @@ impl EngineShared {
                 }
             })
         };
-        recycled.into_chain()
     }
 
     /// Frees a recyclable node into this thread's magazine.

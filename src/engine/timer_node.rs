@@ -18,14 +18,12 @@ pub(crate) struct TimerNode {
     link: Link,
     /// Generation, phase and flags: the one word every thread agrees on.
     pub(crate) state: TimerState,
-    /// The deadline tick the timer should fire at. Written by the arming thread before the
-    /// node is published, by a resetter under the state's lock, and by the owner between
-    /// runs of a repeating timer; the owner reads it when it files or fires the timer.
-    /// While the node is free it holds the next batch on the pool's free stack.
+    /// The deadline tick the timer should fire at (writers: ground rule 2 in
+    /// [`engine`](crate::engine)). While the node is free it holds the next batch on the
+    /// pool's free stack.
     pub(crate) deadline: AtomicU64,
-    /// Touched only by whoever holds the node exclusively: the arming thread before it
-    /// publishes the node, and afterwards the owner (or a producer that took a cancelled,
-    /// never-filed node back off its lane).
+    /// Touched only by whoever holds the node exclusively, as the phase says (ground rule
+    /// 3 in [`engine`](crate::engine)).
     held: UnsafeCell<Held>,
 }
 

@@ -11,11 +11,13 @@
 //! This layer knows nothing of wheels, shards or callbacks: each piece is generic over the
 //! nodes it links, or works on plain words, so that its loom model checks it alone.
 //!
-//! Every atomic, `Arc` and interior-mutable cell in corewheel comes from this module, so
-//! that building with `RUSTFLAGS="--cfg loom"` swaps them all for loom's model-checked
-//! versions and the models in `loom-tests/` explore the real code rather than a copy of it.
-//! The few std primitives that loom must not replace (see [`unmodelled`]) are named here
-//! too, so that no other file imports `std::sync` directly.
+//! Every atomic, `Arc`, lock and shared cell in corewheel comes from this module, so that
+//! building with `RUSTFLAGS="--cfg loom"` swaps them all for loom's model-checked versions
+//! and the models in `loom-tests/` explore the real code rather than a copy of it. The few
+//! std primitives that loom must not replace are named in [`unmodelled`]. What is left
+//! outside: thread-local cells (`std::cell`, with loom's `thread_local!` under loom), the
+//! weak engine reference a thread's context holds (loom has no `Weak`; see `context`), and
+//! the channel `build` uses once to hear that each worker has started.
 
 pub(crate) mod mpsc;
 pub(crate) mod run_queue;

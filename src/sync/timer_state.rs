@@ -42,7 +42,8 @@ pub enum Phase {
     Free = 0,
     /// Armed: may be cancelled, reset or fired.
     Pending = 1,
-    /// The owner is running its callback; a repeating timer goes back to `Pending` after.
+    /// Claimed for running: whoever took it off the run queue runs its callback; a
+    /// repeating timer goes back to `Pending` after.
     Firing = 2,
     /// A repeating timer firing, cancelled meanwhile: it will not be re-armed.
     FiringCancelled = 3,

@@ -24,11 +24,11 @@ use crate::cpu_time::{cpu_between, process_cpu_time};
 use crate::peers::Subject;
 use crate::peers::engine::{self, on_timeout};
 use crate::peers::tokio_sleep::{self, register};
-use crate::repeat::{self, median, spread};
+use crate::repeat::{self, spread};
 use crate::report::{Csv, RATIO_LEGEND, Table, mib, thousands};
 use crate::rng::XorShift64;
 use crate::rss;
-use crate::workloads::live_runs;
+use crate::workloads::live_runs::{self, Readings};
 use crate::workloads::{ns_per, request_timeout};
 
 pub const NAME: &str = "engine-live-1m";
@@ -69,27 +69,27 @@ pub struct EngineLiveResult {
     pub own_cancelled: Option<f64>,
 }
 
-const FIELDS: [&str; 15] = [
-    "ns_per_insert",
-    "ns_per_cancel",
-    "cpu_insert",
-    "cpu_cancel",
-    "worker_insert",
-    "worker_cancel",
-    "settle_ns",
-    "fired",
-    "rss_before",
-    "rss_live",
-    "rss_cancelled",
-    "rss_dropped",
-    "huge_live",
-    "own_live",
-    "own_cancelled",
-];
+impl Readings for EngineLiveResult {
+    const FIELDS: &'static [&'static str] = &[
+        "ns_per_insert",
+        "ns_per_cancel",
+        "cpu_insert",
+        "cpu_cancel",
+        "worker_insert",
+        "worker_cancel",
+        "settle_ns",
+        "fired",
+        "rss_before",
+        "rss_live",
+        "rss_cancelled",
+        "rss_dropped",
+        "huge_live",
+        "own_live",
+        "own_cancelled",
+    ];
 
-impl EngineLiveResult {
-    fn values(&self) -> [Option<f64>; 15] {
-        [
+    fn values(&self) -> Vec<Option<f64>> {
+        vec![
             Some(self.ns_per_insert),
             Some(self.ns_per_cancel),
             self.cpu_insert,
@@ -108,69 +108,29 @@ impl EngineLiveResult {
         ]
     }
 
-    fn from_values(v: [Option<f64>; 15]) -> Result<Self, String> {
-        let required =
-            |i: usize| v[i].ok_or_else(|| format!("the child reported no {}", FIELDS[i]));
+    fn from_values(v: &[Option<f64>]) -> Result<Self, String> {
+        let at = |i: usize| v.get(i).copied().flatten();
         Ok(Self {
-            ns_per_insert: required(0)?,
-            ns_per_cancel: required(1)?,
-            cpu_insert: v[2],
-            cpu_cancel: v[3],
-            worker_insert: v[4],
-            worker_cancel: v[5],
-            settle_ns: v[6],
-            fired: required(7)?,
-            rss_before: v[8],
-            rss_live: v[9],
-            rss_cancelled: v[10],
-            rss_dropped: v[11],
-            huge_live: v[12],
-            own_live: v[13],
-            own_cancelled: v[14],
+            ns_per_insert: live_runs::required::<Self>(v, 0)?,
+            ns_per_cancel: live_runs::required::<Self>(v, 1)?,
+            cpu_insert: at(2),
+            cpu_cancel: at(3),
+            worker_insert: at(4),
+            worker_cancel: at(5),
+            settle_ns: at(6),
+            fired: live_runs::required::<Self>(v, 7)?,
+            rss_before: at(8),
+            rss_live: at(9),
+            rss_cancelled: at(10),
+            rss_dropped: at(11),
+            huge_live: at(12),
+            own_live: at(13),
+            own_cancelled: at(14),
         })
     }
+}
 
-    /// One `name value` line per field, `-` for a missing reading.
-    pub fn encode(&self) -> String {
-        FIELDS
-            .iter()
-            .zip(self.values())
-            .map(|(name, value)| match value {
-                Some(value) => format!("{name} {value}\n"),
-                None => format!("{name} -\n"),
-            })
-            .collect()
-    }
-
-    pub fn decode(text: &str) -> Result<Self, String> {
-        let mut values = [None; 15];
-        for (slot, name) in values.iter_mut().zip(FIELDS) {
-            let value = text
-                .lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-                .ok_or_else(|| format!("the child process reported no {name}"))?;
-            *slot = match value {
-                "-" => None,
-                value => Some(
-                    value
-                        .parse()
-                        .map_err(|_| format!("the child process reported a bad {name}"))?,
-                ),
-            };
-        }
-        Self::from_values(values)
-    }
-
-    /// Each field's median over several runs.
-    fn median_of(runs: &[Self]) -> Result<Self, String> {
-        let mut values = [None; 15];
-        for (i, slot) in values.iter_mut().enumerate() {
-            let column: Option<Vec<f64>> = runs.iter().map(|run| run.values()[i]).collect();
-            *slot = column.filter(|c| !c.is_empty()).map(median);
-        }
-        Self::from_values(values)
-    }
-
+impl EngineLiveResult {
     fn above_baseline(&self, reading: Option<f64>) -> Option<f64> {
         Some(reading? - self.rss_before?)
     }
@@ -318,11 +278,11 @@ fn measure_tokio(timers: u64) -> Result<EngineLiveResult, String> {
 
 pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
     // RSS from a process another subject ran in first says little here: child or nothing.
-    let (runs, _) = live_runs::in_children(NAME, subjects, timers, EngineLiveResult::decode, None);
+    let (runs, _) = live_runs::in_children(NAME, subjects, timers, live_runs::decode, None);
     let results: Vec<Result<EngineLiveResult, String>> = runs
         .iter()
         .map(|runs| match runs {
-            Ok(runs) => EngineLiveResult::median_of(runs),
+            Ok(runs) => live_runs::median_of(runs),
             Err(error) => Err(error.clone()),
         })
         .collect();
@@ -580,7 +540,7 @@ fn memory_table(
 
 #[cfg(test)]
 mod tests {
-    use super::EngineLiveResult;
+    use super::{EngineLiveResult, live_runs};
 
     #[test]
     fn encode_then_decode_is_identity() {
@@ -601,7 +561,7 @@ mod tests {
             own_live: Some(4e7),
             own_cancelled: Some(4e7),
         };
-        assert_eq!(EngineLiveResult::decode(&result.encode()), Ok(result));
-        assert!(EngineLiveResult::decode("ns_per_insert x\n").is_err());
+        assert_eq!(live_runs::decode(&live_runs::encode(&result)), Ok(result));
+        assert!(live_runs::decode::<EngineLiveResult>("ns_per_insert x\n").is_err());
     }
 }

@@ -11,11 +11,11 @@ use std::time::Instant;
 
 use crate::allocator;
 use crate::peers::{Measure, Subject, TimerQueue, measure_fresh};
-use crate::repeat::{self, median, spread};
+use crate::repeat::{self, spread};
 use crate::report::{Csv, RATIO_LEGEND, Table, mib, ratio_cells, thousands};
 use crate::rng::XorShift64;
 use crate::rss;
-use crate::workloads::live_runs;
+use crate::workloads::live_runs::{self, Readings};
 use crate::workloads::{ns_per, ratio_columns, request_timeout};
 
 pub const NAME: &str = "live-1m";
@@ -103,84 +103,59 @@ pub fn measure_here(subject: Subject, timers: u64) -> Result<LiveResult, String>
     measure_fresh(subject, Live1m { timers })
 }
 
-impl LiveResult {
-    /// One `name value` line per field, `-` for a reading that is missing: what a child
-    /// process prints for its parent.
-    pub fn encode(&self) -> String {
-        fn opt(value: Option<u64>) -> String {
-            value.map_or_else(|| "-".to_string(), |value| value.to_string())
-        }
-        format!(
-            "ns_per_insert {}\nns_per_cancel {}\nrss_before {}\nrss_live {}\nrss_cancelled {}\nrss_shrunk {}\naccounted_live {}\nhuge_live {}\naccounted_cancelled {}\n",
-            self.ns_per_insert,
-            self.ns_per_cancel,
-            opt(self.rss_before),
-            opt(self.rss_live),
-            opt(self.rss_cancelled),
-            opt(self.rss_shrunk),
-            opt(self.accounted_live),
-            opt(self.huge_live),
-            opt(self.accounted_cancelled),
-        )
+/// Bytes as a reading (exact below 2^53), and back.
+fn reading(bytes: Option<u64>) -> Option<f64> {
+    bytes.map(|bytes| bytes as f64)
+}
+
+fn bytes(reading: Option<f64>) -> Option<u64> {
+    reading.map(|reading| reading as u64)
+}
+
+impl Readings for LiveResult {
+    const FIELDS: &'static [&'static str] = &[
+        "ns_per_insert",
+        "ns_per_cancel",
+        "rss_before",
+        "rss_live",
+        "rss_cancelled",
+        "rss_shrunk",
+        "accounted_live",
+        "huge_live",
+        "accounted_cancelled",
+    ];
+
+    fn values(&self) -> Vec<Option<f64>> {
+        vec![
+            Some(self.ns_per_insert),
+            Some(self.ns_per_cancel),
+            reading(self.rss_before),
+            reading(self.rss_live),
+            reading(self.rss_cancelled),
+            reading(self.rss_shrunk),
+            reading(self.accounted_live),
+            reading(self.huge_live),
+            reading(self.accounted_cancelled),
+        ]
     }
 
-    pub fn decode(text: &str) -> Result<Self, String> {
-        let field = |name: &str| -> Result<&str, String> {
-            text.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-                .ok_or_else(|| format!("the child process reported no {name}"))
-        };
-        let float = |name: &str| -> Result<f64, String> {
-            field(name)?
-                .parse()
-                .map_err(|_| format!("the child process reported a bad {name}"))
-        };
-        let opt = |name: &str| -> Result<Option<u64>, String> {
-            match field(name)? {
-                "-" => Ok(None),
-                value => value
-                    .parse()
-                    .map(Some)
-                    .map_err(|_| format!("the child process reported a bad {name}")),
-            }
-        };
+    fn from_values(v: &[Option<f64>]) -> Result<Self, String> {
+        let at = |i: usize| bytes(v.get(i).copied().flatten());
         Ok(Self {
-            ns_per_insert: float("ns_per_insert")?,
-            ns_per_cancel: float("ns_per_cancel")?,
-            rss_before: opt("rss_before")?,
-            rss_live: opt("rss_live")?,
-            rss_cancelled: opt("rss_cancelled")?,
-            rss_shrunk: opt("rss_shrunk")?,
-            accounted_live: opt("accounted_live")?,
-            huge_live: opt("huge_live")?,
-            accounted_cancelled: opt("accounted_cancelled")?,
+            ns_per_insert: live_runs::required::<Self>(v, 0)?,
+            ns_per_cancel: live_runs::required::<Self>(v, 1)?,
+            rss_before: at(2),
+            rss_live: at(3),
+            rss_cancelled: at(4),
+            rss_shrunk: at(5),
+            accounted_live: at(6),
+            huge_live: at(7),
+            accounted_cancelled: at(8),
         })
     }
+}
 
-    /// Each field's median over several runs. RSS barely moves between runs; the times do.
-    fn median_of(runs: &[LiveResult]) -> Self {
-        let bytes = |field: fn(&LiveResult) -> Option<u64>| -> Option<u64> {
-            let values: Option<Vec<f64>> = runs
-                .iter()
-                .map(|run| field(run).map(|v| v as f64))
-                .collect();
-            values
-                .filter(|values| !values.is_empty())
-                .map(|values| median(values) as u64)
-        };
-        Self {
-            ns_per_insert: median(runs.iter().map(|run| run.ns_per_insert)),
-            ns_per_cancel: median(runs.iter().map(|run| run.ns_per_cancel)),
-            rss_before: bytes(|run| run.rss_before),
-            rss_live: bytes(|run| run.rss_live),
-            rss_cancelled: bytes(|run| run.rss_cancelled),
-            rss_shrunk: bytes(|run| run.rss_shrunk),
-            accounted_live: bytes(|run| run.accounted_live),
-            huge_live: bytes(|run| run.huge_live),
-            accounted_cancelled: bytes(|run| run.accounted_cancelled),
-        }
-    }
-
+impl LiveResult {
     /// RSS above the reading taken just before the first insert.
     fn above_baseline(&self, reading: Option<u64>) -> Option<i64> {
         Some(reading? as i64 - self.rss_before? as i64)
@@ -201,15 +176,14 @@ pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv) {
         NAME,
         subjects,
         timers,
-        LiveResult::decode,
+        live_runs::decode,
         Some(measure_here),
     );
     let results: Vec<Result<LiveResult, String>> = runs
         .iter()
-        .map(|runs| {
-            runs.as_ref()
-                .map(|runs| LiveResult::median_of(runs))
-                .map_err(Clone::clone)
+        .map(|runs| match runs {
+            Ok(runs) => live_runs::median_of(runs),
+            Err(error) => Err(error.clone()),
         })
         .collect();
 
@@ -415,7 +389,7 @@ fn record_csv(name: &str, live: &LiveResult, timers: u64, csv: &mut Csv) {
 
 #[cfg(test)]
 mod tests {
-    use super::LiveResult;
+    use super::{LiveResult, live_runs};
 
     #[test]
     fn encode_then_decode_is_identity() {
@@ -430,7 +404,7 @@ mod tests {
             huge_live: Some(20 << 20),
             accounted_cancelled: None,
         };
-        assert_eq!(LiveResult::decode(&result.encode()), Ok(result));
-        assert!(LiveResult::decode("ns_per_insert x\n").is_err());
+        assert_eq!(live_runs::decode(&live_runs::encode(&result)), Ok(result));
+        assert!(live_runs::decode::<LiveResult>("ns_per_insert x\n").is_err());
     }
 }

@@ -29,9 +29,9 @@ pub fn measure_in_child(
     timers: u64,
 ) -> Option<Result<String, String>> {
     Some(match workload {
-        live_1m::NAME => live_1m::measure_here(subject, timers).map(|result| result.encode()),
+        live_1m::NAME => live_1m::measure_here(subject, timers).map(|r| live_runs::encode(&r)),
         engine_live_1m::NAME => {
-            engine_live_1m::measure_here(subject, timers).map(|result| result.encode())
+            engine_live_1m::measure_here(subject, timers).map(|r| live_runs::encode(&r))
         }
         _ => return None,
     })
