@@ -469,19 +469,13 @@ impl TimerEngine {
         let Ok(turn) = Turn::begin(shared.id.get()) else {
             return 0;
         };
-        if shared.shutdown.load(Ordering::SeqCst) {
-            // Shutting down, or shut down: no more turns, only last turns, and those only
-            // of shards nobody is turning (whoever is finishes them when that turn ends).
-            self.finish_manual(shared.pending_mode(), false);
-            return 0;
-        }
         let now = shared.clock.now();
         let now_tick = shared.ticks.floor(now);
         let mut fired = 0;
         for shard in shared.shards.iter() {
             if shared.shutdown.load(Ordering::SeqCst) {
-                // A callback of this turn, or another thread, began a shutdown: from now
-                // on every shard gets its last turn instead.
+                // Shut down before this turn began, or by a callback of it or another
+                // thread since: from now on every shard gets its last turn instead.
                 break;
             }
             if shard.try_own() {
@@ -496,9 +490,9 @@ impl TimerEngine {
             }
         }
         if shared.shutdown.load(Ordering::SeqCst) {
-            // A callback of this turn, or another thread, began a shutdown: the last turns
-            // that nobody else can make now are this thread's to make.
-            self.finish_manual(shared.pending_mode(), false);
+            // The last turns of shards nobody is turning are this thread's to make; whoever
+            // is turning one finishes it when that turn ends.
+            self.finish_manual(false);
         }
         drop(turn);
         fired
@@ -531,9 +525,9 @@ impl TimerEngine {
     /// shutdown flag after giving its shards back). The caller is inside a [`Turn`] of this
     /// engine, so a callback the last turn runs, or a capture it drops, that turns the
     /// engine gets 0 rather than waiting for a wheel its own thread holds.
-    fn finish_manual(&self, pending: PendingTimers, wait: bool) {
+    fn finish_manual(&self, wait: bool) {
         let shared = &*self.shared;
-        let now = shared.clock.now();
+        let (pending, now) = (shared.pending_mode(), shared.clock.now());
         for shard in shared.shards.iter() {
             let owned = if wait {
                 crate::sync::spin_until(|| match shard.is_finished() {
@@ -599,23 +593,21 @@ impl TimerEngine {
 
     /// Makes or waits for every shard's last turn, where the calling thread may wait.
     fn finish_workers(&self) {
-        let pending = self.shared.pending_mode();
         if self.manual {
             // Waiting for a shard another thread is turning is safe only for a thread that
             // nobody can be waiting for: not a worker, and inside no turn of any engine (two
             // callbacks on two threads may each be shutting down the other's engine).
             // Otherwise the threads turning those shards finish them when their turns end.
             let wait = !thread_role::is_worker() && !thread_role::in_any_turn();
-            match Turn::begin(self.shared.id.get()) {
-                Ok(turn) => {
-                    self.finish_manual(pending, wait);
-                    drop(turn);
-                }
+            let turn = match Turn::begin(self.shared.id.get()) {
                 // From inside a callback, the turn running it finishes instead, once over.
-                Err(thread_role::NoTurn::Inside) => {}
-                // An exiting thread is inside no turn; a nested `turn` there returns 0.
-                Err(thread_role::NoTurn::Exiting) => self.finish_manual(pending, wait),
-            }
+                Err(thread_role::NoTurn::Inside) => return,
+                // An exiting thread is inside no turn, and marks none: a nested `turn`
+                // there returns 0 anyway.
+                begun => begun.ok(),
+            };
+            self.finish_manual(wait);
+            drop(turn);
             return;
         }
         for shard in self.shared.shards.iter() {
