@@ -18,12 +18,13 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use corewheel::HyperTimer;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::rt::{Sleep, Timer};
 use hyper::service::service_fn;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -32,9 +33,10 @@ use tokio::sync::oneshot;
 /// deadline used here, so that a slow machine is never mistaken for a broken timer.
 const BOUND: Duration = Duration::from_secs(20);
 
-/// The timer under test.
-fn timer() -> TokioTimer {
-    TokioTimer::new()
+/// The timer under test: corewheel's, on the process-wide default engine. The tokio runtime
+/// still has its own timer, but only for the checks' bounds and the clients' pauses.
+fn timer() -> HyperTimer {
+    HyperTimer::default()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -499,7 +501,7 @@ enum Fault {
     NoReset,
 }
 
-/// The timer under test with one fault.
+/// The timer under test with one fault, built on it so that only the fault differs.
 #[derive(Clone)]
 struct Broken<T> {
     inner: T,
