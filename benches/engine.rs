@@ -414,6 +414,43 @@ fn schedule_cancel(c: &mut Criterion) {
     group.finish();
 }
 
+/// A request timeout answered in time: a sleep made, polled once with the task's waker (which
+/// arms or registers it) and dropped (which cancels it), inside a tokio task for both, so
+/// both clone the same kind of waker. corewheel's `Sleep` on the engine, tokio's on its
+/// runtime's timer.
+fn sleep_poll_drop(c: &mut Criterion) {
+    let mut group = group(c, "async_sleep_poll_drop");
+    let engine: &'static TimerEngine = Box::leak(Box::new(engine()));
+    let rt = runtime();
+    group.bench_function(BenchmarkId::new("corewheel", "1t"), |b| {
+        b.iter_custom(|iters| {
+            in_task(&rt, move |cx| {
+                let mut delays = Delays::new();
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut sleep = engine.sleep(delays.next());
+                    black_box(Pin::new(&mut sleep).poll(cx).is_ready());
+                }
+                start.elapsed()
+            })
+        })
+    });
+    group.bench_function(BenchmarkId::new("tokio", "1t"), |b| {
+        b.iter_custom(|iters| {
+            in_task(&rt, move |cx| {
+                let mut delays = Delays::new();
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let sleep = pin!(tokio::time::sleep(delays.next()));
+                    register(sleep, cx);
+                }
+                start.elapsed()
+            })
+        })
+    });
+    group.finish();
+}
+
 /// Thread `t`'s share of `iters` split over `threads`.
 fn share(iters: u64, threads: usize, t: usize) -> u64 {
     let threads = threads as u64;
@@ -454,6 +491,7 @@ fn print_ratios() {
         ("engine_reset_later", "reset later, 1M live", "1M"),
         ("engine_schedule_cancel", "schedule + cancel", "1t"),
         ("engine_schedule_cancel", "schedule + cancel", "2t"),
+        ("async_sleep_poll_drop", "Sleep: poll once, drop", "1t"),
     ];
     for (group, operation, label) in rows {
         if let (Some(w), Some(t)) = (
@@ -491,6 +529,7 @@ fn main() {
         },
     );
     schedule_cancel(&mut c);
+    sleep_poll_drop(&mut c);
     c.final_summary();
     if full {
         print_ratios();

@@ -4,7 +4,7 @@
 //! [`engine`](crate::engine) for who holds a node at each step.
 
 use std::ptr::NonNull;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::engine::callback::Callback;
 use crate::engine::context::{self, Context};
@@ -81,6 +81,28 @@ impl EngineShared {
             self.ticks.ceil_after_nanos(since, delay)
         });
         extrapolated.unwrap_or_else(|| self.ticks.ceil_after(self.clock.now(), delay))
+    }
+
+    /// The instant `delay` from now, never earlier: from this thread's anchor on the cycle
+    /// counter where there is one (an upper bound on now, without a clock read), from a
+    /// clock read otherwise. `None` past the end of `Instant`.
+    #[inline]
+    pub(crate) fn instant_after(this: &Arc<Self>, delay: Duration) -> Option<Instant> {
+        context::with(this, |context| {
+            let since = this.cycles.zip(context).and_then(|(scale, context)| {
+                context
+                    .anchor
+                    .now_at_most(scale, || this.ticks.nanos_since_origin(this.clock.now()))
+            });
+            match since {
+                Some(nanos) => this
+                    .ticks
+                    .origin()
+                    .checked_add(Duration::from_nanos(nanos))?
+                    .checked_add(delay),
+                None => this.clock.now().checked_add(delay),
+            }
+        })
     }
 
     /// Arms a timer due at `due` and sends it to the calling thread's home shard.

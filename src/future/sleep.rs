@@ -238,7 +238,7 @@ impl TimerEngine {
     /// years on. A deadline within `Instant`'s range but past the engine's (about 584
     /// million years at a 1 ms tick) never comes either.
     pub fn sleep(&self, delay: Duration) -> Sleep<'_> {
-        Sleep::new(self, self.now().checked_add(delay))
+        Sleep::new(self, EngineShared::instant_after(&self.shared, delay))
     }
 
     /// A [`Sleep`] that completes at `deadline`. A deadline already past completes on the
