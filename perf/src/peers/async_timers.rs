@@ -2,7 +2,7 @@
 //! way its users make it:
 //!
 //! - corewheel-async: `corewheel::sleep`, `corewheel::timeout`, `Sleep::reset`, on the
-//!   process-wide default engine;
+//!   process-wide default engine (one unpinned worker per CPU, 1 ms tick);
 //! - tokio and tokio-alt: `tokio::time::sleep`, `tokio::time::timeout`, `Sleep::reset` (the
 //!   same futures; the subjects differ in the runtime: tokio's default timer, or its
 //!   per-worker alternative timer from `Builder::enable_alt_timer`);
@@ -71,6 +71,27 @@ pub enum Reset<F> {
     Recreate,
 }
 
+/// corewheel's `sleep`, on the process-wide default engine.
+pub fn corewheel_sleep(delay: Duration) -> corewheel::Sleep<'static> {
+    corewheel::sleep(delay)
+}
+
+/// corewheel's `timeout()` around a pending read.
+pub fn corewheel_timeout_read(delay: Duration) -> corewheel::Timeout<'static, PendingRead> {
+    corewheel::timeout(delay, PendingRead)
+}
+
+/// corewheel's `Sleep::reset` (a `Sleep` is `Unpin`).
+pub fn corewheel_reset(sleep: Pin<&mut corewheel::Sleep<'static>>, deadline: Instant) {
+    sleep.get_mut().reset(deadline);
+}
+
+/// Waits until the default engine has nothing left of the timers a run gave it: every
+/// one cancelled or fired, every node back in its pool.
+pub fn settle_corewheel() -> Result<(), String> {
+    super::engine::settle(corewheel::default_engine()).map(|_| ())
+}
+
 /// tokio's `sleep` (either timer: the runtime decides).
 pub fn tokio_sleep(delay: Duration) -> tokio::time::Sleep {
     tokio::time::sleep(delay)
@@ -128,6 +149,8 @@ mod tests {
         let rt = runtime(1, TokioTimer::Default).expect("a runtime");
         rt.block_on(async {
             let delay = Duration::from_millis(5);
+            let mut corewheel = Box::pin(corewheel_sleep(delay));
+            let mut corewheel_t = Box::pin(corewheel_timeout_read(delay));
             let mut tokio = Box::pin(tokio_sleep(delay));
             let mut tokio_t = Box::pin(tokio_timeout_read(delay));
             let mut smol = Box::pin(async_io_sleep(delay));
@@ -136,6 +159,8 @@ mod tests {
             let mut pingora_t = Box::pin(pingora_timeout_read(delay));
             let done = with_context(|cx| {
                 [
+                    register(corewheel.as_mut(), cx),
+                    register(corewheel_t.as_mut(), cx),
                     register(tokio.as_mut(), cx),
                     register(tokio_t.as_mut(), cx),
                     register(smol.as_mut(), cx),
@@ -145,7 +170,9 @@ mod tests {
                 ]
             })
             .await;
-            assert_eq!(done, [false; 6], "none was done at once");
+            assert_eq!(done, [false; 8], "none was done at once");
+            corewheel.await;
+            assert!(corewheel_t.await.is_err());
             tokio.await;
             assert!(tokio_t.await.is_err());
             smol.await;
@@ -159,18 +186,22 @@ mod tests {
     fn in_place_resets_move_the_deadline() {
         let rt = runtime(1, TokioTimer::Default).expect("a runtime");
         rt.block_on(async {
+            let mut corewheel = Box::pin(corewheel_sleep(Duration::from_secs(30)));
             let mut tokio = Box::pin(tokio_sleep(Duration::from_secs(30)));
             let mut smol = Box::pin(async_io_sleep(Duration::from_secs(30)));
             with_context(|cx| {
+                assert!(!register(corewheel.as_mut(), cx));
                 assert!(!register(tokio.as_mut(), cx));
                 assert!(!register(smol.as_mut(), cx));
             })
             .await;
             let soon = Instant::now() + Duration::from_millis(5);
+            corewheel_reset(corewheel.as_mut(), soon);
             tokio_reset(tokio.as_mut(), soon);
             async_io_reset(smol.as_mut(), soon);
-            // Both fire at the new deadline, not 30 s out.
+            // Each fires at the new deadline, not 30 s out.
             let fired = tokio::time::timeout(Duration::from_secs(10), async {
+                corewheel.await;
                 tokio.await;
                 smol.await;
             })

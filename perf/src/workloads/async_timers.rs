@@ -491,9 +491,21 @@ pub fn measure(kind: Kind, subject: Subject, config: Config) -> Result<Run, Stri
     }
 }
 
-/// corewheel's async layer, in the same runtime as tokio's default timer.
-fn measure_corewheel(_kind: Kind, _config: Config) -> Result<Run, String> {
-    Err("corewheel's async layer has not landed on this branch yet".to_string())
+/// corewheel's async layer, in the same runtime as tokio's default timer. After the
+/// sleeps and timeouts, the run waits for the default engine to settle (every timer's
+/// cancel done by its workers, every node back in the pool) before its CPU reading; the
+/// idle sleeps of async-reset stay pending, so there the wait for the process to go idle
+/// stands for it.
+fn measure_corewheel(kind: Kind, config: Config) -> Result<Run, String> {
+    use TokioTimer::Default;
+    let settle: Settle = Some(timers::settle_corewheel);
+    match kind {
+        Kind::Sleep => once(Default, config, settle, timers::corewheel_sleep),
+        Kind::Timeout => once(Default, config, settle, timers::corewheel_timeout_read),
+        Kind::Reset => resets(Default, config, None, timers::corewheel_sleep, || {
+            Reset::InPlace(timers::corewheel_reset)
+        }),
+    }
 }
 
 /// tokio-alt in the copy of the harness built with `--cfg tokio_unstable`, one run per
