@@ -111,3 +111,30 @@ impl fmt::Display for ScheduleError {
 }
 
 impl std::error::Error for ScheduleError {}
+
+/// A [`Timeout`](crate::Timeout)'s deadline passed before its future finished.
+///
+/// ```
+/// use corewheel::{Elapsed, ManualClock, TimerEngine};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let engine = TimerEngine::builder().manual_clock(clock.clone()).build().unwrap();
+/// let mut late = Box::pin(engine.timeout(Duration::from_millis(5), std::future::pending::<()>()));
+/// let waker = std::task::Waker::noop();
+/// let mut cx = std::task::Context::from_waker(waker);
+/// assert!(late.as_mut().poll(&mut cx).is_pending());
+/// clock.advance(Duration::from_millis(5));
+/// engine.turn();
+/// assert_eq!(late.as_mut().poll(&mut cx), std::task::Poll::Ready(Err(Elapsed)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Elapsed;
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the deadline has elapsed")
+    }
+}
+
+impl std::error::Error for Elapsed {}

@@ -24,6 +24,7 @@
 
 mod engine;
 mod error;
+mod future;
 mod sync;
 mod time;
 mod wheel;
@@ -42,7 +43,15 @@ pub use engine::handle::TimerHandle;
 pub use engine::periodic::MissedTicks;
 pub use engine::shutdown::{PendingTimers, ShutdownReport};
 pub use engine::stats::{ShardStats, Stats};
-pub use error::{BuildError, CapacityError, GeometryError, ScheduleError};
+pub use error::{BuildError, CapacityError, Elapsed, GeometryError, ScheduleError};
+pub use future::default_engine::{
+    default_engine, interval, interval_at, sleep, sleep_until, timeout, timeout_at,
+};
+#[cfg(feature = "hyper")]
+pub use future::hyper_timer::HyperTimer;
+pub use future::interval::Interval;
+pub use future::sleep::Sleep;
+pub use future::timeout::Timeout;
 pub use time::clock::{Clock, ManualClock, MonotonicClock};
 pub use wheel::Wheel;
 pub use wheel::builder::WheelBuilder;

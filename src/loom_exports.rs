@@ -3,7 +3,9 @@
 
 pub use crate::sync::mpsc::testing::{Message, consume, message};
 pub use crate::sync::mpsc::{Link, Linked, Pop, Queue, link_after};
-pub use crate::sync::timer_state::{AfterFire, Cancelled, Observed, Phase, Received, TimerState};
+pub use crate::sync::timer_state::{
+    AfterFire, Cancelled, Defused, Kind, Observed, Phase, Received, TimerState,
+};
 
 use std::ptr::NonNull;
 

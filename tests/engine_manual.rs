@@ -1,9 +1,13 @@
 //! The engine's timing logic, driven by a manual clock: every decision is deterministic, and
 //! no test sleeps.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use common::manual as engine;
 
 use corewheel::{
     BuildError, Clock, ManualClock, MissedTicks, PendingTimers, ScheduleError, ShutdownReport,
@@ -12,16 +16,6 @@ use corewheel::{
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-fn engine(workers: usize) -> (TimerEngine, ManualClock) {
-    let clock = ManualClock::new();
-    let engine = TimerEngine::builder()
-        .workers(workers)
-        .manual_clock(clock.clone())
-        .build()
-        .expect("a manual engine");
-    (engine, clock)
 }
 
 /// A counter and a callback that bumps it.

@@ -1,10 +1,11 @@
 //! The per-timer state word on its own: a cancel or reset from another thread against the
 //! owner firing, two cancels, a cancel against resets, a repeating timer cancelled
-//! mid-fire, and a stale handle against the node's reuse. Each race must end in exactly one outcome, and
+//! mid-fire, a waker timer's wake against its `Sleep`'s drop, and a stale handle against the
+//! node's reuse. Each race must end in exactly one outcome, and
 //! every node must be pushed to its owner at most once at a time and freed exactly once.
 #![cfg(loom)]
 
-use corewheel::loom_exports::{AfterFire, Cancelled, Phase, Received, TimerState};
+use corewheel::loom_exports::{AfterFire, Cancelled, Defused, Kind, Phase, Received, TimerState};
 use corewheel_loom_tests::model;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
@@ -54,7 +55,12 @@ fn expire(state: &TimerState, deadline: &AtomicU64, now: u64) -> Owner {
 /// A timer armed and filed by its owner, with its deadline.
 fn filed(repeating: bool, due: u64) -> (Arc<TimerState>, Arc<AtomicU64>, u32) {
     let state = TimerState::new();
-    let generation = state.arm(repeating);
+    let kind = if repeating {
+        Kind::Repeating
+    } else {
+        Kind::OneShot
+    };
+    let generation = state.arm(kind);
     assert_eq!(state.receive(), Received::File);
     (Arc::new(state), Arc::new(AtomicU64::new(due)), generation)
 }
@@ -271,7 +277,7 @@ fn a_stale_handle_never_touches_the_timer_that_reused_its_node() {
             assert_eq!(state.receive(), Received::Free);
         }
         assert!(state.free());
-        let new = state.arm(false);
+        let new = state.arm(Kind::OneShot);
         assert_eq!(state.receive(), Received::File);
         let cancelled = stale.join().unwrap();
         assert_ne!(old, new);
@@ -282,5 +288,49 @@ fn a_stale_handle_never_touches_the_timer_that_reused_its_node() {
         );
         assert_eq!(state.observe().generation(), new);
         assert!(!state.observe().is_locked());
+    });
+}
+
+/// A waker timer claimed for firing: the runner begins, makes and settles the wake while
+/// the `Sleep`'s drop defuses it or waits for it. Exactly one of "defused before the wake"
+/// and "woken" happens, and a drop that saw the wake under way returns only after the node
+/// was freed (so after the wake).
+#[test]
+fn a_wake_against_its_sleeps_drop_happens_before_the_drop_returns_or_never() {
+    model(None, || {
+        let state = TimerState::new();
+        let generation = state.arm(Kind::Waker);
+        assert_eq!(state.receive(), Received::File);
+        assert!(state.try_fire(state.observe()));
+        let state = Arc::new(state);
+        let woke = Arc::new(AtomicU64::new(0));
+        let runner = {
+            let (state, woke) = (Arc::clone(&state), Arc::clone(&woke));
+            thread::spawn(move || {
+                let wake = state.begin_wake();
+                if wake {
+                    woke.store(1, Ordering::Release);
+                }
+                assert_eq!(state.finish_fire(), AfterFire::Free);
+                assert!(state.free());
+                wake
+            })
+        };
+        let defused = state.defuse(generation);
+        if defused == Defused::Waking {
+            while state.is_waking(generation) {
+                loom::thread::yield_now();
+            }
+        }
+        let woken_at_drop = woke.load(Ordering::Acquire);
+        let woke_at_all = runner.join().unwrap();
+        match defused {
+            Defused::BeforeWake => assert!(!woke_at_all),
+            Defused::Waking | Defused::Over => {
+                assert!(woke_at_all);
+                assert_eq!(woken_at_drop, 1, "the drop returned before the wake");
+            }
+        }
+        assert_eq!(state.observe().phase(), Phase::Free);
     });
 }

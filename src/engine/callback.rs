@@ -10,6 +10,7 @@
 
 use std::mem::{MaybeUninit, align_of, size_of};
 use std::ptr::NonNull;
+use std::task::Waker;
 
 use crate::engine::periodic::Period;
 
@@ -72,6 +73,26 @@ impl Callback {
             unsafe { self.storage.0.as_mut_ptr().cast::<*mut F>().write(boxed) };
             self.shim = Some(once_boxed::<F>);
         }
+    }
+
+    /// Stores a future's waker, to be woken once. The slot must be empty.
+    pub(crate) fn set_waker(&mut self, waker: Waker) {
+        const { assert!(fits_inline::<Waker>(INLINE_BYTES)) };
+        debug_assert!(self.shim.is_none());
+        // SAFETY: a waker fits (checked above at compile time), and the slot is empty.
+        unsafe { self.storage.0.as_mut_ptr().cast::<Waker>().write(waker) };
+        self.shim = Some(wake_once);
+    }
+
+    /// The waker [`set_waker`](Self::set_waker) stored, to replace it in place.
+    ///
+    /// # Safety
+    /// The slot must hold a waker stored by `set_waker` and not yet run or dropped.
+    pub(crate) unsafe fn waker_mut(&mut self) -> &mut Waker {
+        debug_assert!(self.shim.is_some());
+        // SAFETY: the caller guarantees a live waker at the start of the storage, and the
+        // slot is borrowed mutably for as long as the result lives.
+        unsafe { &mut *self.storage.0.as_mut_ptr().cast::<Waker>() }
     }
 
     /// Stores a repeating callback and its period. The slot must be empty.
@@ -175,6 +196,24 @@ unsafe fn once_boxed<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> 
     let f = unsafe { Box::from_raw(storage.cast::<*mut F>().read()) };
     if let Action::Call = action {
         f();
+    }
+    false
+}
+
+/// # Safety
+/// `storage` holds a `Waker` written by `set_waker`.
+unsafe fn wake_once(storage: NonNull<Storage>, action: Action) -> bool {
+    if let Action::Consumes = action {
+        return true;
+    }
+    // SAFETY: the caller guarantees an initialised waker at the start of the storage, which
+    // is read out exactly once, here.
+    let waker = unsafe { storage.cast::<Waker>().read() };
+    if let Action::Call = action {
+        // The task may be run inline by its executor and drop its `Sleep` right here:
+        // that drop must not wait for this wake to end.
+        let _waking = crate::engine::thread_role::Waking::begin(&waker);
+        waker.wake();
     }
     false
 }
@@ -287,6 +326,39 @@ mod tests {
             assert!(!slot.is_set());
         }
         assert_eq!(Arc::strong_count(&runs), 1);
+    }
+
+    #[test]
+    fn a_waker_is_woken_once_or_dropped_unwoken_and_can_be_replaced() {
+        struct Count(AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let first = Arc::new(Count(AtomicUsize::new(0)));
+        let second = Arc::new(Count(AtomicUsize::new(0)));
+        let mut slot = Callback::EMPTY;
+        slot.set_waker(Waker::from(Arc::clone(&first)));
+        // SAFETY: the slot holds the waker just stored.
+        let old = std::mem::replace(
+            unsafe { slot.waker_mut() },
+            Waker::from(Arc::clone(&second)),
+        );
+        drop(old);
+        slot.call();
+        slot.call();
+        assert_eq!(first.0.load(Ordering::Relaxed), 0);
+        assert_eq!(second.0.load(Ordering::Relaxed), 1);
+        slot.set_waker(Waker::from(Arc::clone(&first)));
+        slot.clear();
+        assert_eq!(
+            first.0.load(Ordering::Relaxed),
+            0,
+            "a dropped waker is not woken"
+        );
+        assert_eq!(Arc::strong_count(&first), 1);
+        assert_eq!(Arc::strong_count(&second), 1);
     }
 
     #[test]

@@ -44,6 +44,11 @@
 //!      off the run queue, who runs the callback and settles the node;
 //!    - *cancelled* or *done*: whoever holds it when no message names it any more, who
 //!      drops the callback and gives the node back.
+//!
+//!    The callback has a cell of its own, apart from the links: while a waker timer is
+//!    pending and its `Sleep` holds the state word's reset lock, that `Sleep` may replace
+//!    the waker in it, since nobody fires, runs or frees a locked pending timer
+//!    ([`waker_timer`]).
 //! 4. **A thread's lane** is pushed, claimed and parked only by that thread; the owner
 //!    takes a stack of it whole with one swap. A producer holding nodes it took back marks
 //!    the lane busy, and the owner's last turn waits for it to put them back.
@@ -86,6 +91,7 @@ pub(crate) mod shutdown;
 pub(crate) mod stats;
 pub(crate) mod thread_role;
 pub(crate) mod timer_node;
+pub(crate) mod waker_timer;
 pub(crate) mod wheel_side;
 // loom models drive engines by hand, without worker threads.
 #[cfg(not(loom))]
@@ -109,6 +115,7 @@ use crate::error::{BuildError, ScheduleError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use crate::sync::run_queue::MAX_RUN;
+use crate::sync::timer_state::Kind;
 use crate::sync::unmodelled::{self, AtomicU32, Mutex as StdMutex};
 use crate::time::clock::{Clock, MonotonicClock};
 use crate::time::cycle_clock::CycleScale;
@@ -168,7 +175,7 @@ static ENGINES: AtomicU32 = AtomicU32::new(1);
 /// assert!(engine.cancel(idle));
 /// ```
 pub struct TimerEngine {
-    shared: Arc<EngineShared>,
+    pub(crate) shared: Arc<EngineShared>,
     threads: StdMutex<Vec<JoinHandle<()>>>,
     /// Driven by hand: no worker threads.
     manual: bool,
@@ -295,7 +302,7 @@ impl TimerEngine {
         EngineShared::arm(
             &self.shared,
             When::After(delay),
-            Period::ONE_SHOT,
+            Kind::OneShot,
             |callback| callback.set_once(f),
         )
     }
@@ -312,7 +319,7 @@ impl TimerEngine {
         EngineShared::arm(
             &self.shared,
             When::AtTick(tick),
-            Period::ONE_SHOT,
+            Kind::OneShot,
             |callback| callback.set_once(f),
         )
     }
@@ -366,7 +373,7 @@ impl TimerEngine {
             ticks: self.shared.ticks.span(period),
             missed,
         };
-        EngineShared::arm(&self.shared, first, period, |callback| {
+        EngineShared::arm(&self.shared, first, Kind::Repeating, |callback| {
             callback.set_repeating(f, period)
         })
     }
@@ -643,6 +650,12 @@ impl TimerEngine {
     /// The tick length.
     pub fn tick(&self) -> Duration {
         self.shared.ticks.tick()
+    }
+
+    /// The engine's clock: the manual clock's time for an engine built with one, the
+    /// monotonic clock's otherwise. Deadlines given to this engine are read against it.
+    pub fn now(&self) -> Instant {
+        self.shared.clock.now()
     }
 
     /// Pool nodes holding a timer, counted by walking every node (a leak check for tests:

@@ -71,8 +71,8 @@ impl Links for FiledNodes<'_> {
     #[inline]
     fn links(&self, index: u32) -> (Location, u32, u32) {
         // SAFETY: only the thread holding the shard's wheel touches a filed node's held
-        // parts (see `TimerNode::with_held`), and the wheel's methods run on that thread.
-        unsafe { self.node(index).with_held(|held| held.links()) }
+        // parts (see `TimerNode::with_links`), and the wheel's methods run on that thread.
+        unsafe { self.node(index).with_links(|links| links.links()) }
     }
 
     #[inline]
@@ -85,13 +85,13 @@ impl Links for FiledNodes<'_> {
     #[inline]
     fn set_prev(&mut self, index: u32, prev: u32) {
         // SAFETY: as in `links`.
-        unsafe { self.node(index).with_held(|held| held.set_prev(prev)) }
+        unsafe { self.node(index).with_links(|links| links.set_prev(prev)) }
     }
 
     #[inline]
     fn set_next(&mut self, index: u32, next: u32) {
         // SAFETY: as in `links`.
-        unsafe { self.node(index).with_held(|held| held.set_next(next)) }
+        unsafe { self.node(index).with_links(|links| links.set_next(next)) }
     }
 
     #[inline]
@@ -99,7 +99,7 @@ impl Links for FiledNodes<'_> {
         // SAFETY: as in `links`.
         unsafe {
             self.node(index)
-                .with_held(|held| held.set_links(location, prev, next))
+                .with_links(|links| links.set_links(location, prev, next))
         }
     }
 }
@@ -120,7 +120,7 @@ pub(crate) struct Pool {
 }
 
 // SAFETY: the region's nodes are shared only through their atomics and through the holder
-// discipline of `TimerNode::with_held`; the pool's own bookkeeping is atomic.
+// discipline of `TimerNode::with_links`; the pool's own bookkeeping is atomic.
 unsafe impl Send for Pool {}
 // SAFETY: as above.
 unsafe impl Sync for Pool {}

@@ -11,7 +11,6 @@ use crate::engine::context::{self, Context};
 use crate::engine::counters::add;
 use crate::engine::handle::TimerHandle;
 use crate::engine::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
-use crate::engine::periodic::Period;
 use crate::engine::pool::{BATCH, Magazine};
 use crate::engine::shard::Shard;
 use crate::engine::shared::{EngineShared, When};
@@ -19,7 +18,7 @@ use crate::engine::timer_node::TimerNode;
 use crate::error::ScheduleError;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::timer_state::{Cancelled, Observed, Phase};
+use crate::sync::timer_state::{Cancelled, Kind, Observed, Phase};
 
 /// Free nodes a thread keeps per shard before handing a batch back.
 const MAGAZINE_LIMIT: u32 = 4 * BATCH;
@@ -89,7 +88,7 @@ impl EngineShared {
     pub(crate) fn arm(
         this: &Arc<Self>,
         due: When,
-        period: Period,
+        kind: Kind,
         store: impl FnOnce(&mut Callback),
     ) -> Result<TimerHandle, ScheduleError> {
         if this.shutdown.load(Ordering::Acquire) {
@@ -102,8 +101,8 @@ impl EngineShared {
                 When::AtTick(tick) => tick,
             };
             match context {
-                Some(context) => this.arm_on_lane(context, tick, period, store),
-                None => this.arm_direct(tick, period, store),
+                Some(context) => this.arm_on_lane(context, tick, kind, store),
+                None => this.arm_direct(tick, kind, store),
             }
         })?;
         // Pairs with the shutdown's flag store and the final take of every lane: either
@@ -119,7 +118,7 @@ impl EngineShared {
         &self,
         context: &Context,
         tick: u64,
-        period: Period,
+        kind: Kind,
         store: impl FnOnce(&mut Callback),
     ) -> Result<TimerHandle, ScheduleError> {
         let shard_index = context.home;
@@ -137,7 +136,7 @@ impl EngineShared {
             })
         }
         .ok_or(ScheduleError::Capacity)?;
-        let handle = self.prepare(shard_index, node, tick, period, store);
+        let handle = self.prepare(shard_index, node, tick, kind, store);
         Lane::count(Counted::Schedule.on_lane(lane));
         self.send(lane, shard, node, tick);
         Ok(handle)
@@ -149,7 +148,7 @@ impl EngineShared {
     fn arm_direct(
         &self,
         tick: u64,
-        period: Period,
+        kind: Kind,
         store: impl FnOnce(&mut Callback),
     ) -> Result<TimerHandle, ScheduleError> {
         let shard = &self.shards[0];
@@ -159,7 +158,7 @@ impl EngineShared {
         }
         let node = magazine.take().ok_or(ScheduleError::Capacity)?;
         magazine.give_back(&shard.pool);
-        let handle = self.prepare(0, node, tick, period, store);
+        let handle = self.prepare(0, node, tick, kind, store);
         Counted::Schedule.without_lane(shard);
         // SAFETY: `node` is armed, in transit, and held by this thread until pushed.
         unsafe { shard.send_direct(node, tick) };
@@ -174,20 +173,18 @@ impl EngineShared {
         shard: usize,
         node: NonNull<TimerNode>,
         tick: u64,
-        period: Period,
+        kind: Kind,
         store: impl FnOnce(&mut Callback),
     ) -> TimerHandle {
         // SAFETY: taken from a magazine or the pool, so live and held by this thread alone.
         let node_ref = unsafe { node.as_ref() };
         // SAFETY: as above: no other thread can reach a free node's held parts.
         unsafe {
-            node_ref.with_held(|held| {
-                store(&mut held.callback);
-                held.start_transit();
-            })
+            node_ref.with_callback(store);
+            node_ref.with_links(|links| links.start_transit());
         };
         node_ref.deadline.store(tick, Ordering::Relaxed);
-        let generation = node_ref.state.arm(period.is_repeating());
+        let generation = node_ref.state.arm(kind);
         TimerHandle::new(
             self.id,
             shard as u32,
@@ -277,7 +274,7 @@ impl EngineShared {
                 // request timeouts are cancelled within a few dozen schedules, and those
                 // never need the old stacks' longer wait (nor their memory).
                 // SAFETY: held by this thread, taken off its lane, not filed.
-                if unsafe { node_ref.with_held(|held| held.outlive_claim()) } {
+                if unsafe { node_ref.with_links(|links| links.outlive_claim()) } {
                     park.push(node, need);
                 } else {
                     keep.push(node, need);
@@ -396,7 +393,7 @@ impl EngineShared {
         // SAFETY: held by this thread (taken off its lane), and cancelled in transit.
         let node_ref = unsafe { node.as_ref() };
         // SAFETY: as above.
-        if unsafe { node_ref.with_held(|held| held.callback.clear()) } {
+        if unsafe { node_ref.with_callback(|callback| callback.clear()) } {
             Lane::count(&lane.panicked);
         }
         if node_ref.state.free() {

@@ -35,15 +35,13 @@ pub(crate) fn run(shard: &ShardParts, run: &Run, now_tick: u64, by_owner: bool) 
         };
         let node = NonNull::from(node_ref);
         let due = node_ref.deadline();
-        // A repeating timer cancelled while it waited on the queue is not run again.
-        if node_ref.state.observe().phase() != Phase::FiringCancelled {
-            run_callback_uncounted(shard, node_ref);
+        if run_claimed(shard, node_ref) {
             fired += 1;
             late += u64::from(now_tick > due.saturating_add(1));
         }
         // SAFETY: the timer was claimed for this run, so this thread holds the node until
         // it settles it below.
-        let period = unsafe { node_ref.with_held(|held| held.callback.period()) };
+        let period = unsafe { node_ref.with_callback(|callback| callback.period()) };
         let next = period
             .is_repeating()
             .then(|| period.missed.next_after(due, period.ticks, now_tick));
@@ -79,16 +77,34 @@ pub(crate) fn run(shard: &ShardParts, run: &Run, now_tick: u64, by_owner: bool) 
 
 /// Runs a claimed timer's callback, catching and counting a panic and counting the run.
 pub(crate) fn run_callback(shard: &ShardParts, node: &TimerNode) {
-    run_callback_uncounted(shard, node);
-    add(&shard.counters.fired, 1);
+    if run_claimed(shard, node) {
+        add(&shard.counters.fired, 1);
+    }
+}
+
+/// Runs a claimed timer's callback unless it must not run any more: a repeating timer
+/// cancelled while it waited on the queue, or a waker timer whose `Sleep` was dropped
+/// before its wake began. Returns whether it ran.
+fn run_claimed(shard: &ShardParts, node: &TimerNode) -> bool {
+    let seen = node.state.observe();
+    let run = if seen.is_waker() {
+        node.state.begin_wake()
+    } else {
+        seen.phase() != Phase::FiringCancelled
+    };
+    if run {
+        run_callback_uncounted(shard, node);
+    }
+    run
 }
 
 /// Runs a claimed timer's callback, catching and counting a panic.
 fn run_callback_uncounted(shard: &ShardParts, node: &TimerNode) {
     // SAFETY: the caller claimed the timer (its state says Firing), so this thread holds
     // the node until it settles it.
-    let panicked =
-        unsafe { node.with_held(|held| crate::engine::panics::contain(|| held.callback.call())) };
+    let panicked = unsafe {
+        node.with_callback(|callback| crate::engine::panics::contain(|| callback.call()))
+    };
     add(&shard.counters.panicked, u64::from(panicked));
 }
 
@@ -99,7 +115,7 @@ pub(crate) fn free_into(shard: &ShardParts, node: NonNull<TimerNode>, freed: &mu
     // generation moves on below).
     let node_ref = unsafe { node.as_ref() };
     // SAFETY: as above.
-    let panicked = unsafe { node_ref.with_held(|held| held.callback.clear()) };
+    let panicked = unsafe { node_ref.with_callback(|callback| callback.clear()) };
     add(&shard.counters.panicked, u64::from(panicked));
     if node_ref.state.free() {
         freed.put(node);

@@ -24,28 +24,31 @@ pub(crate) struct TimerNode {
     pub(crate) deadline: AtomicU64,
     /// Touched only by whoever holds the node exclusively, as the phase says (ground rule
     /// 3 in [`engine`](crate::engine)).
-    held: UnsafeCell<Held>,
+    links: UnsafeCell<Links>,
+    /// Touched by whoever holds the node, and by a waker timer's `Sleep` while it holds
+    /// the state's reset lock (ground rule 3): a cell apart from the links, which the
+    /// wheel's holder may be changing at the same time.
+    callback: UnsafeCell<Callback>,
 }
 
-/// The parts of a node only its holder touches.
-pub(crate) struct Held {
+/// A node's place on its wheel list, or its transit mark: only its holder touches it.
+pub(crate) struct Links {
     /// The node's neighbours on its wheel list, while the state says `FILED`, each in the
     /// low [`INDEX_BITS`] bits; the high bits of the two hold the list's location (six bits
     /// each), so that the node fits in one 64-byte cache line.
     prev: u32,
     next: u32,
-    pub(crate) callback: Callback,
 }
 
 /// Bits of a node index in a packed link: a pool holds fewer than 2^26 nodes.
 pub(crate) const INDEX_BITS: u32 = 26;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 
-/// `Held::next` of a node in transit that has outlived one lane claim (the link fields are
+/// `Links::next` of a node in transit that has outlived one lane claim (the link fields are
 /// free while a node is not filed).
 const OUTLIVED_CLAIM: u32 = u32::MAX - 1;
 
-impl Held {
+impl Links {
     /// Marks a node just armed as not yet having outlived a lane claim.
     #[inline]
     pub(crate) fn start_transit(&mut self) {
@@ -107,23 +110,37 @@ impl TimerNode {
             link: Link::new(),
             state: TimerState::new(),
             deadline: AtomicU64::new(0),
-            held: UnsafeCell::new(Held {
+            links: UnsafeCell::new(Links {
                 prev: INDEX_MASK,
                 next: INDEX_MASK,
-                callback: Callback::EMPTY,
             }),
+            callback: UnsafeCell::new(Callback::EMPTY),
         }
     }
 
-    /// Runs `f` on the holder-only parts.
+    /// Runs `f` on the node's links.
     ///
     /// # Safety
-    /// The caller must hold the node exclusively (see [`TimerNode::held`]): no other thread
-    /// may be inside `with_held` for this node at the same time.
+    /// The caller must hold the node exclusively (ground rule 3 in
+    /// [`engine`](crate::engine)): no other thread may be inside `with_links` for this node
+    /// at the same time.
     #[inline]
-    pub(crate) unsafe fn with_held<R>(&self, f: impl FnOnce(&mut Held) -> R) -> R {
+    pub(crate) unsafe fn with_links<R>(&self, f: impl FnOnce(&mut Links) -> R) -> R {
         // SAFETY: the caller's exclusivity makes this the only live reference.
-        self.held.with_mut(|held| f(unsafe { &mut *held }))
+        self.links.with_mut(|links| f(unsafe { &mut *links }))
+    }
+
+    /// Runs `f` on the node's callback.
+    ///
+    /// # Safety
+    /// The caller must hold the node exclusively, or be the `Sleep` of a pending waker
+    /// timer holding the state's reset lock (ground rule 3 in [`engine`](crate::engine)):
+    /// no other thread may be inside `with_callback` for this node at the same time.
+    #[inline]
+    pub(crate) unsafe fn with_callback<R>(&self, f: impl FnOnce(&mut Callback) -> R) -> R {
+        // SAFETY: the caller's exclusivity makes this the only live reference.
+        self.callback
+            .with_mut(|callback| f(unsafe { &mut *callback }))
     }
 
     /// The deadline tick, as last stored.

@@ -335,6 +335,13 @@ impl WheelSide {
                 let seen = node_ref.state.observe();
                 (seen.phase() != Phase::Pending || !seen.is_locked()).then_some(seen)
             });
+            // A future waiting on a timer is woken either way: dropping its waker unwoken
+            // would leave its task waiting for ever.
+            let pending = if seen.is_waker() {
+                PendingTimers::Run
+            } else {
+                pending
+            };
             match seen.phase() {
                 Phase::Pending => {
                     let claimed = match pending {

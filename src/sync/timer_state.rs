@@ -5,16 +5,22 @@
 //! so every transition is one compare-and-swap that also checks the generation: a stale
 //! handle (whose generation has moved on) never changes the timer that reused the node.
 //!
-//! Layout: `generation (32) | reset sequence (24) | LOCKED | FILED | MSG | REPEATING | phase (4)`.
+//! Layout: `generation (32) | WAKER | reset sequence (23) | LOCKED | FILED | MSG | REPEATING |
+//! phase (4)`.
 //!
 //! - `MSG`: the node is in transit to its owner, on a lane or the inbox. Exactly one party
 //!   sets it and pushes the node (the scheduler, or a canceller or resetter that found it
 //!   clear), and only whoever takes the node off the queue clears it; so a node is on at most
 //!   one queue, and is never given back to the pool while a queue still holds it.
 //! - `FILED`: the owner has the node in its wheel.
-//! - `LOCKED`: a resetter is writing the deadline. The owner does not fire a locked timer
-//!   (it looks again a tick later) and other resetters and cancellers wait for the unlock,
-//!   which is two instructions away.
+//! - `LOCKED`, while pending: a resetter is writing the deadline (or, for a waker timer, its
+//!   `Sleep` is replacing the waker). The owner does not fire a locked timer (it looks again
+//!   a tick later) and other resetters and cancellers wait for the unlock, which is two
+//!   instructions away. While a waker timer is firing, `LOCKED` says its wake has begun.
+//! - `WAKER`: the timer wakes a future's task (a [`Sleep`](crate::Sleep)). Its `Sleep`
+//!   must know, when it is dropped, that no wake can come any more: so the runner claims
+//!   the wake ([`TimerState::begin_wake`]) and the drop may defuse a wake not yet begun
+//!   ([`TimerState::defuse`]), or else wait for the one under way to end.
 //!
 //! The owner fires a timer only by moving it from `Pending` to `Firing` with the exact word
 //! it read before looking at the deadline. A reset locks, stores the new deadline and unlocks
@@ -31,7 +37,8 @@ const MSG: u64 = 1 << 5;
 const FILED: u64 = 1 << 6;
 const LOCKED: u64 = 1 << 7;
 const SEQUENCE_SHIFT: u32 = 8;
-const SEQUENCE_MASK: u64 = ((1 << 24) - 1) << SEQUENCE_SHIFT;
+const SEQUENCE_MASK: u64 = ((1 << 23) - 1) << SEQUENCE_SHIFT;
+const WAKER: u64 = 1 << 31;
 const GENERATION_SHIFT: u32 = 32;
 
 /// Where a timer is in its life.
@@ -45,7 +52,8 @@ pub enum Phase {
     /// Claimed for running: whoever took it off the run queue runs its callback; a
     /// repeating timer goes back to `Pending` after.
     Firing = 2,
-    /// A repeating timer firing, cancelled meanwhile: it will not be re-armed.
+    /// A repeating timer firing, cancelled meanwhile: it will not be re-armed. Or a waker
+    /// timer whose `Sleep` was dropped before the wake began: it will not wake.
     FiringCancelled = 3,
     /// Stopped by a cancel before it fired; waiting to be given back to the pool.
     Cancelled = 4,
@@ -101,6 +109,16 @@ impl Observed {
         self.0 & REPEATING != 0
     }
 
+    /// Whether the timer wakes a future's task.
+    pub const fn is_waker(self) -> bool {
+        self.0 & WAKER != 0
+    }
+
+    /// Whether a resetter holds the lock of a pending timer.
+    const fn is_reset_locked(self) -> bool {
+        self.is_locked() && matches!(self.phase(), Phase::Pending)
+    }
+
     const fn with_phase(self, phase: Phase) -> u64 {
         (self.0 & !PHASE_MASK) | phase as u64
     }
@@ -128,6 +146,28 @@ pub enum Received {
     Free,
     /// Nothing to do (it is firing right now, and the firing path settles it).
     Ignore,
+}
+
+/// What a callback a node holds does when it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Runs once.
+    OneShot,
+    /// Runs every period until cancelled.
+    Repeating,
+    /// Wakes a future's task, once.
+    Waker,
+}
+
+/// What a dropped `Sleep` found its timer doing, when it could not cancel it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defused {
+    /// The wake had not begun, and now never will.
+    BeforeWake,
+    /// The wake has begun on some thread and has not ended yet.
+    Waking,
+    /// The timer is over: woken already, or no longer this generation's.
+    Over,
 }
 
 /// What the worker that ran a timer does with it afterwards.
@@ -172,9 +212,14 @@ impl TimerState {
 
     /// Arms a free node that the caller holds exclusively, in transit to its owner. Returns
     /// the generation handles must carry.
-    pub fn arm(&self, repeating: bool) -> u32 {
+    pub fn arm(&self, kind: Kind) -> u32 {
         let generation = self.observe().generation();
-        let flags = MSG | if repeating { REPEATING } else { 0 };
+        let flags = MSG
+            | match kind {
+                Kind::OneShot => 0,
+                Kind::Repeating => REPEATING,
+                Kind::Waker => WAKER,
+            };
         self.word.store(
             (u64::from(generation) << GENERATION_SHIFT) | flags | Phase::Pending as u64,
             Ordering::Release,
@@ -182,15 +227,16 @@ impl TimerState {
         generation
     }
 
-    /// Waits out a resetter's lock: two instructions, unless that thread was preempted.
+    /// Waits out a resetter's lock: two instructions, unless that thread was preempted. (A
+    /// firing timer's lock is a wake under way, which no resetter or canceller waits for.)
     fn unlocked(&self) -> u64 {
         let current = self.word.load(Ordering::Acquire);
-        if current & LOCKED == 0 {
+        if !Observed(current).is_reset_locked() {
             return current;
         }
         crate::sync::spin_until(|| {
             let current = self.word.load(Ordering::Acquire);
-            (current & LOCKED == 0).then_some(current)
+            (!Observed(current).is_reset_locked()).then_some(current)
         })
     }
 
@@ -219,7 +265,7 @@ impl TimerState {
                 .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return Some(outcome),
-                Err(actual) if actual & LOCKED != 0 => current = self.unlocked(),
+                Err(actual) if Observed(actual).is_reset_locked() => current = self.unlocked(),
                 Err(actual) => current = actual,
             }
         }
@@ -242,7 +288,7 @@ impl TimerState {
                 Ordering::Acquire,
             ) {
                 Ok(_) => return true,
-                Err(actual) if actual & LOCKED != 0 => current = self.unlocked(),
+                Err(actual) if Observed(actual).is_reset_locked() => current = self.unlocked(),
                 Err(actual) => current = actual,
             }
         }
@@ -348,14 +394,70 @@ impl TimerState {
                     Phase::Firing if seen.is_repeating() => {
                         (seen.with_phase(Phase::Pending) | MSG, AfterFire::Rearm)
                     }
-                    _ if seen.in_transit() => {
-                        (seen.with_phase(Phase::Done), AfterFire::AwaitMessage)
-                    }
+                    _ if seen.in_transit() => (
+                        seen.with_phase(Phase::Done) & !LOCKED,
+                        AfterFire::AwaitMessage,
+                    ),
+                    // A woken timer stays `LOCKED` until it is freed: a drop of its
+                    // `Sleep` must wait for the free rather than write to a word its
+                    // holder is about to store over.
                     _ => (current, AfterFire::Free),
                 };
                 Some(next)
             });
         outcome
+    }
+
+    /// The runner of a claimed waker timer begins its wake: `false` if the timer's `Sleep`
+    /// defused it first, and then the wake must not happen. Only the runner changes a
+    /// firing timer's word to `LOCKED`, and only a drop defuses it, so one retry at most.
+    pub fn begin_wake(&self) -> bool {
+        let mut current = self.word.load(Ordering::Acquire);
+        loop {
+            if Observed(current).phase() != Phase::Firing {
+                return false;
+            }
+            match self.word.compare_exchange(
+                current,
+                current | LOCKED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// The `Sleep` of the waker timer of `generation` is going away and the timer could not
+    /// be cancelled: stops a wake that has not begun, or says whether one is under way.
+    pub fn defuse(&self, generation: u32) -> Defused {
+        let mut current = self.word.load(Ordering::Acquire);
+        loop {
+            let seen = Observed(current);
+            if seen.generation() != generation || seen.phase() != Phase::Firing {
+                return Defused::Over;
+            }
+            if seen.is_locked() {
+                return Defused::Waking;
+            }
+            match self.word.compare_exchange(
+                current,
+                seen.with_phase(Phase::FiringCancelled),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Defused::BeforeWake,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Whether the wake of the waker timer of `generation` is under way (or over, and the
+    /// node not yet freed).
+    pub fn is_waking(&self, generation: u32) -> bool {
+        let seen = self.observe();
+        seen.generation() == generation && seen.phase() == Phase::Firing && seen.is_locked()
     }
 
     /// The owner ends a pending timer at shutdown, without running it. `true` if it did
@@ -410,7 +512,11 @@ mod tests {
 
     fn armed(repeating: bool) -> (TimerState, u32) {
         let state = TimerState::new();
-        let generation = state.arm(repeating);
+        let generation = state.arm(if repeating {
+            Kind::Repeating
+        } else {
+            Kind::OneShot
+        });
         (state, generation)
     }
 
@@ -495,7 +601,7 @@ mod tests {
         state.try_cancel(generation);
         state.receive();
         assert!(state.free());
-        let next = state.arm(false);
+        let next = state.arm(Kind::OneShot);
         assert_ne!(next, generation);
         assert_eq!(state.try_cancel(generation), None);
         assert!(!state.lock_for_reset(generation));
@@ -512,6 +618,53 @@ mod tests {
         assert!(state.try_fire(state.observe()));
         assert_eq!(state.finish_fire(), AfterFire::AwaitMessage);
         assert_eq!(state.receive(), Received::Free);
+    }
+
+    fn fired_waker() -> (TimerState, u32) {
+        let state = TimerState::new();
+        let generation = state.arm(Kind::Waker);
+        state.receive();
+        assert!(state.try_fire(state.observe()));
+        (state, generation)
+    }
+
+    #[test]
+    fn a_defused_wake_never_begins() {
+        let (state, generation) = fired_waker();
+        assert_eq!(state.defuse(generation), Defused::BeforeWake);
+        assert!(!state.begin_wake());
+        assert_eq!(state.finish_fire(), AfterFire::Free);
+    }
+
+    #[test]
+    fn a_wake_under_way_is_waited_for_and_not_defused() {
+        let (state, generation) = fired_waker();
+        assert!(state.begin_wake());
+        assert_eq!(state.defuse(generation), Defused::Waking);
+        assert!(state.is_waking(generation));
+        assert_eq!(
+            state.try_cancel(generation),
+            None,
+            "a wake's lock is no reset's"
+        );
+        assert!(!state.lock_for_reset(generation));
+        assert_eq!(state.finish_fire(), AfterFire::Free);
+        assert!(state.is_waking(generation), "until the node is freed");
+        assert!(state.free());
+        assert!(!state.is_waking(generation));
+        assert_eq!(state.defuse(generation), Defused::Over);
+    }
+
+    #[test]
+    fn a_waker_timer_is_locked_for_a_new_waker_like_a_reset() {
+        let state = TimerState::new();
+        let generation = state.arm(Kind::Waker);
+        state.receive();
+        assert!(state.lock_for_reset(generation));
+        assert!(!state.try_fire(state.observe()));
+        assert!(!state.unlock_reset(false));
+        assert!(state.observe().is_waker());
+        assert!(state.try_fire(state.observe()));
     }
 
     #[test]

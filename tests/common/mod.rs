@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use corewheel::TimerEngine;
+use corewheel::{ManualClock, TimerEngine};
 
 /// Runs `f` on a thread of its own and waits at most `limit` for it: a body that never
 /// returns fails the test (naming `what`) instead of hanging the suite.
@@ -61,4 +61,15 @@ pub fn unpinned(workers: usize) -> Arc<TimerEngine> {
             .build()
             .unwrap(),
     )
+}
+
+/// A hand-driven engine of `workers` shards on a new manual clock.
+pub fn manual(workers: usize) -> (TimerEngine, ManualClock) {
+    let clock = ManualClock::new();
+    let engine = TimerEngine::builder()
+        .workers(workers)
+        .manual_clock(clock.clone())
+        .build()
+        .expect("a manual engine");
+    (engine, clock)
 }

@@ -1,0 +1,201 @@
+//! `Sleep` against the engine firing its timer: a new waker registered, a reset, a drop,
+//! and a shutdown, each racing the worker's turn at the deadline. The task side runs on the
+//! main thread (whose lane stays open, see `engine.rs`), the worker's turn on a spawned
+//! one. Checked: no wake-up is lost (a `Sleep` left pending is woken through the waker it
+//! was last polled with), none comes early, a dropped `Sleep` wakes nobody once its drop
+//! returns, and every node and waker clone is given back.
+#![cfg(loom)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+
+use corewheel::{PendingTimers, Sleep, TimerEngine};
+use corewheel_loom_tests::{engine, model, settle, ticks};
+use loom::sync::Arc;
+use loom::thread;
+
+/// A waker that counts its wakes. Plain std atomics, invisible to loom: read on the thread
+/// that woke it or after joining that thread.
+#[derive(Default)]
+struct Wakes(AtomicUsize);
+
+impl Wake for Wakes {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn counting() -> (std::sync::Arc<Wakes>, Waker) {
+    let wakes = std::sync::Arc::new(Wakes::default());
+    let waker = Waker::from(std::sync::Arc::clone(&wakes));
+    (wakes, waker)
+}
+
+fn count(wakes: &Wakes) -> usize {
+    wakes.0.load(Ordering::Relaxed)
+}
+
+fn poll(sleep: &mut Sleep<'_>, waker: &Waker) -> Poll<()> {
+    Pin::new(sleep).poll(&mut Context::from_waker(waker))
+}
+
+/// A `Sleep` due in 3 ticks, polled with `waker`, and filed in the worker's wheel (as
+/// `filed` does for a plain timer: armed due in one tick, moved later, and the turn at
+/// that tick files it). On return the clock stands one tick after the arming.
+fn filed_sleep<'e>(
+    engine: &'e TimerEngine,
+    clock: &corewheel::ManualClock,
+    waker: &Waker,
+) -> Sleep<'e> {
+    let mut sleep = engine.sleep(ticks(1));
+    assert!(poll(&mut sleep, waker).is_pending());
+    sleep.reset(engine.now() + ticks(3));
+    clock.advance(ticks(1));
+    assert_eq!(engine.turn(), 0, "a sleep moved later does not fire now");
+    sleep
+}
+
+/// Turning at the deadline from another thread while the task polls with a new waker: the
+/// wake goes to the waker the node held when it fired, and a poll that returned `Pending`
+/// means that was the new one. (A worker that finds the waker being written fires the
+/// timer a tick later, as it does for a reset.)
+#[test]
+fn a_new_waker_racing_the_fire_is_never_lost() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let (first, first_waker) = counting();
+        let (second, second_waker) = counting();
+        let mut sleep = filed_sleep(&engine, &clock, &first_waker);
+        clock.advance(ticks(2));
+        let worker = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || engine.turn())
+        };
+        let polled = poll(&mut sleep, &second_waker);
+        let mut fired = worker.join().unwrap();
+        if fired == 0 {
+            // The new waker was being written as the worker looked: a locked timer is
+            // looked at again a tick later.
+            assert!(polled.is_pending());
+            assert_eq!(count(&second), 0, "never early");
+            clock.advance(ticks(1));
+            fired = engine.turn();
+        }
+        assert_eq!(fired, 1, "due: it fires");
+        match polled {
+            Poll::Pending => assert_eq!((count(&first), count(&second)), (0, 1)),
+            Poll::Ready(()) => assert_eq!((count(&first), count(&second)), (1, 0)),
+        }
+        assert_eq!(poll(&mut sleep, &second_waker), Poll::Ready(()));
+        drop(sleep);
+        assert_eq!(settle(&engine, &clock), 0);
+        assert_eq!(engine.nodes_in_use(), 0);
+        assert_eq!(
+            std::sync::Arc::strong_count(&first),
+            2,
+            "only the test's waker"
+        );
+        assert_eq!(
+            std::sync::Arc::strong_count(&second),
+            2,
+            "only the test's waker"
+        );
+    });
+}
+
+/// Turning at the old deadline while the task pushes the deadline back: whichever wins,
+/// the `Sleep` is pending until the new deadline and completes there, woken.
+#[test]
+fn a_reset_racing_the_fire_is_never_early_and_never_lost() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let (wakes, waker) = counting();
+        let mut sleep = filed_sleep(&engine, &clock, &waker);
+        clock.advance(ticks(2));
+        let later = engine.now() + ticks(2);
+        let worker = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || engine.turn())
+        };
+        sleep.reset(later);
+        let woken_by_old = worker.join().unwrap();
+        assert!(woken_by_old <= 1);
+        assert!(
+            !sleep.is_elapsed(),
+            "reset to later: not elapsed at the old deadline"
+        );
+        assert!(poll(&mut sleep, &waker).is_pending(), "never early");
+        clock.advance(ticks(1));
+        engine.turn();
+        assert!(poll(&mut sleep, &waker).is_pending(), "never early");
+        let before = count(&wakes);
+        clock.advance(ticks(1));
+        assert_eq!(engine.turn(), 1, "fires at the new deadline");
+        assert_eq!(count(&wakes), before + 1, "and wakes the task");
+        assert_eq!(poll(&mut sleep, &waker), Poll::Ready(()));
+        drop(sleep);
+        assert_eq!(settle(&engine, &clock), 0);
+        assert_eq!(engine.nodes_in_use(), 0);
+    });
+}
+
+/// Turning at the deadline while the task drops its `Sleep`: once the drop returns, the
+/// waker is never woken, and the node and the waker's clone are given back.
+#[test]
+fn a_dropped_sleep_wakes_nobody_after_its_drop_returns() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let (wakes, waker) = counting();
+        let sleep = filed_sleep(&engine, &clock, &waker);
+        clock.advance(ticks(2));
+        let worker = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || engine.turn())
+        };
+        drop(sleep);
+        let at_drop = count(&wakes);
+        worker.join().unwrap();
+        assert_eq!(count(&wakes), at_drop, "woken after the drop returned");
+        assert_eq!(settle(&engine, &clock), 0);
+        assert_eq!(engine.nodes_in_use(), 0);
+        assert_eq!(
+            std::sync::Arc::strong_count(&wakes),
+            2,
+            "only the test's waker"
+        );
+    });
+}
+
+/// A shutdown that drops pending timers, racing the task dropping its `Sleep`: the drop
+/// wakes nobody after it returns, and a `Sleep` still alive at the shutdown is woken (its
+/// task must not wait for a timer that will never fire).
+#[test]
+fn a_shutdown_racing_a_drop_wakes_only_live_sleeps() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let (kept_wakes, kept_waker) = counting();
+        let (dropped_wakes, dropped_waker) = counting();
+        let mut kept = filed_sleep(&engine, &clock, &kept_waker);
+        let dropped = filed_sleep(&engine, &clock, &dropped_waker);
+        let stopper = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || engine.shutdown(PendingTimers::Drop))
+        };
+        drop(dropped);
+        let at_drop = count(&dropped_wakes);
+        stopper.join().unwrap();
+        assert_eq!(
+            count(&dropped_wakes),
+            at_drop,
+            "woken after the drop returned"
+        );
+        assert_eq!(count(&kept_wakes), 1, "the live sleep's task was woken");
+        assert_eq!(poll(&mut kept, &kept_waker), Poll::Ready(()));
+        drop(kept);
+        assert_eq!(engine.nodes_in_use(), 0);
+        assert_eq!(std::sync::Arc::strong_count(&dropped_wakes), 2);
+        assert_eq!(std::sync::Arc::strong_count(&kept_wakes), 2);
+    });
+}

@@ -1,0 +1,91 @@
+//! Timers that wake a future's task: the engine's side of a [`Sleep`](crate::Sleep).
+//!
+//! The waker lives in the timer's pooled node, in the callback slot, so a sleep allocates
+//! nothing and shares no `Arc` with its timer. Its `Sleep` alone holds the handle, and so is
+//! the only thread that ever resets, re-wakers or cancels it:
+//!
+//! - **A new waker** is written under the state word's reset lock, which keeps the owner
+//!   from firing the timer (and every other thread from freeing it) while the slot changes.
+//!   If the lock cannot be had the timer has fired, and the future is done.
+//! - **The wake** begins with [`TimerState::begin_wake`](crate::sync::timer_state::TimerState::begin_wake),
+//!   so a drop can tell a wake not yet begun, which it defuses, from one under way, which it
+//!   waits for: once a `Sleep`'s drop returns, its waker is never woken.
+//! - **At shutdown** a pending waker timer is woken whatever the pending mode, so that no
+//!   task waits for a timer that will never fire.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+
+use std::task::Waker;
+
+use crate::engine::handle::TimerHandle;
+use crate::engine::shared::{EngineShared, When};
+use crate::engine::thread_role::Waking;
+use crate::error::ScheduleError;
+use crate::sync::Arc;
+use crate::sync::timer_state::{Defused, Kind, Phase};
+
+impl EngineShared {
+    /// Arms a timer at `tick` that wakes `waker`.
+    #[inline]
+    pub(crate) fn arm_waker(
+        this: &Arc<Self>,
+        tick: u64,
+        waker: Waker,
+    ) -> Result<TimerHandle, ScheduleError> {
+        Self::arm(this, When::AtTick(tick), Kind::Waker, |callback| {
+            callback.set_waker(waker)
+        })
+    }
+
+    /// Whether the waker timer `handle` still waits: `false` once it has begun firing (its
+    /// deadline has passed), or is over for any reason.
+    #[inline]
+    pub(crate) fn is_waiting(&self, handle: TimerHandle) -> bool {
+        self.lookup(handle).is_some_and(|(_, node)| {
+            let seen = node.state.observe();
+            seen.generation() == handle.generation() && seen.phase() == Phase::Pending
+        })
+    }
+
+    /// Makes the pending waker timer `handle` wake `waker` instead of the waker it holds.
+    /// `false` if the timer no longer waits (it fired, or is over).
+    pub(crate) fn replace_waker(&self, handle: TimerHandle, waker: &Waker) -> bool {
+        let Some((_, node)) = self.lookup(handle) else {
+            return false;
+        };
+        // Cloned before the lock and the old one dropped after it: either runs the
+        // executor's code, which must not run while the owner cannot fire this timer.
+        let new = waker.clone();
+        if !node.state.lock_for_reset(handle.generation()) {
+            return false;
+        }
+        // SAFETY: the reset lock on a pending waker timer makes this thread (its `Sleep`'s)
+        // the only one touching the callback slot (ground rule 3), and the slot holds the
+        // waker `arm_waker` stored, since only a run or a free empties it and neither can
+        // happen to a pending, locked timer.
+        let old =
+            unsafe { node.with_callback(|callback| std::mem::replace(callback.waker_mut(), new)) };
+        node.state.unlock_reset(false);
+        drop(old);
+        true
+    }
+
+    /// The `Sleep` of the waker timer `handle` lets it go (dropped, or about to arm a new
+    /// timer): cancels it, or defuses a wake not yet begun, or waits for the wake under way
+    /// to end. When this returns, the timer will never wake `waker_data`'s waker, except
+    /// from inside that very wake on this thread (its task run inline by the executor).
+    pub(crate) fn retire_waker(this: &Arc<Self>, handle: TimerHandle, waker_data: usize) {
+        if Self::cancel(this, handle) {
+            return;
+        }
+        let Some((_, node)) = this.lookup(handle) else {
+            return;
+        };
+        let generation = handle.generation();
+        if node.state.defuse(generation) == Defused::Waking
+            && !Waking::is_under_way_here(waker_data)
+        {
+            crate::sync::spin_until(|| (!node.state.is_waking(generation)).then_some(()));
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Sleeping allocates nothing once the pool is warm: a counting allocator watches the
+//! test's thread while it makes, polls, resets, re-wakers and drops sleeps and timeouts,
+//! on a hand-driven engine and on one with worker threads.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Wake, Waker};
+use std::time::Duration;
+
+use corewheel::{ManualClock, TimerEngine};
+
+/// Counts allocations made on threads that asked to be watched.
+struct Counting;
+
+thread_local! {
+    static WATCHING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note() {
+    // `try_with`: the allocator runs during thread-local destruction too.
+    let _ = WATCHING.try_with(|watching| {
+        if watching.get() {
+            let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every call is passed to the system allocator unchanged; counting touches only
+// thread-local cells, which allocate nothing (const-initialised).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Allocations `f` made on this thread.
+fn allocations_in(f: impl FnOnce()) -> usize {
+    ALLOCATIONS.with(|count| count.set(0));
+    WATCHING.with(|watching| watching.set(true));
+    f();
+    WATCHING.with(|watching| watching.set(false));
+    ALLOCATIONS.with(Cell::get)
+}
+
+struct Nop;
+
+impl Wake for Nop {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// One round of what a proxy does with timers: a request timeout answered in time, an
+/// idle timeout pushed back and its waker changed, a timeout around a pending read.
+fn round(engine: &TimerEngine, first: &Waker, second: &Waker) {
+    let mut cx = Context::from_waker(first);
+    let mut request = engine.sleep(Duration::from_secs(5));
+    assert!(Pin::new(&mut request).poll(&mut cx).is_pending());
+    drop(request);
+
+    let mut idle = engine.sleep(Duration::from_secs(30));
+    assert!(Pin::new(&mut idle).poll(&mut cx).is_pending());
+    idle.reset(engine.now() + Duration::from_secs(60));
+    idle.reset(engine.now() + Duration::from_secs(10));
+    let mut other = Context::from_waker(second);
+    assert!(Pin::new(&mut idle).poll(&mut other).is_pending());
+    drop(idle);
+
+    let mut read = engine.timeout(Duration::from_secs(1), std::future::pending::<()>());
+    assert!(Pin::new(&mut read).poll(&mut cx).is_pending());
+    drop(read);
+}
+
+fn check(engine: &TimerEngine, turn: impl Fn()) {
+    let first = Waker::from(Arc::new(Nop));
+    let second = Waker::from(Arc::new(Nop));
+    // Warm: the thread's lane and magazine, and the pool's first nodes.
+    for _ in 0..2_000 {
+        round(engine, &first, &second);
+        turn();
+    }
+    let made = allocations_in(|| {
+        for _ in 0..20_000 {
+            round(engine, &first, &second);
+        }
+    });
+    assert_eq!(made, 0, "allocations in 20 000 rounds");
+}
+
+#[test]
+fn sleeping_on_a_hand_driven_engine_allocates_nothing() {
+    let clock = ManualClock::new();
+    let engine = TimerEngine::builder()
+        .manual_clock(clock.clone())
+        .workers(1)
+        .build()
+        .expect("a manual engine");
+    check(&engine, || {
+        engine.turn();
+    });
+}
+
+#[test]
+fn sleeping_on_an_engine_with_workers_allocates_nothing_on_the_task_thread() {
+    let engine = TimerEngine::builder()
+        .workers(2)
+        .pin_workers(false)
+        .build()
+        .expect("an engine");
+    check(&engine, || {});
+}
+
+/// The counter counts: a test that could not fail would prove nothing.
+#[test]
+fn the_counter_sees_an_allocation() {
+    assert_eq!(
+        allocations_in(|| drop(std::hint::black_box(Box::new(1)))),
+        1
+    );
+}
