@@ -8,6 +8,7 @@
 //! This module knows no workload: the parent names one and decodes what the child printed,
 //! and the child's side is handed the function that makes the measurement.
 
+use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 
 use crate::peers::Subject;
@@ -26,6 +27,11 @@ pub enum Error {
 /// what it printed.
 pub fn run(workload: &str, subject: Subject, timers: u64) -> Result<String, Error> {
     let exe = std::env::current_exe().map_err(|error| Error::Spawn(error.to_string()))?;
+    run_in(&exe, workload, subject, timers)
+}
+
+/// As [`run`], in the executable `exe` (another build of this harness).
+pub fn run_in(exe: &Path, workload: &str, subject: Subject, timers: u64) -> Result<String, Error> {
     let output = Command::new(exe)
         .env(ENV, format!("{workload} {} {timers}", subject.name()))
         .stdin(Stdio::null())
@@ -73,4 +79,9 @@ pub fn main(spec: &str, measure: Measure) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether this process is a child the harness started to make one measurement.
+pub fn is_child() -> bool {
+    std::env::var_os(ENV).is_some()
 }

@@ -17,6 +17,7 @@ mod report;
 mod rng;
 mod rss;
 mod run_folder;
+mod unstable_build;
 mod workloads;
 
 use std::ffi::OsString;
@@ -27,8 +28,8 @@ use std::time::Duration;
 use peers::Subject;
 use report::{Csv, thousands};
 use workloads::{
-    Sizes, Workload, arm_cancel, burst_steal, engine_arm_cancel, engine_live_1m, engine_reset,
-    fire_storm, live_1m, reset_heavy, steady_mix,
+    Sizes, Workload, arm_cancel, async_timers, burst_steal, engine_arm_cancel, engine_live_1m,
+    engine_reset, fire_storm, live_1m, reset_heavy, steady_mix,
 };
 
 /// More than this would not fit a 24 GiB machine in any subject, and a mistyped zero should
@@ -45,14 +46,18 @@ const MAX_WINDOW: usize = 10_000_000;
 const MAX_MIX_RATE: usize = 1_000_000_000;
 const MAX_MIX_SECONDS: usize = 3_600;
 
+/// Most operations per thread an async workload's run may be asked for.
+const MAX_ASYNC_OPS: usize = 1_000_000_000;
+
 const HELP: &str = "\
 corewheel-perf: the million-timer workload harness
 
 Runs corewheel's Wheel and its peers (tokio-util DelayQueue, std BinaryHeap) through the
 same single-thread workloads, and corewheel's multi-core TimerEngine against tokio's sleep
 and timeout(), pingora-timeout and a Mutex<BinaryHeap> shared by all threads through the
-engine-* workloads from 1..N threads and steady-mix, in one run; prints a table per
-workload and writes the run's results.csv, SVG plots and summary.md into a folder of its
+engine-* workloads from 1..N threads and steady-mix, and corewheel's async layer against
+tokio (its default timer and its alternative timer), async-io and pingora-timeout through
+the async-* workloads from 1..N threads, in one run; prints a table per workload and writes the run's results.csv, SVG plots and summary.md into a folder of its
 own, target/perf-runs/<UTC date and time>/ (under CARGO_TARGET_DIR where that is set),
 whose path it prints at the end. Nothing in the source tree changes unless --save asks.
 
@@ -62,14 +67,19 @@ USAGE:
 OPTIONS:
     --workloads LIST   comma-separated, default all:
                        arm-cancel, engine-arm-cancel, live-1m, engine-live-1m,
-                       reset-heavy, engine-reset, fire-storm, burst-steal, steady-mix
+                       reset-heavy, engine-reset, fire-storm, burst-steal, steady-mix,
+                       async-sleep, async-timeout, async-reset
     --peers LIST       comma-separated subjects, default all:
                        corewheel, delay-queue, binary-heap (single-thread workloads),
                        engine, tokio-sleep (engine-* workloads, steady-mix),
                        mutex-heap (engine-arm-cancel, engine-reset, steady-mix),
-                       tokio-timeout, pingora-timeout (engine-arm-cancel only)
-    --threads LIST     application threads for engine-arm-cancel and engine-reset,
-                       comma-separated (default 1 up to the CPU count: 1,2,...)
+                       tokio-timeout, pingora-timeout (engine-arm-cancel only),
+                       corewheel-async, tokio, tokio-alt, async-io, pingora-timeout
+                       (async-* workloads; tokio-alt runs in a copy of the harness that
+                       the run builds with --cfg tokio_unstable under
+                       <target>/tokio-unstable, a minute or two the first time)
+    --threads LIST     application threads for engine-arm-cancel, engine-reset and the
+                       async-* workloads, comma-separated (default 1 up to the CPU count)
     --windows LIST     requests in flight per thread for engine-arm-cancel, comma-separated
                        (default 16,10000; 0 = arm then cancel at once)
     --timers N         timers for live-1m, engine-live-1m, fire-storm and steady-mix (default
@@ -77,6 +87,8 @@ OPTIONS:
     --mix-rate N       timers armed per second in steady-mix, all threads together
                        (default 1,000,000); it runs on the largest --threads count
     --mix-seconds N    how long steady-mix runs (default 10)
+    --async-ops N      operations per thread in each async-* run (default 1,000,000;
+                       --full: 10,000,000)
     --allocator NAME   the global allocator for the whole run: mimalloc (default) or system
     --save DIR         also copy this run's results over DIR's (its CSV, SVG and summary.md
                        files are replaced as one set; subfolders are left alone): how the
@@ -102,6 +114,8 @@ struct Options {
     windows: Vec<usize>,
     mix_rate: u64,
     mix_seconds: u64,
+    /// Operations per thread in the async workloads, when asked for.
+    async_ops: Option<u64>,
     /// `mimalloc` or `system`, when asked for.
     allocator: Option<&'static str>,
     /// Where to copy the run's results as the reference set, when asked.
@@ -140,6 +154,7 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Strin
         windows: engine_arm_cancel::DEFAULT_WINDOWS.to_vec(),
         mix_rate: steady_mix::DEFAULT_RATE,
         mix_seconds: steady_mix::DEFAULT_SECONDS,
+        async_ops: None,
         allocator: None,
         save: None,
     };
@@ -213,6 +228,13 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Strin
                     1,
                     MAX_MIX_SECONDS,
                 )? as u64
+            }
+            "--async-ops" => {
+                options.async_ops =
+                    Some(
+                        parse_count(&value("--async-ops")?, "--async-ops", 1, MAX_ASYNC_OPS)?
+                            as u64,
+                    )
             }
             _ if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
             _ => return Err(format!("unexpected argument {flag:?}")),
@@ -319,7 +341,7 @@ fn header(options: &Options, run_dir: &Path) -> String {
         };
         let _ = writeln!(
             out,
-            "threads:   {} (engine-arm-cancel, engine-reset; steady-mix runs on the largest; --threads)",
+            "threads:   {} (engine-arm-cancel, engine-reset, async-*; steady-mix runs on the largest; --threads)",
             list(&options.threads)
         );
         let _ = writeln!(
@@ -358,7 +380,10 @@ fn main() -> ExitCode {
     if let Some(wanted) = options.allocator.filter(|&w| w != allocator::short_name()) {
         return run_with_allocator(wanted);
     }
-    let sizes = Sizes::new(options.full, options.timers);
+    let mut sizes = Sizes::new(options.full, options.timers);
+    if let Some(ops) = options.async_ops {
+        sizes.async_ops = ops;
+    }
     let run_dir = match run_folder::create() {
         Ok(dir) => dir,
         Err(error) => {
@@ -372,6 +397,8 @@ fn main() -> ExitCode {
     let (threads, windows) = (&options.threads, &options.windows);
     let mut csv = Csv::default();
     let mut plots = plots::Plots::default();
+    let mut async_summary = async_timers::Summary::default();
+    prepare_alt_timer(&options);
     progress::start(planned_runs(&options));
     for &workload in &options.workloads {
         let subjects = &options.subjects_for(workload);
@@ -409,6 +436,18 @@ fn main() -> ExitCode {
                 &mut csv,
             ),
             Workload::BurstSteal => burst_steal::run(threads, sizes.storm_timers, &mut csv),
+            Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
+                let kind = async_timers::Kind::parse(workload.name())
+                    .expect("every async workload is a kind");
+                async_timers::run(
+                    kind,
+                    subjects,
+                    threads,
+                    sizes.async_ops,
+                    &mut csv,
+                    &mut async_summary,
+                )
+            }
         }
         if let Some(note) = meter.note() {
             progress::print(&format!("{}: {note}\n", workload.name()));
@@ -426,6 +465,9 @@ fn main() -> ExitCode {
         }
     }
 
+    if let Some(table) = async_summary.table() {
+        table.print();
+    }
     progress::finish();
 
     match write_results(&options, &csv, &plots, &run_dir, began.elapsed()) {
@@ -522,6 +564,32 @@ fn run_with_allocator(wanted: &str) -> ExitCode {
     }
 }
 
+/// Builds (or finds up to date) the tokio_unstable copy of the harness before the run, when
+/// an async workload is to measure tokio-alt, so that the build is not inside a workload.
+fn prepare_alt_timer(options: &Options) {
+    let wanted = options.workloads.iter().any(|&workload| {
+        workload.drives(Subject::TokioAlt) && options.subjects.contains(&Subject::TokioAlt)
+    });
+    if !wanted || unstable_build::ready() {
+        return;
+    }
+    progress::print(&format!(
+        "tokio-alt: building the harness with --cfg tokio_unstable into {} (a minute or two the first time; up to date after that)",
+        unstable_build::target_dir().display()
+    ));
+    let began = std::time::Instant::now();
+    match unstable_build::exe() {
+        Ok(exe) => progress::print(&format!(
+            "tokio-alt: {} ready after {:.1} s\n",
+            exe.display(),
+            began.elapsed().as_secs_f64()
+        )),
+        Err(error) => progress::print(&format!(
+            "tokio-alt: ERROR: {error}; its rows will show the error\n"
+        )),
+    }
+}
+
 /// How many measured runs `options` asks for: the progress bar's length.
 fn planned_runs(options: &Options) -> u64 {
     let runs = repeat::RUNS as u64;
@@ -538,7 +606,10 @@ fn planned_runs(options: &Options) -> u64 {
                     | Workload::EngineLive1m
                     | Workload::ResetHeavy => runs,
                     Workload::EngineArmCancel => runs * threads * options.windows.len() as u64,
-                    Workload::EngineReset => runs * threads,
+                    Workload::EngineReset
+                    | Workload::AsyncSleep
+                    | Workload::AsyncTimeout
+                    | Workload::AsyncReset => runs * threads,
                     Workload::FireStorm | Workload::SteadyMix => 1,
                     // Stealing on and off, at each worker count above one.
                     Workload::BurstSteal => {
@@ -590,7 +661,8 @@ mod tests {
                 "3",
                 "--allocator=system",
                 "--save",
-                "perf/results"
+                "perf/results",
+                "--async-ops=5,000"
             ]),
             Ok(Command::Run(Options {
                 workloads: vec![Workload::FireStorm, Workload::ArmCancel],
@@ -601,6 +673,7 @@ mod tests {
                 windows: vec![0, 16],
                 mix_rate: 2_000,
                 mix_seconds: 3,
+                async_ops: Some(5_000),
                 allocator: Some("system"),
                 save: Some("perf/results".into()),
             }))
@@ -630,6 +703,8 @@ mod tests {
             &["--mix-seconds", "100000"],
             &["--save"],
             &["--save="],
+            &["--async-ops", "0"],
+            &["--async-ops"],
         ] {
             assert!(parse(args).is_err(), "{args:?} should be rejected");
         }

@@ -92,7 +92,10 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
             continue;
         };
         // The single-thread workloads run at one thread count only.
-        if !row.workload.starts_with("engine-") || row.threads == 0 || !row.value.is_finite() {
+        if !(row.workload.starts_with("engine-") || row.workload.starts_with("async-"))
+            || row.threads == 0
+            || !row.value.is_finite()
+        {
             continue;
         }
         by_workload

@@ -45,7 +45,7 @@ pub fn create() -> io::Result<PathBuf> {
 
 /// The target directory this binary was built into (`<target>/<profile>/corewheel-perf`),
 /// so that `CARGO_TARGET_DIR` is respected; the workspace's `target/` if that cannot be told.
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))

@@ -3,6 +3,7 @@
 //! subjects, corewheel's `TimerEngine` and tokio's `sleep`, which the engine workloads drive
 //! from several threads the way their users do.
 
+pub mod async_timers;
 pub mod binary_heap;
 pub mod delay_queue;
 pub mod engine;
@@ -29,10 +30,18 @@ pub enum Subject {
     PingoraTimeout,
     /// One `BinaryHeap` behind a `Mutex`, shared by every thread, with a timer thread.
     MutexHeap,
+    /// corewheel's async layer: `corewheel::sleep`, `timeout`, `Sleep::reset`.
+    CorewheelAsync,
+    /// tokio's `sleep` and `timeout` on its default timer (the async-* workloads).
+    Tokio,
+    /// The same on tokio's per-worker alternative timer.
+    TokioAlt,
+    /// async-io's `Timer`: smol's timer.
+    AsyncIo,
 }
 
 impl Subject {
-    pub const ALL: [Subject; 8] = [
+    pub const ALL: [Subject; 12] = [
         Subject::Corewheel,
         Subject::DelayQueue,
         Subject::BinaryHeap,
@@ -41,6 +50,10 @@ impl Subject {
         Subject::TokioTimeout,
         Subject::PingoraTimeout,
         Subject::MutexHeap,
+        Subject::CorewheelAsync,
+        Subject::Tokio,
+        Subject::TokioAlt,
+        Subject::AsyncIo,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,6 +66,10 @@ impl Subject {
             Subject::TokioTimeout => "tokio-timeout",
             Subject::PingoraTimeout => "pingora-timeout",
             Subject::MutexHeap => "mutex-heap",
+            Subject::CorewheelAsync => "corewheel-async",
+            Subject::Tokio => "tokio",
+            Subject::TokioAlt => "tokio-alt",
+            Subject::AsyncIo => "async-io",
         }
     }
 
@@ -74,13 +91,19 @@ impl Subject {
             Subject::TokioTimeout => Some("vs_tokio_timeout"),
             Subject::PingoraTimeout => Some("vs_pingora_timeout"),
             Subject::MutexHeap => Some("vs_mutex_heap"),
-            Subject::Corewheel | Subject::Engine => None,
+            Subject::Tokio => Some("vs_tokio"),
+            Subject::TokioAlt => Some("vs_tokio_alt"),
+            Subject::AsyncIo => Some("vs_async_io"),
+            Subject::Corewheel | Subject::Engine | Subject::CorewheelAsync => None,
         }
     }
 
     /// corewheel's own subjects, whose rows get the "vs peer" ratio columns.
     pub fn is_corewheel(self) -> bool {
-        matches!(self, Subject::Corewheel | Subject::Engine)
+        matches!(
+            self,
+            Subject::Corewheel | Subject::Engine | Subject::CorewheelAsync
+        )
     }
 
     pub fn parse(name: &str) -> Option<Self> {
@@ -109,10 +132,22 @@ impl Subject {
                 "tokio 1 time::timeout around a read that is pending, in the same runtime: polled once (which arms it), dropped to cancel"
             }
             Subject::PingoraTimeout => {
-                "pingora-timeout 0.9 timeout (fast_timeout: 10 ms ticks, one timer shared per tick) around a pending read, in the same runtime: polled once, dropped to cancel"
+                "pingora-timeout 0.9 timeout (fast_timeout: 10 ms ticks, one timer shared per tick) around a pending read, in the same runtime: polled once, dropped to cancel; in the async-* workloads its sleep (fast_sleep) and timeout, re-created to reset (it has no reset)"
             }
             Subject::MutexHeap => {
                 "the naive baseline: one std BinaryHeap (tombstone cancel) behind one Mutex shared by every application thread, and a timer thread waiting on a Condvar for the earliest deadline"
+            }
+            Subject::CorewheelAsync => {
+                "corewheel's async layer (corewheel::sleep, timeout, Sleep::reset on the default engine), in a tokio rt-multi-thread runtime of T workers like tokio's, one task per worker: each future polled once with the task's waker, dropped to cancel"
+            }
+            Subject::Tokio => {
+                "tokio 1 time::sleep, time::timeout, Sleep::reset on the default timer, in a rt-multi-thread runtime of T workers, one task per worker"
+            }
+            Subject::TokioAlt => {
+                "the same on tokio's alternative timer (Builder::enable_alt_timer, a wheel per worker; needs --cfg tokio_unstable, so it runs in a copy of the harness built with it)"
+            }
+            Subject::AsyncIo => {
+                "async-io 2 Timer (smol's timer: after, set_at; a timeout as smol writes one, read.or(timer)), polled in the same tokio runtime as the others"
             }
         }
     }
@@ -207,7 +242,11 @@ pub fn measure_fresh<T, M: Measure<T>>(
         | Subject::TokioSleep
         | Subject::TokioTimeout
         | Subject::PingoraTimeout
-        | Subject::MutexHeap => Err(format!(
+        | Subject::MutexHeap
+        | Subject::CorewheelAsync
+        | Subject::Tokio
+        | Subject::TokioAlt
+        | Subject::AsyncIo => Err(format!(
             "{} is driven from several threads, not as a single-owner structure",
             subject.name()
         )),

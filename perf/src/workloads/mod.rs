@@ -2,6 +2,7 @@
 //! deadline distribution of request timeouts.
 
 pub mod arm_cancel;
+pub mod async_timers;
 pub mod burst_steal;
 pub mod engine_arm_cancel;
 pub mod engine_live_1m;
@@ -33,7 +34,7 @@ pub fn measure_in_child(
         engine_live_1m::NAME => {
             engine_live_1m::measure_here(subject, timers).map(|r| live_runs::encode(&r))
         }
-        _ => return None,
+        _ => return async_timers::measure_in_child(workload, subject, timers),
     })
 }
 
@@ -48,10 +49,13 @@ pub enum Workload {
     FireStorm,
     BurstSteal,
     SteadyMix,
+    AsyncSleep,
+    AsyncTimeout,
+    AsyncReset,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 9] = [
+    pub const ALL: [Workload; 12] = [
         Workload::ArmCancel,
         Workload::EngineArmCancel,
         Workload::Live1m,
@@ -61,6 +65,9 @@ impl Workload {
         Workload::FireStorm,
         Workload::BurstSteal,
         Workload::SteadyMix,
+        Workload::AsyncSleep,
+        Workload::AsyncTimeout,
+        Workload::AsyncReset,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,6 +81,9 @@ impl Workload {
             Workload::FireStorm => "fire-storm",
             Workload::BurstSteal => burst_steal::NAME,
             Workload::SteadyMix => "steady-mix",
+            Workload::AsyncSleep => async_timers::SLEEP,
+            Workload::AsyncTimeout => async_timers::TIMEOUT,
+            Workload::AsyncReset => async_timers::RESET,
         }
     }
 
@@ -110,6 +120,15 @@ impl Workload {
             Workload::SteadyMix => {
                 "a proxy's steady load: a million live timers, new ones armed at a fixed rate for 10 s, 90% cancelled and 10% fired: CPU per timer"
             }
+            Workload::AsyncSleep => {
+                "request timeouts as futures from 1..N threads: a sleep polled once and dropped; corewheel-async vs tokio (default and alt timer), async-io and pingora-timeout, CPU per timer"
+            }
+            Workload::AsyncTimeout => {
+                "the same with timeout() around a pending read, polled once and dropped"
+            }
+            Workload::AsyncReset => {
+                "idle timeouts as futures from 1..N threads: 10,000 connections per thread, each read pushing its sleep back (Sleep::reset, Timer::set_at; pingora re-creates)"
+            }
         }
     }
 }
@@ -124,7 +143,22 @@ impl Workload {
             Workload::ArmCancel | Workload::Live1m | Workload::ResetHeavy | Workload::FireStorm => {
                 subject.is_single_owner()
             }
-            Workload::EngineArmCancel => !subject.is_single_owner(),
+            Workload::EngineArmCancel => matches!(
+                subject,
+                Subject::Engine
+                    | Subject::TokioSleep
+                    | Subject::TokioTimeout
+                    | Subject::PingoraTimeout
+                    | Subject::MutexHeap
+            ),
+            Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => matches!(
+                subject,
+                Subject::CorewheelAsync
+                    | Subject::Tokio
+                    | Subject::TokioAlt
+                    | Subject::AsyncIo
+                    | Subject::PingoraTimeout
+            ),
             Workload::EngineReset | Workload::SteadyMix => matches!(
                 subject,
                 Subject::Engine | Subject::TokioSleep | Subject::MutexHeap
@@ -139,7 +173,12 @@ impl Workload {
     pub fn is_engine(self) -> bool {
         matches!(
             self,
-            Workload::EngineArmCancel | Workload::EngineLive1m | Workload::EngineReset
+            Workload::EngineArmCancel
+                | Workload::EngineLive1m
+                | Workload::EngineReset
+                | Workload::AsyncSleep
+                | Workload::AsyncTimeout
+                | Workload::AsyncReset
         )
     }
 }
@@ -151,6 +190,8 @@ pub struct Sizes {
     pub live_timers: u64,
     pub reset_ops: u64,
     pub storm_timers: u64,
+    /// Operations per thread in each async workload's run.
+    pub async_ops: u64,
 }
 
 impl Sizes {
@@ -167,6 +208,11 @@ impl Sizes {
             live_timers: timers.unwrap_or(live_timers),
             reset_ops,
             storm_timers: timers.unwrap_or(1_000_000),
+            async_ops: if full {
+                async_timers::FULL_OPS
+            } else {
+                async_timers::DEFAULT_OPS
+            },
         }
     }
 }
