@@ -185,6 +185,39 @@ fn an_idle_timeout_pushed_back_on_every_read_fires_only_when_reads_stop() {
 }
 
 #[test]
+fn resets_within_one_tick_change_nothing_in_the_engine_and_are_never_early() {
+    let (engine, clock) = manual(1);
+    let (wakes, waker) = Wakes::waker();
+    let start = engine.now();
+    let mut sleep = engine.sleep_until(start + Duration::from_millis(10));
+    assert!(poll(&mut sleep, &waker).is_pending());
+    for micros in [9_001, 9_500, 10_000, 9_999] {
+        sleep.reset(start + Duration::from_micros(micros));
+        assert_eq!(sleep.deadline(), start + Duration::from_micros(micros));
+    }
+    assert_eq!(
+        engine.stats().total.reset,
+        0,
+        "all within the tick ending at 10 ms"
+    );
+    clock.advance(Duration::from_millis(9));
+    engine.turn();
+    assert_eq!(wakes.count(), 0);
+    clock.advance(MS);
+    engine.turn();
+    assert_eq!(wakes.count(), 1);
+    assert_eq!(poll(&mut sleep, &waker), Poll::Ready(()));
+    // Fired: a reset into the tick that has passed stays complete; a later one re-arms.
+    sleep.reset(start + Duration::from_micros(9_800));
+    assert_eq!(poll(&mut sleep, &waker), Poll::Ready(()));
+    sleep.reset(start + Duration::from_micros(10_001));
+    assert!(poll(&mut sleep, &waker).is_pending(), "never early");
+    clock.advance(MS);
+    engine.turn();
+    assert_eq!(poll(&mut sleep, &waker), Poll::Ready(()));
+}
+
+#[test]
 fn timeout_yields_the_output_in_time_and_elapsed_after() {
     let (engine, clock) = manual(1);
     let (_wakes, waker) = Wakes::waker();

@@ -100,7 +100,8 @@ impl<'e> Sleep<'e> {
     /// an idle timeout from one `Sleep`, pushed back on every read.
     ///
     /// A pending timer is moved in place: a few atomic operations on its node, and no
-    /// message to the engine unless the deadline moves earlier. A timer that already
+    /// message to the engine unless the deadline moves earlier; nothing at all when the
+    /// new deadline falls in the same engine tick as the old one. A timer that already
     /// fired is let go, and the next poll arms a new one, so poll the `Sleep` again after
     /// a reset (as with tokio's).
     ///
@@ -126,6 +127,16 @@ impl<'e> Sleep<'e> {
 
     /// [`reset`](Self::reset), to a deadline past the end of `Instant` (never) if `None`.
     pub(crate) fn reset_to(&mut self, deadline: Option<Instant>) {
+        if let (Some(new), Some(_), false) = (deadline, self.timer, self.never) {
+            let ticks = &self.engine.shared.ticks;
+            if ticks.ceil(new) == ticks.ceil(self.deadline) {
+                // The timer is due at that tick already (an idle timeout pushed back by
+                // reads within one tick): nothing in the engine changes, and if it has
+                // fired, that tick has passed, so it has not fired early either.
+                self.deadline = new;
+                return;
+            }
+        }
         self.deadline = deadline.unwrap_or_else(|| far_future(self.engine.now()));
         self.never = deadline.is_none();
         self.elapsed = false;
