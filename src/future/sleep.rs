@@ -127,24 +127,26 @@ impl<'e> Sleep<'e> {
 
     /// [`reset`](Self::reset), to a deadline past the end of `Instant` (never) if `None`.
     pub(crate) fn reset_to(&mut self, deadline: Option<Instant>) {
-        if let (Some(new), Some(_), false) = (deadline, self.timer, self.never) {
-            let ticks = &self.engine.shared.ticks;
-            if ticks.ceil(new) == ticks.ceil(self.deadline) {
-                // The timer is due at that tick already (an idle timeout pushed back by
-                // reads within one tick): nothing in the engine changes, and if it has
-                // fired, that tick has passed, so it has not fired early either.
-                self.deadline = new;
-                return;
-            }
-        }
+        let old_tick = self.timer.map(|_| self.tick());
         self.deadline = deadline.unwrap_or_else(|| far_future(self.engine.now()));
         self.never = deadline.is_none();
+        let Some(old_tick) = old_tick else {
+            self.elapsed = false;
+            return;
+        };
+        let new_tick = self.tick();
+        if new_tick == old_tick {
+            // The timer is due at that tick already (an idle timeout pushed back by reads
+            // within one tick): nothing in the engine changes, and if it has fired, that
+            // tick has passed, so it has not fired early either.
+            return;
+        }
         self.elapsed = false;
         let Some(handle) = self.timer else {
             return;
         };
         let shared = &self.engine.shared;
-        if EngineShared::reset(shared, handle, self.tick()) {
+        if EngineShared::reset(shared, handle, new_tick) {
             return;
         }
         self.timer = None;
