@@ -2,8 +2,8 @@
 //! and a shutdown, each racing the worker's turn at the deadline. The task side runs on the
 //! main thread (whose lane stays open, see `engine.rs`), the worker's turn on a spawned
 //! one. Checked: no wake-up is lost (a `Sleep` left pending is woken through the waker it
-//! was last polled with), none comes early, a dropped `Sleep` wakes nobody once its drop
-//! returns, and every node and waker clone is given back.
+//! was last polled with), none comes early, a dropped `Sleep` is woken at most once and only
+//! if its timer fired, and every node and waker clone is given back.
 #![cfg(loom)]
 
 use std::future::Future;
@@ -122,6 +122,9 @@ fn a_reset_racing_the_fire_is_never_early_and_never_lost() {
         sleep.reset(later);
         let woken_by_old = worker.join().unwrap();
         assert!(woken_by_old <= 1);
+        // A fire the reset came too late for still wakes the task, which may be another
+        // than the resetter's and would otherwise never poll to arm the new timer.
+        assert_eq!(count(&wakes), woken_by_old, "a fired timer's wake was lost");
         assert!(
             !sleep.is_elapsed(),
             "reset to later: not elapsed at the old deadline"
@@ -141,10 +144,11 @@ fn a_reset_racing_the_fire_is_never_early_and_never_lost() {
     });
 }
 
-/// Turning at the deadline while the task drops its `Sleep`: once the drop returns, the
-/// waker is never woken, and the node and the waker's clone are given back.
+/// Turning at the deadline while the task drops its `Sleep`: the waker is woken exactly
+/// when the worker ran the wake (the drop defused it, or came too late to), at most once,
+/// and the node and the waker's clone are given back.
 #[test]
-fn a_dropped_sleep_wakes_nobody_after_its_drop_returns() {
+fn a_sleep_dropped_as_it_fires_is_woken_at_most_once_and_released() {
     model(None, || {
         let (engine, clock) = engine();
         let (wakes, waker) = counting();
@@ -155,9 +159,9 @@ fn a_dropped_sleep_wakes_nobody_after_its_drop_returns() {
             thread::spawn(move || engine.turn())
         };
         drop(sleep);
-        let at_drop = count(&wakes);
-        worker.join().unwrap();
-        assert_eq!(count(&wakes), at_drop, "woken after the drop returned");
+        let fired = worker.join().unwrap();
+        assert!(fired <= 1);
+        assert_eq!(count(&wakes), fired, "woken if and only if the wake ran");
         assert_eq!(settle(&engine, &clock), 0);
         assert_eq!(engine.nodes_in_use(), 0);
         assert_eq!(
@@ -168,9 +172,9 @@ fn a_dropped_sleep_wakes_nobody_after_its_drop_returns() {
     });
 }
 
-/// A shutdown that drops pending timers, racing the task dropping its `Sleep`: the drop
-/// wakes nobody after it returns, and a `Sleep` still alive at the shutdown is woken (its
-/// task must not wait for a timer that will never fire).
+/// A shutdown that drops pending timers, racing the task dropping its `Sleep`: the dropped
+/// one is woken at most once, and a `Sleep` still alive at the shutdown is woken (its task
+/// must not wait for a timer that will never fire).
 #[test]
 fn a_shutdown_racing_a_drop_wakes_only_live_sleeps() {
     model(None, || {
@@ -184,13 +188,8 @@ fn a_shutdown_racing_a_drop_wakes_only_live_sleeps() {
             thread::spawn(move || engine.shutdown(PendingTimers::Drop))
         };
         drop(dropped);
-        let at_drop = count(&dropped_wakes);
         stopper.join().unwrap();
-        assert_eq!(
-            count(&dropped_wakes),
-            at_drop,
-            "woken after the drop returned"
-        );
+        assert!(count(&dropped_wakes) <= 1);
         assert_eq!(count(&kept_wakes), 1, "the live sleep's task was woken");
         assert_eq!(poll(&mut kept, &kept_waker), Poll::Ready(()));
         drop(kept);

@@ -292,11 +292,10 @@ fn a_stale_handle_never_touches_the_timer_that_reused_its_node() {
 }
 
 /// A waker timer claimed for firing: the runner begins, makes and settles the wake while
-/// the `Sleep`'s drop defuses it or waits for it. Exactly one of "defused before the wake"
-/// and "woken" happens, and a drop that saw the wake under way returns only after the node
-/// was freed (so after the wake).
+/// the `Sleep`'s drop tries to defuse it. Exactly one of "defused before the wake" and
+/// "woken" happens, and the defuse never writes to the word once the runner has it.
 #[test]
-fn a_wake_against_its_sleeps_drop_happens_before_the_drop_returns_or_never() {
+fn a_wake_against_its_sleeps_drop_is_defused_or_made_never_both() {
     model(None, || {
         let state = TimerState::new();
         let generation = state.arm(Kind::Waker);
@@ -317,19 +316,11 @@ fn a_wake_against_its_sleeps_drop_happens_before_the_drop_returns_or_never() {
             })
         };
         let defused = state.defuse(generation);
-        if defused == Defused::Waking {
-            while state.is_waking(generation) {
-                loom::thread::yield_now();
-            }
-        }
-        let woken_at_drop = woke.load(Ordering::Acquire);
         let woke_at_all = runner.join().unwrap();
+        assert_eq!(woke.load(Ordering::Acquire), u64::from(woke_at_all));
         match defused {
             Defused::BeforeWake => assert!(!woke_at_all),
-            Defused::Waking | Defused::Over => {
-                assert!(woke_at_all);
-                assert_eq!(woken_at_drop, 1, "the drop returned before the wake");
-            }
+            Defused::Waking | Defused::Over => assert!(woke_at_all),
         }
         assert_eq!(state.observe().phase(), Phase::Free);
     });

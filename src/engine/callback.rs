@@ -210,9 +210,6 @@ unsafe fn wake_once(storage: NonNull<Storage>, action: Action) -> bool {
     // is read out exactly once, here.
     let waker = unsafe { storage.cast::<Waker>().read() };
     if let Action::Call = action {
-        // The task may be run inline by its executor and drop its `Sleep` right here:
-        // that drop must not wait for this wake to end.
-        let _waking = crate::engine::thread_role::Waking::begin(&waker);
         waker.wake();
     }
     false

@@ -8,8 +8,6 @@ use std::cell::{Cell, RefCell};
 #[cfg(not(loom))]
 std::thread_local! {
     static WORKER: Cell<bool> = const { Cell::new(false) };
-    /// The data pointer of the waker this thread is waking for a timer, if any.
-    static WAKING: Cell<usize> = const { Cell::new(0) };
     /// The ids of the hand-driven engines whose `turn` this thread is inside, innermost
     /// last (a callback may turn another engine).
     static TURNING: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
@@ -17,7 +15,6 @@ std::thread_local! {
 #[cfg(loom)]
 loom::thread_local! {
     static WORKER: Cell<bool> = Cell::new(false);
-    static WAKING: Cell<usize> = Cell::new(0);
     static TURNING: RefCell<Vec<u32>> = RefCell::new(Vec::new());
 }
 
@@ -78,30 +75,5 @@ impl Drop for Turn {
                 turning.remove(at);
             }
         });
-    }
-}
-
-/// This thread is waking a timer's waker: a `Sleep` dropped inside that wake (its task run
-/// inline by the executor) must not wait for the wake to end. Ends when dropped.
-pub(crate) struct Waking(usize);
-
-impl Waking {
-    /// Marks the wake of `waker` as under way on this thread.
-    pub(crate) fn begin(waker: &std::task::Waker) -> Self {
-        let data = waker.data() as usize;
-        Self(WAKING.try_with(|waking| waking.replace(data)).unwrap_or(0))
-    }
-
-    /// Whether this thread is inside the wake of a waker with this data pointer.
-    pub(crate) fn is_under_way_here(data: usize) -> bool {
-        WAKING
-            .try_with(|waking| waking.get() == data)
-            .unwrap_or(false)
-    }
-}
-
-impl Drop for Waking {
-    fn drop(&mut self) {
-        let _ = WAKING.try_with(|waking| waking.set(self.0));
     }
 }

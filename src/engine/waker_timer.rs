@@ -8,8 +8,11 @@
 //!   from firing the timer (and every other thread from freeing it) while the slot changes.
 //!   If the lock cannot be had the timer has fired, and the future is done.
 //! - **The wake** begins with [`TimerState::begin_wake`](crate::sync::timer_state::TimerState::begin_wake),
-//!   so a drop can tell a wake not yet begun, which it defuses, from one under way, which it
-//!   waits for: once a `Sleep`'s drop returns, its waker is never woken.
+//!   so a drop can defuse a wake that has not begun. A wake already under way is let be: it
+//!   may land after the drop returns (a spurious wake, harmless, as with tokio), because
+//!   waiting for it would wait for the executor's code, which may be waiting for the
+//!   dropping thread. A reset never defuses: the task that polled may be another than the
+//!   one resetting, and only the wake tells it to poll again and arm the new timer.
 //! - **At shutdown** a pending waker timer is woken whatever the pending mode, so that no
 //!   task waits for a timer that will never fire.
 //!
@@ -19,7 +22,6 @@ use std::task::Waker;
 
 use crate::engine::handle::TimerHandle;
 use crate::engine::shared::{EngineShared, When};
-use crate::engine::thread_role::Waking;
 use crate::error::ScheduleError;
 use crate::sync::Arc;
 use crate::sync::timer_state::{Defused, Kind, Phase};
@@ -70,22 +72,15 @@ impl EngineShared {
         true
     }
 
-    /// The `Sleep` of the waker timer `handle` lets it go (dropped, or about to arm a new
-    /// timer): cancels it, or defuses a wake not yet begun, or waits for the wake under way
-    /// to end. When this returns, the timer will never wake `waker_data`'s waker, except
-    /// from inside that very wake on this thread (its task run inline by the executor).
-    pub(crate) fn retire_waker(this: &Arc<Self>, handle: TimerHandle, waker_data: usize) {
+    /// The dropped `Sleep` of the waker timer `handle` lets it go: cancels it, or defuses a
+    /// wake that has not begun. Never waits: a wake already under way may still land.
+    pub(crate) fn retire_waker(this: &Arc<Self>, handle: TimerHandle) {
         if Self::cancel(this, handle) {
             return;
         }
-        let Some((_, node)) = this.lookup(handle) else {
-            return;
-        };
-        let generation = handle.generation();
-        if node.state.defuse(generation) == Defused::Waking
-            && !Waking::is_under_way_here(waker_data)
-        {
-            crate::sync::spin_until(|| (!node.state.is_waking(generation)).then_some(()));
+        if let Some((_, node)) = this.lookup(handle) {
+            // `Waking` or `Over`: nothing to stop.
+            let _: Defused = node.state.defuse(handle.generation());
         }
     }
 }

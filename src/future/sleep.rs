@@ -26,8 +26,12 @@ use crate::error::ScheduleError;
 /// ticks.
 ///
 /// **Guarantees.** It completes at or after its deadline (rounded up to the engine's
-/// tick), and its task is woken then. Once dropped, it wakes nobody: a drop that races the
-/// timer's wake either stops the wake or waits for it to finish. A deadline too far off
+/// tick), and its task is woken then. Dropping it before its deadline cancels the wake; a
+/// drop that races the wake stops it if it has not begun, and otherwise lets it land,
+/// perhaps after the drop returns (a spurious wake, harmless, as with tokio): waiting for
+/// it could wait for the executor, which may be waiting for the dropping thread. A reset
+/// or a past deadline takes effect on the engine's next turn, not at the next poll (tokio
+/// completes a past deadline at the next poll). A deadline too far off
 /// for the engine (as from `Duration::MAX`) never comes; the `Sleep` stays pending. When
 /// its engine shuts down, a pending `Sleep` is woken and completes, so no task waits on a
 /// timer that will never fire; on an engine already shut down it completes at once. When
@@ -145,12 +149,12 @@ impl<'e> Sleep<'e> {
         let Some(handle) = self.timer else {
             return;
         };
-        let shared = &self.engine.shared;
-        if EngineShared::reset(shared, handle, new_tick) {
-            return;
+        if !EngineShared::reset(&self.engine.shared, handle, new_tick) {
+            // It has fired: the next poll arms a new timer. Its wake is let land, even
+            // after this: the task that polled may be another than this one, and only that
+            // wake makes it poll again.
+            self.timer = None;
         }
-        self.timer = None;
-        EngineShared::retire_waker(shared, handle, self.waker[0]);
     }
 
     /// The engine it sleeps on.
@@ -229,7 +233,7 @@ impl Future for Sleep<'_> {
 impl Drop for Sleep<'_> {
     fn drop(&mut self) {
         if let Some(handle) = self.timer.take() {
-            EngineShared::retire_waker(&self.engine.shared, handle, self.waker[0]);
+            EngineShared::retire_waker(&self.engine.shared, handle);
         }
     }
 }

@@ -10,7 +10,8 @@ use crate::error::Elapsed;
 use crate::future::sleep::Sleep;
 
 /// A future that gives up at a deadline: yields `Ok` with the inner future's output if it
-/// finishes first, and `Err(Elapsed)` once the deadline passes (never before it).
+/// finishes first, and `Err(Elapsed)` once the deadline passes (never before it), or once
+/// its engine has shut down (as its [`Sleep`] completes then).
 ///
 /// Made by [`timeout`](crate::timeout) and [`timeout_at`](crate::timeout_at), or
 /// [`TimerEngine::timeout`] and [`TimerEngine::timeout_at`]. The inner future is polled

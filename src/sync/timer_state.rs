@@ -17,10 +17,10 @@
 //!   `Sleep` is replacing the waker). The owner does not fire a locked timer (it looks again
 //!   a tick later) and other resetters and cancellers wait for the unlock, which is two
 //!   instructions away. While a waker timer is firing, `LOCKED` says its wake has begun.
-//! - `WAKER`: the timer wakes a future's task (a [`Sleep`](crate::Sleep)). Its `Sleep`
-//!   must know, when it is dropped, that no wake can come any more: so the runner claims
-//!   the wake ([`TimerState::begin_wake`]) and the drop may defuse a wake not yet begun
-//!   ([`TimerState::defuse`]), or else wait for the one under way to end.
+//! - `WAKER`: the timer wakes a future's task (a [`Sleep`](crate::Sleep)). The runner
+//!   claims the wake ([`TimerState::begin_wake`]), so that a dropped `Sleep` may defuse a
+//!   wake not yet begun ([`TimerState::defuse`]). A woken timer stays `LOCKED` until its
+//!   node is freed, so that a defuse never writes to a word its holder is storing over.
 //!
 //! The owner fires a timer only by moving it from `Pending` to `Firing` with the exact word
 //! it read before looking at the deadline. A reset locks, stores the new deadline and unlocks
@@ -399,8 +399,7 @@ impl TimerState {
                         AfterFire::AwaitMessage,
                     ),
                     // A woken timer stays `LOCKED` until it is freed: a drop of its
-                    // `Sleep` must wait for the free rather than write to a word its
-                    // holder is about to store over.
+                    // `Sleep` must not write to a word its holder is about to store over.
                     _ => (current, AfterFire::Free),
                 };
                 Some(next)
@@ -430,7 +429,8 @@ impl TimerState {
     }
 
     /// The `Sleep` of the waker timer of `generation` is going away and the timer could not
-    /// be cancelled: stops a wake that has not begun, or says whether one is under way.
+    /// be cancelled: stops a wake that has not begun, or says that one is under way (or
+    /// over, its node not yet freed).
     pub fn defuse(&self, generation: u32) -> Defused {
         let mut current = self.word.load(Ordering::Acquire);
         loop {
@@ -451,13 +451,6 @@ impl TimerState {
                 Err(actual) => current = actual,
             }
         }
-    }
-
-    /// Whether the wake of the waker timer of `generation` is under way (or over, and the
-    /// node not yet freed).
-    pub fn is_waking(&self, generation: u32) -> bool {
-        let seen = self.observe();
-        seen.generation() == generation && seen.phase() == Phase::Firing && seen.is_locked()
     }
 
     /// The owner ends a pending timer at shutdown, without running it. `true` if it did
@@ -637,11 +630,10 @@ mod tests {
     }
 
     #[test]
-    fn a_wake_under_way_is_waited_for_and_not_defused() {
+    fn a_wake_under_way_is_not_defused() {
         let (state, generation) = fired_waker();
         assert!(state.begin_wake());
         assert_eq!(state.defuse(generation), Defused::Waking);
-        assert!(state.is_waking(generation));
         assert_eq!(
             state.try_cancel(generation),
             None,
@@ -649,9 +641,12 @@ mod tests {
         );
         assert!(!state.lock_for_reset(generation));
         assert_eq!(state.finish_fire(), AfterFire::Free);
-        assert!(state.is_waking(generation), "until the node is freed");
+        assert_eq!(
+            state.defuse(generation),
+            Defused::Waking,
+            "until the node is freed"
+        );
         assert!(state.free());
-        assert!(!state.is_waking(generation));
         assert_eq!(state.defuse(generation), Defused::Over);
     }
 
