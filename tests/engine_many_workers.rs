@@ -21,6 +21,10 @@ fn process_cpu() -> Option<Duration> {
 /// engine uses no CPU (before, 896 workers or more with rescue on kept both cores busy for
 /// the engine's whole life), and building it is quick (2048 workers once took 22 s, and
 /// 4096 took 142 s); both are printed, and the idle cost is asserted with a wide margin.
+///
+/// On a loaded machine the workers may take long to start and settle, and that start-up
+/// shows as CPU time, so the idle cost is measured in successive windows until one comes
+/// out idle: an engine whose idle workers spin is busy in every window, however many.
 #[test]
 fn an_idle_engine_with_the_most_workers_costs_no_cpu() {
     assert!(matches!(
@@ -37,16 +41,26 @@ fn an_idle_engine_with_the_most_workers_costs_no_cpu() {
         let built = started.elapsed();
         // Let every worker start and settle into its first sleep.
         std::thread::sleep(Duration::from_secs(1));
-        let (cpu_before, wall_before) = (process_cpu(), Instant::now());
-        std::thread::sleep(Duration::from_secs(2));
-        let idle_cpu = process_cpu()
-            .zip(cpu_before)
-            .map(|(after, before)| after.saturating_sub(before));
-        let cores = idle_cpu.map(|cpu| cpu.as_secs_f64() / wall_before.elapsed().as_secs_f64());
+        let measuring = Instant::now();
+        let mut windows = Vec::new();
+        let cores = loop {
+            let (cpu_before, wall_before) = (process_cpu(), Instant::now());
+            std::thread::sleep(Duration::from_secs(2));
+            let idle_cpu = process_cpu()
+                .zip(cpu_before)
+                .map(|(after, before)| after.saturating_sub(before));
+            let cores = idle_cpu.map(|cpu| cpu.as_secs_f64() / wall_before.elapsed().as_secs_f64());
+            windows.push(cores);
+            if cores.is_none_or(|cores| cores < 0.1)
+                || measuring.elapsed() > Duration::from_secs(30)
+            {
+                break cores;
+            }
+        };
         let stopping = Instant::now();
         let report = engine.shutdown(PendingTimers::Drop);
         println!(
-            "{workers} workers: built in {built:?}, idle for 2 s using {cores:?} cores, \
+            "{workers} workers: built in {built:?}, 2 s windows idle using {windows:?} cores, \
              shut down in {:?}",
             stopping.elapsed()
         );
@@ -54,7 +68,8 @@ fn an_idle_engine_with_the_most_workers_costs_no_cpu() {
         if let Some(cores) = cores {
             assert!(
                 cores < 0.1,
-                "an idle engine of {workers} workers kept {cores:.2} cores busy"
+                "an idle engine of {workers} workers kept {cores:.2} cores busy in every \
+                 2 s window for 30 s: {windows:?}"
             );
         }
     }

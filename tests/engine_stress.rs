@@ -151,9 +151,9 @@ fn a_million_timers_with_racing_cancels_and_resets() {
 /// A missed wake-up shows as a timer that fires only when something else wakes its worker.
 /// Here nothing else does: the worker sleeps until a timer an hour away, and a thread arms
 /// one short timer and then stays idle (its lane holds the timer until the worker takes
-/// it), or exits (its lane is closed and forwarded). Each must fire within seconds: on
-/// time is a millisecond or two, so only a lost wake-up can miss the bound, not a slow
-/// machine.
+/// it), or exits (its lane is closed and forwarded). Each must fire within a minute: on
+/// time is a millisecond or two, and a lost wake-up is never fired at all, so only a lost
+/// wake-up can miss the bound, not a slow machine.
 #[test]
 fn a_lone_timer_wakes_a_sleeping_worker() {
     let engine = Arc::new(
@@ -188,7 +188,7 @@ fn a_lone_timer_wakes_a_sleeping_worker() {
         let waiting = Instant::now();
         while fired.load(Ordering::SeqCst) == 0 {
             assert!(
-                waiting.elapsed() < Duration::from_secs(10),
+                waiting.elapsed() < Duration::from_secs(60),
                 "round {round}: a {delay_ms} ms timer from a thread that {} never fired",
                 if stays_alive { "went idle" } else { "exited" }
             );

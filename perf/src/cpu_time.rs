@@ -104,7 +104,7 @@ pub fn cpu_between(earlier: Option<Duration>, later: Option<Duration>) -> Option
 
 #[cfg(test)]
 mod tests {
-    use super::{is_numbered, named_threads_cpu_time, process_cpu_time};
+    use super::{is_numbered, named_threads_cpu_time, process_cpu_time, thread_cpu_time};
 
     #[test]
     fn numbered_names() {
@@ -114,24 +114,30 @@ mod tests {
         assert!(!is_numbered("corewheel-", "corewheel-"));
     }
 
+    /// The spinner spins for 20 ms of its own CPU time, not of wall time, and says when it
+    /// is done: on a loaded machine 20 ms of wall time may hold almost no CPU time.
     #[cfg(target_os = "linux")]
     #[test]
     fn named_threads_are_found_and_their_time_counted() {
         let before = process_cpu_time().expect("a process CPU clock");
+        let (spun_tx, spun) = std::sync::mpsc::channel();
         let spinner = std::thread::Builder::new()
             .name("cpu-time-test-1".to_string())
-            .spawn(|| {
-                let start = std::time::Instant::now();
+            .spawn(move || {
                 let mut x = 0u64;
-                while start.elapsed() < std::time::Duration::from_millis(20) {
+                while thread_cpu_time().expect("a thread CPU clock")
+                    < std::time::Duration::from_millis(20)
+                {
                     x = std::hint::black_box(x.wrapping_add(1));
                 }
+                spun_tx.send(()).expect("the main thread waits");
                 // Stay alive (and named) until the main thread has looked.
                 std::thread::park();
                 x
             })
             .expect("a thread");
-        std::thread::sleep(std::time::Duration::from_millis(30));
+        spun.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the spinner got 20 ms of CPU within a minute");
         let named = named_threads_cpu_time("cpu-time-test-").expect("the named thread");
         assert!(named >= std::time::Duration::from_millis(5), "{named:?}");
         assert!(named_threads_cpu_time("no-such-thread-name").is_none());
