@@ -121,7 +121,10 @@ fn same_tick_resets_of_a_fired_sleep_never_complete_early() {
                 clock.advance(10 * MS);
                 engine.turn();
             }
-            assert!(poll(&mut sleep, &waker).is_ready(), "+{offset_us}us never came");
+            assert!(
+                poll(&mut sleep, &waker).is_ready(),
+                "+{offset_us}us never came"
+            );
             assert!(engine.now() >= sleep.deadline());
         }
     }
@@ -149,7 +152,10 @@ fn same_tick_resets_of_a_pending_sleep_are_neither_early_nor_lost() {
         assert!(honest(&sleep, engine.now()));
     }
     assert!(poll(&mut sleep, &waker).is_ready(), "lost");
-    assert!(wakes.0.load(Ordering::SeqCst) >= 1, "completed without a wake");
+    assert!(
+        wakes.0.load(Ordering::SeqCst) >= 1,
+        "completed without a wake"
+    );
 }
 
 /// Resets after shutdown: a fired-at-shutdown `Sleep` reset into the same tick, to a
@@ -216,7 +222,11 @@ fn sleep_deadline_is_never_before_now_plus_delay() {
     for t in threads {
         t.join().unwrap();
     }
-    assert_eq!(bad.load(Ordering::SeqCst), 0, "deadlines before now + delay");
+    assert_eq!(
+        bad.load(Ordering::SeqCst),
+        0,
+        "deadlines before now + delay"
+    );
     // And completion: never before before + delay.
     within(LIMIT, "real sleeps", move || {
         futures::executor::block_on(async {
@@ -241,7 +251,9 @@ fn resets_from_another_thread_around_the_fire_never_lose_the_wake() {
     let engine = leaked_real(2, MS);
     within(Duration::from_secs(120), "reset race", move || {
         for round in 0..300u64 {
-            let sleep = Arc::new(Mutex::new(engine.sleep(Duration::from_micros(round % 2000))));
+            let sleep = Arc::new(Mutex::new(
+                engine.sleep(Duration::from_micros(round % 2000)),
+            ));
             let done = Arc::new(AtomicBool::new(false));
             let task = {
                 let sleep = Arc::clone(&sleep);
@@ -304,7 +316,10 @@ fn self_reset_after_the_fire_then_a_new_waker_is_woken() {
     within(Duration::from_secs(120), "self reset", move || {
         for round in 0..500u64 {
             let mut sleep = engine.sleep(Duration::from_micros(200 + round % 800));
-            let first = Waker::from(Arc::new(Unpark(std::thread::current(), AtomicUsize::new(0))));
+            let first = Waker::from(Arc::new(Unpark(
+                std::thread::current(),
+                AtomicUsize::new(0),
+            )));
             assert!(poll(&mut sleep, &first).is_pending());
             let deadline = sleep.deadline();
             while Instant::now() < deadline + Duration::from_micros(round % 1200) {
@@ -392,7 +407,10 @@ fn interval_resets_between_the_fire_and_the_poll() {
     for variant in 0..4 {
         let mut interval = engine.interval(10 * MS);
         let cx = &mut Context::from_waker(&waker);
-        assert!(interval.poll_tick(cx).is_ready(), "the first tick is at once");
+        assert!(
+            interval.poll_tick(cx).is_ready(),
+            "the first tick is at once"
+        );
         assert!(interval.poll_tick(cx).is_pending());
         clock.advance(10 * MS);
         engine.turn(); // fired, not polled
@@ -441,7 +459,10 @@ fn interval_after_shutdown_stays_pending_without_spinning() {
             }
         }
     }
-    assert!(wakes.0.load(Ordering::SeqCst) < 50, "wake storm after shutdown");
+    assert!(
+        wakes.0.load(Ordering::SeqCst) < 50,
+        "wake storm after shutdown"
+    );
     assert_eq!(engine.nodes_in_use(), 0);
 }
 
@@ -497,8 +518,14 @@ fn resets_racing_shutdown_lose_no_wake_and_leak_nothing() {
                 // fired timer (then its next poll completes on the shut-down engine).
                 let woken = wakers[i].0.0.load(Ordering::SeqCst) > 0;
                 let ready = poll(&mut *s, &wakers[i].1).is_ready();
-                assert!(woken || ready, "round {round}: sleep {i} neither woken nor ready");
-                assert!(ready, "round {round}: sleep {i} pending on a shut-down engine");
+                assert!(
+                    woken || ready,
+                    "round {round}: sleep {i} neither woken nor ready"
+                );
+                assert!(
+                    ready,
+                    "round {round}: sleep {i} pending on a shut-down engine"
+                );
             }
             drop(sleeps);
             let until = Instant::now() + Duration::from_secs(5);
@@ -530,13 +557,20 @@ fn reset_and_rewaker_churn_releases_every_waker_clone() {
         let mut sleeps: Vec<_> = (0..32).map(|i| engine.sleep((i % 5 + 1) * MS)).collect();
         for step in 0..200u32 {
             for (i, s) in sleeps.iter_mut().enumerate() {
-                let w = if (step as usize + i) % 2 == 0 { &wa } else { &wb };
+                let w = if (step as usize + i) % 2 == 0 {
+                    &wa
+                } else {
+                    &wb
+                };
                 let _ = poll(s, w);
                 if (step as usize + i) % 3 == 0 {
                     let d = s.deadline();
                     s.reset(d + Duration::from_micros(u64::from(step % 3) * 400));
                 }
-                assert!(honest(s, engine.now()), "step {step}: elapsed before deadline");
+                assert!(
+                    honest(s, engine.now()),
+                    "step {step}: elapsed before deadline"
+                );
             }
             clock.advance(MS);
             engine.turn();

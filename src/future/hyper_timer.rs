@@ -150,6 +150,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "leaks the 'static engine HyperTimer needs (Miri reports it); no unsafe code here"
+    )]
     fn reset_moves_our_sleep_in_place() {
         let (clock, engine) = manual_engine();
         let timer = HyperTimer::new(engine);
@@ -194,6 +198,10 @@ mod tests {
     impl hyper::rt::Sleep for Foreign {}
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "leaks the 'static engine HyperTimer needs (Miri reports it); no unsafe code here"
+    )]
     fn reset_replaces_a_foreign_sleep_with_ours() {
         let (clock, engine) = manual_engine();
         let timer = HyperTimer::new(engine);
@@ -210,6 +218,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "leaks the 'static engine HyperTimer needs (Miri reports it); no unsafe code here"
+    )]
     fn now_is_the_engines_clock() {
         let (clock, engine) = manual_engine();
         let timer = HyperTimer::new(engine);

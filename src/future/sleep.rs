@@ -141,8 +141,10 @@ impl<'e> Sleep<'e> {
         let new_tick = self.tick();
         if new_tick == old_tick {
             // The timer is due at that tick already (an idle timeout pushed back by reads
-            // within one tick): nothing in the engine changes, and if it has fired, that
-            // tick has passed, so it has not fired early either.
+            // within one tick): nothing in the engine changes. If it has fired, `elapsed`
+            // stays true, which is sound because the engine fires a tick only once its clock
+            // has reached the tick's start (`Ticks::floor`), at or after any deadline that
+            // rounds up to it (`Ticks::ceil`).
             return;
         }
         self.elapsed = false;
