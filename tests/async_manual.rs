@@ -4,44 +4,14 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use common::manual;
-
+use common::{Wakes, manual, poll};
 use corewheel::{Elapsed, ManualClock, MissedTicks, PendingTimers, Sleep, TimerEngine};
 
 const MS: Duration = Duration::from_millis(1);
-
-/// A waker that counts its wakes.
-#[derive(Default)]
-struct Wakes(AtomicUsize);
-
-impl Wake for Wakes {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Wakes {
-    fn waker() -> (Arc<Self>, Waker) {
-        let wakes = Arc::new(Self::default());
-        let waker = Waker::from(Arc::clone(&wakes));
-        (wakes, waker)
-    }
-
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-fn poll<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Poll<F::Output> {
-    Pin::new(future).poll(&mut Context::from_waker(waker))
-}
 
 #[test]
 fn a_sleep_completes_at_its_deadline_and_not_a_tick_before() {

@@ -16,37 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use common::{manual, within};
+use common::{Wakes, manual, poll, within};
 use corewheel::{Elapsed, Interval, MissedTicks, PendingTimers, Sleep, Timeout, TimerEngine};
 
 const MS: Duration = Duration::from_millis(1);
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// A waker that counts its wakes.
-#[derive(Default)]
-struct Wakes(AtomicUsize);
-
-impl Wake for Wakes {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Wakes {
-    fn waker() -> (Arc<Self>, Waker) {
-        let wakes = Arc::new(Self::default());
-        let waker = Waker::from(Arc::clone(&wakes));
-        (wakes, waker)
-    }
-
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-fn poll<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Poll<F::Output> {
-    Pin::new(future).poll(&mut Context::from_waker(waker))
-}
 
 fn leaked_manual(workers: usize) -> (&'static TimerEngine, corewheel::ManualClock) {
     let (engine, clock) = manual(workers);

@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,26 +16,12 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use common::{manual, within};
+use common::{Wakes, manual, poll, within};
 use corewheel::{ManualClock, MissedTicks, PendingTimers, Sleep, TimerEngine};
 
 const MS: Duration = Duration::from_millis(1);
 const US: Duration = Duration::from_micros(1);
 const LIMIT: Duration = Duration::from_secs(60);
-
-#[derive(Default)]
-struct Wakes(AtomicUsize);
-
-impl Wake for Wakes {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn counting() -> (Arc<Wakes>, Waker) {
-    let wakes = Arc::new(Wakes::default());
-    (Arc::clone(&wakes), Waker::from(wakes))
-}
 
 /// Wakes a parked thread, counting its wakes.
 struct Unpark(Thread, AtomicUsize);
@@ -46,10 +31,6 @@ impl Wake for Unpark {
         self.1.fetch_add(1, Ordering::SeqCst);
         self.0.unpark();
     }
-}
-
-fn poll<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Poll<F::Output> {
-    Pin::new(future).poll(&mut Context::from_waker(waker))
 }
 
 fn leaked_real(workers: usize, tick: Duration) -> &'static TimerEngine {
@@ -88,7 +69,7 @@ fn honest(sleep: &Sleep<'_>, now: Instant) -> bool {
 #[test]
 fn same_tick_resets_of_a_fired_sleep_never_complete_early() {
     let (engine, clock) = leaked_manual_tick(10 * MS);
-    let (_, waker) = counting();
+    let (_, waker) = Wakes::waker();
     for polled_ready in [false, true] {
         for offset_us in [0u64, 1, 999, 4_000, 9_000, 9_999, 10_000, 10_001, 25_000] {
             let start = engine.now();
@@ -137,7 +118,7 @@ fn same_tick_resets_of_a_fired_sleep_never_complete_early() {
 #[test]
 fn same_tick_resets_of_a_pending_sleep_are_neither_early_nor_lost() {
     let (engine, clock) = leaked_manual_tick(10 * MS);
-    let (wakes, waker) = counting();
+    let (wakes, waker) = Wakes::waker();
     let start = engine.now();
     let mut sleep = engine.sleep_until(start + 2 * MS);
     assert!(poll(&mut sleep, &waker).is_pending());
@@ -165,7 +146,7 @@ fn same_tick_resets_of_a_pending_sleep_are_neither_early_nor_lost() {
 fn resets_after_shutdown_neither_panic_nor_hang() {
     within(LIMIT, "resets after shutdown", || {
         let (engine, _clock) = leaked_manual_tick(10 * MS);
-        let (_, waker) = counting();
+        let (_, waker) = Wakes::waker();
         let start = engine.now();
         let mut a = engine.sleep_until(start + 50 * MS);
         let mut b = engine.sleep_until(start + 50 * MS);
@@ -348,7 +329,7 @@ fn self_reset_after_the_fire_then_a_new_waker_is_woken() {
 fn sub_tick_period_intervals_are_neither_early_nor_stuck() {
     for policy in [MissedTicks::Burst, MissedTicks::Delay, MissedTicks::Skip] {
         let (engine, clock) = leaked_manual_tick(10 * MS);
-        let (wakes, waker) = counting();
+        let (wakes, waker) = Wakes::waker();
         let mut interval = engine.interval(Duration::from_micros(700));
         interval.set_missed_tick_behavior(policy);
         let mut last: Option<Instant> = None;
@@ -403,7 +384,7 @@ fn sub_tick_period_interval_keeps_ticking_on_a_real_clock() {
 #[test]
 fn interval_resets_between_the_fire_and_the_poll() {
     let (engine, clock) = leaked_manual_tick(MS);
-    let (_, waker) = counting();
+    let (_, waker) = Wakes::waker();
     for variant in 0..4 {
         let mut interval = engine.interval(10 * MS);
         let cx = &mut Context::from_waker(&waker);
@@ -440,7 +421,7 @@ fn interval_resets_between_the_fire_and_the_poll() {
 #[test]
 fn interval_after_shutdown_stays_pending_without_spinning() {
     let (engine, _clock) = leaked_manual_tick(MS);
-    let (wakes, waker) = counting();
+    let (wakes, waker) = Wakes::waker();
     let mut interval = engine.interval(10 * MS);
     let cx = &mut Context::from_waker(&waker);
     assert!(interval.poll_tick(cx).is_ready());
@@ -476,7 +457,7 @@ fn resets_racing_shutdown_lose_no_wake_and_leak_nothing() {
     within(Duration::from_secs(120), "reset vs shutdown", || {
         for round in 0..30u64 {
             let engine: &'static TimerEngine = leaked_real(2, MS);
-            let wakers: Vec<_> = (0..64).map(|_| counting()).collect();
+            let wakers: Vec<_> = (0..64).map(|_| Wakes::waker()).collect();
             let sleeps: Vec<_> = (0..64)
                 .map(|i| {
                     let mut s = engine.sleep(Duration::from_secs(10 + i));
@@ -551,8 +532,8 @@ fn resets_racing_shutdown_lose_no_wake_and_leak_nothing() {
 #[test]
 fn reset_and_rewaker_churn_releases_every_waker_clone() {
     let (engine, clock) = manual(1);
-    let (a, wa) = counting();
-    let (b, wb) = counting();
+    let (a, wa) = Wakes::waker();
+    let (b, wb) = Wakes::waker();
     {
         let mut sleeps: Vec<_> = (0..32).map(|i| engine.sleep((i % 5 + 1) * MS)).collect();
         for step in 0..200u32 {

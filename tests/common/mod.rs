@@ -4,8 +4,11 @@
 // Each test file uses only some of these.
 #![allow(dead_code)]
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use corewheel::{ManualClock, TimerEngine};
@@ -72,4 +75,32 @@ pub fn manual(workers: usize) -> (TimerEngine, ManualClock) {
         .build()
         .expect("a manual engine");
     (engine, clock)
+}
+
+/// A waker that counts its wakes.
+#[derive(Default)]
+pub struct Wakes(pub AtomicUsize);
+
+impl Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Wakes {
+    /// A counter and a waker that counts into it.
+    pub fn waker() -> (Arc<Self>, Waker) {
+        let wakes = Arc::new(Self::default());
+        let waker = Waker::from(Arc::clone(&wakes));
+        (wakes, waker)
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Polls `future` once with `waker`.
+pub fn poll<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Poll<F::Output> {
+    Pin::new(future).poll(&mut Context::from_waker(waker))
 }
