@@ -87,6 +87,26 @@ where
     }
 }
 
+/// An HTTP/1 server on `timer` with `header_timeout`, and a client connected to it that has
+/// sent the first part of a request head.
+async fn h1_with_part_of_a_head<T>(
+    timer: T,
+    header_timeout: Duration,
+) -> (tokio::task::JoinHandle<Served>, TcpStream)
+where
+    T: Timer + Send + Sync + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(serve_http1(listener, timer, header_timeout));
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n")
+        .await
+        .unwrap();
+    (server, client)
+}
+
 /// A client sends part of its request head and stalls. The server must close the connection
 /// because of the header timeout, no earlier than the timeout after it accepted it.
 /// Returns how long after acceptance the server closed it.
@@ -98,15 +118,7 @@ async fn check_h1_stalled_head<T>(
 where
     T: Timer + Send + Sync + 'static,
 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(serve_http1(listener, timer, header_timeout));
-
-    let mut client = TcpStream::connect(addr).await.unwrap();
-    client
-        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n")
-        .await
-        .unwrap();
+    let (server, mut client) = h1_with_part_of_a_head(timer, header_timeout).await;
     // The server may answer 408 before it closes; what matters is that it closes.
     let mut reply = Vec::new();
     match tokio::time::timeout(bound, client.read_to_end(&mut reply)).await {
@@ -146,15 +158,7 @@ async fn check_h1_served<T>(
 where
     T: Timer + Send + Sync + 'static,
 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(serve_http1(listener, timer, header_timeout));
-
-    let mut client = TcpStream::connect(addr).await.unwrap();
-    client
-        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n")
-        .await
-        .unwrap();
+    let (server, mut client) = h1_with_part_of_a_head(timer, header_timeout).await;
     tokio::time::sleep(header_timeout / 20).await;
     client.write_all(b"\r\n").await.unwrap();
     let mut reply = Vec::new();
