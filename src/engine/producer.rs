@@ -70,17 +70,24 @@ impl EngineShared {
         context::with(this, |context| this.deadline_in(context, delay))
     }
 
+    /// An upper bound on now, in nanoseconds since the origin, extrapolated from this
+    /// thread's anchor on the cycle counter; `None` where there is no counter or no context
+    /// (then the caller reads the clock).
+    #[inline]
+    fn nanos_at_most(&self, context: Option<&Context>) -> Option<u64> {
+        let (scale, context) = self.cycles.zip(context)?;
+        context
+            .anchor
+            .now_at_most(scale, || self.ticks.nanos_since_origin(self.clock.now()))
+    }
+
     /// [`deadline_after`](Self::deadline_after) for a caller that has already looked up
     /// its thread's context.
     #[inline]
     fn deadline_in(&self, context: Option<&Context>, delay: Duration) -> u64 {
-        let extrapolated = self.cycles.zip(context).and_then(|(scale, context)| {
-            let since = context
-                .anchor
-                .now_at_most(scale, || self.ticks.nanos_since_origin(self.clock.now()))?;
-            self.ticks.ceil_after_nanos(since, delay)
-        });
-        extrapolated.unwrap_or_else(|| self.ticks.ceil_after(self.clock.now(), delay))
+        self.nanos_at_most(context)
+            .and_then(|since| self.ticks.ceil_after_nanos(since, delay))
+            .unwrap_or_else(|| self.ticks.ceil_after(self.clock.now(), delay))
     }
 
     /// The instant `delay` from now, never earlier: from this thread's anchor on the cycle
@@ -88,20 +95,13 @@ impl EngineShared {
     /// clock read otherwise. `None` past the end of `Instant`.
     #[inline]
     pub(crate) fn instant_after(this: &Arc<Self>, delay: Duration) -> Option<Instant> {
-        context::with(this, |context| {
-            let since = this.cycles.zip(context).and_then(|(scale, context)| {
-                context
-                    .anchor
-                    .now_at_most(scale, || this.ticks.nanos_since_origin(this.clock.now()))
-            });
-            match since {
-                Some(nanos) => this
-                    .ticks
-                    .origin()
-                    .checked_add(Duration::from_nanos(nanos))?
-                    .checked_add(delay),
-                None => this.clock.now().checked_add(delay),
-            }
+        context::with(this, |context| match this.nanos_at_most(context) {
+            Some(since) => this
+                .ticks
+                .origin()
+                .checked_add(Duration::from_nanos(since))?
+                .checked_add(delay),
+            None => this.clock.now().checked_add(delay),
         })
     }
 
