@@ -24,7 +24,7 @@ use crate::engine::handle::TimerHandle;
 use crate::engine::shared::{EngineShared, When};
 use crate::error::ScheduleError;
 use crate::sync::Arc;
-use crate::sync::timer_state::{Defused, Kind, Phase};
+use crate::sync::timer_state::{Defused, Kind};
 
 impl EngineShared {
     /// Arms a timer at `tick` that wakes `waker`.
@@ -36,16 +36,6 @@ impl EngineShared {
     ) -> Result<TimerHandle, ScheduleError> {
         Self::arm(this, When::AtTick(tick), Kind::Waker, |callback| {
             callback.set_waker(waker)
-        })
-    }
-
-    /// Whether the waker timer `handle` still waits: `false` once it has begun firing (its
-    /// deadline has passed), or is over for any reason.
-    #[inline]
-    pub(crate) fn is_waiting(&self, handle: TimerHandle) -> bool {
-        self.lookup(handle).is_some_and(|(_, node)| {
-            let seen = node.state.observe();
-            seen.generation() == handle.generation() && seen.phase() == Phase::Pending
         })
     }
 

@@ -94,10 +94,11 @@ impl<'e> Sleep<'e> {
     /// Whether it has completed: its timer has fired (or its engine shut down). `false`
     /// before its first poll, whatever the clock says, as the timer is armed by that poll.
     pub fn is_elapsed(&self) -> bool {
+        // A waker timer never repeats, so "pending" is "has not begun firing".
         self.elapsed
             || self
                 .timer
-                .is_some_and(|handle| !self.engine.shared.is_waiting(handle))
+                .is_some_and(|handle| !self.engine.is_pending(handle))
     }
 
     /// Moves the deadline to `deadline`, whether or not it has completed: the way to make
@@ -216,11 +217,10 @@ impl Future for Sleep<'_> {
         let Some(handle) = this.timer else {
             return this.arm(cx);
         };
-        let shared = &this.engine.shared;
         let waiting = if this.holds(cx.waker()) {
-            shared.is_waiting(handle)
+            this.engine.is_pending(handle)
         } else {
-            shared.replace_waker(handle, cx.waker())
+            this.engine.shared.replace_waker(handle, cx.waker())
         };
         if waiting {
             this.waker = identity(cx.waker());
