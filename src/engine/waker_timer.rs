@@ -51,10 +51,11 @@ impl EngineShared {
         if !node.state.lock_for_reset(handle.generation()) {
             return false;
         }
-        // SAFETY: the reset lock on a pending waker timer makes this thread (its `Sleep`'s)
-        // the only one touching the callback slot (ground rule 3), and the slot holds the
-        // waker `arm_waker` stored, since only a run or a free empties it and neither can
-        // happen to a pending, locked timer.
+        // The reset lock on a pending waker timer makes this thread (its `Sleep`'s) the
+        // only one touching the callback slot (ground rule 3), and the slot holds the waker
+        // `arm_waker` stored, since only a run or a free empties it and neither can happen
+        // to a pending, locked timer.
+        // SAFETY: this thread holds the slot alone, and it holds a waker (both as above).
         let old =
             unsafe { node.with_callback(|callback| std::mem::replace(callback.waker_mut(), new)) };
         node.state.unlock_reset(false);

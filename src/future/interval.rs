@@ -79,20 +79,16 @@ impl<'e> Interval<'e> {
     /// Polls for the next tick: `Ready` with its deadline once it has come, or `Pending`,
     /// and the task is woken when it comes.
     pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
-        let engine = self.sleep.engine();
-        let now;
-        if self.sleep.is_armed() {
-            if Pin::new(&mut self.sleep).poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            now = engine.now();
-        } else {
-            // A tick already due completes now rather than on the engine's next turn (the
-            // first tick of `interval` is at once, as in tokio).
-            now = engine.now();
-            if self.sleep.deadline() > now && Pin::new(&mut self.sleep).poll(cx).is_pending() {
-                return Poll::Pending;
-            }
+        let armed = self.sleep.is_armed();
+        if armed && Pin::new(&mut self.sleep).poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let now = self.sleep.engine().now();
+        // Unarmed, a tick already due completes now rather than on the engine's next turn
+        // (the first tick of `interval` is at once, as in tokio).
+        if !armed && self.sleep.deadline() > now && Pin::new(&mut self.sleep).poll(cx).is_pending()
+        {
+            return Poll::Pending;
         }
         let due = self.sleep.deadline();
         if now < due {

@@ -74,10 +74,11 @@ impl<F: Future> Future for Timeout<'_, F> {
     type Output = Result<F::Output, Elapsed>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // SAFETY: `future` is structurally pinned: it is never moved out of a pinned
-        // `Timeout` (only `into_inner`, which takes the `Timeout` by value, moves it, and
-        // `Timeout` has no `Drop` that could), and `sleep` is `Unpin`, so handing out
-        // `&mut` to it moves nothing pinned.
+        // `future` is structurally pinned: it is never moved out of a pinned `Timeout`
+        // (only `into_inner`, which takes the `Timeout` by value, moves it, and `Timeout`
+        // has no `Drop` that could), and `sleep` is `Unpin`, so handing out `&mut` to it
+        // moves nothing pinned.
+        // SAFETY: nothing pinned is moved through `this` (as above).
         let this = unsafe { self.get_unchecked_mut() };
         // SAFETY: as above: `future` stays where it is for as long as `self` is pinned.
         let future = unsafe { Pin::new_unchecked(&mut this.future) };
