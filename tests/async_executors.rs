@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use common::{unpinned, within};
+use common::{leaked_unpinned, unpinned, within};
 use corewheel::{Elapsed, PendingTimers, TimerEngine};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -85,14 +85,7 @@ async fn sum_of(tasks: Vec<tokio::task::JoinHandle<usize>>) -> usize {
 }
 
 fn engine() -> &'static TimerEngine {
-    // Leaked so that futures on it are `'static`, as spawned tasks must be.
-    Box::leak(Box::new(
-        TimerEngine::builder()
-            .workers(2)
-            .pin_workers(false)
-            .build()
-            .expect("an engine"),
-    ))
+    leaked_unpinned(2)
 }
 
 #[test]

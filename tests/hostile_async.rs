@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use common::{Wakes, manual, poll, within};
+use common::{Wakes, leaked_unpinned, manual, poll, within};
 use corewheel::{Elapsed, Interval, MissedTicks, PendingTimers, Sleep, Timeout, TimerEngine};
 
 const MS: Duration = Duration::from_millis(1);
@@ -25,16 +25,6 @@ const LIMIT: Duration = Duration::from_secs(60);
 fn leaked_manual(workers: usize) -> (&'static TimerEngine, corewheel::ManualClock) {
     let (engine, clock) = manual(workers);
     (Box::leak(Box::new(engine)), clock)
-}
-
-fn leaked_real(workers: usize) -> &'static TimerEngine {
-    Box::leak(Box::new(
-        TimerEngine::builder()
-            .workers(workers)
-            .pin_workers(false)
-            .build()
-            .expect("an engine"),
-    ))
 }
 
 /// Waits (bounded) until `flag` is set; `false` if it never was.
@@ -134,7 +124,7 @@ fn drop_holding_a_lock_the_wake_needs_deadlocks() {
             }
         }
     }
-    let engine = leaked_real(1);
+    let engine = leaked_unpinned(1);
     within(LIMIT, "the dropping thread", move || {
         let waker = Waker::from(Arc::new(Queued));
         let mut sleep = engine.sleep(MS);
@@ -302,7 +292,7 @@ fn cross_dropping_child() {
             IN_WAKE.fetch_sub(1, Ordering::SeqCst);
         }
     }
-    let engine = leaked_real(2);
+    let engine = leaked_unpinned(2);
     for round in 0..20 {
         for e in &ENTERED {
             e.store(false, Ordering::SeqCst);
@@ -391,7 +381,7 @@ fn boxed_clone_child() {
         drop(unsafe { Box::from_raw(data.cast_mut().cast::<Boxed>()) });
     }
     static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake_by_ref, drop_waker);
-    let engine = leaked_real(1);
+    let engine = leaked_unpinned(1);
     // SAFETY: as above.
     let waker = unsafe { Waker::from_raw(raw()) };
     let mut sleep = engine.sleep(MS);
@@ -524,7 +514,7 @@ fn a_panicking_wake_is_contained() {
             panic!("a wake that panics");
         }
     }
-    let engine = leaked_real(1);
+    let engine = leaked_unpinned(1);
     within(LIMIT, "panicking wakes", move || {
         let panics = Arc::new(Panics(AtomicUsize::new(0)));
         let waker = Waker::from(Arc::clone(&panics));
@@ -588,7 +578,7 @@ fn an_inline_wake_that_drops_and_rearms_its_sleep_on_the_worker() {
     fn sleep_engine() -> &'static TimerEngine {
         ENGINE.get().unwrap()
     }
-    let engine = *ENGINE.get_or_init(|| leaked_real(2));
+    let engine = *ENGINE.get_or_init(|| leaked_unpinned(2));
     within(LIMIT, "inline wakes", move || {
         let waker = Waker::from(Arc::new(Inline));
         let mut sleep = engine.sleep(MS);
@@ -624,7 +614,7 @@ fn sleeps_dropped_inside_engine_callbacks_as_they_fire() {
             self.wakes.fetch_add(1, Ordering::SeqCst);
         }
     }
-    let engine = leaked_real(2);
+    let engine = leaked_unpinned(2);
     within(LIMIT, "callbacks dropping sleeps", move || {
         let done = Arc::new(AtomicUsize::new(0));
         let mut watched = Vec::new();
@@ -877,7 +867,7 @@ fn a_full_pool_neither_completes_a_sleep_early_nor_leaks() {
 /// earlier), timeouts and interval ticks, each never early and never lost.
 #[test]
 fn real_clock_sleeps_resets_timeouts_and_ticks_are_never_early_or_lost() {
-    let engine = leaked_real(2);
+    let engine = leaked_unpinned(2);
     within(LIMIT, "real-clock workers", move || {
         let threads: Vec<_> = (0..4_u64)
             .map(|t| {
@@ -934,7 +924,7 @@ fn real_clock_sleeps_resets_timeouts_and_ticks_are_never_early_or_lost() {
 /// documented), drops of old ones return, nothing panics.
 #[test]
 fn sleeps_on_a_shut_down_static_engine() {
-    let engine = leaked_real(2);
+    let engine = leaked_unpinned(2);
     within(LIMIT, "use after shutdown", move || {
         let (wakes, waker) = Wakes::waker();
         let mut pending: Vec<_> = (0..100).map(|i| engine.sleep(MS * (i + 50))).collect();

@@ -57,13 +57,21 @@ impl Drop for Witness {
 
 /// An engine of `workers` unpinned workers, shareable with the threads that race it.
 pub fn unpinned(workers: usize) -> Arc<TimerEngine> {
-    Arc::new(
-        TimerEngine::builder()
-            .workers(workers)
-            .pin_workers(false)
-            .build()
-            .unwrap(),
-    )
+    Arc::new(unpinned_engine(workers))
+}
+
+/// An engine of `workers` unpinned workers that lives for the rest of the test binary, so
+/// that futures on it are `'static`, as spawned tasks must be.
+pub fn leaked_unpinned(workers: usize) -> &'static TimerEngine {
+    Box::leak(Box::new(unpinned_engine(workers)))
+}
+
+fn unpinned_engine(workers: usize) -> TimerEngine {
+    TimerEngine::builder()
+        .workers(workers)
+        .pin_workers(false)
+        .build()
+        .unwrap()
 }
 
 /// A hand-driven engine of `workers` shards on a new manual clock.
