@@ -87,6 +87,35 @@ where
     }
 }
 
+/// What the server task returned, once it finishes the connection within `bound`.
+async fn finished<T>(server: tokio::task::JoinHandle<T>, bound: Duration) -> Result<T, String> {
+    Ok(tokio::time::timeout(bound, server)
+        .await
+        .map_err(|_| "the server never finished the connection".to_string())?
+        .unwrap())
+}
+
+/// The connection ended `open_for` after `from` because of its header timeout, and no
+/// sooner than that timeout. Returns `open_for`.
+fn closed_by_header_timeout(
+    result: hyper::Result<()>,
+    open_for: Duration,
+    from: &str,
+    header_timeout: Duration,
+) -> Result<Duration, String> {
+    if open_for < header_timeout {
+        return Err(format!(
+            "closed {open_for:?} after {from}, before the {header_timeout:?} header timeout"
+        ));
+    }
+    match result {
+        Err(e) if e.is_timeout() => Ok(open_for),
+        other => Err(format!(
+            "the connection ended with {other:?}, not a header timeout"
+        )),
+    }
+}
+
 /// An HTTP/1 server on `timer` with `header_timeout`, and a client connected to it that has
 /// sent the first part of a request head.
 async fn h1_with_part_of_a_head<T>(
@@ -128,22 +157,9 @@ where
         }
         Ok(_) => {}
     }
-    let served = tokio::time::timeout(bound, server)
-        .await
-        .map_err(|_| "the server never finished the connection".to_string())?
-        .unwrap();
+    let served = finished(server, bound).await?;
     let open_for = served.ended - served.accepted;
-    if open_for < header_timeout {
-        return Err(format!(
-            "closed {open_for:?} after accept, before the {header_timeout:?} header timeout"
-        ));
-    }
-    match served.result {
-        Err(e) if e.is_timeout() => Ok(open_for),
-        other => Err(format!(
-            "the connection ended with {other:?}, not a header timeout"
-        )),
-    }
+    closed_by_header_timeout(served.result, open_for, "accept", header_timeout)
 }
 
 /// A client whose request head arrives in two parts, both within the header timeout, is
@@ -175,23 +191,10 @@ where
             "the request was not served; the server sent {reply:?}"
         ));
     }
-    let served = tokio::time::timeout(bound, server)
-        .await
-        .map_err(|_| "the server never finished the connection".to_string())?
-        .unwrap();
+    let served = finished(server, bound).await?;
     let handled = served.last_request.ok_or("the service was never called")?;
     let idle_for = served.ended - handled;
-    if idle_for < header_timeout {
-        return Err(format!(
-            "closed {idle_for:?} after the request, before the {header_timeout:?} header timeout"
-        ));
-    }
-    match served.result {
-        Err(e) if e.is_timeout() => Ok(idle_for),
-        other => Err(format!(
-            "the connection ended with {other:?}, not a header timeout"
-        )),
-    }
+    closed_by_header_timeout(served.result, idle_for, "the request", header_timeout)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -412,10 +415,7 @@ where
         .await
         .map_err(|_| format!("the connection was still open after {bound:?}"))??;
     let accepted = accepted.await.unwrap();
-    let (ended, result) = tokio::time::timeout(bound, server)
-        .await
-        .map_err(|_| "the server never finished the connection".to_string())?
-        .unwrap();
+    let (ended, result) = finished(server, bound).await?;
     let first_ping = first_ping.ok_or("closed without a ping")?;
     if first_ping < interval {
         return Err(format!(
