@@ -399,13 +399,13 @@ fn boxed_clone_child() {
 
 /// The documented size and auto traits.
 #[test]
-fn sleep_is_64_bytes_unpin_send_and_sync() {
+fn sleep_is_56_bytes_unpin_send_and_sync() {
     fn traits<T: Unpin + Send + Sync>() {}
     traits::<Sleep<'static>>();
     traits::<Interval<'static>>();
     traits::<Timeout<'static, std::future::Ready<()>>>();
     if cfg!(target_pointer_width = "64") {
-        assert_eq!(size_of::<Sleep<'static>>(), 64);
+        assert_eq!(size_of::<Sleep<'static>>(), 56);
     }
 }
 

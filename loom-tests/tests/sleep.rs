@@ -41,19 +41,21 @@ fn poll(sleep: &mut Sleep<'_>, waker: &Waker) -> Poll<()> {
     Pin::new(sleep).poll(&mut Context::from_waker(waker))
 }
 
-/// A `Sleep` due in 3 ticks, polled with `waker`, and filed in the worker's wheel (as
-/// `filed` does for a plain timer: armed due in one tick, moved later, and the turn at
-/// that tick files it). On return the clock stands one tick after the arming.
+/// A `Sleep` due in 3 ticks, polled with `waker`, and filed in the worker's wheel: a plain
+/// timer due in one tick, on the same lane, makes the turn at that tick take the lane, and
+/// with it the sleep's timer. On return the clock stands one tick after the arming.
 fn filed_sleep<'e>(
     engine: &'e TimerEngine,
     clock: &corewheel::ManualClock,
     waker: &Waker,
 ) -> Sleep<'e> {
-    let mut sleep = engine.sleep(ticks(1));
+    let mut sleep = engine.sleep(ticks(3));
     assert!(poll(&mut sleep, waker).is_pending());
-    sleep.reset(engine.now() + ticks(3));
+    engine
+        .schedule(ticks(1), || {})
+        .expect("the engine is running");
     clock.advance(ticks(1));
-    assert_eq!(engine.turn(), 0, "a sleep moved later does not fire now");
+    assert_eq!(engine.turn(), 1, "only the plain timer is due now");
     sleep
 }
 
@@ -105,8 +107,9 @@ fn a_new_waker_racing_the_fire_is_never_lost() {
     });
 }
 
-/// Turning at the old deadline while the task pushes the deadline back: whichever wins,
-/// the `Sleep` is pending until the new deadline and completes there, woken.
+/// Turning at the old deadline while the task pushes the deadline back. A later deadline
+/// leaves the timer where it is, so the old timer fires and wakes the task, whose poll
+/// arms the new deadline: pending until then, and completed there, woken.
 #[test]
 fn a_reset_racing_the_fire_is_never_early_and_never_lost() {
     model(None, || {
@@ -120,11 +123,8 @@ fn a_reset_racing_the_fire_is_never_early_and_never_lost() {
             thread::spawn(move || engine.turn())
         };
         sleep.reset(later);
-        let woken_by_old = worker.join().unwrap();
-        assert!(woken_by_old <= 1);
-        // A fire the reset came too late for still wakes the task, which may be another
-        // than the resetter's and would otherwise never poll to arm the new timer.
-        assert_eq!(count(&wakes), woken_by_old, "a fired timer's wake was lost");
+        assert_eq!(worker.join().unwrap(), 1, "the old timer fires");
+        assert_eq!(count(&wakes), 1, "and wakes the task, to poll");
         assert!(
             !sleep.is_elapsed(),
             "reset to later: not elapsed at the old deadline"
@@ -133,10 +133,43 @@ fn a_reset_racing_the_fire_is_never_early_and_never_lost() {
         clock.advance(ticks(1));
         engine.turn();
         assert!(poll(&mut sleep, &waker).is_pending(), "never early");
-        let before = count(&wakes);
         clock.advance(ticks(1));
         assert_eq!(engine.turn(), 1, "fires at the new deadline");
-        assert_eq!(count(&wakes), before + 1, "and wakes the task");
+        assert_eq!(count(&wakes), 2, "and wakes the task");
+        assert_eq!(poll(&mut sleep, &waker), Poll::Ready(()));
+        drop(sleep);
+        assert_eq!(settle(&engine, &clock), 0);
+        assert_eq!(engine.nodes_in_use(), 0);
+    });
+}
+
+/// Turning at a tick before the deadline while the task brings the deadline forward to
+/// that tick: whichever wins, the timer fires at most a tick after the new deadline (a
+/// worker that finds it being moved looks again a tick later), once, and wakes the task.
+#[test]
+fn a_reset_earlier_racing_the_turn_is_never_lost() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let (wakes, waker) = counting();
+        let mut sleep = filed_sleep(&engine, &clock, &waker);
+        clock.advance(ticks(1));
+        let sooner = engine.now();
+        let worker = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || engine.turn())
+        };
+        sleep.reset(sooner);
+        let mut fired = worker.join().unwrap();
+        for _ in 0..1 {
+            if fired == 1 {
+                break;
+            }
+            assert_eq!(count(&wakes), 0);
+            clock.advance(ticks(1));
+            fired = engine.turn();
+        }
+        assert_eq!(fired, 1, "fired within a tick of the new deadline");
+        assert_eq!(count(&wakes), 1, "and woke the task once");
         assert_eq!(poll(&mut sleep, &waker), Poll::Ready(()));
         drop(sleep);
         assert_eq!(settle(&engine, &clock), 0);

@@ -4,7 +4,7 @@
 //! [`engine`](crate::engine) for who holds a node at each step.
 
 use std::ptr::NonNull;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::engine::callback::Callback;
 use crate::engine::context::{self, Context};
@@ -19,6 +19,7 @@ use crate::error::ScheduleError;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::timer_state::{Cancelled, Kind, Observed, Phase};
+use crate::time::ticks::nanos_of;
 
 /// Free nodes a thread keeps per shard before handing a batch back.
 const MAGAZINE_LIMIT: u32 = 4 * BATCH;
@@ -90,18 +91,18 @@ impl EngineShared {
             .unwrap_or_else(|| self.ticks.ceil_after(self.clock.now(), delay))
     }
 
-    /// The instant `delay` from now, never earlier: from this thread's anchor on the cycle
+    /// The deadline `delay` from now, never earlier, as signed nanoseconds since the origin
+    /// (what a [`Sleep`](crate::Sleep) keeps): from this thread's anchor on the cycle
     /// counter where there is one (an upper bound on now, without a clock read), from a
-    /// clock read otherwise. `None` past the end of `Instant`.
+    /// clock read otherwise. `None` past `i64::MAX` ns (292 years) after the origin.
     #[inline]
-    pub(crate) fn instant_after(this: &Arc<Self>, delay: Duration) -> Option<Instant> {
-        context::with(this, |context| match this.nanos_at_most(context) {
-            Some(since) => this
-                .ticks
-                .origin()
-                .checked_add(Duration::from_nanos(since))?
-                .checked_add(delay),
-            None => this.clock.now().checked_add(delay),
+    pub(crate) fn nanos_after(this: &Arc<Self>, delay: Duration) -> Option<i64> {
+        context::with(this, |context| {
+            let since = match this.nanos_at_most(context) {
+                Some(since) => since,
+                None => this.ticks.nanos_since_origin(this.clock.now())?,
+            };
+            i64::try_from(since.checked_add(nanos_of(delay)?)?).ok()
         })
     }
 

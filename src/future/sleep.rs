@@ -1,5 +1,6 @@
 //! [`Sleep`]: a future that completes at a deadline, on a pooled engine timer.
 
+use crate::sync::atomic::Ordering;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -16,7 +17,7 @@ use crate::error::ScheduleError;
 /// engine, or [`TimerEngine::sleep`] and [`TimerEngine::sleep_until`] on a chosen one. It
 /// depends on no runtime: any executor polls it.
 ///
-/// **What it costs.** A `Sleep` is 64 bytes on 64-bit targets (tokio's is 112) and `Unpin`,
+/// **What it costs.** A `Sleep` is 56 bytes on 64-bit targets (tokio's is 112) and `Unpin`,
 /// so it needs no `Box::pin`. It holds a handle, not a timer: its first poll arms a
 /// timer whose node, taken from the engine's pool, holds a clone of the task's waker, so
 /// sleeping allocates nothing once the pool is warm. Polling again with a waker that
@@ -29,7 +30,10 @@ use crate::error::ScheduleError;
 /// tick), and its task is woken then. Dropping it before its deadline cancels the wake; a
 /// drop that races the wake stops it if it has not begun, and otherwise lets it land,
 /// perhaps after the drop returns (a spurious wake, harmless, as with tokio): waiting for
-/// it could wait for the executor, which may be waiting for the dropping thread. A reset
+/// it could wait for the executor, which may be waiting for the dropping thread. After a
+/// [`reset`](Self::reset) to a later deadline, the timer left at the old one wakes the
+/// task once at that deadline (a spurious wake, so that the poll it brings arms the new
+/// deadline); the `Sleep` never completes before its current deadline. A reset earlier
 /// or a past deadline takes effect on the engine's next turn, not at the next poll (tokio
 /// completes a past deadline at the next poll). A deadline too far off
 /// for the engine (as from `Duration::MAX`) never comes; the `Sleep` stays pending. When
@@ -54,27 +58,33 @@ use crate::error::ScheduleError;
 #[must_use = "a Sleep does nothing unless polled"]
 pub struct Sleep<'e> {
     engine: &'e TimerEngine,
-    deadline: Instant,
+    /// The deadline in nanoseconds from the engine's origin (negative before it): half an
+    /// `Instant`'s size, and a tick away by one divide.
+    deadline: i64,
     /// The armed timer; `None` before the first poll and after a reset found the timer gone.
     timer: Option<TimerHandle>,
     /// The data and vtable pointers of the waker the timer holds, to tell a poll with the
     /// same waker without touching the node. Integers, so that `Sleep` stays `Send`.
     waker: [usize; 2],
     elapsed: bool,
-    /// The deadline asked for was past the end of `Instant`: the timer never fires.
+    /// The deadline asked for was past the engine's range (`deadline` then holds about 30
+    /// years from when it was asked): the timer never fires.
     never: bool,
 }
 
 impl<'e> Sleep<'e> {
-    pub(crate) fn new(engine: &'e TimerEngine, deadline: Option<Instant>) -> Self {
-        Self {
+    /// A `Sleep` until `deadline` nanoseconds from the engine's origin, or never if `None`.
+    pub(crate) fn new(engine: &'e TimerEngine, deadline: Option<i64>) -> Self {
+        let mut sleep = Self {
             engine,
-            deadline: deadline.unwrap_or_else(|| far_future(engine.now())),
+            deadline: 0,
             timer: None,
             waker: [0; 2],
             elapsed: false,
-            never: deadline.is_none(),
-        }
+            never: false,
+        };
+        sleep.set_deadline(deadline);
+        sleep
     }
 
     /// The deadline tick its timer is armed at.
@@ -82,13 +92,15 @@ impl<'e> Sleep<'e> {
         if self.never {
             u64::MAX
         } else {
-            self.engine.shared.ticks.ceil(self.deadline)
+            self.engine.shared.ticks.ceil_signed(self.deadline)
         }
     }
 
-    /// The instant it completes at (before rounding up to the engine's tick).
+    /// The instant it completes at (before rounding up to the engine's tick). A deadline
+    /// more than 292 years after the engine started reads as about 30 years on, and never
+    /// comes.
     pub fn deadline(&self) -> Instant {
-        self.deadline
+        self.engine.shared.ticks.instant_at_signed(self.deadline)
     }
 
     /// Whether it has completed: its timer has fired (or its engine shut down). `false`
@@ -98,17 +110,22 @@ impl<'e> Sleep<'e> {
         self.elapsed
             || self
                 .timer
-                .is_some_and(|handle| !self.engine.is_pending(handle))
+                .is_some_and(|handle| !self.engine.is_pending(handle) && self.fired_for_deadline())
     }
 
     /// Moves the deadline to `deadline`, whether or not it has completed: the way to make
     /// an idle timeout from one `Sleep`, pushed back on every read.
     ///
-    /// A pending timer is moved in place: a few atomic operations on its node, and no
-    /// message to the engine unless the deadline moves earlier; nothing at all when the
-    /// new deadline falls in the same engine tick as the old one. A timer that already
-    /// fired is let go, and the next poll arms a new one, so poll the `Sleep` again after
-    /// a reset (as with tokio's).
+    /// **Later** (the idle timeout's case) touches nothing shared: only the `Sleep`'s own
+    /// deadline changes. The timer stays where it was; when it fires, its wake makes the
+    /// task poll, and that poll finds the deadline not reached and arms a timer for it. So
+    /// an idle timeout pushed back on every read costs one spurious wake and one new timer
+    /// per old deadline, not a message to the engine per read. **Earlier** moves the timer
+    /// in place (a few atomic operations on its node, and a message to the engine), and
+    /// costs nothing when the new deadline falls in the same engine tick as the old one. A
+    /// `Sleep` already complete stays so for an earlier deadline, which has passed too.
+    /// Either way, poll the `Sleep` again after a reset, as with tokio's: it is that poll
+    /// that arms the timer for the new deadline when one is needed.
     ///
     /// ```
     /// use corewheel::{ManualClock, TimerEngine};
@@ -124,7 +141,12 @@ impl<'e> Sleep<'e> {
     /// idle.reset(engine.now() + Duration::from_secs(30)); // a read arrived
     /// clock.advance(Duration::from_secs(20));
     /// engine.turn();
+    /// // The old deadline has passed: the poll its wake asks for arms the new one.
+    /// assert!(std::pin::pin!(&mut idle).poll(&mut cx).is_pending());
     /// assert!(!idle.is_elapsed(), "40 s in, but only 20 s idle");
+    /// clock.advance(Duration::from_secs(10));
+    /// engine.turn();
+    /// assert!(idle.is_elapsed());
     /// ```
     pub fn reset(&mut self, deadline: Instant) {
         self.reset_to(Some(deadline));
@@ -132,32 +154,57 @@ impl<'e> Sleep<'e> {
 
     /// [`reset`](Self::reset), to a deadline past the end of `Instant` (never) if `None`.
     pub(crate) fn reset_to(&mut self, deadline: Option<Instant>) {
-        let old_tick = self.timer.map(|_| self.tick());
-        self.deadline = deadline.unwrap_or_else(|| far_future(self.engine.now()));
-        self.never = deadline.is_none();
-        let Some(old_tick) = old_tick else {
+        let deadline =
+            deadline.and_then(|deadline| self.engine.shared.ticks.signed_nanos(deadline));
+        let earlier = match (deadline, self.never) {
+            (None, _) => false,
+            (Some(_), true) => true,
+            (Some(new), false) => new < self.deadline,
+        };
+        if !earlier {
+            // The timer, if any, fires at or before the new deadline, and the poll its wake
+            // brings judges it then (`poll`, `is_elapsed`).
+            self.set_deadline(deadline);
             self.elapsed = false;
             return;
-        };
-        let new_tick = self.tick();
-        if new_tick == old_tick {
-            // The timer is due at that tick already (an idle timeout pushed back by reads
-            // within one tick): nothing in the engine changes. If it has fired, `elapsed`
-            // stays true, which is sound because the engine fires a tick only once its clock
-            // has reached the tick's start (`Ticks::floor`), at or after any deadline that
-            // rounds up to it (`Ticks::ceil`).
+        }
+        let old_tick = self.tick();
+        self.set_deadline(deadline);
+        if self.elapsed {
+            // Complete, so the old deadline has passed, and the earlier one with it.
             return;
         }
-        self.elapsed = false;
         let Some(handle) = self.timer else {
             return;
         };
-        if !EngineShared::reset(&self.engine.shared, handle, new_tick) {
-            // It has fired: the next poll arms a new timer. Its wake is let land, even
-            // after this: the task that polled may be another than this one, and only that
-            // wake makes it poll again.
-            self.timer = None;
+        let new_tick = self.tick();
+        if new_tick != old_tick {
+            // The timer is armed at or before the old deadline's tick (earlier when a later
+            // reset left it there), so this moves it earlier or leaves it: never later than
+            // the deadline. A timer that has fired already is judged at the next poll.
+            let _moved = EngineShared::reset(&self.engine.shared, handle, new_tick);
         }
+    }
+
+    /// Sets the deadline (as [`Ticks::signed_nanos`](crate::time::ticks::Ticks::signed_nanos)),
+    /// to never when `None`.
+    fn set_deadline(&mut self, deadline: Option<i64>) {
+        self.never = deadline.is_none();
+        self.deadline = deadline.unwrap_or_else(|| {
+            let ticks = &self.engine.shared.ticks;
+            ticks
+                .signed_nanos(far_future(self.engine.now()))
+                .unwrap_or(i64::MAX)
+        });
+    }
+
+    /// Whether a timer that no longer waits completes this `Sleep`: the engine's clock has
+    /// reached the deadline's tick (a timer left at an older deadline by a later reset may
+    /// fire before), or the engine has shut down, which wakes every waker timer and arms no
+    /// more.
+    fn fired_for_deadline(&self) -> bool {
+        (!self.never && self.engine.shared.now_tick() >= self.tick())
+            || self.engine.shared.shutdown.load(Ordering::Acquire)
     }
 
     /// The engine it sleeps on.
@@ -225,9 +272,14 @@ impl Future for Sleep<'_> {
         if waiting {
             this.waker = identity(cx.waker());
             Poll::Pending
-        } else {
+        } else if this.fired_for_deadline() {
             this.elapsed = true;
             Poll::Ready(())
+        } else {
+            // Fired for a deadline a later reset has moved on from: the handle is spent
+            // (nothing to cancel), and a timer for the deadline is armed now.
+            this.timer = None;
+            this.arm(cx)
         }
     }
 }
@@ -243,7 +295,7 @@ impl Drop for Sleep<'_> {
 impl std::fmt::Debug for Sleep<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sleep")
-            .field("deadline", &self.deadline)
+            .field("deadline", &self.deadline())
             .field("elapsed", &self.is_elapsed())
             .finish_non_exhaustive()
     }
@@ -252,18 +304,18 @@ impl std::fmt::Debug for Sleep<'_> {
 impl TimerEngine {
     /// A [`Sleep`] that completes `delay` from now on this engine's clock.
     ///
-    /// A delay too long to add to now (`Duration::MAX`) gives a `Sleep` that never
-    /// completes by itself (until reset); its [`deadline`](Sleep::deadline) reads about 30
-    /// years on. A deadline within `Instant`'s range but past the engine's (about 584
-    /// million years at a 1 ms tick) never comes either.
+    /// A delay that takes the deadline more than 292 years past the engine's start (as
+    /// `Duration::MAX` does) gives a `Sleep` that never completes by itself (until reset);
+    /// its [`deadline`](Sleep::deadline) reads about 30 years on.
     pub fn sleep(&self, delay: Duration) -> Sleep<'_> {
-        Sleep::new(self, EngineShared::instant_after(&self.shared, delay))
+        Sleep::new(self, EngineShared::nanos_after(&self.shared, delay))
     }
 
     /// A [`Sleep`] that completes at `deadline`. A deadline already past completes on the
-    /// engine's next turn after the first poll.
+    /// engine's next turn after the first poll; one more than 292 years past the engine's
+    /// start never comes, as with [`sleep`](Self::sleep).
     pub fn sleep_until(&self, deadline: Instant) -> Sleep<'_> {
-        Sleep::new(self, Some(deadline))
+        Sleep::new(self, self.shared.ticks.signed_nanos(deadline))
     }
 }
 

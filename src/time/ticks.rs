@@ -68,16 +68,53 @@ impl Ticks {
     #[inline]
     pub(crate) fn ceil(&self, deadline: Instant) -> u64 {
         let ticks = match self.nanos_since_origin(deadline) {
-            Some(ns) => {
-                let (ticks, part) = StrengthReducedU64::div_rem(ns, self.tick_divisor);
-                ticks + u64::from(part != 0)
-            }
+            Some(ns) => return self.ceil_nanos(ns),
             None => {
                 let (ticks, part) = self.far_ticks(deadline);
                 ticks.saturating_add(u64::from(part != 0))
             }
         };
         ticks.saturating_add(1)
+    }
+
+    /// [`ceil`](Self::ceil) of the deadline `ns` nanoseconds after the origin.
+    #[inline]
+    fn ceil_nanos(&self, ns: u64) -> u64 {
+        let (ticks, part) = StrengthReducedU64::div_rem(ns, self.tick_divisor);
+        // No overflow: with a 1 ns tick `part` is 0, and with a longer one `ticks` is at
+        // most half the range.
+        (ticks + u64::from(part != 0)).saturating_add(1)
+    }
+
+    /// [`ceil`](Self::ceil) of a deadline given as [`signed_nanos`](Self::signed_nanos).
+    #[inline]
+    pub(crate) fn ceil_signed(&self, nanos: i64) -> u64 {
+        // Every deadline at or before the origin is tick 1.
+        self.ceil_nanos(u64::try_from(nanos).unwrap_or(0))
+    }
+
+    /// An instant as signed nanoseconds from the origin: 8 bytes where an `Instant` takes
+    /// 16, and a tick away by one divide. `None` more than `i64::MAX` ns (292 years) after
+    /// the origin; an instant that far before it (which no monotonic clock reaches)
+    /// saturates.
+    pub(crate) fn signed_nanos(&self, at: Instant) -> Option<i64> {
+        match at.checked_duration_since(self.origin) {
+            Some(after) => i64::try_from(after.as_nanos()).ok(),
+            None => {
+                let before = self.origin.duration_since(at).as_nanos();
+                Some(i64::try_from(before).map_or(i64::MIN, |before| -before))
+            }
+        }
+    }
+
+    /// The instant that [`signed_nanos`](Self::signed_nanos) gave `nanos` for.
+    pub(crate) fn instant_at_signed(&self, nanos: i64) -> Instant {
+        let span = Duration::from_nanos(nanos.unsigned_abs());
+        if nanos >= 0 {
+            saturating_add(self.origin, span)
+        } else {
+            self.origin.checked_sub(span).unwrap_or(self.origin)
+        }
     }
 
     /// `ceil(now + delay)` without building the `Instant`: one subtraction and a divide by
@@ -93,24 +130,14 @@ impl Ticks {
     /// the sum leaves the `u64` range, which only a delay of centuries reaches.
     #[inline]
     pub(crate) fn ceil_after_nanos(&self, since: u64, delay: Duration) -> Option<u64> {
-        let delay_ns = delay
-            .as_secs()
-            .checked_mul(1_000_000_000)?
-            .checked_add(u64::from(delay.subsec_nanos()))?;
-        let (ticks, part) =
-            StrengthReducedU64::div_rem(since.checked_add(delay_ns)?, self.tick_divisor);
-        Some((ticks + u64::from(part != 0)).saturating_add(1))
+        Some(self.ceil_nanos(since.checked_add(nanos_of(delay)?)?))
     }
 
     /// Nanoseconds from the origin to `at` (0 before it), when they fit in a `u64`: for
     /// 584 years after the origin, so every real deadline takes this path.
     #[inline]
     pub(crate) fn nanos_since_origin(&self, at: Instant) -> Option<u64> {
-        let since = at.saturating_duration_since(self.origin);
-        since
-            .as_secs()
-            .checked_mul(1_000_000_000)?
-            .checked_add(u64::from(since.subsec_nanos()))
+        nanos_of(at.saturating_duration_since(self.origin))
     }
 
     /// Whole ticks from the origin to `at`, saturating, and whether a part tick remains:
@@ -132,6 +159,15 @@ impl Ticks {
         };
         saturating_add(self.origin, since_origin)
     }
+}
+
+/// `span` in nanoseconds, when that fits in a `u64` (584 years). Whole seconds and the
+/// part apart, two multiply-adds, where `as_nanos` works in 128 bits.
+#[inline]
+pub(crate) fn nanos_of(span: Duration) -> Option<u64> {
+    span.as_secs()
+        .checked_mul(1_000_000_000)?
+        .checked_add(u64::from(span.subsec_nanos()))
 }
 
 /// `from + by`, or the latest instant the platform can represent within that.
@@ -161,6 +197,32 @@ fn latest_instant_within(origin: Instant, limit: Duration) -> Instant {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signed_nanos_round_trip_and_round_up_as_instants_do() {
+        let origin = Instant::now() + Duration::from_secs(3600);
+        let ticks = Ticks::new(Duration::from_millis(1), origin);
+        let far = Duration::from_nanos(i64::MAX as u64);
+        for at in [
+            origin,
+            origin + Duration::from_nanos(1),
+            origin + Duration::from_micros(1_500),
+            origin - Duration::from_nanos(1),
+            origin - Duration::from_secs(3000),
+            origin + far,
+        ] {
+            let nanos = ticks.signed_nanos(at).expect("within 292 years");
+            assert_eq!(ticks.instant_at_signed(nanos), at, "{at:?}");
+            assert_eq!(ticks.ceil_signed(nanos), ticks.ceil(at), "{at:?}");
+        }
+        assert_eq!(
+            ticks.signed_nanos(origin - Duration::from_nanos(1)),
+            Some(-1)
+        );
+        if let Some(past_range) = origin.checked_add(far + Duration::from_nanos(1)) {
+            assert_eq!(ticks.signed_nanos(past_range), None);
+        }
+    }
 
     #[test]
     fn ceil_after_matches_ceil_of_the_sum() {

@@ -746,7 +746,7 @@ fn build_table(
     table.note(match kind {
         Kind::Sleep => "timer = make a sleep, poll it once (which arms it with the task's waker), drop it (which cancels it)",
         Kind::Timeout => "timer = make a timeout() around a read that is pending and never woken, poll it once (the read, then the timer armed), drop it",
-        Kind::Reset => "reset = push a random connection's idle sleep (the task's own) to now + 30 s: Sleep::reset / Timer::set_at; pingora-timeout has no reset, so its sleep is replaced by a new one and polled once; nothing is due during a run",
+        Kind::Reset => "reset = push a random connection's idle sleep (the task's own) to now + 30 s: Sleep::reset / Timer::set_at; pingora-timeout has no reset, so its sleep is replaced by a new one and polled once; nothing is due during a run, so the work both wheels defer to the old deadline (corewheel: the timer left there wakes the task, whose poll arms the new deadline; tokio: its driver re-files the entry) is not in it: once per connection per 30 s",
     });
     table.note(format!(
         "CPU ns/{unit} = process CPU time (every thread: the tasks', the timers' own threads) from the start line until the deferred work is done (corewheel: the engine settled; then, for every subject, the process idle) / {unit}s; ns/{unit} = wall time from the start line to the last task's end / {unit}s, all threads together"
