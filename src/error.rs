@@ -138,3 +138,52 @@ impl fmt::Display for Elapsed {
 }
 
 impl std::error::Error for Elapsed {}
+
+#[cfg(feature = "keyed")]
+/// Why [`KeyedTimers::set`](crate::KeyedTimers::set) armed no timer, with the value it was
+/// given, which is not lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedError<V> {
+    /// The value `set` was given.
+    pub value: V,
+    /// Why it was refused.
+    pub reason: Refused,
+}
+
+#[cfg(feature = "keyed")]
+impl<V> KeyedError<V> {
+    pub(crate) fn new(value: V, reason: Refused) -> Self {
+        Self { value, reason }
+    }
+}
+
+#[cfg(feature = "keyed")]
+impl<V> fmt::Display for KeyedError<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the keyed timer was refused: {}", self.reason)
+    }
+}
+
+#[cfg(feature = "keyed")]
+impl<V: fmt::Debug> std::error::Error for KeyedError<V> {}
+
+#[cfg(feature = "keyed")]
+/// Why a [`KeyedTimers`](crate::KeyedTimers) refused a `set`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refused {
+    /// [`stop`](crate::KeyedTimers::stop) was called, or the `KeyedTimers` is being dropped.
+    Stopped,
+    /// The engine refused the timer: it has shut down, or its pool is full.
+    Engine(ScheduleError),
+}
+
+#[cfg(feature = "keyed")]
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Stopped => write!(f, "the keyed timers were stopped"),
+            Self::Engine(error) => error.fmt(f),
+        }
+    }
+}

@@ -25,6 +25,8 @@
 mod engine;
 mod error;
 mod future;
+#[cfg(feature = "keyed")]
+mod keyed;
 mod sync;
 mod time;
 mod wheel;
@@ -44,6 +46,8 @@ pub use engine::periodic::MissedTicks;
 pub use engine::shutdown::{PendingTimers, ShutdownReport};
 pub use engine::stats::{ShardStats, Stats};
 pub use error::{BuildError, CapacityError, Elapsed, GeometryError, ScheduleError};
+#[cfg(feature = "keyed")]
+pub use error::{KeyedError, Refused};
 pub use future::default_engine::{
     default_engine, interval, interval_at, sleep, sleep_until, timeout, timeout_at,
 };
@@ -52,6 +56,8 @@ pub use future::hyper_timer::HyperTimer;
 pub use future::interval::Interval;
 pub use future::sleep::Sleep;
 pub use future::timeout::Timeout;
+#[cfg(feature = "keyed")]
+pub use keyed::KeyedTimers;
 pub use time::clock::{Clock, ManualClock, MonotonicClock};
 pub use wheel::Wheel;
 pub use wheel::builder::WheelBuilder;

@@ -410,9 +410,7 @@ impl TimerEngine {
     /// cancelled.
     #[inline]
     pub fn is_pending(&self, handle: TimerHandle) -> bool {
-        self.shared
-            .lookup(handle)
-            .is_some_and(|(_, node)| node.state.is_pending(handle.generation()))
+        self.shared.is_pending(handle)
     }
 
     /// Counts per shard and in total.

@@ -67,6 +67,14 @@ impl EngineShared {
         (now, self.ticks.floor(now))
     }
 
+    /// Whether the timer `handle` names is waiting to fire (see
+    /// [`TimerEngine::is_pending`](crate::TimerEngine::is_pending)).
+    #[inline]
+    pub(crate) fn is_pending(&self, handle: TimerHandle) -> bool {
+        self.lookup(handle)
+            .is_some_and(|(_, node)| node.state.is_pending(handle.generation()))
+    }
+
     /// The shard and node a handle names, if the handle belongs to this engine.
     #[inline]
     pub(crate) fn lookup(&self, handle: TimerHandle) -> Option<(usize, &TimerNode)> {

@@ -1,0 +1,171 @@
+//! The concurrent map under [`KeyedTimers`](crate::KeyedTimers): a key's slot, locked for the
+//! length of one operation.
+//!
+//! Every change to a key's state (set, move, remove, and the fire that hands its value to
+//! the handler) happens under that key's lock, so the map's own locking is what orders
+//! them. The map is dashmap's sharded `HashMap` (see the choice in
+//! `keyed`); under loom, whose models cannot see dashmap's locks, a
+//! `Mutex<HashMap>` with the same surface stands in, so that the models check the same
+//! key-state logic.
+
+/// What an [`edit`](KeyMap::edit) does to the key's slot.
+pub(crate) enum Change<V> {
+    /// Leaves the slot as it is (empty or not).
+    Keep,
+    /// Stores a value, in place of any there.
+    Put(V),
+}
+
+#[cfg(not(loom))]
+mod imp {
+    use std::hash::Hash;
+
+    use dashmap::DashMap;
+    use dashmap::mapref::entry::Entry;
+
+    use super::Change;
+
+    pub(crate) struct KeyMap<K, V>(DashMap<K, V>);
+
+    impl<K: Eq + Hash, V> KeyMap<K, V> {
+        pub(crate) fn new() -> Self {
+            Self(DashMap::new())
+        }
+
+        /// Runs `f` on `key`'s slot under the key's lock; returns what `f` returned and the
+        /// value a `Put` replaced.
+        pub(crate) fn edit<R>(
+            &self,
+            key: K,
+            f: impl FnOnce(Option<&mut V>) -> (R, Change<V>),
+        ) -> (R, Option<V>) {
+            match self.0.entry(key) {
+                Entry::Occupied(mut slot) => match f(Some(slot.get_mut())) {
+                    (answer, Change::Keep) => (answer, None),
+                    (answer, Change::Put(value)) => (answer, Some(slot.insert(value))),
+                },
+                Entry::Vacant(slot) => {
+                    let (answer, change) = f(None);
+                    if let Change::Put(value) = change {
+                        slot.insert(value);
+                    }
+                    (answer, None)
+                }
+            }
+        }
+
+        /// Runs `f` on `key`'s value under the key's lock, if it has one.
+        pub(crate) fn with_mut<R>(&self, key: &K, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+            self.0.get_mut(key).map(|mut value| f(&mut value))
+        }
+
+        /// Takes `key`'s entry out if `take` says so, under the key's lock.
+        pub(crate) fn remove_if(&self, key: &K, take: impl FnOnce(&V) -> bool) -> Option<(K, V)> {
+            self.0.remove_if(key, |_, value| take(value))
+        }
+
+        pub(crate) fn remove(&self, key: &K) -> Option<(K, V)> {
+            self.0.remove(key)
+        }
+
+        pub(crate) fn contains(&self, key: &K) -> bool {
+            self.0.contains_key(key)
+        }
+
+        pub(crate) fn len(&self) -> usize {
+            self.0.len()
+        }
+
+        /// Empties the map, showing `f` each value before it is dropped.
+        pub(crate) fn clear_with(&self, mut f: impl FnMut(&V)) {
+            self.0.retain(|_, value| {
+                f(value);
+                false
+            });
+        }
+
+        /// The keys present now (a copy: no lock is held once it returns).
+        pub(crate) fn keys(&self) -> Vec<K>
+        where
+            K: Clone,
+        {
+            self.0.iter().map(|entry| entry.key().clone()).collect()
+        }
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    use std::collections::HashMap;
+    use std::hash::Hash;
+
+    use super::Change;
+    use crate::sync::Mutex;
+
+    pub(crate) struct KeyMap<K, V>(Mutex<HashMap<K, V>>);
+
+    impl<K: Eq + Hash, V> KeyMap<K, V> {
+        pub(crate) fn new() -> Self {
+            Self(Mutex::new(HashMap::new()))
+        }
+
+        fn map(&self) -> loom::sync::MutexGuard<'_, HashMap<K, V>> {
+            self.0
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+
+        pub(crate) fn edit<R>(
+            &self,
+            key: K,
+            f: impl FnOnce(Option<&mut V>) -> (R, Change<V>),
+        ) -> (R, Option<V>) {
+            let mut map = self.map();
+            match f(map.get_mut(&key)) {
+                (answer, Change::Keep) => (answer, None),
+                (answer, Change::Put(value)) => (answer, map.insert(key, value)),
+            }
+        }
+
+        pub(crate) fn with_mut<R>(&self, key: &K, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+            self.map().get_mut(key).map(f)
+        }
+
+        pub(crate) fn remove_if(&self, key: &K, take: impl FnOnce(&V) -> bool) -> Option<(K, V)> {
+            let mut map = self.map();
+            if take(map.get(key)?) {
+                map.remove_entry(key)
+            } else {
+                None
+            }
+        }
+
+        pub(crate) fn remove(&self, key: &K) -> Option<(K, V)> {
+            self.map().remove_entry(key)
+        }
+
+        pub(crate) fn contains(&self, key: &K) -> bool {
+            self.map().contains_key(key)
+        }
+
+        pub(crate) fn len(&self) -> usize {
+            self.map().len()
+        }
+
+        pub(crate) fn keys(&self) -> Vec<K>
+        where
+            K: Clone,
+        {
+            self.map().keys().cloned().collect()
+        }
+
+        pub(crate) fn clear_with(&self, mut f: impl FnMut(&V)) {
+            let drained: Vec<V> = self.map().drain().map(|(_, value)| value).collect();
+            for value in &drained {
+                f(value);
+            }
+        }
+    }
+}
+
+pub(crate) use imp::KeyMap;

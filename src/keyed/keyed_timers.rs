@@ -1,0 +1,288 @@
+//! [`KeyedTimers`]: a timer per key, whose value goes to one handler when it expires.
+
+use std::hash::Hash;
+use std::time::Duration;
+
+use crate::engine::TimerEngine;
+use crate::engine::handle::TimerHandle;
+use crate::engine::shared::EngineShared;
+use crate::error::{KeyedError, Refused};
+use crate::keyed::key_map::{Change, KeyMap};
+use crate::sync::Arc;
+use crate::sync::atomic::{AtomicBool, Ordering};
+
+/// A timer per key, on a [`TimerEngine`]: when a key's timer expires, its key and value go
+/// to one handler. go-zero's `TimingWheel`, safe from any thread: the interface for cache
+/// entries with a TTL, idle timers keyed by connection id, and session expiry.
+///
+/// - [`set`](Self::set) upserts: a key already pending gets the new value and deadline.
+/// - [`move_to`](Self::move_to) changes only the deadline; [`remove`](Self::remove) takes
+///   the value back; [`drain`](Self::drain) and [`stop`](Self::stop) hand every pending
+///   entry over.
+///
+/// **Guarantees**, whatever number of threads set, move and remove the same keys at once:
+/// each key has at most one pending timer; every value is handed out exactly once, to the
+/// handler, to `remove`, to `drain` or `stop`, or back from `set` when a later `set`
+/// replaces it (never twice, never lost; dropping the `KeyedTimers` drops the values still
+/// pending); a key removed before it expires never reaches the handler; and the handler
+/// never sees a key before its deadline (rounded up to the engine's tick). Each key's
+/// changes happen under that key's lock in the map, so they are ordered as the locks are
+/// taken: a `set` that takes the lock after the old timer began to fire, but before its
+/// fire took the lock, replaces the value, which then does not reach the handler.
+///
+/// **The handler** runs on the engine's worker threads, holding no lock, so it may set the
+/// same key again (a repeating TTL) or call any other method. It should be quick, as any
+/// timer callback should: it holds up the timers behind it. A panic in it is caught and
+/// counted in the engine's stats, and the value is dropped.
+///
+/// **Cost**: a `set` is the engine's arm (or reset, for a key already pending) under one
+/// lock of the map (dashmap's, sharded), a clone of the key, and one increment of this
+/// `KeyedTimers`' reference count, which the timer's callback holds so that it can find
+/// the map; `remove` is a map removal and the engine's cancel. A key of up to two machine
+/// words keeps the callback in the timer's node, without an allocation.
+///
+/// **After the engine shuts down**, `set` is refused, and entries still pending stay in
+/// the map until removed, drained or stopped (their timers will not fire).
+///
+/// ```
+/// use corewheel::{KeyedTimers, ManualClock, TimerEngine};
+/// use std::sync::{Arc, Mutex};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let engine = TimerEngine::builder().manual_clock(clock.clone()).build().unwrap();
+/// let expired = Arc::new(Mutex::new(Vec::new()));
+/// let sink = Arc::clone(&expired);
+/// let sessions = KeyedTimers::with_engine(&engine, move |id: u64, user: &'static str| {
+///     sink.lock().unwrap().push((id, user));
+/// });
+/// sessions.set(1, "ada", Duration::from_secs(30)).unwrap();
+/// sessions.set(2, "brian", Duration::from_secs(30)).unwrap();
+/// clock.advance(Duration::from_secs(20));
+/// assert!(sessions.move_to(&1, Duration::from_secs(30)), "ada was active");
+/// clock.advance(Duration::from_secs(10));
+/// engine.turn();
+/// assert_eq!(*expired.lock().unwrap(), [(2, "brian")]);
+/// assert_eq!(sessions.remove(&1), Some("ada"));
+/// ```
+pub struct KeyedTimers<'e, K: Eq + Hash, V> {
+    engine: &'e TimerEngine,
+    inner: Arc<Inner<K, V>>,
+}
+
+/// What the timers' callbacks share with the `KeyedTimers`.
+struct Inner<K: Eq + Hash, V> {
+    /// To ask whether a key's timer still waits, from a callback, which has no `&TimerEngine`.
+    engine: Arc<EngineShared>,
+    map: KeyMap<K, Slot<V>>,
+    handler: Box<dyn Fn(K, V) + Send + Sync>,
+    /// Set by `stop`: `set` is refused from then on.
+    stopped: AtomicBool,
+}
+
+/// A pending key's value and the timer that will hand it to the handler.
+struct Slot<V> {
+    value: V,
+    timer: TimerHandle,
+}
+
+impl<K, V> KeyedTimers<'static, K, V>
+where
+    K: Eq + Hash + Clone + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+{
+    /// Keyed timers on the process-wide [`default_engine`](crate::default_engine), handing
+    /// each expired key and its value to `handler`.
+    pub fn new(handler: impl Fn(K, V) + Send + Sync + 'static) -> Self {
+        Self::with_engine(crate::default_engine(), handler)
+    }
+}
+
+impl<'e, K, V> KeyedTimers<'e, K, V>
+where
+    K: Eq + Hash + Clone + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+{
+    /// Keyed timers on `engine`, handing each expired key and its value to `handler`.
+    pub fn with_engine(
+        engine: &'e TimerEngine,
+        handler: impl Fn(K, V) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            engine,
+            inner: Arc::new(Inner {
+                engine: Arc::clone(&engine.shared),
+                map: KeyMap::new(),
+                handler: Box::new(handler),
+                stopped: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Sets `key`'s value and its deadline, `delay` from now. A key already pending gets
+    /// both replaced, and its old value comes back as `Ok(Some(old))`; a new key gives
+    /// `Ok(None)`. Refused, with `value` handed back, after [`stop`](Self::stop), once the
+    /// engine has shut down, or when its pool is full. Delays are clamped as the engine's
+    /// are: zero fires on the next tick, and one too long to add to now never fires.
+    ///
+    /// A key whose timer began to fire before this `set` took the key's lock gets a new
+    /// timer: the fire then finds it pending and leaves it, and the old value comes back
+    /// here rather than reaching the handler.
+    pub fn set(&self, key: K, value: V, delay: Duration) -> Result<Option<V>, KeyedError<V>> {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return Err(KeyedError::new(value, Refused::Stopped));
+        }
+        let for_timer = key.clone();
+        let (outcome, replaced) = self.inner.map.edit(key, |slot| {
+            // Looked at again under the lock: `stop` sets the flag before it empties the
+            // map, so a `set` that misses it here is one `stop` then finds.
+            if self.inner.stopped.load(Ordering::Acquire) {
+                return (Err(KeyedError::new(value, Refused::Stopped)), Change::Keep);
+            }
+            if let Some(slot) = slot {
+                if self.engine.reset(slot.timer, delay) {
+                    return (
+                        Ok(Some(std::mem::replace(&mut slot.value, value))),
+                        Change::Keep,
+                    );
+                }
+                // Firing: its callback waits for this lock, and will find the new timer
+                // pending and leave the slot alone.
+                return match self.arm(for_timer, delay) {
+                    Ok(timer) => {
+                        slot.timer = timer;
+                        (
+                            Ok(Some(std::mem::replace(&mut slot.value, value))),
+                            Change::Keep,
+                        )
+                    }
+                    Err(reason) => (Err(KeyedError::new(value, reason)), Change::Keep),
+                };
+            }
+            match self.arm(for_timer, delay) {
+                Ok(timer) => (Ok(None), Change::Put(Slot { value, timer })),
+                Err(reason) => (Err(KeyedError::new(value, reason)), Change::Keep),
+            }
+        });
+        debug_assert!(replaced.is_none(), "set replaces values in place");
+        outcome
+    }
+
+    /// Arms the timer that hands `key`'s value to the handler `delay` from now.
+    fn arm(&self, key: K, delay: Duration) -> Result<TimerHandle, Refused> {
+        let inner = Arc::clone(&self.inner);
+        self.engine
+            .schedule(delay, move || inner.expire(key))
+            .map_err(Refused::Engine)
+    }
+
+    /// Moves `key`'s deadline to `delay` from now, keeping its value. `false` if the key
+    /// is not pending (never set, removed, or its timer has begun to fire), and then
+    /// nothing changes.
+    pub fn move_to(&self, key: &K, delay: Duration) -> bool {
+        self.inner
+            .map
+            .with_mut(key, |slot| self.engine.reset(slot.timer, delay))
+            .unwrap_or(false)
+    }
+
+    /// Takes `key` out before it expires, and gives its value back; `None` if it is not
+    /// pending. A key removed here never reaches the handler.
+    pub fn remove(&self, key: &K) -> Option<V> {
+        self.take(key).map(|(_, value)| value)
+    }
+
+    /// Takes `key`'s entry out of the map and cancels its timer. A timer already firing
+    /// finds no slot, and hands nothing to the handler.
+    fn take(&self, key: &K) -> Option<(K, V)> {
+        let (key, slot) = self.inner.map.remove(key)?;
+        let _cancelled = self.engine.cancel(slot.timer);
+        Some((key, slot.value))
+    }
+
+    /// Whether `key` is pending.
+    pub fn contains(&self, key: &K) -> bool {
+        self.inner.map.contains(key)
+    }
+
+    /// How many keys are pending.
+    pub fn len(&self) -> usize {
+        self.inner.map.len()
+    }
+
+    /// Whether no key is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hands every pending key and value to `f`, cancelling their timers: none of them
+    /// reaches the handler. Keys set by other threads while it runs may be left; call
+    /// [`stop`](Self::stop) to refuse them first. Returns how many it handed over.
+    pub fn drain(&self, mut f: impl FnMut(K, V)) -> usize {
+        let mut handed = 0;
+        for key in self.inner.map.keys() {
+            if let Some((key, value)) = self.take(&key) {
+                f(key, value);
+                handed += 1;
+            }
+        }
+        handed
+    }
+
+    /// Stops: every later [`set`](Self::set) is refused, and every pending key and value is
+    /// handed to `f` (pass `|_, _| {}` to drop them) until none is left. Returns how many
+    /// it handed over. A timer already firing as it runs may still reach the handler
+    /// before `stop` takes its key. Dropping the `KeyedTimers` stops it and drops the
+    /// values.
+    pub fn stop(&self, mut f: impl FnMut(K, V)) -> usize {
+        self.inner.stopped.store(true, Ordering::SeqCst);
+        let mut handed = 0;
+        loop {
+            let round = self.drain(&mut f);
+            if round == 0 && self.inner.map.len() == 0 {
+                return handed;
+            }
+            handed += round;
+        }
+    }
+
+    /// Whether [`stop`](Self::stop) has been called.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.stopped.load(Ordering::Acquire)
+    }
+}
+
+impl<K: Eq + Hash, V> Inner<K, V> {
+    /// A key's timer fired: hands the key and value to the handler, if the slot is still
+    /// this timer's. A slot whose timer is pending belongs to a later `set` (this fire lost
+    /// the race for the lock to it); no slot means a `remove`, `drain` or `stop` took it.
+    fn expire(&self, key: K) {
+        let taken = self
+            .map
+            .remove_if(&key, |slot| !self.engine.is_pending(slot.timer));
+        if let Some((key, slot)) = taken {
+            (self.handler)(key, slot.value);
+        }
+    }
+}
+
+impl<K: Eq + Hash, V> Drop for KeyedTimers<'_, K, V> {
+    /// Stops, cancelling every pending timer and dropping its value, so that nothing
+    /// reaches the handler afterwards. With `&mut self` no other thread can set, so one
+    /// pass empties the map.
+    fn drop(&mut self) {
+        self.inner.stopped.store(true, Ordering::SeqCst);
+        let engine = self.engine;
+        self.inner.map.clear_with(|slot| {
+            let _cancelled = engine.cancel(slot.timer);
+        });
+    }
+}
+
+impl<K: Eq + Hash, V> std::fmt::Debug for KeyedTimers<'_, K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedTimers")
+            .field("stopped", &self.inner.stopped.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
