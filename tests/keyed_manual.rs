@@ -52,11 +52,14 @@ fn set_timer_fires_at_its_deadline_with_its_value() {
     assert_eq!(timers.set(1, 10, Duration::from_millis(40)), Ok(None));
     assert!(timers.contains(&1));
     assert_eq!(timers.len(), 1);
+    assert_eq!(timers.peek(&1, |value| *value), Some(10));
+    assert_eq!(timers.peek(&2, |value| *value), None);
     run_for(&engine, &clock, 39);
     assert!(seen(&handled).is_empty(), "never early");
     run_for(&engine, &clock, 1);
     assert_eq!(seen(&handled), [(1, 10, 40)]);
     assert!(!timers.contains(&1));
+    assert_eq!(timers.peek(&1, |value| *value), None, "expired: gone");
     assert!(timers.is_empty());
     drop(timers);
     assert_eq!(engine.nodes_in_use(), 0);

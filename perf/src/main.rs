@@ -29,7 +29,7 @@ use peers::Subject;
 use report::{Csv, thousands};
 use workloads::{
     Sizes, Workload, arm_cancel, async_timers, burst_steal, engine_arm_cancel, engine_live_1m,
-    engine_reset, fire_storm, live_1m, reset_heavy, steady_mix,
+    engine_reset, fire_storm, keyed, live_1m, reset_heavy, steady_mix,
 };
 
 /// More than this would not fit a 24 GiB machine in any subject, and a mistyped zero should
@@ -68,7 +68,8 @@ OPTIONS:
     --workloads LIST   comma-separated, default all:
                        arm-cancel, engine-arm-cancel, live-1m, engine-live-1m,
                        reset-heavy, engine-reset, fire-storm, burst-steal, steady-mix,
-                       async-sleep, async-timeout, async-reset
+                       async-sleep, async-timeout, async-reset,
+                       keyed-set-remove, keyed-set-over, keyed-move
     --peers LIST       comma-separated subjects, default all:
                        corewheel, delay-queue, binary-heap (single-thread workloads),
                        engine, tokio-sleep (engine-* workloads, steady-mix),
@@ -77,9 +78,10 @@ OPTIONS:
                        corewheel-async, tokio, tokio-alt, async-io, pingora-timeout
                        (async-* workloads; tokio-alt runs in a copy of the harness that
                        the run builds with --cfg tokio_unstable under
-                       <target>/tokio-unstable, a minute or two the first time)
-    --threads LIST     application threads for engine-arm-cancel, engine-reset and the
-                       async-* workloads, comma-separated (default 1 up to the CPU count)
+                       <target>/tokio-unstable, a minute or two the first time),
+                       keyed, mutex-map, delay-queue-map, dashmap, scc (keyed-*)
+    --threads LIST     application threads for engine-arm-cancel, engine-reset, the
+                       async-* and the keyed-* workloads, comma-separated (default 1 up to the CPU count)
     --windows LIST     requests in flight per thread for engine-arm-cancel, comma-separated
                        (default 16,10000; 0 = arm then cancel at once)
     --timers N         timers for live-1m, engine-live-1m, fire-storm and steady-mix (default
@@ -94,7 +96,7 @@ OPTIONS:
                        files are replaced as one set; subfolders are left alone): how the
                        reference results in perf/results are made
     --full             full sizes: 20M arm-cancel ops and engine-arm-cancel timers per run,
-                       10M live timers, 20M resets
+                       10M live timers, 20M resets and keyed-* operations (default 2M)
     -h, --help         this text
 
 Every workload but fire-storm and steady-mix reports the median of 3 runs per subject;
@@ -448,6 +450,17 @@ fn main() -> ExitCode {
                     &mut async_summary,
                 )
             }
+            Workload::KeyedSetRemove | Workload::KeyedSetOver | Workload::KeyedMove => {
+                let kind = [
+                    keyed::Kind::SetRemove,
+                    keyed::Kind::SetOver,
+                    keyed::Kind::Move,
+                ]
+                .into_iter()
+                .find(|kind| kind.name() == workload.name())
+                .expect("every keyed workload is a kind");
+                keyed::run(kind, subjects, threads, sizes.reset_ops, &mut csv)
+            }
         }
         if let Some(note) = meter.note() {
             progress::print(&format!("{}: {note}\n", workload.name()));
@@ -607,6 +620,9 @@ fn planned_runs(options: &Options) -> u64 {
                     | Workload::ResetHeavy => runs,
                     Workload::EngineArmCancel => runs * threads * options.windows.len() as u64,
                     Workload::EngineReset
+                    | Workload::KeyedSetRemove
+                    | Workload::KeyedSetOver
+                    | Workload::KeyedMove
                     | Workload::AsyncSleep
                     | Workload::AsyncTimeout
                     | Workload::AsyncReset => runs * threads,

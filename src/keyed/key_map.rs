@@ -54,9 +54,9 @@ mod imp {
             }
         }
 
-        /// Runs `f` on `key`'s value under the key's lock, if it has one.
-        pub(crate) fn with_mut<R>(&self, key: &K, f: impl FnOnce(&mut V) -> R) -> Option<R> {
-            self.0.get_mut(key).map(|mut value| f(&mut value))
+        /// Runs `f` on `key`'s value under the key's shared lock, if it has one.
+        pub(crate) fn with<R>(&self, key: &K, f: impl FnOnce(&V) -> R) -> Option<R> {
+            self.0.get(key).map(|value| f(&value))
         }
 
         /// Takes `key`'s entry out if `take` says so, under the key's lock.
@@ -127,8 +127,8 @@ mod imp {
             }
         }
 
-        pub(crate) fn with_mut<R>(&self, key: &K, f: impl FnOnce(&mut V) -> R) -> Option<R> {
-            self.map().get_mut(key).map(f)
+        pub(crate) fn with<R>(&self, key: &K, f: impl FnOnce(&V) -> R) -> Option<R> {
+            self.map().get(key).map(f)
         }
 
         pub(crate) fn remove_if(&self, key: &K, take: impl FnOnce(&V) -> bool) -> Option<(K, V)> {

@@ -182,7 +182,7 @@ where
     pub fn move_to(&self, key: &K, delay: Duration) -> bool {
         self.inner
             .map
-            .with_mut(key, |slot| self.engine.reset(slot.timer, delay))
+            .with(key, |slot| self.engine.reset(slot.timer, delay))
             .unwrap_or(false)
     }
 
@@ -198,6 +198,15 @@ where
         let (key, slot) = self.inner.map.remove(key)?;
         let _cancelled = self.engine.cancel(slot.timer);
         Some((key, slot.value))
+    }
+
+    /// Runs `f` on `key`'s value, if the key is pending, and returns what `f` returns: how a
+    /// cache reads an entry whose expiry these timers keep. `f` runs under the key's
+    /// shared lock, so it should be short and must not call back into this `KeyedTimers`
+    /// for the same key. A key past its deadline whose timer has not yet run (at most
+    /// about a tick later, on a worker that keeps up) is still pending.
+    pub fn peek<R>(&self, key: &K, f: impl FnOnce(&V) -> R) -> Option<R> {
+        self.inner.map.with(key, |slot| f(&slot.value))
     }
 
     /// Whether `key` is pending.

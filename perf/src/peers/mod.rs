@@ -7,6 +7,7 @@ pub mod async_timers;
 pub mod binary_heap;
 pub mod delay_queue;
 pub mod engine;
+pub mod keyed;
 pub mod mutex_heap;
 pub mod timeouts;
 pub mod tokio_sleep;
@@ -38,10 +39,20 @@ pub enum Subject {
     TokioAlt,
     /// async-io's `Timer`: smol's timer.
     AsyncIo,
+    /// corewheel's `KeyedTimers` (the keyed-* workloads).
+    Keyed,
+    /// A `Mutex<HashMap>` of engine timer handles, as users write a timer per key.
+    MutexMap,
+    /// tokio-util's `DelayQueue` with a key map, behind one lock.
+    DelayQueueMap,
+    /// dashmap alone, doing `KeyedTimers`' map operations without timers.
+    DashMapOnly,
+    /// scc's `HashMap` alone, the same.
+    SccOnly,
 }
 
 impl Subject {
-    pub const ALL: [Subject; 12] = [
+    pub const ALL: [Subject; 17] = [
         Subject::Corewheel,
         Subject::DelayQueue,
         Subject::BinaryHeap,
@@ -54,6 +65,11 @@ impl Subject {
         Subject::Tokio,
         Subject::TokioAlt,
         Subject::AsyncIo,
+        Subject::Keyed,
+        Subject::MutexMap,
+        Subject::DelayQueueMap,
+        Subject::DashMapOnly,
+        Subject::SccOnly,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +86,11 @@ impl Subject {
             Subject::Tokio => "tokio",
             Subject::TokioAlt => "tokio-alt",
             Subject::AsyncIo => "async-io",
+            Subject::Keyed => "keyed",
+            Subject::MutexMap => "mutex-map",
+            Subject::DelayQueueMap => "delay-queue-map",
+            Subject::DashMapOnly => "dashmap",
+            Subject::SccOnly => "scc",
         }
     }
 
@@ -94,7 +115,11 @@ impl Subject {
             Subject::Tokio => Some("vs_tokio"),
             Subject::TokioAlt => Some("vs_tokio_alt"),
             Subject::AsyncIo => Some("vs_async_io"),
-            Subject::Corewheel | Subject::Engine | Subject::CorewheelAsync => None,
+            Subject::MutexMap => Some("vs_mutex_map"),
+            Subject::DelayQueueMap => Some("vs_delay_queue_map"),
+            Subject::DashMapOnly => Some("vs_dashmap"),
+            Subject::SccOnly => Some("vs_scc"),
+            Subject::Corewheel | Subject::Engine | Subject::CorewheelAsync | Subject::Keyed => None,
         }
     }
 
@@ -102,7 +127,7 @@ impl Subject {
     pub fn is_corewheel(self) -> bool {
         matches!(
             self,
-            Subject::Corewheel | Subject::Engine | Subject::CorewheelAsync
+            Subject::Corewheel | Subject::Engine | Subject::CorewheelAsync | Subject::Keyed
         )
     }
 
@@ -148,6 +173,21 @@ impl Subject {
             }
             Subject::AsyncIo => {
                 "async-io 2 Timer (smol's timer: after, set_at; a timeout as smol writes one, read.or(timer)), polled in the same tokio runtime as the others"
+            }
+            Subject::Keyed => {
+                "corewheel::KeyedTimers<u64, u64> (set, move_to, remove) on a TimerEngine of one pinned worker per CPU, dashmap underneath"
+            }
+            Subject::MutexMap => {
+                "a timer per key as users write it over the engine: one Mutex<HashMap<key, (value, TimerHandle)>>, reset or schedule under the lock"
+            }
+            Subject::DelayQueueMap => {
+                "tokio-util 0.7 DelayQueue<(key, value)> and a HashMap<key, delay_queue::Key>, both behind one Mutex shared by the threads"
+            }
+            Subject::DashMapOnly => {
+                "dashmap 6 alone: the map operations KeyedTimers does, no timer"
+            }
+            Subject::SccOnly => {
+                "scc 3 HashMap alone: the map operations KeyedTimers does, no timer"
             }
         }
     }
@@ -246,7 +286,12 @@ pub fn measure_fresh<T, M: Measure<T>>(
         | Subject::CorewheelAsync
         | Subject::Tokio
         | Subject::TokioAlt
-        | Subject::AsyncIo => Err(format!(
+        | Subject::AsyncIo
+        | Subject::Keyed
+        | Subject::MutexMap
+        | Subject::DelayQueueMap
+        | Subject::DashMapOnly
+        | Subject::SccOnly => Err(format!(
             "{} is driven from several threads, not as a single-owner structure",
             subject.name()
         )),

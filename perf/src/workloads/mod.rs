@@ -8,6 +8,7 @@ pub mod engine_arm_cancel;
 pub mod engine_live_1m;
 pub mod engine_reset;
 pub mod fire_storm;
+pub mod keyed;
 pub mod lateness;
 pub mod live_1m;
 pub mod live_runs;
@@ -52,10 +53,13 @@ pub enum Workload {
     AsyncSleep,
     AsyncTimeout,
     AsyncReset,
+    KeyedSetRemove,
+    KeyedSetOver,
+    KeyedMove,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 12] = [
+    pub const ALL: [Workload; 15] = [
         Workload::ArmCancel,
         Workload::EngineArmCancel,
         Workload::Live1m,
@@ -68,6 +72,9 @@ impl Workload {
         Workload::AsyncSleep,
         Workload::AsyncTimeout,
         Workload::AsyncReset,
+        Workload::KeyedSetRemove,
+        Workload::KeyedSetOver,
+        Workload::KeyedMove,
     ];
 
     pub fn name(self) -> &'static str {
@@ -84,6 +91,9 @@ impl Workload {
             Workload::AsyncSleep => async_timers::SLEEP,
             Workload::AsyncTimeout => async_timers::TIMEOUT,
             Workload::AsyncReset => async_timers::RESET,
+            Workload::KeyedSetRemove => keyed::SET_REMOVE,
+            Workload::KeyedSetOver => keyed::SET_OVER,
+            Workload::KeyedMove => keyed::MOVE,
         }
     }
 
@@ -129,6 +139,13 @@ impl Workload {
             Workload::AsyncReset => {
                 "idle timeouts as futures from 1..N threads: 10,000 connections per thread, each read pushing its sleep back (Sleep::reset, Timer::set_at; pingora re-creates)"
             }
+            Workload::KeyedSetRemove => {
+                "a timer per key from 1..N threads: set a new key, remove the one set 16 earlier; KeyedTimers vs a Mutex<HashMap> over the engine and a locked DelayQueue with a key map"
+            }
+            Workload::KeyedSetOver => {
+                "the same subjects: set over one of 10,000 pending keys per thread"
+            }
+            Workload::KeyedMove => "the same subjects: move one of 10,000 pending keys per thread",
         }
     }
 }
@@ -165,6 +182,14 @@ impl Workload {
             ),
             Workload::EngineLive1m => matches!(subject, Subject::Engine | Subject::TokioSleep),
             Workload::BurstSteal => subject == Subject::Engine,
+            Workload::KeyedSetRemove | Workload::KeyedSetOver | Workload::KeyedMove => matches!(
+                subject,
+                Subject::Keyed
+                    | Subject::MutexMap
+                    | Subject::DelayQueueMap
+                    | Subject::DashMapOnly
+                    | Subject::SccOnly
+            ),
         }
     }
 
@@ -179,6 +204,9 @@ impl Workload {
                 | Workload::AsyncSleep
                 | Workload::AsyncTimeout
                 | Workload::AsyncReset
+                | Workload::KeyedSetRemove
+                | Workload::KeyedSetOver
+                | Workload::KeyedMove
         )
     }
 }

@@ -121,7 +121,7 @@ impl Gate<'_> {
 
 /// What `on_threads` hands back: when the timed work began, each thread's share, and the
 /// CPU readings taken just before it.
-struct ThreadsRun {
+pub struct ThreadsRun {
     start: Instant,
     shares: Vec<Share>,
     cpu_before: Option<Duration>,
@@ -132,7 +132,7 @@ struct ThreadsRun {
 /// does the timed work and reports its share; it must reach the gate even when its set-up
 /// fails. `workers_cpu` reads the CPU time of the subject's own threads (the engine's
 /// workers, the heap's timer thread).
-fn on_threads(
+pub fn on_threads(
     threads: usize,
     workers_cpu: fn() -> Option<Duration>,
     body: impl Fn(usize, &Gate) -> Result<Share, String> + Sync,
@@ -171,7 +171,7 @@ fn on_threads(
 
 impl ThreadsRun {
     /// The run, ended at `end` (`None`: when the last thread's work ended).
-    fn finish(&self, end: Option<Instant>, workers_cpu: fn() -> Option<Duration>) -> Run {
+    pub fn finish(&self, end: Option<Instant>, workers_cpu: fn() -> Option<Duration>) -> Run {
         let shares = &self.shares;
         let app_end = shares
             .iter()

@@ -1,0 +1,200 @@
+//! The keyed-timer subjects: corewheel's `KeyedTimers`, and what users build today for a
+//! timer per key: a `Mutex<HashMap>` of handles over the same engine, and tokio-util's
+//! `DelayQueue` with a key map behind one lock. Also the two candidate maps alone (dashmap,
+//! scc), doing the map operations `KeyedTimers` does, without timers: how the map was
+//! chosen, and what the timers add over it.
+//!
+//! Each handler or expiry does nothing: the keyed workloads set their keys 30 s out, so
+//! nothing comes due during a run.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use corewheel::{KeyedTimers, TimerEngine, TimerHandle};
+use tokio_util::time::DelayQueue;
+use tokio_util::time::delay_queue::Key;
+
+/// What the keyed workloads do to a subject, from any thread.
+pub trait Keyed: Sync {
+    /// Sets `key` to `value`, due `delay` from now; an existing key gets both replaced.
+    fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String>;
+    /// Moves `key`'s deadline to `delay` from now; `false` if it is not pending.
+    fn move_to(&self, key: u64, delay: Duration) -> bool;
+    /// Takes `key` out; `false` if it is not pending.
+    fn remove(&self, key: u64) -> bool;
+}
+
+impl Keyed for KeyedTimers<'_, u64, u64> {
+    fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
+        KeyedTimers::set(self, key, value, delay)
+            .map(drop)
+            .map_err(|error| error.to_string())
+    }
+
+    fn move_to(&self, key: u64, delay: Duration) -> bool {
+        KeyedTimers::move_to(self, &key, delay)
+    }
+
+    fn remove(&self, key: u64) -> bool {
+        KeyedTimers::remove(self, &key).is_some()
+    }
+}
+
+/// corewheel's keyed timers on `engine`, with a handler that drops what it is given.
+pub fn keyed_timers(engine: &TimerEngine) -> KeyedTimers<'_, u64, u64> {
+    KeyedTimers::with_engine(engine, |_, _| {})
+}
+
+/// A timer per key as a user writes it over the engine: one `Mutex<HashMap>` of values and
+/// handles, whose expiry callbacks take their key out under the same lock.
+pub struct MutexMap<'e> {
+    engine: &'e TimerEngine,
+    map: Arc<Mutex<HashMap<u64, (u64, TimerHandle)>>>,
+}
+
+impl<'e> MutexMap<'e> {
+    pub fn new(engine: &'e TimerEngine) -> Self {
+        Self {
+            engine,
+            map: Arc::default(),
+        }
+    }
+}
+
+impl Keyed for MutexMap<'_> {
+    fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = map.get_mut(&key)
+            && self.engine.reset(slot.1, delay)
+        {
+            slot.0 = value;
+            return Ok(());
+        }
+        let shared = Arc::clone(&self.map);
+        let timer = self
+            .engine
+            .schedule(delay, move || {
+                let _expired = shared
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&key);
+            })
+            .map_err(|error| error.to_string())?;
+        map.insert(key, (value, timer));
+        Ok(())
+    }
+
+    fn move_to(&self, key: u64, delay: Duration) -> bool {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(&key)
+            .is_some_and(|&(_, timer)| self.engine.reset(timer, delay))
+    }
+
+    fn remove(&self, key: u64) -> bool {
+        let taken = self
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
+        taken.is_some_and(|(_, timer)| self.engine.cancel(timer))
+    }
+}
+
+/// tokio-util's `DelayQueue` with a key map, behind one lock, as users share it between
+/// threads today: the queue holds each key's value, the map each key's queue entry. Its
+/// methods need a tokio runtime's context (the queue arms a tokio `Sleep`).
+#[derive(Default)]
+pub struct DelayQueueMap(Mutex<(DelayQueue<(u64, u64)>, HashMap<u64, Key>)>);
+
+impl Keyed for DelayQueueMap {
+    fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
+        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (queue, keys) = &mut *guard;
+        // A new value needs a new entry: the queue has no way to replace one in place.
+        if let Some(old) = keys.remove(&key) {
+            queue.remove(&old);
+        }
+        keys.insert(key, queue.insert((key, value), delay));
+        Ok(())
+    }
+
+    fn move_to(&self, key: u64, delay: Duration) -> bool {
+        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (queue, keys) = &mut *guard;
+        match keys.get(&key) {
+            Some(entry) => {
+                queue.reset(entry, delay);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn remove(&self, key: u64) -> bool {
+        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (queue, keys) = &mut *guard;
+        keys.remove(&key).is_some_and(|entry| {
+            queue.remove(&entry);
+            true
+        })
+    }
+}
+
+/// The slot `KeyedTimers` keeps per key (a value and a handle), for the map-only subjects.
+type Slot = (u64, u64, u64);
+
+/// dashmap alone: `set` is an entry upsert, `move_to` a `get_mut`, `remove` a removal.
+#[derive(Default)]
+pub struct DashMapOnly(dashmap::DashMap<u64, Slot>);
+
+impl Keyed for DashMapOnly {
+    fn set(&self, key: u64, value: u64, _: Duration) -> Result<(), String> {
+        match self.0.entry(key) {
+            dashmap::Entry::Occupied(mut slot) => slot.get_mut().0 = value,
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert((value, key, 0));
+            }
+        }
+        Ok(())
+    }
+
+    fn move_to(&self, key: u64, _: Duration) -> bool {
+        self.0.get_mut(&key).is_some_and(|mut slot| {
+            slot.2 += 1;
+            true
+        })
+    }
+
+    fn remove(&self, key: u64) -> bool {
+        self.0.remove(&key).is_some()
+    }
+}
+
+/// scc's `HashMap` alone, doing what [`DashMapOnly`] does.
+#[derive(Default)]
+pub struct SccOnly(scc::HashMap<u64, Slot>);
+
+impl Keyed for SccOnly {
+    fn set(&self, key: u64, value: u64, _: Duration) -> Result<(), String> {
+        match self.0.entry_sync(key) {
+            scc::hash_map::Entry::Occupied(mut slot) => slot.get_mut().0 = value,
+            scc::hash_map::Entry::Vacant(slot) => {
+                slot.insert_entry((value, key, 0));
+            }
+        }
+        Ok(())
+    }
+
+    fn move_to(&self, key: u64, _: Duration) -> bool {
+        self.0
+            .update_sync(&key, |_, slot| {
+                slot.2 += 1;
+            })
+            .is_some()
+    }
+
+    fn remove(&self, key: u64) -> bool {
+        self.0.remove_sync(&key).is_some()
+    }
+}
