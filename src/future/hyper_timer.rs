@@ -90,8 +90,8 @@ impl hyper::rt::Timer for HyperTimer {
 
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
         match sleep.as_mut().downcast_mut_pin::<Sleep<'static>>() {
-            // In place: keeps the box, and the engine moves the armed timer rather than
-            // cancelling one and arming another. A corewheel sleep from another engine
+            // In place: keeps the box and the armed timer (a later deadline moves nothing;
+            // an earlier one moves the timer) rather than cancelling one and arming another. A corewheel sleep from another engine
             // stays on that engine; hyper only resets sleeps its own timer made.
             Some(ours) => ours.get_mut().reset(new_deadline),
             // hyper's default, for a sleep some other timer made: a new sleep, on this

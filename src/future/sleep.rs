@@ -33,9 +33,10 @@ use crate::error::ScheduleError;
 /// it could wait for the executor, which may be waiting for the dropping thread. After a
 /// [`reset`](Self::reset) to a later deadline, the timer left at the old one wakes the
 /// task once at that deadline (a spurious wake, so that the poll it brings arms the new
-/// deadline); the `Sleep` never completes before its current deadline. A reset earlier
-/// or a past deadline takes effect on the engine's next turn, not at the next poll (tokio
-/// completes a past deadline at the next poll). A deadline too far off
+/// deadline); the `Sleep` never completes before its current deadline. A past deadline
+/// (as made, or reset to) completes on the engine's next turn after the poll that arms its
+/// timer, where tokio completes it at that poll; once the `Sleep`'s timer has fired, a
+/// reset to a deadline already past completes at the next poll. A deadline too far off
 /// for the engine (as from `Duration::MAX`) never comes; the `Sleep` stays pending. When
 /// its engine shuts down, a pending `Sleep` is woken and completes, so no task waits on a
 /// timer that will never fire; on an engine already shut down it completes at once. When
@@ -61,7 +62,8 @@ pub struct Sleep<'e> {
     /// The deadline in nanoseconds from the engine's origin (negative before it): half an
     /// `Instant`'s size, and a tick away by one divide.
     deadline: i64,
-    /// The armed timer; `None` before the first poll and after a reset found the timer gone.
+    /// The timer last armed, which may have fired since (for an older deadline, after a
+    /// later reset); `None` before the first poll and when a poll found the pool full.
     timer: Option<TimerHandle>,
     /// The data and vtable pointers of the waker the timer holds, to tell a poll with the
     /// same waker without touching the node. Integers, so that `Sleep` stays `Send`.
@@ -97,14 +99,15 @@ impl<'e> Sleep<'e> {
     }
 
     /// The instant it completes at (before rounding up to the engine's tick). A deadline
-    /// more than 292 years after the engine started reads as about 30 years on, and never
-    /// comes.
+    /// more than 292 years after the engine started reads as about 30 years on (at most
+    /// that end of the engine's range), and never comes.
     pub fn deadline(&self) -> Instant {
         self.engine.shared.ticks.instant_at_signed(self.deadline)
     }
 
-    /// Whether it has completed: its timer has fired (or its engine shut down). `false`
-    /// before its first poll, whatever the clock says, as the timer is armed by that poll.
+    /// Whether it has completed: its timer has fired and the engine's clock has reached its
+    /// deadline's tick (or its engine has shut down). `false` before its first poll,
+    /// whatever the clock says, as the timer is armed by that poll.
     pub fn is_elapsed(&self) -> bool {
         // A waker timer never repeats, so "pending" is "has not begun firing".
         self.elapsed
@@ -180,8 +183,9 @@ impl<'e> Sleep<'e> {
         let new_tick = self.tick();
         if new_tick != old_tick {
             // The timer is armed at or before the old deadline's tick (earlier when a later
-            // reset left it there), so this moves it earlier or leaves it: never later than
-            // the deadline. A timer that has fired already is judged at the next poll.
+            // reset left it there), and this moves it to the new deadline's tick: earlier,
+            // or later than a timer a later reset left behind, never past the deadline. A
+            // timer that has fired already is judged at the next poll.
             let _moved = EngineShared::reset(&self.engine.shared, handle, new_tick);
         }
     }
@@ -212,8 +216,8 @@ impl<'e> Sleep<'e> {
         self.engine
     }
 
-    /// Whether its timer is armed (it has been polled since it was made or last reset a
-    /// fired timer).
+    /// Whether it holds a timer (it has been polled since it was made): one still waiting,
+    /// or one that fired for its deadline or for an older one.
     pub(crate) fn is_armed(&self) -> bool {
         self.timer.is_some()
     }
@@ -306,7 +310,8 @@ impl TimerEngine {
     ///
     /// A delay that takes the deadline more than 292 years past the engine's start (as
     /// `Duration::MAX` does) gives a `Sleep` that never completes by itself (until reset);
-    /// its [`deadline`](Sleep::deadline) reads about 30 years on.
+    /// its [`deadline`](Sleep::deadline) reads about 30 years on, or the end of that range if
+    /// sooner.
     pub fn sleep(&self, delay: Duration) -> Sleep<'_> {
         Sleep::new(self, EngineShared::nanos_after(&self.shared, delay))
     }
