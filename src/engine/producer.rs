@@ -292,7 +292,9 @@ impl EngineShared {
                 continue;
             }
             let need = forward_need(node_ref, seen, now);
-            if need > park_after {
+            // A filed node is a message (a cancel or reset of a timer in the wheel): its
+            // links are the wheel's, so it only ever goes on to the owner.
+            if !seen.is_filed() && need > park_after {
                 // A timer's first claim keeps it on the young stack for one more: most
                 // request timeouts are cancelled within a few dozen schedules, and those
                 // never need the old stacks' longer wait (nor their memory).
