@@ -69,20 +69,21 @@ mod rig {
     }
 
     /// Ticks within which a cancel's or reset's message reaches the worker: it travels on
-    /// the sender's lane, which the worker takes once the lane's need comes due, a couple
-    /// of ticks out at most.
-    pub const MESSAGE_TICKS: u32 = 4;
+    /// the sender's lane, which the worker takes once the lane's need comes due, at most
+    /// the idle lane horizon (32 ticks) out for an engine turned by hand, plus a tick.
+    pub const MESSAGE_TICKS: u32 = 34;
 
-    /// Turns a tick at a time, for at most [`MESSAGE_TICKS`] ticks, until every node is back
-    /// in the pool, and returns how many callbacks ran meanwhile. The caller then checks
-    /// `nodes_in_use`.
+    /// Turns until every node is back in the pool, at most three times, each
+    /// [`MESSAGE_TICKS`] on (one long step rather than a turn per tick, which would take a
+    /// model past loom's branch limit), and returns how many callbacks ran meanwhile. The
+    /// caller then checks `nodes_in_use`.
     pub fn settle(engine: &TimerEngine, clock: &ManualClock) -> usize {
         let mut fired = 0;
-        for _ in 0..MESSAGE_TICKS {
+        for _ in 0..3 {
             if engine.nodes_in_use() == 0 {
                 break;
             }
-            clock.advance(TICK);
+            clock.advance(ticks(MESSAGE_TICKS));
             fired += engine.turn();
         }
         fired

@@ -89,7 +89,8 @@ impl EngineBuilder {
     /// Default: about four million (4 × 2^20). Rounded up to a multiple of 1024, and at
     /// most 2^26 - 1024. Besides live timers, nodes in use include free ones each thread
     /// keeps at hand for its next timers (up to about 320 per thread and shard) and
-    /// cancelled ones a few ticks from going back to the pool.
+    /// cancelled ones on their way back to the pool (a few ticks under load, up to about
+    /// 40 when the worker has nothing else to wake for).
     ///
     /// Each shard reserves address space for this many 64-byte timer nodes when the engine
     /// is built (256 MiB by default); memory is used only as timers are scheduled, and the

@@ -13,6 +13,7 @@ use crate::engine::handle::TimerHandle;
 use crate::engine::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
 use crate::engine::pool::{BATCH, Magazine};
 use crate::engine::shard::Shard;
+use crate::engine::shard_parts::AWAKE;
 use crate::engine::shared::{EngineShared, When};
 use crate::engine::timer_node::TimerNode;
 use crate::error::ScheduleError;
@@ -24,12 +25,19 @@ use crate::time::ticks::nanos_of;
 /// Free nodes a thread keeps per shard before handing a batch back.
 const MAGAZINE_LIMIT: u32 = 4 * BATCH;
 
-/// Ticks a node may wait on a lane before the worker takes it, unless its deadline comes
-/// sooner: how late a cancel reaches the owner and frees its node. Long enough that an
-/// active thread's stream of timers makes the worker wake on its own every few ticks rather
-/// than be woken by the thread (a wake-up is a system call); short enough that memory comes
-/// back promptly.
+/// The fewest ticks a node waits on a lane before the worker takes it, unless its deadline
+/// comes sooner.
 const LANE_HORIZON: u64 = 2;
+
+/// The most ticks a node waits on a lane before the worker takes it, unless its deadline
+/// comes sooner: how late a cancel's message reaches the owner and frees its node, when
+/// the owner has nothing else to wake for. Within it, a lane's need follows the worker's
+/// own planned wake-up, so that a thread's stream of timers rides the worker's wake-ups
+/// rather than causing its own (a wake-up is a system call and a context switch on both
+/// sides: at a light load, most of the engine's cost). Under load the producer forwards
+/// its lane to the inbox every [`CLAIM_EVERY`] pushes, and the worker empties the inbox at
+/// every look, so memory still comes back within a few ticks there.
+const IDLE_LANE_HORIZON: u64 = 32;
 
 /// An operation a producer counts for [`stats`](crate::TimerEngine::stats).
 #[derive(Debug, Clone, Copy)]
@@ -220,7 +228,7 @@ impl EngineShared {
     /// waking the worker if the node is needed before the worker means to wake; first
     /// reclaiming the lane when that is due. `need` is the node's own deadline, or
     /// `u64::MAX` for a message, which travels with the lane's staging: a fresh staging is
-    /// taken within [`LANE_HORIZON`] ticks, so only starting one reads the clock.
+    /// taken by its need ([`fresh_need`]), so only starting one reads the clock.
     #[inline]
     fn send(&self, lane: &Lane, shard: &Shard, node: NonNull<TimerNode>, need: u64) {
         // SAFETY: this thread is the lane's producer.
@@ -228,8 +236,7 @@ impl EngineShared {
             self.reclaim(lane, shard);
         }
         // SAFETY: this thread is the lane's producer and holds `node`.
-        if let Some(need) =
-            unsafe { lane.push(node, need, || self.now_tick().saturating_add(LANE_HORIZON)) }
+        if let Some(need) = unsafe { lane.push(node, need, || fresh_need(shard, self.now_tick())) }
         {
             shard.wake_for(need);
         }
@@ -291,7 +298,7 @@ impl EngineShared {
                 recycled.push(node, 0);
                 continue;
             }
-            let need = forward_need(node_ref, seen, now);
+            let need = forward_need(node_ref, seen, now, shard);
             // A filed node is a message (a cancel or reset of a timer in the wheel): its
             // links are the wheel's, so it only ever goes on to the owner.
             if !seen.is_filed() && need > park_after {
@@ -320,7 +327,7 @@ impl EngineShared {
             if recyclable(seen) {
                 recycled.push(node, 0);
             } else {
-                forward.push(node, forward_need(node_ref, seen, now));
+                forward.push(node, forward_need(node_ref, seen, now, shard));
             }
         }
         // SAFETY: this thread is the lane's producer (for each step).
@@ -354,7 +361,7 @@ impl EngineShared {
             }
         }
         if let Some((first, last, earliest)) = keep.finish() {
-            let fresh = || now.saturating_add(LANE_HORIZON);
+            let fresh = || fresh_need(shard, now);
             // SAFETY: forwarded from the caller.
             if let Some(need) = unsafe { lane.requeue(first, last, earliest, fresh) } {
                 shard.wake_for(need);
@@ -434,7 +441,7 @@ impl EngineShared {
         context::with(this, |context| match context {
             Some(context) => this.send(context.lane(this, shard_index), shard, node, need),
             None => {
-                let need = need.min(this.now_tick().saturating_add(LANE_HORIZON));
+                let need = need.min(fresh_need(shard, this.now_tick()));
                 // SAFETY: the cancel or reset that set `MSG` gave this thread the push.
                 unsafe { shard.send_direct(node, need) };
                 this.pushed(shard);
@@ -509,12 +516,25 @@ impl EngineShared {
 }
 
 /// By when the worker needs a node a thread forwards: a new timer by its deadline, a
-/// message within the lane horizon.
-fn forward_need(node: &TimerNode, seen: Observed, now: u64) -> u64 {
+/// message by [`fresh_need`].
+fn forward_need(node: &TimerNode, seen: Observed, now: u64, shard: &Shard) -> u64 {
     if seen.phase() == Phase::Pending && !seen.is_filed() {
         node.deadline()
     } else {
-        now.saturating_add(LANE_HORIZON)
+        fresh_need(shard, now)
+    }
+}
+
+/// By when the worker must take what a thread starts sending at `now` (a fresh staging, or
+/// messages forwarded): the worker's own planned wake-up, kept between [`LANE_HORIZON`]
+/// and [`IDLE_LANE_HORIZON`] ticks out; the latter while it is awake, as it plans its next
+/// wake-up with this need in view.
+#[inline]
+fn fresh_need(shard: &Shard, now: u64) -> u64 {
+    let latest = now.saturating_add(IDLE_LANE_HORIZON);
+    match shard.planned_wake() {
+        AWAKE => latest,
+        planned => planned.clamp(now.saturating_add(LANE_HORIZON), latest),
     }
 }
 

@@ -231,6 +231,13 @@ impl ShardParts {
         self.urgent.load(Ordering::SeqCst)
     }
 
+    /// When the worker means to wake next, or [`AWAKE`]: a hint for producers, which lean
+    /// their lanes' needs on it (no timer's timing depends on it).
+    #[inline]
+    pub(crate) fn planned_wake(&self) -> u64 {
+        self.wake_at.load(Ordering::Relaxed)
+    }
+
     /// The worker publishes when it means to wake next ([`AWAKE`] once it is up).
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     pub(crate) fn plan_wake(&self, tick: u64) {
