@@ -40,10 +40,18 @@ mod imp {
             f: impl FnOnce(Option<&mut V>) -> (R, Change<V>),
         ) -> (R, Option<V>) {
             match self.0.entry(key) {
-                Entry::Occupied(mut slot) => match f(Some(slot.get_mut())) {
-                    (answer, Change::Keep) => (answer, None),
-                    (answer, Change::Put(value)) => (answer, Some(slot.insert(value))),
-                },
+                Entry::Occupied(mut slot) => {
+                    let (answer, change) = f(Some(slot.get_mut()));
+                    let replaced = match change {
+                        Change::Keep => None,
+                        Change::Put(value) => Some(slot.insert(value)),
+                    };
+                    // The entry holds the key `edit` was given, whose drop is user code: if
+                    // it panics, the unwinding drops `answer` and `replaced`, which a drop
+                    // after they became the return value would leak.
+                    drop(slot);
+                    (answer, replaced)
+                }
                 Entry::Vacant(slot) => {
                     let (answer, change) = f(None);
                     if let Change::Put(value) = change {
@@ -76,20 +84,13 @@ mod imp {
             self.0.len()
         }
 
-        /// Empties the map, showing `f` each value before it is dropped.
-        pub(crate) fn clear_with(&self, mut f: impl FnMut(&V)) {
-            self.0.retain(|_, value| {
-                f(value);
+        /// Empties the map, whatever the keys' `Eq` says, showing `f` each entry (which may
+        /// take what it holds) as it leaves.
+        pub(crate) fn take_all(&self, mut f: impl FnMut(&K, &mut V)) {
+            self.0.retain(|key, value| {
+                f(key, value);
                 false
             });
-        }
-
-        /// The keys present now (a copy: no lock is held once it returns).
-        pub(crate) fn keys(&self) -> Vec<K>
-        where
-            K: Clone,
-        {
-            self.0.iter().map(|entry| entry.key().clone()).collect()
         }
     }
 }
@@ -152,17 +153,9 @@ mod imp {
             self.map().len()
         }
 
-        pub(crate) fn keys(&self) -> Vec<K>
-        where
-            K: Clone,
-        {
-            self.map().keys().cloned().collect()
-        }
-
-        pub(crate) fn clear_with(&self, mut f: impl FnMut(&V)) {
-            let drained: Vec<V> = self.map().drain().map(|(_, value)| value).collect();
-            for value in &drained {
-                f(value);
+        pub(crate) fn take_all(&self, mut f: impl FnMut(&K, &mut V)) {
+            for (key, mut value) in self.map().drain() {
+                f(&key, &mut value);
             }
         }
     }

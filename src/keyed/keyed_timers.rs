@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crate::engine::TimerEngine;
 use crate::engine::handle::TimerHandle;
-use crate::engine::shared::EngineShared;
 use crate::error::{KeyedError, Refused};
 use crate::keyed::key_map::{Change, KeyMap};
+use crate::keyed::token;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, Ordering};
 
@@ -25,10 +25,13 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 /// handler, to `remove`, to `drain` or `stop`, or back from `set` when a later `set`
 /// replaces it (never twice, never lost; dropping the `KeyedTimers` drops the values still
 /// pending); a key removed before it expires never reaches the handler; and the handler
-/// never sees a key before its deadline (rounded up to the engine's tick). Each key's
-/// changes happen under that key's lock in the map, so they are ordered as the locks are
-/// taken: a `set` that takes the lock after the old timer began to fire, but before its
-/// fire took the lock, replaces the value, which then does not reach the handler.
+/// never sees a key before its deadline (rounded up to the engine's tick), unless the
+/// engine shuts down with [`PendingTimers::Run`](crate::PendingTimers::Run), which runs
+/// every pending timer at once. Each key's changes happen under that key's lock in the
+/// map, so they are ordered as the locks are taken: a `set` that takes the lock after the
+/// old timer began to fire, but before its fire took the lock, replaces the value, which
+/// then does not reach the handler. Every timer carries a token of its own `set`, and a
+/// fire takes only the slot that holds its token.
 ///
 /// **The handler** runs on the engine's worker threads, holding no lock, so it may set the
 /// same key again (a repeating TTL) or call any other method. It should be quick, as any
@@ -41,8 +44,15 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 /// the map; `remove` is a map removal and the engine's cancel. A key of up to two machine
 /// words keeps the callback in the timer's node, without an allocation.
 ///
-/// **After the engine shuts down**, `set` is refused, and entries still pending stay in
-/// the map until removed, drained or stopped (their timers will not fire).
+/// **After the engine shuts down**, `set` is refused. With
+/// [`PendingTimers::Drop`](crate::PendingTimers::Drop) the entries still pending stay in
+/// the map until removed, drained or stopped (their timers will not fire); with
+/// [`PendingTimers::Run`](crate::PendingTimers::Run) they all go to the handler during
+/// the shutdown, early.
+///
+/// **Keys and values** must be well-behaved for the map (`Eq` consistent with `Hash`);
+/// one that is not (a NaN) can never be found by `remove`, `move_to` or a fire, but
+/// `drain`, `stop` and dropping still take it out.
 ///
 /// ```
 /// use corewheel::{KeyedTimers, ManualClock, TimerEngine};
@@ -72,8 +82,6 @@ pub struct KeyedTimers<'e, K: Eq + Hash, V> {
 
 /// What the timers' callbacks share with the `KeyedTimers`.
 struct Inner<K: Eq + Hash, V> {
-    /// To ask whether a key's timer still waits, from a callback, which has no `&TimerEngine`.
-    engine: Arc<EngineShared>,
     map: KeyMap<K, Slot<V>>,
     handler: Box<dyn Fn(K, V) + Send + Sync>,
     /// Set by `stop`: `set` is refused from then on.
@@ -82,8 +90,13 @@ struct Inner<K: Eq + Hash, V> {
 
 /// A pending key's value and the timer that will hand it to the handler.
 struct Slot<V> {
-    value: V,
+    /// `Some` while the slot is in the map: taken out only as the slot leaves it, by
+    /// `drain`, `stop` or the drop, which empty the map in place.
+    value: Option<V>,
     timer: TimerHandle,
+    /// The token of `timer`'s `set` ([`token`](crate::keyed::token)), which its callback
+    /// carries: a fire takes only the slot with its own token.
+    token: u64,
 }
 
 impl<K, V> KeyedTimers<'static, K, V>
@@ -111,7 +124,6 @@ where
         Self {
             engine,
             inner: Arc::new(Inner {
-                engine: Arc::clone(&engine.shared),
                 map: KeyMap::new(),
                 handler: Box::new(handler),
                 stopped: AtomicBool::new(false),
@@ -133,46 +145,53 @@ where
             return Err(KeyedError::new(value, Refused::Stopped));
         }
         let for_timer = key.clone();
-        let (outcome, replaced) = self.inner.map.edit(key, |slot| {
+        let ((outcome, unused_key), _) = self.inner.map.edit(key, |slot| {
             // Looked at again under the lock: `stop` sets the flag before it empties the
             // map, so a `set` that misses it here is one `stop` then finds.
             if self.inner.stopped.load(Ordering::Acquire) {
-                return (Err(KeyedError::new(value, Refused::Stopped)), Change::Keep);
+                let refused = Err(KeyedError::new(value, Refused::Stopped));
+                return ((refused, Some(for_timer)), Change::Keep);
             }
-            if let Some(slot) = slot {
-                if self.engine.reset(slot.timer, delay) {
-                    return (
-                        Ok(Some(std::mem::replace(&mut slot.value, value))),
-                        Change::Keep,
-                    );
-                }
-                // Firing: its callback waits for this lock, and will find the new timer
-                // pending and leave the slot alone.
-                return match self.arm(for_timer, delay) {
-                    Ok(timer) => {
-                        slot.timer = timer;
-                        (
-                            Ok(Some(std::mem::replace(&mut slot.value, value))),
-                            Change::Keep,
-                        )
+            match slot {
+                Some(slot) if self.engine.reset(slot.timer, delay) => (
+                    (Ok(slot.value.replace(value)), Some(for_timer)),
+                    Change::Keep,
+                ),
+                // Firing: its callback waits for this lock, and finds another token here.
+                Some(slot) => match self.arm(for_timer, delay) {
+                    Ok((timer, token)) => {
+                        (slot.timer, slot.token) = (timer, token);
+                        ((Ok(slot.value.replace(value)), None), Change::Keep)
                     }
-                    Err(reason) => (Err(KeyedError::new(value, reason)), Change::Keep),
-                };
-            }
-            match self.arm(for_timer, delay) {
-                Ok(timer) => (Ok(None), Change::Put(Slot { value, timer })),
-                Err(reason) => (Err(KeyedError::new(value, reason)), Change::Keep),
+                    Err(reason) => ((Err(KeyedError::new(value, reason)), None), Change::Keep),
+                },
+                None => match self.arm(for_timer, delay) {
+                    Ok((timer, token)) => {
+                        let slot = Slot {
+                            value: Some(value),
+                            timer,
+                            token,
+                        };
+                        ((Ok(None), None), Change::Put(slot))
+                    }
+                    Err(reason) => ((Err(KeyedError::new(value, reason)), None), Change::Keep),
+                },
             }
         });
-        debug_assert!(replaced.is_none(), "set replaces values in place");
+        // Dropped here, out of the lock, and before the outcome is returned: a key whose
+        // drop panics then unwinds through `outcome`, which drops the value it holds.
+        drop(unused_key);
         outcome
     }
 
-    /// Arms the timer that hands `key`'s value to the handler `delay` from now.
-    fn arm(&self, key: K, delay: Duration) -> Result<TimerHandle, Refused> {
+    /// Arms the timer that hands `key`'s value to the handler `delay` from now; returns
+    /// it and its token.
+    fn arm(&self, key: K, delay: Duration) -> Result<(TimerHandle, u64), Refused> {
         let inner = Arc::clone(&self.inner);
+        let token = token::fresh();
         self.engine
-            .schedule(delay, move || inner.expire(key))
+            .schedule(delay, move || inner.expire(key, token))
+            .map(|timer| (timer, token))
             .map_err(Refused::Engine)
     }
 
@@ -197,16 +216,20 @@ where
     fn take(&self, key: &K) -> Option<(K, V)> {
         let (key, slot) = self.inner.map.remove(key)?;
         let _cancelled = self.engine.cancel(slot.timer);
-        Some((key, slot.value))
+        slot.value.map(|value| (key, value))
     }
 
     /// Runs `f` on `key`'s value, if the key is pending, and returns what `f` returns: how a
-    /// cache reads an entry whose expiry these timers keep. `f` runs under the key's
-    /// shared lock, so it should be short and must not call back into this `KeyedTimers`
-    /// for the same key. A key past its deadline whose timer has not yet run (at most
+    /// cache reads an entry whose expiry these timers keep. `f` runs under a shared lock
+    /// on part of the map, so it should be short, and it must not change this
+    /// `KeyedTimers` (`set`, `remove`, `drain`, `stop`: they would wait for that lock for
+    /// ever); reading (`peek`, `contains`, `len`) is fine. A key past its deadline whose timer has not yet run (at most
     /// about a tick later, on a worker that keeps up) is still pending.
     pub fn peek<R>(&self, key: &K, f: impl FnOnce(&V) -> R) -> Option<R> {
-        self.inner.map.with(key, |slot| f(&slot.value))
+        self.inner
+            .map
+            .with(key, |slot| slot.value.as_ref().map(f))
+            .flatten()
     }
 
     /// Whether `key` is pending.
@@ -226,14 +249,17 @@ where
 
     /// Hands every pending key and value to `f`, cancelling their timers: none of them
     /// reaches the handler. Keys set by other threads while it runs may be left; call
-    /// [`stop`](Self::stop) to refuse them first. Returns how many it handed over.
+    /// [`stop`](Self::stop) to refuse them first. `f` runs once the entries are out of the
+    /// map, holding no lock. Returns how many it handed over.
     pub fn drain(&self, mut f: impl FnMut(K, V)) -> usize {
-        let mut handed = 0;
-        for key in self.inner.map.keys() {
-            if let Some((key, value)) = self.take(&key) {
-                f(key, value);
-                handed += 1;
-            }
+        let mut taken = Vec::new();
+        self.inner.map.take_all(|key, slot| {
+            let _cancelled = self.engine.cancel(slot.timer);
+            taken.extend(slot.value.take().map(|value| (key.clone(), value)));
+        });
+        let handed = taken.len();
+        for (key, value) in taken {
+            f(key, value);
         }
         handed
     }
@@ -246,12 +272,13 @@ where
     pub fn stop(&self, mut f: impl FnMut(K, V)) -> usize {
         self.inner.stopped.store(true, Ordering::SeqCst);
         let mut handed = 0;
+        // Ends: a `set` that got past the flag before it was raised adds at most one key,
+        // and `drain` takes every key, found or not.
         loop {
-            let round = self.drain(&mut f);
-            if round == 0 && self.inner.map.len() == 0 {
+            handed += self.drain(&mut f);
+            if self.inner.map.len() == 0 {
                 return handed;
             }
-            handed += round;
         }
     }
 
@@ -263,14 +290,19 @@ where
 
 impl<K: Eq + Hash, V> Inner<K, V> {
     /// A key's timer fired: hands the key and value to the handler, if the slot is still
-    /// this timer's. A slot whose timer is pending belongs to a later `set` (this fire lost
-    /// the race for the lock to it); no slot means a `remove`, `drain` or `stop` took it.
-    fn expire(&self, key: K) {
-        let taken = self
-            .map
-            .remove_if(&key, |slot| !self.engine.is_pending(slot.timer));
-        if let Some((key, slot)) = taken {
-            (self.handler)(key, slot.value);
+    /// this timer's (holds its `token`). A slot with another token belongs to a later
+    /// `set` (this fire lost the race for the lock to it); no slot means a `remove`,
+    /// `drain` or `stop` took it.
+    fn expire(&self, key: K, token: u64) {
+        let taken = self.map.remove_if(&key, |slot| slot.token == token);
+        if let Some((
+            key,
+            Slot {
+                value: Some(value), ..
+            },
+        )) = taken
+        {
+            (self.handler)(key, value);
         }
     }
 }
@@ -279,12 +311,21 @@ impl<K: Eq + Hash, V> Drop for KeyedTimers<'_, K, V> {
     /// Stops, cancelling every pending timer and dropping its value, so that nothing
     /// reaches the handler afterwards. With `&mut self` no other thread can set, so one
     /// pass empties the map.
+    ///
+    /// Every timer is cancelled before any value is dropped, and the values are dropped
+    /// out of the map's locks, each on its own: one whose `Drop` panics is caught, and the
+    /// others are still dropped.
     fn drop(&mut self) {
         self.inner.stopped.store(true, Ordering::SeqCst);
         let engine = self.engine;
-        self.inner.map.clear_with(|slot| {
+        let mut values = Vec::new();
+        self.inner.map.take_all(|_, slot| {
             let _cancelled = engine.cancel(slot.timer);
+            values.extend(slot.value.take());
         });
+        for value in values {
+            let _panicked = crate::engine::panics::contain(move || drop(value));
+        }
     }
 }
 

@@ -9,5 +9,6 @@
 
 pub(crate) mod key_map;
 pub(crate) mod keyed_timers;
+pub(crate) mod token;
 
 pub use keyed_timers::KeyedTimers;

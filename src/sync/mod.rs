@@ -31,11 +31,12 @@ pub(crate) use std::sync::{Arc, Mutex};
 /// std primitives that stay std's under loom too. They guard nothing the models race: an
 /// engine's list of worker threads and the start of its shutdown (taken by the thread that
 /// builds or shuts the engine down, never on a timer's path), the process-wide count of
-/// engines, which only numbers them so that a handle from one is stale in another, and
+/// engines, which only numbers them so that a handle from one is stale in another, the
+/// process-wide counter of keyed-timer token blocks, which only makes tokens unique, and
 /// values set once before any timer exists (a worker's thread handle, the cycle counter's
 /// calibration).
 pub(crate) mod unmodelled {
-    pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
     pub(crate) use std::sync::{Mutex, OnceLock};
 }
 
