@@ -1,6 +1,7 @@
 //! Sleeping allocates nothing once the pool is warm: a counting allocator watches the
 //! test's thread while it makes, polls, resets, re-wakers and drops sleeps and timeouts,
-//! on a hand-driven engine and on one with worker threads.
+//! on a hand-driven engine and on one with worker threads. Keyed timers with a word-sized
+//! key allocate nothing per set, move and remove either.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -141,4 +142,34 @@ fn the_counter_sees_an_allocation() {
         allocations_in(|| drop(std::hint::black_box(Box::new(1)))),
         1
     );
+}
+
+/// Keyed timers with a `u64` key: sets (new and over a pending key), moves and removes
+/// allocate nothing once the pool and the map are warm, as the timer's callback (a
+/// reference, the key and its token) fits in the node.
+#[test]
+fn keyed_timers_with_a_word_key_allocate_nothing_once_warm() {
+    let clock = ManualClock::new();
+    let engine = TimerEngine::builder()
+        .manual_clock(clock.clone())
+        .build()
+        .unwrap();
+    let timers = corewheel::KeyedTimers::with_engine(&engine, |_: u64, _: u64| {});
+    let cycle = || {
+        for key in 0..256 {
+            assert_eq!(timers.set(key, key, Duration::from_secs(1)), Ok(None));
+            assert_eq!(
+                timers.set(key, key + 1, Duration::from_secs(1)),
+                Ok(Some(key))
+            );
+            assert!(timers.move_to(&key, Duration::from_secs(2)));
+            assert_eq!(timers.remove(&key), Some(key + 1));
+        }
+        clock.advance(Duration::from_millis(40));
+        engine.turn();
+    };
+    cycle();
+    cycle();
+    assert_eq!(allocations_in(cycle), 0);
+    assert_eq!(engine.nodes_in_use(), 0);
 }

@@ -41,8 +41,11 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 /// **Cost**: a `set` is the engine's arm (or reset, for a key already pending) under one
 /// lock of the map (dashmap's, sharded), a clone of the key, and one increment of this
 /// `KeyedTimers`' reference count, which the timer's callback holds so that it can find
-/// the map; `remove` is a map removal and the engine's cancel. A key of up to two machine
-/// words keeps the callback in the timer's node, without an allocation.
+/// the map (a read-modify-write on one cache line that every thread arming a new key
+/// shares: it costs little on a few cores, more on many); `remove` is a map removal and the
+/// engine's cancel. A key of up to one machine word (`u64`, a connection id) keeps the
+/// callback (the reference, the key and its token) in the timer's node; a larger one costs
+/// an allocation per new key's timer.
 ///
 /// **After the engine shuts down**, `set` is refused. With
 /// [`PendingTimers::Drop`](crate::PendingTimers::Drop) the entries still pending stay in
