@@ -6,14 +6,14 @@
 #   ./scripts/test-all.sh              every stage
 #   ./scripts/test-all.sh loom miri    only those stages, in the order given
 #
-# Stages: unit integration property doc benches loom miri. Every stage runs even when an
+# Stages: unit integration proxy property doc benches loom miri. Every stage runs even when an
 # earlier one failed; the script ends with a table of what each stage ran and exits
 # non-zero if any stage failed. A CARGO_TARGET_DIR you set is respected (the loom build
 # goes to its loom/ subfolder, so that its RUSTFLAGS do not invalidate the normal build).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-all_stages=(unit integration property doc benches loom miri)
+all_stages=(unit integration proxy property doc benches loom miri)
 if [ $# -gt 0 ]; then
   stages=("$@")
 else
@@ -44,6 +44,8 @@ stage_unit() {
   cargo test -p corewheel --lib && cargo test -p corewheel-perf --bins
 }
 stage_integration() { cargo test -p corewheel "${integration_flags[@]}"; }
+# The reverse proxy on corewheel (proxy/): its unit tests and its loopback tests.
+stage_proxy() { cargo test -p corewheel-proxy; }
 stage_property() { cargo test -p corewheel "${property_flags[@]}"; }
 stage_doc() { cargo test -p corewheel --doc; }
 # criterion runs each benchmark once, as a check that it works, when run under cargo test.
@@ -77,6 +79,7 @@ describe() {
   case $1 in
     unit) echo "unit tests: the library's and the perf harness's" ;;
     integration) echo "integration tests (tests/*.rs but the property tests)" ;;
+    proxy) echo "the reverse proxy's tests (corewheel-proxy: timeouts and bad input on loopback)" ;;
     property) echo "property tests (${property_tests[*]})" ;;
     doc) echo "doc tests, the README's examples among them" ;;
     benches) echo "criterion benchmarks, each run once as a check" ;;

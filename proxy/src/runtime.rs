@@ -1,0 +1,30 @@
+//! The proxy as a process: its own tokio runtime, built for the timer it runs on.
+
+use std::io;
+use std::net::SocketAddr;
+
+use crate::config::{Config, TimerKind};
+use crate::server::Proxy;
+
+/// Builds the runtime, binds, calls `listening` with the bound address, and serves until
+/// the process ends. Fails only if the runtime cannot be built or the address bound.
+///
+/// On corewheel's timer the runtime is built without tokio's time driver: any timer that
+/// escaped to tokio would fail loudly instead of being measured as corewheel's.
+pub fn run_blocking(config: Config, listening: impl FnOnce(SocketAddr)) -> io::Result<()> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_io();
+    if config.timer == TimerKind::Tokio {
+        builder.enable_time();
+    }
+    if let Some(threads) = config.threads {
+        builder.worker_threads(threads);
+    }
+    let runtime = builder.build()?;
+    runtime.block_on(async move {
+        let proxy = Proxy::bind(config).await?;
+        listening(proxy.local_addr()?);
+        proxy.run().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,87 @@
+//! The proxy server: the accept loop and each client connection, on one timer back-end.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::config::{Config, TimerKind};
+use crate::forward::forward;
+use crate::idle_io::IdleIo;
+use crate::timer::{CorewheelTimer, ProxyTimer, TokioTimer};
+use crate::upstream::Upstream;
+
+/// How long the accept loop pauses after `accept` fails (out of file descriptors, most
+/// likely), so that it does not spin while connections close and free some.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
+
+/// A bound proxy, ready to run.
+pub struct Proxy {
+    listener: TcpListener,
+    config: Config,
+}
+
+impl Proxy {
+    /// Binds `config.listen`; port 0 picks a free port ([`Proxy::local_addr`] says which).
+    pub async fn bind(config: Config) -> io::Result<Self> {
+        let listener = TcpListener::bind(config.listen).await?;
+        Ok(Self { listener, config })
+    }
+
+    /// Where the proxy listens.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves clients until the task is dropped, on the timer `config.timer` names. Must
+    /// run in a tokio runtime with I/O enabled, and with time enabled for the tokio timer.
+    pub async fn run(self) {
+        let config = Arc::new(self.config);
+        match config.timer {
+            TimerKind::Corewheel => serve(self.listener, config, CorewheelTimer).await,
+            TimerKind::Tokio => serve(self.listener, config, TokioTimer).await,
+        }
+    }
+}
+
+async fn serve<T: ProxyTimer>(listener: TcpListener, config: Arc<Config>, timer: T) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(serve_client(stream, Arc::clone(&config), timer.clone()));
+            }
+            Err(_) => timer.sleep_until(timer.now() + ACCEPT_PAUSE).await,
+        }
+    }
+}
+
+/// Serves one client connection until it closes, times out or fails; its failures are its
+/// own and end only it.
+async fn serve_client<T: ProxyTimer>(stream: TcpStream, config: Arc<Config>, timer: T) {
+    // Small requests and responses: waiting to coalesce them only adds latency.
+    let _ = stream.set_nodelay(true);
+    let io = TokioIo::new(IdleIo::new(stream, timer.clone(), config.idle_timeout));
+    let upstream = Arc::new(Upstream::new(
+        config.upstream,
+        timer.clone(),
+        config.connect_timeout,
+    ));
+    let deadline = config.request_timeout;
+    let hyper_timer = timer.hyper_timer();
+    let service = service_fn(move |request| {
+        let upstream = Arc::clone(&upstream);
+        let timer = timer.clone();
+        async move { forward(&upstream, &timer, deadline, request).await }
+    });
+    // The connection's end, whatever its cause (the client closed, a timeout, bad input
+    // already answered), concerns this connection only.
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_timer)
+        .header_read_timeout(config.header_read_timeout)
+        .serve_connection(io, service)
+        .await;
+}

@@ -1,0 +1,124 @@
+//! The upstream side of one client connection: a keep-alive HTTP/1.1 connection to the
+//! backend, opened on the first request (within the connect timeout) and reused by the
+//! requests after it.
+//!
+//! A client's HTTP/1.1 connection carries one request at a time, so one upstream
+//! connection per client connection is all it ever needs, with no pool and no pool timer
+//! (hyper-util's pool would run its own expiry timer, outside the timer under test). The
+//! price is one upstream socket per client connection.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+use crate::timer::ProxyTimer;
+
+/// Why an upstream call failed.
+#[derive(Debug)]
+pub enum UpstreamError {
+    /// The connect timeout passed before the backend accepted.
+    ConnectTimedOut,
+    /// The backend refused the connection, or the network failed.
+    Connect(io::Error),
+    /// The connection was made but HTTP failed on it: a broken handshake, a reset, a
+    /// response that is not HTTP.
+    Http(hyper::Error),
+}
+
+/// The task that drives an upstream connection's I/O; aborting it closes the connection.
+struct Driver(JoinHandle<()>);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+struct Connection {
+    sender: SendRequest<Incoming>,
+    _driver: Driver,
+}
+
+/// The upstream connection of one client connection.
+pub struct Upstream<T> {
+    addr: SocketAddr,
+    timer: T,
+    connect_timeout: Duration,
+    /// The idle connection between requests; taken out while a request uses it, so that a
+    /// request abandoned at its deadline takes its connection (and whatever the backend
+    /// may still send on it) down with it.
+    idle: Mutex<Option<Connection>>,
+}
+
+impl<T: ProxyTimer> Upstream<T> {
+    /// No connection is opened until the first request.
+    pub fn new(addr: SocketAddr, timer: T, connect_timeout: Duration) -> Self {
+        Self {
+            addr,
+            timer,
+            connect_timeout,
+            idle: Mutex::new(None),
+        }
+    }
+
+    /// Sends `request` upstream and waits for the response head.
+    pub async fn send(
+        &self,
+        request: Request<Incoming>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let kept = match self.take_idle() {
+            // `ready` fails when the backend has closed the kept-alive connection; nothing
+            // was sent on it, so a new one is safe.
+            Some(mut kept) => kept.sender.ready().await.is_ok().then_some(kept),
+            None => None,
+        };
+        let mut connection = match kept {
+            Some(kept) => kept,
+            None => self.connect().await?,
+        };
+        let response = connection
+            .sender
+            .send_request(request)
+            .await
+            .map_err(UpstreamError::Http)?;
+        *self.idle.lock().unwrap_or_else(PoisonError::into_inner) = Some(connection);
+        Ok(response)
+    }
+
+    fn take_idle(&self) -> Option<Connection> {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    async fn connect(&self) -> Result<Connection, UpstreamError> {
+        let stream = self
+            .timer
+            .timeout(self.connect_timeout, TcpStream::connect(self.addr))
+            .await
+            .map_err(|_| UpstreamError::ConnectTimedOut)?
+            .map_err(UpstreamError::Connect)?;
+        // Small requests and responses: waiting to coalesce them only adds latency.
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(UpstreamError::Http)?;
+        let driver = Driver(tokio::spawn(async move {
+            // Its errors reach the request that was using the connection, through `sender`.
+            let _ = connection.await;
+        }));
+        Ok(Connection {
+            sender,
+            _driver: driver,
+        })
+    }
+}
