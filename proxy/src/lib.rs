@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod client;
 mod config;
 mod forward;
 mod idle_io;
@@ -21,10 +22,11 @@ mod timer;
 mod upstream;
 
 pub use backend::{BODY, serve_backend};
+pub use client::{Client, ClientError};
 pub use config::{Command, Config, TimerKind, USAGE};
 pub use forward::{ProxyBody, forward};
 pub use idle_io::IdleIo;
 pub use runtime::run_blocking;
-pub use server::Proxy;
+pub use server::{Proxy, listen};
 pub use timer::{CorewheelTimer, ProxyTimer, TimedOut, TokioTimer};
 pub use upstream::{Upstream, UpstreamError};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use crate::config::{Config, TimerKind};
 use crate::forward::forward;
@@ -19,6 +19,26 @@ use crate::upstream::Upstream;
 /// likely), so that it does not spin while connections close and free some.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
 
+/// The accept queue's length (the kernel caps it at `net.core.somaxconn`). The usual 128
+/// or 1024 overflows when thousands of clients connect at once: the kernel then drops the
+/// handshake's last packet, and the client's connection is accepted only when the
+/// handshake is retried, a second or more later.
+const BACKLOG: u32 = 8192;
+
+/// A listener on `addr` with a long accept queue ([`BACKLOG`]), for the proxy and for
+/// servers that face as many connections at once (the load test's backend).
+pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // A restarted proxy can bind its port again while the old one's connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 /// A bound proxy, ready to run.
 pub struct Proxy {
     listener: TcpListener,
@@ -28,7 +48,7 @@ pub struct Proxy {
 impl Proxy {
     /// Binds `config.listen`; port 0 picks a free port ([`Proxy::local_addr`] says which).
     pub async fn bind(config: Config) -> io::Result<Self> {
-        let listener = TcpListener::bind(config.listen).await?;
+        let listener = listen(config.listen)?;
         Ok(Self { listener, config })
     }
 

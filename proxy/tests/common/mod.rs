@@ -10,12 +10,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use corewheel_proxy::{Config, Proxy, TimerKind, serve_backend};
-use http_body_util::{BodyExt, Empty};
+use corewheel_proxy::{Client, Config, Proxy, TimerKind, serve_backend};
+use hyper::StatusCode;
 use hyper::body::Bytes;
-use hyper::client::conn::http1::SendRequest;
-use hyper::{Request, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -46,7 +43,7 @@ pub fn assert_no_panic() {
 
 /// A backend answering after `delay` (or its `?delay_ms=`), on a free port.
 pub async fn backend(delay: Duration) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = corewheel_proxy::listen(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve_backend(listener, delay));
     addr
@@ -74,40 +71,13 @@ pub async fn proxy(config: Config) -> SocketAddr {
 }
 
 /// A keep-alive HTTP/1.1 client connection.
-pub async fn client(addr: SocketAddr) -> SendRequest<Empty<Bytes>> {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    sender
+pub async fn client(addr: SocketAddr) -> Client {
+    Client::connect(addr).await.unwrap()
 }
 
-/// GETs `path` on `sender`'s connection: the status and body, or why there are none.
-pub async fn get(
-    sender: &mut SendRequest<Empty<Bytes>>,
-    path: &str,
-) -> Result<(StatusCode, Bytes), String> {
-    sender
-        .ready()
-        .await
-        .map_err(|e| format!("not ready: {e}"))?;
-    let request = Request::get(path)
-        .header("host", "test")
-        .body(Empty::new())
-        .unwrap();
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("request failed: {e}"))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("body failed: {e}"))?
-        .to_bytes();
-    Ok((status, body))
+/// GETs `path` on `client`'s connection: the status and body, or why there are none.
+pub async fn get(client: &mut Client, path: &'static str) -> Result<(StatusCode, Bytes), String> {
+    client.get(path).await.map_err(|e| e.to_string())
 }
 
 /// A fresh connection's GET of `/`: 200 `ok` shows the proxy still serves.
