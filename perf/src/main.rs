@@ -11,7 +11,9 @@ mod cpu_time;
 mod load;
 mod peers;
 mod plots;
+mod profile;
 mod progress;
+mod proxy_process;
 mod repeat;
 mod report;
 mod rng;
@@ -29,7 +31,7 @@ use peers::Subject;
 use report::{Csv, thousands};
 use workloads::{
     Sizes, Workload, arm_cancel, async_timers, burst_steal, engine_arm_cancel, engine_live_1m,
-    engine_reset, fire_storm, keyed, live_1m, reset_heavy, steady_mix,
+    engine_reset, fire_storm, keyed, live_1m, proxy, reset_heavy, steady_mix,
 };
 
 /// More than this would not fit a 24 GiB machine in any subject, and a mistyped zero should
@@ -65,11 +67,14 @@ USAGE:
     cargo run --release -p corewheel-perf -- [OPTIONS]
 
 OPTIONS:
-    --workloads LIST   comma-separated, default all:
+    --workloads LIST   comma-separated, default all but proxy:
                        arm-cancel, engine-arm-cancel, live-1m, engine-live-1m,
                        reset-heavy, engine-reset, fire-storm, burst-steal, steady-mix,
                        async-sleep, async-timeout, async-reset,
-                       keyed-set-remove, keyed-set-over, keyed-move
+                       keyed-set-remove, keyed-set-over, keyed-move, and proxy (only
+                       when named: corewheel-proxy under load on loopback, on
+                       corewheel-async and tokio, in about two minutes; save it with
+                       --save perf/results/proxy)
     --peers LIST       comma-separated subjects, default all:
                        corewheel, delay-queue, binary-heap (single-thread workloads),
                        engine, tokio-sleep (engine-* workloads, steady-mix),
@@ -148,7 +153,7 @@ enum Command {
 
 fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, String> {
     let mut options = Options {
-        workloads: Workload::ALL.to_vec(),
+        workloads: Workload::defaults(),
         subjects: Subject::ALL.to_vec(),
         timers: None,
         full: false,
@@ -364,6 +369,9 @@ fn header(options: &Options, run_dir: &Path) -> String {
 }
 
 fn main() -> ExitCode {
+    if let Ok(spec) = std::env::var(proxy_process::ENV) {
+        return proxy_process::main(&spec);
+    }
     if let Ok(spec) = std::env::var(child::ENV) {
         return child::main(&spec, workloads::measure_in_child);
     }
@@ -438,6 +446,7 @@ fn main() -> ExitCode {
                 &mut csv,
             ),
             Workload::BurstSteal => burst_steal::run(threads, sizes.storm_timers, &mut csv),
+            Workload::Proxy => proxy::run(subjects, &mut csv),
             Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
                 let kind = async_timers::Kind::parse(workload.name())
                     .expect("every async workload is a kind");
@@ -627,6 +636,7 @@ fn planned_runs(options: &Options) -> u64 {
                     | Workload::AsyncTimeout
                     | Workload::AsyncReset => runs * threads,
                     Workload::FireStorm | Workload::SteadyMix => 1,
+                    Workload::Proxy => proxy::steps(1),
                     // Stealing on and off, at each worker count above one.
                     Workload::BurstSteal => {
                         runs * 2 * options.threads.iter().filter(|&&n| n > 1).count() as u64
@@ -651,7 +661,8 @@ mod tests {
         let Ok(Command::Run(options)) = parse(&[]) else {
             panic!("no arguments should run");
         };
-        assert_eq!(options.workloads, Workload::ALL);
+        assert_eq!(options.workloads, Workload::defaults());
+        assert!(!options.workloads.contains(&Workload::Proxy));
         assert_eq!(options.subjects, Subject::ALL);
         assert_eq!(options.timers, None);
         assert!(!options.full);

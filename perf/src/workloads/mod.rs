@@ -13,6 +13,8 @@ pub mod lateness;
 pub mod live_1m;
 pub mod live_runs;
 pub mod parallel;
+pub mod proxy;
+pub mod proxy_load;
 pub mod reset_heavy;
 pub mod steady_mix;
 
@@ -56,10 +58,11 @@ pub enum Workload {
     KeyedSetRemove,
     KeyedSetOver,
     KeyedMove,
+    Proxy,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 15] = [
+    pub const ALL: [Workload; 16] = [
         Workload::ArmCancel,
         Workload::EngineArmCancel,
         Workload::Live1m,
@@ -75,7 +78,17 @@ impl Workload {
         Workload::KeyedSetRemove,
         Workload::KeyedSetOver,
         Workload::KeyedMove,
+        Workload::Proxy,
     ];
+
+    /// What a run without `--workloads` runs: all but the proxy, which opens thousands of
+    /// sockets and starts processes, and which is not part of the engine's reference set.
+    pub fn defaults() -> Vec<Workload> {
+        Self::ALL
+            .into_iter()
+            .filter(|&workload| workload != Workload::Proxy)
+            .collect()
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -94,6 +107,7 @@ impl Workload {
             Workload::KeyedSetRemove => keyed::SET_REMOVE,
             Workload::KeyedSetOver => keyed::SET_OVER,
             Workload::KeyedMove => keyed::MOVE,
+            Workload::Proxy => proxy::NAME,
         }
     }
 
@@ -135,6 +149,9 @@ impl Workload {
             }
             Workload::AsyncTimeout => {
                 "the same with timeout() around a pending read, polled once and dropped"
+            }
+            Workload::Proxy => {
+                "corewheel-proxy (tokio, hyper) on loopback in its own process, every timer on corewheel or on tokio: 2,000 busy and 200 light keep-alive connections, req/s, latency, proxy CPU per request, timer share; and an accuracy check of its idle timeout and deadline"
             }
             Workload::AsyncReset => {
                 "idle timeouts as futures from 1..N threads: 10,000 connections per thread, each read pushing its sleep back (Sleep::reset, Timer::set_at; pingora re-creates)"
@@ -181,6 +198,7 @@ impl Workload {
                 Subject::Engine | Subject::TokioSleep | Subject::MutexHeap
             ),
             Workload::EngineLive1m => matches!(subject, Subject::Engine | Subject::TokioSleep),
+            Workload::Proxy => matches!(subject, Subject::CorewheelAsync | Subject::Tokio),
             Workload::BurstSteal => subject == Subject::Engine,
             Workload::KeyedSetRemove | Workload::KeyedSetOver | Workload::KeyedMove => matches!(
                 subject,
