@@ -1,13 +1,15 @@
 //! The proxy workload's proxy, in a child process of this harness: started with
 //! `COREWHEEL_PERF_PROXY` holding its command line, it prints the address it listens on
-//! and serves until its stdin closes. Its own process, so that its CPU time is its own.
+//! and serves until its stdin closes; then it prints how late its timeouts fired, by its
+//! own clock, and exits. Its own process, so that its CPU time is its own.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write as _};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use corewheel_proxy::Config;
+use corewheel_proxy::{Config, LatenessSummary, Stats};
 
 /// Set in the child's environment to the proxy's command line, arguments separated by
 /// spaces (none of them holds one).
@@ -18,7 +20,15 @@ pub struct ProxyProcess {
     child: Child,
     /// Closed on drop: the child's signal to exit.
     stdin: Option<ChildStdin>,
+    stdout: Option<BufReader<ChildStdout>>,
     addr: SocketAddr,
+}
+
+/// How late the proxy's timeouts fired, by its own clock, as it said on exit.
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyLateness {
+    pub idle_timeouts: LatenessSummary,
+    pub deadlines: LatenessSummary,
 }
 
 impl ProxyProcess {
@@ -34,9 +44,10 @@ impl ProxyProcess {
             .spawn()
             .map_err(|e| format!("could not start the proxy process: {e}"))?;
         let stdin = child.stdin.take();
+        let mut stdout = child.stdout.take().map(BufReader::new);
         let mut line = String::new();
-        let read = match child.stdout.take() {
-            Some(stdout) => BufReader::new(stdout).read_line(&mut line),
+        let read = match &mut stdout {
+            Some(stdout) => stdout.read_line(&mut line),
             None => Ok(0),
         };
         let addr = match (read, line.trim().parse()) {
@@ -49,7 +60,33 @@ impl ProxyProcess {
                 ));
             }
         };
-        Ok(Self { child, stdin, addr })
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+            addr,
+        })
+    }
+
+    /// Ends the proxy and returns how late its timeouts fired, as it says on its way out.
+    pub fn finish(mut self) -> Result<ProxyLateness, String> {
+        drop(self.stdin.take());
+        let mut said = String::new();
+        if let Some(stdout) = &mut self.stdout {
+            stdout
+                .read_to_string(&mut said)
+                .map_err(|e| format!("could not read the proxy's last words: {e}"))?;
+        }
+        let field = |name: &str| {
+            said.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(LatenessSummary::from_line)
+                .ok_or_else(|| format!("the proxy did not report its {name}(it said {said:?})"))
+        };
+        Ok(ProxyLateness {
+            idle_timeouts: field("idle ")?,
+            deadlines: field("deadline ")?,
+        })
     }
 
     /// Where the proxy listens.
@@ -147,13 +184,21 @@ pub fn main(spec: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    std::thread::spawn(|| {
+    let stats: Arc<OnceLock<Arc<Stats>>> = Arc::default();
+    let reported = Arc::clone(&stats);
+    std::thread::spawn(move || {
         // EOF or an error: the harness is done with this proxy (or gone).
         let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        if let Some(stats) = reported.get() {
+            let mut stdout = std::io::stdout();
+            let _ = writeln!(stdout, "idle {}", stats.idle_timeouts.summary().to_line());
+            let _ = writeln!(stdout, "deadline {}", stats.deadlines.summary().to_line());
+            let _ = stdout.flush();
+        }
         std::process::exit(0);
     });
-    let served = corewheel_proxy::run_blocking(config, |addr| {
-        use std::io::Write as _;
+    let served = corewheel_proxy::run_blocking(config, |addr, proxy_stats| {
+        let _ = stats.set(proxy_stats);
         let mut stdout = std::io::stdout();
         let _ = writeln!(stdout, "{addr}");
         let _ = stdout.flush();

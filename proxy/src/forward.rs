@@ -9,6 +9,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName};
 use hyper::{Request, Response, StatusCode, Uri};
 
+use crate::stats::Stats;
 use crate::timer::ProxyTimer;
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -27,11 +28,13 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 ];
 
 /// Forwards `request` through `upstream`; the whole upstream call (connect, send, response
-/// head) has `deadline`. Never fails: every failure is a response.
+/// head) has `deadline`, and a deadline that passes is recorded in `stats.deadlines`.
+/// Never fails: every failure is a response.
 pub async fn forward<T: ProxyTimer>(
     upstream: &Upstream<T>,
     timer: &T,
     deadline: Duration,
+    stats: &Stats,
     mut request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let origin_form = request
@@ -40,20 +43,27 @@ pub async fn forward<T: ProxyTimer>(
         .map_or_else(|| Uri::from_static("/"), |path| Uri::from(path.clone()));
     *request.uri_mut() = origin_form;
     strip_hop_by_hop(request.headers_mut());
-    Ok(
-        match timer.timeout(deadline, upstream.send(request)).await {
-            Ok(Ok(mut response)) => {
-                strip_hop_by_hop(response.headers_mut());
-                response.map(Either::Left)
-            }
-            Err(_) | Ok(Err(UpstreamError::ConnectTimedOut)) => {
-                answer(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
-            }
-            Ok(Err(UpstreamError::Connect(_) | UpstreamError::Http(_))) => {
-                answer(StatusCode::BAD_GATEWAY, "upstream failed\n")
-            }
-        },
-    )
+    // Read before the timeout reads its own clock, so that `due` is at or before the
+    // timeout's deadline: a lateness recorded against it can only be too large, and an
+    // early one is a real early fire.
+    let due = timer.now() + deadline;
+    let response = match timer.timeout(deadline, upstream.send(request)).await {
+        Ok(Ok(mut response)) => {
+            strip_hop_by_hop(response.headers_mut());
+            response.map(Either::Left)
+        }
+        Err(_) => {
+            stats.deadlines.record(due, timer.now());
+            answer(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
+        }
+        Ok(Err(UpstreamError::ConnectTimedOut)) => {
+            answer(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
+        }
+        Ok(Err(UpstreamError::Connect(_) | UpstreamError::Http(_))) => {
+            answer(StatusCode::BAD_GATEWAY, "upstream failed\n")
+        }
+    };
+    Ok(response)
 }
 
 /// The proxy's own response.

@@ -12,11 +12,13 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::stats::Stats;
 use crate::timer::ProxyTimer;
 
 /// A stream that fails with [`io::ErrorKind::TimedOut`] after `idle` with no byte moved.
@@ -25,31 +27,40 @@ pub struct IdleIo<S, T: ProxyTimer> {
     timer: T,
     idle: Duration,
     sleep: T::Sleep,
+    /// Where `sleep` ends, for the lateness `stats` records when it does.
+    deadline: Instant,
+    stats: Arc<Stats>,
 }
 
 impl<S, T: ProxyTimer> IdleIo<S, T> {
-    /// Wraps `stream`; the first deadline is `idle` from now.
-    pub fn new(stream: S, timer: T, idle: Duration) -> Self {
-        let sleep = timer.sleep_until(timer.now() + idle);
+    /// Wraps `stream`; the first deadline is `idle` from now. A timeout is recorded in
+    /// `stats.idle_timeouts`.
+    pub fn new(stream: S, timer: T, idle: Duration, stats: Arc<Stats>) -> Self {
+        let deadline = timer.now() + idle;
+        let sleep = timer.sleep_until(deadline);
         Self {
             stream,
             timer,
             idle,
             sleep,
+            deadline,
+            stats,
         }
     }
 
     /// Bytes moved: the deadline moves to `idle` from now. The next `Pending` polls the
     /// sleep, which is what arms it at its new deadline.
     fn touch(&mut self) {
-        let deadline = self.timer.now() + self.idle;
-        self.timer.reset(&mut self.sleep, deadline);
+        self.deadline = self.timer.now() + self.idle;
+        self.timer.reset(&mut self.sleep, self.deadline);
     }
 
     /// The stream is not ready: the connection is still idle, or its time is up.
     fn poll_idle<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
         match Pin::new(&mut self.sleep).poll(cx) {
             Poll::Ready(()) => {
+                let now = self.timer.now();
+                self.stats.idle_timeouts.record(self.deadline, now);
                 Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")))
             }
             Poll::Pending => Poll::Pending,

@@ -18,6 +18,7 @@ mod forward;
 mod idle_io;
 mod runtime;
 mod server;
+mod stats;
 mod timer;
 mod upstream;
 
@@ -28,5 +29,6 @@ pub use forward::{ProxyBody, forward};
 pub use idle_io::IdleIo;
 pub use runtime::run_blocking;
 pub use server::{Proxy, listen};
+pub use stats::{Lateness, LatenessSummary, Stats};
 pub use timer::{CorewheelTimer, ProxyTimer, TimedOut, TokioTimer};
 pub use upstream::{Upstream, UpstreamError};

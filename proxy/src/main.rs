@@ -20,7 +20,7 @@ fn main() -> ExitCode {
         }
     };
     let (upstream, timer) = (config.upstream, config.timer);
-    match run_blocking(config, |addr| {
+    match run_blocking(config, |addr, _| {
         println!(
             "corewheel-proxy listening on http://{addr}, upstream {upstream}, timers on {}",
             timer.name()

@@ -2,16 +2,22 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use crate::config::{Config, TimerKind};
 use crate::server::Proxy;
+use crate::stats::Stats;
 
-/// Builds the runtime, binds, calls `listening` with the bound address, and serves until
-/// the process ends. Fails only if the runtime cannot be built or the address bound.
+/// Builds the runtime, binds, calls `listening` with the bound address and the proxy's
+/// [`Stats`], and serves until the process ends. Fails only if the runtime cannot be built
+/// or the address bound.
 ///
 /// On corewheel's timer the runtime is built without tokio's time driver: any timer that
 /// escaped to tokio would fail loudly instead of being measured as corewheel's.
-pub fn run_blocking(config: Config, listening: impl FnOnce(SocketAddr)) -> io::Result<()> {
+pub fn run_blocking(
+    config: Config,
+    listening: impl FnOnce(SocketAddr, Arc<Stats>),
+) -> io::Result<()> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_io();
     if config.timer == TimerKind::Tokio {
@@ -23,7 +29,7 @@ pub fn run_blocking(config: Config, listening: impl FnOnce(SocketAddr)) -> io::R
     let runtime = builder.build()?;
     runtime.block_on(async move {
         let proxy = Proxy::bind(config).await?;
-        listening(proxy.local_addr()?);
+        listening(proxy.local_addr()?, proxy.stats());
         proxy.run().await;
         Ok(())
     })

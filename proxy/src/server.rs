@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use crate::config::{Config, TimerKind};
 use crate::forward::forward;
 use crate::idle_io::IdleIo;
+use crate::stats::Stats;
 use crate::timer::{CorewheelTimer, ProxyTimer, TokioTimer};
 use crate::upstream::Upstream;
 
@@ -43,13 +44,18 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 pub struct Proxy {
     listener: TcpListener,
     config: Config,
+    stats: Arc<Stats>,
 }
 
 impl Proxy {
     /// Binds `config.listen`; port 0 picks a free port ([`Proxy::local_addr`] says which).
     pub async fn bind(config: Config) -> io::Result<Self> {
         let listener = listen(config.listen)?;
-        Ok(Self { listener, config })
+        Ok(Self {
+            listener,
+            config,
+            stats: Arc::default(),
+        })
     }
 
     /// Where the proxy listens.
@@ -57,22 +63,38 @@ impl Proxy {
         self.listener.local_addr()
     }
 
+    /// How late its timeouts have fired so far; it goes on counting while the proxy runs.
+    pub fn stats(&self) -> Arc<Stats> {
+        Arc::clone(&self.stats)
+    }
+
     /// Serves clients until the task is dropped, on the timer `config.timer` names. Must
     /// run in a tokio runtime with I/O enabled, and with time enabled for the tokio timer.
     pub async fn run(self) {
-        let config = Arc::new(self.config);
+        let (listener, config, stats) = (self.listener, Arc::new(self.config), self.stats);
         match config.timer {
-            TimerKind::Corewheel => serve(self.listener, config, CorewheelTimer).await,
-            TimerKind::Tokio => serve(self.listener, config, TokioTimer).await,
+            TimerKind::Corewheel => serve(listener, config, stats, CorewheelTimer).await,
+            TimerKind::Tokio => serve(listener, config, stats, TokioTimer).await,
         }
     }
 }
 
-async fn serve<T: ProxyTimer>(listener: TcpListener, config: Arc<Config>, timer: T) {
+async fn serve<T: ProxyTimer>(
+    listener: TcpListener,
+    config: Arc<Config>,
+    stats: Arc<Stats>,
+    timer: T,
+) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(serve_client(stream, Arc::clone(&config), timer.clone()));
+                let config = Arc::clone(&config);
+                tokio::spawn(serve_client(
+                    stream,
+                    config,
+                    Arc::clone(&stats),
+                    timer.clone(),
+                ));
             }
             Err(_) => timer.sleep_until(timer.now() + ACCEPT_PAUSE).await,
         }
@@ -81,10 +103,21 @@ async fn serve<T: ProxyTimer>(listener: TcpListener, config: Arc<Config>, timer:
 
 /// Serves one client connection until it closes, times out or fails; its failures are its
 /// own and end only it.
-async fn serve_client<T: ProxyTimer>(stream: TcpStream, config: Arc<Config>, timer: T) {
+async fn serve_client<T: ProxyTimer>(
+    stream: TcpStream,
+    config: Arc<Config>,
+    stats: Arc<Stats>,
+    timer: T,
+) {
     // Small requests and responses: waiting to coalesce them only adds latency.
     let _ = stream.set_nodelay(true);
-    let io = TokioIo::new(IdleIo::new(stream, timer.clone(), config.idle_timeout));
+    let idle = IdleIo::new(
+        stream,
+        timer.clone(),
+        config.idle_timeout,
+        Arc::clone(&stats),
+    );
+    let io = TokioIo::new(idle);
     let upstream = Arc::new(Upstream::new(
         config.upstream,
         timer.clone(),
@@ -95,7 +128,8 @@ async fn serve_client<T: ProxyTimer>(stream: TcpStream, config: Arc<Config>, tim
     let service = service_fn(move |request| {
         let upstream = Arc::clone(&upstream);
         let timer = timer.clone();
-        async move { forward(&upstream, &timer, deadline, request).await }
+        let stats = Arc::clone(&stats);
+        async move { forward(&upstream, &timer, deadline, &stats, request).await }
     });
     // The connection's end, whatever its cause (the client closed, a timeout, bad input
     // already answered), concerns this connection only.

@@ -23,12 +23,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use corewheel_proxy::{Config, TimerKind};
+use corewheel_proxy::{Config, LatenessSummary, TimerKind};
 
 use crate::peers::Subject;
 use crate::profile::TimerShare;
 use crate::progress;
-use crate::proxy_process::{ProcessCpu, ProxyProcess};
+use crate::proxy_process::{ProcessCpu, ProxyLateness, ProxyProcess};
 use crate::repeat::{self, median, spread};
 use crate::report::{Csv, Table, thousands};
 use crate::workloads::proxy_load::{self, AccuracyResult, AccuracySpec, LoadResult, LoadSpec};
@@ -254,7 +254,7 @@ pub fn run(subjects: &[Subject], csv: &mut Csv) {
     for &subject in &subjects {
         progress::step(format!("{NAME} accuracy {}", subject.name()));
         accuracy.push(match timer_of(subject) {
-            Some(timer) => runtime.block_on(check_accuracy(backend, timer)),
+            Some(timer) => check_accuracy(&runtime, backend, timer),
             None => Err("not a proxy subject".to_string()),
         });
     }
@@ -408,12 +408,19 @@ fn add_row(
     table.row(row);
 }
 
-async fn check_accuracy(backend: SocketAddr, timer: TimerKind) -> Result<AccuracyResult, String> {
+/// The accuracy check against a fresh proxy with the check's timeouts: what the clients
+/// saw, and what the proxy saw of its own timeouts.
+fn check_accuracy(
+    runtime: &tokio::runtime::Runtime,
+    backend: SocketAddr,
+    timer: TimerKind,
+) -> Result<(AccuracyResult, ProxyLateness), String> {
     let mut config = config(backend, timer);
     config.idle_timeout = ACCURACY.idle;
     config.request_timeout = ACCURACY.deadline;
     let proxy = ProxyProcess::start(&config)?;
-    Ok(proxy_load::accuracy(proxy.addr(), ACCURACY).await)
+    let seen = runtime.block_on(proxy_load::accuracy(proxy.addr(), ACCURACY));
+    Ok((seen, proxy.finish()?))
 }
 
 /// The quantile `q` of sorted durations, in ms; NaN when there are none.
@@ -424,39 +431,39 @@ fn millis(sorted: &[Duration], q: f64) -> f64 {
         .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
 }
 
-/// min / median / p99 / max of sorted durations, in ms.
-fn lateness(sorted: &[Duration]) -> String {
-    let at = |q| cell(millis(sorted, q), 1, "");
-    format!("{} / {} / {} / {}", at(0.0), at(0.5), at(0.99), at(1.0))
+/// One kind of timeout's row of the accuracy table.
+struct TimeoutRow<'a> {
+    timeout: String,
+    expected: usize,
+    /// Lateness the clients measured, sorted.
+    client_late: &'a [Duration],
+    client_early: u64,
+    /// Never fired, or answered otherwise.
+    missing: u64,
+    proxy: LatenessSummary,
 }
 
 fn accuracy_table(
     subjects: &[Subject],
-    results: Vec<Result<AccuracyResult, String>>,
+    results: Vec<Result<(AccuracyResult, ProxyLateness), String>>,
     csv: &mut Csv,
 ) -> Table {
     let mut table = Table::new(
-        format!(
-            "{NAME} accuracy: idle timeout {} ms, request deadline {} ms",
-            ACCURACY.idle.as_millis(),
-            ACCURACY.deadline.as_millis()
-        ),
+        format!("{NAME} accuracy: every connection's idle timeout and every request's deadline"),
         &[
             "timers on",
-            "idle closed",
-            "early",
-            "never",
-            "late ms min/p50/p99/max",
-            "talkers closed",
-            "504s",
-            "early",
-            "not 504",
-            "504 late ms min/p50/p99/max",
+            "timeout",
+            "fired",
+            "early (client / proxy)",
+            "missing",
+            "late ms, client: min / p50 / p99 / max",
+            "late ms, proxy: p50 / p99 / max",
         ],
     );
+    let mut talkers = Vec::new();
     for (&subject, result) in subjects.iter().zip(results) {
         let timer = timer_of(subject).map_or(subject.name(), TimerKind::name);
-        let result = match result {
+        let (seen, proxy) = match result {
             Ok(result) => result,
             Err(error) => {
                 table.row(vec![timer.to_string(), "error".to_string()]);
@@ -464,71 +471,94 @@ fn accuracy_table(
                 continue;
             }
         };
-        let workload = format!("{NAME}-accuracy");
+        talkers.push(format!(
+            "{timer}: {} of {} closed ({} requests)",
+            seen.talkers_closed, ACCURACY.talkers, seen.talker_requests
+        ));
+        let rows = [
+            TimeoutRow {
+                timeout: format!("idle {} ms", ACCURACY.idle.as_millis()),
+                expected: ACCURACY.idle_connections,
+                client_late: &seen.idle_late,
+                client_early: seen.early_closes,
+                missing: seen.never_closed,
+                proxy: proxy.idle_timeouts,
+            },
+            TimeoutRow {
+                timeout: format!("deadline {} ms (504)", ACCURACY.deadline.as_millis()),
+                expected: ACCURACY.slow_requests,
+                client_late: &seen.deadline_late,
+                client_early: seen.early_504s,
+                missing: seen.not_504,
+                proxy: proxy.deadlines,
+            },
+        ];
+        for (kind, row) in ["idle", "deadline"].into_iter().zip(rows) {
+            add_timeout_row(&mut table, csv, subject, timer, kind, row);
+        }
         csv.push_metrics(
-            &workload,
+            &format!("{NAME}-accuracy-talkers"),
             subject.name(),
-            ACCURACY.idle_connections as u64,
-            &[
-                ("idle_closed", result.idle_late.len() as f64, "count"),
-                ("idle_early", result.early_closes as f64, "count"),
-                ("idle_never", result.never_closed as f64, "count"),
-                ("idle_late_p50_ms", millis(&result.idle_late, 0.5), "ms"),
-                ("idle_late_p99_ms", millis(&result.idle_late, 0.99), "ms"),
-                ("idle_late_max_ms", millis(&result.idle_late, 1.0), "ms"),
-                ("talkers_closed", result.talkers_closed as f64, "count"),
-                ("deadline_504s", result.deadline_late.len() as f64, "count"),
-                ("deadline_early", result.early_504s as f64, "count"),
-                ("deadline_not_504", result.not_504 as f64, "count"),
-                (
-                    "deadline_late_p50_ms",
-                    millis(&result.deadline_late, 0.5),
-                    "ms",
-                ),
-                (
-                    "deadline_late_p99_ms",
-                    millis(&result.deadline_late, 0.99),
-                    "ms",
-                ),
-                (
-                    "deadline_late_max_ms",
-                    millis(&result.deadline_late, 1.0),
-                    "ms",
-                ),
-            ],
+            ACCURACY.talkers as u64,
+            &[("closed", seen.talkers_closed as f64, "count")],
         );
-        table.row(vec![
-            timer.to_string(),
-            format!(
-                "{} of {}",
-                result.idle_late.len(),
-                ACCURACY.idle_connections
-            ),
-            result.early_closes.to_string(),
-            result.never_closed.to_string(),
-            lateness(&result.idle_late),
-            format!(
-                "{} of {} ({} requests)",
-                result.talkers_closed, ACCURACY.talkers, result.talker_requests
-            ),
-            format!(
-                "{} of {}",
-                result.deadline_late.len(),
-                ACCURACY.slow_requests
-            ),
-            result.early_504s.to_string(),
-            result.not_504.to_string(),
-            lateness(&result.deadline_late),
-        ]);
     }
     table.note(format!(
-        "all at once against one proxy: {} connections that send nothing; {} that send a GET every {} ms for {} ms; {} GETs the backend answers only after 10 s",
+        "all at once against one proxy per subject (idle timeout {} ms, deadline {} ms): {} connections that send nothing; {} that send a GET every {} ms for {} ms, which must never be closed ({}); {} GETs the backend answers only after 10 s, which must get a 504",
+        ACCURACY.idle.as_millis(),
+        ACCURACY.deadline.as_millis(),
         ACCURACY.idle_connections,
         ACCURACY.talkers,
         (ACCURACY.idle / 4).as_millis(),
         (ACCURACY.idle * 3).as_millis(),
+        talkers.join("; "),
         ACCURACY.slow_requests
     ));
-    table.note("late: measured by the client from before its connect (idle) or its send (504) to the close or the answer, so it includes loopback and the harness's own scheduling on the shared CPUs; early: before the timeout, which would be the timer's fault; never: still open 10 s past it");
+    table.note("late, client: from before the client's connect (idle) or send (504) to the close or the answer, as the client saw it: loopback and the harness's own scheduling on the shared CPUs included, so an upper bound; late, proxy: from the deadline to when the task that waited on it ran, by the proxy's timer clock (p50/p99 to 0.1 ms buckets); early: before the timeout, the timer's fault; missing: not closed 10 s past the timeout, or answered other than 504");
     table
+}
+
+fn add_timeout_row(
+    table: &mut Table,
+    csv: &mut Csv,
+    subject: Subject,
+    timer: &str,
+    kind: &'static str,
+    row: TimeoutRow<'_>,
+) {
+    let client = |q| millis(row.client_late, q);
+    let proxy_ms = |us: u64| us as f64 / 1e3;
+    let metrics = [
+        ("fired", row.client_late.len() as f64, "count"),
+        ("client_early", row.client_early as f64, "count"),
+        ("proxy_early", row.proxy.early as f64, "count"),
+        ("missing", row.missing as f64, "count"),
+        ("client_late_p50_ms", client(0.5), "ms"),
+        ("client_late_p99_ms", client(0.99), "ms"),
+        ("client_late_max_ms", client(1.0), "ms"),
+        ("proxy_late_p50_ms", proxy_ms(row.proxy.p50_us), "ms"),
+        ("proxy_late_p99_ms", proxy_ms(row.proxy.p99_us), "ms"),
+        ("proxy_late_max_ms", proxy_ms(row.proxy.max_us), "ms"),
+    ];
+    csv.push_metrics(
+        &format!("{NAME}-accuracy-{kind}"),
+        subject.name(),
+        row.expected as u64,
+        &metrics,
+    );
+    let at = |q| cell(client(q), 1, "");
+    table.row(vec![
+        timer.to_string(),
+        row.timeout,
+        format!("{} of {}", row.client_late.len(), row.expected),
+        format!("{} / {}", row.client_early, row.proxy.early),
+        row.missing.to_string(),
+        format!("{} / {} / {} / {}", at(0.0), at(0.5), at(0.99), at(1.0)),
+        format!(
+            "{:.1} / {:.1} / {:.1}",
+            proxy_ms(row.proxy.p50_us),
+            proxy_ms(row.proxy.p99_us),
+            proxy_ms(row.proxy.max_us)
+        ),
+    ]);
 }

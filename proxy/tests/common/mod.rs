@@ -7,14 +7,15 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use corewheel_proxy::{Client, Config, Proxy, TimerKind, serve_backend};
+use corewheel_proxy::{Client, Config, Proxy, Stats, TimerKind, serve_backend};
 use hyper::StatusCode;
 use hyper::body::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// Both timer back-ends: every test runs on each.
 pub const TIMERS: [TimerKind; 2] = [TimerKind::Corewheel, TimerKind::Tokio];
@@ -64,10 +65,16 @@ pub fn config(upstream: SocketAddr, timer: TimerKind) -> Config {
 
 /// Starts the proxy in this runtime and returns its address.
 pub async fn proxy(config: Config) -> SocketAddr {
+    proxy_with_stats(config).await.0
+}
+
+/// Starts the proxy in this runtime: its address, and how late its timeouts fire.
+pub async fn proxy_with_stats(config: Config) -> (SocketAddr, Arc<Stats>) {
     let proxy = Proxy::bind(config).await.unwrap();
     let addr = proxy.local_addr().unwrap();
+    let stats = proxy.stats();
     tokio::spawn(proxy.run());
-    addr
+    (addr, stats)
 }
 
 /// A keep-alive HTTP/1.1 client connection.
@@ -120,8 +127,9 @@ pub async fn send_and_read_to_close(
 }
 
 /// One proxy per back-end in front of `upstream`, each with `adjust` applied; runs `check`
-/// against each, then checks that the proxy still serves a healthy upstream's requests
-/// (through a second proxy sharing nothing but the process) and that nothing panicked.
+/// against each, then checks that none of that proxy's timeouts fired early by its own
+/// clock, that the proxy still serves a healthy upstream's requests (through a second
+/// proxy sharing nothing but the process), and that nothing panicked.
 pub async fn on_each_timer<C, F>(upstream: SocketAddr, adjust: fn(&mut Config), check: C)
 where
     C: Fn(SocketAddr, TimerKind) -> F,
@@ -132,12 +140,22 @@ where
     for timer in TIMERS {
         let mut bad = config(upstream, timer);
         adjust(&mut bad);
-        let bad = proxy(bad).await;
+        let (bad, stats) = proxy_with_stats(bad).await;
         let good = proxy(config(healthy, timer)).await;
         // A keep-alive connection opened before the bad input, used after it.
         let mut bystander = client(good).await;
         assert_eq!(get(&mut bystander, "/").await.unwrap().0, StatusCode::OK);
         check(bad, timer).await;
+        for (what, lateness) in [
+            ("idle timeouts", &stats.idle_timeouts),
+            ("deadlines", &stats.deadlines),
+        ] {
+            let seen = lateness.summary();
+            assert_eq!(seen.early, 0, "{timer:?}: {what} fired early: {seen:?}");
+            if seen.count > 0 {
+                eprintln!("{timer:?}: {what} as the proxy saw them: {seen:?}");
+            }
+        }
         assert_eq!(get(&mut bystander, "/").await.unwrap().0, StatusCode::OK);
         assert_still_serves(good).await;
     }
