@@ -36,7 +36,9 @@ pub(crate) use std::sync::{Arc, Mutex};
 /// values set once before any timer exists (a worker's thread handle, the cycle counter's
 /// calibration).
 pub(crate) mod unmodelled {
-    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    #[cfg(feature = "keyed")]
+    pub(crate) use std::sync::atomic::AtomicU64;
+    pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
     pub(crate) use std::sync::{Mutex, OnceLock};
 }
 
