@@ -146,6 +146,111 @@ async fn pipelined_request_behind_upstream_stalling_mid_body_is_closed_at_idle_t
     assert!(faults.is_empty(), "{faults:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_keepalive_request_behind_upstream_stalling_mid_body_is_closed_at_idle_timeout() {
+    watch_for_panics();
+    let up = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", After::Hold).await;
+    let mut faults = Vec::new();
+    for timer in TIMERS {
+        let proxy = proxy(cfg(up, timer, |c| c.idle_timeout = IDLE)).await;
+        for req in [
+            &b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"[..],
+            b"GET / HTTP/1.0\r\n\r\n",
+        ] {
+            let what = String::from_utf8_lossy(&req[..14]).into_owned();
+            let mut s = TcpStream::connect(proxy).await.unwrap();
+            let t = Instant::now();
+            let (got, closed) = write_then_read(&mut s, req, t, LONG).await;
+            assert!(got.contains(" 200 OK"), "{timer:?}: {got:?}");
+            match closed {
+                None => faults.push(format!("{timer:?} {what:?}: still open after {LONG:?}, idle timeout {IDLE:?}")),
+                Some(c) if c < IDLE => faults.push(format!("{timer:?} {what:?}: closed early, {c:?}")),
+                Some(c) => eprintln!("{timer:?} {what:?}: closed after {c:?}"),
+            }
+        }
+    }
+    assert_no_panic();
+    assert!(faults.is_empty(), "{faults:?}");
+}
+
+/// A raw upstream that answers a head and `abc` of 100 bytes, then stalls; counts the
+/// upstream connections the proxy still holds open.
+async fn counting_stalled_upstream() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let open = std::sync::Arc::new(AtomicUsize::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counter = open.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let open = counter.clone();
+            open.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut b = [0u8; 4096];
+                let mut head = Vec::new();
+                let mut answered = false;
+                loop {
+                    match s.read(&mut b).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&b[..n]),
+                    }
+                    if !answered && head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        answered = true;
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc")
+                            .await;
+                    }
+                }
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, open)
+}
+
+/// Clients that send a request (plus `extra` bytes), read the head, then vanish: how many
+/// upstream connections the proxy still holds 5 idle timeouts later.
+async fn upstream_connections_left_behind(timer: TimerKind, extra: &'static [u8]) -> usize {
+    let (up, open) = counting_stalled_upstream().await;
+    let proxy = proxy(cfg(up, timer, |c| c.idle_timeout = IDLE)).await;
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
+        s.write_all(extra).await.unwrap();
+        let mut b = [0u8; 1024];
+        let _ = tokio::time::timeout(LONG, s.read(&mut b)).await.expect("no head");
+        drop(s); // the client is gone
+    }
+    tokio::time::sleep(5 * IDLE).await;
+    open.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vanished_clients_release_their_stalled_upstreams() {
+    watch_for_panics();
+    for timer in TIMERS {
+        let left = upstream_connections_left_behind(timer, b"").await;
+        assert_eq!(left, 0, "{timer:?}: upstream connections still held");
+    }
+    assert_no_panic();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "finding: one pipelined byte after a request stops hyper reading the client, so \
+            neither the client's close nor the idle timeout is seen; connection + upstream leak"]
+async fn vanished_pipelining_clients_release_their_stalled_upstreams() {
+    watch_for_panics();
+    let mut faults = Vec::new();
+    for timer in TIMERS {
+        let left = upstream_connections_left_behind(timer, b"G").await;
+        if left != 0 {
+            faults.push(format!("{timer:?}: {left} of 20 upstream connections still held after 5 idle timeouts, clients gone"));
+        }
+    }
+    assert_no_panic();
+    assert!(faults.is_empty(), "{faults:?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Idle and header timeouts: never early, and talking resets the idle timeout.
 
