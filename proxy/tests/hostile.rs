@@ -493,6 +493,59 @@ async fn upstream_answering_just_after_deadline_is_504_never_early() {
     assert_no_panic();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_closing_after_each_response_is_never_a_502() {
+    // The upstream answers without `Connection: close`, then closes: the proxy's kept
+    // connection is dead by the next request. `ready()` is meant to catch that.
+    watch_for_panics();
+    let up = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n", After::Close).await;
+    let mut faults = Vec::new();
+    for timer in TIMERS {
+        let proxy = proxy(cfg(up, timer, |_| {})).await;
+        let mut c = client(proxy).await;
+        let mut bad = 0;
+        for i in 0..200 {
+            if i % 2 == 1 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            match get(&mut c, "/").await {
+                Ok((s, _)) if s == 200 => {}
+                other => {
+                    bad += 1;
+                    if bad == 1 {
+                        eprintln!("{timer:?}: request {i}: {other:?}");
+                    }
+                    if other.is_err() {
+                        c = client(proxy).await;
+                    }
+                }
+            }
+        }
+        if bad > 0 {
+            faults.push(format!("{timer:?}: {bad} of 200 not 200"));
+        }
+    }
+    assert_no_panic();
+    assert!(faults.is_empty(), "{faults:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_body_slower_than_idle_timeout_is_closed_never_early() {
+    watch_for_panics();
+    let up = raw_upstream_reading_body().await;
+    for timer in TIMERS {
+        let proxy = proxy(cfg(up, timer, |c| c.idle_timeout = IDLE)).await;
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        s.write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 8\r\n\r\nx").await.unwrap();
+        let t = Instant::now();
+        let (got, closed) = write_then_read(&mut s, b"", t, LONG).await;
+        let closed = closed.unwrap_or_else(|| panic!("{timer:?}: never closed"));
+        assert!(closed >= IDLE, "{timer:?}: closed after {closed:?}");
+        eprintln!("{timer:?}: stalled body: got {got:?} after {closed:?}");
+    }
+    assert_no_panic();
+}
+
 // ---------------------------------------------------------------------------------------
 // Bad and odd client input.
 
