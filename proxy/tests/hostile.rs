@@ -418,6 +418,69 @@ async fn upstream_slower_than_idle_but_within_deadline() {
     assert_no_panic();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn talking_at_the_edge_of_the_idle_timeout_is_never_closed_early() {
+    // 40 connections each send a request, read its answer, and wait 80..100% of the idle
+    // timeout before the next: the idle sleep is reset right around its expiry. A close is
+    // allowed (scheduling may stretch a gap past the timeout) but never one that comes
+    // sooner than IDLE after this client's last byte sent, which the proxy read later.
+    const EDGE: Duration = Duration::from_millis(200);
+    watch_for_panics();
+    let up = backend(Duration::ZERO).await;
+    for timer in TIMERS {
+        let (proxy, stats) = proxy_with_stats(cfg(up, timer, |c| c.idle_timeout = EDGE)).await;
+        let mut tasks = Vec::new();
+        for n in 0..40u64 {
+            tasks.push(tokio::spawn(async move {
+                // The proxy's last byte moved is never before `anchor`: the connect, then
+                // the send of the last request it answered (it read that request later).
+                let mut anchor = Instant::now();
+                let mut s = TcpStream::connect(proxy).await.unwrap();
+                let start = Instant::now();
+                let mut rounds = 0u64;
+                let mut buf = Vec::new();
+                let early = |anchor: Instant| {
+                    let gap = anchor.elapsed();
+                    if gap < EDGE { Err(format!("closed {gap:?} after the proxy's last read")) } else { Ok(()) }
+                };
+                while start.elapsed() < Duration::from_secs(3) {
+                    let sent = Instant::now();
+                    if s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await.is_err() {
+                        early(anchor)?;
+                        return Ok((rounds, true));
+                    }
+                    buf.clear();
+                    let mut b = [0u8; 1024];
+                    while !(buf.ends_with(b"ok\n") && buf.windows(4).any(|w| w == b"\r\n\r\n")) {
+                        match s.read(&mut b).await {
+                            Ok(0) | Err(_) => {
+                                early(anchor)?;
+                                return Ok((rounds, true));
+                            }
+                            Ok(k) => buf.extend_from_slice(&b[..k]),
+                        }
+                    }
+                    anchor = sent;
+                    rounds += 1;
+                    let pause = EDGE * (80 + ((n * 7 + rounds * 13) % 20) as u32) / 100;
+                    tokio::time::sleep(pause).await;
+                }
+                Ok::<_, String>((rounds, false))
+            }));
+        }
+        let (mut rounds, mut closed) = (0, 0);
+        for t in tasks {
+            let (r, c) = t.await.unwrap().unwrap_or_else(|e| panic!("{timer:?}: {e}"));
+            rounds += r;
+            closed += c as u32;
+        }
+        let seen = stats.idle_timeouts.summary();
+        assert_eq!(seen.early, 0, "{timer:?}: idle timeouts early by the proxy's clock: {seen:?}");
+        eprintln!("{timer:?}: {rounds} requests at the edge; {closed} of 40 closed (late gaps)");
+    }
+    assert_no_panic();
+}
+
 // ---------------------------------------------------------------------------------------
 // Upstream misbehaviour.
 
