@@ -89,7 +89,10 @@ async fn write_then_read(
             }
         }
     };
-    let closed = tokio::time::timeout(limit, read).await.is_ok().then(|| since.elapsed());
+    let closed = tokio::time::timeout(limit, read)
+        .await
+        .is_ok()
+        .then(|| since.elapsed());
     (String::from_utf8_lossy(&got).into_owned(), closed)
 }
 
@@ -106,7 +109,11 @@ fn statuses(reply: &str) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_stalling_mid_body_closes_client_at_idle_timeout() {
     watch_for_panics();
-    let up = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", After::Hold).await;
+    let up = raw_upstream(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc",
+        After::Hold,
+    )
+    .await;
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |c| c.idle_timeout = IDLE)).await;
         let mut s = TcpStream::connect(proxy).await.unwrap();
@@ -127,7 +134,11 @@ async fn upstream_stalling_mid_body_closes_client_at_idle_timeout() {
             the connection (and its upstream socket) is held forever"]
 async fn pipelined_request_behind_upstream_stalling_mid_body_is_closed_at_idle_timeout() {
     watch_for_panics();
-    let up = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", After::Hold).await;
+    let up = raw_upstream(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc",
+        After::Hold,
+    )
+    .await;
     let mut faults = Vec::new();
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |c| c.idle_timeout = IDLE)).await;
@@ -137,7 +148,9 @@ async fn pipelined_request_behind_upstream_stalling_mid_body_is_closed_at_idle_t
         let (got, closed) = write_then_read(&mut s, two, t, LONG).await;
         assert!(got.starts_with("HTTP/1.1 200 "), "{timer:?}: {got:?}");
         match closed {
-            None => faults.push(format!("{timer:?}: still open after {LONG:?}, idle timeout {IDLE:?}")),
+            None => faults.push(format!(
+                "{timer:?}: still open after {LONG:?}, idle timeout {IDLE:?}"
+            )),
             Some(c) if c < IDLE => faults.push(format!("{timer:?}: closed early, {c:?}")),
             Some(c) => eprintln!("{timer:?}: closed after {c:?}"),
         }
@@ -149,7 +162,11 @@ async fn pipelined_request_behind_upstream_stalling_mid_body_is_closed_at_idle_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_keepalive_request_behind_upstream_stalling_mid_body_is_closed_at_idle_timeout() {
     watch_for_panics();
-    let up = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", After::Hold).await;
+    let up = raw_upstream(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc",
+        After::Hold,
+    )
+    .await;
     let mut faults = Vec::new();
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |c| c.idle_timeout = IDLE)).await;
@@ -163,8 +180,12 @@ async fn non_keepalive_request_behind_upstream_stalling_mid_body_is_closed_at_id
             let (got, closed) = write_then_read(&mut s, req, t, LONG).await;
             assert!(got.contains(" 200 OK"), "{timer:?}: {got:?}");
             match closed {
-                None => faults.push(format!("{timer:?} {what:?}: still open after {LONG:?}, idle timeout {IDLE:?}")),
-                Some(c) if c < IDLE => faults.push(format!("{timer:?} {what:?}: closed early, {c:?}")),
+                None => faults.push(format!(
+                    "{timer:?} {what:?}: still open after {LONG:?}, idle timeout {IDLE:?}"
+                )),
+                Some(c) if c < IDLE => {
+                    faults.push(format!("{timer:?} {what:?}: closed early, {c:?}"))
+                }
                 Some(c) => eprintln!("{timer:?} {what:?}: closed after {c:?}"),
             }
         }
@@ -175,7 +196,8 @@ async fn non_keepalive_request_behind_upstream_stalling_mid_body_is_closed_at_id
 
 /// A raw upstream that answers a head and `abc` of 100 bytes, then stalls; counts the
 /// upstream connections the proxy still holds open.
-async fn counting_stalled_upstream() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+async fn counting_stalled_upstream() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>)
+{
     use std::sync::atomic::{AtomicUsize, Ordering};
     let open = std::sync::Arc::new(AtomicUsize::new(0));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -215,10 +237,14 @@ async fn upstream_connections_left_behind(timer: TimerKind, extra: &[u8]) -> usi
     let proxy = proxy(cfg(up, timer, |c| c.idle_timeout = IDLE)).await;
     for _ in 0..20 {
         let mut s = TcpStream::connect(proxy).await.unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
         s.write_all(extra).await.unwrap();
         let mut b = [0u8; 1024];
-        let _ = tokio::time::timeout(LONG, s.read(&mut b)).await.expect("no head");
+        let _ = tokio::time::timeout(LONG, s.read(&mut b))
+            .await
+            .expect("no head");
         drop(s); // the client is gone
     }
     tokio::time::sleep(5 * IDLE).await;
@@ -236,8 +262,8 @@ async fn vanished_clients_release_their_stalled_upstreams() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: one pipelined byte after a request stops hyper reading the client, so \
-            neither the client's close nor the idle timeout is seen; connection + upstream leak"]
+#[ignore = "finding: one pipelined byte (or a stray CRLF) after a request stops hyper reading \
+            the client, so neither its close nor the idle timeout is seen; connection + upstream leak"]
 async fn vanished_pipelining_clients_release_their_stalled_upstreams() {
     watch_for_panics();
     let mut faults = Vec::new();
@@ -302,7 +328,10 @@ async fn slowloris_head_outlives_idle_but_not_header_timeout() {
             }
         };
         let writer = async {
-            for byte in b"GET / HTTP/1.1\r\nHost: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter().cycle() {
+            for byte in b"GET / HTTP/1.1\r\nHost: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                .iter()
+                .cycle()
+            {
                 if wr.write_all(&[*byte]).await.is_err() {
                     break;
                 }
@@ -314,7 +343,10 @@ async fn slowloris_head_outlives_idle_but_not_header_timeout() {
             _ = writer => panic!("writer ended first"),
             _ = tokio::time::sleep(LONG) => panic!("{timer:?}: slowloris never closed"),
         };
-        assert!(closed >= header, "{timer:?}: closed after {closed:?}, before header timeout");
+        assert!(
+            closed >= header,
+            "{timer:?}: closed after {closed:?}, before header timeout"
+        );
         let got = String::from_utf8_lossy(&got);
         assert!(got.is_empty() || got.starts_with("HTTP/1.1 408"), "{got:?}");
         eprintln!("{timer:?}: slowloris closed after {closed:?} (header timeout {header:?})");
@@ -332,7 +364,10 @@ async fn talking_just_under_idle_timeout_is_never_closed() {
         let t = Instant::now();
         while t.elapsed() < 5 * IDLE {
             let (status, _) = get(&mut c, "/").await.unwrap_or_else(|e| {
-                panic!("{timer:?}: closed after {:?} while talking: {e}", t.elapsed())
+                panic!(
+                    "{timer:?}: closed after {:?} while talking: {e}",
+                    t.elapsed()
+                )
             });
             assert_eq!(status, 200);
             tokio::time::sleep(IDLE / 2).await;
@@ -350,14 +385,22 @@ async fn slow_request_body_under_idle_timeout_is_not_closed_early() {
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |c| c.idle_timeout = IDLE)).await;
         let mut s = TcpStream::connect(proxy).await.unwrap();
-        s.write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 8\r\n\r\n").await.unwrap();
+        s.write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 8\r\n\r\n")
+            .await
+            .unwrap();
         let t = Instant::now();
         for _ in 0..8 {
             tokio::time::sleep(IDLE / 3).await;
-            s.write_all(b"x").await.unwrap_or_else(|e| panic!("{timer:?}: after {:?}: {e}", t.elapsed()));
+            s.write_all(b"x")
+                .await
+                .unwrap_or_else(|e| panic!("{timer:?}: after {:?}: {e}", t.elapsed()));
         }
         let (got, _) = write_then_read(&mut s, b"", t, Duration::from_secs(2)).await;
-        assert!(got.starts_with("HTTP/1.1 200 "), "{timer:?}: after {:?}: {got:?}", t.elapsed());
+        assert!(
+            got.starts_with("HTTP/1.1 200 "),
+            "{timer:?}: after {:?}: {got:?}",
+            t.elapsed()
+        );
     }
     assert_no_panic();
 }
@@ -380,7 +423,10 @@ async fn raw_upstream_reading_body() -> SocketAddr {
                             .map_or(0, |v| v.trim().parse().unwrap_or(0));
                         if buf.len() >= end + 4 + len {
                             buf.drain(..end + 4 + len);
-                            if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n").await.is_err() {
+                            if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                                .await
+                                .is_err()
+                            {
                                 return;
                             }
                             continue;
@@ -411,8 +457,13 @@ async fn upstream_slower_than_idle_but_within_deadline() {
         .await;
         let mut s = TcpStream::connect(proxy).await.unwrap();
         let t = Instant::now();
-        let (got, closed) =
-            write_then_read(&mut s, b"GET /?delay_ms=1200 HTTP/1.1\r\nHost: a\r\n\r\n", t, LONG).await;
+        let (got, closed) = write_then_read(
+            &mut s,
+            b"GET /?delay_ms=1200 HTTP/1.1\r\nHost: a\r\n\r\n",
+            t,
+            LONG,
+        )
+        .await;
         eprintln!("{timer:?}: slow upstream, idle {IDLE:?}: got {got:?}, closed {closed:?}");
         // Documented: "no byte read or written for this long is closed", upstream wait included.
         let closed = closed.expect("never closed");
@@ -445,11 +496,18 @@ async fn talking_at_the_edge_of_the_idle_timeout_is_never_closed_early() {
                 let mut buf = Vec::new();
                 let early = |anchor: Instant| {
                     let gap = anchor.elapsed();
-                    if gap < EDGE { Err(format!("closed {gap:?} after the proxy's last read")) } else { Ok(()) }
+                    if gap < EDGE {
+                        Err(format!("closed {gap:?} after the proxy's last read"))
+                    } else {
+                        Ok(())
+                    }
                 };
                 while start.elapsed() < Duration::from_secs(3) {
                     let sent = Instant::now();
-                    if s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await.is_err() {
+                    if s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+                        .await
+                        .is_err()
+                    {
                         early(anchor)?;
                         return Ok((rounds, true));
                     }
@@ -474,12 +532,18 @@ async fn talking_at_the_edge_of_the_idle_timeout_is_never_closed_early() {
         }
         let (mut rounds, mut closed) = (0, 0);
         for t in tasks {
-            let (r, c) = t.await.unwrap().unwrap_or_else(|e| panic!("{timer:?}: {e}"));
+            let (r, c) = t
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{timer:?}: {e}"));
             rounds += r;
             closed += c as u32;
         }
         let seen = stats.idle_timeouts.summary();
-        assert_eq!(seen.early, 0, "{timer:?}: idle timeouts early by the proxy's clock: {seen:?}");
+        assert_eq!(
+            seen.early, 0,
+            "{timer:?}: idle timeouts early by the proxy's clock: {seen:?}"
+        );
         eprintln!("{timer:?}: {rounds} requests at the edge; {closed} of 40 closed (late gaps)");
     }
     assert_no_panic();
@@ -493,7 +557,11 @@ async fn malformed_or_truncated_upstream_responses() {
     watch_for_panics();
     let garbage = raw_upstream(b"SMTP ready\r\n\r\n", After::Close).await;
     let head_cut = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Len", After::Close).await;
-    let body_cut = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", After::Close).await;
+    let body_cut = raw_upstream(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc",
+        After::Close,
+    )
+    .await;
     let bad_chunk = raw_upstream(
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
         After::Close,
@@ -508,16 +576,29 @@ async fn malformed_or_truncated_upstream_responses() {
         for (up, what) in [(garbage, "garbage"), (head_cut, "head cut")] {
             let proxy = proxy(cfg(up, timer, |_| {})).await;
             let mut s = TcpStream::connect(proxy).await.unwrap();
-            let (got, closed) =
-                write_then_read(&mut s, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", Instant::now(), LONG).await;
-            assert!(got.starts_with("HTTP/1.1 502 "), "{timer:?} {what}: {got:?}");
+            let (got, closed) = write_then_read(
+                &mut s,
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+                Instant::now(),
+                LONG,
+            )
+            .await;
+            assert!(
+                got.starts_with("HTTP/1.1 502 "),
+                "{timer:?} {what}: {got:?}"
+            );
             assert!(closed.is_some(), "{timer:?} {what}: never closed");
         }
         for (up, what) in [(body_cut, "body cut"), (bad_chunk, "bad chunk")] {
             let proxy = proxy(cfg(up, timer, |_| {})).await;
             let mut s = TcpStream::connect(proxy).await.unwrap();
-            let (got, closed) =
-                write_then_read(&mut s, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", Instant::now(), LONG).await;
+            let (got, closed) = write_then_read(
+                &mut s,
+                b"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+                Instant::now(),
+                LONG,
+            )
+            .await;
             // Head already sent: the only honest signal is closing the connection.
             assert!(closed.is_some(), "{timer:?} {what}: never closed: {got:?}");
             eprintln!("{timer:?} {what}: {got:?}");
@@ -565,7 +646,11 @@ async fn upstream_closing_after_each_response_is_never_a_502() {
     // The upstream answers without `Connection: close`, then closes: the proxy's kept
     // connection is dead by the next request. `ready()` is meant to catch that.
     watch_for_panics();
-    let up = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n", After::Close).await;
+    let up = raw_upstream(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n",
+        After::Close,
+    )
+    .await;
     let mut faults = Vec::new();
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |_| {})).await;
@@ -603,7 +688,9 @@ async fn request_body_slower_than_idle_timeout_is_closed_never_early() {
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |c| c.idle_timeout = IDLE)).await;
         let mut s = TcpStream::connect(proxy).await.unwrap();
-        s.write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 8\r\n\r\nx").await.unwrap();
+        s.write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 8\r\n\r\nx")
+            .await
+            .unwrap();
         let t = Instant::now();
         let (got, closed) = write_then_read(&mut s, b"", t, LONG).await;
         let closed = closed.unwrap_or_else(|| panic!("{timer:?}: never closed"));
@@ -627,7 +714,8 @@ async fn upstream_101_is_a_502_not_forwarded() {
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |_| {})).await;
         let mut s = TcpStream::connect(proxy).await.unwrap();
-        let req = b"GET /chat HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n";
+        let req =
+            b"GET /chat HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n";
         let (got, _) = write_then_read(&mut s, req, Instant::now(), Duration::from_secs(3)).await;
         if !got.starts_with("HTTP/1.1 502 ") {
             faults.push(format!("{timer:?}: {got:?}"));
@@ -649,7 +737,11 @@ async fn upstream_early_hints_then_200() {
         let proxy = proxy(cfg(up, timer, |_| {})).await;
         let mut c = client(proxy).await;
         let (status, body) = get(&mut c, "/").await.unwrap();
-        assert_eq!((status.as_u16(), &body[..]), (200, &b"ok\n"[..]), "{timer:?}");
+        assert_eq!(
+            (status.as_u16(), &body[..]),
+            (200, &b"ok\n"[..]),
+            "{timer:?}"
+        );
     }
     assert_no_panic();
 }
@@ -661,9 +753,15 @@ async fn upstream_early_hints_then_200() {
 async fn odd_requests_get_exact_statuses() {
     watch_for_panics();
     let up = backend(Duration::ZERO).await;
-    let huge = format!("GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n", "a".repeat(1 << 20));
+    let huge = format!(
+        "GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
     let huge: &'static str = Box::leak(huge.into_boxed_str());
-    let many = format!("GET / HTTP/1.1\r\nHost: a\r\n{}\r\n", "X-A: b\r\n".repeat(150));
+    let many = format!(
+        "GET / HTTP/1.1\r\nHost: a\r\n{}\r\n",
+        "X-A: b\r\n".repeat(150)
+    );
     let many: &'static str = Box::leak(many.into_boxed_str());
     let cases: [(&[u8], &[&str]); 13] = [
         (many.as_bytes(), &["431", "400"]),
@@ -686,14 +784,21 @@ async fn odd_requests_get_exact_statuses() {
             let mut s = TcpStream::connect(proxy).await.unwrap();
             let (got, closed) = write_then_read(&mut s, req, Instant::now(), LONG).await;
             let first = statuses(&got).first().copied().unwrap_or("none");
-            eprintln!("{timer:?}: {:?} -> {first}", String::from_utf8_lossy(&req[..req.len().min(60)]));
+            eprintln!(
+                "{timer:?}: {:?} -> {first}",
+                String::from_utf8_lossy(&req[..req.len().min(60)])
+            );
             assert!(
                 want.contains(&first),
                 "{timer:?}: {:?}: got {first} ({:?}), closed {closed:?}",
                 String::from_utf8_lossy(&req[..req.len().min(80)]),
                 &got[..got.len().min(200)]
             );
-            assert!(closed.is_some(), "{timer:?}: left open: {:?}", String::from_utf8_lossy(&req[..req.len().min(80)]));
+            assert!(
+                closed.is_some(),
+                "{timer:?}: left open: {:?}",
+                String::from_utf8_lossy(&req[..req.len().min(80)])
+            );
         }
         assert_still_serves(proxy).await;
     }
@@ -716,7 +821,10 @@ async fn pipelined_expect_and_connection_close() {
         let mut s = TcpStream::connect(proxy).await.unwrap();
         s.write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n").await.unwrap();
         let mut b = [0u8; 1024];
-        let n = tokio::time::timeout(LONG, s.read(&mut b)).await.expect("no interim or final response").unwrap();
+        let n = tokio::time::timeout(LONG, s.read(&mut b))
+            .await
+            .expect("no interim or final response")
+            .unwrap();
         let first = String::from_utf8_lossy(&b[..n]).into_owned();
         eprintln!("{timer:?}: expect-continue first bytes: {first:?}");
         let (rest, _) = write_then_read(&mut s, b"abcd", Instant::now(), LONG).await;
@@ -737,15 +845,22 @@ async fn malformed_chunked_request_body_is_a_400() {
     let mut faults = Vec::new();
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |_| {})).await;
-        for body in [&b"zz\r\nabc\r\n0\r\n\r\n"[..], b"ffffffffffffffffff\r\nabc\r\n"] {
+        for body in [
+            &b"zz\r\nabc\r\n0\r\n\r\n"[..],
+            b"ffffffffffffffffff\r\nabc\r\n",
+        ] {
             let mut s = TcpStream::connect(proxy).await.unwrap();
-            let mut req = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            let mut req =
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
             req.extend_from_slice(body);
             let (got, closed) = write_then_read(&mut s, &req, Instant::now(), LONG).await;
             assert!(closed.is_some(), "{timer:?}: left open");
             let first = statuses(&got).first().copied().unwrap_or("none");
             if first != "400" {
-                faults.push(format!("{timer:?} {:?}: {first}", String::from_utf8_lossy(&body[..6])));
+                faults.push(format!(
+                    "{timer:?} {:?}: {first}",
+                    String::from_utf8_lossy(&body[..6])
+                ));
             }
         }
     }
@@ -768,7 +883,9 @@ async fn raw_upstream_reading_chunked() -> SocketAddr {
                         Ok(n) => buf.extend_from_slice(&b[..n]),
                     }
                 }
-                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n").await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                    .await;
             });
         }
     });
@@ -807,10 +924,15 @@ async fn resets_half_closes_and_a_connect_storm() {
         }
         // A half-closed client (FIN after a whole request): observe what it gets.
         let mut s = TcpStream::connect(proxy).await.unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
         s.shutdown().await.unwrap();
         let (got, closed) = write_then_read(&mut s, b"", Instant::now(), LONG).await;
-        eprintln!("{timer:?}: half-closed client got {:?}, closed {closed:?}", &got[..got.len().min(40)]);
+        eprintln!(
+            "{timer:?}: half-closed client got {:?}, closed {closed:?}",
+            &got[..got.len().min(40)]
+        );
         assert!(closed.is_some());
         // 1000 connects at once, each one GET: all 200.
         let mut tasks = Vec::new();
