@@ -963,3 +963,36 @@ async fn resets_half_closes_and_a_connect_storm() {
     }
     assert_no_panic();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_partial_second_head_is_closed_at_header_timeout() {
+    // A whole request, then half of a second head, then nothing: the first is answered,
+    // the second's head is timed by the header timeout (0.5 s), never closed before it.
+    watch_for_panics();
+    let header = Duration::from_millis(500);
+    let up = backend(Duration::ZERO).await;
+    for timer in TIMERS {
+        let proxy = proxy(cfg(up, timer, |c| c.header_read_timeout = header)).await;
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        let t = Instant::now();
+        let (got, closed) = write_then_read(
+            &mut s,
+            b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHo",
+            t,
+            LONG,
+        )
+        .await;
+        assert_eq!(
+            statuses(&got).first().copied(),
+            Some("200"),
+            "{timer:?}: {got:?}"
+        );
+        let closed = closed.unwrap_or_else(|| panic!("{timer:?}: never closed"));
+        assert!(closed >= header, "{timer:?}: closed after {closed:?}");
+        eprintln!(
+            "{timer:?}: partial second head closed after {closed:?}: {:?}",
+            statuses(&got)
+        );
+    }
+    assert_no_panic();
+}
