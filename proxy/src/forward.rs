@@ -48,6 +48,12 @@ pub async fn forward<T: ProxyTimer>(
     // early one is a real early fire.
     let due = timer.now() + deadline;
     let response = match timer.timeout(deadline, upstream.send(request)).await {
+        // A switch of protocols the proxy never asked for (it strips `Upgrade` from
+        // requests) and cannot carry: forwarding the 101 without its `Upgrade` header
+        // would break the client's framing.
+        Ok(Ok(response)) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            answer(StatusCode::BAD_GATEWAY, "upstream switched protocols\n")
+        }
         Ok(Ok(mut response)) => {
             strip_hop_by_hop(response.headers_mut());
             response.map(Either::Left)
@@ -58,6 +64,11 @@ pub async fn forward<T: ProxyTimer>(
         }
         Ok(Err(UpstreamError::ConnectTimedOut)) => {
             answer(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
+        }
+        // A user error in the upstream call is the request body failing as it was sent:
+        // the client's body was malformed (a bad chunk size), not the upstream.
+        Ok(Err(UpstreamError::Http(error))) if error.is_user() => {
+            answer(StatusCode::BAD_REQUEST, "malformed request body\n")
         }
         Ok(Err(UpstreamError::Connect(_) | UpstreamError::Http(_))) => {
             answer(StatusCode::BAD_GATEWAY, "upstream failed\n")

@@ -1,18 +1,19 @@
-//! The per-connection idle timeout: a stream wrapper whose sleep moves on every read and
-//! write, and which fails the connection's I/O once the sleep ends.
+//! The per-connection idle timeout: a stream wrapper that notes when bytes last moved,
+//! and a watch beside hyper's connection future that ends the connection once none have
+//! for the idle time.
 //!
-//! Living inside the stream (rather than in a `select!` beside hyper's connection future)
-//! lets every byte moved reset the deadline without any state shared between tasks, and
-//! the timeout reaches hyper as an ordinary I/O error, after which hyper drops (and so
-//! closes) the socket. hyper polls the stream for reading whenever it waits on the client,
-//! between requests and while a request is upstream, and for writing while the client does
-//! not read; each `Pending` polls the sleep too, so a stalled client is noticed in every
-//! one of those states.
+//! The watch runs in the connection's own task (a `select!` with hyper's future), not in
+//! the stream: hyper does not always poll the stream while a response is in progress (with
+//! unread client bytes buffered, such as a pipelined request or a stray CRLF, it waits on
+//! the upstream alone), so a timer polled only from the stream's `Pending` could be left
+//! unpolled for as long as the upstream stalls, and the connection, with its upstream
+//! socket, held for ever. Ending the connection future drops the socket and the request
+//! in flight, and with it the upstream connection.
 
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -21,68 +22,80 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::stats::Stats;
 use crate::timer::ProxyTimer;
 
-/// A stream that fails with [`io::ErrorKind::TimedOut`] after `idle` with no byte moved.
+/// When bytes last moved on one connection, shared by its stream and its watch: nanoseconds
+/// after the connection's start, on the timer's clock.
+pub struct Activity {
+    start: Instant,
+    last: AtomicU64,
+}
+
+impl Activity {
+    /// Activity counted from `start` (the connection's first moment).
+    pub fn new(start: Instant) -> Self {
+        Self {
+            start,
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes moved at `now`.
+    fn touch(&self, now: Instant) {
+        let since =
+            u64::try_from(now.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX);
+        self.last.fetch_max(since, Ordering::Relaxed);
+    }
+
+    /// When bytes last moved.
+    fn last(&self) -> Instant {
+        self.start + Duration::from_nanos(self.last.load(Ordering::Relaxed))
+    }
+}
+
+/// A stream that notes in its [`Activity`] every read and write that moves bytes.
 pub struct IdleIo<S, T: ProxyTimer> {
     stream: S,
     timer: T,
-    idle: Duration,
-    sleep: T::Sleep,
-    /// Where `sleep` ends, for the lateness `stats` records when it does.
-    deadline: Instant,
-    stats: Arc<Stats>,
+    activity: Arc<Activity>,
 }
 
 impl<S, T: ProxyTimer> IdleIo<S, T> {
-    /// Wraps `stream`; the first deadline is `idle` from now. A timeout is recorded in
-    /// `stats.idle_timeouts`.
-    pub fn new(stream: S, timer: T, idle: Duration, stats: Arc<Stats>) -> Self {
-        let deadline = timer.now() + idle;
-        let sleep = timer.sleep_until(deadline);
+    /// Wraps `stream`, noting its activity in `activity`.
+    pub fn new(stream: S, timer: T, activity: Arc<Activity>) -> Self {
         Self {
             stream,
             timer,
-            idle,
-            sleep,
-            deadline,
-            stats,
+            activity,
         }
     }
 
-    /// Bytes moved: the deadline moves to `idle` from now. The next `Pending` polls the
-    /// sleep, which is what arms it at its new deadline.
-    fn touch(&mut self) {
-        self.deadline = self.timer.now() + self.idle;
-        self.timer.reset(&mut self.sleep, self.deadline);
+    fn touch(&self) {
+        self.activity.touch(self.timer.now());
     }
+}
 
-    /// The stream is not ready: the connection is still idle, or its time is up.
-    fn poll_idle<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
-        match Pin::new(&mut self.sleep).poll(cx) {
-            Poll::Ready(()) => {
-                let now = self.timer.now();
-                self.stats.idle_timeouts.record(self.deadline, now);
-                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")))
-            }
-            Poll::Pending => Poll::Pending,
+/// Waits until the connection has moved no byte for `idle`, by `activity`, then records
+/// how late it noticed in `stats.idle_timeouts` and returns: the caller ends the
+/// connection. Never before `idle` has passed since the last byte, as the sleep is armed
+/// for exactly that and looked at again whenever it ends.
+pub async fn idle_watch<T: ProxyTimer>(
+    timer: T,
+    activity: Arc<Activity>,
+    idle: Duration,
+    stats: Arc<Stats>,
+) {
+    let mut deadline = activity.last() + idle;
+    let mut sleep = timer.sleep_until(deadline);
+    loop {
+        (&mut sleep).await;
+        let due = activity.last() + idle;
+        if due > deadline {
+            // Bytes moved since the sleep was armed: wait for the new deadline.
+            deadline = due;
+            timer.reset(&mut sleep, deadline);
+            continue;
         }
-    }
-
-    /// A write's outcome: `n > 0` bytes written resets the deadline, `Pending` checks it.
-    fn after_write(
-        &mut self,
-        cx: &mut Context<'_>,
-        polled: Poll<io::Result<usize>>,
-    ) -> Poll<io::Result<usize>> {
-        match polled {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    self.touch();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Pending => self.poll_idle(cx),
-            failed => failed,
-        }
+        stats.idle_timeouts.record(deadline, timer.now());
+        return;
     }
 }
 
@@ -94,16 +107,21 @@ impl<S: AsyncRead + Unpin, T: ProxyTimer> AsyncRead for IdleIo<S, T> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    this.touch();
-                }
-                Poll::Ready(Ok(()))
-            }
-            Poll::Pending => this.poll_idle(cx),
-            failed => failed,
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.touch();
         }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin, T: ProxyTimer> IdleIo<S, T> {
+    /// A write's outcome: `n > 0` bytes written is activity.
+    fn after_write(&self, polled: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        polled
     }
 }
 
@@ -115,7 +133,7 @@ impl<S: AsyncWrite + Unpin, T: ProxyTimer> AsyncWrite for IdleIo<S, T> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
-        this.after_write(cx, polled)
+        this.after_write(polled)
     }
 
     fn poll_write_vectored(
@@ -125,7 +143,7 @@ impl<S: AsyncWrite + Unpin, T: ProxyTimer> AsyncWrite for IdleIo<S, T> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
-        this.after_write(cx, polled)
+        this.after_write(polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -133,11 +151,7 @@ impl<S: AsyncWrite + Unpin, T: ProxyTimer> AsyncWrite for IdleIo<S, T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_flush(cx) {
-            Poll::Pending => this.poll_idle(cx),
-            done => done,
-        }
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

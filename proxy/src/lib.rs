@@ -26,7 +26,7 @@ pub use backend::{BODY, serve_backend};
 pub use client::{Client, ClientError};
 pub use config::{Command, Config, TimerKind, USAGE};
 pub use forward::{ProxyBody, forward};
-pub use idle_io::IdleIo;
+pub use idle_io::{Activity, IdleIo, idle_watch};
 pub use runtime::run_blocking;
 pub use server::{Proxy, listen};
 pub use stats::{Lateness, LatenessSummary, Stats};

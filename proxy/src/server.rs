@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use crate::config::{Config, TimerKind};
 use crate::forward::forward;
-use crate::idle_io::IdleIo;
+use crate::idle_io::{Activity, IdleIo, idle_watch};
 use crate::stats::Stats;
 use crate::timer::{CorewheelTimer, ProxyTimer, TokioTimer};
 use crate::upstream::Upstream;
@@ -111,13 +111,14 @@ async fn serve_client<T: ProxyTimer>(
 ) {
     // Small requests and responses: waiting to coalesce them only adds latency.
     let _ = stream.set_nodelay(true);
-    let idle = IdleIo::new(
-        stream,
+    let activity = Arc::new(Activity::new(timer.now()));
+    let watch = idle_watch(
         timer.clone(),
+        Arc::clone(&activity),
         config.idle_timeout,
         Arc::clone(&stats),
     );
-    let io = TokioIo::new(idle);
+    let io = TokioIo::new(IdleIo::new(stream, timer.clone(), activity));
     let upstream = Arc::new(Upstream::new(
         config.upstream,
         timer.clone(),
@@ -131,11 +132,15 @@ async fn serve_client<T: ProxyTimer>(
         let stats = Arc::clone(&stats);
         async move { forward(&upstream, &timer, deadline, &stats, request).await }
     });
-    // The connection's end, whatever its cause (the client closed, a timeout, bad input
-    // already answered), concerns this connection only.
-    let _ = hyper::server::conn::http1::Builder::new()
+    let connection = hyper::server::conn::http1::Builder::new()
         .timer(hyper_timer)
         .header_read_timeout(config.header_read_timeout)
-        .serve_connection(io, service)
-        .await;
+        .serve_connection(io, service);
+    // The connection's end, whatever its cause (the client closed, a timeout, bad input
+    // already answered), concerns this connection only. An idle timeout drops the
+    // connection future, which closes the socket and the upstream call in flight.
+    tokio::select! {
+        _ = connection => {}
+        () = watch => {}
+    }
 }
