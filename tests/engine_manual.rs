@@ -7,11 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::manual as engine;
+use common::{manual as engine, run_for};
 
 use corewheel::{
-    BuildError, Clock, ManualClock, MissedTicks, PendingTimers, ScheduleError, ShutdownReport,
-    TimerEngine,
+    BuildError, Clock, MissedTicks, PendingTimers, ScheduleError, ShutdownReport, TimerEngine,
 };
 
 fn ms(n: u64) -> Duration {
@@ -31,14 +30,6 @@ fn counter() -> (Arc<AtomicUsize>, impl Fn() -> Box<dyn FnOnce() + Send>) {
         }
     };
     (count, make)
-}
-
-/// Advances the clock one millisecond at a time, turning the engine after each step.
-fn run_for(engine: &TimerEngine, clock: &ManualClock, millis: u64) {
-    for _ in 0..millis {
-        clock.advance(ms(1));
-        engine.turn();
-    }
 }
 
 #[test]

@@ -10,34 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{Live, Witness, leaked_unpinned, manual, within};
+use common::{Live, Witness, leaked_unpinned, manual, recording, run_for, within};
 use corewheel::{Clock, KeyedTimers, ManualClock, PendingTimers, Refused, TimerEngine};
 
 const MS: Duration = Duration::from_millis(1);
-
-fn run_for(engine: &TimerEngine, clock: &ManualClock, ms: u64) {
-    for _ in 0..ms {
-        clock.advance(MS);
-        engine.turn();
-    }
-}
-
-type Seen = Arc<Mutex<Vec<(u32, u32, u64)>>>;
-
-fn recording<'e>(
-    engine: &'e TimerEngine,
-    clock: &ManualClock,
-) -> (KeyedTimers<'e, u32, u32>, Seen) {
-    let seen: Seen = Arc::default();
-    let sink = Arc::clone(&seen);
-    let clock = clock.clone();
-    let start = clock.now();
-    let timers = KeyedTimers::with_engine(engine, move |key, value| {
-        let ms = (clock.now() - start).as_millis() as u64;
-        sink.lock().unwrap().push((key, value, ms));
-    });
-    (timers, seen)
-}
 
 // ---------------------------------------------------------------------------------------
 // Findings

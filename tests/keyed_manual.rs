@@ -7,39 +7,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::manual;
-use corewheel::{Clock, KeyedTimers, ManualClock, Refused, ScheduleError, TimerEngine};
+use common::{Seen, manual, recording, run_for};
+use corewheel::{KeyedTimers, Refused, ScheduleError, TimerEngine};
 
 const MS: Duration = Duration::from_millis(1);
-
-/// What the handler saw: (key, value, engine time in ms since the test started).
-type Seen = Arc<Mutex<Vec<(u32, u32, u64)>>>;
-
-/// Keyed timers on `engine` whose handler records what it saw, read against `clock`.
-fn keyed<'e>(engine: &'e TimerEngine, clock: &ManualClock) -> (KeyedTimers<'e, u32, u32>, Seen) {
-    let seen: Seen = Arc::default();
-    let sink = Arc::clone(&seen);
-    let clock = clock.clone();
-    let start = clock.now();
-    let timers = KeyedTimers::with_engine(engine, move |key, value| {
-        let ms = (clock.now() - start).as_millis() as u64;
-        sink.lock().unwrap().push((key, value, ms));
-    });
-    (timers, seen)
-}
-
-/// A one-worker manual engine whose turns run on this thread, and its clock.
-fn setup() -> (TimerEngine, ManualClock) {
-    manual(1)
-}
-
-/// Advances `ms` one millisecond at a time, turning the engine at each.
-fn run_for(engine: &TimerEngine, clock: &ManualClock, ms: u64) {
-    for _ in 0..ms {
-        clock.advance(MS);
-        engine.turn();
-    }
-}
 
 fn seen(seen: &Seen) -> Vec<(u32, u32, u64)> {
     seen.lock().unwrap().clone()
@@ -47,8 +18,8 @@ fn seen(seen: &Seen) -> Vec<(u32, u32, u64)> {
 
 #[test]
 fn set_timer_fires_at_its_deadline_with_its_value() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     assert_eq!(timers.set(1, 10, Duration::from_millis(40)), Ok(None));
     assert!(timers.contains(&1));
     assert_eq!(timers.len(), 1);
@@ -67,8 +38,8 @@ fn set_timer_fires_at_its_deadline_with_its_value() {
 
 #[test]
 fn set_timer_twice_replaces_value_and_deadline() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_millis(40)).unwrap();
     run_for(&engine, &clock, 10);
     assert_eq!(
@@ -88,8 +59,8 @@ fn set_timer_twice_replaces_value_and_deadline() {
 
 #[test]
 fn set_timer_soon_fires_on_the_next_tick() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 1, Duration::from_micros(10)).unwrap();
     timers.set(2, 2, Duration::ZERO).unwrap();
     engine.turn();
@@ -107,8 +78,8 @@ fn set_timer_soon_fires_on_the_next_tick() {
 
 #[test]
 fn set_timer_with_an_absurd_delay_never_fires_and_never_panics() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 1, Duration::MAX).unwrap();
     run_for(&engine, &clock, 5);
     clock.advance(Duration::from_secs(86_400 * 365));
@@ -122,8 +93,8 @@ fn set_timer_with_an_absurd_delay_never_fires_and_never_panics() {
 
 #[test]
 fn set_timer_after_close_is_refused_with_the_value() {
-    let (engine, clock) = setup();
-    let (timers, _handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, _handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_secs(1)).unwrap();
     let mut stopped = Vec::new();
     assert_eq!(timers.stop(|key, value| stopped.push((key, value))), 1);
@@ -136,8 +107,8 @@ fn set_timer_after_close_is_refused_with_the_value() {
 
 #[test]
 fn set_timer_on_a_shut_down_engine_is_refused_with_the_value() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     engine.shutdown(corewheel::PendingTimers::Drop);
     let refused = timers.set(1, 10, MS).unwrap_err();
     assert_eq!(refused.value, 10);
@@ -147,8 +118,8 @@ fn set_timer_on_a_shut_down_engine_is_refused_with_the_value() {
 
 #[test]
 fn move_timer_later() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_millis(20)).unwrap();
     run_for(&engine, &clock, 10);
     assert!(timers.move_to(&1, Duration::from_millis(30)));
@@ -160,8 +131,8 @@ fn move_timer_later() {
 
 #[test]
 fn move_timer_earlier() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_millis(50)).unwrap();
     run_for(&engine, &clock, 10);
     assert!(timers.move_to(&1, Duration::from_millis(5)));
@@ -179,8 +150,8 @@ fn move_timer_earlier() {
 
 #[test]
 fn move_timer_soon_fires_on_the_next_tick() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_secs(60)).unwrap();
     assert!(timers.move_to(&1, Duration::ZERO));
     run_for(&engine, &clock, 1);
@@ -189,8 +160,8 @@ fn move_timer_soon_fires_on_the_next_tick() {
 
 #[test]
 fn move_of_a_missing_key_is_a_no_op() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     assert!(!timers.move_to(&7, MS));
     timers.set(1, 10, MS).unwrap();
     run_for(&engine, &clock, 1);
@@ -202,8 +173,8 @@ fn move_of_a_missing_key_is_a_no_op() {
 
 #[test]
 fn set_and_move_twice() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_millis(10)).unwrap();
     assert!(timers.move_to(&1, Duration::from_millis(30)));
     assert!(timers.move_to(&1, Duration::from_millis(20)));
@@ -215,8 +186,8 @@ fn set_and_move_twice() {
 
 #[test]
 fn remove_timer_hands_the_value_back_and_never_fires() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_millis(10)).unwrap();
     assert_eq!(timers.remove(&1), Some(10));
     assert_eq!(timers.remove(&1), None, "a second remove finds nothing");
@@ -231,8 +202,8 @@ fn remove_timer_hands_the_value_back_and_never_fires() {
 
 #[test]
 fn remove_then_set_starts_afresh() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_millis(10)).unwrap();
     run_for(&engine, &clock, 5);
     assert_eq!(timers.remove(&1), Some(10));
@@ -248,8 +219,8 @@ fn remove_then_set_starts_afresh() {
 
 #[test]
 fn move_and_remove() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_millis(10)).unwrap();
     assert!(timers.move_to(&1, Duration::from_millis(3)));
     assert_eq!(timers.remove(&1), Some(10));
@@ -259,8 +230,8 @@ fn move_and_remove() {
 
 #[test]
 fn elapsed_and_set_fires_again() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_millis(5)).unwrap();
     run_for(&engine, &clock, 5);
     assert_eq!(
@@ -275,8 +246,8 @@ fn elapsed_and_set_fires_again() {
 
 #[test]
 fn drain_hands_every_pending_entry_over_and_leaves_nothing() {
-    let (engine, clock) = setup();
-    let (timers, handled) = keyed(&engine, &clock);
+    let (engine, clock) = manual(1);
+    let (timers, handled) = recording(&engine, &clock);
     timers.set(1, 10, Duration::from_millis(4)).unwrap();
     timers.set(2, 20, Duration::from_millis(7)).unwrap();
     timers.set(3, 30, Duration::from_millis(7)).unwrap();
@@ -293,7 +264,7 @@ fn drain_hands_every_pending_entry_over_and_leaves_nothing() {
 
 #[test]
 fn drop_cancels_every_timer_and_drops_the_values() {
-    let (engine, clock) = setup();
+    let (engine, clock) = manual(1);
     let dropped = Arc::new(());
     let handled = Arc::new(Mutex::new(0));
     let sink = Arc::clone(&handled);
@@ -315,7 +286,7 @@ fn drop_cancels_every_timer_and_drops_the_values() {
 /// A repeating TTL: the handler sets its key again.
 #[test]
 fn the_handler_may_set_its_key_again() {
-    let (engine, clock) = setup();
+    let (engine, clock) = manual(1);
     let fires = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&fires);
     let slot: Arc<Mutex<Option<&'static KeyedTimers<'static, u32, u32>>>> = Arc::default();
@@ -344,7 +315,7 @@ fn the_handler_may_set_its_key_again() {
 
 #[test]
 fn a_panicking_handler_is_contained_and_counted() {
-    let (engine, clock) = setup();
+    let (engine, clock) = manual(1);
     let timers = KeyedTimers::with_engine(&engine, |key: u32, _: u32| {
         if key == 1 {
             panic!("handler failure (expected by the test)");

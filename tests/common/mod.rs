@@ -1,6 +1,6 @@
-//! Helpers shared by the integration tests that race threads against an engine: a time
-//! limit that turns a hang into a failure, counted captures, and engines of unpinned
-//! workers.
+//! Helpers shared by the integration tests: a time limit that turns a hang into a
+//! failure, counted captures, engines of unpinned workers, a hand-driven engine turned a
+//! millisecond at a time, and keyed timers whose handler records what it is given.
 // Each test file uses only some of these.
 #![allow(dead_code)]
 
@@ -11,7 +11,9 @@ use std::sync::{Arc, mpsc};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use corewheel::{ManualClock, TimerEngine};
+use std::sync::Mutex;
+
+use corewheel::{Clock, KeyedTimers, ManualClock, TimerEngine};
 
 /// Runs `f` on a thread of its own and waits at most `limit` for it: a body that never
 /// returns fails the test (naming `what`) instead of hanging the suite.
@@ -111,4 +113,32 @@ impl Wakes {
 /// Polls `future` once with `waker`.
 pub fn poll<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Poll<F::Output> {
     Pin::new(future).poll(&mut Context::from_waker(waker))
+}
+
+/// Advances the clock one millisecond at a time, turning the engine after each step.
+pub fn run_for(engine: &TimerEngine, clock: &ManualClock, millis: u64) {
+    for _ in 0..millis {
+        clock.advance(Duration::from_millis(1));
+        engine.turn();
+    }
+}
+
+/// What a recording handler saw: (key, value, milliseconds since it was made, by the
+/// clock it was given).
+pub type Seen = Arc<Mutex<Vec<(u32, u32, u64)>>>;
+
+/// Keyed timers on `engine` whose handler records what it is given, timed by `clock`.
+pub fn recording<'e>(
+    engine: &'e TimerEngine,
+    clock: &ManualClock,
+) -> (KeyedTimers<'e, u32, u32>, Seen) {
+    let seen: Seen = Arc::default();
+    let sink = Arc::clone(&seen);
+    let clock = clock.clone();
+    let start = clock.now();
+    let timers = KeyedTimers::with_engine(engine, move |key, value| {
+        let ms = (clock.now() - start).as_millis() as u64;
+        sink.lock().unwrap().push((key, value, ms));
+    });
+    (timers, seen)
 }
