@@ -8,22 +8,12 @@
 //! `Mutex<HashMap>` with the same surface stands in, so that the models check the same
 //! key-state logic.
 
-/// What an [`edit`](KeyMap::edit) does to the key's slot.
-pub(crate) enum Change<V> {
-    /// Leaves the slot as it is (empty or not).
-    Keep,
-    /// Stores a value, in place of any there.
-    Put(V),
-}
-
 #[cfg(not(loom))]
 mod imp {
     use std::hash::Hash;
 
     use dashmap::DashMap;
     use dashmap::mapref::entry::Entry;
-
-    use super::Change;
 
     pub(crate) struct KeyMap<K, V>(DashMap<K, V>);
 
@@ -32,32 +22,29 @@ mod imp {
             Self(DashMap::new())
         }
 
-        /// Runs `f` on `key`'s slot under the key's lock; returns what `f` returned and the
-        /// value a `Put` replaced.
+        /// Runs `f` on `key`'s slot under the key's lock and returns what it returned: `f`
+        /// changes an occupied slot in place, and may give an empty one a value to hold.
         pub(crate) fn edit<R>(
             &self,
             key: K,
-            f: impl FnOnce(Option<&mut V>) -> (R, Change<V>),
-        ) -> (R, Option<V>) {
+            f: impl FnOnce(Option<&mut V>) -> (R, Option<V>),
+        ) -> R {
             match self.0.entry(key) {
                 Entry::Occupied(mut slot) => {
-                    let (answer, change) = f(Some(slot.get_mut()));
-                    let replaced = match change {
-                        Change::Keep => None,
-                        Change::Put(value) => Some(slot.insert(value)),
-                    };
+                    let (answer, fill) = f(Some(slot.get_mut()));
+                    debug_assert!(fill.is_none(), "an occupied slot is changed in place");
                     // The entry holds the key `edit` was given, whose drop is user code: if
-                    // it panics, the unwinding drops `answer` and `replaced`, which a drop
-                    // after they became the return value would leak.
+                    // it panics, the unwinding drops `answer`, which a drop after it became
+                    // the return value would leak.
                     drop(slot);
-                    (answer, replaced)
+                    answer
                 }
                 Entry::Vacant(slot) => {
-                    let (answer, change) = f(None);
-                    if let Change::Put(value) = change {
+                    let (answer, fill) = f(None);
+                    if let Some(value) = fill {
                         slot.insert(value);
                     }
-                    (answer, None)
+                    answer
                 }
             }
         }
@@ -100,7 +87,6 @@ mod imp {
     use std::collections::HashMap;
     use std::hash::Hash;
 
-    use super::Change;
     use crate::sync::Mutex;
 
     pub(crate) struct KeyMap<K, V>(Mutex<HashMap<K, V>>);
@@ -119,13 +105,18 @@ mod imp {
         pub(crate) fn edit<R>(
             &self,
             key: K,
-            f: impl FnOnce(Option<&mut V>) -> (R, Change<V>),
-        ) -> (R, Option<V>) {
+            f: impl FnOnce(Option<&mut V>) -> (R, Option<V>),
+        ) -> R {
             let mut map = self.map();
-            match f(map.get_mut(&key)) {
-                (answer, Change::Keep) => (answer, None),
-                (answer, Change::Put(value)) => (answer, map.insert(key, value)),
+            let (answer, fill) = f(map.get_mut(&key));
+            if let Some(value) = fill {
+                debug_assert!(
+                    !map.contains_key(&key),
+                    "an occupied slot is changed in place"
+                );
+                map.insert(key, value);
             }
+            answer
         }
 
         pub(crate) fn with<R>(&self, key: &K, f: impl FnOnce(&V) -> R) -> Option<R> {

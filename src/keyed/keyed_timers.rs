@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::engine::TimerEngine;
 use crate::engine::handle::TimerHandle;
 use crate::error::{KeyedError, Refused};
-use crate::keyed::key_map::{Change, KeyMap};
+use crate::keyed::key_map::KeyMap;
 use crate::keyed::token;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, Ordering};
@@ -141,32 +141,31 @@ where
     /// are: zero fires on the next tick, and one too long to add to now never fires.
     ///
     /// A key whose timer began to fire before this `set` took the key's lock gets a new
-    /// timer: the fire then finds it pending and leaves it, and the old value comes back
-    /// here rather than reaching the handler.
+    /// timer: the fire then finds another token in the slot and leaves it, and the old
+    /// value comes back here rather than reaching the handler.
     pub fn set(&self, key: K, value: V, delay: Duration) -> Result<Option<V>, KeyedError<V>> {
         if self.inner.stopped.load(Ordering::Acquire) {
             return Err(KeyedError::new(value, Refused::Stopped));
         }
         let for_timer = key.clone();
-        let ((outcome, unused_key), _) = self.inner.map.edit(key, |slot| {
+        let (outcome, unused_key) = self.inner.map.edit(key, |slot| {
             // Looked at again under the lock: `stop` sets the flag before it empties the
             // map, so a `set` that misses it here is one `stop` then finds.
             if self.inner.stopped.load(Ordering::Acquire) {
                 let refused = Err(KeyedError::new(value, Refused::Stopped));
-                return ((refused, Some(for_timer)), Change::Keep);
+                return ((refused, Some(for_timer)), None);
             }
             match slot {
-                Some(slot) if self.engine.reset(slot.timer, delay) => (
-                    (Ok(slot.value.replace(value)), Some(for_timer)),
-                    Change::Keep,
-                ),
+                Some(slot) if self.engine.reset(slot.timer, delay) => {
+                    ((Ok(slot.value.replace(value)), Some(for_timer)), None)
+                }
                 // Firing: its callback waits for this lock, and finds another token here.
                 Some(slot) => match self.arm(for_timer, delay) {
                     Ok((timer, token)) => {
                         (slot.timer, slot.token) = (timer, token);
-                        ((Ok(slot.value.replace(value)), None), Change::Keep)
+                        ((Ok(slot.value.replace(value)), None), None)
                     }
-                    Err(reason) => ((Err(KeyedError::new(value, reason)), None), Change::Keep),
+                    Err(reason) => ((Err(KeyedError::new(value, reason)), None), None),
                 },
                 None => match self.arm(for_timer, delay) {
                     Ok((timer, token)) => {
@@ -175,9 +174,9 @@ where
                             timer,
                             token,
                         };
-                        ((Ok(None), None), Change::Put(slot))
+                        ((Ok(None), None), Some(slot))
                     }
-                    Err(reason) => ((Err(KeyedError::new(value, reason)), None), Change::Keep),
+                    Err(reason) => ((Err(KeyedError::new(value, reason)), None), None),
                 },
             }
         });
