@@ -255,10 +255,8 @@ where
     /// map, holding no lock. Returns how many it handed over.
     pub fn drain(&self, mut f: impl FnMut(K, V)) -> usize {
         let mut taken = Vec::new();
-        self.inner.map.take_all(|key, slot| {
-            let _cancelled = self.engine.cancel(slot.timer);
-            taken.extend(slot.value.take().map(|value| (key.clone(), value)));
-        });
+        self.inner
+            .take_all(self.engine, |key, value| taken.push((key.clone(), value)));
         let handed = taken.len();
         for (key, value) in taken {
             f(key, value);
@@ -291,6 +289,18 @@ where
 }
 
 impl<K: Eq + Hash, V> Inner<K, V> {
+    /// Empties the map in place (whatever the keys' `Eq` says), cancelling each key's
+    /// timer before showing `f` the key and handing it the value, under the key's lock:
+    /// `f` only collects.
+    fn take_all(&self, engine: &TimerEngine, mut f: impl FnMut(&K, V)) {
+        self.map.take_all(|key, slot| {
+            let _cancelled = engine.cancel(slot.timer);
+            if let Some(value) = slot.value.take() {
+                f(key, value);
+            }
+        });
+    }
+
     /// A key's timer fired: hands the key and value to the handler, if the slot is still
     /// this timer's (holds its `token`). A slot with another token belongs to a later
     /// `set` (this fire lost the race for the lock to it); no slot means a `remove`,
@@ -319,12 +329,9 @@ impl<K: Eq + Hash, V> Drop for KeyedTimers<'_, K, V> {
     /// others are still dropped.
     fn drop(&mut self) {
         self.inner.stopped.store(true, Ordering::SeqCst);
-        let engine = self.engine;
         let mut values = Vec::new();
-        self.inner.map.take_all(|_, slot| {
-            let _cancelled = engine.cancel(slot.timer);
-            values.extend(slot.value.take());
-        });
+        self.inner
+            .take_all(self.engine, |_, value| values.push(value));
         for value in values {
             let _panicked = crate::engine::panics::contain(move || drop(value));
         }
