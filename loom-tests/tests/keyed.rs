@@ -143,3 +143,68 @@ fn a_move_racing_the_fire_is_never_early_and_never_lost() {
         assert_eq!(engine.nodes_in_use(), 0);
     });
 }
+
+/// Set when the handler, and so the state the timers' callbacks find through their anchor,
+/// is dropped. A static, so that the handler can look at it without reading its own
+/// captures, which a premature free would have taken away; a std atomic, invisible to
+/// loom: it only records. Only the model below uses it.
+static FREED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Set by the handler if it saw [`FREED`] while it ran.
+static FREED_UNDER_HANDLER: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+fn freed() -> bool {
+    FREED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Moved into the handler: sets [`FREED`] when the handler is dropped.
+struct MarksFreed;
+
+impl Drop for MarksFreed {
+    fn drop(&mut self) {
+        FREED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn dropping_the_timers_racing_the_fire_never_frees_the_state_under_the_handler() {
+    model(None, || {
+        FREED.store(false, std::sync::atomic::Ordering::SeqCst);
+        FREED_UNDER_HANDLER.store(false, std::sync::atomic::Ordering::SeqCst);
+        let (engine, clock) = engine();
+        let handled = Handled::default();
+        let timers = {
+            let (marks, sink) = (MarksFreed, handled.clone());
+            KeyedTimers::with_engine(&engine, move |_: u32, value: u32| {
+                // A panic here would be caught and counted by the engine, so what the
+                // handler sees is recorded and checked by the model's own thread.
+                let before = freed();
+                // The drop may run here; the state must outlive this call all the same.
+                thread::yield_now();
+                if before || freed() {
+                    FREED_UNDER_HANDLER.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                let _ = &marks;
+                sink.lock().unwrap().push(value);
+            })
+        };
+        assert_eq!(timers.set(1, 10, ticks(1)), Ok(None));
+        clock.advance(ticks(1));
+        let worker = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || engine.turn())
+        };
+        drop(timers);
+        // Under loom the free waits for every read section, so it has run by now.
+        assert!(freed(), "the state outlived its KeyedTimers");
+        worker.join().unwrap();
+        assert!(
+            !FREED_UNDER_HANDLER.load(std::sync::atomic::Ordering::SeqCst),
+            "the state was freed under the running handler"
+        );
+        assert!(handled.lock().unwrap().len() <= 1, "10 handled twice");
+        settle(&engine, &clock);
+        assert_eq!(engine.nodes_in_use(), 0);
+    });
+}

@@ -6,9 +6,9 @@ use std::time::Duration;
 use crate::engine::TimerEngine;
 use crate::engine::handle::TimerHandle;
 use crate::error::{KeyedError, Refused};
+use crate::keyed::anchor::{self, Anchor};
 use crate::keyed::key_map::KeyMap;
 use crate::keyed::token;
-use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, Ordering};
 
 /// A timer per key, on a [`TimerEngine`]: when a key's timer expires, its key and value go
@@ -39,13 +39,18 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 /// counted in the engine's stats, and the value is dropped.
 ///
 /// **Cost**: a `set` is the engine's arm (or reset, for a key already pending) under one
-/// lock of the map (dashmap's, sharded), a clone of the key, and one increment of this
-/// `KeyedTimers`' reference count, which the timer's callback holds so that it can find
-/// the map (a read-modify-write on one cache line that every thread arming a new key
-/// shares: it costs little on a few cores, more on many); `remove` is a map removal and the
-/// engine's cancel. A key of up to one machine word (`u64`, a connection id) keeps the
-/// callback (the reference, the key and its token) in the timer's node; a larger one costs
-/// an allocation per new key's timer.
+/// lock of the map (dashmap's, sharded) and a clone of the key; `remove` is a map removal
+/// and the engine's cancel. Neither touches a cache line that other threads write, beyond
+/// the map's own lock: a timer's callback finds the map through a slot in a process-wide
+/// table, not a reference count. A fire reads that slot inside a crossbeam-epoch critical
+/// section, which the handler runs in too: a handler that blocks holds up the freeing of
+/// epoch-managed memory in the whole process. A key of up to one machine word (`u64`, a
+/// connection id) keeps the callback (the slot's index, the key and its token) in the
+/// timer's node; a larger one costs an allocation per new key's timer.
+///
+/// **Dropping** cancels every timer and drops the values at once; the handler is dropped
+/// once no timer of this `KeyedTimers` can still be firing: at once when no thread is in
+/// a crossbeam-epoch critical section, otherwise as a later one ends.
 ///
 /// **After the engine shuts down**, `set` is refused. With
 /// [`PendingTimers::Drop`](crate::PendingTimers::Drop) the entries still pending stay in
@@ -80,10 +85,10 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 /// ```
 pub struct KeyedTimers<'e, K: Eq + Hash, V> {
     engine: &'e TimerEngine,
-    inner: Arc<Inner<K, V>>,
+    inner: Anchor<Inner<K, V>>,
 }
 
-/// What the timers' callbacks share with the `KeyedTimers`.
+/// What the timers' callbacks share with the `KeyedTimers`, through its [`Anchor`].
 struct Inner<K: Eq + Hash, V> {
     map: KeyMap<K, Slot<V>>,
     handler: Box<dyn Fn(K, V) + Send + Sync>,
@@ -126,7 +131,7 @@ where
     ) -> Self {
         Self {
             engine,
-            inner: Arc::new(Inner {
+            inner: Anchor::new(Inner {
                 map: KeyMap::new(),
                 handler: Box::new(handler),
                 stopped: AtomicBool::new(false),
@@ -189,10 +194,13 @@ where
     /// Arms the timer that hands `key`'s value to the handler `delay` from now; returns
     /// it and its token.
     fn arm(&self, key: K, delay: Duration) -> Result<(TimerHandle, u64), Refused> {
-        let inner = Arc::clone(&self.inner);
+        let anchor = self.inner.index();
         let token = token::fresh();
         self.engine
-            .schedule(delay, move || inner.expire(key, token))
+            .schedule(delay, move || {
+                // Nothing, if this `KeyedTimers` has been dropped.
+                let _ = anchor::with(anchor, |inner: &Inner<K, V>| inner.expire(key, token));
+            })
             .map(|timer| (timer, token))
             .map_err(Refused::Engine)
     }

@@ -7,6 +7,7 @@
 //! closure more than once (papaya's `compute`) cannot hold a side effect such as arming a
 //! timer. The measurements behind the choice are in the perf harness's `keyed` workloads.
 
+pub(crate) mod anchor;
 pub(crate) mod key_map;
 pub(crate) mod keyed_timers;
 pub(crate) mod token;

@@ -6,7 +6,9 @@
 //! - [`timer_state`]: the one word per pooled timer that decides every race between a
 //!   cancel, a reset, the owner firing it and the pool taking it back;
 //! - [`run_queue`]: the ring of claimed timers that the owner and idle workers take runs
-//!   from.
+//!   from;
+//! - `grace` (with the `keyed` feature): read sections and frees deferred past them
+//!   (crossbeam-epoch's, or a loom model of it).
 //!
 //! This layer knows nothing of wheels, shards or callbacks: each piece is generic over the
 //! nodes it links, or works on plain words, so that its loom model checks it alone.
@@ -19,6 +21,8 @@
 //! weak engine reference a thread's context holds (loom has no `Weak`; see `context`), and
 //! the channel `build` uses once to hear that each worker has started.
 
+#[cfg(feature = "keyed")]
+pub(crate) mod grace;
 pub(crate) mod mpsc;
 pub(crate) mod run_queue;
 pub(crate) mod timer_state;

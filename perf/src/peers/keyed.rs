@@ -144,9 +144,18 @@ impl Keyed for DelayQueueMap {
 /// The slot `KeyedTimers` keeps per key (a value and a handle), for the map-only subjects.
 type Slot = (u64, u64, u64);
 
-/// dashmap alone: `set` is an entry upsert, `move_to` a `get_mut`, `remove` a removal.
-#[derive(Default)]
+/// dashmap alone: `set` is an entry upsert, `move_to` a `get_mut`, `remove` a removal,
+/// with as many shards as `KeyedTimers` gives its map (16 per CPU, not dashmap's default 4).
 pub struct DashMapOnly(dashmap::DashMap<u64, Slot>);
+
+impl Default for DashMapOnly {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        Self(dashmap::DashMap::with_shard_amount(
+            (cpus * 16).next_power_of_two(),
+        ))
+    }
+}
 
 impl Keyed for DashMapOnly {
     fn set(&self, key: u64, value: u64, _: Duration) -> Result<(), String> {
