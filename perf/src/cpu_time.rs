@@ -97,6 +97,31 @@ pub fn named_threads_cpu_time(_prefix: &str) -> Option<Duration> {
     None
 }
 
+/// Context switches (voluntary and not) of this process's live threads so far, from
+/// `/proc/self/task/*/status`: how often its threads went to sleep or were put off the
+/// CPU, which at light load is mostly how often they woke. `None` where that is missing.
+#[cfg(target_os = "linux")]
+pub fn process_context_switches() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        total += status
+            .lines()
+            .filter(|line| line.contains("ctxt_switches"))
+            .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
+}
+
+/// Context switches of this process's threads; `None` off Linux.
+#[cfg(not(target_os = "linux"))]
+pub fn process_context_switches() -> Option<u64> {
+    None
+}
+
 /// `later - earlier`, when both readings exist.
 pub fn cpu_between(earlier: Option<Duration>, later: Option<Duration>) -> Option<Duration> {
     Some(later?.saturating_sub(earlier?))

@@ -70,6 +70,7 @@ OPTIONS:
     --workloads LIST   comma-separated, default all but proxy:
                        arm-cancel, engine-arm-cancel, live-1m, engine-live-1m,
                        reset-heavy, engine-reset, fire-storm, burst-steal, steady-mix,
+                       light-load,
                        async-sleep, async-timeout, async-reset,
                        keyed-set-remove, keyed-set-over, keyed-move, and proxy (only
                        when named: corewheel-proxy under load on loopback, on
@@ -77,8 +78,8 @@ OPTIONS:
                        --save perf/results/proxy)
     --peers LIST       comma-separated subjects, default all:
                        corewheel, delay-queue, binary-heap (single-thread workloads),
-                       engine, tokio-sleep (engine-* workloads, steady-mix),
-                       mutex-heap (engine-arm-cancel, engine-reset, steady-mix),
+                       engine, tokio-sleep (engine-* workloads, steady-mix, light-load),
+                       mutex-heap (engine-arm-cancel, engine-reset, steady-mix, light-load),
                        tokio-timeout, pingora-timeout (engine-arm-cancel only),
                        corewheel-async, tokio, tokio-alt, async-io, pingora-timeout
                        (async-* workloads; tokio-alt runs in a copy of the harness that
@@ -93,7 +94,7 @@ OPTIONS:
                        1,000,000; --full: 10,000,000 for live-1m and engine-live-1m)
     --mix-rate N       timers armed per second in steady-mix, all threads together
                        (default 1,000,000); it runs on the largest --threads count
-    --mix-seconds N    how long steady-mix runs (default 10)
+    --mix-seconds N    how long steady-mix runs, and light-load at each rate (default 10)
     --async-ops N      operations per thread in each async-* run (default 1,000,000;
                        --full: 10,000,000)
     --allocator NAME   the global allocator for the whole run: mimalloc (default) or system
@@ -104,7 +105,7 @@ OPTIONS:
                        10M live timers, 20M resets and keyed-* operations (default 2M)
     -h, --help         this text
 
-Every workload but fire-storm and steady-mix reports the median of 3 runs per subject;
+Every workload but fire-storm, steady-mix and light-load reports the median of 3 runs per subject;
 live-1m and engine-live-1m run each in a fresh child process so that RSS deltas are the
 subject's own. Plots of throughput against threads and of the fire storm's lateness go
 beside the CSV. When stderr is not a terminal, progress is one line per run and per
@@ -445,6 +446,12 @@ fn main() -> ExitCode {
                 },
                 &mut csv,
             ),
+            Workload::LightLoad => steady_mix::run_light(
+                subjects,
+                threads.iter().copied().max().unwrap_or(1),
+                Duration::from_secs(options.mix_seconds),
+                &mut csv,
+            ),
             Workload::BurstSteal => burst_steal::run(threads, sizes.storm_timers, &mut csv),
             Workload::Proxy => proxy::run(subjects, &mut csv),
             Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
@@ -636,6 +643,7 @@ fn planned_runs(options: &Options) -> u64 {
                     | Workload::AsyncTimeout
                     | Workload::AsyncReset => runs * threads,
                     Workload::FireStorm | Workload::SteadyMix => 1,
+                    Workload::LightLoad => steady_mix::LIGHT_RATES.len() as u64,
                     Workload::Proxy => proxy::steps(1),
                     // Stealing on and off, at each worker count above one.
                     Workload::BurstSteal => {

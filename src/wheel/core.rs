@@ -86,10 +86,18 @@ enum NextWork {
     Overflow,
 }
 
-/// Timers moved from the next block's coarse slot into the lookahead per idle poll: a few
-/// hundred microseconds of cache misses at most, so a poll that finds nothing due is never
-/// delayed by as much as a millisecond tick.
+/// Timers moved from the next block's coarse slot into the lookahead per idle poll, at
+/// least: a few hundred microseconds of cache misses at most, so a poll that finds nothing
+/// due is never delayed by as much as a millisecond tick. A poll moves more when the
+/// block's start is near (see [`WheelCore::fill_budget`]), and a slot of no more than this
+/// is left to the flip, which moves it at as little cost.
 const LOOKAHEAD_BUDGET: usize = 1024;
+
+/// The pace the wheel plans its moves ahead of time at: timers a tick. A coarse slot of
+/// `n` timers gets its first move at least `n / FILL_PER_TICK` ticks before they may be
+/// due, and each later poll moves twice its share of what is left, so that moving a
+/// million timers due in the same second never holds up a due timer by much.
+const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;
 
 impl Lists {
     #[inline]
@@ -230,7 +238,8 @@ impl WheelCore {
                 Some(due) if due.tick <= now => due,
                 _ => {
                     self.elapsed = now;
-                    self.fill_lookahead(nodes, LOOKAHEAD_BUDGET);
+                    let budget = self.fill_budget();
+                    self.fill_lookahead(nodes, budget);
                     return None;
                 }
             };
@@ -323,13 +332,27 @@ impl WheelCore {
         (earliest < NEVER).then_some(earliest)
     }
 
-    /// [`next_tick`](Self::next_tick) as an instant; the latest polled instant when a
-    /// timer is already due.
+    /// The tick by which the wheel should be polled again: [`next_tick`](Self::next_tick),
+    /// or earlier when a coarse slot with many timers comes up, so that polls can move
+    /// them down a little at a time before any of them is due (see [`FILL_PER_TICK`])
+    /// rather than all at once when the first is.
+    pub(crate) fn next_work_tick(&self) -> Option<u64> {
+        let due = self.next_tick();
+        let work = self.fill_tick().or_else(|| self.pre_block_tick());
+        match (due, work) {
+            (Some(due), Some(work)) => Some(due.min(work)),
+            (due, work) => due.or(work),
+        }
+    }
+
+    /// [`next_work_tick`](Self::next_work_tick) as an instant; the latest polled instant
+    /// when a timer is already due.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         if !self.lists.ready.is_empty() {
             return Some(self.last_poll.unwrap_or_else(|| self.ticks.origin()));
         }
-        self.next_tick().map(|tick| self.ticks.instant_at(tick))
+        self.next_work_tick()
+            .map(|tick| self.ticks.instant_at(tick))
     }
 
     pub(crate) fn elapsed(&self) -> u64 {
@@ -462,6 +485,68 @@ impl WheelCore {
         if let Some((start, slot)) = self.next_block() {
             self.fill_lookahead_block(nodes, start, slot, budget);
         }
+    }
+
+    /// The next block's start and the timers of its coarse slot not yet in the lookahead,
+    /// if there are any.
+    fn lookahead_left(&self) -> Option<(u64, u64)> {
+        let (start, slot) = self.next_block()?;
+        let left = u64::from(self.lists.levels[1].slots[slot].timers.len());
+        (left > 0).then_some((start, left))
+    }
+
+    /// How many timers a poll that finds nothing due moves into the lookahead: twice its
+    /// share of what is left over the ticks before the next block, and never fewer than
+    /// [`LOOKAHEAD_BUDGET`].
+    fn fill_budget(&self) -> usize {
+        let Some((start, left)) = self.lookahead_left() else {
+            return LOOKAHEAD_BUDGET;
+        };
+        let ticks_left = start.saturating_sub(self.elapsed).max(1);
+        let share = left.div_ceil(ticks_left).saturating_mul(2);
+        usize::try_from(share)
+            .unwrap_or(usize::MAX)
+            .max(LOOKAHEAD_BUDGET)
+    }
+
+    /// When the next block's coarse slot holds more than the flip should move at once: the
+    /// tick by which polls should start moving it, never before the next tick.
+    fn fill_tick(&self) -> Option<u64> {
+        let (start, left) = self.lookahead_left()?;
+        if left <= LOOKAHEAD_BUDGET as u64 {
+            return None;
+        }
+        let ticks_needed = left.div_ceil(FILL_PER_TICK);
+        Some(
+            start
+                .saturating_sub(ticks_needed)
+                .max(self.elapsed.saturating_add(1)),
+        )
+    }
+
+    /// When the wheel would sleep past the block before a coarse level-1 slot that holds
+    /// more than the flip should move at once: a tick in that block, early enough for
+    /// [`fill_tick`](Self::fill_tick)'s pace, so that the slot is moved into the lookahead
+    /// rather than all at once when the block begins. Never before the next tick.
+    fn pre_block_tick(&self) -> Option<u64> {
+        self.lists.spare0?;
+        let level = &self.lists.levels[1];
+        if level.occupied == 0 {
+            return None;
+        }
+        let slot = self.geometry.next_occupied(self.elapsed, 1, level.occupied);
+        let start = self.geometry.slot_start(self.elapsed, 1, slot);
+        let left = u64::from(level.slots[slot].timers.len());
+        if left <= LOOKAHEAD_BUDGET as u64 || start <= self.elapsed {
+            return None;
+        }
+        let block = 1_u64 << self.geometry.shift(1);
+        let lead = left.div_ceil(FILL_PER_TICK).min(block - 1);
+        Some(
+            start
+                .saturating_sub(lead)
+                .max(self.elapsed.saturating_add(1)),
+        )
     }
 
     /// Moves up to `budget` timers of the block beginning at `start`, from level-1 slot

@@ -24,22 +24,31 @@ pub(crate) trait Links {
     }
 }
 
-/// Head and tail of one list. The links live in the nodes.
+/// Head, tail and length of one list. The links live in the nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct List {
     head: u32,
     tail: u32,
+    /// How many nodes are on it: what moving the list ahead of time has left to do.
+    len: u32,
 }
 
 impl List {
     pub(crate) const EMPTY: Self = Self {
         head: NIL,
         tail: NIL,
+        len: 0,
     };
 
     #[inline]
     pub(crate) const fn is_empty(&self) -> bool {
         self.head == NIL
+    }
+
+    /// How many nodes are on the list.
+    #[inline]
+    pub(crate) const fn len(&self) -> u32 {
+        self.len
     }
 
     /// The last index, or `NIL`. A node about to be appended is created with this as its
@@ -59,6 +68,8 @@ impl List {
             nodes.set_next(self.tail, index);
         }
         self.tail = index;
+        // A list holds at most one node per index, and indices are `u32`s below `NIL`.
+        self.len += 1;
     }
 
     /// Removes `index`, which must be on this list.
@@ -82,6 +93,7 @@ impl List {
         } else {
             nodes.set_prev(next, prev);
         }
+        self.len -= 1;
     }
 
     /// The first index, or `NIL`.

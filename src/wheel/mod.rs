@@ -232,9 +232,12 @@ impl<T> Wheel<T> {
     ///
     /// Never later than the earliest pending deadline (rounded up to the tick). It is that
     /// deadline exactly unless the earliest timer was cancelled or pushed back since it was
-    /// filed, in which case it can be earlier: a poll then returns `None`, and this moves
-    /// on. When a timer is already due it returns the latest polled instant, which is not
-    /// in the future.
+    /// filed, or the wheel has timers to move down ahead of time, in which case it can be
+    /// earlier: a poll then returns `None`, and this moves on. The second happens when a
+    /// coarse slot of more than about a thousand timers comes up (a storm's block): the
+    /// wheel asks for a few polls in the block before it, each of which moves part of the
+    /// slot, so that no poll at a deadline has to move them all. When a timer is already
+    /// due it returns the latest polled instant, which is not in the future.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.core.next_deadline()
     }
@@ -457,6 +460,53 @@ mod tests {
         assert_eq!(w.poll_expired(t0 + ms(499)), None);
         assert_eq!(w.poll_expired(t0 + ms(500)), Some(69));
         assert!(w.is_empty());
+    }
+
+    /// A storm's block: 50,000 timers due across one 64-tick block far ahead. A loop that
+    /// sleeps until `next_deadline` and polls is woken in the block before, early enough
+    /// for polls to move the block down a share at a time, so that no poll at or after
+    /// the first deadline moves more than the flip's small remainder, and every timer
+    /// still fires at its own tick, never before.
+    #[test]
+    fn a_big_block_is_moved_down_ahead_of_its_deadlines_a_share_at_a_time() {
+        let (mut w, t0) = wheel();
+        let count = 50_000_u64;
+        for i in 0..count {
+            w.insert(t0 + ms(960 + i % 64), i);
+        }
+        let mut fired = 0;
+        let mut now = t0;
+        let mut worst_due_poll = 0;
+        let mut early_wakes = 0;
+        while let Some(next) = w.next_deadline() {
+            assert!(next >= now, "next_deadline went back");
+            now = next;
+            let before = w.link_operations();
+            let mut due_here = 0;
+            while let Some(i) = w.poll_expired(now) {
+                assert!(t0 + ms(960 + i % 64) <= now, "timer {i} fired early");
+                due_here += 1;
+            }
+            let moved = w.link_operations() - before - due_here;
+            if now < t0 + ms(960) {
+                early_wakes += 1;
+            } else {
+                worst_due_poll = worst_due_poll.max(moved);
+            }
+            fired += due_here;
+        }
+        assert_eq!(fired, count);
+        // Each early poll moves twice its share of what is left, so a few wakes do it,
+        // not one a tick; what is left at the end (no more than the flip should move at
+        // once) moves when the block begins.
+        assert!(
+            (2..=20).contains(&early_wakes),
+            "{early_wakes} wakes ahead of the block to move it"
+        );
+        assert!(
+            worst_due_poll <= 1024,
+            "a poll at a deadline moved {worst_due_poll} timers down at once"
+        );
     }
 
     #[test]

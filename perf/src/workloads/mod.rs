@@ -52,6 +52,7 @@ pub enum Workload {
     FireStorm,
     BurstSteal,
     SteadyMix,
+    LightLoad,
     AsyncSleep,
     AsyncTimeout,
     AsyncReset,
@@ -62,7 +63,7 @@ pub enum Workload {
 }
 
 impl Workload {
-    pub const ALL: [Workload; 16] = [
+    pub const ALL: [Workload; 17] = [
         Workload::ArmCancel,
         Workload::EngineArmCancel,
         Workload::Live1m,
@@ -72,6 +73,7 @@ impl Workload {
         Workload::FireStorm,
         Workload::BurstSteal,
         Workload::SteadyMix,
+        Workload::LightLoad,
         Workload::AsyncSleep,
         Workload::AsyncTimeout,
         Workload::AsyncReset,
@@ -100,7 +102,8 @@ impl Workload {
             Workload::EngineReset => engine_reset::NAME,
             Workload::FireStorm => "fire-storm",
             Workload::BurstSteal => burst_steal::NAME,
-            Workload::SteadyMix => "steady-mix",
+            Workload::SteadyMix => steady_mix::NAME,
+            Workload::LightLoad => steady_mix::LIGHT_NAME,
             Workload::AsyncSleep => async_timers::SLEEP,
             Workload::AsyncTimeout => async_timers::TIMEOUT,
             Workload::AsyncReset => async_timers::RESET,
@@ -143,6 +146,9 @@ impl Workload {
             }
             Workload::SteadyMix => {
                 "a proxy's steady load: a million live timers, new ones armed at a fixed rate for 10 s, 90% cancelled and 10% fired: CPU per timer"
+            }
+            Workload::LightLoad => {
+                "the same mix at light load, 1,000 and 10,000 timers/s with a second's worth live, default worker count: CPU cores busy and wakes per second"
             }
             Workload::AsyncSleep => {
                 "request timeouts as futures from 1..N threads: a sleep polled once and dropped; corewheel-async vs tokio (default and alt timer), async-io and pingora-timeout, CPU per timer"
@@ -193,7 +199,7 @@ impl Workload {
                     | Subject::AsyncIo
                     | Subject::PingoraTimeout
             ),
-            Workload::EngineReset | Workload::SteadyMix => matches!(
+            Workload::EngineReset | Workload::SteadyMix | Workload::LightLoad => matches!(
                 subject,
                 Subject::Engine | Subject::TokioSleep | Subject::MutexHeap
             ),

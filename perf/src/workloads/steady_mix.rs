@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::time::Sleep;
 
-use crate::cpu_time::{cpu_between, process_cpu_time};
+use crate::cpu_time::{cpu_between, process_context_switches, process_cpu_time};
 use crate::peers::engine;
 use crate::peers::mutex_heap::SharedHeap;
 use crate::peers::tokio_sleep::{self, StartLine, register};
@@ -34,6 +34,14 @@ use crate::workloads::parallel::share_of;
 use crate::workloads::{ratio_columns, ratio_headers};
 
 pub const NAME: &str = "steady-mix";
+
+/// The same mix at light load: a thousand and ten thousand timers a second, each rate
+/// with about a second's worth of timers live, to show what the timers cost a process
+/// that has little for them to do.
+pub const LIGHT_NAME: &str = "light-load";
+
+/// light-load's rates, timers armed per second.
+pub const LIGHT_RATES: [u64; 2] = [1_000, 10_000];
 
 /// Timers armed per second, all threads together, unless `--mix-rate` says otherwise.
 pub const DEFAULT_RATE: u64 = 1_000_000;
@@ -318,7 +326,16 @@ struct Run {
     /// From the start line to the last thread's end of its timed part.
     wall: Duration,
     cpu: Option<Duration>,
+    /// The process's context switches over the same span.
+    switches: Option<u64>,
     counts: Counts,
+}
+
+/// What the main thread reads over a run's timed part.
+struct Timed {
+    wall: Duration,
+    cpu: Option<Duration>,
+    switches: Option<u64>,
 }
 
 /// The start and end lines of a run, and the readings the main thread takes at them.
@@ -331,19 +348,23 @@ struct Lines {
 impl Lines {
     /// Called by the main thread: starts the run, waits out its time, and reads the CPU
     /// the process used from the start to the moment every thread has finished.
-    fn time_run(
-        &self,
-        threads: usize,
-        duration: Duration,
-    ) -> Result<(Duration, Option<Duration>), String> {
+    fn time_run(&self, threads: usize, duration: Duration) -> Result<Timed, String> {
         self.start.gather(threads)?;
         let cpu_before = process_cpu_time();
+        let switches_before = process_context_switches();
         let start = self.start.go();
         std::thread::sleep(duration);
         self.end.gather(threads)?;
         let cpu = cpu_between(cpu_before, process_cpu_time());
+        let switches = process_context_switches()
+            .zip(switches_before)
+            .map(|(after, before)| after.saturating_sub(before));
         let end = self.end.go();
-        Ok((end - start, cpu))
+        Ok(Timed {
+            wall: end - start,
+            cpu,
+            switches,
+        })
     }
 }
 
@@ -355,25 +376,49 @@ fn thread_part<S: Slots>(
     lines: &Lines,
 ) -> Result<Counts, String> {
     let mut ring = Ring::new(index, config);
-    let filled = ring.fill(slots);
-    if !lines.start.arrive_and_wait() {
-        return Err("the run was called off".to_string());
-    }
-    filled?;
-    let start = Instant::now();
-    loop {
-        let elapsed = start.elapsed();
-        if elapsed >= config.duration {
-            break;
-        }
-        ring.catch_up(slots, elapsed)?;
+    let start = ring.start(slots, lines)?;
+    while ring.step(slots, start, config.duration)? {
         std::thread::sleep(STEP);
     }
-    if !lines.end.arrive_and_wait() {
-        return Err("the run was called off".to_string());
+    ring.finish(slots, lines)
+}
+
+impl Ring {
+    /// Fills the ring, then waits at the start line: the timed part begins as this returns,
+    /// at the instant it returns.
+    fn start<S: Slots>(&mut self, slots: &mut S, lines: &Lines) -> Result<Instant, String> {
+        let filled = self.fill(slots);
+        if !lines.start.arrive_and_wait() {
+            return Err("the run was called off".to_string());
+        }
+        filled?;
+        Ok(Instant::now())
     }
-    ring.empty(slots);
-    Ok(ring.counts)
+
+    /// One step of the timed part: the turns the schedule asks for by now. `false` once
+    /// the run's time is up.
+    fn step<S: Slots>(
+        &mut self,
+        slots: &mut S,
+        start: Instant,
+        duration: Duration,
+    ) -> Result<bool, String> {
+        let elapsed = start.elapsed();
+        if elapsed >= duration {
+            return Ok(false);
+        }
+        self.catch_up(slots, elapsed)?;
+        Ok(true)
+    }
+
+    /// Waits at the end line, then retires what is left.
+    fn finish<S: Slots>(mut self, slots: &mut S, lines: &Lines) -> Result<Counts, String> {
+        if !lines.end.arrive_and_wait() {
+            return Err("the run was called off".to_string());
+        }
+        self.empty(slots);
+        Ok(self.counts)
+    }
 }
 
 /// Runs `part(index, lines)` on `threads` plain threads and times the run.
@@ -397,8 +442,17 @@ fn on_plain_threads(
                 .unwrap_or_else(|_| Err("an application thread panicked".to_string()))?;
             counts.add(&part);
         }
-        let (wall, cpu) = timed?;
-        Ok(Run { wall, cpu, counts })
+        let Timed {
+            wall,
+            cpu,
+            switches,
+        } = timed?;
+        Ok(Run {
+            wall,
+            cpu,
+            switches,
+            counts,
+        })
     })
 }
 
@@ -408,8 +462,13 @@ fn run_engine(config: Config) -> Result<Run, String> {
         let mut slots = SharedSlots::new(&engine, config.ring_slots(index));
         thread_part(&mut slots, index, config, lines)
     })?;
-    // Exactly once: the engine's counts must match what the rings saw, timer for timer.
-    let settled = engine::settle(&engine)?;
+    engine_saw(&engine, run)
+}
+
+/// The run, once the engine has settled, if its counts match what the rings saw, timer
+/// for timer: exactly once.
+fn engine_saw(engine: &corewheel::TimerEngine, run: Run) -> Result<Run, String> {
+    let settled = engine::settle(engine)?;
     let (stopped, fired) = run.counts.stopped_and_fired();
     engine::check_counts(&settled.stats, run.counts.armed, stopped, fired)?;
     Ok(run)
@@ -421,6 +480,11 @@ fn run_mutex_heap(config: Config) -> Result<Run, String> {
         let mut slots = SharedSlots::new(&heap, config.ring_slots(index));
         thread_part(&mut slots, index, config, lines)
     })?;
+    heap_saw(&heap, run)
+}
+
+/// The run, if the heap's timer thread fired exactly the timers the rings saw fire.
+fn heap_saw(heap: &SharedHeap, run: Run) -> Result<Run, String> {
     let (_, fired) = run.counts.stopped_and_fired();
     if heap.fired() != fired {
         return Err(format!(
@@ -480,10 +544,19 @@ async fn tokio_part(index: usize, config: Config, lines: Arc<Lines>) -> Result<C
 }
 
 fn run_tokio(config: Config) -> Result<Run, String> {
+    on_tokio(config, |index, lines| tokio_part(index, config, lines))
+}
+
+/// Runs `part(index, lines)` as one task per thread on a tokio runtime of `threads`
+/// workers, and times the run.
+fn on_tokio<F>(config: Config, part: impl Fn(usize, Arc<Lines>) -> F) -> Result<Run, String>
+where
+    F: std::future::Future<Output = Result<Counts, String>> + Send + 'static,
+{
     let runtime = tokio_sleep::runtime(config.threads)?;
     let lines = Arc::new(Lines::default());
     let handles: Vec<_> = (0..config.threads)
-        .map(|index| runtime.spawn(tokio_part(index, config, Arc::clone(&lines))))
+        .map(|index| runtime.spawn(part(index, Arc::clone(&lines))))
         .collect();
     let timed = lines.time_run(config.threads, config.duration);
     let parts = runtime.block_on(join_all(handles));
@@ -491,9 +564,62 @@ fn run_tokio(config: Config) -> Result<Run, String> {
     for part in parts {
         counts.add(&part?);
     }
-    let (wall, cpu) = timed?;
+    let Timed {
+        wall,
+        cpu,
+        switches,
+    } = timed?;
     drop(runtime);
-    Ok(Run { wall, cpu, counts })
+    Ok(Run {
+        wall,
+        cpu,
+        switches,
+        counts,
+    })
+}
+
+/// A tokio task's part on a subject shared by the tasks (the engine, the locked heap):
+/// [`thread_part`]'s ring, paced by tokio's `sleep` as [`tokio_part`] is, so that the
+/// pacing costs every subject the same.
+async fn task_part<S: SharedTimers + Send + Sync>(
+    subject: Arc<S>,
+    index: usize,
+    config: Config,
+    lines: Arc<Lines>,
+) -> Result<Counts, String> {
+    let mut slots = SharedSlots::new(&*subject, config.ring_slots(index));
+    let mut ring = Ring::new(index, config);
+    let start = ring.start(&mut slots, &lines)?;
+    while ring.step(&mut slots, start, config.duration)? {
+        tokio::time::sleep(STEP).await;
+    }
+    ring.finish(&mut slots, &lines)
+}
+
+/// light-load's runs: every subject driven from tokio tasks paced by tokio's `sleep`, as a
+/// service on tokio would arm them, so that the application's own wake-ups are the same
+/// for all and the difference is the timers'.
+fn measure_light(subject: Subject, config: Config) -> Result<Run, String> {
+    match subject {
+        Subject::Engine => {
+            let engine = Arc::new(engine::build()?);
+            let shared = Arc::clone(&engine);
+            let run = on_tokio(config, move |index, lines| {
+                task_part(Arc::clone(&shared), index, config, lines)
+            })?;
+            engine_saw(&engine, run)
+        }
+        Subject::TokioSleep => run_tokio(config),
+        Subject::MutexHeap => {
+            let heap = Arc::new(SharedHeap::start()?);
+            let shared = Arc::clone(&heap);
+            let run = on_tokio(config, move |index, lines| {
+                task_part(Arc::clone(&shared), index, config, lines)
+            })?;
+            heap_saw(&heap, run)
+        }
+        _ => Err(format!("{} is not a light-load subject", subject.name())),
+    }
 }
 
 /// Awaits every task, in order.
@@ -521,13 +647,38 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
 }
 
 pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
+    run_as(NAME, subjects, config, measure, csv);
+}
+
+/// light-load: the mix at each of [`LIGHT_RATES`] with about a second's worth of timers
+/// live, on `threads` threads; a table per rate.
+pub fn run_light(subjects: &[Subject], threads: usize, duration: Duration, csv: &mut Csv) {
+    for rate in LIGHT_RATES {
+        let config = Config {
+            threads,
+            live: rate,
+            rate,
+            duration,
+        };
+        run_as(LIGHT_NAME, subjects, config, measure_light, csv);
+    }
+}
+
+fn run_as(
+    name: &str,
+    subjects: &[Subject],
+    config: Config,
+    measure: fn(Subject, Config) -> Result<Run, String>,
+    csv: &mut Csv,
+) {
     let results: Vec<Result<Run, String>> = subjects
         .iter()
         .map(|&subject| {
             crate::progress::step(format!(
-                "{NAME}/{} ({} threads, {} s)",
+                "{name}/{} ({} threads, {} timers/s, {} s)",
                 subject.name(),
                 config.threads,
+                thousands(config.rate),
                 config.duration.as_secs()
             ));
             measure(subject, config)
@@ -543,7 +694,7 @@ pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
     let columns = ratio_columns(subjects);
     let mut table = Table::new(
         format!(
-            "{NAME} ({} threads, {} timers live, {} timers/s offered for {} s: 90% cancelled, 10% fired)",
+            "{name} ({} threads, {} timers live, {} timers/s offered for {} s: 90% cancelled, 10% fired)",
             config.threads,
             thousands(config.live),
             thousands(config.rate),
@@ -554,6 +705,7 @@ pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
             "timers/s",
             "CPU ns/timer",
             "CPU cores busy",
+            "wakes/s",
             "fired",
             "late",
             "pending at turn",
@@ -562,12 +714,12 @@ pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
     );
     ratio_headers(&mut table, subjects, &columns);
     for (row, (subject, result)) in subjects.iter().zip(&results).enumerate() {
-        let name = subject.name();
+        let subject_name = subject.name();
         let run = match result {
             Ok(run) => run,
             Err(error) => {
-                table.row(vec![name.to_string(), "error".to_string()]);
-                table.note(format!("ERROR: {name}: {error}"));
+                table.row(vec![subject_name.to_string(), "error".to_string()]);
+                table.note(format!("ERROR: {subject_name}: {error}"));
                 continue;
             }
         };
@@ -576,11 +728,15 @@ pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
         let busy = run
             .cpu
             .map(|cpu| cpu.as_secs_f64() / run.wall.as_secs_f64());
+        let wakes = run
+            .switches
+            .map(|switches| switches as f64 / run.wall.as_secs_f64());
         let mut cells = vec![
-            name.to_string(),
+            subject_name.to_string(),
             thousands(achieved as u64),
             cpu_per_timer[row].map_or_else(|| "n/a".to_string(), |ns| format!("{ns:.1}")),
-            busy.map_or_else(|| "n/a".to_string(), |busy| format!("{busy:.2}")),
+            busy.map_or_else(|| "n/a".to_string(), |busy| format!("{busy:.3}")),
+            wakes.map_or_else(|| "n/a".to_string(), |wakes| thousands(wakes as u64)),
             thousands(counts.fired),
             thousands(counts.late),
             thousands(counts.not_yet_fired),
@@ -602,10 +758,11 @@ pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
         ];
         metrics.extend(cpu_per_timer[row].map(|ns| ("cpu_ns_per_timer", ns, "ns")));
         metrics.extend(busy.map(|busy| ("cpu_cores_busy", busy, "cores")));
+        metrics.extend(wakes.map(|wakes| ("context_switches_per_s", wakes, "1/s")));
         for (metric, value, unit) in metrics {
             csv.push(CsvRow {
-                workload: NAME.to_string(),
-                subject: name.to_string(),
+                workload: name.to_string(),
+                subject: subject_name.to_string(),
                 threads: config.threads as u32,
                 timers: config.live,
                 metric,
@@ -620,9 +777,12 @@ pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
         period.as_secs_f64()
     ));
     table.note("90% of the timers are request timeouts (delay P + 1..30 s), cancelled at their slot's next turn; 10% fire (delay 1 ms..P/2), and must have fired by that turn");
-    table.note("CPU ns/timer: process CPU time over the timed part (every thread: application, engine workers, tokio's workers and driver, the heap's timer thread) / timers; CPU cores busy: the same over wall time");
+    table.note("CPU ns/timer: process CPU time over the timed part (every thread: application, engine workers, tokio's workers and driver, the heap's timer thread) / timers; CPU cores busy: the same over wall time; wakes/s: the process's context switches per second over the same part, mostly its threads going to sleep and waking (the application threads' own 1 ms steps included)");
     table.note(format!("late: firing timers still pending at their slot's turn, {} ms or more after their deadline; pending at turn: less than that (only first-lap timers can be); fired before cancel: request timeouts that fired before their turn (the thread fell a period behind); late and fired before cancel should be 0", LATE.as_millis()));
     table.note("one run per subject, each with a fresh structure and its first fill untimed; engine: its stats() must match the rings' counts timer for timer; mutex-heap: its timer thread's count of fires must");
+    if name == LIGHT_NAME {
+        table.note("every subject is driven from tokio tasks on a runtime of as many workers as threads, paced by tokio's sleep, as a service on tokio would arm its timers: the application's own wake-ups cost every subject the same, and the difference is the timers' (the engine's and the heap's own threads included)");
+    }
     if !columns.is_empty() {
         table.note(format!("{RATIO_LEGEND}; on CPU ns/timer"));
     }
