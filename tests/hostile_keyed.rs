@@ -625,14 +625,6 @@ fn sets_racing_engine_shutdown_lose_nothing() {
                 0,
                 "every value dropped exactly once ({left} stopped)"
             );
-            // The shared state goes once no epoch section that could read it is open:
-            // at once, unless another test's thread is in one, and then as later ones
-            // end (these fresh sections move the epoch on).
-            let freed_by = std::time::Instant::now() + Duration::from_secs(10);
-            while inner_alive.count() != 0 && std::time::Instant::now() < freed_by {
-                crossbeam_epoch::pin().flush();
-                std::thread::yield_now();
-            }
             assert_eq!(
                 inner_alive.count(),
                 0,

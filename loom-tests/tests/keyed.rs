@@ -1,5 +1,6 @@
 //! `KeyedTimers` against the worker firing a key's timer: a `set` over the key, a
-//! `move_to` and a `remove`, each racing the turn at the key's deadline. Under loom the map
+//! `move_to`, a `remove` and dropping the `KeyedTimers`, each racing the turn at the key's
+//! deadline. Under loom the map
 //! is a `Mutex<HashMap>` with dashmap's surface, so these models check the key-state logic
 //! (who takes the slot, and when a fire leaves it) over the engine's real code. Checked:
 //! the value is handed out exactly once (to the handler, or back from the racing call),
@@ -144,8 +145,7 @@ fn a_move_racing_the_fire_is_never_early_and_never_lost() {
     });
 }
 
-/// Set when the handler, and so the state the timers' callbacks find through their anchor,
-/// is dropped. A static, so that the handler can look at it without reading its own
+/// Set when the handler is dropped. A static, so that the handler can look at it without reading its own
 /// captures, which a premature free would have taken away; a std atomic, invisible to
 /// loom: it only records. Only the model below uses it.
 static FREED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -167,8 +167,13 @@ impl Drop for MarksFreed {
     }
 }
 
+/// Dropping the `KeyedTimers` while its worker fires the key: the handler is never dropped
+/// while it runs and is gone by the fire's end, and the shared state the fire found through
+/// the anchor is never freed while the fire's read section holds it (the model of
+/// `grace` records each retire, and every section checks what it read against them; a
+/// `retire` that does not wait for readers fails here).
 #[test]
-fn dropping_the_timers_racing_the_fire_never_frees_the_state_under_the_handler() {
+fn dropping_the_timers_racing_the_fire_never_drops_the_handler_under_itself() {
     model(None, || {
         FREED.store(false, std::sync::atomic::Ordering::SeqCst);
         FREED_UNDER_HANDLER.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -196,9 +201,13 @@ fn dropping_the_timers_racing_the_fire_never_frees_the_state_under_the_handler()
             thread::spawn(move || engine.turn())
         };
         drop(timers);
-        // Under loom the free waits for every read section, so it has run by now.
-        assert!(freed(), "the state outlived its KeyedTimers");
+        // The handler goes with its `KeyedTimers`, or with the fire running it as that
+        // fire returns: by the worker's end either way.
         worker.join().unwrap();
+        assert!(
+            freed(),
+            "the handler outlived its KeyedTimers and its fires"
+        );
         assert!(
             !FREED_UNDER_HANDLER.load(std::sync::atomic::Ordering::SeqCst),
             "the state was freed under the running handler"

@@ -8,7 +8,8 @@
 //! when dropped, empties the slot and [`grace::retire`]s the state, which is freed once no
 //! section that could have loaded it is still open. So arming and cancelling touch nothing
 //! shared, and a fire reads two shared words that change only when a `KeyedTimers` is made
-//! or dropped.
+//! or dropped. The free may come late, on any thread, inside any section, so the state must
+//! hold nothing whose drop runs a user's code (`KeyedTimers` keeps its handler out of it).
 //!
 //! A slot is reused once its owner is gone, so a late callback may find another owner's
 //! state there. The state starts with its type's `TypeId`, so a callback only ever sees
@@ -199,13 +200,32 @@ impl<T> Drop for Anchor<T> {
     fn drop(&mut self) {
         let table = table();
         if let Some(slot) = table.slot(self.index) {
-            slot.store(null_mut(), SeqCst);
+            // A swap rather than a store: loom models the handshake with `read_slot` only
+            // through read-modify-writes.
+            slot.swap(null_mut(), SeqCst);
         }
         table.give_back(self.index);
         // SAFETY: the state came from `Box::leak`, the slot no longer points to it (the
-        // store above is `SeqCst`, as the loom model of `retire` needs), this drop is its
+        // swap above is `SeqCst`, as the model of `retire` needs), this drop is its
         // only owner's, and `new` made it of a `Send + 'static` type.
         unsafe { grace::retire(self.published.as_ptr()) };
+    }
+}
+
+/// A slot's pointer, read in a read section. The section's start and the owner's taking
+/// the pointer out are a store-then-load handshake on both sides, which needs `SeqCst`;
+/// loom does not model `SeqCst` loads (tokio-rs/loom#180) and would let this read an old
+/// pointer, so under loom it is a read-modify-write, which always reads the latest.
+#[inline]
+fn read_slot(slot: &AtomicPtr<()>) -> *mut () {
+    #[cfg(loom)]
+    {
+        slot.compare_exchange(null_mut(), null_mut(), SeqCst, SeqCst)
+            .unwrap_or_else(|current| current)
+    }
+    #[cfg(not(loom))]
+    {
+        slot.load(SeqCst)
     }
 }
 
@@ -217,7 +237,7 @@ pub(crate) fn with<T: Send + Sync + 'static, R>(
     f: impl FnOnce(&T) -> R,
 ) -> Option<R> {
     grace::read(|| {
-        let published = table().slot(index)?.load(SeqCst);
+        let published = read_slot(table().slot(index)?);
         if published.is_null() {
             return None;
         }
@@ -230,7 +250,10 @@ pub(crate) fn with<T: Send + Sync + 'static, R>(
         }
         // SAFETY: as above, and the `TypeId` says the state is a `T`.
         let state = unsafe { &(*published.cast::<Published<T>>()).state };
-        Some(f(state))
+        let result = f(state);
+        #[cfg(loom)]
+        grace::assert_not_retired(published.cast_const());
+        Some(result)
     })
 }
 
@@ -277,14 +300,50 @@ mod tests {
         }
     }
 
+    /// An owner dropped inside a read section (a fire whose key's drop drops a
+    /// `KeyedTimers`) must not wait for itself: the free waits for the section's end.
+    #[test]
+    fn an_anchor_dropped_inside_a_read_section_is_freed_without_a_hang() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let outer = Anchor::new(1_u8);
+        let inner = Anchor::new(Counted(Arc::clone(&drops)));
+        let inner_index = inner.index();
+        let mut inner = Some(inner);
+        let seen = with(outer.index(), |_: &u8| drop(inner.take()));
+        assert_eq!(seen, Some(()));
+        assert_eq!(
+            with(inner_index, |_: &Counted| ()),
+            None,
+            "gone from its slot"
+        );
+        assert_freed_once(&drops);
+    }
+
+    /// Asserts that the state was dropped once. A free is deferred while a section is open
+    /// somewhere; later sections on this thread move the epoch on until it runs. (Under
+    /// Miri the model's `retire` waits for the readers, so the state is gone already.)
+    fn assert_freed_once(drops: &AtomicUsize) {
+        #[cfg(not(miri))]
+        for _ in 0..1000 {
+            if drops.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            crossbeam_epoch::pin().flush();
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    /// Counts its drops.
+    struct Counted(Arc<AtomicUsize>);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
     #[test]
     fn the_state_is_dropped_once_no_reader_is_left() {
-        struct Counted(Arc<AtomicUsize>);
-        impl Drop for Counted {
-            fn drop(&mut self) {
-                self.0.fetch_add(1, Ordering::SeqCst);
-            }
-        }
         let drops = Arc::new(AtomicUsize::new(0));
         let anchor = Anchor::new(Counted(Arc::clone(&drops)));
         let index = anchor.index();
@@ -301,16 +360,6 @@ mod tests {
         for reader in readers {
             reader.join().unwrap();
         }
-        // A free is deferred while another thread's section is open; later sections on
-        // this thread move the epoch on until it runs. (Under Miri the model's `retire`
-        // waits for the readers, so the state is gone already.)
-        #[cfg(not(miri))]
-        for _ in 0..1000 {
-            if drops.load(Ordering::SeqCst) == 1 {
-                break;
-            }
-            crossbeam_epoch::pin().flush();
-        }
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_freed_once(&drops);
     }
 }

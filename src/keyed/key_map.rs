@@ -17,11 +17,17 @@ mod imp {
 
     pub(crate) struct KeyMap<K, V>(DashMap<K, V>);
 
-    /// Shards: 16 per CPU. dashmap's default of 4 per CPU has two threads on one shard's
-    /// lock once in every 4N operations, which showed in the keyed workloads as lock
-    /// contention; a shard costs a padded cache line or two when empty.
+    /// Shards: 16 per CPU, at most 256. dashmap's default of 4 per CPU has two threads on
+    /// one shard's lock once in every 4N operations, which showed in the keyed workloads as
+    /// lock contention. A shard costs a padded cache line or two when empty, and `len`,
+    /// `drain` and the drop visit every one, hence the cap (32 KiB of empty shards).
     fn shard_amount() -> usize {
-        (std::thread::available_parallelism().map_or(1, usize::from) * 16).next_power_of_two()
+        static SHARDS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *SHARDS.get_or_init(|| {
+            (std::thread::available_parallelism().map_or(1, usize::from) * 16)
+                .next_power_of_two()
+                .min(256)
+        })
     }
 
     impl<K: Eq + Hash, V> KeyMap<K, V> {

@@ -10,6 +10,7 @@ use crate::keyed::anchor::{self, Anchor};
 use crate::keyed::key_map::KeyMap;
 use crate::keyed::token;
 use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::unmodelled::{Arc, Weak};
 
 /// A timer per key, on a [`TimerEngine`]: when a key's timer expires, its key and value go
 /// to one handler. go-zero's `TimingWheel`, safe from any thread: the interface for cache
@@ -43,14 +44,16 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 /// and the engine's cancel. Neither touches a cache line that other threads write, beyond
 /// the map's own lock: a timer's callback finds the map through a slot in a process-wide
 /// table, not a reference count. A fire reads that slot inside a crossbeam-epoch critical
-/// section, which the handler runs in too: a handler that blocks holds up the freeing of
-/// epoch-managed memory in the whole process. A key of up to one machine word (`u64`, a
-/// connection id) keeps the callback (the slot's index, the key and its token) in the
-/// timer's node; a larger one costs an allocation per new key's timer.
+/// section (the handler runs after it), and takes a reference to the handler for the
+/// length of its call: an increment and a decrement that the fires of one `KeyedTimers`
+/// share, paid per fire, never per `set` or `remove`. A key of up to one machine word
+/// (`u64`, a connection id) keeps the callback (the slot's index, the key and its token)
+/// in the timer's node; a larger one costs an allocation per new key's timer.
 ///
-/// **Dropping** cancels every timer and drops the values at once; the handler is dropped
-/// once no timer of this `KeyedTimers` can still be firing: at once when no thread is in
-/// a crossbeam-epoch critical section, otherwise as a later one ends.
+/// **Dropping** cancels every timer and drops the values at once, on the dropping thread;
+/// so is the handler, unless a fire is running it, in which case it is dropped when that
+/// fire returns. What is left (the emptied map) is freed once no fire can be reading it,
+/// and runs no code of yours.
 ///
 /// **After the engine shuts down**, `set` is refused. With
 /// [`PendingTimers::Drop`](crate::PendingTimers::Drop) the entries still pending stay in
@@ -86,12 +89,27 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 pub struct KeyedTimers<'e, K: Eq + Hash, V> {
     engine: &'e TimerEngine,
     inner: Anchor<Inner<K, V>>,
+    /// The handler's one lasting strong reference: dropped with the `KeyedTimers`, so that
+    /// the handler goes then, or with the last fire still running it.
+    #[expect(
+        dead_code,
+        reason = "held for its drop; fires reach the handler through `inner`"
+    )]
+    handler: Arc<Handler<K, V>>,
 }
 
-/// What the timers' callbacks share with the `KeyedTimers`, through its [`Anchor`].
+/// The function expired keys and their values go to.
+type Handler<K, V> = dyn Fn(K, V) + Send + Sync;
+
+/// What the timers' callbacks share with the `KeyedTimers`, through its [`Anchor`]. Its
+/// free is deferred past every fire that may be reading it, on any thread, so it owns
+/// nothing whose drop runs user code: the map is empty by then (the drop takes every
+/// value), and the handler is only referred to, weakly.
 struct Inner<K: Eq + Hash, V> {
     map: KeyMap<K, Slot<V>>,
-    handler: Box<dyn Fn(K, V) + Send + Sync>,
+    /// A fire takes a strong reference for the length of its call: one increment and one
+    /// decrement per fire (never per `set` or `remove`), and none left behind.
+    handler: Weak<Handler<K, V>>,
     /// Set by `stop`: `set` is refused from then on.
     stopped: AtomicBool,
 }
@@ -129,13 +147,15 @@ where
         engine: &'e TimerEngine,
         handler: impl Fn(K, V) + Send + Sync + 'static,
     ) -> Self {
+        let handler: Arc<Handler<K, V>> = Arc::new(handler);
         Self {
             engine,
             inner: Anchor::new(Inner {
                 map: KeyMap::new(),
-                handler: Box::new(handler),
+                handler: Arc::downgrade(&handler),
                 stopped: AtomicBool::new(false),
             }),
+            handler,
         }
     }
 
@@ -198,8 +218,12 @@ where
         let token = token::fresh();
         self.engine
             .schedule(delay, move || {
-                // Nothing, if this `KeyedTimers` has been dropped.
-                let _ = anchor::with(anchor, |inner: &Inner<K, V>| inner.expire(key, token));
+                // Nothing, if this `KeyedTimers` has been dropped. The handler runs after
+                // the read section, so that a handler that blocks holds up no free.
+                let expired = anchor::with(anchor, |inner: &Inner<K, V>| inner.expire(key, token));
+                if let Some((handler, key, value)) = expired.flatten() {
+                    handler(key, value);
+                }
             })
             .map(|timer| (timer, token))
             .map_err(Refused::Engine)
@@ -309,21 +333,20 @@ impl<K: Eq + Hash, V> Inner<K, V> {
         });
     }
 
-    /// A key's timer fired: hands the key and value to the handler, if the slot is still
-    /// this timer's (holds its `token`). A slot with another token belongs to a later
-    /// `set` (this fire lost the race for the lock to it); no slot means a `remove`,
-    /// `drain` or `stop` took it.
-    fn expire(&self, key: K, token: u64) {
-        let taken = self.map.remove_if(&key, |slot| slot.token == token);
-        if let Some((
-            key,
-            Slot {
-                value: Some(value), ..
-            },
-        )) = taken
-        {
-            (self.handler)(key, value);
-        }
+    /// A key's timer fired: takes the key and value for the handler, with the handler, if
+    /// the slot is still this timer's (holds its `token`). A slot with another token
+    /// belongs to a later `set` (this fire lost the race for the lock to it); no slot means
+    /// a `remove`, `drain` or `stop` took it. The handler is taken first: once the
+    /// `KeyedTimers` is gone it cannot be, and the value is left for the drop, which takes
+    /// every value in the map.
+    #[allow(
+        clippy::type_complexity,
+        reason = "one private return, named by its parts"
+    )]
+    fn expire(&self, key: K, token: u64) -> Option<(Arc<Handler<K, V>>, K, V)> {
+        let handler = self.handler.upgrade()?;
+        let (key, slot) = self.map.remove_if(&key, |slot| slot.token == token)?;
+        slot.value.map(|value| (handler, key, value))
     }
 }
 

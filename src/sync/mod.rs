@@ -36,13 +36,17 @@ pub(crate) use std::sync::{Arc, Mutex};
 /// engine's list of worker threads and the start of its shutdown (taken by the thread that
 /// builds or shuts the engine down, never on a timer's path), the process-wide count of
 /// engines, which only numbers them so that a handle from one is stale in another, the
-/// process-wide counter of keyed-timer token blocks, which only makes tokens unique, and
+/// process-wide counter of keyed-timer token blocks, which only makes tokens unique, a
+/// keyed timers' handler (loom has no `Weak`: a fire upgrades a weak reference to it, and
+/// the models race that fire against the drop through the map and the anchor), and
 /// values set once before any timer exists (a worker's thread handle, the cycle counter's
 /// calibration).
 pub(crate) mod unmodelled {
     #[cfg(feature = "keyed")]
     pub(crate) use std::sync::atomic::AtomicU64;
     pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
+    #[cfg(feature = "keyed")]
+    pub(crate) use std::sync::{Arc, Weak};
     pub(crate) use std::sync::{Mutex, OnceLock};
 }
 
