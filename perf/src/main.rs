@@ -78,7 +78,7 @@ OPTIONS:
                        --save perf/results/proxy)
     --peers LIST       comma-separated subjects, default all:
                        corewheel, delay-queue, binary-heap (single-thread workloads),
-                       engine, tokio-sleep (engine-* workloads, steady-mix, light-load),
+                       engine (also fire-storm), tokio-sleep (engine-* workloads, steady-mix, light-load),
                        mutex-heap (engine-arm-cancel, engine-reset, steady-mix, light-load),
                        tokio-timeout, pingora-timeout (engine-arm-cancel only),
                        corewheel-async, tokio, tokio-alt, async-io, pingora-timeout

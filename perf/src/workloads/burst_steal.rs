@@ -7,8 +7,6 @@
 //! own buffer (an uncontended lock), so the callback adds no cross-core traffic of its own
 //! and the two settings are compared on the engine's work alone.
 
-use std::cell::RefCell;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use corewheel::TimerEngine;
@@ -16,7 +14,7 @@ use corewheel::TimerEngine;
 use crate::repeat::{RUNS, median, spread};
 use crate::report::{Csv, CsvRow, Table, thousands};
 use crate::rng::XorShift64;
-use crate::workloads::lateness::{Lateness, LatenessSummary};
+use crate::workloads::lateness::{LatenessSummary, worker_records};
 
 pub const NAME: &str = "burst-steal";
 /// All deadlines fall within this window.
@@ -26,41 +24,6 @@ const SPREAD_NS: u64 = 10_000_000;
 const LEAD: Duration = Duration::from_millis(600);
 /// How long to wait for the last fire before calling timers lost.
 const GIVE_UP: Duration = Duration::from_secs(60);
-
-/// One worker thread's record of the timers it ran.
-type Record = Arc<Mutex<Lateness>>;
-
-/// Every worker thread's record, registered on its first fire.
-static RECORDS: Mutex<Vec<Record>> = Mutex::new(Vec::new());
-
-/// Records made before the burst, sized for every timer, for workers to take on their
-/// first fire: growing one inside a callback would show up as lateness.
-static SPARE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
-
-thread_local! {
-    static RECORD: RefCell<Option<Record>> = const { RefCell::new(None) };
-}
-
-/// Records one fire on the calling worker thread.
-fn record(deadline: Instant) {
-    let fired_at = Instant::now();
-    RECORD.with(|record| {
-        let mut record = record.borrow_mut();
-        let record = record.get_or_insert_with(|| {
-            let spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner).pop();
-            let fresh = spare.unwrap_or_else(|| Arc::new(Mutex::new(Lateness::with_capacity(0))));
-            RECORDS
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(Arc::clone(&fresh));
-            fresh
-        });
-        record
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record(deadline, fired_at, fired_at);
-    });
-}
 
 struct Burst {
     /// From the first deadline to the last fire.
@@ -72,13 +35,7 @@ struct Burst {
 }
 
 fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burst, String> {
-    RECORDS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clear();
-    *SPARE.lock().unwrap_or_else(PoisonError::into_inner) = (0..workers)
-        .map(|_| Arc::new(Mutex::new(Lateness::with_capacity(timers as usize))))
-        .collect();
+    worker_records::prepare(workers, timers as usize);
     let engine = TimerEngine::builder()
         .workers(workers)
         .stealing(stealing)
@@ -89,7 +46,7 @@ fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burs
     for _ in 0..timers {
         let deadline = first + Duration::from_nanos(rng.below(SPREAD_NS));
         engine
-            .schedule_at(deadline, move || record(deadline))
+            .schedule_at(deadline, move || worker_records::record(deadline))
             .map_err(|error| format!("schedule failed: {error}"))?;
     }
     if Instant::now() > first {
@@ -107,19 +64,7 @@ fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burs
     }
     let stolen = engine.stats().total.stolen;
     drop(engine);
-    SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
-    let records = std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));
-    let mut all = Lateness::with_capacity(timers as usize);
-    let mut per_worker = Vec::new();
-    for record in records {
-        let record = std::mem::replace(
-            &mut *record.lock().unwrap_or_else(PoisonError::into_inner),
-            Lateness::with_capacity(0),
-        );
-        per_worker.push(record.len() as u64);
-        all.absorb(record);
-    }
-    per_worker.sort_unstable_by(|a, b| b.cmp(a));
+    let (all, per_worker) = worker_records::take(timers as usize);
     let lateness = all.summarize();
     let last_fire = lateness
         .last_fire

@@ -133,3 +133,81 @@ mod tests {
         );
     }
 }
+
+/// Lateness recorded by a timer engine's callbacks, each on the worker thread that runs it,
+/// in that thread's own buffer (an uncontended lock), so that recording adds no cross-core
+/// traffic of its own. One engine run at a time: the records are process-wide.
+pub mod worker_records {
+    use std::cell::RefCell;
+    use std::sync::{Arc, Mutex, PoisonError};
+    use std::time::Instant;
+
+    use super::Lateness;
+
+    /// One worker thread's record of the timers it ran.
+    type Record = Arc<Mutex<Lateness>>;
+
+    /// Every worker thread's record, registered on its first fire.
+    static RECORDS: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+
+    /// Records made before the run, sized for every timer, for workers to take on their
+    /// first fire: growing one inside a callback would show up as lateness.
+    static SPARE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+
+    thread_local! {
+        static RECORD: RefCell<Option<Record>> = const { RefCell::new(None) };
+    }
+
+    /// Before a run: clears the records and makes one per worker, each with room for
+    /// `timers`.
+    pub fn prepare(workers: usize, timers: usize) {
+        RECORDS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        *SPARE.lock().unwrap_or_else(PoisonError::into_inner) = (0..workers)
+            .map(|_| Arc::new(Mutex::new(Lateness::with_capacity(timers))))
+            .collect();
+    }
+
+    /// Records one fire on the calling worker thread: the callback's whole work.
+    pub fn record(deadline: Instant) {
+        let fired_at = Instant::now();
+        RECORD.with(|record| {
+            let mut record = record.borrow_mut();
+            let record = record.get_or_insert_with(|| {
+                let spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner).pop();
+                let fresh =
+                    spare.unwrap_or_else(|| Arc::new(Mutex::new(Lateness::with_capacity(0))));
+                RECORDS
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(Arc::clone(&fresh));
+                fresh
+            });
+            record
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .record(deadline, fired_at, fired_at);
+        });
+    }
+
+    /// After a run whose engine has been dropped: every fire in one record, and how many
+    /// each worker thread ran, most first.
+    pub fn take(timers: usize) -> (Lateness, Vec<u64>) {
+        SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        let records = std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut all = Lateness::with_capacity(timers);
+        let mut per_worker = Vec::new();
+        for record in records {
+            let record = std::mem::replace(
+                &mut *record.lock().unwrap_or_else(PoisonError::into_inner),
+                Lateness::with_capacity(0),
+            );
+            per_worker.push(record.len() as u64);
+            all.absorb(record);
+        }
+        per_worker.sort_unstable_by(|a, b| b.cmp(a));
+        (all, per_worker)
+    }
+}

@@ -180,9 +180,10 @@ impl Workload {
     /// measures each subject's memory in a child process, and has tokio as its peer).
     pub fn drives(self, subject: Subject) -> bool {
         match self {
-            Workload::ArmCancel | Workload::Live1m | Workload::ResetHeavy | Workload::FireStorm => {
+            Workload::ArmCancel | Workload::Live1m | Workload::ResetHeavy => {
                 subject.is_single_owner()
             }
+            Workload::FireStorm => subject.is_single_owner() || subject == Subject::Engine,
             Workload::EngineArmCancel => matches!(
                 subject,
                 Subject::Engine
