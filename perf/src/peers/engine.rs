@@ -175,3 +175,24 @@ pub fn wait_for_idle_workers(interval: Duration, limit: Duration) -> Option<Dura
         last = now;
     }
 }
+
+/// Waits, polling the engine's stats every `every`, until `timers` have fired; an error
+/// naming how many had if that takes longer than `give_up`.
+pub fn wait_until_fired(
+    engine: &TimerEngine,
+    timers: u64,
+    every: Duration,
+    give_up: Duration,
+) -> Result<(), String> {
+    let limit = Instant::now() + give_up;
+    while engine.stats().total.fired < timers {
+        if Instant::now() > limit {
+            return Err(format!(
+                "only {} of {timers} timers fired within {give_up:?}",
+                engine.stats().total.fired
+            ));
+        }
+        std::thread::sleep(every);
+    }
+    Ok(())
+}

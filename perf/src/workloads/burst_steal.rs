@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use corewheel::TimerEngine;
 
+use crate::peers::engine;
 use crate::repeat::{RUNS, median, spread};
 use crate::report::{Csv, CsvRow, Table, thousands};
 use crate::rng::XorShift64;
@@ -52,16 +53,7 @@ fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burs
     if Instant::now() > first {
         return Err("scheduling took longer than the lead before the burst".to_string());
     }
-    let give_up = Instant::now() + GIVE_UP;
-    while engine.stats().total.fired < timers {
-        if Instant::now() > give_up {
-            return Err(format!(
-                "only {} of {timers} timers fired within {GIVE_UP:?}",
-                engine.stats().total.fired
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    engine::wait_until_fired(&engine, timers, Duration::from_millis(2), GIVE_UP)?;
     let stolen = engine.stats().total.stolen;
     drop(engine);
     let (all, per_worker) = worker_records::take(timers as usize);

@@ -14,7 +14,7 @@ use corewheel::TimerEngine;
 
 use crate::cpu_time::{cpu_between, process_cpu_time, thread_cpu_time};
 use crate::peers::binary_heap::TombstoneHeap;
-use crate::peers::{PolledQueue, Subject, TimerQueue, delay_queue, wheel};
+use crate::peers::{PolledQueue, Subject, TimerQueue, delay_queue, engine, wheel};
 use crate::plots::Plots;
 use crate::report::{Csv, RATIO_LEGEND, Table, ratio_cells, thousands};
 use crate::rng::XorShift64;
@@ -86,16 +86,7 @@ fn storm_engine(timers: u64, capacity: usize) -> Result<Storm, String> {
     })?;
     let armed_at = Instant::now();
     let cpu = process_cpu_time();
-    let give_up = Instant::now() + GIVE_UP;
-    while engine.stats().total.fired < timers {
-        if Instant::now() > give_up {
-            return Err(format!(
-                "only {} of {timers} timers fired within {GIVE_UP:?}",
-                engine.stats().total.fired
-            ));
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
+    engine::wait_until_fired(&engine, timers, Duration::from_millis(5), GIVE_UP)?;
     let fire_cpu = cpu_between(cpu, process_cpu_time());
     drop(engine);
     let (all, _) = worker_records::take(capacity);
