@@ -85,17 +85,23 @@ impl Geometry {
         ((deadline >> self.shift(level)) & self.slot_mask()) as usize
     }
 
-    /// The tick at which level `level`'s slot `slot` begins, for the level's current
-    /// rotation as seen from `elapsed`.
+    /// The tick at which level `level`'s slot `slot` begins, as seen from `elapsed`: in the
+    /// level's current rotation for a slot at or after `elapsed`'s, in the next one for a
+    /// slot behind it (which only holds timers a coarser slot was moved into ahead of
+    /// time).
     #[inline]
     pub(crate) const fn slot_start(self, elapsed: u64, level: usize, slot: usize) -> u64 {
         let level_bits = self.shift(level) + self.slot_bits;
-        let level_start = if level_bits >= 64 {
-            0
+        if level_bits >= 64 {
+            return (slot as u64) << self.shift(level);
+        }
+        let level_start = elapsed & !((1 << level_bits) - 1);
+        let start = level_start + ((slot as u64) << self.shift(level));
+        if slot < self.slot_for(elapsed, level) {
+            start.saturating_add(1 << level_bits)
         } else {
-            elapsed & !((1 << level_bits) - 1)
-        };
-        level_start + ((slot as u64) << self.shift(level))
+            start
+        }
     }
 
     /// The first occupied slot at or after the one `elapsed` is in, given a level's
@@ -155,6 +161,8 @@ mod tests {
         assert_eq!(g.level_for(0, 1 << 36), 6, "beyond six levels");
         assert_eq!(g.slot_for(64 * 5 + 3, 1), 5);
         assert_eq!(g.slot_start(64 * 64 + 10, 1, 7), 64 * 64 + 7 * 64);
+        // A slot behind elapsed's is the next rotation's.
+        assert_eq!(g.slot_start(64 * 64 + 63 * 64 + 5, 1, 0), 2 * 64 * 64);
     }
 
     #[test]

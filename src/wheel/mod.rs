@@ -509,6 +509,41 @@ mod tests {
         );
     }
 
+    /// A storm across a level-2 boundary (4,096 ticks): 100,000 timers due in 3,990..4,190,
+    /// so most of them sit in the next level-2 slot until the boundary. The last block
+    /// before it moves that slot down into level 1 a share per poll, so no poll moves more
+    /// than a few thousand timers, where it once moved every one of them at the boundary
+    /// (11 ms late in a storm); every timer fires at its own tick, never before.
+    #[test]
+    fn a_storm_across_a_level_2_boundary_is_moved_down_ahead_a_share_at_a_time() {
+        let (mut w, t0) = wheel();
+        let count = 100_000_u64;
+        let due = |i: u64| 3_990 + (i * 7_919) % 200;
+        for i in 0..count {
+            w.insert(t0 + ms(due(i)), i);
+        }
+        let mut fired = 0;
+        let mut now = t0;
+        let mut worst_poll = 0;
+        while let Some(next) = w.next_deadline() {
+            assert!(next >= now, "next_deadline went back");
+            now = next;
+            let before = w.link_operations();
+            let mut due_here = 0;
+            while let Some(i) = w.poll_expired(now) {
+                assert!(t0 + ms(due(i)) <= now, "timer {i} fired early");
+                due_here += 1;
+            }
+            fired += due_here;
+            worst_poll = worst_poll.max(w.link_operations() - before - due_here);
+        }
+        assert_eq!(fired, count);
+        assert!(
+            worst_poll <= 8_192,
+            "a poll moved {worst_poll} timers down at once"
+        );
+    }
+
     #[test]
     fn past_deadlines_fire_on_the_next_poll() {
         let (mut w, t0) = wheel();
