@@ -462,6 +462,42 @@ mod tests {
         assert!(w.is_empty());
     }
 
+    /// What driving a wheel by `next_deadline` did: for each poll, the instant and how many
+    /// timers it moved between lists (its link operations less the timers it handed out).
+    struct Driven {
+        fired: u64,
+        polls: Vec<(Instant, u64)>,
+    }
+
+    /// Arms `count` timers due at `due(i)` ticks, then drives the wheel as an event loop
+    /// would (sleep until `next_deadline`, poll, drain), checking that no timer fires early.
+    fn drive_by_next_deadline(count: u64, due: impl Fn(u64) -> u64) -> (Driven, Instant) {
+        let (mut w, t0) = wheel();
+        for i in 0..count {
+            w.insert(t0 + ms(due(i)), i);
+        }
+        let mut driven = Driven {
+            fired: 0,
+            polls: Vec::new(),
+        };
+        let mut now = t0;
+        while let Some(next) = w.next_deadline() {
+            assert!(next >= now, "next_deadline went back");
+            now = next;
+            let before = w.link_operations();
+            let mut due_here = 0;
+            while let Some(i) = w.poll_expired(now) {
+                assert!(t0 + ms(due(i)) <= now, "timer {i} fired early");
+                due_here += 1;
+            }
+            driven.fired += due_here;
+            driven
+                .polls
+                .push((now, w.link_operations() - before - due_here));
+        }
+        (driven, t0)
+    }
+
     /// A storm's block: 50,000 timers due across one 64-tick block far ahead. A loop that
     /// sleeps until `next_deadline` and polls is woken in the block before, early enough
     /// for polls to move the block down a share at a time, so that no poll at or after
@@ -469,33 +505,22 @@ mod tests {
     /// still fires at its own tick, never before.
     #[test]
     fn a_big_block_is_moved_down_ahead_of_its_deadlines_a_share_at_a_time() {
-        let (mut w, t0) = wheel();
         let count = 50_000_u64;
-        for i in 0..count {
-            w.insert(t0 + ms(960 + i % 64), i);
-        }
-        let mut fired = 0;
-        let mut now = t0;
-        let mut worst_due_poll = 0;
-        let mut early_wakes = 0;
-        while let Some(next) = w.next_deadline() {
-            assert!(next >= now, "next_deadline went back");
-            now = next;
-            let before = w.link_operations();
-            let mut due_here = 0;
-            while let Some(i) = w.poll_expired(now) {
-                assert!(t0 + ms(960 + i % 64) <= now, "timer {i} fired early");
-                due_here += 1;
-            }
-            let moved = w.link_operations() - before - due_here;
-            if now < t0 + ms(960) {
-                early_wakes += 1;
-            } else {
-                worst_due_poll = worst_due_poll.max(moved);
-            }
-            fired += due_here;
-        }
-        assert_eq!(fired, count);
+        let (driven, t0) = drive_by_next_deadline(count, |i| 960 + i % 64);
+        assert_eq!(driven.fired, count);
+        let first_due = t0 + ms(960);
+        let early_wakes = driven
+            .polls
+            .iter()
+            .filter(|(at, _)| *at < first_due)
+            .count();
+        let worst_due_poll = driven
+            .polls
+            .iter()
+            .filter(|(at, _)| *at >= first_due)
+            .map(|&(_, moved)| moved)
+            .max()
+            .unwrap_or(0);
         // Each early poll moves twice its share of what is left, so a few wakes do it,
         // not one a tick; what is left at the end (no more than the flip should move at
         // once) moves when the block begins.
@@ -516,28 +541,15 @@ mod tests {
     /// (11 ms late in a storm); every timer fires at its own tick, never before.
     #[test]
     fn a_storm_across_a_level_2_boundary_is_moved_down_ahead_a_share_at_a_time() {
-        let (mut w, t0) = wheel();
         let count = 100_000_u64;
-        let due = |i: u64| 3_990 + (i * 7_919) % 200;
-        for i in 0..count {
-            w.insert(t0 + ms(due(i)), i);
-        }
-        let mut fired = 0;
-        let mut now = t0;
-        let mut worst_poll = 0;
-        while let Some(next) = w.next_deadline() {
-            assert!(next >= now, "next_deadline went back");
-            now = next;
-            let before = w.link_operations();
-            let mut due_here = 0;
-            while let Some(i) = w.poll_expired(now) {
-                assert!(t0 + ms(due(i)) <= now, "timer {i} fired early");
-                due_here += 1;
-            }
-            fired += due_here;
-            worst_poll = worst_poll.max(w.link_operations() - before - due_here);
-        }
-        assert_eq!(fired, count);
+        let (driven, _) = drive_by_next_deadline(count, |i| 3_990 + (i * 7_919) % 200);
+        assert_eq!(driven.fired, count);
+        let worst_poll = driven
+            .polls
+            .iter()
+            .map(|&(_, moved)| moved)
+            .max()
+            .unwrap_or(0);
         assert!(
             worst_poll <= 8_192,
             "a poll moved {worst_poll} timers down at once"
