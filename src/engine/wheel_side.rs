@@ -20,11 +20,15 @@ use crate::engine::timer_node::TimerNode;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::sync::mpsc::Pop;
-use crate::sync::run_queue::MAX_RUN;
+use crate::sync::run_queue::{Filler, MAX_RUN};
 use crate::sync::timer_state::{Phase, Received};
 use crate::time::ticks::Ticks;
 use crate::wheel::core::WheelCore;
 use crate::wheel::geometry::Geometry;
+
+/// Due timers taken off the wheel at a time: enough for [`WheelCore::poll_batch`] to walk
+/// several due slots' lists in turn.
+const CLAIM_BATCH: usize = 64;
 
 /// The wheel side of one shard. See the module documentation.
 pub(crate) struct WheelSide {
@@ -230,53 +234,74 @@ impl WheelSide {
     fn claim_due(&mut self, shard: &ShardParts, now: Instant, now_tick: u64) -> (usize, bool) {
         let mut filler = shard.run.filler();
         let mut claimed = 0;
+        let mut batch = [0_u32; CLAIM_BATCH];
         while filler.room() > 0 {
-            let Some(index) = self.wheel.poll(&mut FiledNodes(&shard.pool), now) else {
+            // No more than there is room for: every timer taken off the wheel here is
+            // claimed onto the run queue or filed again before the next batch.
+            let room = filler.room().min(CLAIM_BATCH);
+            let taken =
+                self.wheel
+                    .poll_batch(&mut FiledNodes(&shard.pool), now, &mut batch[..room]);
+            if taken == 0 {
                 return (claimed, false);
-            };
-            let Some(node_ref) = shard.pool.node(index) else {
-                continue;
-            };
-            loop {
-                let seen = node_ref.state.observe();
-                match seen.phase() {
-                    Phase::Cancelled => {
-                        // Its cancel message is in transit and will free it.
-                        node_ref.state.keep_filed();
-                        break;
-                    }
-                    Phase::Pending if seen.is_locked() => {
-                        // A reset is mid-write: look again next tick.
-                        self.file(shard, node_ref, now_tick + 1);
-                        break;
-                    }
-                    Phase::Pending => {
-                        let deadline = node_ref.deadline();
-                        if deadline > now_tick {
-                            // Pushed back since it was filed.
-                            self.file(shard, node_ref, deadline);
-                            break;
-                        }
-                        // Claimed now, so that whoever takes it off the run queue holds it
-                        // and a cancel from here on finds it firing.
-                        if node_ref.state.try_fire(seen) {
-                            let pushed = filler.push(index);
-                            debug_assert!(pushed, "the run queue had room");
-                            claimed += 1;
-                            break;
-                        }
-                    }
-                    _ => {
-                        debug_assert!(false, "a {:?} timer in the wheel", seen.phase());
-                        break;
-                    }
-                }
+            }
+            for &index in &batch[..taken] {
+                claimed += self.claim(shard, &mut filler, index, now_tick);
             }
         }
         (
             claimed,
             self.wheel.next_tick().is_some_and(|tick| tick <= now_tick),
         )
+    }
+
+    /// Claims one due timer taken off the wheel onto the run queue (1), or leaves it to
+    /// its cancel's message, or files it again where it now belongs (0).
+    fn claim(
+        &mut self,
+        shard: &ShardParts,
+        filler: &mut Filler<'_>,
+        index: u32,
+        now_tick: u64,
+    ) -> usize {
+        let Some(node_ref) = shard.pool.node(index) else {
+            return 0;
+        };
+        loop {
+            let seen = node_ref.state.observe();
+            match seen.phase() {
+                Phase::Cancelled => {
+                    // Its cancel message is in transit and will free it.
+                    node_ref.state.keep_filed();
+                    break;
+                }
+                Phase::Pending if seen.is_locked() => {
+                    // A reset is mid-write: look again next tick.
+                    self.file(shard, node_ref, now_tick + 1);
+                    break;
+                }
+                Phase::Pending => {
+                    let deadline = node_ref.deadline();
+                    if deadline > now_tick {
+                        // Pushed back since it was filed.
+                        self.file(shard, node_ref, deadline);
+                        break;
+                    }
+                    // Claimed now, so that whoever takes it off the run queue holds it
+                    // and a cancel from here on finds it firing.
+                    if node_ref.state.try_fire(seen) {
+                        let pushed = filler.push(index);
+                        debug_assert!(pushed, "the run queue had room");
+                        return 1;
+                    }
+                }
+                _ => {
+                    debug_assert!(false, "a {:?} timer in the wheel", seen.phase());
+                    break;
+                }
+            }
+        }
+        0
     }
 
     /// The last turn: runs what is already claimed, takes everything in transit, then runs

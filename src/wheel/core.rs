@@ -97,6 +97,10 @@ enum NextWork {
 /// is left to the flip, which moves it at as little cost.
 const LOOKAHEAD_BUDGET: usize = 1024;
 
+/// Due finest slots [`WheelCore::poll_batch`] takes from in turn: the cache misses it keeps
+/// in flight while walking their lists.
+const INTERLEAVE: usize = 16;
+
 /// The pace the wheel plans its moves ahead of time at: timers a tick. A coarse slot of
 /// `n` timers gets its first move at least `n / FILL_PER_TICK` ticks before they may be
 /// due, and each later poll moves twice its share of what is left, so that moving a
@@ -271,6 +275,117 @@ impl WheelCore {
                 self.process(nodes, due.kind);
             }
         }
+    }
+
+    /// Up to `out.len()` due timers into `out`, unlinked; returns how many. What as many
+    /// calls to [`poll`](Self::poll) would hand out, in another order: when several finest
+    /// slots are due at once (a burst its caller has fallen behind on), it takes from up to
+    /// [`INTERLEAVE`] of them in turn. Walking one intrusive list is a chain of cache
+    /// misses, each node's address known only once the one before it has arrived; taking
+    /// from several lists in turn keeps that many misses in flight.
+    pub(crate) fn poll_batch<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        now: Instant,
+        out: &mut [u32],
+    ) -> usize {
+        let mut taken = 0;
+        while taken < out.len() {
+            let interleaved = self.take_interleaved(nodes, now, &mut out[taken..]);
+            if interleaved > 0 {
+                taken += interleaved;
+                continue;
+            }
+            match self.poll(nodes, now) {
+                Some(index) => {
+                    out[taken] = index;
+                    taken += 1;
+                }
+                None => break,
+            }
+        }
+        taken
+    }
+
+    /// When two or more finest slots are due at `now` (and nothing comes before them):
+    /// takes their due timers into `out` from each slot in turn, moving on those pushed
+    /// back since they were filed; returns how many it took (0 when fewer than two slots
+    /// are due, for `poll` to go on one at a time).
+    fn take_interleaved<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        now: Instant,
+        out: &mut [u32],
+    ) -> usize {
+        let (_, now) = self.catch_up(now);
+        if !self.lists.ready.is_empty() {
+            return 0;
+        }
+        let Some(Expiration {
+            kind: NextWork::Finest { slot: first },
+            tick,
+        }) = self.next_expiration()
+        else {
+            return 0;
+        };
+        if tick > now {
+            return 0;
+        }
+        // Every finest slot is in the current block, after `elapsed`'s: the due ones are
+        // the occupied slots from the first on whose ticks have come.
+        let mut slots = [0_usize; INTERLEAVE];
+        let mut count = 0;
+        let mut occupied = self.lists.levels[self.lists.current0].occupied >> first;
+        let mut slot = first;
+        while occupied != 0 && count < INTERLEAVE {
+            let skip = occupied.trailing_zeros() as usize;
+            slot += skip;
+            if self.geometry.slot_start(self.elapsed, 0, slot) > now {
+                break;
+            }
+            slots[count] = slot;
+            count += 1;
+            occupied = (occupied >> skip) >> 1;
+            slot += 1;
+        }
+        if count < 2 {
+            return 0;
+        }
+        debug_assert!(tick >= self.elapsed, "time moved backwards");
+        self.elapsed = tick;
+        let mut taken = 0;
+        while taken < out.len() && count > 0 {
+            let mut kept = 0;
+            for turn in 0..count {
+                let slot = slots[turn];
+                let location = Location::slot(self.lists.current0, slot);
+                let head = self.lists.list(location).head();
+                if head == NIL {
+                    continue;
+                }
+                slots[kept] = slot;
+                kept += 1;
+                if taken == out.len() {
+                    continue;
+                }
+                let due_at = self.geometry.slot_start(self.elapsed, 0, slot);
+                let deadline = nodes.deadline(head);
+                if deadline <= due_at {
+                    if let Some(index) = self.take_first(nodes, location) {
+                        out[taken] = index;
+                        taken += 1;
+                    }
+                } else {
+                    // Pushed back since it was filed: on to where it now belongs (after
+                    // `elapsed`, which is no later than this slot's tick).
+                    let (_, _, next) = nodes.links(head);
+                    self.lists.unlink_between(nodes, location, NIL, next);
+                    self.file(nodes, head, deadline, false);
+                }
+            }
+            count = kept;
+        }
+        taken
     }
 
     /// The wheel's own "now" for a caller's clock reading: the latest instant any caller

@@ -556,6 +556,48 @@ mod tests {
         );
     }
 
+    /// `poll_batch` (the engine's claim) with many finest slots due at once: it takes from
+    /// several in turn, and hands out exactly what `poll` would, once each: every timer due
+    /// by `now`, none pushed back past it (those are filed again and come out later, on
+    /// time).
+    #[test]
+    fn a_batch_over_many_due_slots_hands_out_exactly_the_due_timers_once() {
+        let (mut w, t0) = wheel();
+        let mut keys = Vec::new();
+        for i in 0..2_000_u64 {
+            keys.push(w.insert(t0 + ms(1 + i % 30), i));
+        }
+        // A tenth pushed back past the batch's `now`, lazily (they stay in their slots).
+        for (i, &key) in keys.iter().enumerate().filter(|(i, _)| i % 10 == 3) {
+            assert!(w.reset(key, t0 + ms(35 + i as u64 % 20)));
+        }
+        let due_by = |i: u64, at: u64| {
+            let deadline = if i % 10 == 3 { 35 + i % 20 } else { 1 + i % 30 };
+            deadline <= at
+        };
+        let mut taken = std::collections::HashSet::new();
+        let mut batch = [0_u32; 16];
+        for at in [30_u64, 60] {
+            loop {
+                let n = w.core.poll_batch(&mut w.slab, t0 + ms(at), &mut batch);
+                if n == 0 {
+                    break;
+                }
+                for &index in &batch[..n] {
+                    let value = w.slab.remove_at(index).expect("a live timer").value;
+                    assert!(
+                        due_by(value, at),
+                        "timer {value} handed out before it was due"
+                    );
+                    assert!(taken.insert(value), "timer {value} handed out twice");
+                }
+            }
+            let expected = (0..2_000_u64).filter(|&i| due_by(i, at)).count();
+            assert_eq!(taken.len(), expected, "every timer due by {at} ms");
+        }
+        assert!(w.is_empty());
+    }
+
     #[test]
     fn past_deadlines_fire_on_the_next_poll() {
         let (mut w, t0) = wheel();
