@@ -1,7 +1,8 @@
-//! Real-clock stress on two threads: a million timers, with cancels and resets racing the
-//! workers firing them. Asserts only what holds on a loaded 2-core machine: never early,
-//! each surviving timer fired exactly once, no cancelled timer fired, and every node back in
-//! its pool at shutdown. Nothing here depends on how fast the machine is.
+//! Real-clock stress on two threads: a million timers, and a burst claimed in batches,
+//! with cancels and resets racing the workers firing them. Asserts only what holds on a
+//! loaded 2-core machine: never early, each surviving timer fired exactly once, no
+//! cancelled timer fired, and every node back in its pool at shutdown. Nothing here
+//! depends on how fast the machine is.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -198,4 +199,95 @@ fn a_lone_timer_wakes_a_sleeping_worker() {
         armer.join().expect("no panic");
         assert_eq!(fired.load(Ordering::SeqCst), 1);
     }
+}
+
+/// A burst armed ahead, as burst-steal arms it: 200,000 timers from one thread, all due
+/// within the same 5 ms, 300 ms out, so that the owner claims them in batches across many
+/// due slots at once. While the burst is claimed and run, another thread cancels a
+/// quarter of them and resets another quarter (half earlier, half later), racing the
+/// batches. Never early, exactly once for every timer whose cancel did not succeed, none
+/// for those whose cancel did, nothing lost, every node back.
+#[test]
+fn a_burst_claimed_in_batches_with_racing_cancels_and_resets() {
+    const BURST: usize = 200_000;
+    let engine = TimerEngine::builder()
+        .workers(THREADS)
+        .pin_workers(false)
+        .build()
+        .expect("two workers");
+    let origin = Instant::now();
+    let timers: Arc<Vec<Timer>> = Arc::new(
+        (0..BURST)
+            .map(|_| Timer {
+                fires: AtomicU8::new(0),
+                fired_at: AtomicU64::new(0),
+            })
+            .collect(),
+    );
+    let first = origin + Duration::from_millis(300);
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut deadlines = Vec::with_capacity(BURST);
+    let handles: Vec<_> = (0..BURST)
+        .map(|id| {
+            let deadline = first + Duration::from_nanos(rng.next() % 5_000_000);
+            deadlines.push((deadline - origin).as_nanos() as u64);
+            let timers = Arc::clone(&timers);
+            engine
+                .schedule_at(deadline, move || {
+                    let timer = &timers[id];
+                    timer
+                        .fired_at
+                        .store(origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    timer.fires.fetch_add(1, Ordering::Relaxed);
+                })
+                .expect("scheduled")
+        })
+        .collect();
+    // From the first deadline on, race the burst: each change lands before, during or after
+    // its timer's claim, whichever the machine makes it (the changes take longer than the
+    // burst's claim, so the later ones find fired timers).
+    std::thread::sleep(first.saturating_duration_since(Instant::now()));
+    let mut cancelled = vec![false; BURST];
+    for id in 0..BURST {
+        match rng.next() % 4 {
+            0 => cancelled[id] = engine.cancel(handles[id]),
+            1 => {
+                let delay = Duration::from_micros(rng.next() % 8_000);
+                let deadline = Instant::now() + delay;
+                if engine.reset_at(handles[id], deadline) {
+                    deadlines[id] = (deadline - origin).as_nanos() as u64;
+                }
+            }
+            _ => {}
+        }
+    }
+    let expected = cancelled.iter().filter(|&&c| !c).count() as u64;
+    let waiting = Instant::now();
+    while engine.stats().total.fired < expected || engine.stats().total.pending > 0 {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(300),
+            "timers lost: expected {expected} fires, {:?}",
+            engine.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for id in 0..BURST {
+        let timer = &timers[id];
+        let fires = timer.fires.load(Ordering::Relaxed);
+        if cancelled[id] {
+            assert_eq!(fires, 0, "timer {id} ran after its cancel returned true");
+        } else {
+            assert_eq!(fires, 1, "timer {id} ran {fires} times");
+            let at = timer.fired_at.load(Ordering::Relaxed);
+            assert!(
+                at >= deadlines[id],
+                "timer {id} fired {} ns early",
+                deadlines[id] - at
+            );
+        }
+    }
+    assert_eq!(engine.stats().total.fired, expected);
+    let report = engine.shutdown(PendingTimers::Drop);
+    assert_eq!(report.dropped, 0, "nothing was left pending");
+    assert_eq!(engine.nodes_in_use(), 0, "every node is back in its pool");
 }
