@@ -22,10 +22,31 @@ pub(crate) struct WheelCore {
     /// deadline at or before it is due at once.
     last_poll: Option<Instant>,
     lists: Lists,
-    /// Per level, the start of the coarse slot [`pre_cascade`](Self::pre_cascade) is
-    /// moving down and how many of its timers it has yet to look at: timers it sends back
-    /// to the slot's end are not looked at again.
-    pre_cascaded: Box<[(u64, u64)]>,
+    /// Per level, where [`pre_cascade`](Self::pre_cascade) is in the coarse slot it is
+    /// moving down.
+    pre_cascaded: Box<[PreCascade]>,
+}
+
+/// How far [`WheelCore::pre_cascade`] has walked one level's next slot.
+#[derive(Debug, Clone, Copy)]
+struct PreCascade {
+    /// The slot's start: a walk of another slot starts afresh.
+    start: u64,
+    /// The last timer the walk left in the slot, which it goes on after; `NIL` before it
+    /// has left any (everything still there is then unwalked).
+    anchor: u32,
+    /// Timers the walk has left in the slot.
+    kept: u64,
+}
+
+impl PreCascade {
+    const fn starting(start: u64) -> Self {
+        Self {
+            start,
+            anchor: NIL,
+            kept: 0,
+        }
+    }
 }
 
 /// Every list a timer can be filed on. Kept apart from the nodes so that both can be
@@ -102,9 +123,11 @@ const LOOKAHEAD_BUDGET: usize = 1024;
 const INTERLEAVE: usize = 16;
 
 /// The pace the wheel plans its moves ahead of time at: timers a tick. A coarse slot of
-/// `n` timers gets its first move at least `n / FILL_PER_TICK` ticks before they may be
-/// due, and each later poll moves twice its share of what is left, so that moving a
-/// million timers due in the same second never holds up a due timer by much.
+/// `n` timers gets its first move `n / FILL_PER_TICK` ticks before it begins, or as early
+/// as the move can start if that is later (the block before, for the next block; the last
+/// slot of the level below, for a level-2+ slot), and each later poll moves twice its
+/// share of what is left, so that moving a million timers due in the same second never
+/// holds up a due timer by much.
 const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;
 
 impl Lists {
@@ -230,7 +253,8 @@ impl WheelCore {
             elapsed: 0,
             last_poll: None,
             lists: Lists::new(geometry),
-            pre_cascaded: vec![(u64::MAX, 0); geometry.levels()].into_boxed_slice(),
+            pre_cascaded: vec![PreCascade::starting(u64::MAX); geometry.levels()]
+                .into_boxed_slice(),
         }
     }
 
@@ -411,6 +435,14 @@ impl WheelCore {
     pub(crate) fn unlink<N: Links>(&mut self, nodes: &mut N, index: u32) {
         let (location, prev, next) = nodes.links(index);
         self.lists.unlink_between(nodes, location, prev, next);
+        // A walk ahead of time that left this timer in its slot goes on from the one
+        // before it, which it walked too (or from the head).
+        for walk in self.pre_cascaded.iter_mut() {
+            if walk.anchor == index {
+                walk.anchor = prev;
+                walk.kept = walk.kept.saturating_sub(1);
+            }
+        }
     }
 
     /// Unlinks every timer, due or not, and returns their indices.
@@ -430,7 +462,7 @@ impl WheelCore {
         let link_operations = self.lists.link_operations;
         self.lists = Lists::new(self.geometry);
         self.lists.link_operations = link_operations;
-        self.pre_cascaded.fill((u64::MAX, 0));
+        self.pre_cascaded.fill(PreCascade::starting(u64::MAX));
         indices
     }
 
@@ -699,59 +731,93 @@ impl WheelCore {
     /// wait in them (as that level's next rotation, see
     /// [`Geometry::slot_start`]) instead of all being moved down at once when their slot
     /// begins. The timers due in the last of those slots, where `elapsed` is now, and any
-    /// pushed back out of the slot, are left for that moment. Without this a storm's
-    /// 4-second level-2 slot moved half a million timers in one poll, 11 ms late.
+    /// pushed back out of the slot, stay for that moment. Without this a storm's 4-second
+    /// level-2 slot moved half a million timers in one poll, 11 ms late.
+    ///
+    /// A walk goes along the slot's list from where the last one stopped: the last timer it
+    /// left in place is its anchor (moved back to the timer before it if it leaves, see
+    /// [`unlink`](Self::unlink)), so timers filed into the slot since (appended at the end)
+    /// are walked too, and those left are not walked again. Coarser levels go first,
+    /// so that what level `L + 1` moves into level `L`'s next slot is walked by level `L`
+    /// in the same poll.
     fn pre_cascade<N: Links>(&mut self, nodes: &mut N) {
-        for level in 2..self.geometry.levels() {
+        for level in (2..self.geometry.levels()).rev() {
             let Some((start, slot)) = self.pre_cascade_source(level) else {
                 continue;
             };
-            let len = u64::from(self.lists.levels[level].slots[slot].timers.len());
-            let state = &mut self.pre_cascaded[level];
-            if state.0 != start {
-                // First look at this slot: every timer in it is to be looked at once.
-                *state = (start, len);
+            let source = Location::slot(level, slot);
+            if self.pre_cascaded[level].start != start {
+                self.pre_cascaded[level] = PreCascade::starting(start);
             }
-            let left = state.1.min(len);
+            let left = self.pre_cascade_left(level, slot);
             if left == 0 {
                 continue;
             }
-            let ticks_left = start.saturating_sub(self.elapsed).max(1);
+            let ticks_left = self
+                .pre_cascade_due(level, start)
+                .saturating_sub(self.elapsed)
+                .max(1);
             let budget = left
                 .div_ceil(ticks_left)
                 .saturating_mul(2)
-                .max(LOOKAHEAD_BUDGET as u64)
-                .min(left);
+                .max(LOOKAHEAD_BUDGET as u64);
             let window_end = start.saturating_add(1 << self.geometry.shift(level));
             let last = self.geometry.slots() - 1;
-            let source = Location::slot(level, slot);
+            let mut state = self.pre_cascaded[level];
+            // The anchor is in the slot: `unlink` moves it back when it leaves.
+            let mut node = match state.anchor {
+                NIL => self.lists.list(source).head(),
+                anchor => {
+                    let (location, _, next) = nodes.links(anchor);
+                    debug_assert_eq!(location, source, "an anchor outside its slot");
+                    next
+                }
+            };
             for _ in 0..budget {
-                let Some(index) = self.lists.levels[level].slots[slot].timers.pop_front(nodes)
-                else {
+                if node == NIL {
                     break;
-                };
-                let deadline = nodes.deadline(index);
+                }
+                let (_, prev, next) = nodes.links(node);
+                let deadline = nodes.deadline(node);
                 let finer = self.geometry.slot_for(deadline, level - 1);
                 if (start..window_end).contains(&deadline) && finer != last {
-                    self.link_at(nodes, index, Location::slot(level - 1, finer), deadline);
+                    self.lists.unlink_between(nodes, source, prev, next);
+                    self.link_at(nodes, node, Location::slot(level - 1, finer), deadline);
                 } else {
-                    // Back to the end of the slot, where this walk will not reach it again.
-                    self.link_at(nodes, index, source, deadline);
+                    state.anchor = node;
+                    state.kept += 1;
                 }
+                node = next;
             }
-            self.pre_cascaded[level].1 = left - budget;
-            if self.lists.levels[level].slots[slot].timers.is_empty() {
-                self.lists.mark_empty(level, slot);
-            }
+            self.pre_cascaded[level] = state;
         }
+    }
+
+    /// The tick by which [`pre_cascade`](Self::pre_cascade) should have moved level
+    /// `level`'s slot beginning at `start`: a slot of the level below earlier, so that the
+    /// level below's own walk (of the slot this one fills), which starts then, finds all of
+    /// it; for level 2, the tick before the slot (the lookahead's fill of the first block
+    /// runs beside it).
+    fn pre_cascade_due(&self, level: usize, start: u64) -> u64 {
+        start.saturating_sub(1 << self.geometry.shift(level - 2))
+    }
+
+    /// Timers of level `level`'s slot `slot` that [`pre_cascade`](Self::pre_cascade) has
+    /// not yet walked: its length less those it left in place (an estimate once some of
+    /// those are cancelled: it then walks less ahead of time, and the rest moves at the
+    /// slot's start, as it would have anyway).
+    fn pre_cascade_left(&self, level: usize, slot: usize) -> u64 {
+        let len = u64::from(self.lists.levels[level].slots[slot].timers.len());
+        let state = &self.pre_cascaded[level];
+        len.saturating_sub(state.kept)
     }
 
     /// When a coarse slot of more than the move at its start should do at once comes up
     /// for [`pre_cascade`](Self::pre_cascade): the tick by which polls should start
     /// moving it, at [`FILL_PER_TICK`]'s pace, but not before `elapsed` reaches the last
     /// slot of the level below (whose start this may be), and never before the next tick.
+    /// A slot whose timers can never fire (all at the end of the tick range) asks for none.
     fn pre_cascade_tick(&self) -> Option<u64> {
-        let last = self.geometry.slots() - 1;
         (2..self.geometry.levels())
             .filter_map(|level| {
                 let shift = self.geometry.shift(level);
@@ -762,8 +828,11 @@ impl WheelCore {
                 if slot == 0 && level + 1 >= self.geometry.levels() {
                     return None;
                 }
-                let left = if self.pre_cascaded[level].0 == start {
-                    self.pre_cascaded[level].1
+                if self.lists.levels[level].slots[slot].earliest == NEVER {
+                    return None;
+                }
+                let left = if self.pre_cascaded[level].start == start {
+                    self.pre_cascade_left(level, slot)
                 } else {
                     u64::from(self.lists.levels[level].slots[slot].timers.len())
                 };
@@ -771,8 +840,9 @@ impl WheelCore {
                     return None;
                 }
                 let last_start = start - (1 << self.geometry.shift(level - 1));
-                debug_assert_eq!(self.geometry.slot_for(last_start, level - 1), last);
-                let paced = start.saturating_sub(left.div_ceil(FILL_PER_TICK));
+                let paced = self
+                    .pre_cascade_due(level, start)
+                    .saturating_sub(left.div_ceil(FILL_PER_TICK));
                 Some(paced.max(last_start).max(self.elapsed.saturating_add(1)))
             })
             .min()

@@ -504,6 +504,10 @@ mod tests {
     /// the first deadline moves more than the flip's small remainder, and every timer
     /// still fires at its own tick, never before.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "tens of thousands of timers; the same code runs on small wheels above"
+    )]
     fn a_big_block_is_moved_down_ahead_of_its_deadlines_a_share_at_a_time() {
         let count = 50_000_u64;
         let (driven, t0) = drive_by_next_deadline(count, |i| 960 + i % 64);
@@ -540,6 +544,10 @@ mod tests {
     /// than a few thousand timers, where it once moved every one of them at the boundary
     /// (11 ms late in a storm); every timer fires at its own tick, never before.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "tens of thousands of timers; the same code runs on small wheels above"
+    )]
     fn a_storm_across_a_level_2_boundary_is_moved_down_ahead_a_share_at_a_time() {
         let count = 100_000_u64;
         let (driven, _) = drive_by_next_deadline(count, |i| 3_990 + (i * 7_919) % 200);
