@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use common::{Live, Witness, leaked_unpinned, manual, run_for, within};
@@ -28,26 +28,6 @@ use corewheel::{KeyedTimers, ManualClock, PendingTimers, TimerEngine};
 
 const MS: Duration = Duration::from_millis(1);
 const HOUR: Duration = Duration::from_secs(3600);
-
-/// One test at a time in this binary (see the module doc).
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Waits up to `limit` for `done`, sleeping (never pinning an epoch section) between looks.
-fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(MS);
-    }
-    done()
-}
 
 /// Holds a crossbeam-epoch section open on a thread of its own until the returned closure
 /// is called, as a handler running on some worker would: frees retired meanwhile are
@@ -123,7 +103,7 @@ impl Drop for CountedKey {
 /// own handler once each, on time.
 #[test]
 fn stale_timers_left_by_a_panicking_key_drop_take_nothing_from_the_slots_next_owner() {
-    let _serial = serial();
+    let _serial = common::serial();
     let (engine, clock) = manual(1);
     let live = Live::default();
     let first_handled = Arc::new(AtomicUsize::new(0));
@@ -149,7 +129,7 @@ fn stale_timers_left_by_a_panicking_key_drop_take_nothing_from_the_slots_next_ow
     );
     assert!(!KEY_DROP_BOMB.load(Ordering::SeqCst));
     assert!(
-        eventually(Duration::from_secs(5), || live.count() == 0),
+        common::eventually(Duration::from_secs(5), || live.count() == 0),
         "the first owner's values are all dropped"
     );
 
@@ -195,7 +175,7 @@ fn stale_timers_left_by_a_panicking_key_drop_take_nothing_from_the_slots_next_ow
     );
     assert!(second.is_empty());
     drop(second);
-    assert!(eventually(Duration::from_secs(5), || live.count() == 0));
+    assert!(common::eventually(Duration::from_secs(5), || live.count() == 0));
     assert_eq!(engine.nodes_in_use(), 0);
 }
 
@@ -206,7 +186,7 @@ fn stale_timers_left_by_a_panicking_key_drop_take_nothing_from_the_slots_next_ow
 /// find the new map, take nothing, and run no handler (neither the old one nor the new).
 #[test]
 fn claimed_fires_of_a_dropped_owner_take_nothing_from_the_next_owner() {
-    let _serial = serial();
+    let _serial = common::serial();
     let (engine, clock) = manual(1);
     let live = Live::default();
     let entered = Arc::new(Barrier::new(2));
@@ -267,7 +247,7 @@ fn claimed_fires_of_a_dropped_owner_take_nothing_from_the_next_owner() {
         assert_eq!(live.count(), 64, "the first owner's values are all gone");
         drop(second);
     });
-    assert!(eventually(Duration::from_secs(5), || live.count() == 0));
+    assert!(common::eventually(Duration::from_secs(5), || live.count() == 0));
 }
 
 /// Owners of the same `K, V` types made and dropped over and over on three threads, each
@@ -277,7 +257,7 @@ fn claimed_fires_of_a_dropped_owner_take_nothing_from_the_next_owner() {
 /// handed out at most once and dropped once.
 #[test]
 fn churning_owners_of_one_type_keep_exactly_once_never_early_never_crossed() {
-    let _serial = serial();
+    let _serial = common::serial();
     within(Duration::from_secs(120), "owner churn", || {
         let engine = leaked_unpinned(2);
         let live = Live::default();
@@ -350,7 +330,7 @@ fn churning_owners_of_one_type_keep_exactly_once_never_early_never_crossed() {
         let faults = faults.lock().unwrap().clone();
         assert!(faults.is_empty(), "{faults:?}");
         assert!(
-            eventually(Duration::from_secs(10), || live.count() == 0),
+            common::eventually(Duration::from_secs(10), || live.count() == 0),
             "every value dropped exactly once ({} alive)",
             live.count()
         );
@@ -369,7 +349,7 @@ fn churning_owners_of_one_type_keep_exactly_once_never_early_never_crossed() {
 /// crash.
 #[test]
 fn a_handler_outliving_its_keyed_timers_keeps_its_captures() {
-    let _serial = serial();
+    let _serial = common::serial();
     within(Duration::from_secs(30), "long handler", || {
         let engine = leaked_unpinned(1);
         let live = Live::default();
@@ -392,7 +372,7 @@ fn a_handler_outliving_its_keyed_timers_keeps_its_captures() {
         timers.set(1, 1, MS).unwrap();
         entered_rx.recv_timeout(Duration::from_secs(10)).unwrap();
         drop(timers);
-        assert!(eventually(Duration::from_secs(10), || {
+        assert!(common::eventually(Duration::from_secs(10), || {
             intact.load(Ordering::SeqCst) != 0
         }));
         assert_eq!(intact.load(Ordering::SeqCst), 1, "captures intact");
@@ -406,7 +386,7 @@ fn a_handler_outliving_its_keyed_timers_keeps_its_captures() {
 /// it must neither wait for that section (deadlock) nor free what the handler still uses.
 #[test]
 fn a_handler_dropping_its_own_keyed_timers_mid_turn_keeps_its_captures() {
-    let _serial = serial();
+    let _serial = common::serial();
     within(Duration::from_secs(30), "self-drop in the handler", || {
         let (engine, clock) = manual(1);
         let engine: &'static TimerEngine = Box::leak(Box::new(engine));
@@ -450,7 +430,7 @@ fn a_handler_dropping_its_own_keyed_timers_mid_turn_keeps_its_captures() {
 /// with and without pending timers, on owners made on one thread and dropped on another.
 #[test]
 fn with_no_section_open_the_handlers_captures_go_with_the_drop() {
-    let _serial = serial();
+    let _serial = common::serial();
     let (engine, _clock) = manual(1);
     for pending in [0_u32, 16] {
         let shared = Arc::new(());
@@ -476,7 +456,7 @@ fn with_no_section_open_the_handlers_captures_go_with_the_drop() {
 /// handler strongly, and the captures go as it returns.
 #[test]
 fn the_handler_is_dropped_once_the_fire_running_it_returns() {
-    let _serial = serial();
+    let _serial = common::serial();
     within(
         Duration::from_secs(30),
         "captures after the section",
@@ -504,7 +484,7 @@ fn the_handler_is_dropped_once_the_fire_running_it_returns() {
             release.wait();
             turner.join().unwrap();
             assert!(
-                eventually(Duration::from_secs(3), || live.count() == 0),
+                common::eventually(Duration::from_secs(3), || live.count() == 0),
                 "the handler's captures are still alive after its section ended"
             );
         },
@@ -554,7 +534,7 @@ fn drop_a_handler_bomb_beside_an_open_section(engine: &TimerEngine) {
 /// nothing of the user's.
 #[test]
 fn a_handler_drop_panic_never_costs_an_unrelated_key_its_expiry() {
-    let _serial = serial();
+    let _serial = common::serial();
     let (engine, clock) = manual(1);
     let handled = Arc::new(AtomicUsize::new(0));
     let sink = Arc::clone(&handled);
@@ -582,7 +562,7 @@ fn a_handler_drop_panic_never_costs_an_unrelated_key_its_expiry() {
 /// owner's payload. Fixed as above: the innocent drop has nothing of anyone's to run.
 #[test]
 fn a_handler_drop_panic_never_escapes_an_unrelated_drop() {
-    let _serial = serial();
+    let _serial = common::serial();
     let (engine, _clock) = manual(1);
     let innocent = KeyedTimers::with_engine(&engine, |_: u32, _: u32| {});
     innocent.set(1, 1, HOUR).unwrap();
@@ -600,7 +580,7 @@ fn a_handler_drop_panic_never_escapes_an_unrelated_drop() {
 /// panics are counted.
 #[test]
 fn panicking_handlers_on_churning_owners_leave_the_table_sound() {
-    let _serial = serial();
+    let _serial = common::serial();
     let (engine, clock) = manual(1);
     let live = Live::default();
     for round in 0..50_u32 {
@@ -636,7 +616,7 @@ thread_local! {
 /// the map, free the state and drop the handler.
 #[test]
 fn a_keyed_timers_dropped_at_thread_exit_after_the_epoch_handle_is_freed() {
-    let _serial = serial();
+    let _serial = common::serial();
     let (engine, clock) = manual(1);
     let engine: &'static TimerEngine = Box::leak(Box::new(engine));
     let live = Live::default();
@@ -656,7 +636,7 @@ fn a_keyed_timers_dropped_at_thread_exit_after_the_epoch_handle_is_freed() {
     .join()
     .unwrap();
     assert_eq!(live.count(), 0, "the values were dropped at thread exit");
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(common::eventually(Duration::from_secs(5), || {
         Arc::strong_count(&handler_alive) == 1
     }));
     run_for(engine, &clock, 2);
@@ -670,7 +650,7 @@ fn a_keyed_timers_dropped_at_thread_exit_after_the_epoch_handle_is_freed() {
 /// owner's value.
 #[test]
 fn owner_churn_racing_engine_shutdown_loses_nothing() {
-    let _serial = serial();
+    let _serial = common::serial();
     for mode in [PendingTimers::Run, PendingTimers::Drop] {
         within(
             Duration::from_secs(60),
@@ -743,7 +723,7 @@ fn resident_bytes() -> usize {
 #[test]
 #[cfg(target_os = "linux")]
 fn a_hundred_thousand_owners_do_not_grow_memory() {
-    let _serial = serial();
+    let _serial = common::serial();
     let (engine, clock) = manual(1);
     let live = Live::default();
     for pending in [0_u32, 4] {
@@ -794,7 +774,7 @@ fn keyed_timers_stay_send_and_sync() {
         send_sync::<KeyedTimers<'e, u64, String>>();
         send_sync::<KeyedTimers<'e, String, Arc<Mutex<Vec<u8>>>>>();
     }
-    let _serial = serial();
+    let _serial = common::serial();
     let clock = ManualClock::new();
     let engine = TimerEngine::builder()
         .manual_clock(clock.clone())

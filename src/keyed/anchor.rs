@@ -229,31 +229,35 @@ fn read_slot(slot: &AtomicPtr<()>) -> *mut () {
     }
 }
 
-/// Runs `f` on the state of type `T` published at slot `index`, inside a read section;
-/// `None`, without running `f`, if the slot holds nothing or another type's state (its
-/// owner is gone).
-pub(crate) fn with<T: Send + Sync + 'static, R>(
+/// Runs `f` on the state of type `T` published at slot `index`, inside a read section,
+/// and returns what it returned; `Err(f)`, without running it, if the slot holds nothing
+/// or another type's state (its owner is gone). `f` comes back rather than being dropped
+/// here, so that what it holds (a key of the user's) is dropped outside the section.
+pub(crate) fn with<T: Send + Sync + 'static, R, F: FnOnce(&T) -> R>(
     index: usize,
-    f: impl FnOnce(&T) -> R,
-) -> Option<R> {
+    f: F,
+) -> Result<R, F> {
     grace::read(|| {
-        let published = read_slot(table().slot(index)?);
+        let Some(slot) = table().slot(index) else {
+            return Err(f);
+        };
+        let published = read_slot(slot);
         if published.is_null() {
-            return None;
+            return Err(f);
         }
         // SAFETY: a non-null slot points to a `Published<_>` that is freed only by
         // `retire`, after every read section that could have loaded it, this one included,
         // has ended; `repr(C)` puts its `TypeId` first whatever its type.
         let type_id = unsafe { *published.cast::<TypeId>() };
         if type_id != TypeId::of::<T>() {
-            return None;
+            return Err(f);
         }
         // SAFETY: as above, and the `TypeId` says the state is a `T`.
         let state = unsafe { &(*published.cast::<Published<T>>()).state };
         let result = f(state);
         #[cfg(loom)]
         grace::assert_not_retired(published.cast_const());
-        Some(result)
+        Ok(result)
     })
 }
 
@@ -278,10 +282,10 @@ mod tests {
     fn a_callback_finds_its_state_until_the_owner_drops_it() {
         let anchor = Anchor::new(7_u32);
         let index = anchor.index();
-        assert_eq!(with(index, |state: &u32| *state), Some(7));
+        assert_eq!(with(index, |state: &u32| *state).ok(), Some(7));
         assert_eq!(*anchor, 7);
         drop(anchor);
-        assert_eq!(with(index, |state: &u32| *state), None);
+        assert!(with(index, |state: &u32| *state).is_err());
     }
 
     #[test]
@@ -293,8 +297,8 @@ mod tests {
         for _ in 0..64 {
             let other = Anchor::new(String::from("other"));
             if other.index() == index {
-                assert_eq!(with(index, |state: &u64| *state), None);
-                assert_eq!(with(index, |state: &String| state.len()), Some(5));
+                assert!(with(index, |state: &u64| *state).is_err());
+                assert_eq!(with(index, |state: &String| state.len()).ok(), Some(5));
             }
             held.push(other);
         }
@@ -310,10 +314,9 @@ mod tests {
         let inner_index = inner.index();
         let mut inner = Some(inner);
         let seen = with(outer.index(), |_: &u8| drop(inner.take()));
-        assert_eq!(seen, Some(()));
-        assert_eq!(
-            with(inner_index, |_: &Counted| ()),
-            None,
+        assert!(seen.is_ok());
+        assert!(
+            with(inner_index, |_: &Counted| ()).is_err(),
             "gone from its slot"
         );
         assert_freed_once(&drops);

@@ -51,9 +51,10 @@ use crate::sync::unmodelled::{Arc, Weak};
 /// in the timer's node; a larger one costs an allocation per new key's timer.
 ///
 /// **Dropping** cancels every timer and drops the values at once, on the dropping thread;
-/// so is the handler, unless a fire is running it, in which case it is dropped when that
-/// fire returns. What is left (the emptied map) is freed once no fire can be reading it,
-/// and runs no code of yours.
+/// so is the handler, unless a fire holds it (a fire takes it for the length of its
+/// lookup and call), in which case it is dropped when that fire returns, on its worker.
+/// What is left (the emptied map) is freed once no fire can be reading it, and runs no code
+/// of yours.
 ///
 /// **After the engine shuts down**, `set` is refused. With
 /// [`PendingTimers::Drop`](crate::PendingTimers::Drop) the entries still pending stay in
@@ -218,10 +219,23 @@ where
         let token = token::fresh();
         self.engine
             .schedule(delay, move || {
-                // Nothing, if this `KeyedTimers` has been dropped. The handler runs after
-                // the read section, so that a handler that blocks holds up no free.
+                // Everything of the user's (the handler's call, the key's and the handler's
+                // drops) happens after the read section, so that a handler or a `Drop` that
+                // blocks holds up no free. Nothing is handed out if this `KeyedTimers` has
+                // been dropped.
                 let expired = anchor::with(anchor, |inner: &Inner<K, V>| inner.expire(key, token));
-                if let Some((handler, key, value)) = expired.flatten() {
+                let Ok(Expired {
+                    handler,
+                    taken,
+                    key,
+                }) = expired
+                else {
+                    return;
+                };
+                // First, on its own: a panic here unwinds through `handler` and `taken`,
+                // which drops them, rather than through a half-built value.
+                drop(key);
+                if let (Some(handler), Some((key, value))) = (handler, taken) {
                     handler(key, value);
                 }
             })
@@ -338,16 +352,32 @@ impl<K: Eq + Hash, V> Inner<K, V> {
     /// belongs to a later `set` (this fire lost the race for the lock to it); no slot means
     /// a `remove`, `drain` or `stop` took it. The handler is taken first: once the
     /// `KeyedTimers` is gone it cannot be, and the value is left for the drop, which takes
-    /// every value in the map.
-    #[allow(
-        clippy::type_complexity,
-        reason = "one private return, named by its parts"
-    )]
-    fn expire(&self, key: K, token: u64) -> Option<(Arc<Handler<K, V>>, K, V)> {
-        let handler = self.handler.upgrade()?;
-        let (key, slot) = self.map.remove_if(&key, |slot| slot.token == token)?;
-        slot.value.map(|value| (handler, key, value))
+    /// every value in the map. Everything comes back out of the read section to be used
+    /// or dropped there, the fire's own copy of the key included.
+    fn expire(&self, key: K, token: u64) -> Expired<K, V> {
+        let Some(handler) = self.handler.upgrade() else {
+            return Expired {
+                handler: None,
+                taken: None,
+                key,
+            };
+        };
+        let taken = self.map.remove_if(&key, |slot| slot.token == token);
+        Expired {
+            handler: Some(handler),
+            taken: taken.and_then(|(key, slot)| slot.value.map(|value| (key, value))),
+            key,
+        }
     }
+}
+
+/// What a fire took in its read section, to use and drop after it.
+struct Expired<K, V> {
+    handler: Option<Arc<Handler<K, V>>>,
+    /// The key and value for the handler, if the slot was this timer's.
+    taken: Option<(K, V)>,
+    /// The fire's own copy of the key, used to find the slot.
+    key: K,
 }
 
 impl<K: Eq + Hash, V> Drop for KeyedTimers<'_, K, V> {

@@ -142,3 +142,25 @@ pub fn recording<'e>(
     });
     (timers, seen)
 }
+
+/// Runs one test at a time in a binary whose tests share process-wide state (the keyed
+/// timers' slot table, crossbeam-epoch's collector): each holds this guard.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Waits up to `limit` for `done`, sleeping a millisecond between looks (never holding an
+/// epoch section open); whether it came true.
+pub fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < until {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    done()
+}
