@@ -203,13 +203,13 @@ unsafe fn complete(deferred: Deferred) {
 #[cfg(loom)]
 struct Retired(loom::sync::Mutex<Vec<Deferred>>);
 
+#[cfg(loom)]
 // SAFETY: the pointers are only dereferenced to free them, once, in the drop, when the
 // model's run is over; every retired value may be dropped on any thread (`retire`'s
 // contract).
-#[cfg(loom)]
 unsafe impl Send for Retired {}
-// SAFETY: as for `Send`; the list itself is behind a mutex.
 #[cfg(loom)]
+// SAFETY: as for `Send`; the list itself is behind a mutex.
 unsafe impl Sync for Retired {}
 
 #[cfg(loom)]
