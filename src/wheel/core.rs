@@ -130,6 +130,15 @@ const INTERLEAVE: usize = 16;
 /// holds up a due timer by much.
 const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;
 
+/// How many of `left` timers a poll moves ahead of time when `ticks_left` ticks remain
+/// before they must all have moved: twice its share, and never fewer than
+/// [`LOOKAHEAD_BUDGET`].
+fn paced_share(left: u64, ticks_left: u64) -> u64 {
+    left.div_ceil(ticks_left.max(1))
+        .saturating_mul(2)
+        .max(LOOKAHEAD_BUDGET as u64)
+}
+
 impl Lists {
     #[inline]
     fn list(&self, location: Location) -> &List {
@@ -284,16 +293,8 @@ impl WheelCore {
                 // deadline was pushed back since they were filed: hand out the first kind
                 // straight from the slot, one per call, and move the second on.
                 let location = Location::slot(self.lists.current0, slot);
-                let head = self.lists.list(location).head();
-                let deadline = nodes.deadline(head);
-                if deadline <= due.tick {
-                    if let Some(index) = self.take_first(nodes, location) {
-                        return Some(index);
-                    }
-                } else {
-                    let (_, _, next) = nodes.links(head);
-                    self.lists.unlink_between(nodes, location, NIL, next);
-                    self.file(nodes, head, deadline, false);
+                if let Some(index) = self.take_due_head(nodes, location, due.tick) {
+                    return Some(index);
                 }
             } else {
                 self.process(nodes, due.kind);
@@ -393,18 +394,9 @@ impl WheelCore {
                     continue;
                 }
                 let due_at = self.geometry.slot_start(self.elapsed, 0, slot);
-                let deadline = nodes.deadline(head);
-                if deadline <= due_at {
-                    if let Some(index) = self.take_first(nodes, location) {
-                        out[taken] = index;
-                        taken += 1;
-                    }
-                } else {
-                    // Pushed back since it was filed: on to where it now belongs (after
-                    // `elapsed`, which is no later than this slot's tick).
-                    let (_, _, next) = nodes.links(head);
-                    self.lists.unlink_between(nodes, location, NIL, next);
-                    self.file(nodes, head, deadline, false);
+                if let Some(index) = self.take_due_head(nodes, location, due_at) {
+                    out[taken] = index;
+                    taken += 1;
                 }
             }
             count = kept;
@@ -584,6 +576,26 @@ impl WheelCore {
         self.lists.link_back(nodes, location, index, deadline);
     }
 
+    /// Takes the first timer of the finest slot at `location`, due at `due_at`: returns it if
+    /// it is due by then; otherwise it was pushed back since it was filed, and goes on to
+    /// where it now belongs (after `elapsed`, which is no later than `due_at`).
+    fn take_due_head<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        location: Location,
+        due_at: u64,
+    ) -> Option<u32> {
+        let head = self.lists.list(location).head();
+        let deadline = nodes.deadline(head);
+        if deadline <= due_at {
+            return self.take_first(nodes, location);
+        }
+        let (_, _, next) = nodes.links(head);
+        self.lists.unlink_between(nodes, location, NIL, next);
+        self.file(nodes, head, deadline, false);
+        None
+    }
+
     /// Unlinks the first timer of the list at `location` and returns its index.
     #[inline]
     fn take_first<N: Links>(&mut self, nodes: &mut N, location: Location) -> Option<u32> {
@@ -716,6 +728,13 @@ impl WheelCore {
         if self.geometry.slot_for(self.elapsed, level - 1) != last {
             return None;
         }
+        self.next_coarse_slot(level)
+    }
+
+    /// The start and index of the level-`level` slot after `elapsed`'s, if its timers can
+    /// be on this level: not at the top level's next rotation (those are on the overflow
+    /// list).
+    fn next_coarse_slot(&self, level: usize) -> Option<(u64, usize)> {
         let shift = self.geometry.shift(level);
         let start = (self.elapsed >> shift)
             .checked_add(1)?
@@ -755,12 +774,8 @@ impl WheelCore {
             }
             let ticks_left = self
                 .pre_cascade_due(level, start)
-                .saturating_sub(self.elapsed)
-                .max(1);
-            let budget = left
-                .div_ceil(ticks_left)
-                .saturating_mul(2)
-                .max(LOOKAHEAD_BUDGET as u64);
+                .saturating_sub(self.elapsed);
+            let budget = paced_share(left, ticks_left);
             let window_end = start.saturating_add(1 << self.geometry.shift(level));
             let last = self.geometry.slots() - 1;
             let mut state = self.pre_cascaded[level];
@@ -820,14 +835,7 @@ impl WheelCore {
     fn pre_cascade_tick(&self) -> Option<u64> {
         (2..self.geometry.levels())
             .filter_map(|level| {
-                let shift = self.geometry.shift(level);
-                let start = (self.elapsed >> shift)
-                    .checked_add(1)?
-                    .checked_mul(1 << shift)?;
-                let slot = self.geometry.slot_for(start, level);
-                if slot == 0 && level + 1 >= self.geometry.levels() {
-                    return None;
-                }
+                let (start, slot) = self.next_coarse_slot(level)?;
                 if self.lists.levels[level].slots[slot].earliest == NEVER {
                     return None;
                 }
@@ -840,10 +848,7 @@ impl WheelCore {
                     return None;
                 }
                 let last_start = start - (1 << self.geometry.shift(level - 1));
-                let paced = self
-                    .pre_cascade_due(level, start)
-                    .saturating_sub(left.div_ceil(FILL_PER_TICK));
-                Some(paced.max(last_start).max(self.elapsed.saturating_add(1)))
+                Some(self.first_move_tick(self.pre_cascade_due(level, start), left, last_start))
             })
             .min()
     }
@@ -872,11 +877,8 @@ impl WheelCore {
         let Some((start, left)) = self.lookahead_left() else {
             return LOOKAHEAD_BUDGET;
         };
-        let ticks_left = start.saturating_sub(self.elapsed).max(1);
-        let share = left.div_ceil(ticks_left).saturating_mul(2);
-        usize::try_from(share)
-            .unwrap_or(usize::MAX)
-            .max(LOOKAHEAD_BUDGET)
+        let share = paced_share(left, start.saturating_sub(self.elapsed));
+        usize::try_from(share).unwrap_or(usize::MAX)
     }
 
     /// When the next block's coarse slot holds more than the flip should move at once: the
@@ -886,12 +888,7 @@ impl WheelCore {
         if left <= LOOKAHEAD_BUDGET as u64 {
             return None;
         }
-        let ticks_needed = left.div_ceil(FILL_PER_TICK);
-        Some(
-            start
-                .saturating_sub(ticks_needed)
-                .max(self.elapsed.saturating_add(1)),
-        )
+        Some(self.first_move_tick(start, left, 0))
     }
 
     /// When the wheel would sleep past the block before a coarse level-1 slot that holds
@@ -911,12 +908,16 @@ impl WheelCore {
             return None;
         }
         let block = 1_u64 << self.geometry.shift(1);
-        let lead = left.div_ceil(FILL_PER_TICK).min(block - 1);
-        Some(
-            start
-                .saturating_sub(lead)
-                .max(self.elapsed.saturating_add(1)),
-        )
+        Some(self.first_move_tick(start, left, start - (block - 1)))
+    }
+
+    /// The tick of the first poll that should move `left` timers ahead of time, to be done
+    /// by `due` at [`FILL_PER_TICK`]'s pace: no earlier than `earliest` (where the move
+    /// can first start), and never before the next tick.
+    fn first_move_tick(&self, due: u64, left: u64, earliest: u64) -> u64 {
+        due.saturating_sub(left.div_ceil(FILL_PER_TICK))
+            .max(earliest)
+            .max(self.elapsed.saturating_add(1))
     }
 
     /// Moves up to `budget` timers of the block beginning at `start`, from level-1 slot
@@ -979,14 +980,21 @@ impl WheelCore {
         // slots moved down ahead of time several coarse slots can begin at one tick (a
         // level-2 slot's leftovers and the level-1 slot its timers were moved into), and
         // handling one of them moves `elapsed` there, leaving the others in slots that are
-        // now current. Nothing else files into a current slot, so this finds only those.
-        for level in 1..self.geometry.levels() {
-            let slot = self.geometry.slot_for(self.elapsed, level);
-            if self.lists.levels[level].occupied & (1 << slot) != 0 {
-                return Some(Expiration {
-                    kind: NextWork::Coarse { level, slot },
-                    tick: self.elapsed,
-                });
+        // now current. Nothing else files into a current slot, so this finds only those,
+        // and they wait where `elapsed` was moved to, their start: a block's first tick.
+        // Elsewhere the look is skipped, which keeps it off the path each due timer takes
+        // (debug builds look anyway, and check that).
+        let at_block_start = self.elapsed & ((1 << self.geometry.shift(1)) - 1) == 0;
+        if at_block_start || cfg!(debug_assertions) {
+            for level in 1..self.geometry.levels() {
+                let slot = self.geometry.slot_for(self.elapsed, level);
+                if self.lists.levels[level].occupied & (1 << slot) != 0 {
+                    debug_assert!(at_block_start, "a current coarse slot inside a block");
+                    return Some(Expiration {
+                        kind: NextWork::Coarse { level, slot },
+                        tick: self.elapsed,
+                    });
+                }
             }
         }
         let finest = &self.lists.levels[self.lists.current0];
