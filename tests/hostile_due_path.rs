@@ -1,5 +1,6 @@
 //! Hostile review of the due path (commits a945778..c09beaf): lookahead pacing
-//! (`fill_budget`, `fill_tick`, `pre_block_tick`, `next_work_tick`), the pre-cascade of
+//! (`fill_budget`, `fill_tick`, `pre_block_tick`, `next_work_tick`, since split into
+//! `move_ahead_tick` beside `next_tick`), the pre-cascade of
 //! level-2+ slots into the past slots of the level below (`pre_cascade`,
 //! `Geometry::slot_start`'s next rotation, `next_expiration`'s "current coarse slot"),
 //! and the batched interleaved claim (`poll_batch`, `take_interleaved`, the engine's

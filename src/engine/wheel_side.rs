@@ -86,12 +86,14 @@ impl WheelSide {
         self.collect(shard, now_tick, all_lanes);
         let (claimed, more_due) = self.claim_due(shard, now, now_tick);
         self.freed.give_back(&shard.pool);
-        shard.publish_next_due(self.wheel.next_tick().unwrap_or(u64::MAX));
+        let wheel_next = self.wheel.next_tick();
+        shard.publish_next_due(wheel_next.unwrap_or(u64::MAX));
         let next = [
             more_due.then_some(now_tick),
-            // Earlier than the next deadline when the wheel has timers to move down ahead
-            // of time (a coarse slot with many timers coming up).
-            self.wheel.next_work_tick(),
+            wheel_next,
+            // Before the next deadline when the wheel has timers to move down ahead of
+            // time (a coarse slot with many timers coming up).
+            self.wheel.move_ahead_tick(),
             self.lanes_need(),
             Some(shard.urgent()),
         ]

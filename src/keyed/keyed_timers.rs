@@ -91,7 +91,7 @@ pub struct KeyedTimers<'e, K: Eq + Hash, V> {
     engine: &'e TimerEngine,
     inner: Anchor<Inner<K, V>>,
     /// The handler's one lasting strong reference: dropped with the `KeyedTimers`, so that
-    /// the handler goes then, or with the last fire still running it.
+    /// the handler goes then, or with the last fire still holding it.
     #[expect(
         dead_code,
         reason = "held for its drop; fires reach the handler through `inner`"

@@ -486,34 +486,33 @@ impl WheelCore {
         (earliest < NEVER).then_some(earliest)
     }
 
-    /// The tick by which the wheel should be polled again: [`next_tick`](Self::next_tick),
-    /// or earlier when a coarse slot with many timers comes up, so that polls can move
-    /// them down a little at a time before any of them is due (see [`FILL_PER_TICK`])
-    /// rather than all at once when the first is.
-    pub(crate) fn next_work_tick(&self) -> Option<u64> {
-        let due = self.next_tick();
-        let work = [
+    /// When a coarse slot with many timers comes up: the tick by which the wheel should be
+    /// polled to move them down a little at a time before any of them is due (see
+    /// [`FILL_PER_TICK`]) rather than all at once when the first is. The wheel is due a poll
+    /// at the earlier of this and [`next_tick`](Self::next_tick).
+    pub(crate) fn move_ahead_tick(&self) -> Option<u64> {
+        [
             self.fill_tick(),
             self.pre_block_tick(),
             self.pre_cascade_tick(),
         ]
         .into_iter()
         .flatten()
-        .min();
-        match (due, work) {
-            (Some(due), Some(work)) => Some(due.min(work)),
-            (due, work) => due.or(work),
-        }
+        .min()
     }
 
-    /// [`next_work_tick`](Self::next_work_tick) as an instant; the latest polled instant
+    /// The earlier of [`next_tick`](Self::next_tick) and
+    /// [`move_ahead_tick`](Self::move_ahead_tick), as an instant; the latest polled instant
     /// when a timer is already due.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         if !self.lists.ready.is_empty() {
             return Some(self.last_poll.unwrap_or_else(|| self.ticks.origin()));
         }
-        self.next_work_tick()
-            .map(|tick| self.ticks.instant_at(tick))
+        let tick = match (self.next_tick(), self.move_ahead_tick()) {
+            (Some(due), Some(work)) => Some(due.min(work)),
+            (due, work) => due.or(work),
+        };
+        tick.map(|tick| self.ticks.instant_at(tick))
     }
 
     pub(crate) fn elapsed(&self) -> u64 {
