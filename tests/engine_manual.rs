@@ -472,3 +472,57 @@ fn arm_and_cancel_at_once_is_recycled_on_the_arming_thread() {
     engine.turn();
     assert_eq!(engine.nodes_in_use(), 0);
 }
+
+/// One look at the wheel receives many messages at once (filed timers being cancelled,
+/// pushed back and pulled in, beside new ones), in a count that is no multiple of the
+/// look-ahead the worker takes them with: each lands exactly as it would alone.
+#[test]
+fn a_turn_receiving_a_thousand_mixed_messages_settles_each_as_if_alone() {
+    let (engine, clock) = engine(1);
+    let fired: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
+    let started = clock.now();
+    let schedule = |id: usize, delay: Duration| {
+        let fired = Arc::clone(&fired);
+        let clock = clock.clone();
+        engine
+            .schedule(delay, move || {
+                let at = clock.now().duration_since(started).as_millis() as u64;
+                fired.lock().unwrap().push((id, at));
+            })
+            .unwrap()
+    };
+    // Filed first, so that the messages below unlink them from busy wheel lists.
+    let handles: Vec<_> = (0..1_003)
+        .map(|id| schedule(id, ms(100 + (id % 7) as u64)))
+        .collect();
+    run_for(&engine, &clock, 40);
+    assert_eq!(engine.nodes_in_use(), 1_003);
+    let mut expected = Vec::new();
+    for (id, &handle) in handles.iter().enumerate() {
+        match id % 4 {
+            0 => assert!(engine.cancel(handle)),
+            1 => {
+                assert!(engine.reset(handle, ms(200)));
+                expected.push((id, 240));
+            }
+            2 => {
+                assert!(engine.reset(handle, ms(10)));
+                expected.push((id, 50));
+            }
+            _ => expected.push((id, 100 + (id % 7) as u64)),
+        }
+    }
+    for id in 2_000..2_037 {
+        schedule(id, ms(30));
+        expected.push((id, 70));
+    }
+    run_for(&engine, &clock, 300);
+    let mut fired = fired.lock().unwrap().clone();
+    fired.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(
+        fired, expected,
+        "each timer fired once, at its own deadline"
+    );
+    assert_eq!(engine.nodes_in_use(), 0, "every node is back in its pool");
+}

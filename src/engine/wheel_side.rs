@@ -30,6 +30,10 @@ use crate::wheel::geometry::Geometry;
 /// several due slots' lists in turn.
 const CLAIM_BATCH: usize = 64;
 
+/// How many nodes taking them off a lane or the inbox runs ahead of receiving them: enough
+/// for their cache misses to overlap (see [`WheelSide::receive_all`]).
+const RECEIVE_AHEAD: usize = 16;
+
 /// The wheel side of one shard. See the module documentation.
 pub(crate) struct WheelSide {
     wheel: WheelCore,
@@ -163,19 +167,48 @@ impl WheelSide {
             let lane = &self.lanes[lane_index];
             if lane.need().is_some_and(|need| all || need <= now_tick) {
                 let chain = lane.take();
-                for node in chain {
-                    self.receive(shard, node);
-                }
+                self.receive_all(shard, chain);
             }
         }
-        loop {
+        let inbox = std::iter::from_fn(|| {
             // SAFETY: the wheel's holder is the inbox's single consumer.
             match unsafe { shard.inbox.pop() } {
-                Pop::Node(node) => self.receive(shard, node),
-                Pop::Empty => break,
+                Pop::Node(node) => Some(node),
+                Pop::Empty => None,
                 // A producer is mid-push; it wakes us if the node is due before our plan.
-                Pop::Inconsistent => break,
+                Pop::Inconsistent => None,
             }
+        });
+        self.receive_all(shard, inbox);
+    }
+
+    /// Receives every node `nodes` yields, in order, [`RECEIVE_AHEAD`] behind taking them.
+    /// A cancelled timer's unlink writes both of its neighbours in the wheel, lines nobody
+    /// has touched since they were filed, and taking the next node off its chain or the
+    /// inbox reads a line the producer just wrote: a node-at-a-time loop pays those misses
+    /// in turn. Here each node's neighbours are asked for as it is taken, and it is
+    /// received only after the next few have been taken, so the misses overlap. Taking a
+    /// node before receiving the ones ahead of it changes nothing: a node in transit is
+    /// pushed nowhere else until it is received.
+    fn receive_all(&mut self, shard: &ShardParts, nodes: impl Iterator<Item = NonNull<TimerNode>>) {
+        let mut ahead = [NonNull::<TimerNode>::dangling(); RECEIVE_AHEAD];
+        let mut taken = 0_usize;
+        for node in nodes {
+            if self.finished.is_none() {
+                self.wheel
+                    .prefetch_neighbours(&FiledNodes(&shard.pool), shard.pool.index_of(node));
+            }
+            let slot = &mut ahead[taken % RECEIVE_AHEAD];
+            let behind = std::mem::replace(slot, node);
+            if taken >= RECEIVE_AHEAD {
+                self.receive(shard, behind);
+            }
+            taken += 1;
+        }
+        let waiting = taken.min(RECEIVE_AHEAD);
+        for offset in 0..waiting {
+            let node = ahead[(taken - waiting + offset) % RECEIVE_AHEAD];
+            self.receive(shard, node);
         }
     }
 

@@ -190,8 +190,7 @@ fn measure_engine(timers: u64) -> Result<EngineLiveResult, String> {
     }
     let cancelled = started.elapsed();
     let settled = engine::settle(&engine)?;
-    let cpu_settled = process_cpu_time();
-    let workers_settled = engine::workers_cpu_time();
+    let (cpu_settled, workers_settled) = (settled.process_cpu, settled.workers_cpu);
     let stats = &settled.stats;
     engine::check_counts(stats, timers, timers - fired, fired)?;
     let rss_cancelled = rss::resident_bytes();
