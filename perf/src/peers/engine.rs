@@ -117,12 +117,14 @@ pub struct Settled {
 /// Counting free nodes walks the whole pool (a million nodes in engine-live-1m), and every
 /// node read takes a line the workers may still be writing. So once a walk has found nodes
 /// in use and took long (over 100 µs), the next waits until the workers have used less than
-/// a quarter of a core over at least 1 ms, and never comes sooner than four times the last
-/// walk's length after it. Otherwise the check would cost more CPU than the cancels it
+/// a quarter of a core over at least 1 ms (or 50 ms more have passed), and never comes
+/// sooner than four times the last walk's length after it. The CPU readings it returns
+/// leave out the final walk only: earlier ones that found nodes in use are counted. Otherwise the check would cost more CPU than the cancels it
 /// waits for, and slow the workers it watches.
 pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
     const LONG_WALK: Duration = Duration::from_micros(100);
     const WATCH: Duration = Duration::from_millis(1);
+    const STILL_WALK: Duration = Duration::from_millis(50);
     let started = Instant::now();
     let mut pause = Duration::from_micros(20);
     let mut last_walk = Duration::ZERO;
@@ -140,7 +142,13 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
             };
             mark = (now, workers);
         }
-        if stats.total.pending == 0 && now >= walk_after && (last_walk <= LONG_WALK || quiet) {
+        // Quiet, or a while since the last walk: workers that never go quiet (a callback
+        // spinning) must not make a settled engine look unsettled.
+        let waited_enough = now >= walk_after + STILL_WALK;
+        if stats.total.pending == 0
+            && now >= walk_after
+            && (last_walk <= LONG_WALK || quiet || waited_enough)
+        {
             let waited = started.elapsed();
             let process_cpu = cpu_time::process_cpu_time();
             let workers_cpu = workers_cpu_time();
