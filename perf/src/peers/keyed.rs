@@ -105,7 +105,10 @@ impl Keyed for MutexMap<'_> {
 /// threads today: the queue holds each key's value, the map each key's queue entry. Its
 /// methods need a tokio runtime's context (the queue arms a tokio `Sleep`).
 #[derive(Default)]
-pub struct DelayQueueMap(Mutex<(DelayQueue<(u64, u64)>, HashMap<u64, Key>)>);
+pub struct DelayQueueMap(Mutex<QueueAndKeys>);
+
+/// The queue of (key, value) entries and each key's entry in it.
+type QueueAndKeys = (DelayQueue<(u64, u64)>, HashMap<u64, Key>);
 
 impl Keyed for DelayQueueMap {
     fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
