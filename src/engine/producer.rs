@@ -61,13 +61,22 @@ impl Counted {
     /// this thread's contexts are gone. It joins the counts of retired lanes, with a shared
     /// read-modify-write that only this rare path pays.
     fn without_lane(self, shard: &Shard) {
+        add(self.retired(shard), 1);
+    }
+
+    /// Takes back what [`without_lane`](Self::without_lane) added.
+    fn take_back_without_lane(self, shard: &Shard) {
+        self.retired(shard).fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The shard's count of this operation for threads without a lane (and retired lanes).
+    fn retired(self, shard: &Shard) -> &AtomicU64 {
         let counters = &shard.counters;
-        let counter = match self {
+        match self {
             Self::Schedule => &counters.retired_scheduled,
             Self::Cancel => &counters.retired_cancelled,
             Self::Reset => &counters.retired_reset,
-        };
-        add(counter, 1);
+        }
     }
 }
 
@@ -139,6 +148,10 @@ impl EngineShared {
         // Pairs with the shutdown's flag store and the final take of every lane: either
         // the worker's last turn saw this timer, or this load sees the flag.
         if this.shutdown.load(Ordering::SeqCst) && Self::cancel(this, handle) {
+            // Refused: to the caller, and so to the counts, this timer never existed.
+            let shard = handle.shard() as usize;
+            Self::uncount(this, shard, Counted::Schedule);
+            Self::uncount(this, shard, Counted::Cancel);
             return Err(ScheduleError::Shutdown);
         }
         Ok(handle)
@@ -454,6 +467,19 @@ impl EngineShared {
         context::with(this, |context| match context {
             Some(context) => Lane::count(what.on_lane(context.lane(this, shard))),
             None => what.without_lane(&this.shards[shard]),
+        });
+    }
+
+    /// Takes back a count [`count`](Self::count) made on this thread (a schedule that
+    /// the shutdown refused, and the cancel that withdrew it).
+    #[cold]
+    fn uncount(this: &Arc<Self>, shard: usize, what: Counted) {
+        context::with(this, |context| match context {
+            Some(context) => {
+                let counter = what.on_lane(context.lane(this, shard));
+                counter.store(counter.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+            }
+            None => what.take_back_without_lane(&this.shards[shard]),
         });
     }
 
