@@ -5,12 +5,13 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{manual as engine, run_for};
 
 use corewheel::{
-    BuildError, Clock, MissedTicks, PendingTimers, ScheduleError, ShutdownReport, TimerEngine,
+    BuildError, Clock, ManualClock, MissedTicks, PendingTimers, ScheduleError, ShutdownReport,
+    TimerEngine, TimerHandle,
 };
 
 fn ms(n: u64) -> Duration {
@@ -473,24 +474,52 @@ fn arm_and_cancel_at_once_is_recycled_on_the_arming_thread() {
     assert_eq!(engine.nodes_in_use(), 0);
 }
 
-/// One look at the wheel receives many messages at once (filed timers being cancelled,
-/// pushed back and pulled in, beside new ones), in a count that is no multiple of the
-/// look-ahead the worker takes them with: each lands exactly as it would alone.
-#[test]
-fn a_turn_receiving_a_thousand_mixed_messages_settles_each_as_if_alone() {
-    let (engine, clock) = engine(1);
-    let fired: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
-    let started = clock.now();
-    let schedule = |id: usize, delay: Duration| {
-        let fired = Arc::clone(&fired);
-        let clock = clock.clone();
+/// Timers that note their id and the engine's millisecond when they fire.
+struct FireLog {
+    fired: Arc<Mutex<Vec<(usize, u64)>>>,
+    clock: ManualClock,
+    started: Instant,
+}
+
+impl FireLog {
+    fn new(clock: &ManualClock) -> Self {
+        Self {
+            fired: Arc::default(),
+            clock: clock.clone(),
+            started: clock.now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now().duration_since(self.started).as_millis() as u64
+    }
+
+    fn schedule(&self, engine: &TimerEngine, id: usize, delay: Duration) -> TimerHandle {
+        let (fired, clock, started) = (Arc::clone(&self.fired), self.clock.clone(), self.started);
         engine
             .schedule(delay, move || {
                 let at = clock.now().duration_since(started).as_millis() as u64;
                 fired.lock().unwrap().push((id, at));
             })
             .unwrap()
-    };
+    }
+
+    /// What fired, by id.
+    fn sorted(&self) -> Vec<(usize, u64)> {
+        let mut fired = self.fired.lock().unwrap().clone();
+        fired.sort_unstable();
+        fired
+    }
+}
+
+/// One look at the wheel receives many messages at once (filed timers being cancelled,
+/// pushed back and pulled in, beside new ones), in a count that is no multiple of the
+/// look-ahead the worker takes them with: each lands exactly as it would alone.
+#[test]
+fn a_turn_receiving_a_thousand_mixed_messages_settles_each_as_if_alone() {
+    let (engine, clock) = engine(1);
+    let log = FireLog::new(&clock);
+    let schedule = |id: usize, delay: Duration| log.schedule(&engine, id, delay);
     // Filed first, so that the messages below unlink them from busy wheel lists.
     let handles: Vec<_> = (0..1_003)
         .map(|id| schedule(id, ms(100 + (id % 7) as u64)))
@@ -517,12 +546,51 @@ fn a_turn_receiving_a_thousand_mixed_messages_settles_each_as_if_alone() {
         expected.push((id, 70));
     }
     run_for(&engine, &clock, 300);
-    let mut fired = fired.lock().unwrap().clone();
-    fired.sort_unstable();
+    let fired = log.sorted();
     expected.sort_unstable();
     assert_eq!(
         fired, expected,
         "each timer fired once, at its own deadline"
+    );
+    assert_eq!(engine.nodes_in_use(), 0, "every node is back in its pool");
+}
+
+/// A thread whose timers outlive the lane's hold-back (none is cancelled while the lane
+/// holds it) makes its lane forward pending timers at their first claim; timers sent
+/// either way fire at their own ticks, and cancels of either kind free every node.
+#[test]
+fn timers_outliving_the_lanes_hold_back_fire_and_cancel_as_ever() {
+    let (engine, clock) = engine(1);
+    let log = FireLog::new(&clock);
+    let schedule = |id: usize, delay: Duration| log.schedule(&engine, id, delay);
+    // A thousand schedules a tick, so that this thread's lane takes its old stacks back
+    // (every few ticks) before the worker's need for them comes: what they held comes back
+    // uncaught. The long timers are cancelled a second later.
+    let mut long = Vec::new();
+    let mut expected = Vec::new();
+    for round in 0..40 {
+        for i in 0..1_000 {
+            let id = round * 1_000 + i;
+            if i % 100 == 0 {
+                let at = log.now_ms();
+                schedule(id, ms(500));
+                expected.push((id, at + 500));
+            } else {
+                long.push(schedule(id, Duration::from_secs(30)));
+            }
+        }
+        run_for(&engine, &clock, 1);
+    }
+    run_for(&engine, &clock, 1_000);
+    for handle in long {
+        assert!(engine.cancel(handle));
+    }
+    run_for(&engine, &clock, 100);
+    let fired = log.sorted();
+    expected.sort_unstable();
+    assert_eq!(
+        fired, expected,
+        "each short timer fired once, at its own tick"
     );
     assert_eq!(engine.nodes_in_use(), 0, "every node is back in its pool");
 }

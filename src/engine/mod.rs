@@ -78,6 +78,7 @@ pub(crate) mod callback;
 pub(crate) mod context;
 pub(crate) mod counters;
 pub(crate) mod handle;
+pub(crate) mod hold_back;
 pub(crate) mod lane;
 pub(crate) mod panics;
 pub(crate) mod periodic;
