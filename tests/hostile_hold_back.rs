@@ -18,12 +18,11 @@
 //! Hand-driven tests check exact firing ticks. Real-clock tests assert only never early,
 //! exactly once and nothing lost. All randomness is seeded.
 //!
-//! Outcome: see `a_refused_repeating_schedule_never_runs` (ignored: a fault, older than
-//! `b7d16a7` but now also visible in `stats()`): a repeating timer whose schedule raced
-//! the shutdown can run in a `PendingTimers::Run` shutdown's last turn while its own
-//! withdrawing cancel succeeds (a repeating timer cancels "mid-callback"), so the caller is
-//! told `Err(Shutdown)` although its callback ran, and `stats()` counts a run at shutdown
-//! of a timer it does not count as scheduled.
+//! Outcome: one fault, older than `b7d16a7` but then also visible in `stats()`, since
+//! fixed (see `a_refused_repeating_schedule_never_runs`): a repeating timer whose schedule
+//! raced the shutdown could run in a `PendingTimers::Run` shutdown's last turn while its
+//! own withdrawing cancel succeeded (a repeating timer cancels "mid-callback"), so the
+//! caller was told `Err(Shutdown)` although its callback ran.
 
 mod common;
 
@@ -783,14 +782,12 @@ fn refused_schedules_with_and_without_lanes_count_exactly() {
 }
 
 /// A repeating timer whose schedule races the shutdown: pushed before the flag, run by a
-/// `PendingTimers::Run` shutdown's last turn, and withdrawn by the schedule's own cancel
-/// while that run is under way. A repeating timer cancels "mid-callback", so the cancel
-/// succeeds and the caller is told `Err(Shutdown)`, though its callback ran: and since
-/// `b7d16a7`, `stats()` counts that run at shutdown for a timer it does not count as
-/// scheduled. The callbacks sleep while they run at shutdown, to widen the window.
+/// `PendingTimers::Run` shutdown's last turn while the schedule, seeing the flag, tries to
+/// take it back. A cancel would succeed there (a repeating timer cancels "mid-callback")
+/// and tell the caller `Err(Shutdown)` though its callback ran; the schedule must stand
+/// instead. The callbacks sleep while they run at shutdown, to widen the window.
 #[test]
 #[cfg_attr(miri, ignore)]
-#[ignore = "fault: a repeating timer refused with Err(Shutdown) can run in a PendingTimers::Run shutdown's last turn"]
 fn a_refused_repeating_schedule_never_runs() {
     const THREADS: usize = 6;
     let mut refused_runs = Vec::new();

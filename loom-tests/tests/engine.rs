@@ -248,7 +248,12 @@ fn schedules_from_two_threads_each_fire_once() {
 /// `SeqCst` accesses promise. The schedule side has one already: `Shard::wake_for`, which
 /// the schedule calls after pushing onto its empty lane. That thread's lane is empty again
 /// before it exits, so closing it races the checks harmlessly.
-fn schedule_against_shutdown(pending: PendingTimers) {
+///
+/// With `repeating`, the timer is a repeating one: the last turn of a shutdown that runs
+/// pending timers may be running it when the schedule sees the flag, and a repeating timer
+/// can be cancelled mid-callback. The schedule must then stand (`Ok`), as it did for the
+/// callback: `Err` means the callback never ran.
+fn schedule_against_shutdown(pending: PendingTimers, repeating: bool) {
     model(Some(5), move || {
         let (engine, _clock) = engine();
         let probe = Probe::new();
@@ -265,7 +270,11 @@ fn schedule_against_shutdown(pending: PendingTimers) {
                 assert_eq!(engine.turn(), 1, "the shutdown timer is due at once");
             })
         };
-        let scheduled = engine.schedule(ticks(5), probe.callback());
+        let scheduled = if repeating {
+            engine.schedule_repeating(ticks(5), probe.repeating_callback())
+        } else {
+            engine.schedule(ticks(5), probe.callback())
+        };
         stopper.join().unwrap();
         let stats = engine.stats().total;
         let settled = ShutdownReport {
@@ -301,12 +310,17 @@ fn schedule_against_shutdown(pending: PendingTimers) {
 
 #[test]
 fn schedule_against_shutdown_that_runs_pending_timers() {
-    schedule_against_shutdown(PendingTimers::Run);
+    schedule_against_shutdown(PendingTimers::Run, false);
 }
 
 #[test]
 fn schedule_against_shutdown_that_drops_pending_timers() {
-    schedule_against_shutdown(PendingTimers::Drop);
+    schedule_against_shutdown(PendingTimers::Drop, false);
+}
+
+#[test]
+fn repeating_schedule_against_shutdown_that_runs_pending_timers() {
+    schedule_against_shutdown(PendingTimers::Run, true);
 }
 
 /// A shutdown that runs pending timers races a thread whose third schedule reclaims its

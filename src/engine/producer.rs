@@ -147,11 +147,9 @@ impl EngineShared {
         })?;
         // Pairs with the shutdown's flag store and the final take of every lane: either
         // the worker's last turn saw this timer, or this load sees the flag.
-        if this.shutdown.load(Ordering::SeqCst) && Self::cancel(this, handle) {
+        if this.shutdown.load(Ordering::SeqCst) && Self::withdraw(this, handle) {
             // Refused: to the caller, and so to the counts, this timer never existed.
-            let shard = handle.shard() as usize;
-            Self::uncount(this, shard, Counted::Schedule);
-            Self::uncount(this, shard, Counted::Cancel);
+            Self::uncount(this, handle.shard() as usize, Counted::Schedule);
             return Err(ScheduleError::Shutdown);
         }
         Ok(handle)
@@ -337,6 +335,14 @@ impl EngineShared {
                     held_back_count += 1;
                 }
             } else {
+                // A timer a probing claim kept, forwarded still pending by this one: held,
+                // and not caught.
+                // SAFETY: held by this thread, taken off its lane, and (not filed) its own.
+                if !seen.is_filed()
+                    && unsafe { node_ref.with_links(|links| links.has_outlived_claim()) }
+                {
+                    came_back += 1;
+                }
                 forward.push(node, need);
             }
         }
@@ -483,7 +489,7 @@ impl EngineShared {
     }
 
     /// Takes back a count [`count`](Self::count) made on this thread (a schedule that
-    /// the shutdown refused, and the cancel that withdrew it).
+    /// the shutdown refused).
     #[cold]
     fn uncount(this: &Arc<Self>, shard: usize, what: Counted) {
         context::with(this, |context| match context {
@@ -493,6 +499,27 @@ impl EngineShared {
             }
             None => what.take_back_without_lane(&this.shards[shard]),
         });
+    }
+
+    /// Takes back a timer this thread has just armed, if it has never run: a schedule that
+    /// found the engine shutting down after pushing its timer. The last turn may have
+    /// taken the timer already, and run it, or be running it (a repeating timer can be
+    /// cancelled mid-callback, and one due at once may have run and been re-armed): then
+    /// the schedule stands, as it did for the callback. Counts no cancel.
+    #[cold]
+    fn withdraw(this: &Arc<Self>, handle: TimerHandle) -> bool {
+        let Some((shard, node)) = this.lookup(handle) else {
+            return false;
+        };
+        match node.state.try_withdraw(handle.generation()) {
+            None => false,
+            Some(outcome) => {
+                if outcome == Cancelled::Notify {
+                    Self::notify(this, shard, node, u64::MAX);
+                }
+                true
+            }
+        }
     }
 
     pub(crate) fn cancel(this: &Arc<Self>, handle: TimerHandle) -> bool {

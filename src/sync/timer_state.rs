@@ -41,6 +41,13 @@ const SEQUENCE_MASK: u64 = ((1 << 23) - 1) << SEQUENCE_SHIFT;
 const WAKER: u64 = 1 << 31;
 const GENERATION_SHIFT: u32 = 32;
 
+/// `word` with its sequence moved on by one (wrapping within its bits).
+#[inline]
+const fn bump_sequence(word: u64) -> u64 {
+    let sequence = (word & SEQUENCE_MASK).wrapping_add(1 << SEQUENCE_SHIFT);
+    (word & !SEQUENCE_MASK) | (sequence & SEQUENCE_MASK)
+}
+
 /// Where a timer is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -271,6 +278,37 @@ impl TimerState {
         }
     }
 
+    /// Stops a timer of `generation` that has never run, for a schedule taking back the
+    /// timer it just armed (the engine began shutting down meanwhile). As
+    /// [`try_cancel`](Self::try_cancel), but `None` for a repeating timer that is running
+    /// or ran already (its sequence moved on when it was re-armed): its schedule then
+    /// stands. Nothing else can have moved the sequence, as nobody holds the handle yet.
+    #[inline]
+    pub fn try_withdraw(&self, generation: u32) -> Option<Cancelled> {
+        let mut current = self.unlocked();
+        loop {
+            let seen = Observed(current);
+            if seen.generation() != generation
+                || seen.phase() != Phase::Pending
+                || current & SEQUENCE_MASK != 0
+            {
+                return None;
+            }
+            let (next, outcome) = if seen.is_filed() && !seen.in_transit() {
+                (seen.with_phase(Phase::Cancelled) | MSG, Cancelled::Notify)
+            } else {
+                (seen.with_phase(Phase::Cancelled), Cancelled::Done)
+            };
+            match self
+                .word
+                .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(outcome),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
     /// Locks a pending timer of `generation` for a reset: the caller then stores the new
     /// deadline and calls [`unlock_reset`](Self::unlock_reset). `false` if the timer is not
     /// pending (fired, firing, cancelled or gone).
@@ -304,8 +342,7 @@ impl TimerState {
         let _ = self
             .word
             .fetch_update(Ordering::Release, Ordering::Relaxed, |current| {
-                let sequence = (current & SEQUENCE_MASK).wrapping_add(1 << SEQUENCE_SHIFT);
-                let mut next = (current & !(SEQUENCE_MASK | LOCKED)) | (sequence & SEQUENCE_MASK);
+                let mut next = bump_sequence(current) & !LOCKED;
                 notify = earlier && current & FILED != 0 && current & MSG == 0;
                 if notify {
                     next |= MSG;
@@ -388,12 +425,16 @@ impl TimerState {
                 let seen = Observed(current);
                 let next;
                 (next, outcome) = match seen.phase() {
-                    Phase::Firing if seen.is_repeating() && seen.in_transit() => {
-                        (seen.with_phase(Phase::Pending), AfterFire::RearmOnArrival)
-                    }
-                    Phase::Firing if seen.is_repeating() => {
-                        (seen.with_phase(Phase::Pending) | MSG, AfterFire::Rearm)
-                    }
+                    // A re-armed timer moves its sequence on: a pending timer whose
+                    // sequence is still its arm's has never run (see `try_withdraw`).
+                    Phase::Firing if seen.is_repeating() && seen.in_transit() => (
+                        bump_sequence(seen.with_phase(Phase::Pending)),
+                        AfterFire::RearmOnArrival,
+                    ),
+                    Phase::Firing if seen.is_repeating() => (
+                        bump_sequence(seen.with_phase(Phase::Pending) | MSG),
+                        AfterFire::Rearm,
+                    ),
                     _ if seen.in_transit() => (
                         seen.with_phase(Phase::Done) & !LOCKED,
                         AfterFire::AwaitMessage,
@@ -527,6 +568,25 @@ mod tests {
         assert_eq!(state.receive(), Received::File);
         assert_eq!(state.try_cancel(generation), Some(Cancelled::Notify));
         assert_eq!(state.receive(), Received::UnlinkAndFree);
+    }
+
+    #[test]
+    fn withdraw_takes_only_a_timer_that_never_ran() {
+        // Unrun, in transit or filed: withdrawn, with a message for a filed one.
+        let (state, generation) = armed(true);
+        assert_eq!(state.try_withdraw(generation), Some(Cancelled::Done));
+        let (state, generation) = armed(false);
+        assert_eq!(state.receive(), Received::File);
+        assert_eq!(state.try_withdraw(generation), Some(Cancelled::Notify));
+        // A repeating timer running, or re-armed after a run, stands.
+        let (state, generation) = armed(true);
+        assert_eq!(state.receive(), Received::File);
+        assert!(state.try_fire(state.observe()));
+        assert_eq!(state.try_withdraw(generation), None, "running");
+        assert_eq!(state.finish_fire(), AfterFire::Rearm);
+        assert_eq!(state.observe().phase(), Phase::Pending);
+        assert_eq!(state.try_withdraw(generation), None, "ran once");
+        assert_eq!(state.try_cancel(generation), Some(Cancelled::Done));
     }
 
     #[test]
