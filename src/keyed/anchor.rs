@@ -323,15 +323,18 @@ mod tests {
     }
 
     /// Asserts that the state was dropped once. A free is deferred while a section is open
-    /// somewhere; later sections on this thread move the epoch on until it runs. (Under
-    /// Miri the model's `retire` waits for the readers, so the state is gone already.)
+    /// somewhere (another test's thread may hold one, and be descheduled inside it on a
+    /// loaded machine); later sections on this thread move the epoch on until it runs, so
+    /// this waits for that by time, generously, not by a count of tries. (Under Miri the
+    /// model's `retire` waits for the readers, so the state is gone already.)
     fn assert_freed_once(drops: &AtomicUsize) {
         #[cfg(not(miri))]
-        for _ in 0..1000 {
-            if drops.load(Ordering::SeqCst) == 1 {
-                break;
+        {
+            let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while drops.load(Ordering::SeqCst) != 1 && std::time::Instant::now() < give_up {
+                crossbeam_epoch::pin().flush();
+                std::thread::yield_now();
             }
-            crossbeam_epoch::pin().flush();
         }
         assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
