@@ -19,7 +19,7 @@ use crate::engine::timer_node::TimerNode;
 use crate::error::ScheduleError;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::timer_state::{Cancelled, Kind, Observed, Phase};
+use crate::sync::timer_state::{Cancelled, Kind, Observed, Phase, TimerState};
 use crate::time::ticks::nanos_of;
 
 /// Free nodes a thread keeps per shard before handing a batch back.
@@ -309,9 +309,13 @@ impl EngineShared {
             // SAFETY: nodes on a lane are live pool nodes, held by whoever takes them.
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
+            // Kept back by an earlier claim: a held timer coming back.
+            let kept = !seen.is_filed() && {
+                // SAFETY: held by this thread, taken off its lane, and (not filed) its own.
+                unsafe { node_ref.with_links(|links| links.has_outlived_claim()) }
+            };
             if recyclable(seen) {
-                // SAFETY: held by this thread, taken off its lane, not filed.
-                if unsafe { node_ref.with_links(|links| links.has_outlived_claim()) } {
+                if kept {
                     (came_back, caught) = (came_back + 1, caught + 1);
                 }
                 recycled.push(node, 0);
@@ -335,12 +339,9 @@ impl EngineShared {
                     held_back_count += 1;
                 }
             } else {
-                // A timer a probing claim kept, forwarded still pending by this one: held,
+                // Kept by a probing claim, and forwarded still pending by this one: held,
                 // and not caught.
-                // SAFETY: held by this thread, taken off its lane, and (not filed) its own.
-                if !seen.is_filed()
-                    && unsafe { node_ref.with_links(|links| links.has_outlived_claim()) }
-                {
+                if kept {
                     came_back += 1;
                 }
                 forward.push(node, need);
@@ -508,34 +509,30 @@ impl EngineShared {
     /// the schedule stands, as it did for the callback. Counts no cancel.
     #[cold]
     fn withdraw(this: &Arc<Self>, handle: TimerHandle) -> bool {
-        let Some((shard, node)) = this.lookup(handle) else {
-            return false;
-        };
-        match node.state.try_withdraw(handle.generation()) {
-            None => false,
-            Some(outcome) => {
-                if outcome == Cancelled::Notify {
-                    Self::notify(this, shard, node, u64::MAX);
-                }
-                true
-            }
-        }
+        Self::stop(this, handle, TimerState::try_withdraw).is_some()
     }
 
     pub(crate) fn cancel(this: &Arc<Self>, handle: TimerHandle) -> bool {
-        let Some((shard, node)) = this.lookup(handle) else {
+        let Some(shard) = Self::stop(this, handle, TimerState::try_cancel) else {
             return false;
         };
-        match node.state.try_cancel(handle.generation()) {
-            None => false,
-            Some(outcome) => {
-                if outcome == Cancelled::Notify {
-                    Self::notify(this, shard, node, u64::MAX);
-                }
-                Self::count(this, shard, Counted::Cancel);
-                true
-            }
+        Self::count(this, shard, Counted::Cancel);
+        true
+    }
+
+    /// Stops the timer `handle` names with `how` (a cancel or a withdrawal), sending its
+    /// owner the message that unlinks it where it is filed; its shard if this did it.
+    #[inline]
+    fn stop(
+        this: &Arc<Self>,
+        handle: TimerHandle,
+        how: impl FnOnce(&TimerState, u32) -> Option<Cancelled>,
+    ) -> Option<usize> {
+        let (shard, node) = this.lookup(handle)?;
+        if how(&node.state, handle.generation())? == Cancelled::Notify {
+            Self::notify(this, shard, node, u64::MAX);
         }
+        Some(shard)
     }
 
     pub(crate) fn reset(this: &Arc<Self>, handle: TimerHandle, tick: u64) -> bool {

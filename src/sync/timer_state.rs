@@ -251,10 +251,27 @@ impl TimerState {
     /// did it: the timer was pending, or was a repeating timer in the middle of firing.
     #[inline]
     pub fn try_cancel(&self, generation: u32) -> Option<Cancelled> {
+        self.stop(generation, true)
+    }
+
+    /// Stops a timer of `generation` that has never run, for a schedule taking back the
+    /// timer it just armed (the engine began shutting down meanwhile). As
+    /// [`try_cancel`](Self::try_cancel), but `None` for a repeating timer that is running
+    /// or ran already (its sequence moved on when it was re-armed): its schedule then
+    /// stands. Nothing else can have moved the sequence, as nobody holds the handle yet.
+    #[inline]
+    pub fn try_withdraw(&self, generation: u32) -> Option<Cancelled> {
+        self.stop(generation, false)
+    }
+
+    /// [`try_cancel`](Self::try_cancel), or with `after_a_run` false
+    /// [`try_withdraw`](Self::try_withdraw).
+    #[inline]
+    fn stop(&self, generation: u32, after_a_run: bool) -> Option<Cancelled> {
         let mut current = self.unlocked();
         loop {
             let seen = Observed(current);
-            if seen.generation() != generation {
+            if seen.generation() != generation || !(after_a_run || current & SEQUENCE_MASK == 0) {
                 return None;
             }
             let (next, outcome) = match seen.phase() {
@@ -262,7 +279,7 @@ impl TimerState {
                     (seen.with_phase(Phase::Cancelled) | MSG, Cancelled::Notify)
                 }
                 Phase::Pending => (seen.with_phase(Phase::Cancelled), Cancelled::Done),
-                Phase::Firing if seen.is_repeating() => {
+                Phase::Firing if after_a_run && seen.is_repeating() => {
                     (seen.with_phase(Phase::FiringCancelled), Cancelled::Done)
                 }
                 _ => return None,
@@ -273,37 +290,6 @@ impl TimerState {
             {
                 Ok(_) => return Some(outcome),
                 Err(actual) if Observed(actual).is_reset_locked() => current = self.unlocked(),
-                Err(actual) => current = actual,
-            }
-        }
-    }
-
-    /// Stops a timer of `generation` that has never run, for a schedule taking back the
-    /// timer it just armed (the engine began shutting down meanwhile). As
-    /// [`try_cancel`](Self::try_cancel), but `None` for a repeating timer that is running
-    /// or ran already (its sequence moved on when it was re-armed): its schedule then
-    /// stands. Nothing else can have moved the sequence, as nobody holds the handle yet.
-    #[inline]
-    pub fn try_withdraw(&self, generation: u32) -> Option<Cancelled> {
-        let mut current = self.unlocked();
-        loop {
-            let seen = Observed(current);
-            if seen.generation() != generation
-                || seen.phase() != Phase::Pending
-                || current & SEQUENCE_MASK != 0
-            {
-                return None;
-            }
-            let (next, outcome) = if seen.is_filed() && !seen.in_transit() {
-                (seen.with_phase(Phase::Cancelled) | MSG, Cancelled::Notify)
-            } else {
-                (seen.with_phase(Phase::Cancelled), Cancelled::Done)
-            };
-            match self
-                .word
-                .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return Some(outcome),
                 Err(actual) => current = actual,
             }
         }
