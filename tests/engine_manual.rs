@@ -7,16 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{manual as engine, run_for};
+use common::{manual as engine, ms, run_for};
 
 use corewheel::{
     BuildError, Clock, ManualClock, MissedTicks, PendingTimers, ScheduleError, ShutdownReport,
     TimerEngine, TimerHandle,
 };
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 /// A counter and a callback that bumps it.
 fn counter() -> (Arc<AtomicUsize>, impl Fn() -> Box<dyn FnOnce() + Send>) {

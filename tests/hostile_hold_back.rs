@@ -32,29 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{Live, eventually, manual, run_for, unpinned};
+use common::{Live, Rng, assert_all_given_back, manual, ms, run_for, unpinned};
 use corewheel::{Clock, ManualClock, PendingTimers, ScheduleError, TimerEngine, TimerHandle};
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// SplitMix64: a seeded, dependency-free generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-}
 
 /// A model of hand-driven timers: what fired (id, ms), what each timer is expected to do.
 struct Model {
@@ -614,16 +593,7 @@ fn shutdown_races_lanes_in_either_state(pending: PendingTimers, seed: u64) {
         scheduled,
         "each scheduled timer cancelled, run or dropped, exactly once: {report:?} {stats:?}"
     );
-    assert!(
-        eventually(Duration::from_secs(5), || live.count() == 0),
-        "every capture dropped: {} left",
-        live.count()
-    );
-    assert!(
-        eventually(Duration::from_secs(5), || engine.nodes_in_use() == 0),
-        "every node back: {} in use",
-        engine.nodes_in_use()
-    );
+    assert_all_given_back(&engine, &live);
     assert_eq!(stats.scheduled, scheduled, "{stats:?}");
     assert_eq!(stats.cancelled, cancelled, "{stats:?}");
     assert_eq!(stats.reset, resets.load(Ordering::Relaxed), "{stats:?}");
@@ -755,16 +725,7 @@ fn refused_schedules_with_and_without_lanes_count_exactly() {
             assert!(again.ran >= report.ran && again.dropped >= report.dropped);
             again
         };
-        assert!(
-            eventually(Duration::from_secs(5), || live.count() == 0),
-            "every capture dropped: {} left",
-            live.count()
-        );
-        assert!(
-            eventually(Duration::from_secs(5), || engine.nodes_in_use() == 0),
-            "every node back: {} in use",
-            engine.nodes_in_use()
-        );
+        assert_all_given_back(&engine, &live);
         let stats = engine.stats().total;
         let (ok, cancelled) = (
             told.ok.load(Ordering::Relaxed),

@@ -27,29 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Live, Witness, eventually, manual, run_for, unpinned, within};
+use common::{
+    Live, Rng, Witness, assert_all_given_back, eventually, manual, ms, run_for, unpinned, within,
+};
 use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine, TimerHandle};
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// SplitMix64: a seeded, dependency-free generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-}
 
 /// Batch sizes on and around multiples of the look-ahead (16) and of a lane claim (64).
 const AROUND_THE_RING: [usize; 20] = [
@@ -728,16 +709,7 @@ fn shutdown_races_cancel_floods(pending: PendingTimers) {
         scheduled as u64,
         "each scheduled timer cancelled, run or dropped, exactly once"
     );
-    assert!(
-        eventually(Duration::from_secs(5), || live.count() == 0),
-        "every capture dropped: {} left",
-        live.count()
-    );
-    assert!(
-        eventually(Duration::from_secs(5), || engine.nodes_in_use() == 0),
-        "every node back: {} in use",
-        engine.nodes_in_use()
-    );
+    assert_all_given_back(&engine, &live);
     // A schedule refused because it raced the shutdown's flag (armed, pushed, then taken
     // back by its own cancel) counts neither as scheduled nor as cancelled: the caller saw
     // `Err(Shutdown)`, so `stats()` agrees with what the callers were told, exactly.

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: a time limit that turns a hang into a
 //! failure, counted captures, engines of unpinned workers, a hand-driven engine turned a
-//! millisecond at a time, and keyed timers whose handler records what it is given.
+//! millisecond at a time, keyed timers whose handler records what it is given, and a
+//! seeded random generator.
 // Each test file uses only some of these.
 #![allow(dead_code)]
 
@@ -163,4 +164,52 @@ pub fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(1));
     }
     done()
+}
+
+/// Milliseconds.
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Checks, allowing 5 s for the workers to finish, that every capture `live` counted has
+/// been dropped and every node of `engine` is back in its pool: nothing left behind.
+pub fn assert_all_given_back(engine: &TimerEngine, live: &Live) {
+    assert!(
+        eventually(Duration::from_secs(5), || live.count() == 0),
+        "every capture dropped: {} left",
+        live.count()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || engine.nodes_in_use() == 0),
+        "every node back: {} in use",
+        engine.nodes_in_use()
+    );
+}
+
+/// SplitMix64: a seeded, dependency-free generator, so every run sees the same cases.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Below `n` (0 for 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    /// In `lo..hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi.saturating_sub(lo))
+    }
+
+    /// True `p` times in a hundred.
+    pub fn percent(&mut self, p: u64) -> bool {
+        self.below(100) < p
+    }
 }
