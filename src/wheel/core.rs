@@ -305,9 +305,10 @@ impl WheelCore {
     /// Up to `out.len()` due timers into `out`, unlinked; returns how many. What as many
     /// calls to [`poll`](Self::poll) would hand out, in another order: when several finest
     /// slots are due at once (a burst its caller has fallen behind on), it takes from up to
-    /// [`INTERLEAVE`] of them in turn. Walking one intrusive list is a chain of cache
-    /// misses, each node's address known only once the one before it has arrived; taking
-    /// from several lists in turn keeps that many misses in flight.
+    /// [`INTERLEAVE`] of them in turn, and from both ends of each. Walking one intrusive
+    /// list is a chain of cache misses, each node's address known only once the one before
+    /// it has arrived; taking from several lists, and from both ends, in turn keeps that
+    /// many misses in flight.
     pub(crate) fn poll_batch<N: Links>(
         &mut self,
         nodes: &mut N,
@@ -332,10 +333,12 @@ impl WheelCore {
         taken
     }
 
-    /// When two or more finest slots are due at `now` (and nothing comes before them):
-    /// takes their due timers into `out` from each slot in turn, moving on those pushed
-    /// back since they were filed; returns how many it took (0 when fewer than two slots
-    /// are due, for `poll` to go on one at a time).
+    /// When finest slots are due at `now` (and nothing comes before them): takes their
+    /// due timers into `out` from each slot in turn, from both ends of its list, moving on
+    /// those pushed back since they were filed; returns how many it took (0 when no
+    /// finest slot is due, for `poll` to go on). A list walked from both ends is two
+    /// chains of misses in flight rather than one: a burst is mostly one due slot at a
+    /// time, as each tick comes.
     fn take_interleaved<N: Links>(
         &mut self,
         nodes: &mut N,
@@ -373,7 +376,7 @@ impl WheelCore {
             occupied = (occupied >> skip) >> 1;
             slot += 1;
         }
-        if count < 2 {
+        if count == 0 {
             return 0;
         }
         debug_assert!(tick >= self.elapsed, "time moved backwards");
@@ -397,6 +400,12 @@ impl WheelCore {
                 if let Some(index) = self.take_due_head(nodes, location, due_at) {
                     out[taken] = index;
                     taken += 1;
+                }
+                if taken < out.len() && self.lists.list(location).tail() != NIL {
+                    if let Some(index) = self.take_due_tail(nodes, location, due_at) {
+                        out[taken] = index;
+                        taken += 1;
+                    }
                 }
             }
             count = kept;
@@ -604,6 +613,32 @@ impl WheelCore {
         self.lists.unlink_between(nodes, location, NIL, next);
         self.file(nodes, head, deadline, false);
         None
+    }
+
+    /// [`take_due_head`](Self::take_due_head) from the other end: takes the last timer of
+    /// the finest slot at `location` if it is due by `due_at`, else moves it on.
+    fn take_due_tail<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        location: Location,
+        due_at: u64,
+    ) -> Option<u32> {
+        let tail = self.lists.list(location).tail();
+        let deadline = nodes.deadline(tail);
+        let (_, prev, _) = nodes.links(tail);
+        self.lists.unlink_between(nodes, location, prev, NIL);
+        if deadline > due_at {
+            self.file(nodes, tail, deadline, false);
+            return None;
+        }
+        if prev != NIL {
+            // As in `take_first`, from this end: `prev` is in the cache now.
+            let (_, before, _) = nodes.links(prev);
+            if before != NIL {
+                nodes.prefetch(before);
+            }
+        }
+        Some(tail)
     }
 
     /// Unlinks the first timer of the list at `location` and returns its index.

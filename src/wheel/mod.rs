@@ -564,6 +564,25 @@ mod tests {
         );
     }
 
+    /// Takes every timer due by `now` through `poll_batch` (the engine's claim) in batches
+    /// of `batch.len()`, removing each and handing its value to `each`.
+    fn take_in_batches(
+        w: &mut Wheel<u64>,
+        now: Instant,
+        batch: &mut [u32],
+        mut each: impl FnMut(u64),
+    ) {
+        loop {
+            let n = w.core.poll_batch(&mut w.slab, now, batch);
+            if n == 0 {
+                return;
+            }
+            for &index in &batch[..n] {
+                each(w.slab.remove_at(index).expect("a live timer").value);
+            }
+        }
+    }
+
     /// `poll_batch` (the engine's claim) with many finest slots due at once: it takes from
     /// several in turn, and hands out exactly what `poll` would, once each: every timer due
     /// by `now`, none pushed back past it (those are filed again and come out later, on
@@ -586,24 +605,51 @@ mod tests {
         let mut taken = std::collections::HashSet::new();
         let mut batch = [0_u32; 16];
         for at in [30_u64, 60] {
-            loop {
-                let n = w.core.poll_batch(&mut w.slab, t0 + ms(at), &mut batch);
-                if n == 0 {
-                    break;
-                }
-                for &index in &batch[..n] {
-                    let value = w.slab.remove_at(index).expect("a live timer").value;
-                    assert!(
-                        due_by(value, at),
-                        "timer {value} handed out before it was due"
-                    );
-                    assert!(taken.insert(value), "timer {value} handed out twice");
-                }
-            }
+            take_in_batches(&mut w, t0 + ms(at), &mut batch, |value| {
+                assert!(
+                    due_by(value, at),
+                    "timer {value} handed out before it was due"
+                );
+                assert!(taken.insert(value), "timer {value} handed out twice");
+            });
             let expected = (0..2_000_u64).filter(|&i| due_by(i, at)).count();
             assert_eq!(taken.len(), expected, "every timer due by {at} ms");
         }
         assert!(w.is_empty());
+    }
+
+    /// `poll_batch` with one finest slot due, as a burst is tick after tick: it walks the
+    /// slot's list from both ends, and the timers pushed back at either end, or anywhere
+    /// between, are filed again and come out at their new tick, never before; every due
+    /// timer comes out once, whatever the batch size.
+    #[test]
+    fn a_batch_over_one_due_slot_takes_from_both_ends_and_moves_on_the_pushed_back() {
+        for batch_len in [1_usize, 2, 3, 16] {
+            let (mut w, t0) = wheel();
+            let count = 1_000_u64;
+            let keys: Vec<_> = (0..count).map(|i| w.insert(t0 + ms(5), i)).collect();
+            // Pushed back: the first two, the last two, and every seventh between.
+            let pushed = |i: u64| i < 2 || i >= count - 2 || i % 7 == 0;
+            for (i, &key) in keys.iter().enumerate() {
+                if pushed(i as u64) {
+                    assert!(w.reset(key, t0 + ms(9)));
+                }
+            }
+            let mut batch = vec![0_u32; batch_len];
+            let mut taken = std::collections::HashSet::new();
+            for at in [5_u64, 8, 9] {
+                take_in_batches(&mut w, t0 + ms(at), &mut batch, |value| {
+                    let due = if pushed(value) { 9 } else { 5 };
+                    assert!(due <= at, "timer {value} handed out at {at} ms, due {due}");
+                    assert!(taken.insert(value), "timer {value} handed out twice");
+                });
+                let expected = (0..count)
+                    .filter(|&i| if pushed(i) { 9 <= at } else { 5 <= at })
+                    .count();
+                assert_eq!(taken.len(), expected, "batches of {batch_len}, at {at} ms");
+            }
+            assert!(w.is_empty());
+        }
     }
 
     #[test]
