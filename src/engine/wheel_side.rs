@@ -64,7 +64,7 @@ pub(crate) struct Extracted {
 impl WheelSide {
     pub(crate) fn new(ticks: Ticks) -> Self {
         Self {
-            wheel: WheelCore::new(ticks, Geometry::DEFAULT),
+            wheel: WheelCore::new(ticks, Geometry::DEFAULT, true),
             freed: Magazine::EMPTY,
             lanes: Vec::new(),
             lanes_version: u64::MAX,

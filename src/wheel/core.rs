@@ -74,6 +74,74 @@ struct Level {
     /// Bit `s` is set when slot `s` holds a timer.
     occupied: u64,
     slots: Box<[Slot]>,
+    /// On a finest array of a split wheel, per slot, the lists of the timers whose index
+    /// is not a multiple of [`SPLIT`]: timer `i` is on list `i % SPLIT - 1` here, the others
+    /// on the slot's own. Empty on every other array.
+    more: Box<[[List; SPLIT - 1]]>,
+}
+
+/// Lists per finest slot in a split wheel (the engine's), a timer's index choosing its
+/// list. A due slot is walked from both ends of each, so that many chains of cache misses
+/// are in flight where an unsplit slot has two: a burst is mostly one due slot at a time,
+/// as each tick comes. Cancels and resets are untouched: a timer's list is found from its
+/// location and index alone.
+const SPLIT: usize = 4;
+
+impl Level {
+    fn new(slots: usize, split: bool) -> Self {
+        Self {
+            occupied: 0,
+            slots: vec![Slot::EMPTY; slots].into_boxed_slice(),
+            more: if split {
+                vec![[List::EMPTY; SPLIT - 1]; slots].into_boxed_slice()
+            } else {
+                Box::default()
+            },
+        }
+    }
+
+    /// How many lists each slot has: [`SPLIT`] on a finest array of a split wheel, else 1.
+    #[inline]
+    fn lists_per_slot(&self) -> usize {
+        if self.more.is_empty() { 1 } else { SPLIT }
+    }
+
+    /// Slot `slot`'s list number `sub` (below [`lists_per_slot`](Self::lists_per_slot)).
+    #[inline]
+    fn sub_list(&self, slot: usize, sub: usize) -> &List {
+        match sub {
+            0 => &self.slots[slot].timers,
+            sub => &self.more[slot][sub - 1],
+        }
+    }
+
+    /// The list of slot `slot` that timer `index` goes on.
+    #[inline]
+    fn list_mut(&mut self, slot: usize, index: u32) -> &mut List {
+        match self.sub_of(index) {
+            0 => &mut self.slots[slot].timers,
+            sub => &mut self.more[slot][sub - 1],
+        }
+    }
+
+    #[inline]
+    fn sub_of(&self, index: u32) -> usize {
+        if self.more.is_empty() {
+            0
+        } else {
+            index as usize % SPLIT
+        }
+    }
+
+    /// Whether every list of slot `slot` is empty.
+    #[inline]
+    fn is_slot_empty(&self, slot: usize) -> bool {
+        self.slots[slot].timers.is_empty()
+            && self
+                .more
+                .get(slot)
+                .is_none_or(|more| more.iter().all(List::is_empty))
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -140,16 +208,45 @@ fn paced_share(left: u64, ticks_left: u64) -> u64 {
 }
 
 impl Lists {
+    /// The list at `location`; of a split slot, its first (see [`SPLIT`]).
     #[inline]
     fn list(&self, location: Location) -> &List {
+        self.sub_list(location, 0)
+    }
+
+    /// List number `sub` at `location` (0 for the ready and overflow lists, which are
+    /// never split).
+    #[inline]
+    fn sub_list(&self, location: Location, sub: usize) -> &List {
         match location.decode() {
             Filed::Ready => &self.ready,
             Filed::Overflow => &self.overflow,
-            Filed::Slot { level, slot } => &self.levels[level].slots[slot].timers,
+            Filed::Slot { level, slot } => self.levels[level].sub_list(slot, sub),
         }
     }
 
-    /// Appends a node whose links were set from `self.list(location).tail()`.
+    /// The list at `location` that timer `index` is on, or goes on.
+    #[inline]
+    fn list_of(&self, location: Location, index: u32) -> &List {
+        match location.decode() {
+            Filed::Slot { level, slot } => {
+                let level = &self.levels[level];
+                level.sub_list(slot, level.sub_of(index))
+            }
+            _ => self.list(location),
+        }
+    }
+
+    /// How many lists the slot at `location` has (1 for the ready and overflow lists).
+    #[inline]
+    fn lists_at(&self, location: Location) -> usize {
+        match location.decode() {
+            Filed::Slot { level, .. } => self.levels[level].lists_per_slot(),
+            _ => 1,
+        }
+    }
+
+    /// Appends a node whose links were set from `self.list_of(location, index).tail()`.
     // Forced: LLVM leaves these out of line on size, and the call is a tenth of an insert.
     #[inline(always)]
     fn link_back<N: Links>(
@@ -169,22 +266,22 @@ impl Lists {
             Filed::Slot { level, slot } => {
                 let level = &mut self.levels[level];
                 level.occupied |= 1 << slot;
-                let slot = &mut level.slots[slot];
-                slot.earliest = slot.earliest.min(deadline);
-                slot.timers.link_back(nodes, index);
+                let earliest = &mut level.slots[slot].earliest;
+                *earliest = (*earliest).min(deadline);
+                level.list_mut(slot, index).link_back(nodes, index);
             }
         }
     }
 
-    /// Closes the gap left by a node that was on the list at `location` with links `prev`
-    /// and `next`.
+    /// Closes the gap left by node `index`, which was on the list at `location` with
+    /// links `prev` and `next`.
     #[inline(always)]
     fn unlink_between<N: Links>(
         &mut self,
         nodes: &mut N,
         location: Location,
-        prev: u32,
-        next: u32,
+        index: u32,
+        (prev, next): (u32, u32),
     ) {
         self.link_operations += 1;
         match location.decode() {
@@ -198,9 +295,11 @@ impl Lists {
                 }
             }
             Filed::Slot { level, slot } => {
-                let timers = &mut self.levels[level].slots[slot].timers;
-                timers.unlink_between(nodes, prev, next);
-                if timers.is_empty() {
+                let array = &mut self.levels[level];
+                array
+                    .list_mut(slot, index)
+                    .unlink_between(nodes, prev, next);
+                if array.is_slot_empty(slot) {
                     self.mark_empty(level, slot);
                 }
             }
@@ -222,6 +321,11 @@ impl Lists {
 
     /// Empties a slot of the array at physical index `level` and returns what it held.
     fn take(&mut self, level: usize, slot: usize) -> List {
+        debug_assert_eq!(
+            self.levels[level].lists_per_slot(),
+            1,
+            "a split slot taken whole"
+        );
         let timers = self.levels[level].slots[slot].timers.take();
         self.mark_empty(level, slot);
         timers
@@ -235,17 +339,18 @@ impl Lists {
 }
 
 impl Lists {
-    fn new(geometry: Geometry) -> Self {
-        let level = || Level {
-            occupied: 0,
-            slots: vec![Slot::EMPTY; geometry.slots()].into_boxed_slice(),
-        };
+    /// `split`: whether the finest arrays' slots have [`SPLIT`] lists each.
+    fn new(geometry: Geometry, split: bool) -> Self {
+        let spare0 = (geometry.levels() >= 2).then_some(geometry.levels());
         Self {
-            levels: (0..geometry.levels() + usize::from(geometry.levels() >= 2))
-                .map(|_| level())
+            levels: (0..geometry.levels() + usize::from(spare0.is_some()))
+                .map(|array| {
+                    let finest = array == 0 || Some(array) == spare0;
+                    Level::new(geometry.slots(), split && finest)
+                })
                 .collect(),
             current0: 0,
-            spare0: (geometry.levels() >= 2).then_some(geometry.levels()),
+            spare0,
             ready: List::EMPTY,
             overflow: List::EMPTY,
             overflow_earliest: u64::MAX,
@@ -255,13 +360,17 @@ impl Lists {
 }
 
 impl WheelCore {
-    pub(crate) fn new(ticks: Ticks, geometry: Geometry) -> Self {
+    /// `split`: whether each finest slot keeps [`SPLIT`] lists, for a holder that takes
+    /// due timers in batches ([`poll_batch`](Self::poll_batch)); one-at-a-time
+    /// [`poll`](Self::poll) then hands a slot's timers out list by list rather than in the
+    /// order they were filed.
+    pub(crate) fn new(ticks: Ticks, geometry: Geometry, split: bool) -> Self {
         Self {
             ticks,
             geometry,
             elapsed: 0,
             last_poll: None,
-            lists: Lists::new(geometry),
+            lists: Lists::new(geometry, split),
             pre_cascaded: vec![PreCascade::starting(u64::MAX); geometry.levels()]
                 .into_boxed_slice(),
         }
@@ -273,7 +382,7 @@ impl WheelCore {
     pub(crate) fn poll<N: Links>(&mut self, nodes: &mut N, now: Instant) -> Option<u32> {
         let (_, now) = self.catch_up(now);
         loop {
-            if let Some(index) = self.take_first(nodes, Location::READY) {
+            if let Some(index) = self.take_first(nodes, Location::READY, 0) {
                 return Some(index);
             }
             let due = match self.next_expiration() {
@@ -293,7 +402,11 @@ impl WheelCore {
                 // deadline was pushed back since they were filed: hand out the first kind
                 // straight from the slot, one per call, and move the second on.
                 let location = Location::slot(self.lists.current0, slot);
-                if let Some(index) = self.take_due_head(nodes, location, due.tick) {
+                // The slot is occupied: one of its lists holds a timer.
+                let sub = (0..self.lists.lists_at(location))
+                    .find(|&sub| self.lists.sub_list(location, sub).head() != NIL)
+                    .unwrap_or(0);
+                if let Some(index) = self.take_due_head(nodes, (location, sub), due.tick) {
                     return Some(index);
                 }
             } else {
@@ -386,25 +499,25 @@ impl WheelCore {
             let mut kept = 0;
             for turn in 0..count {
                 let slot = slots[turn];
-                let location = Location::slot(self.lists.current0, slot);
-                let head = self.lists.list(location).head();
-                if head == NIL {
+                if self.lists.levels[self.lists.current0].is_slot_empty(slot) {
                     continue;
                 }
                 slots[kept] = slot;
                 kept += 1;
-                if taken == out.len() {
-                    continue;
-                }
+                let location = Location::slot(self.lists.current0, slot);
                 let due_at = self.geometry.slot_start(self.elapsed, 0, slot);
-                if let Some(index) = self.take_due_head(nodes, location, due_at) {
-                    out[taken] = index;
-                    taken += 1;
-                }
-                if taken < out.len() && self.lists.list(location).tail() != NIL {
-                    if let Some(index) = self.take_due_tail(nodes, location, due_at) {
-                        out[taken] = index;
-                        taken += 1;
+                for sub in 0..self.lists.lists_at(location) {
+                    if taken < out.len() && self.lists.sub_list(location, sub).head() != NIL {
+                        if let Some(index) = self.take_due_head(nodes, (location, sub), due_at) {
+                            out[taken] = index;
+                            taken += 1;
+                        }
+                    }
+                    if taken < out.len() && self.lists.sub_list(location, sub).tail() != NIL {
+                        if let Some(index) = self.take_due_tail(nodes, (location, sub), due_at) {
+                            out[taken] = index;
+                            taken += 1;
+                        }
                     }
                 }
             }
@@ -435,7 +548,8 @@ impl WheelCore {
     #[inline]
     pub(crate) fn unlink<N: Links>(&mut self, nodes: &mut N, index: u32) {
         let (location, prev, next) = nodes.links(index);
-        self.lists.unlink_between(nodes, location, prev, next);
+        self.lists
+            .unlink_between(nodes, location, index, (prev, next));
         // A walk ahead of time that left this timer in its slot goes on from the one
         // before it, which it walked too (or from the head).
         for walk in self.pre_cascaded.iter_mut() {
@@ -464,7 +578,10 @@ impl WheelCore {
         let all = lists
             .levels
             .iter_mut()
-            .flat_map(|level| level.slots.iter_mut().map(|slot| &mut slot.timers))
+            .flat_map(|level| {
+                let own = level.slots.iter_mut().map(|slot| &mut slot.timers);
+                own.chain(level.more.iter_mut().flatten())
+            })
             .chain([&mut lists.ready, &mut lists.overflow]);
         for list in all {
             while let Some(index) = list.pop_front(nodes) {
@@ -472,7 +589,8 @@ impl WheelCore {
             }
         }
         let link_operations = self.lists.link_operations;
-        self.lists = Lists::new(self.geometry);
+        let split = self.lists.levels[0].lists_per_slot() > 1;
+        self.lists = Lists::new(self.geometry, split);
         self.lists.link_operations = link_operations;
         self.pre_cascaded.fill(PreCascade::starting(u64::MAX));
         indices
@@ -547,6 +665,12 @@ impl WheelCore {
     /// Bytes of the levels' slot tables and the per-level state of moves ahead of time.
     pub(crate) fn allocated_bytes(&self) -> usize {
         self.lists.levels.len() * (size_of::<Level>() + self.geometry.slots() * size_of::<Slot>())
+            + self
+                .lists
+                .levels
+                .iter()
+                .map(|level| size_of_val(&*level.more))
+                .sum::<usize>()
             + size_of_val(&*self.pre_cascaded)
     }
 
@@ -590,43 +714,47 @@ impl WheelCore {
     /// Appends a node that is on no list to the list at `location`.
     #[inline]
     fn link_at<N: Links>(&mut self, nodes: &mut N, index: u32, location: Location, deadline: u64) {
-        let tail = self.lists.list(location).tail();
+        let tail = self.lists.list_of(location, index).tail();
         nodes.set_links(index, location, tail, NIL);
         self.lists.link_back(nodes, location, index, deadline);
     }
 
-    /// Takes the first timer of the finest slot at `location`, due at `due_at`: returns it if
-    /// it is due by then; otherwise it was pushed back since it was filed, and goes on to
-    /// where it now belongs (after `elapsed`, which is no later than `due_at`).
+    /// Takes the first timer of list `sub` of the finest slot at `location`, due at
+    /// `due_at`: returns it if it is due by then; otherwise it was pushed back since it was
+    /// filed, and goes on to where it now belongs (after `elapsed`, which is no later than
+    /// `due_at`). The list is not empty.
     fn take_due_head<N: Links>(
         &mut self,
         nodes: &mut N,
-        location: Location,
+        (location, sub): (Location, usize),
         due_at: u64,
     ) -> Option<u32> {
-        let head = self.lists.list(location).head();
+        let head = self.lists.sub_list(location, sub).head();
         let deadline = nodes.deadline(head);
         if deadline <= due_at {
-            return self.take_first(nodes, location);
+            return self.take_first(nodes, location, sub);
         }
         let (_, _, next) = nodes.links(head);
-        self.lists.unlink_between(nodes, location, NIL, next);
+        self.lists
+            .unlink_between(nodes, location, head, (NIL, next));
         self.file(nodes, head, deadline, false);
         None
     }
 
     /// [`take_due_head`](Self::take_due_head) from the other end: takes the last timer of
-    /// the finest slot at `location` if it is due by `due_at`, else moves it on.
+    /// list `sub` of the finest slot at `location` if it is due by `due_at`, else moves it
+    /// on. The list is not empty.
     fn take_due_tail<N: Links>(
         &mut self,
         nodes: &mut N,
-        location: Location,
+        (location, sub): (Location, usize),
         due_at: u64,
     ) -> Option<u32> {
-        let tail = self.lists.list(location).tail();
+        let tail = self.lists.sub_list(location, sub).tail();
         let deadline = nodes.deadline(tail);
         let (_, prev, _) = nodes.links(tail);
-        self.lists.unlink_between(nodes, location, prev, NIL);
+        self.lists
+            .unlink_between(nodes, location, tail, (prev, NIL));
         if deadline > due_at {
             self.file(nodes, tail, deadline, false);
             return None;
@@ -641,15 +769,21 @@ impl WheelCore {
         Some(tail)
     }
 
-    /// Unlinks the first timer of the list at `location` and returns its index.
+    /// Unlinks the first timer of list `sub` at `location` and returns its index.
     #[inline]
-    fn take_first<N: Links>(&mut self, nodes: &mut N, location: Location) -> Option<u32> {
-        let head = self.lists.list(location).head();
+    fn take_first<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        location: Location,
+        sub: usize,
+    ) -> Option<u32> {
+        let head = self.lists.sub_list(location, sub).head();
         if head == NIL {
             return None;
         }
         let (_, _, next) = nodes.links(head);
-        self.lists.unlink_between(nodes, location, NIL, next);
+        self.lists
+            .unlink_between(nodes, location, head, (NIL, next));
         if next != NIL {
             // Unlinking just brought `next` into the cache: start the miss on the node after
             // it now, so that walking a long due list keeps two misses in flight.
@@ -841,7 +975,7 @@ impl WheelCore {
                 let deadline = nodes.deadline(node);
                 let finer = self.geometry.slot_for(deadline, level - 1);
                 if (start..window_end).contains(&deadline) && finer != last {
-                    self.lists.unlink_between(nodes, source, prev, next);
+                    self.lists.unlink_between(nodes, source, node, (prev, next));
                     self.link_at(nodes, node, Location::slot(level - 1, finer), deadline);
                 } else {
                     state.anchor = node;

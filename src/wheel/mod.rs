@@ -134,7 +134,7 @@ impl<T> Wheel<T> {
 
     pub(crate) fn with_parts(ticks: Ticks, geometry: Geometry, capacity: usize) -> Self {
         Self {
-            core: WheelCore::new(ticks, geometry),
+            core: WheelCore::new(ticks, geometry, false),
             slab: Slab::with_capacity(capacity),
         }
     }
@@ -564,6 +564,14 @@ mod tests {
         );
     }
 
+    /// [`wheel`], its core split as the engine's is (`split`: several lists per finest
+    /// slot) or not.
+    fn wheel_split(split: bool) -> (Wheel<u64>, Instant) {
+        let (mut w, t0) = wheel();
+        w.core = WheelCore::new(w.core.ticks, w.core.geometry, split);
+        (w, t0)
+    }
+
     /// Takes every timer due by `now` through `poll_batch` (the engine's claim) in batches
     /// of `batch.len()`, removing each and handing its value to `each`.
     fn take_in_batches(
@@ -589,7 +597,13 @@ mod tests {
     /// time).
     #[test]
     fn a_batch_over_many_due_slots_hands_out_exactly_the_due_timers_once() {
-        let (mut w, t0) = wheel();
+        for split in [false, true] {
+            a_batch_over_many_due_slots(split);
+        }
+    }
+
+    fn a_batch_over_many_due_slots(split: bool) {
+        let (mut w, t0) = wheel_split(split);
         let mut keys = Vec::new();
         for i in 0..2_000_u64 {
             keys.push(w.insert(t0 + ms(1 + i % 30), i));
@@ -624,8 +638,11 @@ mod tests {
     /// timer comes out once, whatever the batch size.
     #[test]
     fn a_batch_over_one_due_slot_takes_from_both_ends_and_moves_on_the_pushed_back() {
-        for batch_len in [1_usize, 2, 3, 16] {
-            let (mut w, t0) = wheel();
+        for (batch_len, split) in [1_usize, 2, 3, 16]
+            .into_iter()
+            .flat_map(|n| [(n, false), (n, true)])
+        {
+            let (mut w, t0) = wheel_split(split);
             let count = 1_000_u64;
             let keys: Vec<_> = (0..count).map(|i| w.insert(t0 + ms(5), i)).collect();
             // Pushed back: the first two, the last two, and every seventh between.
