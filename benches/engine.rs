@@ -1,6 +1,7 @@
 //! The multi-core `TimerEngine`'s hot paths, with tokio's timer beside it in the same run:
 //! schedule, cancel, reset to a later deadline, and schedule + cancel from 1 and 2 threads.
-//! Ends with a table of ratios read back from criterion's own estimates.
+//! Ends with a table of ratios read back from criterion's own estimates. Then, for the
+//! engine alone, the owner's drain of a burst of due timers (`engine_due_drain`).
 //!
 //! The engine is a real one, with worker threads (unpinned here), driven from plain threads
 //! with `schedule(delay, closure)`, `cancel(handle)` and `reset(handle, delay)`. tokio runs
@@ -22,7 +23,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use corewheel::{TimerEngine, TimerHandle};
+use corewheel::{ManualClock, TimerEngine, TimerHandle};
 use criterion::{BenchmarkId, Criterion};
 use mimalloc::MiMalloc;
 use tokio::runtime::Runtime;
@@ -45,6 +46,11 @@ const THIRTY_S_US: u64 = 30_000_000;
 const RESET_SIZES: [(usize, &str); 2] = [(1_000, "1k"), (1_000_000, "1M")];
 const IDLE_BASE: Duration = Duration::from_secs(30);
 const RESET_TO: Duration = Duration::from_secs(60);
+
+/// Timers of the due-drain benchmark (`cargo test` runs the first only), and the ticks
+/// their deadlines spread over.
+const DRAIN_SIZES: [(u64, &str); 2] = [(10_000, "10k"), (1_000_000, "1M")];
+const DRAIN_TICKS: u64 = 10;
 
 /// Delays drawn ahead of time, uniform in 1 ms..30 s like request timeouts, so the timed
 /// loops measure the timers rather than random number generation.
@@ -460,6 +466,61 @@ fn sleep_poll_drop(c: &mut Criterion) {
     group.finish();
 }
 
+/// The owner's claim in a burst: a hand-driven engine (one shard, manual clock) holding
+/// `timers` filed timers due over [`DRAIN_TICKS`] ticks is turned a tick at a time until
+/// every timer has run, as a worker meets a burst tick after tick. Timed: the turns (the
+/// claims off the wheel and the runs of a do-nothing callback), not the scheduling and
+/// filing before them. Criterion reports the time of a whole drain, and timers per second.
+fn due_drain(c: &mut Criterion, sizes: &[(u64, &str)]) {
+    let mut group = c.benchmark_group("engine_due_drain");
+    group
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(10);
+    for &(timers, label) in sizes {
+        group.throughput(criterion::Throughput::Elements(timers));
+        group.bench_function(BenchmarkId::new("corewheel", label), |b| {
+            b.iter_custom(|iters| (0..iters).map(|seed| drain_once(timers, seed)).sum())
+        });
+    }
+    group.finish();
+}
+
+/// One drain of [`due_drain`], its timers' delays drawn from `seed`.
+fn drain_once(timers: u64, seed: u64) -> Duration {
+    let clock = ManualClock::new();
+    let engine = TimerEngine::builder()
+        .workers(1)
+        .manual_clock(clock.clone())
+        .build()
+        .expect("the engine starts");
+    let mut x = 0x9E37_79B9_7F4A_7C15 ^ seed;
+    for _ in 0..timers {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let delay = Duration::from_micros(1_000 + x % (DRAIN_TICKS * 1_000));
+        engine
+            .schedule(delay, || {})
+            .expect("the engine takes the timer");
+    }
+    // Files them all: none is due yet.
+    assert_eq!(engine.turn(), 0);
+    let start = Instant::now();
+    let mut fired = 0;
+    for _ in 0..=DRAIN_TICKS {
+        clock.advance(Duration::from_millis(1));
+        fired += engine.turn();
+    }
+    // Every deadline has come; a turn runs what its run queue had room for.
+    while fired < timers as usize {
+        let ran = engine.turn();
+        assert!(ran > 0, "a turn ran nothing with {fired} of {timers} fired");
+        fired += ran;
+    }
+    start.elapsed()
+}
+
 /// Thread `t`'s share of `iters` split over `threads`.
 fn share(iters: u64, threads: usize, t: usize) -> u64 {
     let threads = threads as u64;
@@ -539,6 +600,14 @@ fn main() {
     );
     schedule_cancel(&mut c);
     sleep_poll_drop(&mut c);
+    due_drain(
+        &mut c,
+        if full {
+            &DRAIN_SIZES
+        } else {
+            &DRAIN_SIZES[..1]
+        },
+    );
     c.final_summary();
     if full {
         print_ratios();
