@@ -448,10 +448,11 @@ impl WheelCore {
 
     /// When finest slots are due at `now` (and nothing comes before them): takes their
     /// due timers into `out` from each slot in turn, from both ends of its list, moving on
-    /// those pushed back since they were filed; returns how many it took (0 when no
-    /// finest slot is due, for `poll` to go on). A list walked from both ends is two
-    /// chains of misses in flight rather than one: a burst is mostly one due slot at a
-    /// time, as each tick comes.
+    /// those pushed back since they were filed; returns how many it took. 0 (for `poll` to
+    /// go on) when something else comes first: the ready list, a coarse slot, the flip, or
+    /// no due finest slot; also when every timer it met had been pushed back. A list
+    /// walked from both ends is two chains of misses in flight rather than one: a burst is
+    /// mostly one due slot at a time, as each tick comes.
     fn take_interleaved<N: Links>(
         &mut self,
         nodes: &mut N,
