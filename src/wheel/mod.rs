@@ -564,6 +564,58 @@ mod tests {
         );
     }
 
+    /// The engine's split core against a model, through random inserts (near, and far
+    /// enough to cascade from coarse levels), cancels, resets both ways, and claims in
+    /// batches of random size as time moves on: each timer is handed out once, never
+    /// before its deadline, and none is left behind once its tick has come.
+    #[test]
+    fn a_split_core_hands_out_what_a_model_says_under_random_operations() {
+        let (mut w, t0) = wheel_split(true);
+        let mut x = 0x2545_F491_4F6C_DD1D_u64;
+        let mut next = move |below: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % below
+        };
+        let mut live: std::collections::HashMap<u64, (TimerKey, u64)> = Default::default();
+        let mut now = 0_u64;
+        let mut batch = [0_u32; 16];
+        let steps = if cfg!(miri) { 400 } else { 40_000 };
+        for id in 0..steps {
+            match next(10) {
+                0..=4 => {
+                    let at = now + 1 + if next(8) == 0 { next(20_000) } else { next(12) };
+                    live.insert(id, (w.insert(t0 + ms(at), id), at));
+                }
+                5 | 6 if !live.is_empty() => {
+                    let pick = *live.keys().nth(next(live.len() as u64) as usize).unwrap();
+                    let (key, _) = live.remove(&pick).unwrap();
+                    assert_eq!(w.cancel(key), Some(pick));
+                }
+                7 if !live.is_empty() => {
+                    let pick = *live.keys().nth(next(live.len() as u64) as usize).unwrap();
+                    let at = now + 1 + next(15);
+                    let entry = live.get_mut(&pick).unwrap();
+                    assert!(w.reset(entry.0, t0 + ms(at)));
+                    entry.1 = at;
+                }
+                _ => {
+                    now += next(4);
+                    let len = 1 + next(16) as usize;
+                    take_in_batches(&mut w, t0 + ms(now), &mut batch[..len], |value| {
+                        let (_, at) = live.remove(&value).expect("handed out once");
+                        assert!(at <= now, "timer {value} due at {at} handed out at {now}");
+                    });
+                    if let Some((value, (_, at))) = live.iter().find(|(_, (_, at))| *at <= now) {
+                        panic!("timer {value} due at {at} still held at {now}");
+                    }
+                }
+            }
+        }
+        assert_eq!(w.len(), live.len());
+    }
+
     /// [`wheel`], its core split as the engine's is (`split`: several lists per finest
     /// slot) or not.
     fn wheel_split(split: bool) -> (Wheel<u64>, Instant) {
