@@ -52,6 +52,15 @@ const RESET_TO: Duration = Duration::from_secs(60);
 const DRAIN_SIZES: [(u64, &str); 2] = [(10_000, "10k"), (1_000_000, "1M")];
 const DRAIN_TICKS: u64 = 10;
 
+/// The next number of a xorshift generator in `x`: the benches' delays, cheap and
+/// reproducible.
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 /// Delays drawn ahead of time, uniform in 1 ms..30 s like request timeouts, so the timed
 /// loops measure the timers rather than random number generation.
 #[derive(Clone)]
@@ -66,12 +75,7 @@ impl Delays {
     fn new() -> Self {
         let mut x = 0x2545_F491_4F6C_DD1D_u64;
         let ring = (0..Self::LEN)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                Duration::from_micros(1_000 + x % THIRTY_S_US)
-            })
+            .map(|_| Duration::from_micros(1_000 + xorshift(&mut x) % THIRTY_S_US))
             .collect();
         Self { ring, next: 0 }
     }
@@ -496,10 +500,7 @@ fn drain_once(timers: u64, seed: u64) -> Duration {
         .expect("the engine starts");
     let mut x = 0x9E37_79B9_7F4A_7C15 ^ seed;
     for _ in 0..timers {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let delay = Duration::from_micros(1_000 + x % (DRAIN_TICKS * 1_000));
+        let delay = Duration::from_micros(1_000 + xorshift(&mut x) % (DRAIN_TICKS * 1_000));
         engine
             .schedule(delay, || {})
             .expect("the engine takes the timer");

@@ -1,8 +1,8 @@
 //! Hostile review of the due walk from both ends of a slot's list (commit 7029d7b):
 //! `WheelCore::take_interleaved`, which `poll_batch` (the engine's claim of due timers)
 //! uses, now also takes a lone due finest slot, and takes from the head and the tail of
-//! each due slot's list in turn; `take_due_tail` files a timer pushed back since it was
-//! filed again where it now belongs, as `take_due_head` does. Since 1061333 the engine's
+//! each due slot's list in turn; `take_due` files a timer pushed back since it was
+//! filed again where it now belongs, from either end. Since 1061333 the engine's
 //! finest slots keep four lists each (a timer's index chooses its list), all walked so;
 //! every test here passes on that too.
 //!
@@ -22,7 +22,7 @@
 //! exactly once, and nothing lost. All randomness is seeded.
 //!
 //! Outcome: no fault found in the change (also with debug assertions on). Note that
-//! `take_due_tail` skipping its deadline check passes every test here: the engine's claim
+//! `take_due` skipping its deadline check at the tail passes every test here: the engine's claim
 //! checks each timer's deadline against the tick again and files a pushed-back one anew,
 //! so only the wheel's unit tests (`poll_batch` on a `Wheel`) see that check. A tail
 //! timer lost, or filed a tick late, fails most tests here.

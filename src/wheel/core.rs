@@ -159,6 +159,13 @@ impl Slot {
     };
 }
 
+/// Which end of a list a walk takes from.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    Head,
+    Tail,
+}
+
 /// The next thing that needs processing, and the tick it begins at.
 #[derive(Debug, Clone, Copy)]
 struct Expiration {
@@ -382,7 +389,7 @@ impl WheelCore {
     pub(crate) fn poll<N: Links>(&mut self, nodes: &mut N, now: Instant) -> Option<u32> {
         let (_, now) = self.catch_up(now);
         loop {
-            if let Some(index) = self.take_first(nodes, Location::READY, 0) {
+            if let Some(index) = self.take_ready(nodes) {
                 return Some(index);
             }
             let due = match self.next_expiration() {
@@ -406,7 +413,7 @@ impl WheelCore {
                 let sub = (0..self.lists.lists_at(location))
                     .find(|&sub| self.lists.sub_list(location, sub).head() != NIL)
                     .unwrap_or(0);
-                if let Some(index) = self.take_due_head(nodes, (location, sub), due.tick) {
+                if let Some(index) = self.take_due(nodes, (location, sub), End::Head, due.tick) {
                     return Some(index);
                 }
             } else {
@@ -508,14 +515,11 @@ impl WheelCore {
                 let location = Location::slot(self.lists.current0, slot);
                 let due_at = self.geometry.slot_start(self.elapsed, 0, slot);
                 for sub in 0..self.lists.lists_at(location) {
-                    if taken < out.len() && self.lists.sub_list(location, sub).head() != NIL {
-                        if let Some(index) = self.take_due_head(nodes, (location, sub), due_at) {
-                            out[taken] = index;
-                            taken += 1;
+                    for end in [End::Head, End::Tail] {
+                        if taken == out.len() || self.lists.sub_list(location, sub).is_empty() {
+                            break;
                         }
-                    }
-                    if taken < out.len() && self.lists.sub_list(location, sub).tail() != NIL {
-                        if let Some(index) = self.take_due_tail(nodes, (location, sub), due_at) {
+                        if let Some(index) = self.take_due(nodes, (location, sub), end, due_at) {
                             out[taken] = index;
                             taken += 1;
                         }
@@ -720,80 +724,67 @@ impl WheelCore {
         self.lists.link_back(nodes, location, index, deadline);
     }
 
-    /// Takes the first timer of list `sub` of the finest slot at `location`, due at
+    /// Takes the timer at `end` of list `sub` of the finest slot at `location`, due at
     /// `due_at`: returns it if it is due by then; otherwise it was pushed back since it was
     /// filed, and goes on to where it now belongs (after `elapsed`, which is no later than
     /// `due_at`). The list is not empty.
-    fn take_due_head<N: Links>(
+    fn take_due<N: Links>(
         &mut self,
         nodes: &mut N,
-        (location, sub): (Location, usize),
+        list: (Location, usize),
+        end: End,
         due_at: u64,
     ) -> Option<u32> {
-        let head = self.lists.sub_list(location, sub).head();
-        let deadline = nodes.deadline(head);
-        if deadline <= due_at {
-            return self.take_first(nodes, location, sub);
-        }
-        let (_, _, next) = nodes.links(head);
-        self.lists
-            .unlink_between(nodes, location, head, (NIL, next));
-        self.file(nodes, head, deadline, false);
-        None
-    }
-
-    /// [`take_due_head`](Self::take_due_head) from the other end: takes the last timer of
-    /// list `sub` of the finest slot at `location` if it is due by `due_at`, else moves it
-    /// on. The list is not empty.
-    fn take_due_tail<N: Links>(
-        &mut self,
-        nodes: &mut N,
-        (location, sub): (Location, usize),
-        due_at: u64,
-    ) -> Option<u32> {
-        let tail = self.lists.sub_list(location, sub).tail();
-        let deadline = nodes.deadline(tail);
-        let (_, prev, _) = nodes.links(tail);
-        self.lists
-            .unlink_between(nodes, location, tail, (prev, NIL));
+        let index = self.unlink_end(nodes, list, end);
+        let deadline = nodes.deadline(index);
         if deadline > due_at {
-            self.file(nodes, tail, deadline, false);
+            self.file(nodes, index, deadline, false);
             return None;
         }
-        if prev != NIL {
-            // As in `take_first`, from this end: `prev` is in the cache now.
-            let (_, before, _) = nodes.links(prev);
-            if before != NIL {
-                nodes.prefetch(before);
-            }
-        }
-        Some(tail)
+        Some(index)
     }
 
-    /// Unlinks the first timer of list `sub` at `location` and returns its index.
+    /// Unlinks the first timer of the ready list and returns its index.
     #[inline]
-    fn take_first<N: Links>(
+    fn take_ready<N: Links>(&mut self, nodes: &mut N) -> Option<u32> {
+        (!self.lists.ready.is_empty())
+            .then(|| self.unlink_end(nodes, (Location::READY, 0), End::Head))
+    }
+
+    /// Unlinks the timer at `end` of list `sub` at `location`, which is not empty, and
+    /// returns its index.
+    #[inline]
+    fn unlink_end<N: Links>(
         &mut self,
         nodes: &mut N,
-        location: Location,
-        sub: usize,
-    ) -> Option<u32> {
-        let head = self.lists.sub_list(location, sub).head();
-        if head == NIL {
-            return None;
-        }
-        let (_, _, next) = nodes.links(head);
+        (location, sub): (Location, usize),
+        end: End,
+    ) -> u32 {
+        let list = self.lists.sub_list(location, sub);
+        let index = match end {
+            End::Head => list.head(),
+            End::Tail => list.tail(),
+        };
+        let (_, prev, next) = nodes.links(index);
         self.lists
-            .unlink_between(nodes, location, head, (NIL, next));
-        if next != NIL {
-            // Unlinking just brought `next` into the cache: start the miss on the node after
-            // it now, so that walking a long due list keeps two misses in flight.
-            let (_, _, after) = nodes.links(next);
-            if after != NIL {
-                nodes.prefetch(after);
+            .unlink_between(nodes, location, index, (prev, next));
+        // Unlinking just brought the new end into the cache: start the miss on the node
+        // beyond it now, so that walking a long list keeps two misses in flight.
+        let new_end = match end {
+            End::Head => next,
+            End::Tail => prev,
+        };
+        if new_end != NIL {
+            let (_, before, after) = nodes.links(new_end);
+            let beyond = match end {
+                End::Head => after,
+                End::Tail => before,
+            };
+            if beyond != NIL {
+                nodes.prefetch(beyond);
             }
         }
-        Some(head)
+        index
     }
 
     /// Handles an expiration other than a finest slot, now that `elapsed` has reached it.
