@@ -297,3 +297,48 @@ impl Lane {
         self.0.need()
     }
 }
+
+/// The most indices a lane's forward ring holds
+/// ([`crate::engine::forward_ring::RING`]).
+pub const FORWARD_RING: usize = crate::engine::forward_ring::RING;
+
+/// The most indices one take from a forward ring returns
+/// ([`crate::engine::forward_ring::CHUNK`]).
+pub const FORWARD_CHUNK: usize = crate::engine::forward_ring::CHUNK;
+
+/// A lane's forward ring ([`crate::engine::forward_ring::ForwardRing`]).
+pub struct ForwardRing(crate::engine::forward_ring::ForwardRing);
+
+impl ForwardRing {
+    /// An empty ring.
+    #[allow(clippy::new_without_default, reason = "test-only wrapper")]
+    pub fn new() -> Self {
+        Self(crate::engine::forward_ring::ForwardRing::new())
+    }
+
+    /// Publishes `indices`, needed by tick `need`, at tick `now`: the ring's need, or
+    /// `None` (nothing published) when they do not all fit.
+    ///
+    /// # Safety
+    /// Only one thread, the producer, may publish.
+    pub unsafe fn publish(&self, indices: &[u32], need: u64, now: u64) -> Option<u64> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.publish(indices, need, now) }
+    }
+
+    /// Takes up to [`FORWARD_CHUNK`] indices, oldest first.
+    ///
+    /// # Safety
+    /// Only one thread at a time may take.
+    pub unsafe fn take(&self) -> Vec<u32> {
+        let mut out = [0; FORWARD_CHUNK];
+        // SAFETY: forwarded from the caller.
+        let taken = unsafe { self.0.take(&mut out) };
+        out[..taken].to_vec()
+    }
+
+    /// The tick by which the consumer must take the ring, `None` when it is empty.
+    pub fn need(&self) -> Option<u64> {
+        self.0.need()
+    }
+}

@@ -32,6 +32,7 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
+use crate::engine::forward_ring::ForwardRing;
 use crate::engine::hold_back::HoldBack;
 use crate::engine::pool::Magazine;
 use crate::engine::timer_node::TimerNode;
@@ -110,6 +111,8 @@ impl Staging {
 pub(crate) struct Lane {
     young: Staging,
     old: [Staging; 2],
+    /// Where the producer forwards what it sends on to the owner, as indices.
+    pub(crate) forward: ForwardRing,
     producer: UnsafeCell<ProducerSide>,
     /// Counts the producer keeps (single writer, so plain load and store, no read-modify-
     /// write): timers scheduled, cancelled and reset through this lane's thread.
@@ -209,6 +212,7 @@ impl Lane {
         Self {
             young: Staging::new(),
             old: [Staging::new(), Staging::new()],
+            forward: ForwardRing::new(),
             producer: UnsafeCell::new(ProducerSide {
                 magazine: Magazine::EMPTY,
                 pushes: 0,
@@ -382,12 +386,18 @@ impl Lane {
         Chain([self.young.take(), self.old[0].take(), self.old[1].take()])
     }
 
-    /// The tick by which the worker must take this lane, or `None` when it is empty.
+    /// The tick by which the worker must take this lane (its stacks, or its forward ring),
+    /// or `None` when it is empty.
     pub(crate) fn need(&self) -> Option<u64> {
-        [self.young.need(), self.old[0].need(), self.old[1].need()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.young.need(),
+            self.old[0].need(),
+            self.old[1].need(),
+            self.forward.need(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The producer is about to take nodes off the lane into its own hands (to reclaim or
@@ -425,6 +435,7 @@ impl Lane {
         self.closed.load(Ordering::Acquire)
             && self.young.is_empty()
             && self.old.iter().all(Staging::is_empty)
+            && self.forward.is_empty()
     }
 
     /// Adds one to a producer-kept count.

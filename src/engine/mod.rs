@@ -10,8 +10,9 @@
 //!
 //! A timer travels one way: `schedule` ([`shared`]) takes a node from the thread's
 //! magazine ([`pool`]), fills it and pushes it onto the thread's [`lane`] into its home
-//! shard; the lane is forwarded to the shard's inbox, or taken by the owner directly, and
-//! the owner files the node in its wheel ([`wheel_side`]); when it is due the wheel's
+//! shard; the lane is forwarded (as indices on the lane's [`forward_ring`], or as a chain
+//! on the shard's inbox), or taken by the owner directly, and the owner files the node in
+//! its wheel ([`wheel_side`]); when it is due the wheel's
 //! holder claims it onto the shard's run queue, and whoever takes it from there runs it
 //! ([`runner`]): the owner's thread ([`worker`]) or an idle worker ([`balance`]). Cancels
 //! and resets change the node's state word from any thread, and reach the owner as
@@ -38,7 +39,8 @@
 //!    thread at a time, and the phase says which:
 //!    - *free*: whoever took it from the pool, into a magazine;
 //!    - *pending, in transit* (`MSG`): the arming thread until it pushes the node, then
-//!      whoever takes it off the lane or inbox; a node is on at most one queue;
+//!      whoever takes it off the lane, forward ring or inbox; a node is on at most one
+//!      queue;
 //!    - *pending, filed* (`FILED`): the wheel's holder (rule 1);
 //!    - *firing*: whoever moved it from pending to firing, then whoever takes its entry
 //!      off the run queue, who runs the callback and settles the node;
@@ -50,7 +52,8 @@
 //!    the waker in it, since nobody fires, runs or frees a locked pending timer
 //!    ([`waker_timer`]).
 //! 4. **A thread's lane** is pushed, claimed and parked only by that thread; the owner
-//!    takes a stack of it whole with one swap. A producer holding nodes it took back marks
+//!    takes a stack of it whole with one swap. Only that thread publishes on the lane's
+//!    forward ring, and only the wheel's holder takes from it (rule 1). A producer holding nodes it took back marks
 //!    the lane busy, and the owner's last turn waits for it to put them back.
 //! 5. **The run queue** has one producer at a time, the wheel's holder (so handing the wheel
 //!    over orders the appends), and any number of consumers; an entry belongs to whoever
@@ -66,8 +69,8 @@
 //!    engine with workers, no other thread runs a callback: a producer or a sweep only
 //!    drops captures, of timers that were cancelled or, after the last turn, of a
 //!    repeating timer that turn settled while a reset's message was on its way.
-//! 7. **Shutdown** sets the flag, then each shard's last turn collects every lane and the
-//!    inbox, waits for other hands, and runs or drops what is pending. Any push made after
+//! 7. **Shutdown** sets the flag, then each shard's last turn collects every lane (its
+//!    forward ring too) and the inbox, waits for other hands, and runs or drops what is pending. Any push made after
 //!    the flag is set checks it again (sequentially consistent on both sides) and then asks
 //!    the shard for a sweep, so nothing pushed late keeps a closure alive. A shutdown or
 //!    drop on any engine's worker thread joins no worker ([`thread_role`]).
@@ -77,6 +80,7 @@ pub(crate) mod builder;
 pub(crate) mod callback;
 pub(crate) mod context;
 pub(crate) mod counters;
+pub(crate) mod forward_ring;
 pub(crate) mod handle;
 pub(crate) mod hold_back;
 pub(crate) mod lane;

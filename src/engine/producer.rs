@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::engine::callback::Callback;
 use crate::engine::context::{self, Context};
 use crate::engine::counters::add;
+use crate::engine::forward_ring::ForwardBatch;
 use crate::engine::handle::TimerHandle;
 use crate::engine::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
 use crate::engine::pool::{BATCH, Magazine};
@@ -35,8 +36,9 @@ const LANE_HORIZON: u64 = 2;
 /// own planned wake-up, so that a thread's stream of timers rides the worker's wake-ups
 /// rather than causing its own (a wake-up is a system call and a context switch on both
 /// sides: at a light load, most of the engine's cost). Under load the producer forwards
-/// its lane to the inbox every [`CLAIM_EVERY`] pushes, and the worker empties the inbox at
-/// every look, so memory still comes back within a few ticks there.
+/// its lane every [`CLAIM_EVERY`] pushes, and the worker takes everything forwarded at
+/// every look (and is woken once a lane's forward ring is half full), so memory still
+/// comes back within a few ticks there.
 const IDLE_LANE_HORIZON: u64 = 32;
 
 /// An operation a producer counts for [`stats`](crate::TimerEngine::stats).
@@ -267,7 +269,8 @@ impl EngineShared {
 
     /// Takes this thread's young stack back: frees the timers it has cancelled before
     /// they ever left the thread, parks pending timers not due soon on the old stack, and
-    /// forwards the rest (messages, timers due soon) to the shard's inbox in one push. Once
+    /// forwards the rest (messages, timers due soon) to the owner on the lane's forward ring
+    /// (or, if it is full, the shard's inbox) in one batch. Once
     /// the old stack has waited its horizon it is taken back first (so that the timers
     /// parked now start a fresh wait): its cancelled timers are freed here and the rest
     /// forwarded.
@@ -292,7 +295,7 @@ impl EngineShared {
         let now = self.now_tick();
         let mut recycled = ChainBuilder::default();
         let park_after = now.saturating_add(OLD_HORIZON);
-        let mut forward = ChainBuilder::default();
+        let mut forward = ForwardBatch::new();
         let mut park = ChainBuilder::default();
         let mut keep = ChainBuilder::default();
         // The nodes kept back on the lane and the needs they were filed with, to look at
@@ -344,7 +347,8 @@ impl EngineShared {
                 if kept {
                     came_back += 1;
                 }
-                forward.push(node, need);
+                // SAFETY: this thread is the lane's producer.
+                unsafe { forward.push((lane, shard), node, need, now) };
             }
         }
         // SAFETY: this thread is the lane's producer.
@@ -357,7 +361,9 @@ impl EngineShared {
                 caught += 1;
                 recycled.push(node, 0);
             } else {
-                forward.push(node, forward_need(node_ref, seen, now, shard));
+                let need = forward_need(node_ref, seen, now, shard);
+                // SAFETY: this thread is the lane's producer.
+                unsafe { forward.push((lane, shard), node, need, now) };
             }
         }
         // SAFETY: this thread is the lane's producer.
@@ -366,7 +372,7 @@ impl EngineShared {
         unsafe {
             Self::hold_back(lane, shard, park, keep, now);
             Self::look_again(shard, &held_back[..held_back_count]);
-            Self::forward(shard, forward);
+            forward.send(lane, shard, now);
             Self::trim_magazine(lane, shard);
         }
         recycled.into_chain()
@@ -419,19 +425,6 @@ impl EngineShared {
             .min();
         if let Some(deadline) = moved {
             shard.make_urgent(deadline);
-        }
-    }
-
-    /// A reclaim's step: forwards the rest to the shard's inbox in one push.
-    ///
-    /// # Safety
-    /// The chain's nodes are live and held by the calling thread, linked in order.
-    #[inline]
-    unsafe fn forward(shard: &Shard, forward: ChainBuilder) {
-        if let Some((first, last, need)) = forward.finish() {
-            // SAFETY: forwarded from the caller.
-            unsafe { shard.inbox.push_chain(first, last) };
-            shard.wake_for(need);
         }
     }
 

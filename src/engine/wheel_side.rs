@@ -10,6 +10,7 @@ use std::ptr::NonNull;
 use std::time::Instant;
 
 use crate::engine::counters::add;
+use crate::engine::forward_ring::{CHUNK, RING};
 use crate::engine::lane::Lane;
 use crate::engine::pool::FiledNodes;
 use crate::engine::pool::{BATCH, Magazine};
@@ -161,9 +162,21 @@ impl WheelSide {
         self.lanes_version = version;
     }
 
-    /// Takes the lanes whose need has come (every lane when `all`), and the whole inbox.
+    /// Takes the lanes whose need has come (every lane when `all`), and everything
+    /// forwarded: the lanes' forward rings and the inbox.
     fn collect(&mut self, shard: &ShardParts, now_tick: u64, all: bool) {
+        let mut forwarded = [0_u32; CHUNK];
         for lane_index in 0..self.lanes.len() {
+            // No more than a full ring's worth: a producer forwarding as fast as this
+            // receives must not keep the owner from its wheel.
+            for _ in 0..RING / CHUNK {
+                // SAFETY: the wheel's holder is the rings' one consumer.
+                let taken = unsafe { self.lanes[lane_index].forward.take(&mut forwarded) };
+                if taken == 0 {
+                    break;
+                }
+                self.receive_indices(shard, &forwarded[..taken]);
+            }
             let lane = &self.lanes[lane_index];
             if lane.need().is_some_and(|need| all || need <= now_tick) {
                 let chain = lane.take();
@@ -210,6 +223,24 @@ impl WheelSide {
             let node = ahead[(taken - waiting + offset) % RECEIVE_AHEAD];
             self.receive(shard, node);
         }
+    }
+
+    /// Receives the nodes at `indices`, in order. Unlike a chain's, their misses need not
+    /// wait for one another: each node is asked for [`RECEIVE_AHEAD`] nodes before
+    /// [`receive_all`](Self::receive_all) takes it (and asks for its neighbours).
+    fn receive_indices(&mut self, shard: &ShardParts, indices: &[u32]) {
+        let pool = &shard.pool;
+        let nodes = indices.iter().enumerate().filter_map(|(position, &index)| {
+            if let Some(ahead) = indices.get(position + RECEIVE_AHEAD)
+                && let Some(node) = pool.node(*ahead)
+            {
+                TimerNode::prefetch_for_write(NonNull::from(node));
+            }
+            let node = pool.node(index);
+            debug_assert!(node.is_some(), "a forwarded index outside the pool");
+            node.map(NonNull::from)
+        });
+        self.receive_all(shard, nodes);
     }
 
     fn receive(&mut self, shard: &ShardParts, node: NonNull<TimerNode>) {

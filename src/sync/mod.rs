@@ -54,11 +54,11 @@ pub(crate) mod unmodelled {
 pub(crate) mod atomic {
     #[cfg(loom)]
     pub(crate) use loom::sync::atomic::{
-        AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering, fence,
+        AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering, fence,
     };
     #[cfg(not(loom))]
     pub(crate) use std::sync::atomic::{
-        AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering, fence,
+        AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering, fence,
     };
 }
 

@@ -1,0 +1,298 @@
+//! A lane's forward ring: the node indices a producer forwards to its shard's owner, in a
+//! dense array rather than a chain through the nodes.
+//!
+//! A reclaim forwards what its thread sent since the last one: cancels and resets of timers
+//! in the wheel, and new timers. Sent as a chain, the owner reaches each node only through
+//! the one before it, so it pays the cross-core miss of every node in turn: at a million
+//! cancels, that walk was most of the owner's cost per cancel. From an array of indices the
+//! owner asks for many nodes at once and their misses overlap.
+//!
+//! One producer (the lane's thread) appends whole batches and publishes them with the
+//! batch's need, as the lane's stacks do; one consumer at a time (the holder of the shard's
+//! wheel) takes everything published. A batch that does not fit travels as a chain on the
+//! inbox instead, so the ring never makes a producer wait.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+
+use std::ptr::NonNull;
+
+use crossbeam_utils::CachePadded;
+
+use crate::engine::lane::{ChainBuilder, Lane};
+use crate::engine::shard_parts::ShardParts;
+use crate::engine::timer_node::TimerNode;
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Indices the ring holds: 4 KiB per lane. A producer forwards every
+/// [`CLAIM_EVERY`](crate::engine::lane::CLAIM_EVERY) pushes, and wakes a sleeping consumer
+/// once the ring is half full, so a thread cancelling as fast as it can still finds room
+/// while the consumer wakes.
+#[cfg(not(loom))]
+pub(crate) const RING: usize = 1024;
+#[cfg(loom)]
+pub(crate) const RING: usize = 4;
+
+/// Indices taken or forwarded at a time, through a buffer on the stack.
+#[cfg(not(loom))]
+pub(crate) const CHUNK: usize = 256;
+#[cfg(loom)]
+pub(crate) const CHUNK: usize = 2;
+
+/// See the module documentation.
+pub(crate) struct ForwardRing {
+    /// Entries before it have been published; written by the producer.
+    tail: CachePadded<AtomicU64>,
+    /// Entries before it have been taken; written by the consumer.
+    head: CachePadded<AtomicU64>,
+    /// The earliest need among the entries published and not yet taken; meaningful while
+    /// `head != tail`. Written by the producer only.
+    need: AtomicU64,
+    slots: Box<[AtomicU32]>,
+}
+
+impl ForwardRing {
+    pub(crate) fn new() -> Self {
+        Self {
+            tail: CachePadded::new(AtomicU64::new(0)),
+            head: CachePadded::new(AtomicU64::new(0)),
+            need: AtomicU64::new(u64::MAX),
+            slots: (0..RING).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    /// Publishes `indices`, needed by tick `need`, at tick `now`, unless they do not all
+    /// fit: then it publishes nothing and returns `None`. Otherwise returns the need the
+    /// ring now carries, which the caller hands to
+    /// [`wake_for`](crate::engine::shard_parts::ShardParts::wake_for): `now` once the ring
+    /// is half full, so that a sleeping consumer empties it before it fills.
+    ///
+    /// # Safety
+    /// Only the lane's producer thread may call this.
+    pub(crate) unsafe fn publish(&self, indices: &[u32], need: u64, now: u64) -> Option<u64> {
+        // Acquire: the consumer read the slots before it moved `head` past them, so they
+        // may be written again.
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Relaxed);
+        let count = indices.len() as u64;
+        let used = tail - head;
+        if count == 0 || RING as u64 - used < count {
+            return None;
+        }
+        for (offset, &index) in (tail..).zip(indices) {
+            self.slots[(offset % RING as u64) as usize].store(index, Ordering::Relaxed);
+        }
+        // A stale `head` can only make the ring look fuller than it is: the need then
+        // keeps an earlier batch's, or becomes `now`, which wakes the consumer sooner than
+        // needed, never later.
+        let mut need = if used == 0 {
+            need
+        } else {
+            self.need.load(Ordering::Relaxed).min(need)
+        };
+        if used + count >= RING as u64 / 2 {
+            need = need.min(now);
+        }
+        // SeqCst, need before tail: a consumer that sees these entries sees a need that
+        // covers them, and with the caller's `wake_for` the store of `tail` forms the
+        // handshake that keeps a sleeping consumer from missing them (as a lane's stacks do).
+        self.need.store(need, Ordering::SeqCst);
+        self.tail.store(tail + count, Ordering::SeqCst);
+        Some(need)
+    }
+
+    /// The tick by which the consumer must take the ring, or `None` when it is empty.
+    pub(crate) fn need(&self) -> Option<u64> {
+        let tail = self.tail.load(Ordering::SeqCst);
+        if self.head.load(Ordering::Acquire) == tail {
+            return None;
+        }
+        Some(self.need.load(Ordering::SeqCst))
+    }
+
+    /// Whether nothing is published and untaken.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tail.load(Ordering::Acquire) == self.head.load(Ordering::Acquire)
+    }
+
+    /// Takes up to [`CHUNK`] published indices, oldest first, into `out`; returns how many.
+    ///
+    /// # Safety
+    /// Only one consumer at a time: the holder of the lane's shard's wheel (holding it
+    /// orders one holder's takes before the next one's).
+    pub(crate) unsafe fn take(&self, out: &mut [u32; CHUNK]) -> usize {
+        // Acquire: pairs with the producer's store of `tail`, so the slots and everything
+        // the producer did to their nodes before publishing them are seen here.
+        let tail = self.tail.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Relaxed);
+        let taken = ((tail - head) as usize).min(CHUNK);
+        for (offset, slot) in (head..).zip(&mut out[..taken]) {
+            *slot = self.slots[(offset % RING as u64) as usize].load(Ordering::Relaxed);
+        }
+        // Release: the slots are read, so the producer may write them again.
+        self.head.store(head + taken as u64, Ordering::Release);
+        taken
+    }
+}
+
+/// What one reclaim forwards: nodes the producer holds, each with the tick by which the
+/// owner needs it. They go on the lane's ring [`CHUNK`] at a time, or as one chain on the
+/// shard's inbox when the ring has no room for a chunk.
+pub(crate) struct ForwardBatch {
+    indices: [u32; CHUNK],
+    len: usize,
+    /// The earliest need among `indices`.
+    need: u64,
+    /// The ring's need after the latest publish, if any.
+    published: Option<u64>,
+    /// Nodes the ring had no room for.
+    overflow: ChainBuilder,
+}
+
+impl ForwardBatch {
+    pub(crate) fn new() -> Self {
+        Self {
+            indices: [0; CHUNK],
+            len: 0,
+            need: u64::MAX,
+            published: None,
+            overflow: ChainBuilder::default(),
+        }
+    }
+
+    /// Adds a node of `shard` the caller holds and has marked in transit, on no chain,
+    /// needed by tick `need`; `now` is the current tick.
+    ///
+    /// # Safety
+    /// The caller is `lane`'s producer.
+    pub(crate) unsafe fn push(
+        &mut self,
+        (lane, shard): (&Lane, &ShardParts),
+        node: NonNull<TimerNode>,
+        need: u64,
+        now: u64,
+    ) {
+        if self.len == CHUNK {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.flush(lane, shard, now) };
+        }
+        self.indices[self.len] = shard.pool.index_of(node);
+        self.len += 1;
+        self.need = self.need.min(need);
+    }
+
+    /// Publishes the indices gathered, or chains their nodes for the inbox if they do not
+    /// fit.
+    ///
+    /// # Safety
+    /// The caller is `lane`'s producer.
+    unsafe fn flush(&mut self, lane: &Lane, shard: &ShardParts, now: u64) {
+        let indices = &self.indices[..self.len];
+        // SAFETY: the caller is the lane's producer.
+        match unsafe { lane.forward.publish(indices, self.need, now) } {
+            Some(need) => self.published = Some(need),
+            None => {
+                for &index in indices {
+                    if let Some(node) = shard.pool.node(index) {
+                        self.overflow.push(NonNull::from(node), self.need);
+                    }
+                }
+            }
+        }
+        (self.len, self.need) = (0, u64::MAX);
+    }
+
+    /// Sends what is left to `shard`'s owner, and wakes it if it plans to sleep past the
+    /// need of anything sent.
+    ///
+    /// # Safety
+    /// The caller is `lane`'s producer, and holds every node of the batch.
+    pub(crate) unsafe fn send(mut self, lane: &Lane, shard: &ShardParts, now: u64) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.flush(lane, shard, now) };
+        if let Some(need) = self.published {
+            shard.wake_for(need);
+        }
+        if let Some((first, last, need)) = self.overflow.finish() {
+            // SAFETY: a chain of live nodes the caller holds, linked in order.
+            unsafe { shard.inbox.push_chain(first, last) };
+            shard.wake_for(need);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{CHUNK, ForwardRing, RING};
+
+    /// Everything published, taken a chunk at a time.
+    fn taken(ring: &ForwardRing) -> Vec<u32> {
+        let mut all = Vec::new();
+        let mut out = [0; CHUNK];
+        loop {
+            // SAFETY: this test is the only consumer.
+            let n = unsafe { ring.take(&mut out) };
+            if n == 0 {
+                return all;
+            }
+            assert!(n <= CHUNK);
+            all.extend_from_slice(&out[..n]);
+        }
+    }
+
+    /// Publishes `indices` in chunks, as a reclaim does.
+    fn publish_all(ring: &ForwardRing, indices: &[u32], need: u64, now: u64) -> Vec<u64> {
+        indices
+            .chunks(CHUNK)
+            // SAFETY: this test is the only producer.
+            .map(|chunk| unsafe { ring.publish(chunk, need, now) }.expect("room"))
+            .collect()
+    }
+
+    #[test]
+    fn batches_come_out_in_order_with_the_earliest_need_and_wrap_around() {
+        let ring = ForwardRing::new();
+        assert_eq!(ring.need(), None);
+        let quarter = RING as u32 / 4;
+        for lap in 0..7_u32 {
+            let first: Vec<u32> = (0..quarter).map(|i| lap * 10_000 + i).collect();
+            let second: Vec<u32> = (0..quarter - 1).map(|i| lap * 20_000 + i).collect();
+            let needs = publish_all(&ring, &first, 40, 0);
+            assert!(needs.iter().all(|&need| need == 40), "{needs:?}");
+            assert_eq!(ring.need(), Some(40));
+            let needs = publish_all(&ring, &second, 70, 0);
+            assert!(
+                needs.iter().all(|&need| need == 40),
+                "the earlier need stays"
+            );
+            // SAFETY: this test is the only producer.
+            unsafe { assert_eq!(ring.publish(&[7], 90, 5), Some(5), "half full: needed now") };
+            let mut expected = first.clone();
+            expected.extend(&second);
+            expected.push(7);
+            assert_eq!(taken(&ring), expected);
+            assert_eq!(ring.need(), None);
+            assert!(ring.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_full_ring_takes_nothing_and_a_half_full_one_is_needed_now() {
+        let ring = ForwardRing::new();
+        let half: Vec<u32> = (0..RING as u32 / 2 - 1).collect();
+        assert!(publish_all(&ring, &half, 50, 3).iter().all(|&n| n == 50));
+        // SAFETY: this test is the only producer.
+        unsafe {
+            assert_eq!(ring.publish(&[1], 50, 3), Some(3), "half full: needed now");
+            let rest: Vec<u32> = (0..=RING as u32 / 2).collect();
+            assert_eq!(ring.publish(&rest, 50, 3), None, "one short of room");
+            assert_eq!(ring.publish(&rest[1..], 50, 4), Some(3));
+            assert!(!ring.is_empty());
+            assert_eq!(ring.publish(&[9], 1, 4), None, "full");
+            assert_eq!(ring.publish(&[], 1, 4), None, "nothing to publish");
+        }
+        assert_eq!(taken(&ring).len(), RING);
+        // SAFETY: this test is the only producer.
+        unsafe { assert_eq!(ring.publish(&[4], 50, 9), Some(50), "a fresh need") };
+        assert_eq!(ring.need(), Some(50));
+    }
+}
