@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::manual_with_rescue;
 use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine};
 
 const TICK: Duration = Duration::from_millis(1);
@@ -57,15 +60,7 @@ fn turn_until_stuck(
 /// (counted as rescued and stolen) while the other shard runs as usual.
 #[test]
 fn a_turn_stands_in_for_a_stuck_owner_after_rescue_after_ticks() {
-    let clock = ManualClock::new();
-    let engine = Arc::new(
-        TimerEngine::builder()
-            .workers(2)
-            .rescue_after(Some(2))
-            .manual_clock(clock.clone())
-            .build()
-            .unwrap(),
-    );
+    let (engine, clock) = manual_with_rescue();
     let fired_at: Arc<Vec<AtomicU64>> = Arc::new((0..3).map(|_| AtomicU64::new(0)).collect());
     let origin = clock.now();
     let record = |slot: usize| {

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine};
+use corewheel::{Clock, PendingTimers, TimerEngine};
 
 mod common;
-use common::within;
+use common::{manual_with_rescue, within};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -26,16 +26,8 @@ const DUE_LATER: usize = 3000;
 /// turn then stands in for shard 1 with its 20 ms reading, and must return.
 #[test]
 fn a_stand_in_with_an_older_reading_than_the_wheel_has_seen_returns() {
-    let clock = ManualClock::new();
+    let (engine, clock) = manual_with_rescue();
     let origin = clock.now();
-    let engine = Arc::new(
-        TimerEngine::builder()
-            .workers(2)
-            .rescue_after(Some(2))
-            .manual_clock(clock.clone())
-            .build()
-            .unwrap(),
-    );
     let fired = Arc::new(AtomicUsize::new(0));
     let early = Arc::new(AtomicUsize::new(0));
     // A timer that records whether it ran before its deadline, by the manual clock.

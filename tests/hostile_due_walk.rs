@@ -34,16 +34,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{Live, Rng, assert_all_given_back, eventually, manual, ms, run_for, unpinned, within};
+use common::{
+    Live, Rng, assert_all_given_back, eventually, manual, ms, run_for, since, unpinned, within,
+};
 use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine, TimerHandle, Wheel};
 
 /// (timer id, milliseconds since the start when it ran), one entry per run.
 type Log = Arc<Mutex<Vec<(usize, u64)>>>;
-
-/// Milliseconds on `clock` since `start`.
-fn since(clock: &ManualClock, start: Instant) -> u64 {
-    clock.now().duration_since(start).as_millis() as u64
-}
 
 /// A callback that logs `id` and the time it ran.
 fn record(

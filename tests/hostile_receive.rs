@@ -28,7 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{
-    Live, Rng, Witness, assert_all_given_back, eventually, manual, ms, run_for, unpinned, within,
+    Live, Rng, Witness, assert_all_given_back, eventually, manual, ms, run_for, since, unpinned,
+    within,
 };
 use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine, TimerHandle};
 
@@ -36,11 +37,6 @@ use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine, TimerHandle};
 const AROUND_THE_RING: [usize; 20] = [
     1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 127, 128, 129, 255, 1000, 1001,
 ];
-
-/// Milliseconds on `clock` since `start`.
-fn since(clock: &ManualClock, start: Instant) -> u64 {
-    clock.now().duration_since(start).as_millis() as u64
-}
 
 /// Per-timer records for the racing tests: runs, when it last ran (ms or µs since the
 /// start), the lowest deadline any successful schedule or reset could have given it, and

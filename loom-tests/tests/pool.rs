@@ -132,7 +132,11 @@ fn a_stale_handle_never_touches_the_timer_that_reused_its_node() {
         for &handle in &handles {
             assert!(engine.cancel(handle));
         }
-        let stale = handles[0];
+        // The handle whose node the next schedule takes: the turn frees the two timers
+        // the third schedule's reclaim forwarded (on the lane's forward ring) before the two
+        // still on the lane's stack (newest first), and a refill hands out the last node
+        // freed first, the third timer's.
+        let stale = handles[2];
         let stale_thread = {
             let engine = Arc::clone(&engine);
             thread::spawn(move || {

@@ -571,12 +571,13 @@ impl EngineShared {
 }
 
 /// By when the worker needs a node a thread forwards: a new timer by its deadline, a
-/// message by [`fresh_need`].
+/// message by [`fresh_need`], or by the timer's deadline if that is sooner (a reset that
+/// brought a filed timer forward).
 fn forward_need(node: &TimerNode, seen: Observed, now: u64, shard: &Shard) -> u64 {
-    if seen.phase() == Phase::Pending && !seen.is_filed() {
-        node.deadline()
-    } else {
-        fresh_need(shard, now)
+    match seen.phase() {
+        Phase::Pending if !seen.is_filed() => node.deadline(),
+        Phase::Pending => node.deadline().min(fresh_need(shard, now)),
+        _ => fresh_need(shard, now),
     }
 }
 

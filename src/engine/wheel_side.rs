@@ -121,7 +121,9 @@ impl WheelSide {
     pub(crate) fn must_turn_before(&self, shard: &ShardParts, plan: u64) -> bool {
         // SAFETY: only the wheel's holder (the inbox's single consumer) calls this.
         let inbox = unsafe { shard.inbox.has_pending() };
+        // A forwarded batch is seen like the inbox: its need may be a message's lazy one.
         inbox
+            || !self.rings_empty()
             || shard.lanes_version.load(Ordering::Acquire) != self.lanes_version
             || shard.urgent() < plan
             || self.lanes_need().is_some_and(|need| need < plan)
@@ -169,13 +171,20 @@ impl WheelSide {
         for lane_index in 0..self.lanes.len() {
             // No more than a full ring's worth: a producer forwarding as fast as this
             // receives must not keep the owner from its wheel.
+            let mut took = false;
             for _ in 0..RING / CHUNK {
                 // SAFETY: the wheel's holder is the rings' one consumer.
                 let taken = unsafe { self.lanes[lane_index].forward.take(&mut forwarded) };
                 if taken == 0 {
                     break;
                 }
+                took = true;
                 self.receive_indices(shard, &forwarded[..taken]);
+            }
+            if took && self.lanes[lane_index].is_finished() {
+                // Its thread closed it with a batch still on the ring: now that the ring is
+                // empty, the next look may drop the lane.
+                shard.lanes_version.fetch_add(1, Ordering::AcqRel);
             }
             let lane = &self.lanes[lane_index];
             if lane.need().is_some_and(|need| all || need <= now_tick) {
@@ -396,7 +405,7 @@ impl WheelSide {
             let busy = self.lanes.iter().any(|lane| lane.is_busy());
             self.collect(shard, u64::MAX, true);
             // SAFETY: the wheel's holder is the inbox's single consumer.
-            (!busy && !unsafe { shard.inbox.has_pending() }).then_some(())
+            (!busy && !unsafe { shard.inbox.has_pending() } && self.rings_empty()).then_some(())
         });
         let (mut ran, mut dropped) = (0, 0);
         for index in self.wheel.drain(&mut FiledNodes(&shard.pool)) {
@@ -479,7 +488,17 @@ impl WheelSide {
             return;
         }
         self.refresh_lanes(shard);
-        self.collect(shard, u64::MAX, true);
+        loop {
+            self.collect(shard, u64::MAX, true);
+            if self.rings_empty() {
+                break;
+            }
+        }
         self.freed.give_back(&shard.pool);
+    }
+
+    /// Whether every lane's forward ring is empty.
+    fn rings_empty(&self) -> bool {
+        self.lanes.iter().all(|lane| lane.forward.is_empty())
     }
 }

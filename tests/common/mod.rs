@@ -88,6 +88,24 @@ pub fn manual(workers: usize) -> (TimerEngine, ManualClock) {
     (engine, clock)
 }
 
+/// A hand-driven two-shard engine whose turns stand in for an owner that has not looked
+/// at its wheel for two ticks while running callbacks.
+pub fn manual_with_rescue() -> (Arc<TimerEngine>, ManualClock) {
+    let clock = ManualClock::new();
+    let engine = TimerEngine::builder()
+        .workers(2)
+        .rescue_after(Some(2))
+        .manual_clock(clock.clone())
+        .build()
+        .expect("a manual engine");
+    (Arc::new(engine), clock)
+}
+
+/// Milliseconds on `clock` since `start`.
+pub fn since(clock: &ManualClock, start: std::time::Instant) -> u64 {
+    clock.now().duration_since(start).as_millis() as u64
+}
+
 /// A waker that counts its wakes.
 #[derive(Default)]
 pub struct Wakes(pub AtomicUsize);
