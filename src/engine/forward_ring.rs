@@ -27,15 +27,15 @@ use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// Indices the ring holds: 16 KiB per lane, allocated on its first forward (a lane that
 /// never forwards costs nothing). A producer forwards every
 /// [`CLAIM_EVERY`](crate::engine::lane::CLAIM_EVERY) pushes and wakes a sleeping consumer
-/// once the ring is a quarter full ([`WAKE_AT`]); the other three quarters are there for
-/// the time a wake-up takes, so that a thread cancelling as fast as it can still finds
-/// room (at seven million a second, 3,072 entries last 440 µs).
+/// if it would otherwise sleep past the next tick, once the ring is a quarter full
+/// ([`WAKE_AT`]); the other three quarters are there for the time that takes, so that a
+/// thread cancelling as fast as it can mostly still finds room.
 #[cfg(not(loom))]
 pub(crate) const RING: usize = 4096;
 #[cfg(loom)]
 pub(crate) const RING: usize = 4;
 
-/// Entries in the ring at which a publish asks for the consumer now.
+/// Entries in the ring at which a publish asks for the consumer by the next tick.
 const WAKE_AT: u64 = RING as u64 / 4;
 
 /// Indices taken or forwarded at a time, through a buffer on the stack.
@@ -75,8 +75,9 @@ impl ForwardRing {
     /// Publishes `indices`, needed by tick `need`, at tick `now`, unless they do not all
     /// fit: then it publishes nothing and returns `None`. Otherwise returns the need the
     /// ring now carries, which the caller hands to
-    /// [`wake_for`](crate::engine::shard_parts::ShardParts::wake_for): `now` once the ring
-    /// holds [`WAKE_AT`] entries, so that a sleeping consumer empties it before it fills.
+    /// [`wake_for`](crate::engine::shard_parts::ShardParts::wake_for): at most the next tick
+    /// once the ring holds [`WAKE_AT`] entries, so that a sleeping consumer empties it
+    /// before it fills.
     ///
     /// # Safety
     /// Only the lane's producer thread may call this.
@@ -96,15 +97,17 @@ impl ForwardRing {
             slots[(offset % RING as u64) as usize].store(index, Ordering::Relaxed);
         }
         // A stale `head` can only make the ring look fuller than it is: the need then
-        // keeps an earlier batch's, or becomes `now`, which wakes the consumer sooner than
-        // needed, never later.
+        // keeps an earlier batch's, or becomes the next tick, which wakes the consumer
+        // sooner than needed, never later.
         let mut need = if used == 0 {
             need
         } else {
             self.need.load(Ordering::Relaxed).min(need)
         };
         if used + count >= WAKE_AT {
-            need = need.min(now);
+            // By the next tick, not at once: an owner that wakes every tick anyway (timers
+            // fire all the time) then costs no wake-up of its own.
+            need = need.min(now.saturating_add(1));
         }
         // SeqCst, need before tail: a consumer that sees these entries sees a need that
         // covers them, and with the caller's `wake_for` the store of `tail` forms the
@@ -315,7 +318,7 @@ mod tests {
             );
             // SAFETY: this test is the only producer.
             let need = unsafe { ring.publish(&[7], 90, 5) };
-            assert_eq!(need, Some(5), "a quarter full: needed now");
+            assert_eq!(need, Some(6), "a quarter full: needed by the next tick");
             let mut expected = first.clone();
             expected.extend(&second);
             expected.push(7);
@@ -335,7 +338,7 @@ mod tests {
             assert_eq!(ring.publish(&[1, 2, 3], 50, 3), None, "one short of room");
             assert_eq!(
                 ring.publish(&[1, 2], 50, 4),
-                Some(3),
+                Some(4),
                 "exactly the room left"
             );
             assert_eq!(ring.publish(&[9], 1, 4), None, "full");
