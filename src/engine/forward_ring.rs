@@ -27,9 +27,10 @@ use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// Indices the ring holds: 16 KiB per lane, allocated on its first forward (a lane that
 /// never forwards costs nothing). A producer forwards every
 /// [`CLAIM_EVERY`](crate::engine::lane::CLAIM_EVERY) pushes and wakes a sleeping consumer
-/// if it would otherwise sleep past the next tick, once the ring is a quarter full
-/// ([`WAKE_AT`]); the other three quarters are there for the time that takes, so that a
-/// thread cancelling as fast as it can mostly still finds room.
+/// if it would otherwise sleep past the next tick once the ring is a quarter full
+/// ([`WAKE_AT`]), and at once when it is half full: an owner that wakes every tick anyway
+/// (timers firing all the time) then costs no wake-up of its own, and a thread cancelling
+/// as fast as it can still finds room while the owner wakes.
 #[cfg(not(loom))]
 pub(crate) const RING: usize = 4096;
 #[cfg(loom)]
@@ -76,8 +77,8 @@ impl ForwardRing {
     /// fit: then it publishes nothing and returns `None`. Otherwise returns the need the
     /// ring now carries, which the caller hands to
     /// [`wake_for`](crate::engine::shard_parts::ShardParts::wake_for): at most the next tick
-    /// once the ring holds [`WAKE_AT`] entries, so that a sleeping consumer empties it
-    /// before it fills.
+    /// once the ring holds [`WAKE_AT`] entries, and `now` at twice that, so that a sleeping
+    /// consumer empties it before it fills.
     ///
     /// # Safety
     /// Only the lane's producer thread may call this.
@@ -104,7 +105,10 @@ impl ForwardRing {
         } else {
             self.need.load(Ordering::Relaxed).min(need)
         };
-        if used + count >= WAKE_AT {
+        let filled = used + count;
+        if filled >= 2 * WAKE_AT {
+            need = need.min(now);
+        } else if filled >= WAKE_AT {
             // By the next tick, not at once: an owner that wakes every tick anyway (timers
             // fire all the time) then costs no wake-up of its own.
             need = need.min(now.saturating_add(1));
@@ -329,6 +333,20 @@ mod tests {
     }
 
     #[test]
+    fn a_quarter_full_ring_is_needed_by_the_next_tick_and_a_half_full_one_now() {
+        let ring = ForwardRing::new();
+        let quarter: Vec<u32> = (0..WAKE_AT as u32).collect();
+        assert_eq!(publish_all(&ring, &quarter, 50, 10).last(), Some(&11));
+        let more: Vec<u32> = (0..WAKE_AT as u32 - 1).collect();
+        assert_eq!(publish_all(&ring, &more, 50, 10).last(), Some(&11));
+        // SAFETY: this test is the only producer.
+        unsafe { assert_eq!(ring.publish(&[1], 50, 10), Some(10), "half full: now") };
+        taken(&ring);
+        // SAFETY: this test is the only producer.
+        unsafe { assert_eq!(ring.publish(&[1], 50, 10), Some(50), "empty again") };
+    }
+
+    #[test]
     fn a_batch_that_does_not_fit_is_refused_whole() {
         let ring = ForwardRing::new();
         let most: Vec<u32> = (0..RING as u32 - 2).collect();
@@ -338,7 +356,7 @@ mod tests {
             assert_eq!(ring.publish(&[1, 2, 3], 50, 3), None, "one short of room");
             assert_eq!(
                 ring.publish(&[1, 2], 50, 4),
-                Some(4),
+                Some(3),
                 "exactly the room left"
             );
             assert_eq!(ring.publish(&[9], 1, 4), None, "full");
