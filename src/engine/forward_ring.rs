@@ -144,6 +144,20 @@ impl ForwardRing {
         unsafe { &*slots }
     }
 
+    /// Frees the slots of a ring nobody will publish on again, so that a thread that
+    /// outlives its engine keeps only the lane itself until it lets go of it.
+    ///
+    /// # Safety
+    /// The caller is the consumer, the ring is empty, and the producer will never publish
+    /// again (the engine's last turn has run, so no reclaim can start).
+    pub(crate) unsafe fn release(&self) {
+        self.slots.with_mut(|cell| {
+            // SAFETY: no producer reads or writes the cell any more, and the consumer reads
+            // it only for entries, of which there are none and will be none.
+            unsafe { *cell = None };
+        });
+    }
+
     /// The tick by which the consumer must take the ring, or `None` when it is empty.
     pub(crate) fn need(&self) -> Option<u64> {
         let tail = self.tail.load(Ordering::SeqCst);

@@ -3,9 +3,10 @@
 //!
 //! The lane is a lock-free stack that both sides empty whole with one swap: the producer
 //! thread (every [`CLAIM_EVERY`] pushes, to recycle the timers it has already cancelled and
-//! forward the rest to the shard's inbox in one batch), and the shard's worker (when the
-//! lane's earliest need comes due, so that a thread that arms a timer and then goes idle
-//! still has it fire on time). Only the producer pushes, so pushes never contend with each
+//! forward the rest in one batch on the lane's
+//! [`forward_ring`](crate::engine::forward_ring)), and the shard's worker (when the lane's
+//! earliest need comes due, so that a thread that arms a timer and then goes idle still has
+//! it fire on time). Only the producer pushes, so pushes never contend with each
 //! other, and the cache line stays in the producer's core between the worker's visits.
 //!
 //! The producer publishes `need`: the earliest tick at which the worker must have taken the

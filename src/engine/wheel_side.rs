@@ -407,6 +407,12 @@ impl WheelSide {
             // SAFETY: the wheel's holder is the inbox's single consumer.
             (!busy && !unsafe { shard.inbox.has_pending() } && self.rings_empty()).then_some(())
         });
+        for lane in &self.lanes {
+            // SAFETY: this is the rings' consumer, they are empty, and no reclaim can start
+            // after the shutdown flag (see `Lane::enter`) or is still under way (none was
+            // busy above), so nothing publishes on them again.
+            unsafe { lane.forward.release() };
+        }
         let (mut ran, mut dropped) = (0, 0);
         for index in self.wheel.drain(&mut FiledNodes(&shard.pool)) {
             if let Some(node_ref) = shard.pool.node(index) {
