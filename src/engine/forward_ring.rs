@@ -24,13 +24,13 @@ use crate::engine::timer_node::TimerNode;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Indices the ring holds: 16 KiB per lane, allocated on its first forward (a lane that
-/// never forwards costs nothing). A producer forwards every
-/// [`CLAIM_EVERY`](crate::engine::lane::CLAIM_EVERY) pushes and wakes a sleeping consumer
-/// if it would otherwise sleep past the next tick once the ring is a quarter full
-/// ([`WAKE_AT`]), and at once when it is half full: an owner that wakes every tick anyway
-/// (timers firing all the time) then costs no wake-up of its own, and a thread cancelling
-/// as fast as it can still finds room while the owner wakes.
+/// Indices the ring holds: 16 KiB per lane, allocated when the lane opens (so that no
+/// schedule, cancel or reset ever allocates) and freed by the engine's last turn. A
+/// producer forwards every [`CLAIM_EVERY`](crate::engine::lane::CLAIM_EVERY) pushes and
+/// wakes a sleeping consumer if it would otherwise sleep past the next tick once the ring
+/// is a quarter full ([`WAKE_AT`]), and at once when it is half full: an owner that wakes
+/// every tick anyway (timers firing all the time) then costs no wake-up of its own, and a
+/// thread cancelling as fast as it can still finds room while the owner wakes.
 #[cfg(not(loom))]
 pub(crate) const RING: usize = 4096;
 #[cfg(loom)]
@@ -54,13 +54,12 @@ pub(crate) struct ForwardRing {
     /// The earliest need among the entries published and not yet taken; meaningful while
     /// `head != tail`. Written by the producer only.
     need: AtomicU64,
-    /// The slots, allocated by the producer before its first publish and never replaced:
-    /// the consumer reads them only after seeing a `tail` that the allocation came before.
+    /// The slots, from the lane's opening until the engine's last turn releases them.
     slots: UnsafeCell<Option<Box<[AtomicU32]>>>,
 }
 
-// SAFETY: `slots` is written once, by the producer, before any `tail` that lets the
-// consumer read it (see `publish` and `take`); everything else is atomic.
+// SAFETY: `slots` is written only by `release`, once nothing publishes or takes entries
+// any more (see its contract); everything else is atomic.
 unsafe impl Sync for ForwardRing {}
 
 impl ForwardRing {
@@ -69,7 +68,7 @@ impl ForwardRing {
             tail: CachePadded::new(AtomicU64::new(0)),
             head: CachePadded::new(AtomicU64::new(0)),
             need: AtomicU64::new(u64::MAX),
-            slots: UnsafeCell::new(None),
+            slots: UnsafeCell::new(Some((0..RING).map(|_| AtomicU32::new(0)).collect())),
         }
     }
 
@@ -93,7 +92,7 @@ impl ForwardRing {
             return None;
         }
         // SAFETY: forwarded from the caller.
-        let slots = unsafe { self.producer_slots() };
+        let slots = unsafe { self.producer_slots() }?;
         for (offset, &index) in (tail..).zip(indices) {
             slots[(offset % RING as u64) as usize].store(index, Ordering::Relaxed);
         }
@@ -121,27 +120,18 @@ impl ForwardRing {
         Some(need)
     }
 
-    /// The slots, allocated on the first call.
+    /// The slots, unless the ring has been released.
     ///
     /// # Safety
     /// Only the lane's producer thread may call this.
-    unsafe fn producer_slots(&self) -> &[AtomicU32] {
-        let allocated = self.slots.with(|cell| {
-            // SAFETY: only the producer writes the cell, and this thread is the producer,
-            // so nothing writes it during this read.
+    unsafe fn producer_slots(&self) -> Option<&[AtomicU32]> {
+        let slots = self.slots.with(|cell| {
+            // SAFETY: only `release` writes the cell, once nothing publishes any more, and
+            // this thread is publishing; so nothing writes it during this read.
             unsafe { &*cell }.as_deref().map(std::ptr::from_ref)
-        });
-        let slots = allocated.unwrap_or_else(|| {
-            self.slots.with_mut(|cell| {
-                // SAFETY: the first publish: the consumer reads the cell only after a
-                // `tail` past its `head`, and none has been stored yet.
-                let cell = unsafe { &mut *cell };
-                let slots = cell.insert((0..RING).map(|_| AtomicU32::new(0)).collect());
-                std::ptr::from_ref(&**slots)
-            })
-        });
-        // SAFETY: the allocation lives as long as the ring, and is never replaced or moved.
-        unsafe { &*slots }
+        })?;
+        // SAFETY: the allocation lives until `release`, which no publish outlives.
+        Some(unsafe { &*slots })
     }
 
     /// Frees the slots of a ring nobody will publish on again, so that a thread that
@@ -187,8 +177,8 @@ impl ForwardRing {
             return 0;
         }
         self.slots.with(|slots| {
-            // SAFETY: a `tail` past `head` was stored after the producer allocated the
-            // slots (it never writes the cell again), and the Acquire above saw it.
+            // SAFETY: only `release` writes the cell, and only once the ring is empty for
+            // good; there are entries here, so it has not run and will not meanwhile.
             if let Some(slots) = unsafe { &*slots } {
                 for (offset, slot) in (head..).zip(&mut out[..taken]) {
                     *slot = slots[(offset % RING as u64) as usize].load(Ordering::Relaxed);
