@@ -1,7 +1,8 @@
 //! Hostile review of the lane's forward ring (`src/engine/forward_ring.rs`): a reclaim
-//! forwards node indices on a per-lane SPSC ring of 1024 (published 256 at a time, with a
-//! fallback to the inbox chain when it has no room), and the owner takes every lane's ring
-//! at every look, at most a full ring's worth per lane per look.
+//! forwards node indices on a per-lane SPSC ring of 4,096 (published 256 at a time, with a
+//! fallback to the inbox chain when it has no room; asked for by the next tick at a quarter
+//! full, at once at half full), and the owner takes every lane's ring at every look, at
+//! most a full ring's worth per lane per look.
 //!
 //! Attacks: floods of cancels and resets far past the ring's size between two looks (ring
 //! full, the rest on the inbox), round after round so the ring wraps; a producer thread
@@ -151,7 +152,7 @@ fn floods_past_the_ring_between_two_looks_fire_each_timer_at_its_tick() {
         let mut next_id = 0;
         let mut rng = Rng(0xF0F0);
         for round in 0..8_usize {
-            let count = [1023, 1024, 1025, 2048, 3000, 4097, 5000, 777][round];
+            let count = [1023, 4095, 4096, 4097, 2048, 3000, 8193, 777][round];
             let base = since(&clock, start);
             let schedule = |id: usize, delay: u64, w: Witness| {
                 let (fired, clock) = (Arc::clone(&fired), clock.clone());
@@ -781,7 +782,8 @@ fn real_producers_forward_then_go_idle() {
 }
 
 /// Real workers: filed timers cancelled in floods by threads that then go idle: the
-/// messages sit on their rings (half full or more wakes the owner; the rest by the need).
+/// messages sit on their rings (a quarter full asks for the owner by the next tick, half
+/// full at once; the rest by the need).
 /// Every node comes back while the threads idle, with nobody scheduling anything more.
 #[test]
 fn real_cancel_floods_are_freed_while_the_senders_idle() {
@@ -789,7 +791,7 @@ fn real_cancel_floods_are_freed_while_the_senders_idle() {
         let engine = common::unpinned(2);
         let live = Live::default();
         for round in 0..5_usize {
-            let count = [500, 511, 512, 1024, 3000][round];
+            let count = [500, 1023, 1024, 2048, 5000][round];
             const THREADS: usize = 3;
             let handles: Vec<_> = (0..THREADS * count)
                 .map(|_| {
