@@ -6,15 +6,21 @@
 //! connection per client connection is all it ever needs, with no pool and no pool timer
 //! (hyper-util's pool would run its own expiry timer, outside the timer under test). The
 //! price is one upstream socket per client connection.
+//!
+//! A backend may close a kept connection just as the next request goes out on it, before
+//! the proxy has seen the close: the request then fails with no response. A request with
+//! no body and an idempotent method is sent again once, on a new connection, as HTTP
+//! allows; anything else gets the failure.
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use hyper::body::Incoming;
+use http_body_util::{Either, Empty};
+use hyper::body::{Body, Bytes, Incoming};
 use hyper::client::conn::http1::SendRequest;
-use hyper::{Request, Response};
+use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
@@ -42,8 +48,11 @@ impl Drop for Driver {
     }
 }
 
+/// A request's body upstream: the client's, or none for a request sent again.
+type UpstreamBody = Either<Incoming, Empty<Bytes>>;
+
 struct Connection {
-    sender: SendRequest<Incoming>,
+    sender: SendRequest<UpstreamBody>,
     _driver: Driver,
 }
 
@@ -80,10 +89,29 @@ impl<T: ProxyTimer> Upstream<T> {
             Some(mut kept) => kept.sender.ready().await.is_ok().then_some(kept),
             None => None,
         };
-        let mut connection = match kept {
-            Some(kept) => kept,
-            None => self.connect().await?,
+        let Some(kept) = kept else {
+            let connection = self.connect().await?;
+            return self.send_on(connection, request.map(Either::Left)).await;
         };
+        let again = replayable(&request);
+        match self.send_on(kept, request.map(Either::Left)).await {
+            Err(UpstreamError::Http(error)) if closed_unanswered(&error) => match again {
+                Some(request) => {
+                    let connection = self.connect().await?;
+                    self.send_on(connection, request).await
+                }
+                None => Err(UpstreamError::Http(error)),
+            },
+            sent => sent,
+        }
+    }
+
+    /// Sends `request` on `connection`, which is kept for the next request if it answers.
+    async fn send_on(
+        &self,
+        mut connection: Connection,
+        request: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let response = connection
             .sender
             .send_request(request)
@@ -121,4 +149,27 @@ impl<T: ProxyTimer> Upstream<T> {
             _driver: driver,
         })
     }
+}
+
+/// A copy of `request` to send again if its kept connection closes before answering: only
+/// for an idempotent method with no body, which a backend may receive twice.
+fn replayable(request: &Request<Incoming>) -> Option<Request<UpstreamBody>> {
+    let idempotent = matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    );
+    if !idempotent || !request.body().is_end_stream() {
+        return None;
+    }
+    let mut again = Request::new(Either::Right(Empty::new()));
+    *again.method_mut() = request.method().clone();
+    *again.uri_mut() = request.uri().clone();
+    *again.version_mut() = request.version();
+    *again.headers_mut() = request.headers().clone();
+    Some(again)
+}
+
+/// Whether a request failed because its connection closed before any response came back.
+fn closed_unanswered(error: &hyper::Error) -> bool {
+    error.is_incomplete_message() || error.is_canceled() || error.is_closed()
 }

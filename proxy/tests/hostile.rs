@@ -32,6 +32,10 @@ async fn healthy(timer: TimerKind) -> SocketAddr {
 enum After {
     Hold,
     Close,
+    /// Wait for the next request on the connection, then close without answering it: the
+    /// close a proxy cannot see coming, as a backend's idle timeout closing a kept
+    /// connection just as the next request goes out.
+    CloseOnNextRequest,
 }
 
 /// A raw-TCP upstream: reads a request head, writes `reply`, then holds or closes.
@@ -52,6 +56,10 @@ async fn raw_upstream(reply: &'static [u8], after: After) -> SocketAddr {
                 let _ = s.write_all(reply).await;
                 match after {
                     After::Close => drop(s),
+                    After::CloseOnNextRequest => {
+                        let _ = s.read(&mut b).await;
+                        drop(s);
+                    }
                     After::Hold => {
                         // Keep reading (and discarding) so the socket stays open.
                         loop {
@@ -681,6 +689,36 @@ async fn upstream_closing_after_each_response_is_never_a_502() {
     }
     assert_no_panic();
     assert!(faults.is_empty(), "{faults:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_connection_closed_under_the_next_request_is_retried_for_a_get_only() {
+    // Every kept connection dies under the request after its first: a GET (no body,
+    // idempotent) is sent again on a new connection and answered; a POST is not, and is a
+    // 502, since the backend may have acted on it.
+    watch_for_panics();
+    let up = raw_upstream(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n",
+        After::CloseOnNextRequest,
+    )
+    .await;
+    for timer in TIMERS {
+        let proxy = proxy(cfg(up, timer, |_| {})).await;
+        let mut c = client(proxy).await;
+        for i in 0..20 {
+            let got = get(&mut c, "/").await;
+            assert!(
+                matches!(got, Ok((status, _)) if status == 200),
+                "{timer:?}: GET {i}: {got:?}"
+            );
+        }
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        let two_posts = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n\
+            POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let (got, _) = write_then_read(&mut s, two_posts, Instant::now(), LONG).await;
+        assert_eq!(statuses(&got), ["200", "502"], "{timer:?}: {got:?}");
+    }
+    assert_no_panic();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
