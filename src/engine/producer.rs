@@ -298,10 +298,17 @@ impl EngineShared {
         let mut forward = ForwardBatch::new();
         let mut park = ChainBuilder::default();
         let mut keep = ChainBuilder::default();
-        // The nodes kept back on the lane and the needs they were filed with, to look at
-        // their deadlines again once they are published.
-        let mut held_back = [(None, 0); 2 * CLAIM_EVERY as usize];
-        let mut held_back_count = 0;
+        // The pending nodes kept back on the lane or forwarded, and the needs they went
+        // with, to look at their deadlines again once they are published (the first
+        // `2 * CLAIM_EVERY`; a young stack holds about that many).
+        let mut published = [(None, 0); 2 * CLAIM_EVERY as usize];
+        let mut published_count = 0;
+        let mut look_again_at = |node, need| {
+            if let Some(slot) = published.get_mut(published_count) {
+                *slot = (Some(node), need);
+                published_count += 1;
+            }
+        };
         // SAFETY: this thread is the lane's producer.
         let hold = unsafe { lane.with_producer(|side| side.hold_back.this_claim()) };
         // Timers held back before that came back here, and how many of them were caught.
@@ -337,15 +344,15 @@ impl EngineShared {
                 } else {
                     keep.push(node, need);
                 }
-                if let Some(slot) = held_back.get_mut(held_back_count) {
-                    *slot = (Some(node), need);
-                    held_back_count += 1;
-                }
+                look_again_at(node, need);
             } else {
                 // Kept by a probing claim, and forwarded still pending by this one: held,
                 // and not caught.
                 if kept {
                     came_back += 1;
+                }
+                if seen.phase() == Phase::Pending {
+                    look_again_at(node, need);
                 }
                 // SAFETY: this thread is the lane's producer.
                 unsafe { forward.push((lane, shard), node, need, now) };
@@ -362,6 +369,9 @@ impl EngineShared {
                 recycled.push(node, 0);
             } else {
                 let need = forward_need(node_ref, seen, now, shard);
+                if seen.phase() == Phase::Pending {
+                    look_again_at(node, need);
+                }
                 // SAFETY: this thread is the lane's producer.
                 unsafe { forward.push((lane, shard), node, need, now) };
             }
@@ -371,8 +381,8 @@ impl EngineShared {
         // SAFETY: this thread is the lane's producer (for each step).
         unsafe {
             Self::hold_back(lane, shard, park, keep, now);
-            Self::look_again(shard, &held_back[..held_back_count]);
             forward.send(lane, shard, now);
+            Self::look_again(shard, &published[..published_count]);
             Self::trim_magazine(lane, shard);
         }
         recycled.into_chain()
@@ -407,15 +417,15 @@ impl EngineShared {
         }
     }
 
-    /// A reclaim's step, once the held-back timers are published: a reset that brought one
-    /// of them forward while this thread held it could not reach the lane's need, and its
-    /// urgent tick may already have been spent, so look at their deadlines again now that
-    /// the worker can see them (deadlines are atomics, so reading them after the worker may
-    /// have taken the nodes is harmless). `held_back` pairs each node with the need it was
-    /// held back with.
+    /// A reclaim's step, once the pending timers it held back or forwarded are published:
+    /// a reset that brought one of them forward while this thread held it could not reach
+    /// the need it went with, and its urgent tick may already have been spent, so look at
+    /// their deadlines again now that the worker can see them (deadlines are atomics, so
+    /// reading them after the worker may have taken the nodes is harmless). `published`
+    /// pairs each node with the need it went with.
     #[inline]
-    fn look_again(shard: &Shard, held_back: &[(Option<NonNull<TimerNode>>, u64)]) {
-        let moved = held_back
+    fn look_again(shard: &Shard, published: &[(Option<NonNull<TimerNode>>, u64)]) {
+        let moved = published
             .iter()
             .filter_map(|&(node, need)| {
                 // SAFETY: pool nodes stay live while the engine does.
