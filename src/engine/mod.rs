@@ -12,11 +12,11 @@
 //! magazine ([`pool`]), fills it and pushes it onto the thread's [`lane`] into its home
 //! shard; the lane is forwarded (as indices on the lane's [`forward_ring`], or as a chain
 //! on the shard's inbox), or taken by the owner directly, and the owner files the node in
-//! its wheel ([`wheel_side`]); when it is due the wheel's
-//! holder claims it onto the shard's run queue, and whoever takes it from there runs it
-//! ([`runner`]): the owner's thread ([`worker`]) or an idle worker ([`balance`]). Cancels
-//! and resets change the node's state word from any thread, and reach the owner as
-//! messages on the same lanes when the wheel must change.
+//! its wheel ([`wheel_side`]); when it is due the wheel's holder claims it onto the
+//! shard's run queue, and whoever takes it from there runs it ([`runner`]): the owner's
+//! thread ([`worker`]) or an idle worker ([`balance`]). Cancels and resets change the
+//! node's state word from any thread, and reach the owner as messages on the same lanes
+//! when the wheel must change.
 //!
 //! # Ground rules
 //!
@@ -53,8 +53,9 @@
 //!    ([`waker_timer`]).
 //! 4. **A thread's lane** is pushed, claimed and parked only by that thread; the owner
 //!    takes a stack of it whole with one swap. Only that thread publishes on the lane's
-//!    forward ring, and only the wheel's holder takes from it (rule 1). A producer holding nodes it took back marks
-//!    the lane busy, and the owner's last turn waits for it to put them back.
+//!    forward ring, and only the wheel's holder takes from it (rule 1). A producer holding
+//!    nodes it took back marks the lane busy, and the owner's last turn waits for it to put
+//!    them back.
 //! 5. **The run queue** has one producer at a time, the wheel's holder (so handing the wheel
 //!    over orders the appends), and any number of consumers; an entry belongs to whoever
 //!    takes it. A worker other than the owner registers in the shard's `in_hands` before it
@@ -70,8 +71,8 @@
 //!    drops captures, of timers that were cancelled or, after the last turn, of a
 //!    repeating timer that turn settled while a reset's message was on its way.
 //! 7. **Shutdown** sets the flag, then each shard's last turn collects every lane (its
-//!    forward ring too) and the inbox, waits for other hands, and runs or drops what is pending. Any push made after
-//!    the flag is set checks it again (sequentially consistent on both sides) and then asks
+//!    forward ring too) and the inbox, waits for other hands, and runs or drops what is
+//!    pending. Any push made after the flag is set checks it again (sequentially consistent on both sides) and then asks
 //!    the shard for a sweep, so nothing pushed late keeps a closure alive. A shutdown or
 //!    drop on any engine's worker thread joins no worker ([`thread_role`]).
 

@@ -37,8 +37,8 @@ const LANE_HORIZON: u64 = 2;
 /// rather than causing its own (a wake-up is a system call and a context switch on both
 /// sides: at a light load, most of the engine's cost). Under load the producer forwards
 /// its lane every [`CLAIM_EVERY`] pushes, and the worker takes everything forwarded at
-/// every look (and is woken once a lane's forward ring is half full), so memory still
-/// comes back within a few ticks there.
+/// every look (and is woken by the next tick once a lane's forward ring is a quarter full,
+/// at once when it is half full), so memory still comes back within a few ticks there.
 const IDLE_LANE_HORIZON: u64 = 32;
 
 /// An operation a producer counts for [`stats`](crate::TimerEngine::stats).
@@ -270,10 +270,9 @@ impl EngineShared {
     /// Takes this thread's young stack back: frees the timers it has cancelled before
     /// they ever left the thread, parks pending timers not due soon on the old stack, and
     /// forwards the rest (messages, timers due soon) to the owner on the lane's forward ring
-    /// (or, if it is full, the shard's inbox) in one batch. Once
-    /// the old stack has waited its horizon it is taken back first (so that the timers
-    /// parked now start a fresh wait): its cancelled timers are freed here and the rest
-    /// forwarded.
+    /// (or, if it is full, the shard's inbox) in one batch. Once the old stack has waited
+    /// its horizon it is taken back first (so that the timers parked now start a fresh
+    /// wait): its cancelled timers are freed here and the rest forwarded.
     fn reclaim(&self, lane: &Lane, shard: &Shard) {
         if !lane.enter(&self.shutdown) {
             return;
