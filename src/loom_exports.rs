@@ -94,6 +94,55 @@ pub mod shard_steps {
     pub fn set_owner_running(engine: &TimerEngine, shard: usize, running: bool) {
         engine.shared().shards[shard].set_running(running);
     }
+
+    /// Shard `shard`'s owner begins running timers as its worker does: marks itself
+    /// running, then wakes a parked worker to watch for it getting stuck unless someone
+    /// watches or another worker will go to sleep soon anyway. Returns whether it woke one.
+    pub fn owner_begins_running(engine: &TimerEngine, shard: usize) -> bool {
+        let shared = engine.shared();
+        let shard_ref = &shared.shards[shard];
+        shard_ref.set_running(true);
+        shared
+            .balance
+            .running(&shared.shards, shard_ref, shared.now_tick())
+    }
+
+    /// Shard `shard`'s worker goes to sleep until tick `plan` as its worker does: publishes
+    /// the plan and becomes wakeable. `None` if it found helpers' work waiting (it does
+    /// not sleep then); else it sleeps until [`Sleeper::wake`].
+    pub fn worker_sleeps_until(engine: &TimerEngine, shard: usize, plan: u64) -> Option<Sleeper> {
+        let shared = engine.shared();
+        shared.shards[shard].plan_wake(plan);
+        let idle = shared
+            .balance
+            .begin_idle(&shared.shards, shard, shared.now_tick())?;
+        Some(Sleeper { idle, shard })
+    }
+
+    /// A worker asleep in a model: see [`worker_sleeps_until`].
+    pub struct Sleeper {
+        idle: crate::engine::balance::Idle,
+        shard: usize,
+    }
+
+    impl Sleeper {
+        /// The tick by which it wakes to look for stuck owners, if it watches.
+        pub fn watch(&self) -> Option<u64> {
+            self.idle.watch
+        }
+
+        /// It wakes, as its worker does when its park ends.
+        pub fn wake(self, engine: &TimerEngine) {
+            let shared = engine.shared();
+            shared.balance.end_idle(self.idle);
+            shared.shards[self.shard].plan_wake(crate::engine::shard_parts::AWAKE);
+        }
+    }
+
+    /// The engine's current tick.
+    pub fn now_tick(engine: &TimerEngine) -> u64 {
+        engine.shared().now_tick()
+    }
 }
 
 /// A handle's node index and generation, so that a model can tell that a node was

@@ -3,13 +3,15 @@
 //! standing in for a stuck owner against the owner coming back, and a steal against
 //! shutdown. Each checks that every timer runs exactly once unless a cancel returned
 //! `true`, that nobody else touches the wheel while one thread holds it (loom checks the
-//! wheel's cell), and that every node goes back to the pool.
+//! wheel's cell), and that every node goes back to the pool. And, with two shards, an owner
+//! beginning to run timers against another worker going to sleep: someone always watches.
 #![cfg(loom)]
 
 use corewheel::loom_exports::shard_steps::{
-    owner_look, owner_look_at, owner_run, set_owner_running, stand_in, stand_in_at, steal,
+    now_tick, owner_begins_running, owner_look, owner_look_at, owner_run, set_owner_running,
+    stand_in, stand_in_at, steal, worker_sleeps_until,
 };
-use corewheel::{Clock, PendingTimers};
+use corewheel::{Clock, DEFAULT_RESCUE_AFTER, ManualClock, PendingTimers, TimerEngine};
 use corewheel_loom_tests::{Probe, engine, filed, model, settle, ticks};
 use loom::sync::Arc;
 use loom::thread;
@@ -184,4 +186,44 @@ fn stand_ins_and_the_owner_with_different_readings_run_each_timer_once() {
         assert_eq!(settle(&engine, &clock), 0);
         assert_eq!(engine.nodes_in_use(), 0, "a node was not given back");
     });
+}
+
+/// Shard 0's owner begins running timers while shard 1's worker goes to sleep until a
+/// tick near (within `rescue_after`) or far. The owner wakes nobody when the sleeper will
+/// look again soon, so a stuck callback is still found: either the owner woke a worker to
+/// watch, or the sleeper watches, or it sleeps no longer than `rescue_after` ticks and,
+/// going to sleep again then with the owner still running, watches.
+#[test]
+fn an_owner_beginning_to_run_is_watched_or_wakes_a_watcher() {
+    for ahead in [3, 100] {
+        model(None, move || {
+            let clock = ManualClock::new();
+            let engine = TimerEngine::builder()
+                .workers(2)
+                .manual_clock(clock)
+                .build()
+                .expect("a manual engine starts no threads");
+            let engine = Arc::new(engine);
+            let plan = now_tick(&engine) + ahead;
+            let sleeper = {
+                let engine = Arc::clone(&engine);
+                thread::spawn(move || worker_sleeps_until(&engine, 1, plan))
+            };
+            let woke = owner_begins_running(&engine, 0);
+            let sleeper = sleeper.join().unwrap().expect("no helpers' work waits");
+            if !woke && sleeper.watch().is_none() {
+                let soon = now_tick(&engine) + u64::from(DEFAULT_RESCUE_AFTER);
+                assert!(
+                    plan <= soon,
+                    "nobody watches, and the sleeper wakes at {plan}"
+                );
+                sleeper.wake(&engine);
+                let again = worker_sleeps_until(&engine, 1, plan + 100);
+                assert!(
+                    again.expect("no helpers' work waits").watch().is_some(),
+                    "back from its sleep, the worker does not watch the running owner"
+                );
+            }
+        });
+    }
 }

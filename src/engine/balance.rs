@@ -12,9 +12,10 @@
 //! remains. For rescue, someone must notice a stuck owner while every other worker sleeps:
 //! one worker that goes to sleep while another owner is running callbacks (or ran some
 //! lately) sleeps no longer than `rescue_after` ticks, and an owner that starts running
-//! callbacks while nobody watches wakes a parked worker to watch. Only an owner running
-//! callbacks can be stuck, and at most one worker watches, so an idle engine costs no CPU
-//! at any worker count.
+//! callbacks while nobody watches wakes a parked worker to watch, unless another worker is
+//! awake or will wake within `rescue_after` ticks anyway and will see it then. Only an
+//! owner running callbacks can be stuck, and at most one worker watches, so an idle engine
+//! costs no CPU at any worker count.
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
@@ -31,7 +32,7 @@ use std::time::Instant;
 use crate::engine::counters::add;
 use crate::engine::runner;
 use crate::engine::shard::Shard;
-use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use crate::sync::run_queue::MAX_RUN;
 
 /// Entries on a run queue before idle workers are woken to take some: a backlog worth a
@@ -93,16 +94,25 @@ impl Balance {
         }
     }
 
-    /// An owner begins running timers at `now_tick`: if nobody watches for stuck owners,
-    /// it wakes a parked worker to.
-    pub(crate) fn running(&self, shards: &[Shard], shard: &Shard, now_tick: u64) {
-        if self.rescue_after.is_none() {
-            return;
-        }
+    /// An owner begins running timers at `now_tick` (it has just marked itself running):
+    /// if nobody watches for stuck owners, and no other worker will go to sleep within
+    /// `rescue_after` ticks anyway (and then see it running), it wakes a parked worker to
+    /// watch. Returns whether it did.
+    pub(crate) fn running(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
+        let Some(after) = self.rescue_after else {
+            return false;
+        };
         shard.mark_run(now_tick);
-        if self.watching.load(Ordering::SeqCst) == 0 {
-            self.wake_one(shards);
+        if self.watching.load(Ordering::SeqCst) != 0 {
+            return false;
         }
+        // Orders the running mark before the other workers' plans (see `another_looks_by`).
+        fence(Ordering::SeqCst);
+        if another_looks_by(shards, shard, now_tick.saturating_add(after)) {
+            return false;
+        }
+        self.wake_one(shards);
+        true
     }
 
     /// Worker `me` is about to park: it becomes wakeable for help, and learns until which
@@ -230,6 +240,21 @@ impl Balance {
         shard.leave_hands();
         ran
     }
+}
+
+/// Whether a worker other than `shard`'s owner is awake and not running timers, or plans
+/// to wake by `tick`: on its way back to sleep, [`Balance::begin_idle`] looks at every
+/// running owner, `shard`'s included, so it watches `shard` from then on.
+///
+/// Without this, two owners with timers due now and then wake each other at every run:
+/// the one that watched stops watching when its own timers wake it, and its run then
+/// finds nobody watching. The caller stores its running mark, then fences (`SeqCst`), then
+/// this loads the plans; a worker going to sleep stores its plan, fences, then loads the
+/// marks. So either this sees the plan, or that worker sees the mark and watches.
+fn another_looks_by(shards: &[Shard], shard: &Shard, tick: u64) -> bool {
+    shards.iter().any(|other| {
+        !std::ptr::eq(other, shard) && !other.is_running() && other.wake_plan() <= tick
+    })
 }
 
 /// A worker's idle spell: see [`Balance::begin_idle`].

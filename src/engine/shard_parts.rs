@@ -238,6 +238,12 @@ impl ShardParts {
         self.wake_at.load(Ordering::Relaxed)
     }
 
+    /// When the worker means to wake next, or [`AWAKE`], ordered with the other workers'
+    /// running marks (see [`Balance::running`](crate::engine::balance::Balance::running)).
+    pub(crate) fn wake_plan(&self) -> u64 {
+        self.wake_at.load(Ordering::SeqCst)
+    }
+
     /// The worker publishes when it means to wake next ([`AWAKE`] once it is up).
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     pub(crate) fn plan_wake(&self, tick: u64) {

@@ -20,6 +20,9 @@ use tokio::runtime::{Builder, Runtime};
 /// How long the tasks of a run may take to all be running at once before the run fails.
 const GATHER_LIMIT: Duration = Duration::from_secs(10);
 
+/// Spins between yields in [`StartLine::arrive_and_wait_yielding`]: a few microseconds.
+const YIELD_EVERY: u32 = 1 << 12;
+
 /// A multi-thread runtime with `workers` worker threads and the time driver.
 pub fn runtime(workers: usize) -> Result<Runtime, String> {
     Builder::new_multi_thread()
@@ -54,6 +57,25 @@ impl StartLine {
         while !self.go.load(Ordering::Acquire) {
             if self.failed.load(Ordering::Acquire) {
                 return false;
+            }
+            std::hint::spin_loop();
+        }
+        true
+    }
+
+    /// [`arrive_and_wait`](Self::arrive_and_wait) for tasks that may share a worker: it
+    /// yields to the runtime now and then while it waits, so that a task queued behind this
+    /// one on the same worker runs and arrives too. Proves nothing about distinct threads.
+    pub async fn arrive_and_wait_yielding(&self) -> bool {
+        self.arrived.fetch_add(1, Ordering::AcqRel);
+        let mut spins = 0_u32;
+        while !self.go.load(Ordering::Acquire) {
+            if self.failed.load(Ordering::Acquire) {
+                return false;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % YIELD_EVERY == 0 {
+                tokio::task::yield_now().await;
             }
             std::hint::spin_loop();
         }

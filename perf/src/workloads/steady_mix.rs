@@ -508,7 +508,7 @@ async fn tokio_part(index: usize, config: Config, lines: Arc<Lines>) -> Result<C
         })
     })
     .await;
-    if !lines.start.arrive_and_wait() {
+    if !lines.start.arrive_and_wait_yielding().await {
         return Err("the run was called off".to_string());
     }
     filled?;
@@ -530,7 +530,7 @@ async fn tokio_part(index: usize, config: Config, lines: Arc<Lines>) -> Result<C
         .await?;
         tokio::time::sleep(STEP).await;
     }
-    if !lines.end.arrive_and_wait() {
+    if !lines.end.arrive_and_wait_yielding().await {
         return Err("the run was called off".to_string());
     }
     tokio_sleep::with_context(|cx| {
@@ -555,20 +555,32 @@ where
 {
     let runtime = tokio_sleep::runtime(config.threads)?;
     let lines = Arc::new(Lines::default());
-    let handles: Vec<_> = (0..config.threads)
-        .map(|index| runtime.spawn(part(index, Arc::clone(&lines))))
-        .collect();
-    let timed = lines.time_run(config.threads, config.duration);
-    let parts = runtime.block_on(join_all(handles));
-    let mut counts = Counts::default();
-    for part in parts {
-        counts.add(&part?);
+    // One task at a time, each once the one before waits at the start line, so that each
+    // starts on a worker of its own: spawned together, two could land on one worker, and
+    // the other, back asleep, might not steal the second while the first spins (runs were
+    // called off so). The tasks yield now and then at the lines, so that even then they
+    // all arrive.
+    let mut handles = Vec::with_capacity(config.threads);
+    let mut spawned = Ok(());
+    for index in 0..config.threads {
+        handles.push(runtime.spawn(part(index, Arc::clone(&lines))));
+        spawned = lines.start.gather(index + 1);
+        if spawned.is_err() {
+            break;
+        }
     }
+    let timed = spawned.and_then(|()| lines.time_run(config.threads, config.duration));
+    let parts = runtime.block_on(join_all(handles));
+    // The main thread's failure first: the tasks' are then only that it called them off.
     let Timed {
         wall,
         cpu,
         switches,
     } = timed?;
+    let mut counts = Counts::default();
+    for part in parts {
+        counts.add(&part?);
+    }
     drop(runtime);
     Ok(Run {
         wall,
@@ -589,11 +601,20 @@ async fn task_part<S: SharedTimers + Send + Sync>(
 ) -> Result<Counts, String> {
     let mut slots = SharedSlots::new(&*subject, config.ring_slots(index));
     let mut ring = Ring::new(index, config);
-    let start = ring.start(&mut slots, &lines)?;
+    let filled = ring.fill(&mut slots);
+    if !lines.start.arrive_and_wait_yielding().await {
+        return Err("the run was called off".to_string());
+    }
+    filled?;
+    let start = Instant::now();
     while ring.step(&mut slots, start, config.duration)? {
         tokio::time::sleep(STEP).await;
     }
-    ring.finish(&mut slots, &lines)
+    if !lines.end.arrive_and_wait_yielding().await {
+        return Err("the run was called off".to_string());
+    }
+    ring.empty(&mut slots);
+    Ok(ring.counts)
 }
 
 /// light-load's runs: every subject driven from tokio tasks paced by tokio's `sleep`, as a
