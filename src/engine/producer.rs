@@ -27,8 +27,10 @@ use crate::time::ticks::nanos_of;
 const MAGAZINE_LIMIT: u32 = 4 * BATCH;
 
 /// The fewest ticks a node waits on a lane before the worker takes it, unless its deadline
-/// comes sooner.
-const LANE_HORIZON: u64 = 2;
+/// comes sooner: the next tick, so that a message sent while the worker plans to wake then
+/// rides that wake-up. A floor of two woke such a worker again a tick after it (at light
+/// load, 10,000 timers a second: a tenth of the workers' wake-ups, each for nothing due).
+const LANE_HORIZON: u64 = 1;
 
 /// The most ticks a node waits on a lane before the worker takes it, unless its deadline
 /// comes sooner: how late a cancel's message reaches the owner and frees its node, when
