@@ -5,17 +5,9 @@ use std::time::{Duration, Instant};
 
 use corewheel::{BuildError, MAX_WORKERS, PendingTimers, TimerEngine};
 
-/// CPU time this process has used, user and system, from `/proc/self/stat` (in clock
-/// ticks of 10 ms); `None` where there is no such file.
-fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The fields after the parenthesised command name; utime and stime are the 14th and
-    // 15th fields of the line, so the 12th and 13th after the name.
-    let after_name = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
-}
+mod common;
+
+use common::idle_cores;
 
 /// More than [`MAX_WORKERS`] is a typed error. At the cap, on a 2-core machine, an idle
 /// engine uses no CPU (before, 896 workers or more with rescue on kept both cores busy for
@@ -41,22 +33,7 @@ fn an_idle_engine_with_the_most_workers_costs_no_cpu() {
         let built = started.elapsed();
         // Let every worker start and settle into its first sleep.
         std::thread::sleep(Duration::from_secs(1));
-        let measuring = Instant::now();
-        let mut windows = Vec::new();
-        let cores = loop {
-            let (cpu_before, wall_before) = (process_cpu(), Instant::now());
-            std::thread::sleep(Duration::from_secs(2));
-            let idle_cpu = process_cpu()
-                .zip(cpu_before)
-                .map(|(after, before)| after.saturating_sub(before));
-            let cores = idle_cpu.map(|cpu| cpu.as_secs_f64() / wall_before.elapsed().as_secs_f64());
-            windows.push(cores);
-            if cores.is_none_or(|cores| cores < 0.1)
-                || measuring.elapsed() > Duration::from_secs(30)
-            {
-                break cores;
-            }
-        };
+        let (cores, windows) = idle_cores(Duration::from_secs(30));
         let stopping = Instant::now();
         let report = engine.shutdown(PendingTimers::Drop);
         println!(

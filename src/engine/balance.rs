@@ -12,10 +12,14 @@
 //! remains. For rescue, someone must notice a stuck owner while every other worker sleeps:
 //! one worker that goes to sleep while another owner is running callbacks (or ran some
 //! lately) sleeps no longer than `rescue_after` ticks, and an owner that starts running
-//! callbacks while nobody watches wakes a parked worker to watch, unless another worker is
-//! awake or will wake within `rescue_after` ticks anyway and will see it then. Only an
-//! owner running callbacks can be stuck, and at most one worker watches, so an idle engine
-//! costs no CPU at any worker count.
+//! callbacks while nobody watches wakes a parked worker to watch, unless another worker
+//! sleeps only until within `rescue_after` ticks anyway and will see it then. Only a
+//! worker running callbacks can be stuck: an owner running its own, or a worker running
+//! another shard's as it helps, which marks its own shard running meanwhile (its wheel
+//! goes unlooked at too). At most one worker watches, so an idle engine costs no CPU at any
+//! worker count; while an owner is stuck, the watcher stands in when its timers come due
+//! and otherwise looks once every `rescue_after` ticks, so a long-blocked callback costs a
+//! few wake-ups a second rather than a core.
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
@@ -32,6 +36,7 @@ use std::time::Instant;
 use crate::engine::counters::add;
 use crate::engine::runner;
 use crate::engine::shard::Shard;
+use crate::engine::shard_parts::AWAKE;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use crate::sync::run_queue::MAX_RUN;
 
@@ -171,7 +176,12 @@ impl Balance {
                 continue;
             }
             let tick = if shard.is_stuck(now_tick, after) {
-                shard.next_due().max(now_tick + 1)
+                // A timer armed on the stuck shard after the last stand-in is on a lane,
+                // not in the published deadline: look again within `after` ticks for it.
+                shard
+                    .next_due()
+                    .min(now_tick.saturating_add(after))
+                    .max(now_tick + 1)
             } else {
                 shard.heartbeat().saturating_add(after + 1)
             };
@@ -180,14 +190,18 @@ impl Balance {
         until.or_else(|| recent.then(|| now_tick.saturating_add(after)))
     }
 
-    /// Whether some other shard has a backlog to steal or a stuck owner to stand in for.
+    /// Whether some other shard has a backlog to steal, or a stuck owner with timers due to
+    /// stand in for. A stuck owner with nothing due is left to the watch (see
+    /// [`watch_until`](Self::watch_until)): standing in for it again and again until its
+    /// callback returns kept a core busy for nothing.
     fn work_waiting(&self, shards: &[Shard], me: usize, now_tick: u64) -> bool {
         shards.iter().enumerate().any(|(index, shard)| {
             index != me
                 && ((self.stealing && shard.run.len() >= STEAL_MIN)
-                    || self
-                        .rescue_after
-                        .is_some_and(|after| shard.is_stuck(now_tick, after)))
+                    || self.rescue_after.is_some_and(|after| {
+                        shard.is_stuck(now_tick, after)
+                            && (shard.next_due() <= now_tick || shard.run.len() > 0)
+                    }))
         })
     }
 
@@ -207,15 +221,39 @@ impl Balance {
                 .rescue_after
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
             {
-                return stand_in(shard, shutdown, (now, now_tick), Some(1)) > 0;
+                return self.helping(shards, me, now_tick, || {
+                    stand_in(shard, shutdown, (now, now_tick), Some(1)) > 0
+                });
             }
             let backlog = shard.run.len();
             self.stealing
                 && backlog >= STEAL_MIN
-                && self
-                    .steal(shards, shard, shutdown, now_tick, backlog)
-                    .is_some()
+                && self.helping(shards, me, now_tick, || {
+                    self.steal(shards, shard, shutdown, now_tick, backlog)
+                        .is_some()
+                })
         })
+    }
+
+    /// Worker `me` runs another shard's timers in `help`: meanwhile its own shard counts as
+    /// running, as when it runs its own. A callback it runs may block like any other; then
+    /// its own shard's timers must be rescued (its wheel goes unlooked at), and an owner
+    /// that begins running must not count on it to watch.
+    fn helping<R>(
+        &self,
+        shards: &[Shard],
+        me: usize,
+        now_tick: u64,
+        help: impl FnOnce() -> R,
+    ) -> R {
+        let Some(mine) = shards.get(me) else {
+            return help();
+        };
+        mine.set_running(true);
+        self.running(shards, mine, now_tick);
+        let helped = help();
+        mine.set_running(false);
+        helped
     }
 
     /// Takes about half of `shard`'s backlog (at most a run) and runs it. Returns the
@@ -242,9 +280,11 @@ impl Balance {
     }
 }
 
-/// Whether a worker other than `shard`'s owner is awake and not running timers, or plans
-/// to wake by `tick`: on its way back to sleep, [`Balance::begin_idle`] looks at every
-/// running owner, `shard`'s included, so it watches `shard` from then on.
+/// Whether a worker other than `shard`'s owner sleeps, not running timers, until `tick` at
+/// the latest: on its way back to sleep then, [`Balance::begin_idle`] looks at every
+/// running owner, `shard`'s included, so it watches `shard` from then on. A worker that is
+/// awake does not count: it may be about to run callbacks that block, of its shard or
+/// (helping) of another.
 ///
 /// Without this, two owners with timers due now and then wake each other at every run:
 /// the one that watched stops watching when its own timers wake it, and its run then
@@ -253,7 +293,8 @@ impl Balance {
 /// marks. So either this sees the plan, or that worker sees the mark and watches.
 fn another_looks_by(shards: &[Shard], shard: &Shard, tick: u64) -> bool {
     shards.iter().any(|other| {
-        !std::ptr::eq(other, shard) && !other.is_running() && other.wake_plan() <= tick
+        let plan = other.wake_plan();
+        !std::ptr::eq(other, shard) && plan != AWAKE && plan <= tick && !other.is_running()
     })
 }
 

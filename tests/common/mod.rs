@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use std::sync::Mutex;
 
@@ -102,7 +102,7 @@ pub fn manual_with_rescue() -> (Arc<TimerEngine>, ManualClock) {
 }
 
 /// Milliseconds on `clock` since `start`.
-pub fn since(clock: &ManualClock, start: std::time::Instant) -> u64 {
+pub fn since(clock: &ManualClock, start: Instant) -> u64 {
     clock.now().duration_since(start).as_millis() as u64
 }
 
@@ -174,7 +174,7 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// Waits up to `limit` for `done`, sleeping a millisecond between looks (never holding an
 /// epoch section open); whether it came true.
 pub fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let until = std::time::Instant::now() + limit;
+    let until = Instant::now() + limit;
     while std::time::Instant::now() < until {
         if done() {
             return true;
@@ -229,5 +229,37 @@ impl Rng {
     /// True `p` times in a hundred.
     pub fn percent(&mut self, p: u64) -> bool {
         self.below(100) < p
+    }
+}
+
+/// CPU time this process has used, user and system, from `/proc/self/stat` (in clock
+/// ticks of 10 ms); `None` where there is no such file.
+pub fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the parenthesised command name; utime and stime are the 14th and
+    // 15th fields of the line, so the 12th and 13th after the name.
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// The process's CPU use, in cores, over successive 2 s windows until one comes out under
+/// a tenth of a core or `give_up` has passed: on a loaded machine, start-up and settling
+/// show as CPU time, while an engine that spins when idle is busy in every window. Returns
+/// the last window's reading (`None` where the CPU time cannot be read) and every window's.
+pub fn idle_cores(give_up: Duration) -> (Option<f64>, Vec<Option<f64>>) {
+    let measuring = Instant::now();
+    let mut windows = Vec::new();
+    loop {
+        let (before, wall) = (process_cpu(), Instant::now());
+        std::thread::sleep(Duration::from_secs(2));
+        let cores = process_cpu().zip(before).map(|(after, before)| {
+            after.saturating_sub(before).as_secs_f64() / wall.elapsed().as_secs_f64()
+        });
+        windows.push(cores);
+        if cores.is_none_or(|cores| cores < 0.1) || measuring.elapsed() > give_up {
+            return (cores, windows);
+        }
     }
 }
