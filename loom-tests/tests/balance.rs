@@ -4,7 +4,8 @@
 //! shutdown. Each checks that every timer runs exactly once unless a cancel returned
 //! `true`, that nobody else touches the wheel while one thread holds it (loom checks the
 //! wheel's cell), and that every node goes back to the pool. And, with two shards, an owner
-//! beginning to run timers against another worker going to sleep: someone always watches.
+//! beginning to run timers against another worker going to sleep: someone always watches,
+//! also when the sleeper picked its watch while that owner was stuck.
 #![cfg(loom)]
 
 use corewheel::loom_exports::shard_steps::{
@@ -226,4 +227,42 @@ fn an_owner_beginning_to_run_is_watched_or_wakes_a_watcher() {
             }
         });
     }
+}
+
+/// Shard 0's owner, stuck in a callback with nothing due, returns while shard 1's worker
+/// goes to sleep (so the sleeper may find it stuck as it picks its watch, and no longer
+/// running as it looks for work); then the owner begins running again. Whoever watches
+/// must look within `rescue_after` ticks, or the owner must wake someone: a watch picked
+/// for a stuck shard with nothing due used to be "never", kept the engine's one watch, and
+/// the owner, seeing it taken, woke nobody (fails so with `watch_until`'s stuck case at
+/// the shard's next deadline alone).
+#[test]
+fn a_watch_picked_while_an_owner_was_stuck_looks_again_within_rescue_after() {
+    model(None, || {
+        let clock = ManualClock::new();
+        let engine = TimerEngine::builder()
+            .workers(2)
+            .manual_clock(clock.clone())
+            .build()
+            .expect("a manual engine starts no threads");
+        let engine = Arc::new(engine);
+        set_owner_running(&engine, 0, true);
+        clock.advance(ticks(DEFAULT_RESCUE_AFTER + 2));
+        let sleeper = {
+            let engine = Arc::clone(&engine);
+            thread::spawn(move || worker_sleeps_until(&engine, 1, u64::MAX))
+        };
+        set_owner_running(&engine, 0, false);
+        let sleeper = sleeper.join().unwrap();
+        let woke = owner_begins_running(&engine, 0);
+        let soon = now_tick(&engine) + u64::from(DEFAULT_RESCUE_AFTER);
+        if let Some(sleeper) = sleeper {
+            let watch = sleeper.watch();
+            assert!(
+                woke || watch.is_some_and(|tick| tick <= soon),
+                "the owner woke nobody, and the sleeper watches until {watch:?} (now {})",
+                now_tick(&engine)
+            );
+        }
+    });
 }
