@@ -52,6 +52,7 @@ pub mod shard_steps {
                 &shared.shutdown,
                 now_tick,
                 backlog,
+                None,
             )
             .unwrap_or(0)
     }
@@ -64,6 +65,7 @@ pub mod shard_steps {
             &shared.shards[shard],
             &shared.shutdown,
             shared.now_at(shared.clock.now()),
+            None,
             None,
         )
     }
@@ -85,6 +87,7 @@ pub mod shard_steps {
             &shared.shards[shard],
             &shared.shutdown,
             shared.now_at(now),
+            None,
             None,
         )
     }

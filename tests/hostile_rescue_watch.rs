@@ -19,11 +19,14 @@
 //! a blocked callback is released either way, so a failing test fails rather than hangs.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 mod common;
 
+use common::stuck::{
+    Gate, Job, agents, blocking, engine, home_of, on_agent, started, worker_index,
+};
 use common::{
     Live, Rng, assert_all_given_back, eventually, idle_cores, manual, ms, run_for, serial, within,
 };
@@ -31,27 +34,6 @@ use corewheel::{Clock, PendingTimers, TimerEngine};
 
 /// How long a timer that must be rescued may take before the test calls it held up.
 const LIMIT: Duration = Duration::from_secs(20);
-
-/// Blocks the callbacks that wait on it until opened (or two minutes pass, so that a
-/// failing test never leaves a worker blocked for ever).
-#[derive(Clone, Default)]
-struct Gate(Arc<(Mutex<bool>, Condvar)>);
-
-impl Gate {
-    fn wait(&self) {
-        let (open, changed) = &*self.0;
-        let guard = open.lock().unwrap();
-        let _ = changed
-            .wait_timeout_while(guard, Duration::from_secs(120), |open| !*open)
-            .unwrap();
-    }
-
-    fn open(&self) {
-        let (open, changed) = &*self.0;
-        *open.lock().unwrap() = true;
-        changed.notify_all();
-    }
-}
 
 /// Set once, from any thread.
 #[derive(Clone, Default)]
@@ -76,97 +58,6 @@ impl Flag {
             flag.set();
         }
     }
-}
-
-/// A real-clock engine of `workers` unpinned workers with the given rescue setting.
-fn engine(workers: usize, rescue: Option<u32>) -> Arc<TimerEngine> {
-    Arc::new(
-        TimerEngine::builder()
-            .workers(workers)
-            .pin_workers(false)
-            .rescue_after(rescue)
-            .build()
-            .unwrap(),
-    )
-}
-
-/// The index of the worker running the calling code (`corewheel-N`), if it is one.
-fn worker_index() -> Option<usize> {
-    std::thread::current()
-        .name()?
-        .strip_prefix("corewheel-")?
-        .parse()
-        .ok()
-}
-
-/// The shard the calling thread's timers go to: the one whose pending count a probe
-/// raises. Call it while no timer of `engine` is due.
-fn home_of(engine: &TimerEngine) -> usize {
-    let before = engine.stats();
-    let probe = engine.schedule(Duration::from_secs(3600), || {}).unwrap();
-    let after = engine.stats();
-    assert!(engine.cancel(probe));
-    (0..after.shards.len())
-        .find(|&shard| after.shards[shard].pending > before.shards[shard].pending)
-        .expect("the probe is pending somewhere")
-}
-
-type Job = Box<dyn FnOnce() + Send>;
-
-/// One thread per shard whose timers go to that shard, running the jobs sent to it. Threads
-/// are given homes in turn, so a few rounds cover every shard.
-fn agents(engine: &Arc<TimerEngine>) -> Vec<mpsc::Sender<Job>> {
-    let shards = engine.workers();
-    let mut by_shard: Vec<Option<mpsc::Sender<Job>>> = vec![None; shards];
-    for _ in 0..4 * shards {
-        if by_shard.iter().all(Option::is_some) {
-            break;
-        }
-        let (jobs, job_rx) = mpsc::channel::<Job>();
-        let (home_tx, home_rx) = mpsc::channel();
-        let engine = Arc::clone(engine);
-        std::thread::spawn(move || {
-            home_tx.send(home_of(&engine)).unwrap();
-            for job in job_rx {
-                job();
-            }
-        });
-        let home = home_rx.recv().unwrap();
-        by_shard[home].get_or_insert(jobs);
-    }
-    by_shard
-        .into_iter()
-        .map(|agent| agent.expect("an agent for every shard"))
-        .collect()
-}
-
-/// Runs `job` on `agent`'s thread and waits for it.
-fn on_agent<R: Send + 'static>(
-    agent: &mpsc::Sender<Job>,
-    job: impl FnOnce() -> R + Send + 'static,
-) -> R {
-    let (done, result) = mpsc::channel();
-    agent
-        .send(Box::new(move || {
-            let _ = done.send(job());
-        }))
-        .unwrap();
-    result.recv_timeout(LIMIT).expect("the agent ran the job")
-}
-
-/// A callback that reports which worker runs it, then blocks on `gate`.
-fn blocking(gate: &Gate, started: &mpsc::Sender<Option<usize>>) -> impl FnOnce() + Send + 'static {
-    let (gate, started) = (gate.clone(), started.clone());
-    move || {
-        let _ = started.send(worker_index());
-        gate.wait();
-    }
-}
-
-/// Waits for a blocking callback to report in.
-fn started(rx: &mpsc::Receiver<Option<usize>>, what: &str) -> Option<usize> {
-    rx.recv_timeout(LIMIT)
-        .unwrap_or_else(|_| panic!("{what} never ran"))
 }
 
 /// A timer armed on a shard while its owner is stuck (here by the stuck callback itself,

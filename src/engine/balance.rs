@@ -187,7 +187,8 @@ impl Balance {
             };
             until = Some(until.map_or(tick, |until| until.min(tick)));
         }
-        until.or_else(|| recent.then(|| now_tick.saturating_add(after)))
+        // At least a tick on: a watch of `now` (with `rescue_after` 0) would never park.
+        until.or_else(|| recent.then(|| now_tick.saturating_add(after.max(1))))
     }
 
     /// Whether some other shard has a backlog to steal, or a stuck owner with timers due to
@@ -217,47 +218,28 @@ impl Balance {
         (1..shards.len()).any(|offset| {
             let index = (me + offset) % shards.len();
             let shard = &shards[index];
+            let helper = Helper {
+                balance: self,
+                shards,
+                me,
+            };
             if self
                 .rescue_after
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
             {
-                return self.helping(shards, me, now_tick, || {
-                    stand_in(shard, shutdown, (now, now_tick), Some(1)) > 0
-                });
+                return stand_in(shard, shutdown, (now, now_tick), Some(1), Some(&helper)) > 0;
             }
             let backlog = shard.run.len();
             self.stealing
                 && backlog >= STEAL_MIN
-                && self.helping(shards, me, now_tick, || {
-                    self.steal(shards, shard, shutdown, now_tick, backlog)
-                        .is_some()
-                })
+                && self
+                    .steal(shards, shard, shutdown, now_tick, backlog, Some(&helper))
+                    .is_some()
         })
     }
 
-    /// Worker `me` runs another shard's timers in `help`: meanwhile its own shard counts as
-    /// running, as when it runs its own. A callback it runs may block like any other; then
-    /// its own shard's timers must be rescued (its wheel goes unlooked at), and an owner
-    /// that begins running must not count on it to watch.
-    fn helping<R>(
-        &self,
-        shards: &[Shard],
-        me: usize,
-        now_tick: u64,
-        help: impl FnOnce() -> R,
-    ) -> R {
-        let Some(mine) = shards.get(me) else {
-            return help();
-        };
-        mine.set_running(true);
-        self.running(shards, mine, now_tick);
-        let helped = help();
-        mine.set_running(false);
-        helped
-    }
-
-    /// Takes about half of `shard`'s backlog (at most a run) and runs it. Returns the
-    /// callbacks run, `None` if it took nothing.
+    /// Takes about half of `shard`'s backlog (at most a run) and runs it, as `helper` if
+    /// a worker. Returns the callbacks run, `None` if it took nothing.
     pub(crate) fn steal(
         &self,
         shards: &[Shard],
@@ -265,6 +247,7 @@ impl Balance {
         shutdown: &AtomicBool,
         now_tick: u64,
         backlog: usize,
+        helper: Option<&Helper<'_>>,
     ) -> Option<usize> {
         if !shard.enter_hands(shutdown) {
             return None;
@@ -274,8 +257,39 @@ impl Balance {
             // Enough left for one more helper.
             self.wake_one(shards);
         }
-        let ran = run.map(|run| runner::run(shard, &run, now_tick, false));
+        let ran = run.map(|run| {
+            Helper::running(helper, now_tick, || {
+                runner::run(shard, &run, now_tick, false)
+            })
+        });
         shard.leave_hands();
+        ran
+    }
+}
+
+/// A worker, `me`, running another shard's timers (stolen, or standing in for a stuck
+/// owner).
+pub(crate) struct Helper<'a> {
+    balance: &'a Balance,
+    shards: &'a [Shard],
+    me: usize,
+}
+
+impl Helper<'_> {
+    /// Runs `run`, which runs timers taken from another shard, with the helper's own
+    /// shard counted as running meanwhile, as when it runs its own: a callback there may
+    /// block like any other, and then its own shard's timers must be rescued (its wheel
+    /// goes unlooked at), and an owner that begins running must not count on it to watch.
+    /// Only around a run actually taken: a stand-in that finds nothing to run marks
+    /// nothing, or every look at a stuck owner would wake another worker to watch.
+    fn running<R>(helper: Option<&Self>, now_tick: u64, run: impl FnOnce() -> R) -> R {
+        let Some((helper, mine)) = helper.and_then(|h| Some((h, h.shards.get(h.me)?))) else {
+            return run();
+        };
+        mine.set_running(true);
+        helper.balance.running(helper.shards, mine, now_tick);
+        let ran = run();
+        mine.set_running(false);
         ran
     }
 }
@@ -308,12 +322,13 @@ pub(crate) struct Idle {
 
 /// Stands in for `shard`'s owner at `now` (tick `now_tick`): claims what has come due in
 /// its wheel (if the owner is not holding it), then runs up to `runs` runs of its queue
-/// (`None`: until it is empty). Returns the callbacks run.
+/// (`None`: until it is empty), as `helper` if a worker. Returns the callbacks run.
 pub(crate) fn stand_in(
     shard: &Shard,
     shutdown: &AtomicBool,
     (now, mut now_tick): (Instant, u64),
     runs: Option<usize>,
+    helper: Option<&Helper<'_>>,
 ) -> usize {
     if !shard.enter_hands(shutdown) {
         return 0;
@@ -328,7 +343,9 @@ pub(crate) fn stand_in(
         let Some(run) = shard.run.take(MAX_RUN) else {
             break;
         };
-        fired += runner::run(shard, &run, now_tick, false);
+        fired += Helper::running(helper, now_tick, || {
+            runner::run(shard, &run, now_tick, false)
+        });
         left -= 1;
     }
     shard.leave_hands();

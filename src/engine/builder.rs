@@ -121,9 +121,10 @@ impl EngineBuilder {
     /// timers until it returns. Default: `Some(8)` ([`DEFAULT_RESCUE_AFTER`]).
     ///
     /// With it on, while any owner is running timers (and for 64 times this long after
-    /// the last time one did), one otherwise idle worker wakes every this many ticks to
-    /// look. Timers due at the same tick as the slow callback, claimed with it in one run
-    /// (at most 32), wait for it.
+    /// the last time one did), one otherwise idle worker wakes every this many ticks (at
+    /// least every tick: `Some(0)` watches as `Some(1)` does, and stands in after a tick)
+    /// to look. Timers due at the same tick as the slow callback, claimed with it in one
+    /// run (at most 32), wait for it.
     pub fn rescue_after(mut self, ticks: Option<u32>) -> Self {
         self.rescue_after = ticks;
         self

@@ -497,7 +497,7 @@ impl TimerEngine {
                 .rescue_after
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
             {
-                fired += stand_in(shard, &shared.shutdown, shared.now_at(now), None);
+                fired += stand_in(shard, &shared.shutdown, shared.now_at(now), None, None);
             }
         }
         if shared.shutdown.load(Ordering::SeqCst) {
@@ -541,7 +541,8 @@ impl TimerEngine {
         let (pending, now) = (shared.pending_mode(), shared.clock.now());
         for shard in shared.shards.iter() {
             let owned = if wait {
-                crate::sync::spin_until(|| match shard.is_finished() {
+                // The turn waited for runs callbacks, which may block.
+                crate::sync::wait_until(|| match shard.is_finished() {
                     true => Some(false),
                     false => shard.try_own().then_some(true),
                 })

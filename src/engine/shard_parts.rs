@@ -172,9 +172,10 @@ impl ShardParts {
     }
 
     /// Waits until no other worker holds this shard's timers; the caller has set the
-    /// shutdown flag, so none will take more.
+    /// shutdown flag, so none will take more. A worker holding them may be running one of
+    /// their callbacks, blocked for as long as it likes.
     pub(crate) fn wait_for_hands(&self) {
-        crate::sync::spin_until(|| (self.in_hands.load(Ordering::SeqCst) == 0).then_some(()));
+        crate::sync::wait_until(|| (self.in_hands.load(Ordering::SeqCst) == 0).then_some(()));
     }
 
     /// Opens a lane into this shard for the calling thread.

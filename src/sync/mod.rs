@@ -65,7 +65,7 @@ pub(crate) mod atomic {
 /// Waits for another thread that holds a short critical section: calls `ready` until it
 /// returns a value, spinning at first, then yielding so that a preempted holder can run.
 /// Under loom every wait yields, which is what lets the model explore the holder making
-/// progress. The one spin-wait loop in the crate.
+/// progress. With [`wait_until`], the crate's only spin-wait loops.
 #[inline]
 pub(crate) fn spin_until<R>(mut ready: impl FnMut() -> Option<R>) -> R {
     let mut attempt = 0_u32;
@@ -74,6 +74,30 @@ pub(crate) fn spin_until<R>(mut ready: impl FnMut() -> Option<R>) -> R {
             return value;
         }
         attempt = attempt.saturating_add(1);
+        spin_or_yield(attempt);
+    }
+}
+
+/// Waits for another thread that may be running a callback, which can block for as long
+/// as it likes: as [`spin_until`] at first, then sleeping for a pause that doubles up to
+/// about a millisecond, so that a long wait costs a thousand wake-ups a second rather than
+/// a core.
+pub(crate) fn wait_until<R>(mut ready: impl FnMut() -> Option<R>) -> R {
+    /// Attempts spent spinning and yielding before the pauses begin.
+    #[cfg(not(loom))]
+    const BEFORE_SLEEPING: u32 = 128;
+    let mut attempt = 0_u32;
+    loop {
+        if let Some(value) = ready() {
+            return value;
+        }
+        attempt = attempt.saturating_add(1);
+        #[cfg(not(loom))]
+        if attempt > BEFORE_SLEEPING {
+            let doublings = (attempt - BEFORE_SLEEPING).min(10);
+            std::thread::sleep(std::time::Duration::from_micros(1 << doublings));
+            continue;
+        }
         spin_or_yield(attempt);
     }
 }

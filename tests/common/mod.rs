@@ -5,6 +5,8 @@
 // Each test file uses only some of these.
 #![allow(dead_code)]
 
+pub mod stuck;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
