@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::stuck::{
-    Gate, Job, agents, blocking, engine, home_of, on_agent, started, worker_index,
+    Gate, Job, agents, block_owner_and_stand_in, blocking, engine, home_of, on_agent, started,
+    worker_index,
 };
 use common::{
     Live, Rng, assert_all_given_back, eventually, idle_cores, manual, ms, run_for, serial, within,
@@ -147,16 +148,9 @@ fn stand_in_stuck(workers: usize) -> StandInStuck {
     let a = home_of(&engine);
     let (gate, early) = (Gate::default(), Arc::new(AtomicUsize::new(0)));
     let (started_tx, started_rx) = mpsc::channel();
-    let t0 = Instant::now() + ms(100);
-    engine
-        .schedule_at(t0, blocking(&gate, &started_tx))
-        .unwrap();
-    engine
-        .schedule_at(t0 + ms(30), blocking(&gate, &started_tx))
-        .unwrap();
-    assert_eq!(started(&started_rx, "A's blocking callback"), Some(a));
-    let w = started(&started_rx, "A's second blocking callback").expect("run by a worker");
-    assert_ne!(w, a, "a stand-in ran A's second callback");
+    let (owner, w) = block_owner_and_stand_in(&engine, (&gate, &gate), (&started_tx, &started_rx));
+    assert_eq!(owner, Some(a));
+    let w = w.expect("run by a worker");
     StandInStuck {
         engine,
         agents,

@@ -23,7 +23,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::stuck::{Gate, OpenOnDrop, agents, blocking, engine, on_agent, started, worker_index};
+use common::stuck::{
+    Gate, OpenOnDrop, agents, block_owner_and_stand_in, blocking, engine, on_agent, started,
+    worker_index,
+};
 use common::{Live, ms, process_cpu, serial, within};
 use corewheel::{PendingTimers, TimerEngine};
 
@@ -785,19 +788,7 @@ fn a_shutdown_waiting_for_a_blocked_helper_does_not_spin() {
     let (owners, helpers) = (Gate::default(), Gate::default());
     let _release = (OpenOnDrop(owners.clone()), OpenOnDrop(helpers.clone()));
     let (started_tx, started_rx) = mpsc::channel();
-    let t0 = Instant::now() + ms(100);
-    for (due, gate) in [(t0, &owners), (t0 + ms(30), &helpers)] {
-        let (gate, started_tx) = (gate.clone(), started_tx.clone());
-        engine
-            .schedule_at(due, move || {
-                let _ = started_tx.send(worker_index());
-                gate.wait();
-            })
-            .unwrap();
-    }
-    let a = started(&started_rx, "A's blocking callback");
-    let w = started(&started_rx, "the stand-in's blocking callback");
-    assert_ne!(a, w, "a stand-in ran A's second callback");
+    let (a, w) = block_owner_and_stand_in(&engine, (&owners, &helpers), (&started_tx, &started_rx));
     let (done_tx, done_rx) = mpsc::channel();
     let stopping = Arc::clone(&engine);
     std::thread::spawn(move || {

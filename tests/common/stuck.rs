@@ -135,3 +135,22 @@ pub fn started(rx: &mpsc::Receiver<Option<usize>>, what: &str) -> Option<usize> 
     rx.recv_timeout(WAIT)
         .unwrap_or_else(|_| panic!("{what} never ran"))
 }
+
+/// Blocks the owner of the calling thread's shard, A, on `owner` in a callback due 100 ms
+/// from now, and the worker that stands in for it on `stand_in` in A's next callback, due
+/// 30 ms later; returns once both have reported in on `started`, with the workers that
+/// run them (the second is never A's owner).
+pub fn block_owner_and_stand_in(
+    engine: &TimerEngine,
+    (owner, stand_in): (&Gate, &Gate),
+    (started_tx, started_rx): (&mpsc::Sender<Option<usize>>, &mpsc::Receiver<Option<usize>>),
+) -> (Option<usize>, Option<usize>) {
+    let t0 = std::time::Instant::now() + Duration::from_millis(100);
+    for (due, gate) in [(t0, owner), (t0 + Duration::from_millis(30), stand_in)] {
+        engine.schedule_at(due, blocking(gate, started_tx)).unwrap();
+    }
+    let a = started(started_rx, "A's blocking callback");
+    let w = started(started_rx, "the stand-in's blocking callback");
+    assert_ne!(a, w, "a stand-in ran A's second callback");
+    (a, w)
+}
