@@ -29,7 +29,8 @@ use common::stuck::{
     worker_index,
 };
 use common::{
-    Live, Rng, assert_all_given_back, eventually, idle_cores, manual, ms, run_for, serial, within,
+    Live, Rng, assert_all_given_back, cores_until_below, eventually, idle_cores, manual, ms,
+    run_for, serial, within,
 };
 use corewheel::{Clock, PendingTimers, TimerEngine};
 
@@ -753,8 +754,9 @@ fn an_engine_goes_quiet_after_a_rescue() {
 /// shard meanwhile is still rescued. Before, a worker stood in for the stuck owner over and
 /// over, a core busy for as long as the callback blocked.
 ///
-/// Fails if every 2 s window for 30 s while the callback blocks shows a tenth of a core or
-/// more, or if the timer armed meanwhile is not rescued within [`LIMIT`].
+/// Fails if every 2 s window for 30 s while the callback blocks shows 0.3 cores or more (a
+/// worker standing in over and over used a whole one; one look every 2 ticks, about 0.04
+/// here in a debug build), or if the timer armed meanwhile is not rescued within [`LIMIT`].
 #[test]
 fn a_stuck_owner_with_nothing_due_costs_no_cpu() {
     let _serial = serial();
@@ -767,7 +769,7 @@ fn a_stuck_owner_with_nothing_due_costs_no_cpu() {
             .unwrap();
         started(&started_rx, "the blocking callback");
         std::thread::sleep(ms(200));
-        let (cores, windows) = idle_cores(Duration::from_secs(30));
+        let (cores, windows) = cores_until_below(0.3, Duration::from_secs(30));
         let (fired, early) = (Flag::default(), Arc::new(AtomicUsize::new(0)));
         let due = Instant::now() + ms(30);
         engine
@@ -781,7 +783,7 @@ fn a_stuck_owner_with_nothing_due_costs_no_cpu() {
         println!("{workers} workers, rescue_after {rescue:?}: 2 s windows {windows:?} cores");
         if let Some(cores) = cores {
             assert!(
-                cores < 0.1,
+                cores < 0.3,
                 "{workers} workers busy while an owner was stuck with nothing due: \
                  {windows:?} cores"
             );

@@ -161,7 +161,8 @@ fn window() -> (u64, usize, Option<f64>) {
 /// three or four workers.
 ///
 /// Fails when the quietest of three windows has more than 1.5 wake-ups per period (plus
-/// 40), or when that window used 0.1 cores or more.
+/// 40), or when that window used 0.3 cores or more (a spinning worker uses a whole one;
+/// 64 workers at `rescue_after` 1 use about 0.06 here in a debug build).
 #[test]
 fn a_stuck_owner_at_many_workers_costs_one_wake_up_a_period() {
     let _serial = serial();
@@ -186,7 +187,7 @@ fn a_stuck_owner_at_many_workers_costs_one_wake_up_a_period() {
              2 s window {windows:?}, {periods} periods"
         );
         let (wakes, _, cores) = quietest;
-        if wakes > periods * 3 / 2 + 40 || cores.is_some_and(|cores| cores >= 0.1) {
+        if wakes > periods * 3 / 2 + 40 || cores.is_some_and(|cores| cores >= 0.3) {
             over.push((workers, rescue, quietest, periods));
         }
     }

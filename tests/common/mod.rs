@@ -251,6 +251,11 @@ pub fn process_cpu() -> Option<Duration> {
 /// show as CPU time, while an engine that spins when idle is busy in every window. Returns
 /// the last window's reading (`None` where the CPU time cannot be read) and every window's.
 pub fn idle_cores(give_up: Duration) -> (Option<f64>, Vec<Option<f64>>) {
+    cores_until_below(0.1, give_up)
+}
+
+/// [`idle_cores`] with another bound: windows until one comes out under `below` cores.
+pub fn cores_until_below(below: f64, give_up: Duration) -> (Option<f64>, Vec<Option<f64>>) {
     let measuring = Instant::now();
     let mut windows = Vec::new();
     loop {
@@ -260,7 +265,7 @@ pub fn idle_cores(give_up: Duration) -> (Option<f64>, Vec<Option<f64>>) {
             after.saturating_sub(before).as_secs_f64() / wall.elapsed().as_secs_f64()
         });
         windows.push(cores);
-        if cores.is_none_or(|cores| cores < 0.1) || measuring.elapsed() > give_up {
+        if cores.is_none_or(|cores| cores < below) || measuring.elapsed() > give_up {
             return (cores, windows);
         }
     }
