@@ -1,5 +1,5 @@
 //! Second hostile review of the rescue watch (459253f, 80b1050, 7f2a465): a worker that
-//! helps another shard marks its own running (`Balance::helping`), a stuck owner with
+//! helps another shard marks its own running (`Helper::running`), a stuck owner with
 //! nothing due is watched rather than stood in for in a loop (`Balance::watch_until`,
 //! `Balance::work_waiting`), and an owner beginning to run counts only on sleeping workers
 //! to watch (`another_looks_by`).
@@ -27,7 +27,7 @@ use common::stuck::{
     Gate, OpenOnDrop, agents, block_owner_and_stand_in, blocking, engine, on_agent, started,
     worker_index,
 };
-use common::{Live, ms, process_cpu, serial, within};
+use common::{CpuWindow, Live, ms, serial, within};
 use corewheel::{PendingTimers, TimerEngine};
 
 /// How long a timer that must be rescued may take before the test calls it held up.
@@ -132,12 +132,9 @@ fn worker_switches() -> Vec<(String, u64)> {
 /// One 2 s window's wake-ups of the workers: in all, and how many workers had any; and
 /// the process's CPU use in cores (`None` where it cannot be read).
 fn window() -> (u64, usize, Option<f64>) {
-    let (before, cpu, wall) = (worker_switches(), process_cpu(), Instant::now());
+    let (before, cpu) = (worker_switches(), CpuWindow::start());
     std::thread::sleep(Duration::from_secs(2));
-    let (after, cpu_after) = (worker_switches(), process_cpu());
-    let cores = cpu_after
-        .zip(cpu)
-        .map(|(a, b)| a.saturating_sub(b).as_secs_f64() / wall.elapsed().as_secs_f64());
+    let (after, cores) = (worker_switches(), cpu.cores());
     let deltas: Vec<u64> = after
         .iter()
         .filter_map(|(id, n)| {
@@ -154,11 +151,11 @@ fn window() -> (u64, usize, Option<f64>) {
 
 /// An owner stuck with nothing due, at many workers: the one watcher looks once every
 /// `rescue_after` ticks, so about `2000 / rescue_after` wake-ups per 2 s window, by one
-/// worker. Each look stands in through `Balance::helping`, which marks the watcher's own
-/// shard running and calls `Balance::running`: the watcher is awake (its watch ended), so
-/// nobody watches and no sleeper counts, and it wakes a parked worker, which stands in
-/// too (and may wake another) before it sleeps again: two to three wake-ups per look, by
-/// three or four workers.
+/// worker. Before acf728a each look stood in with the watcher's own shard marked running
+/// and called `Balance::running` even when it ran nothing: the watcher is awake (its
+/// watch ended), so nobody watched and no sleeper counted, and it woke a parked worker,
+/// which stood in too (and might wake another) before it slept again: two to three
+/// wake-ups per look, by three or four workers.
 ///
 /// Fails when the quietest of three windows has more than 1.5 wake-ups per period (plus
 /// 40), or when that window used 0.3 cores or more (a spinning worker uses a whole one;
@@ -198,10 +195,10 @@ fn a_stuck_owner_at_many_workers_costs_one_wake_up_a_period() {
     );
 }
 
-/// `rescue_after(Some(0))` is accepted. With it, a worker going to sleep within the tick
-/// an owner began running timers (`ran_within(64 * 0)`) gets `watch_until` = now, so it
-/// never parks (`wake > now_tick` fails in the worker loop) and spins out the tick: one
-/// owner with a 1 ms repeating timer keeps the other worker busy nearly all the time.
+/// `rescue_after(Some(0))` is accepted. Before acf728a, a worker going to sleep within the
+/// tick an owner began running timers (`ran_within(64 * 0)`) got `watch_until` = now, so
+/// it never parked (`wake > now_tick` failed in the worker loop) and spun out the tick:
+/// one owner with a 1 ms repeating timer kept the other worker busy nearly all the time.
 /// `Some(1)` costs under a tenth of a core here.
 ///
 /// Fails when each of three 2 s windows uses half a core or more.
@@ -378,7 +375,7 @@ fn several_stuck(workers: usize, stuck: usize, rescue: u64) {
 /// Three workers. Shard A's owner claims a burst of 96 timers at once (a backlog, so idle
 /// workers steal runs of it; its own callbacks sleep 200 µs each so that the burst lasts).
 /// The first of them run by another worker W blocks: W is stuck in a run it took from A,
-/// its own wheel unlooked at (`Balance::helping` marks its shard running for this). W's
+/// its own wheel unlooked at (`Helper::running` marks its shard running for this). W's
 /// shard's timer, and every shard's, must still run; the burst's timers that W claimed in
 /// the same run wait for it (as documented), and run once it is released.
 ///

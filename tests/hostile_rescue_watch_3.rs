@@ -26,7 +26,7 @@ mod common;
 use common::stuck::{
     Gate, OpenOnDrop, agents, block_owner_and_stand_in, engine, on_agent, worker_index,
 };
-use common::{Live, Rng, idle_cores, ms, process_cpu, serial, within};
+use common::{CpuWindow, Live, Rng, idle_cores, ms, serial, within};
 use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine};
 
 /// How long a timer that must be rescued may take before the test calls it held up.
@@ -99,11 +99,9 @@ impl Book {
 
 /// The process's CPU use in cores over a 2 s window (`None` where it cannot be read).
 fn cores_over_two_seconds() -> Option<f64> {
-    let (before, wall) = (process_cpu(), Instant::now());
+    let window = CpuWindow::start();
     std::thread::sleep(Duration::from_secs(2));
-    process_cpu().zip(before).map(|(after, before)| {
-        after.saturating_sub(before).as_secs_f64() / wall.elapsed().as_secs_f64()
-    })
+    window.cores()
 }
 
 /// Where blocking callbacks record which worker blocked and when.

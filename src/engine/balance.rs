@@ -215,14 +215,14 @@ impl Balance {
         me: usize,
         (now, now_tick): (Instant, u64),
     ) -> bool {
+        let helper = Helper {
+            balance: self,
+            shards,
+            me,
+        };
         (1..shards.len()).any(|offset| {
             let index = (me + offset) % shards.len();
             let shard = &shards[index];
-            let helper = Helper {
-                balance: self,
-                shards,
-                me,
-            };
             if self
                 .rescue_after
                 .is_some_and(|after| shard.is_stuck(now_tick, after))

@@ -259,14 +259,35 @@ pub fn cores_until_below(below: f64, give_up: Duration) -> (Option<f64>, Vec<Opt
     let measuring = Instant::now();
     let mut windows = Vec::new();
     loop {
-        let (before, wall) = (process_cpu(), Instant::now());
+        let window = CpuWindow::start();
         std::thread::sleep(Duration::from_secs(2));
-        let cores = process_cpu().zip(before).map(|(after, before)| {
-            after.saturating_sub(before).as_secs_f64() / wall.elapsed().as_secs_f64()
-        });
+        let cores = window.cores();
         windows.push(cores);
         if cores.is_none_or(|cores| cores < below) || measuring.elapsed() > give_up {
             return (cores, windows);
         }
+    }
+}
+
+/// The process's CPU use from [`start`](Self::start) on, for readings taken over a window.
+pub struct CpuWindow {
+    cpu: Option<Duration>,
+    wall: Instant,
+}
+
+impl CpuWindow {
+    pub fn start() -> Self {
+        Self {
+            cpu: process_cpu(),
+            wall: Instant::now(),
+        }
+    }
+
+    /// Cores used since the start (CPU time over wall time); `None` where the CPU time
+    /// cannot be read.
+    pub fn cores(&self) -> Option<f64> {
+        process_cpu().zip(self.cpu).map(|(after, before)| {
+            after.saturating_sub(before).as_secs_f64() / self.wall.elapsed().as_secs_f64()
+        })
     }
 }
