@@ -23,7 +23,9 @@ pub mod shard_steps {
     pub fn owner_look(engine: &TimerEngine, shard: usize) -> usize {
         let shared = engine.shared();
         let (shard_ref, now) = (&shared.shards[shard], shared.clock.now());
-        shard_ref.owner_look(now, shared.ticks.floor(now)).claimed
+        let look = shard_ref.owner_look(now, shared.ticks.floor(now));
+        look.unfreed.free(shard_ref);
+        look.claimed
     }
 
     /// The owner runs one run of at most `most` timers off its queue. Returns the
@@ -74,9 +76,10 @@ pub mod shard_steps {
     /// one another thread already looked with.
     pub fn owner_look_at(engine: &TimerEngine, shard: usize, now: std::time::Instant) -> usize {
         let shared = engine.shared();
-        shared.shards[shard]
-            .owner_look(now, shared.ticks.floor(now))
-            .claimed
+        let shard_ref = &shared.shards[shard];
+        let look = shard_ref.owner_look(now, shared.ticks.floor(now));
+        look.unfreed.free(shard_ref);
+        look.claimed
     }
 
     /// [`stand_in`] with a clock reading of the caller's, which may be older than one

@@ -532,10 +532,12 @@ fn engine_dropped_while_live_threads_hold_full_rings() {
     }
 }
 
-/// Capture destructors that cancel filed timers: they run while the owner is receiving
-/// (holding the wheel, inside the take loop over this very thread's lane), so each of them
-/// reclaims and publishes onto the ring being taken (and past it, to the inbox). Everything
-/// they cancel is freed, nothing cancelled runs, the rest run at their ticks.
+/// Capture destructors that cancel filed timers. They used to run while the owner was
+/// receiving (holding the wheel, inside the take loop over this very thread's lane), so
+/// each of them reclaimed and published onto the ring being taken (and past it, to the
+/// inbox); since `Unfreed` they run once the turn's look has let the wheel go, and what
+/// they publish is taken by the next look. Everything they cancel is freed, nothing
+/// cancelled runs, the rest run at their ticks.
 #[test]
 fn destructors_reclaim_onto_the_ring_being_taken() {
     within(Duration::from_secs(30), "destructors reclaim", || {
@@ -595,12 +597,14 @@ fn destructors_reclaim_onto_the_ring_being_taken() {
         for &carrier in &carriers {
             assert!(engine.cancel(carrier));
         }
-        run_for(&engine, &clock, 5);
+        // The carriers' messages are taken at the fifth tick (their lazy need), and the
+        // victims' cancels, sent from the destructors after that look, at the sixth.
+        run_for(&engine, &clock, 6);
         let cancelled = (0..VICTIMS)
             .filter(|&id| book.cancelled[id].load(Ordering::SeqCst))
             .count();
         assert_eq!(cancelled, 15_000, "every destructor cancelled its victims");
-        // Freed within a few looks: only the 5000 left alone stay.
+        // Freed by the next look: only the 5000 left alone stay.
         assert!(
             engine.nodes_in_use() <= VICTIMS - 15_000 + 64,
             "cancelled victims freed: {} in use",

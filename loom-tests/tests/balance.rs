@@ -13,7 +13,7 @@ use corewheel::loom_exports::shard_steps::{
     stand_in, stand_in_at, steal, worker_sleeps_until,
 };
 use corewheel::{Clock, DEFAULT_RESCUE_AFTER, ManualClock, PendingTimers, TimerEngine};
-use corewheel_loom_tests::{Probe, engine, filed, model, settle, ticks};
+use corewheel_loom_tests::{MESSAGE_TICKS, Probe, engine, filed, model, settle, ticks};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -93,23 +93,7 @@ fn a_stand_in_against_the_owner_coming_back_runs_the_timer_once() {
         let probe = Probe::new();
         filed(&engine, &clock, 2, probe.callback());
         clock.advance(ticks(1));
-        set_owner_running(&engine, 0, true);
-        let stand_in = {
-            let engine = Arc::clone(&engine);
-            thread::spawn(move || stand_in(&engine, 0))
-        };
-        let mut owner = 0;
-        if owner_look(&engine, 0) > 0 {
-            owner = owner_run(&engine, 0, 1);
-        }
-        let rescued = stand_in.join().unwrap();
-        owner += owner_run(&engine, 0, 1);
-        set_owner_running(&engine, 0, false);
-        assert_eq!(
-            owner + rescued,
-            1,
-            "owner ran {owner}, stand-in ran {rescued}"
-        );
+        let rescued = stand_in_against_the_owner_coming_back(&engine, 1);
         assert_eq!(probe.ran(), 1);
         let stats = engine.stats().total;
         assert_eq!(stats.stolen, rescued as u64);
@@ -117,6 +101,60 @@ fn a_stand_in_against_the_owner_coming_back_runs_the_timer_once() {
         assert_eq!(settle(&engine, &clock), 0);
         assert_eq!(engine.nodes_in_use(), 0, "the node was not given back");
     });
+}
+
+/// A filed timer is cancelled, and its cancel's message waits for the next look; another
+/// timer is due. The owner, stuck by its mark, comes back and looks while a worker stands
+/// in for it. Whichever look receives the cancel frees the cancelled timer, and drops its
+/// capture (which has a `Drop`) only after letting the wheel go: nobody else may take that
+/// node meanwhile, the capture is dropped exactly once, the due timer runs once, and
+/// every node goes back to the pool.
+#[test]
+fn a_capture_dropped_after_a_look_lets_the_wheel_go_is_dropped_once() {
+    model(None, || {
+        let (engine, clock) = engine();
+        let (cancelled, due) = (Probe::new(), Probe::new());
+        let handle = filed(&engine, &clock, 3, cancelled.callback());
+        filed(&engine, &clock, 2, due.callback());
+        assert!(engine.cancel(handle));
+        // The cancel's message and the second timer are both due now.
+        clock.advance(ticks(MESSAGE_TICKS));
+        assert_eq!(
+            cancelled.dropped(),
+            0,
+            "the cancel's message waits for a look"
+        );
+        stand_in_against_the_owner_coming_back(&engine, 1);
+        assert_eq!((cancelled.ran(), due.ran()), (0, 1));
+        assert_eq!(cancelled.dropped(), 1, "the cancelled capture, once");
+        assert_eq!(settle(&engine, &clock), 0);
+        assert_eq!(engine.nodes_in_use(), 0, "a node was not given back");
+        assert_eq!(due.dropped(), 1);
+    });
+}
+
+/// Shard 0's owner, marked running (stuck), comes back, looks and runs its queue while
+/// another worker stands in for it; `due` timers are due. Each runs once, on one of the
+/// two. Returns how many the stand-in ran.
+fn stand_in_against_the_owner_coming_back(engine: &Arc<TimerEngine>, due: usize) -> usize {
+    set_owner_running(engine, 0, true);
+    let stand_in = {
+        let engine = Arc::clone(engine);
+        thread::spawn(move || stand_in(&engine, 0))
+    };
+    let mut owner = 0;
+    if owner_look(engine, 0) > 0 {
+        owner = owner_run(engine, 0, due);
+    }
+    let rescued = stand_in.join().unwrap();
+    owner += owner_run(engine, 0, due);
+    set_owner_running(engine, 0, false);
+    assert_eq!(
+        owner + rescued,
+        due,
+        "owner ran {owner}, stand-in ran {rescued}"
+    );
+    rescued
 }
 
 /// A claimed timer waits on the run queue when shutdown begins, while a thief tries to

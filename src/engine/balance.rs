@@ -14,9 +14,10 @@
 //! lately) sleeps no longer than `rescue_after` ticks, and an owner that starts running
 //! callbacks while nobody watches wakes a parked worker to watch, unless another worker
 //! sleeps only until within `rescue_after` ticks anyway and will see it then. Only a
-//! worker running callbacks can be stuck: an owner running its own, or a worker running
-//! another shard's as it helps, which marks its own shard running meanwhile (its wheel
-//! goes unlooked at too). At most one worker watches, so an idle engine costs no CPU at any
+//! worker running user code can be stuck: an owner running its own callbacks, or dropping
+//! the captures of timers its look freed (after letting the wheel go, see
+//! [`unfreed`](crate::engine::unfreed)), or a worker doing either for another shard as it
+//! helps, which marks its own shard running meanwhile (its wheel goes unlooked at too). At most one worker watches, so an idle engine costs no CPU at any
 //! worker count; while an owner is stuck, the watcher stands in when its timers come due
 //! and otherwise looks once every `rescue_after` ticks, so a long-blocked callback costs a
 //! few wake-ups a second rather than a core.
@@ -336,6 +337,9 @@ pub(crate) fn stand_in(
     if let Some(look) = shard.with_wheel(|wheel| wheel.extract(shard, now)) {
         add(&shard.counters.rescued, look.claimed as u64);
         now_tick = look.now_tick;
+        if !look.unfreed.is_empty() {
+            Helper::running(helper, now_tick, || look.unfreed.free(shard));
+        }
     }
     let mut fired = 0;
     let mut left = runs.unwrap_or(usize::MAX);
@@ -401,6 +405,7 @@ mod tests {
         let shard = &shared.shards[home];
         let look = shard.with_wheel_waiting(|wheel| wheel.extract(shard, clock.now()));
         assert_eq!(look.claimed, timers);
+        look.unfreed.free(shard);
         (engine, clock, home)
     }
 

@@ -29,12 +29,15 @@ struct Storage([MaybeUninit<usize>; 3]);
 enum Action {
     /// Whether `Call` consumes the closure; touches nothing.
     Consumes,
+    /// Whether dropping the closure runs code of its own (its captures' `Drop`); touches
+    /// nothing.
+    DropsAnything,
     Call,
     Drop,
 }
 
 /// Runs or drops the closure in `storage`. For a one-shot closure `Call` consumes it. Returns
-/// the answer to `Consumes`, and `false` otherwise.
+/// the answer to `Consumes` or `DropsAnything`, and `false` otherwise.
 type Shim = unsafe fn(NonNull<Storage>, Action) -> bool;
 
 /// A callback slot: empty, or holding one closure.
@@ -142,6 +145,19 @@ impl Callback {
         })
     }
 
+    /// Whether dropping the callback would run code of its own: a capture's `Drop`, or a
+    /// waker's (the executor's). Such a drop may block or take long, so the wheel's holder
+    /// leaves it until it has let the wheel go (see [`Unfreed`](crate::engine::unfreed::Unfreed)).
+    /// `false` for an empty slot.
+    pub(crate) fn drops_anything(&self) -> bool {
+        let Some(shim) = self.shim else {
+            return false;
+        };
+        let storage = NonNull::from(&self.storage);
+        // SAFETY: `DropsAnything` reads nothing from the storage.
+        unsafe { shim(storage, Action::DropsAnything) }
+    }
+
     /// The period of a repeating callback; [`Period::ONE_SHOT`] for a one-shot or empty slot.
     pub(crate) fn period(&self) -> Period {
         let Some(shim) = self.shim else {
@@ -173,8 +189,10 @@ impl Drop for Callback {
 /// # Safety
 /// `storage` holds an `F` written by `set_once`.
 unsafe fn once_inline<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> bool {
-    if let Action::Consumes = action {
-        return true;
+    match action {
+        Action::Consumes => return true,
+        Action::DropsAnything => return std::mem::needs_drop::<F>(),
+        Action::Call | Action::Drop => {}
     }
     // SAFETY: the caller guarantees an initialised `F` at the start of the storage, which is
     // read out exactly once, here.
@@ -188,8 +206,11 @@ unsafe fn once_inline<F: FnOnce()>(storage: NonNull<Storage>, action: Action) ->
 /// # Safety
 /// `storage` holds a `*mut F` from `Box::into_raw`, written by `set_once`.
 unsafe fn once_boxed<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> bool {
-    if let Action::Consumes = action {
-        return true;
+    match action {
+        Action::Consumes => return true,
+        // Freeing the box itself is the allocator's, not user code.
+        Action::DropsAnything => return std::mem::needs_drop::<F>(),
+        Action::Call | Action::Drop => {}
     }
     // SAFETY: the caller guarantees the pointer came from `Box::into_raw` and is reclaimed
     // exactly once, here.
@@ -203,8 +224,9 @@ unsafe fn once_boxed<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> 
 /// # Safety
 /// `storage` holds a `Waker` written by `set_waker`.
 unsafe fn wake_once(storage: NonNull<Storage>, action: Action) -> bool {
-    if let Action::Consumes = action {
-        return true;
+    match action {
+        Action::Consumes | Action::DropsAnything => return true,
+        Action::Call | Action::Drop => {}
     }
     // SAFETY: the caller guarantees an initialised waker at the start of the storage, which
     // is read out exactly once, here.
@@ -221,6 +243,7 @@ unsafe fn repeating_inline<F: FnMut()>(storage: NonNull<Storage>, action: Action
     let f = storage.cast::<F>();
     match action {
         Action::Consumes => {}
+        Action::DropsAnything => return std::mem::needs_drop::<F>(),
         // SAFETY: the caller guarantees a live `F`, borrowed mutably for the call only.
         Action::Call => unsafe { (*f.as_ptr())() },
         // SAFETY: the caller empties the slot before asking for the drop, so it happens once.
@@ -232,10 +255,13 @@ unsafe fn repeating_inline<F: FnMut()>(storage: NonNull<Storage>, action: Action
 /// # Safety
 /// `storage` holds a `*mut F` from `Box::into_raw`, written by `set_repeating`.
 unsafe fn repeating_boxed<F: FnMut()>(storage: NonNull<Storage>, action: Action) -> bool {
+    if let Action::DropsAnything = action {
+        return std::mem::needs_drop::<F>();
+    }
     // SAFETY: the caller guarantees the pointer came from `Box::into_raw` and is live.
     let f = unsafe { storage.cast::<*mut F>().read() };
     match action {
-        Action::Consumes => {}
+        Action::Consumes | Action::DropsAnything => {}
         // SAFETY: the box is live until `Drop`, and borrowed mutably for the call only.
         Action::Call => unsafe { (*f)() },
         // SAFETY: `Drop` comes once, after which the slot is empty.
@@ -261,6 +287,57 @@ mod tests {
         assert!(!Callback::is_inline::<[usize; 4]>());
         assert!(Callback::is_inline::<std::task::Waker>());
         assert!(!Callback::is_inline::<u128>() || align_of::<u128>() <= align_of::<usize>());
+    }
+
+    /// Only a callback whose drop runs code (a capture's `Drop`, a waker's) says so: the
+    /// wheel's holder frees the others at once, and leaves these until it lets go.
+    #[test]
+    fn a_callback_says_whether_its_drop_runs_code() {
+        let shared = Arc::new(AtomicUsize::new(0));
+        let mut slots: Vec<(Callback, bool)> = Vec::new();
+        let mut once = |f: Box<dyn FnOnce(&mut Callback)>, drops: bool| {
+            let mut slot = Callback::EMPTY;
+            f(&mut slot);
+            slots.push((slot, drops));
+        };
+        let (a, b, c) = (
+            Arc::clone(&shared),
+            Arc::clone(&shared),
+            Arc::clone(&shared),
+        );
+        once(Box::new(|slot| slot.set_once(|| {})), false);
+        once(Box::new(|slot| slot.set_once(move || drop(a))), true);
+        let big = [3_u64; 8];
+        once(
+            Box::new(move |slot| slot.set_once(move || assert_eq!(big[7], 3))),
+            false,
+        );
+        once(
+            Box::new(move |slot| {
+                slot.set_once(move || assert_eq!(big[7], b.load(Ordering::Relaxed) as u64 + 3))
+            }),
+            true,
+        );
+        once(Box::new(|slot| slot.set_repeating(|| {}, PERIOD)), false);
+        once(
+            Box::new(move |slot| slot.set_repeating(move || assert_eq!(big[0], 3), PERIOD)),
+            false,
+        );
+        once(
+            Box::new(move |slot| slot.set_repeating(move || drop(Arc::clone(&c)), PERIOD)),
+            true,
+        );
+        once(
+            Box::new(|slot| slot.set_waker(std::task::Waker::noop().clone())),
+            true,
+        );
+        assert!(!Callback::EMPTY.drops_anything());
+        for (index, (slot, drops)) in slots.iter_mut().enumerate() {
+            assert_eq!(slot.drops_anything(), *drops, "slot {index}");
+            assert!(!slot.clear(), "slot {index}: no panic");
+            assert!(!slot.drops_anything(), "slot {index}: empty now");
+        }
+        assert_eq!(Arc::strong_count(&shared), 1, "every capture was dropped");
     }
 
     #[test]

@@ -45,7 +45,9 @@
 //!    - *firing*: whoever moved it from pending to firing, then whoever takes its entry
 //!      off the run queue, who runs the callback and settles the node;
 //!    - *cancelled* or *done*: whoever holds it when no message names it any more, who
-//!      drops the callback and gives the node back.
+//!      drops the callback and gives the node back. A look that frees one whose captures
+//!      have a `Drop` keeps holding it after letting the wheel go, on its
+//!      [`Unfreed`](unfreed::Unfreed) chain, until it has dropped them.
 //!
 //!    The callback has a cell of its own, apart from the links: while a waker timer is
 //!    pending and its `Sleep` holds the state word's reset lock, that `Sleep` may replace
@@ -64,7 +66,9 @@
 //!    except in a shard's last turn at shutdown, which runs pending timers holding the
 //!    wheel (nobody else takes it any more, and a `turn` from inside returns 0). The
 //!    destructor of a callback's captures runs wherever the node is freed: with no lane
-//!    busy, but possibly holding the wheel (a look frees cancelled timers). Either may call
+//!    busy, and holding no wheel except in a last turn or a sweep after it (a look leaves
+//!    the captures of the timers it frees to [`unfreed`], dropped once it lets go, marked
+//!    running as for a callback, so that a `Drop` that blocks is stood in for). Either may call
 //!    back into any engine, this one included, and may drop or shut one down; nothing the
 //!    engine does on such a call waits for a wheel or lane its own thread holds. On an
 //!    engine with workers, no other thread runs a callback: a producer or a sweep only
@@ -97,6 +101,7 @@ pub(crate) mod shutdown;
 pub(crate) mod stats;
 pub(crate) mod thread_role;
 pub(crate) mod timer_node;
+pub(crate) mod unfreed;
 pub(crate) mod waker_timer;
 pub(crate) mod wheel_side;
 // loom models drive engines by hand, without worker threads.
@@ -520,6 +525,8 @@ impl TimerEngine {
             let now_tick = shared.ticks.floor(now);
             let look = shard.owner_look(now, now_tick);
             shard.set_running(true);
+            // Captures' `Drop`s, outside the wheel, like callbacks (see `Unfreed`).
+            look.unfreed.free(shard);
             while let Some(run) = shard.run.take(MAX_RUN) {
                 fired += runner::run(shard, &run, now_tick, true);
             }
@@ -755,5 +762,57 @@ mod tests {
         let report = engine.shutdown(PendingTimers::Drop);
         assert_eq!(report.dropped, 0);
         assert_eq!(engine.nodes_in_use(), 0);
+    }
+
+    /// A cancelled timer's captures are dropped by the turn that frees its node once the
+    /// turn has let the shard's wheel go, and with the shard marked running (as for a
+    /// callback): a capture whose `Drop` blocks then leaves the wheel to a stand-in. A
+    /// capture without drop glue is freed at once; either way the node goes back.
+    #[test]
+    fn a_cancelled_timers_captures_are_dropped_with_the_wheel_let_go() {
+        struct Probe(Arc<TimerEngine>, Arc<AtomicUsize>);
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                let shared = self.0.shared();
+                let shard = &shared.shards[0];
+                let free = shard.with_wheel(|_| ()).is_some();
+                let stuck = shard.is_stuck(shared.now_tick() + 100, 1);
+                let code = if free && stuck { 1 } else { 2 };
+                self.1.store(code, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let clock = ManualClock::new();
+        let engine = Arc::new(
+            TimerEngine::builder()
+                .workers(1)
+                .manual_clock(clock.clone())
+                .build()
+                .expect("manual engine"),
+        );
+        let seen = Arc::new(AtomicUsize::new(0));
+        let probe = Probe(Arc::clone(&engine), Arc::clone(&seen));
+        let timer = engine
+            .schedule_repeating(Duration::from_millis(2), move || {
+                let _ = &probe;
+            })
+            .expect("scheduled");
+        let plain = engine
+            .schedule_repeating(Duration::from_millis(2), || {})
+            .expect("scheduled");
+        // Fired once: both are filed on the wheel now, and their cancels go to the owner.
+        clock.advance(Duration::from_millis(3));
+        assert_eq!(engine.turn(), 2);
+        assert!(engine.cancel(timer) && engine.cancel(plain));
+        // Past the cancel messages' lazy need.
+        clock.advance(Duration::from_millis(100));
+        engine.turn();
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "dropped with the wheel free and the shard running"
+        );
+        assert_eq!(engine.nodes_in_use(), 0, "both nodes went back");
+        let report = engine.shutdown(PendingTimers::Drop);
+        assert_eq!(report.dropped, 0);
     }
 }

@@ -61,7 +61,8 @@ impl Shard {
 
     /// Runs `f` on the wheel side if no other thread holds it; `None` if one does. Nobody
     /// waits long for the wheel: a holder files and claims timers and frees cancelled
-    /// ones, and runs callbacks only in the last turn (see the ground rules in
+    /// ones (leaving captures with a `Drop` until it lets go), and runs callbacks and
+    /// drops captures only in the last turn (see the ground rules in
     /// [`engine`](crate::engine)).
     pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> Option<R> {
         self.try_hold_wheel().then(|| self.held_wheel(f))

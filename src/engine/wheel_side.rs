@@ -18,6 +18,7 @@ use crate::engine::runner;
 use crate::engine::shard_parts::ShardParts;
 use crate::engine::shutdown::PendingTimers;
 use crate::engine::timer_node::TimerNode;
+use crate::engine::unfreed::{Unfreed, UnfreedBuilder};
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::sync::mpsc::Pop;
@@ -40,6 +41,9 @@ pub(crate) struct WheelSide {
     wheel: WheelCore,
     /// Nodes freed during this look, on their way back to the pool.
     freed: Magazine,
+    /// Nodes taken off for good during this look whose callbacks' drop runs code of its
+    /// own: dropped once the wheel is let go (see [`Unfreed`]).
+    unfreed: UnfreedBuilder,
     lanes: Vec<Arc<Lane>>,
     lanes_version: u64,
     /// The shard's last turn has run, with what it did to pending timers: nothing is filed
@@ -60,6 +64,9 @@ pub(crate) struct Extracted {
     /// The tick by which the owner must look again: the wheel's next deadline, or a lane's
     /// need; `None` when nothing will ever be due.
     pub(crate) next: Option<u64>,
+    /// Timers the look took off for good whose callbacks are still to be dropped, by the
+    /// caller once it has let the wheel go.
+    pub(crate) unfreed: Unfreed,
 }
 
 impl WheelSide {
@@ -67,6 +74,7 @@ impl WheelSide {
         Self {
             wheel: WheelCore::new(ticks, Geometry::DEFAULT, true),
             freed: Magazine::EMPTY,
+            unfreed: UnfreedBuilder::default(),
             lanes: Vec::new(),
             lanes_version: u64::MAX,
             finished: None,
@@ -82,6 +90,7 @@ impl WheelSide {
                 now_tick: self.wheel.elapsed(),
                 more_due: false,
                 next: None,
+                unfreed: Unfreed::NONE,
             };
         }
         // A stand-in's or a late owner's reading may be older than the last look's.
@@ -111,6 +120,7 @@ impl WheelSide {
             now_tick,
             more_due,
             next,
+            unfreed: self.unfreed.take(),
         }
     }
 
@@ -296,8 +306,18 @@ impl WheelSide {
             .file(&mut FiledNodes(&shard.pool), index, deadline, false);
     }
 
-    /// Gives a node back: drops any callback, moves the generation on, batches the node.
+    /// Gives a node back: drops any callback, moves the generation on, batches the node. A
+    /// callback whose drop runs code of its own waits on `unfreed` instead, node and all,
+    /// for its drop outside the wheel (see [`Unfreed`]).
     fn free(&mut self, shard: &ShardParts, node: NonNull<TimerNode>) {
+        // SAFETY: the caller holds the node exclusively: it is off every list and queue.
+        if unsafe {
+            node.as_ref()
+                .with_callback(|callback| callback.drops_anything())
+        } {
+            self.unfreed.push(node);
+            return;
+        }
         runner::free_into(shard, node, &mut self.freed);
         if self.freed.len() >= BATCH {
             self.freed.give_back(&shard.pool);
@@ -422,6 +442,9 @@ impl WheelSide {
         }
         add(&shard.counters.ran_at_shutdown, ran);
         add(&shard.counters.dropped_at_shutdown, dropped);
+        // Under the wheel: the last turn has run callbacks under it anyway, and nobody
+        // stands in after it.
+        self.unfreed.take().free(shard);
         self.freed.give_back(&shard.pool);
         self.finished = Some(pending);
     }
@@ -500,6 +523,8 @@ impl WheelSide {
                 break;
             }
         }
+        // Under the wheel, as in the last turn: nobody stands in any more.
+        self.unfreed.take().free(shard);
         self.freed.give_back(&shard.pool);
     }
 

@@ -26,6 +26,14 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         let now = shared.clock.now();
         let now_tick = shared.ticks.floor(now);
         let look = shard.owner_look(now, now_tick);
+        if !look.unfreed.is_empty() {
+            // Captures' `Drop`s are user code, run like callbacks: a watcher stands in if
+            // one blocks.
+            shard.set_running(true);
+            balance.running(shards, shard, now_tick);
+            look.unfreed.free(shard);
+            shard.set_running(false);
+        }
         if shared.shutdown.load(Ordering::SeqCst) {
             shard.finish(shared.pending_mode(), now);
             return;
