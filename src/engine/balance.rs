@@ -105,10 +105,31 @@ impl Balance {
     /// `rescue_after` ticks anyway (and then see it running), it wakes a parked worker to
     /// watch. Returns whether it did.
     pub(crate) fn running(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
+        if self.rescue_after.is_none() {
+            return false;
+        }
+        shard.mark_run(now_tick);
+        self.watched(shards, shard, now_tick)
+    }
+
+    /// An owner begins dropping the captures of timers its look freed (it has just marked
+    /// itself running; see [`Unfreed`](crate::engine::unfreed::Unfreed)): someone must
+    /// watch, as in [`running`](Self::running), but it records no run, so a watcher woken
+    /// for it does not linger. Lingering keeps owners that run timers now and then from
+    /// waking each other at every run; a drop of cancelled captures rarely takes long,
+    /// and a watcher lingering after each one cost an otherwise idle engine a wake-up
+    /// every `rescue_after` ticks for half a second (dropped `Sleep`s, captured `Arc`s).
+    /// Returns whether it woke one.
+    pub(crate) fn dropping(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
+        self.watched(shards, shard, now_tick)
+    }
+
+    /// Wakes a parked worker to watch `shard`, marked running, unless someone watches or
+    /// another worker will look by `rescue_after` ticks on anyway. Returns whether it did.
+    fn watched(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
         let Some(after) = self.rescue_after else {
             return false;
         };
-        shard.mark_run(now_tick);
         if self.watching.load(Ordering::SeqCst) != 0 {
             return false;
         }

@@ -115,15 +115,18 @@ impl EngineBuilder {
     }
 
     /// How many ticks a shard's owner may go without looking at its wheel, while awake
-    /// (stuck in a slow callback), before another worker stands in: it takes the wheel for
-    /// a moment, claims the timers that have come due and runs them, until the owner is
-    /// back. `None` turns this off, and a slow callback then delays its shard's other
-    /// timers until it returns. Default: `Some(8)` ([`DEFAULT_RESCUE_AFTER`]).
+    /// (stuck in a slow callback, or in the `Drop` of a cancelled timer's captures), before
+    /// another worker stands in: it takes the wheel for a moment, claims the timers that
+    /// have come due and runs them, until the owner is back. `None` turns this off, and a
+    /// slow callback then delays its shard's other timers until it returns. Default:
+    /// `Some(8)` ([`DEFAULT_RESCUE_AFTER`]).
     ///
     /// With it on, while any owner is running timers (and for 64 times this long after
     /// the last time one did), one otherwise idle worker wakes every this many ticks (at
     /// least every tick: `Some(0)` watches as `Some(1)` does, and stands in after a tick)
-    /// to look. Timers due at the same tick as the slow callback, claimed with it in one
+    /// to look. An owner dropping cancelled timers' captures that have a `Drop` of their
+    /// own (or a dropped `Sleep`'s waker) is watched while it does, which may wake a worker
+    /// once, with no watching after. Timers due at the same tick as the slow callback, claimed with it in one
     /// run (at most 32), wait for it.
     pub fn rescue_after(mut self, ticks: Option<u32>) -> Self {
         self.rescue_after = ticks;

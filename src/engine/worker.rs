@@ -30,7 +30,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             // Captures' `Drop`s are user code, run like callbacks: a watcher stands in if
             // one blocks.
             shard.set_running(true);
-            balance.running(shards, shard, now_tick);
+            balance.dropping(shards, shard, now_tick);
             look.unfreed.free(shard);
             shard.set_running(false);
         }
