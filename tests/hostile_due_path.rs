@@ -1091,3 +1091,48 @@ fn a_half_million_timer_slot_gets_its_first_move_as_early_as_its_level_allows() 
         "first move only {lead} ticks ahead of the slot"
     );
 }
+
+// Why: the moves ahead of time were paced per poll, and an engine's owner polls several
+// times a tick while timers are due (each look that drains them): each such poll moved its
+// whole share, so a block's 64,000-timer coarse slot moved within the first dozen ticks of
+// the block before, up to a millisecond of moves a tick, and the fire storm's worst
+// lateness came every 64 ticks. The pace is per tick now: polls after the first in a tick
+// move nothing more, and the slot still moves before its block begins.
+#[test]
+fn moves_ahead_of_time_are_paced_per_tick_not_per_poll() {
+    let mut h = Harness::default_geometry();
+    // In block 1 (ticks 65..128); the next block's coarse slot gets 64,000 timers.
+    let at = h.at(70);
+    h.drain(at);
+    let n = 64_000_u64;
+    for i in 0..n {
+        h.insert_tick(129 + i % 64);
+    }
+    let mut moved_in_later_polls = 0;
+    let mut moved_in_first_polls = 0;
+    for t in 71..=128 {
+        let now = h.at(t);
+        for poll in 0..8 {
+            let before = h.wheel.link_operations();
+            assert!(!h.poll_once(now), "nothing is due before tick 129");
+            let ops = h.wheel.link_operations() - before;
+            if poll == 0 {
+                moved_in_first_polls += ops;
+            } else {
+                moved_in_later_polls += ops;
+            }
+        }
+    }
+    assert!(
+        moved_in_first_polls >= n,
+        "the slot was moved ahead of time"
+    );
+    assert_eq!(
+        moved_in_later_polls, 0,
+        "polls after a tick's first moved more ({moved_in_first_polls} in first polls)"
+    );
+    let (until, before) = (h.at(192), h.fired);
+    max_single_poll_work(&mut h, until);
+    assert_eq!(h.fired - before, n, "every timer fired");
+    h.finish();
+}

@@ -25,6 +25,14 @@ pub(crate) struct WheelCore {
     /// Per level, where [`pre_cascade`](Self::pre_cascade) is in the coarse slot it is
     /// moving down.
     pre_cascaded: Box<[PreCascade]>,
+    /// Per level, the timers moved (or walked) ahead of time out of its next slot in one
+    /// tick, and that tick: the lookahead's fill for level 1, pre-cascades from level 2 up.
+    /// The pace is per tick, not per poll: an owner polls several times a tick when timers
+    /// are due (each look that drains them), and when each poll moved its whole share, a
+    /// block's coarse slot of 64,000 timers moved within the first dozen ticks of the
+    /// block before, up to a millisecond of moves a tick: the fire storm's worst lateness
+    /// came every 64 ticks, right after each flip.
+    moved_in_tick: Box<[(u64, u64)]>,
 }
 
 /// How far [`WheelCore::pre_cascade`] has walked one level's next slot.
@@ -186,11 +194,11 @@ enum NextWork {
     Overflow,
 }
 
-/// Timers moved from the next block's coarse slot into the lookahead per idle poll, at
-/// least: a few hundred microseconds of cache misses at most, so a poll that finds nothing
-/// due is never delayed by as much as a millisecond tick. A poll moves more when the
-/// block's start is near (see [`WheelCore::fill_budget`]), and a slot of no more than this
-/// is left to the flip, which moves it at as little cost.
+/// Timers moved from the next block's coarse slot into the lookahead a tick, at least, by
+/// the tick's polls that find nothing due: a few hundred microseconds of cache misses at
+/// most, so a tick is never delayed by as much as a millisecond of moves. A tick moves
+/// more when the block's start is near (see [`WheelCore::fill_budget`]), and a slot of no
+/// more than this is left to the flip, which moves it at as little cost.
 const LOOKAHEAD_BUDGET: usize = 1024;
 
 /// Due finest slots [`WheelCore::poll_batch`] takes from in turn: the cache misses it keeps
@@ -200,12 +208,12 @@ const INTERLEAVE: usize = 16;
 /// The pace the wheel plans its moves ahead of time at: timers a tick. A coarse slot of
 /// `n` timers gets its first move `n / FILL_PER_TICK` ticks before it begins, or as early
 /// as the move can start if that is later (the block before, for the next block; the last
-/// slot of the level below, for a level-2+ slot), and each later poll moves twice its
-/// share of what is left, so that moving a million timers due in the same second never
-/// holds up a due timer by much.
+/// slot of the level below, for a level-2+ slot), and each later tick moves twice its
+/// share of what is left (however often it polls), so that moving a million timers due
+/// in the same second never holds up a due timer by much.
 const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;
 
-/// How many of `left` timers a poll moves ahead of time when `ticks_left` ticks remain
+/// How many of `left` timers a tick moves ahead of time when `ticks_left` ticks remain
 /// before they must all have moved: twice its share, and never fewer than
 /// [`LOOKAHEAD_BUDGET`].
 fn paced_share(left: u64, ticks_left: u64) -> u64 {
@@ -380,6 +388,7 @@ impl WheelCore {
             lists: Lists::new(geometry, split),
             pre_cascaded: vec![PreCascade::starting(u64::MAX); geometry.levels()]
                 .into_boxed_slice(),
+            moved_in_tick: vec![(u64::MAX, 0); geometry.levels()].into_boxed_slice(),
         }
     }
 
@@ -677,6 +686,7 @@ impl WheelCore {
                 .map(|level| size_of_val(&*level.more))
                 .sum::<usize>()
             + size_of_val(&*self.pre_cascaded)
+            + size_of_val(&*self.moved_in_tick)
     }
 
     /// Whether a deadline is at or before the latest polled instant, and so due at once:
@@ -799,7 +809,7 @@ impl WheelCore {
                 // as the finest level (the current one is empty: its block is over).
                 // `elapsed` is already the block's first tick.
                 let start = self.elapsed;
-                self.fill_lookahead_block(
+                let _moved = self.fill_lookahead_block(
                     nodes,
                     start,
                     self.geometry.slot_for(start, 1),
@@ -946,7 +956,7 @@ impl WheelCore {
             let ticks_left = self
                 .pre_cascade_due(level, start)
                 .saturating_sub(self.elapsed);
-            let budget = paced_share(left, ticks_left);
+            let budget = self.left_this_tick(level, paced_share(left, ticks_left));
             let window_end = start.saturating_add(1 << self.geometry.shift(level));
             let last = self.geometry.slots() - 1;
             let mut state = self.pre_cascaded[level];
@@ -959,10 +969,12 @@ impl WheelCore {
                     next
                 }
             };
+            let mut walked = 0;
             for _ in 0..budget {
                 if node == NIL {
                     break;
                 }
+                walked += 1;
                 let (_, prev, next) = nodes.links(node);
                 let deadline = nodes.deadline(node);
                 let finer = self.geometry.slot_for(deadline, level - 1);
@@ -976,6 +988,28 @@ impl WheelCore {
                 node = next;
             }
             self.pre_cascaded[level] = state;
+            self.count_moves(level, walked);
+        }
+    }
+
+    /// What is left of `share`, the timers level `level`'s moves ahead of time may take
+    /// in a tick, in the current one.
+    fn left_this_tick(&self, level: usize, share: u64) -> u64 {
+        match self.moved_in_tick.get(level) {
+            Some(&(tick, moved)) if tick == self.elapsed => share.saturating_sub(moved),
+            _ => share,
+        }
+    }
+
+    /// Counts `moved` timers moved (or walked) ahead of time out of level `level`'s next
+    /// slot in the current tick.
+    fn count_moves(&mut self, level: usize, moved: u64) {
+        let elapsed = self.elapsed;
+        if let Some(entry) = self.moved_in_tick.get_mut(level) {
+            if entry.0 != elapsed {
+                *entry = (elapsed, 0);
+            }
+            entry.1 = entry.1.saturating_add(moved);
         }
     }
 
@@ -1029,7 +1063,8 @@ impl WheelCore {
     /// lazy reset are re-filed where they now belong.
     fn fill_lookahead<N: Links>(&mut self, nodes: &mut N, budget: usize) {
         if let Some((start, slot)) = self.next_block() {
-            self.fill_lookahead_block(nodes, start, slot, budget);
+            let moved = self.fill_lookahead_block(nodes, start, slot, budget);
+            self.count_moves(1, moved as u64);
         }
     }
 
@@ -1041,15 +1076,15 @@ impl WheelCore {
         (left > 0).then_some((start, left))
     }
 
-    /// How many timers a poll that finds nothing due moves into the lookahead: twice its
-    /// share of what is left over the ticks before the next block, and never fewer than
-    /// [`LOOKAHEAD_BUDGET`].
+    /// How many timers a poll that finds nothing due moves into the lookahead: what is
+    /// left, in this tick, of twice its share of what is left over the ticks before the
+    /// next block, and never fewer than [`LOOKAHEAD_BUDGET`] a tick.
     fn fill_budget(&self) -> usize {
-        let Some((start, left)) = self.lookahead_left() else {
-            return LOOKAHEAD_BUDGET;
+        let share = match self.lookahead_left() {
+            Some((start, left)) => paced_share(left, start.saturating_sub(self.elapsed)),
+            None => LOOKAHEAD_BUDGET as u64,
         };
-        let share = paced_share(left, start.saturating_sub(self.elapsed));
-        usize::try_from(share).unwrap_or(usize::MAX)
+        usize::try_from(self.left_this_tick(1, share)).unwrap_or(usize::MAX)
     }
 
     /// When the next block's coarse slot holds more than the flip should move at once: the
@@ -1092,22 +1127,24 @@ impl WheelCore {
     }
 
     /// Moves up to `budget` timers of the block beginning at `start`, from level-1 slot
-    /// `slot` into the lookahead.
+    /// `slot` into the lookahead. Returns how many it moved.
     fn fill_lookahead_block<N: Links>(
         &mut self,
         nodes: &mut N,
         start: u64,
         slot: usize,
         budget: usize,
-    ) {
+    ) -> usize {
         let Some(spare) = self.lists.spare0 else {
-            return;
+            return 0;
         };
         let shift = self.geometry.shift(1);
+        let mut moved = 0;
         for _ in 0..budget {
             let Some(index) = self.lists.levels[1].slots[slot].timers.pop_front(nodes) else {
                 break;
             };
+            moved += 1;
             let deadline = nodes.deadline(index);
             if deadline >> shift == start >> shift {
                 let location = Location::slot(spare, self.geometry.slot_for(deadline, 0));
@@ -1119,6 +1156,7 @@ impl WheelCore {
         if self.lists.levels[1].slots[slot].timers.is_empty() {
             self.lists.mark_empty(1, slot);
         }
+        moved
     }
 
     /// No lookahead timer is due before this tick.
