@@ -1096,43 +1096,63 @@ fn a_half_million_timer_slot_gets_its_first_move_as_early_as_its_level_allows() 
 // times a tick while timers are due (each look that drains them): each such poll moved its
 // whole share, so a block's 64,000-timer coarse slot moved within the first dozen ticks of
 // the block before, up to a millisecond of moves a tick, and the fire storm's worst
-// lateness came every 64 ticks. The pace is per tick now: polls after the first in a tick
-// move nothing more, and the slot still moves before its block begins.
+// lateness came every 64 ticks. In a tick that has handed out due timers the pace is per
+// tick now: polls after the one that drained them move nothing more. In a tick with
+// nothing due, polls still move a share each (a burst armed all at once is polled at every
+// look while its timers arrive, and needs its slot moved early), and either way the slot
+// has moved before its block begins and every timer fires.
 #[test]
-fn moves_ahead_of_time_are_paced_per_tick_not_per_poll() {
-    let mut h = Harness::default_geometry();
-    // In block 1 (ticks 65..128); the next block's coarse slot gets 64,000 timers.
-    let at = h.at(70);
-    h.drain(at);
-    let n = 64_000_u64;
-    for i in 0..n {
-        h.insert_tick(129 + i % 64);
-    }
-    let mut moved_in_later_polls = 0;
-    let mut moved_in_first_polls = 0;
-    for t in 71..=128 {
-        let now = h.at(t);
-        for poll in 0..8 {
-            let before = h.wheel.link_operations();
-            assert!(!h.poll_once(now), "nothing is due before tick 129");
-            let ops = h.wheel.link_operations() - before;
-            if poll == 0 {
-                moved_in_first_polls += ops;
-            } else {
-                moved_in_later_polls += ops;
+fn moves_ahead_of_time_are_paced_per_tick_while_timers_are_due() {
+    for due_meanwhile in [true, false] {
+        let mut h = Harness::default_geometry();
+        // In block 1 (ticks 65..128); the next block's coarse slot gets 64,000 timers.
+        let at = h.at(70);
+        h.drain(at);
+        let n = 64_000_u64;
+        for i in 0..n {
+            h.insert_tick(129 + i % 64);
+        }
+        if due_meanwhile {
+            for t in 71..=128 {
+                for _ in 0..10 {
+                    h.insert_tick(t);
+                }
             }
         }
+        let (mut in_first_polls, mut in_later_polls) = (0, 0);
+        let mut last_busy_tick = 0;
+        for t in 71..=128 {
+            let now = h.at(t);
+            let before = h.wheel.link_operations();
+            let mut handed_out = 0;
+            while h.poll_once(now) {
+                handed_out += 1;
+            }
+            in_first_polls += h.wheel.link_operations() - before;
+            let before = h.wheel.link_operations();
+            for _ in 0..7 {
+                assert!(!h.poll_once(now));
+            }
+            in_later_polls += h.wheel.link_operations() - before;
+            assert_eq!(handed_out, if due_meanwhile { 10 } else { 0 }, "tick {t}");
+            if h.wheel.link_operations() > before {
+                last_busy_tick = t;
+            }
+        }
+        if due_meanwhile {
+            assert_eq!(
+                in_later_polls, 0,
+                "polls after a busy tick's first moved more ({in_first_polls} in first polls)"
+            );
+        } else {
+            assert!(
+                in_later_polls > 0 && last_busy_tick < 128,
+                "idle ticks' later polls moved nothing, or the move ran up to the block"
+            );
+        }
+        let (until, before) = (h.at(192), h.fired);
+        max_single_poll_work(&mut h, until);
+        assert_eq!(h.fired - before, n, "every timer fired");
+        h.finish();
     }
-    assert!(
-        moved_in_first_polls >= n,
-        "the slot was moved ahead of time"
-    );
-    assert_eq!(
-        moved_in_later_polls, 0,
-        "polls after a tick's first moved more ({moved_in_first_polls} in first polls)"
-    );
-    let (until, before) = (h.at(192), h.fired);
-    max_single_poll_work(&mut h, until);
-    assert_eq!(h.fired - before, n, "every timer fired");
-    h.finish();
 }

@@ -27,12 +27,17 @@ pub(crate) struct WheelCore {
     pre_cascaded: Box<[PreCascade]>,
     /// Per level, the timers moved (or walked) ahead of time out of its next slot in one
     /// tick, and that tick: the lookahead's fill for level 1, pre-cascades from level 2 up.
-    /// The pace is per tick, not per poll: an owner polls several times a tick when timers
-    /// are due (each look that drains them), and when each poll moved its whole share, a
-    /// block's coarse slot of 64,000 timers moved within the first dozen ticks of the
-    /// block before, up to a millisecond of moves a tick: the fire storm's worst lateness
-    /// came every 64 ticks, right after each flip.
+    /// In a tick that has handed out due timers the pace is per tick, not per poll: an
+    /// owner polls several times such a tick (each look that drains what is due), and
+    /// when each poll moved its whole share, a block's coarse slot of 64,000 timers moved
+    /// within the first dozen ticks of the block before, up to a millisecond of moves a
+    /// tick: the fire storm's worst lateness came every 64 ticks, right after each flip.
+    /// In a tick with nothing due each poll may move its share, as before: moving early
+    /// delays nobody then, and a burst armed all at once (polled at every look while its
+    /// timers arrive) needs it, or the flip before it moves the rest at once.
     moved_in_tick: Box<[(u64, u64)]>,
+    /// The poll tick at which the wheel last handed out a due timer.
+    handed_out_at: u64,
 }
 
 /// How far [`WheelCore::pre_cascade`] has walked one level's next slot.
@@ -213,6 +218,13 @@ const INTERLEAVE: usize = 16;
 /// in the same second never holds up a due timer by much.
 const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;
 
+/// The largest share of moves ahead of time that a tick which has handed out due timers
+/// takes once, however often it polls (see `WheelCore::moved_in_tick`): about the
+/// planned pace, twice [`FILL_PER_TICK`]. A larger share is a slot behind its pace, close
+/// to its block (a burst whose claims kept the owner from polling idle): each poll then
+/// takes its share, as before, so that the flip is not left to move the rest at once.
+const PACED_PER_TICK_UP_TO: u64 = 2 * FILL_PER_TICK;
+
 /// How many of `left` timers a tick moves ahead of time when `ticks_left` ticks remain
 /// before they must all have moved: twice its share, and never fewer than
 /// [`LOOKAHEAD_BUDGET`].
@@ -389,6 +401,7 @@ impl WheelCore {
             pre_cascaded: vec![PreCascade::starting(u64::MAX); geometry.levels()]
                 .into_boxed_slice(),
             moved_in_tick: vec![(u64::MAX, 0); geometry.levels()].into_boxed_slice(),
+            handed_out_at: u64::MAX,
         }
     }
 
@@ -399,6 +412,7 @@ impl WheelCore {
         let (_, now) = self.catch_up(now);
         loop {
             if let Some(index) = self.take_ready(nodes) {
+                self.handed_out_at = now;
                 return Some(index);
             }
             let due = match self.next_expiration() {
@@ -423,6 +437,7 @@ impl WheelCore {
                     .find(|&sub| self.lists.sub_list(location, sub).head() != NIL)
                     .unwrap_or(0);
                 if let Some(index) = self.take_due(nodes, (location, sub), End::Head, due.tick) {
+                    self.handed_out_at = now;
                     return Some(index);
                 }
             } else {
@@ -449,6 +464,7 @@ impl WheelCore {
             let interleaved = self.take_interleaved(nodes, now, &mut out[taken..]);
             if interleaved > 0 {
                 taken += interleaved;
+                self.handed_out_at = self.catch_up(now).1;
                 continue;
             }
             match self.poll(nodes, now) {
@@ -993,10 +1009,17 @@ impl WheelCore {
     }
 
     /// What is left of `share`, the timers level `level`'s moves ahead of time may take
-    /// in a tick, in the current one.
+    /// in a tick, in the current one if it has handed out due timers (see
+    /// [`moved_in_tick`](Self::moved_in_tick)); `share` otherwise.
     fn left_this_tick(&self, level: usize, share: u64) -> u64 {
         match self.moved_in_tick.get(level) {
-            Some(&(tick, moved)) if tick == self.elapsed => share.saturating_sub(moved),
+            Some(&(tick, moved))
+                if tick == self.elapsed
+                    && self.handed_out_at == tick
+                    && share <= PACED_PER_TICK_UP_TO =>
+            {
+                share.saturating_sub(moved)
+            }
             _ => share,
         }
     }
