@@ -218,13 +218,6 @@ const INTERLEAVE: usize = 16;
 /// in the same second never holds up a due timer by much.
 const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;
 
-/// The largest share of moves ahead of time that a tick which has handed out due timers
-/// takes once, however often it polls (see `WheelCore::moved_in_tick`): about the
-/// planned pace, twice [`FILL_PER_TICK`]. A larger share is a slot behind its pace, close
-/// to its block (a burst whose claims kept the owner from polling idle): each poll then
-/// takes its share, as before, so that the flip is not left to move the rest at once.
-const PACED_PER_TICK_UP_TO: u64 = 2 * FILL_PER_TICK;
-
 /// How many of `left` timers a tick moves ahead of time when `ticks_left` ticks remain
 /// before they must all have moved: twice its share, and never fewer than
 /// [`LOOKAHEAD_BUDGET`].
@@ -1013,11 +1006,7 @@ impl WheelCore {
     /// [`moved_in_tick`](Self::moved_in_tick)); `share` otherwise.
     fn left_this_tick(&self, level: usize, share: u64) -> u64 {
         match self.moved_in_tick.get(level) {
-            Some(&(tick, moved))
-                if tick == self.elapsed
-                    && self.handed_out_at == tick
-                    && share <= PACED_PER_TICK_UP_TO =>
-            {
+            Some(&(tick, moved)) if tick == self.elapsed && self.handed_out_at == tick => {
                 share.saturating_sub(moved)
             }
             _ => share,

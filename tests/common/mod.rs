@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod stuck;
+pub mod wheel_harness;
 
 use std::future::Future;
 use std::pin::Pin;
