@@ -17,10 +17,11 @@
 //! worker running user code can be stuck: an owner running its own callbacks, or dropping
 //! the captures of timers its look freed (after letting the wheel go, see
 //! [`unfreed`](crate::engine::unfreed)), or a worker doing either for another shard as it
-//! helps, which marks its own shard running meanwhile (its wheel goes unlooked at too). At most one worker watches, so an idle engine costs no CPU at any
-//! worker count; while an owner is stuck, the watcher stands in when its timers come due
-//! and otherwise looks once every `rescue_after` ticks, so a long-blocked callback costs a
-//! few wake-ups a second rather than a core.
+//! helps, which marks its own shard running meanwhile (its wheel goes unlooked at too).
+//! At most one worker watches, so an idle engine costs no CPU at any worker count; while
+//! an owner is stuck, the watcher stands in when its timers come due and otherwise looks
+//! once every `rescue_after` ticks, so a long-blocked callback costs a few wake-ups a
+//! second rather than a core.
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 

@@ -126,8 +126,8 @@ impl EngineBuilder {
     /// least every tick: `Some(0)` watches as `Some(1)` does, and stands in after a tick)
     /// to look. An owner dropping cancelled timers' captures that have a `Drop` of their
     /// own (or a dropped `Sleep`'s waker) is watched while it does, which may wake a worker
-    /// once, with no watching after. Timers due at the same tick as the slow callback, claimed with it in one
-    /// run (at most 32), wait for it.
+    /// once, with no watching after. Timers due at the same tick as the slow callback,
+    /// claimed with it in one run (at most 32), wait for it.
     pub fn rescue_after(mut self, ticks: Option<u32>) -> Self {
         self.rescue_after = ticks;
         self

@@ -193,6 +193,11 @@ impl ChainBuilder {
         });
     }
 
+    /// Whether no node has been appended.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ends.is_none()
+    }
+
     /// The chain as an iterator, first to last.
     pub(crate) fn into_chain(self) -> Chain {
         if let Some((_, last)) = self.ends {

@@ -68,8 +68,8 @@
 //!    destructor of a callback's captures runs wherever the node is freed: with no lane
 //!    busy, and holding no wheel except in a last turn or a sweep after it (a look leaves
 //!    the captures of the timers it frees to [`unfreed`], dropped once it lets go, marked
-//!    running as for a callback, so that a `Drop` that blocks is stood in for). Either may call
-//!    back into any engine, this one included, and may drop or shut one down; nothing the
+//!    running as for a callback, so that a `Drop` that blocks is stood in for). Either may
+//!    call back into any engine, this one included, and may drop or shut one down; nothing the
 //!    engine does on such a call waits for a wheel or lane its own thread holds. On an
 //!    engine with workers, no other thread runs a callback: a producer or a sweep only
 //!    drops captures, of timers that were cancelled or, after the last turn, of a

@@ -9,7 +9,7 @@
 use std::ptr::NonNull;
 
 use crate::engine::counters::add;
-use crate::engine::pool::Magazine;
+use crate::engine::pool::{BATCH, Magazine};
 use crate::engine::shard_parts::ShardParts;
 use crate::engine::timer_node::TimerNode;
 use crate::sync::atomic::Ordering;
@@ -109,7 +109,8 @@ fn run_callback_uncounted(shard: &ShardParts, node: &TimerNode) {
 }
 
 /// Gives a node the caller holds back: drops any callback, moves the generation on, and
-/// puts the node on `freed` for the shard's pool.
+/// puts the node on `freed` for the shard's pool, handing `freed` to the pool once it
+/// holds a [`BATCH`].
 pub(crate) fn free_into(shard: &ShardParts, node: NonNull<TimerNode>, freed: &mut Magazine) {
     // SAFETY: the caller holds the node exclusively (nothing else will touch it until the
     // generation moves on below).
@@ -119,5 +120,8 @@ pub(crate) fn free_into(shard: &ShardParts, node: NonNull<TimerNode>, freed: &mu
     add(&shard.counters.panicked, u64::from(panicked));
     if node_ref.state.free() {
         freed.put(node);
+    }
+    if freed.len() >= BATCH {
+        freed.give_back(&shard.pool);
     }
 }

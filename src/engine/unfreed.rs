@@ -21,7 +21,7 @@
 use std::ptr::NonNull;
 
 use crate::engine::lane::{Chain, ChainBuilder};
-use crate::engine::pool::{BATCH, Magazine};
+use crate::engine::pool::Magazine;
 use crate::engine::runner;
 use crate::engine::shard_parts::ShardParts;
 use crate::engine::timer_node::TimerNode;
@@ -38,7 +38,6 @@ pub(crate) struct Unfreed {
 #[derive(Default)]
 pub(crate) struct UnfreedBuilder {
     chain: ChainBuilder,
-    any: bool,
 }
 
 // SAFETY: the chained nodes are pool nodes that the builder's holder (the wheel side's, so
@@ -51,14 +50,13 @@ impl UnfreedBuilder {
     /// not moved on (so every handle to it still reads it as cancelled or over).
     pub(crate) fn push(&mut self, node: NonNull<TimerNode>) {
         self.chain.push(node, 0);
-        self.any = true;
     }
 
     /// What was collected, leaving the builder empty.
     pub(crate) fn take(&mut self) -> Unfreed {
-        let builder = std::mem::take(self);
+        let chain = std::mem::take(&mut self.chain);
         Unfreed {
-            chain: builder.any.then(|| builder.chain.into_chain()),
+            chain: (!chain.is_empty()).then(|| chain.into_chain()),
         }
     }
 }
@@ -84,9 +82,6 @@ impl Unfreed {
         // node (which may reuse the link) does not cut the chain.
         for node in chain {
             runner::free_into(shard, node, &mut freed);
-            if freed.len() >= BATCH {
-                freed.give_back(&shard.pool);
-            }
         }
         freed.give_back(&shard.pool);
     }

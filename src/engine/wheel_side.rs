@@ -13,7 +13,7 @@ use crate::engine::counters::add;
 use crate::engine::forward_ring::{CHUNK, RING};
 use crate::engine::lane::Lane;
 use crate::engine::pool::FiledNodes;
-use crate::engine::pool::{BATCH, Magazine};
+use crate::engine::pool::Magazine;
 use crate::engine::runner;
 use crate::engine::shard_parts::ShardParts;
 use crate::engine::shutdown::PendingTimers;
@@ -319,9 +319,6 @@ impl WheelSide {
             return;
         }
         runner::free_into(shard, node, &mut self.freed);
-        if self.freed.len() >= BATCH {
-            self.freed.give_back(&shard.pool);
-        }
     }
 
     /// Claims due timers onto the run queue while it has room; `true` beside the count if

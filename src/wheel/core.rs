@@ -457,7 +457,6 @@ impl WheelCore {
             let interleaved = self.take_interleaved(nodes, now, &mut out[taken..]);
             if interleaved > 0 {
                 taken += interleaved;
-                self.handed_out_at = self.catch_up(now).1;
                 continue;
             }
             match self.poll(nodes, now) {
@@ -545,6 +544,9 @@ impl WheelCore {
                 }
             }
             count = kept;
+        }
+        if taken > 0 {
+            self.handed_out_at = now;
         }
         taken
     }
