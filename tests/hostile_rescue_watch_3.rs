@@ -399,16 +399,12 @@ fn shutdown_after_release(stop: Stop, first: First) -> Duration {
     };
     one.open();
     std::thread::sleep(ms(1500));
-    let early = done_rx.try_recv().is_ok();
-    let released = Instant::now();
-    other.open();
-    let done = done_rx.recv_timeout(LIMIT);
-    assert!(
-        !early,
-        "{stop:?}, {first:?} first: returned while a callback blocked"
+    let latency = release_and_time(
+        &done_rx,
+        other,
+        &format!("{stop:?}, {first:?} first"),
+        "a callback",
     );
-    let done = done.unwrap_or_else(|_| panic!("{stop:?}, {first:?} first: never returned"));
-    let latency = done.saturating_duration_since(released);
     let result = stopping.join().unwrap();
     let runs = runs.load(Ordering::SeqCst);
     match (stop, result) {
@@ -527,16 +523,12 @@ fn hand_driven_shutdown(pending: PendingTimers, first: First) -> (Vec<Option<f64
     one.open();
     std::thread::sleep(ms(200));
     windows.push(cores_over_two_seconds());
-    let early = done_rx.try_recv().is_ok();
-    let released = Instant::now();
-    other.open();
-    let done = done_rx.recv_timeout(LIMIT);
-    assert!(
-        !early,
-        "{pending:?}, {first:?} first: returned while a turn blocked"
+    let latency = release_and_time(
+        &done_rx,
+        other,
+        &format!("{pending:?}, {first:?} first"),
+        "a turn",
     );
-    let done = done.unwrap_or_else(|_| panic!("{pending:?}, {first:?} first: never returned"));
-    let latency = done.saturating_duration_since(released);
     let report = stopping.join().unwrap();
     let (turned_1, turned_2) = (t1.join().unwrap(), t2.join().unwrap());
     println!("{pending:?}, {first:?} first: turns ran {turned_1} and {turned_2}");
@@ -806,4 +798,22 @@ fn far_timers(engine: &TimerEngine, n: usize) -> (Live, Arc<AtomicUsize>) {
             .unwrap();
     }
     (live, runs)
+}
+
+/// Checks that a shutdown, which reports the instant it returned on `done`, has not
+/// returned while `blocked` (a callback or a turn) still blocked on `other`; then opens
+/// `other` and returns how long the shutdown took to return after that.
+fn release_and_time(
+    done: &mpsc::Receiver<Instant>,
+    other: &Gate,
+    what: &str,
+    blocked: &str,
+) -> Duration {
+    let early = done.try_recv().is_ok();
+    let released = Instant::now();
+    other.open();
+    let returned = done.recv_timeout(LIMIT);
+    assert!(!early, "{what}: returned while {blocked} blocked");
+    let returned = returned.unwrap_or_else(|_| panic!("{what}: never returned"));
+    returned.saturating_duration_since(released)
 }
