@@ -22,8 +22,9 @@
 //!   before its block (each takes twice its share of what is left).
 //! - `a_half_million_timers_in_a_level2_slots_last_block_are_not_cascaded_in_one_poll`:
 //!   older, untouched by either commit (fails before 9b04c26 too): pre-cascade leaves a
-//!   level-2 slot's last block to the boundary poll, which moves all of it at once. By
-//!   design (see `WheelCore::pre_cascade`); ignored, as a known limit.
+//!   level-2 slot's last block to the boundary poll, which moved all of it at once. It was
+//!   ignored as a known limit until the boundary learned to leave those timers in the
+//!   slot and move them down a share per poll (`WheelCore::leave_at_boundary`).
 
 mod common;
 
@@ -475,9 +476,6 @@ fn a_big_slot_armed_on_time_is_moved_one_share_a_busy_tick() {
 /// of them at once. Must hold (the brief): no single poll does an enormous amount of
 /// work; here at most a tenth of the slot.
 #[test]
-#[ignore = "known limit, older than the pacing: pre-cascade leaves a level-2 slot's last \
-            block (timers bound for the level-1 slot the current block still uses) to the \
-            boundary poll, which moves all of it at once"]
 fn a_half_million_timers_in_a_level2_slots_last_block_are_not_cascaded_in_one_poll() {
     let mut h = Harness::default_geometry();
     let b = 8192_u64;

@@ -25,6 +25,10 @@ pub(crate) struct WheelCore {
     /// Per level, where [`pre_cascade`](Self::pre_cascade) is in the coarse slot it is
     /// moving down.
     pre_cascaded: Box<[PreCascade]>,
+    /// Per level (2 and up), the start of its current slot while that slot still holds
+    /// timers its boundary left there, to move down a share per poll (see
+    /// [`leave_at_boundary`](Self::leave_at_boundary)); `u64::MAX` otherwise.
+    left_at_boundary: Box<[u64]>,
     /// Per level, the timers moved (or walked) ahead of time out of its next slot in one
     /// tick, and that tick: the lookahead's fill for level 1, pre-cascades from level 2 up.
     /// In a tick that has handed out due timers the pace is per tick, not per poll: an
@@ -393,6 +397,7 @@ impl WheelCore {
             lists: Lists::new(geometry, split),
             pre_cascaded: vec![PreCascade::starting(u64::MAX); geometry.levels()]
                 .into_boxed_slice(),
+            left_at_boundary: vec![u64::MAX; geometry.levels()].into_boxed_slice(),
             moved_in_tick: vec![(u64::MAX, 0); geometry.levels()].into_boxed_slice(),
             handed_out_at: u64::MAX,
         }
@@ -412,6 +417,7 @@ impl WheelCore {
                 Some(due) if due.tick <= now => due,
                 _ => {
                     self.elapsed = now;
+                    self.move_left_at_boundary(nodes);
                     self.pre_cascade(nodes);
                     let budget = self.fill_budget();
                     self.fill_lookahead(nodes, budget);
@@ -618,6 +624,7 @@ impl WheelCore {
         self.lists = Lists::new(self.geometry, split);
         self.lists.link_operations = link_operations;
         self.pre_cascaded.fill(PreCascade::starting(u64::MAX));
+        self.left_at_boundary.fill(u64::MAX);
         indices
     }
 
@@ -658,6 +665,7 @@ impl WheelCore {
             self.fill_tick(),
             self.pre_block_tick(),
             self.pre_cascade_tick(),
+            self.left_at_boundary_tick(),
         ]
         .into_iter()
         .flatten()
@@ -697,6 +705,7 @@ impl WheelCore {
                 .map(|level| size_of_val(&*level.more))
                 .sum::<usize>()
             + size_of_val(&*self.pre_cascaded)
+            + size_of_val(&*self.left_at_boundary)
             + size_of_val(&*self.moved_in_tick)
     }
 
@@ -813,7 +822,12 @@ impl WheelCore {
         let mut timers = match due {
             // Every timer of a coarse slot, or of the overflow list, is re-filed: each lands
             // on a finer level, or on the ready list.
-            NextWork::Coarse { level, slot } => self.lists.take(level, slot),
+            NextWork::Coarse { level, slot } => {
+                if self.leave_at_boundary(nodes, level, slot) {
+                    return;
+                }
+                self.lists.take(level, slot)
+            }
             NextWork::Overflow => self.lists.take_overflow(),
             NextWork::Flip => {
                 // Finish moving the block's coarse slot, then let the lookahead take over
@@ -850,7 +864,14 @@ impl WheelCore {
                 return None;
             }
             let slot = self.geometry.next_occupied(self.elapsed, level, occupied);
-            let tick = self.geometry.slot_start(self.elapsed, level, slot);
+            // The current slot is occupied only by what its boundary left there, all of it
+            // due after the tick by which it must have moved down.
+            let tick = match self.left_at_boundary_due(level) {
+                Some(due) if slot == self.geometry.slot_for(self.elapsed, level) => {
+                    due.max(self.elapsed)
+                }
+                _ => self.geometry.slot_start(self.elapsed, level, slot),
+            };
             debug_assert!(tick >= self.elapsed, "a slot behind elapsed was skipped");
             Some(Expiration {
                 kind: NextWork::Coarse { level, slot },
@@ -941,9 +962,11 @@ impl WheelCore {
     /// level `L - 1` behind it are past and empty, so the next level-`L` slot's timers can
     /// wait in them (as that level's next rotation, see
     /// [`Geometry::slot_start`]) instead of all being moved down at once when their slot
-    /// begins. The timers due in the last of those slots, where `elapsed` is now, and any
-    /// pushed back out of the slot, stay for that moment. Without this a storm's 4-second
-    /// level-2 slot moved half a million timers in one poll, 11 ms late.
+    /// begins. Without this a storm's 4-second level-2 slot moved half a million timers in
+    /// one poll, 11 ms late. The timers due in the last of those slots, where `elapsed` is
+    /// now, and any pushed back out of the slot, stay; the boundary leaves them there, to
+    /// be moved down a share per poll after it (see
+    /// [`leave_at_boundary`](Self::leave_at_boundary)).
     ///
     /// A walk goes along the slot's list from where the last one stopped: the last timer it
     /// left in place is its anchor (moved back to the timer before it if it leaves, see
@@ -1001,6 +1024,129 @@ impl WheelCore {
             self.pre_cascaded[level] = state;
             self.count_moves(level, walked);
         }
+    }
+
+    /// At level `level`'s boundary (`elapsed` at the start of its slot `slot`), moves down
+    /// only the timers [`pre_cascade`](Self::pre_cascade) has not walked and would have
+    /// moved, and leaves the rest in the slot, now the current one: those it walked and
+    /// left, due in the slot's last slot of the level below (or pushed later since), are
+    /// moved a share per poll over most of the slot's time instead (see
+    /// [`move_left_at_boundary`](Self::move_left_at_boundary)). Moving them all at the
+    /// boundary took half a million list operations in one poll for a storm due about four
+    /// seconds after a level-2 boundary. Returns whether it left any; `false` leaves the
+    /// whole slot to be moved now: when nothing was walked, at a boundary too close to the
+    /// slot's end to pace anything, or when the time to move what was left has come.
+    fn leave_at_boundary<N: Links>(&mut self, nodes: &mut N, level: usize, slot: usize) -> bool {
+        if level < 2 || slot != self.geometry.slot_for(self.elapsed, level) {
+            return false;
+        }
+        let start = self.geometry.slot_start(self.elapsed, level, slot);
+        let walk = self.pre_cascaded[level];
+        if start != self.elapsed
+            || self.left_at_boundary[level] == start
+            || walk.start != start
+            || walk.anchor == NIL
+            || self.move_down_by(level, start) <= self.elapsed
+        {
+            return false;
+        }
+        self.pre_cascaded[level] = PreCascade::starting(u64::MAX);
+        let source = Location::slot(level, slot);
+        let window_end = start.saturating_add(1 << self.geometry.shift(level));
+        let last = self.geometry.slots() - 1;
+        let (_, _, mut node) = nodes.links(walk.anchor);
+        while node != NIL {
+            let (_, prev, next) = nodes.links(node);
+            let deadline = nodes.deadline(node);
+            let finer = self.geometry.slot_for(deadline, level - 1);
+            if !(start..window_end).contains(&deadline) || finer != last {
+                self.lists.unlink_between(nodes, source, node, (prev, next));
+                self.file(nodes, node, deadline, false);
+            }
+            node = next;
+        }
+        self.left_at_boundary[level] = start;
+        true
+    }
+
+    /// The tick by which the timers level `level`'s boundary left in its slot beginning at
+    /// `start` must all have moved down: a slot of the level below before the last one,
+    /// where they are due, so that the moves ahead of time into that slot's own block
+    /// (or its level's next rotation) find them all there.
+    fn move_down_by(&self, level: usize, start: u64) -> u64 {
+        let below = self.geometry.shift(level - 1);
+        let slots_before = (self.geometry.slots() as u64).saturating_sub(2);
+        start.saturating_add(slots_before << below)
+    }
+
+    /// While level `level`'s current slot holds timers its boundary left there: the tick
+    /// by which they must have moved down ([`move_down_by`](Self::move_down_by)).
+    fn left_at_boundary_due(&self, level: usize) -> Option<u64> {
+        let start = *self.left_at_boundary.get(level)?;
+        if start == u64::MAX {
+            return None;
+        }
+        let slot = self.geometry.slot_for(self.elapsed, level);
+        let current = self.geometry.slot_start(self.elapsed, level, slot) == start;
+        (current && self.lists.levels[level].occupied & (1 << slot) != 0)
+            .then(|| self.move_down_by(level, start))
+    }
+
+    /// Moves down a share of the timers each level's boundary left in its current slot
+    /// (see [`leave_at_boundary`](Self::leave_at_boundary)), at the pace of moves ahead
+    /// of time: twice the share of what is left per tick left, per poll, or per tick in a
+    /// tick that has handed out due timers.
+    fn move_left_at_boundary<N: Links>(&mut self, nodes: &mut N) {
+        for level in 2..self.geometry.levels() {
+            let Some(due) = self.left_at_boundary_due(level) else {
+                continue;
+            };
+            let slot = self.geometry.slot_for(self.elapsed, level);
+            let source = Location::slot(level, slot);
+            let left = u64::from(self.lists.levels[level].slots[slot].timers.len());
+            let budget =
+                self.left_this_tick(level, paced_share(left, due.saturating_sub(self.elapsed)));
+            let mut moved = 0;
+            while moved < budget {
+                let node = self.lists.list(source).head();
+                if node == NIL {
+                    break;
+                }
+                self.unlink(nodes, node);
+                let deadline = nodes.deadline(node);
+                self.file(nodes, node, deadline, false);
+                moved += 1;
+            }
+            self.count_moves(level, moved);
+        }
+    }
+
+    /// When timers left at a boundary are more than one poll should move at once: the tick
+    /// by which polls should start moving them, at [`FILL_PER_TICK`]'s pace. That counts
+    /// the timers a coming boundary will leave, those [`pre_cascade`](Self::pre_cascade)
+    /// has walked and kept: nothing may be due until their block, and an owner sleeping
+    /// until then would cross the boundary and move them all in its first poll.
+    fn left_at_boundary_tick(&self) -> Option<u64> {
+        (2..self.geometry.levels())
+            .filter_map(|level| {
+                let (due, left, earliest) = match self.left_at_boundary_due(level) {
+                    Some(due) => {
+                        let slot = self.geometry.slot_for(self.elapsed, level);
+                        let left = self.lists.levels[level].slots[slot].timers.len();
+                        (due, u64::from(left), self.elapsed)
+                    }
+                    None => {
+                        let (start, _) = self.next_coarse_slot(level)?;
+                        let walk = &self.pre_cascaded[level];
+                        if walk.start != start {
+                            return None;
+                        }
+                        (self.move_down_by(level, start), walk.kept, start)
+                    }
+                };
+                (left > LOOKAHEAD_BUDGET as u64).then(|| self.first_move_tick(due, left, earliest))
+            })
+            .min()
     }
 
     /// What is left of `share`, the timers level `level`'s moves ahead of time may take
@@ -1211,7 +1357,11 @@ impl WheelCore {
         if at_block_start || cfg!(debug_assertions) {
             for level in 1..self.geometry.levels() {
                 let slot = self.geometry.slot_for(self.elapsed, level);
-                if self.lists.levels[level].occupied & (1 << slot) != 0 {
+                if self.lists.levels[level].occupied & (1 << slot) != 0
+                    && self
+                        .left_at_boundary_due(level)
+                        .is_none_or(|due| due <= self.elapsed)
+                {
                     debug_assert!(at_block_start, "a current coarse slot inside a block");
                     return Some(Expiration {
                         kind: NextWork::Coarse { level, slot },
