@@ -1027,14 +1027,14 @@ impl WheelCore {
     }
 
     /// At level `level`'s boundary (`elapsed` at the start of its slot `slot`), moves down
-    /// only the timers [`pre_cascade`](Self::pre_cascade) has not walked and would have
-    /// moved, and leaves the rest in the slot, now the current one: those it walked and
-    /// left, due in the slot's last slot of the level below (or pushed later since), are
-    /// moved a share per poll over most of the slot's time instead (see
-    /// [`move_left_at_boundary`](Self::move_left_at_boundary)). Moving them all at the
-    /// boundary took half a million list operations in one poll for a storm due about four
-    /// seconds after a level-2 boundary. Returns whether it left any; `false` leaves the
-    /// whole slot to be moved now: when nothing was walked, at a boundary too close to the
+    /// only the timers due before the slot's last slot of the level below, and leaves the
+    /// rest in the slot, now the current one: those due in that last slot (or pushed later
+    /// since) are moved a share per poll over most of the slot's time instead (see
+    /// [`move_left_at_boundary`](Self::move_left_at_boundary)). What
+    /// [`pre_cascade`](Self::pre_cascade) has walked is not walked again. Moving them all
+    /// at the boundary took half a million list operations in one poll for a storm due
+    /// about four seconds after a level-2 boundary. Returns whether it handled the slot;
+    /// `false` leaves the whole slot to be moved now: at a boundary too close to the
     /// slot's end to pace anything, or when the time to move what was left has come.
     fn leave_at_boundary<N: Links>(&mut self, nodes: &mut N, level: usize, slot: usize) -> bool {
         if level < 2 || slot != self.geometry.slot_for(self.elapsed, level) {
@@ -1044,8 +1044,6 @@ impl WheelCore {
         let walk = self.pre_cascaded[level];
         if start != self.elapsed
             || self.left_at_boundary[level] == start
-            || walk.start != start
-            || walk.anchor == NIL
             || self.move_down_by(level, start) <= self.elapsed
         {
             return false;
@@ -1054,7 +1052,14 @@ impl WheelCore {
         let source = Location::slot(level, slot);
         let window_end = start.saturating_add(1 << self.geometry.shift(level));
         let last = self.geometry.slots() - 1;
-        let (_, _, mut node) = nodes.links(walk.anchor);
+        // Unwalked: everything after the anchor, or the whole slot when the moves ahead of
+        // time had no poll to walk it in (a storm armed the tick before the boundary). The
+        // walk still reads each of those timers here, but moves only the ones due sooner.
+        let mut node = if walk.start == start && walk.anchor != NIL {
+            nodes.links(walk.anchor).2
+        } else {
+            self.lists.list(source).head()
+        };
         while node != NIL {
             let (_, prev, next) = nodes.links(node);
             let deadline = nodes.deadline(node);
@@ -1200,22 +1205,42 @@ impl WheelCore {
     fn pre_cascade_tick(&self) -> Option<u64> {
         (2..self.geometry.levels())
             .filter_map(|level| {
-                let (start, slot) = self.next_coarse_slot(level)?;
-                if self.lists.levels[level].slots[slot].earliest == NEVER {
-                    return None;
-                }
-                let left = if self.pre_cascaded[level].start == start {
-                    self.pre_cascade_left(level, slot)
-                } else {
-                    u64::from(self.lists.levels[level].slots[slot].timers.len())
-                };
-                if left <= LOOKAHEAD_BUDGET as u64 {
-                    return None;
-                }
+                let (start, left) = self.next_big_coarse_slot(level)?;
                 let last_start = start - (1 << self.geometry.shift(level - 1));
                 Some(self.first_move_tick(self.pre_cascade_due(level, start), left, last_start))
             })
             .min()
+    }
+
+    /// The first of level `level`'s slots after the current one with more timers left to
+    /// move ahead of time than the boundary should move at once, and how many: its start
+    /// and count. Not only the next slot: an owner that polls only when asked, with
+    /// nothing due before a storm two or more slots ahead, would otherwise sleep until
+    /// the storm's slot begins and move it all in that poll. A slot whose timers can never
+    /// fire (all at the end of the tick range) asks for nothing.
+    fn next_big_coarse_slot(&self, level: usize) -> Option<(u64, u64)> {
+        let current = self.geometry.slot_for(self.elapsed, level);
+        let mut occupied = self.lists.levels[level].occupied & !(1 << current);
+        while occupied != 0 {
+            let slot = self.geometry.next_occupied(self.elapsed, level, occupied);
+            occupied &= !(1 << slot);
+            // Behind the current slot is the level's next rotation, moved down ahead of
+            // time (never at the top level, whose next rotation is on the overflow list).
+            let start = self.geometry.slot_start(self.elapsed, level, slot);
+            let state = &self.lists.levels[level].slots[slot];
+            if state.earliest == NEVER {
+                continue;
+            }
+            let left = if self.pre_cascaded[level].start == start {
+                self.pre_cascade_left(level, slot)
+            } else {
+                u64::from(state.timers.len())
+            };
+            if left > LOOKAHEAD_BUDGET as u64 {
+                return Some((start, left));
+            }
+        }
+        None
     }
 
     /// Moves up to `budget` timers from the next block's level-1 slot into the lookahead,
