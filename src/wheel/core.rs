@@ -867,9 +867,7 @@ impl WheelCore {
             // The current slot is occupied only by what its boundary left there, all of it
             // due after the tick by which it must have moved down.
             let tick = match self.left_at_boundary_due(level) {
-                Some(due) if slot == self.geometry.slot_for(self.elapsed, level) => {
-                    due.max(self.elapsed)
-                }
+                Some((due, current)) if slot == current => due.max(self.elapsed),
                 _ => self.geometry.slot_start(self.elapsed, level, slot),
             };
             debug_assert!(tick >= self.elapsed, "a slot behind elapsed was skipped");
@@ -979,7 +977,6 @@ impl WheelCore {
             let Some((start, slot)) = self.pre_cascade_source(level) else {
                 continue;
             };
-            let source = Location::slot(level, slot);
             if self.pre_cascaded[level].start != start {
                 self.pre_cascaded[level] = PreCascade::starting(start);
             }
@@ -991,39 +988,61 @@ impl WheelCore {
                 .pre_cascade_due(level, start)
                 .saturating_sub(self.elapsed);
             let budget = self.left_this_tick(level, paced_share(left, ticks_left));
-            let window_end = start.saturating_add(1 << self.geometry.shift(level));
-            let last = self.geometry.slots() - 1;
-            let mut state = self.pre_cascaded[level];
-            // The anchor is in the slot: `unlink` moves it back when it leaves.
-            let mut node = match state.anchor {
-                NIL => self.lists.list(source).head(),
-                anchor => {
-                    let (location, _, next) = nodes.links(anchor);
-                    debug_assert_eq!(location, source, "an anchor outside its slot");
-                    next
-                }
-            };
-            let mut walked = 0;
-            for _ in 0..budget {
-                if node == NIL {
-                    break;
-                }
-                walked += 1;
-                let (_, prev, next) = nodes.links(node);
-                let deadline = nodes.deadline(node);
-                let finer = self.geometry.slot_for(deadline, level - 1);
-                if (start..window_end).contains(&deadline) && finer != last {
-                    self.lists.unlink_between(nodes, source, node, (prev, next));
-                    self.link_at(nodes, node, Location::slot(level - 1, finer), deadline);
-                } else {
-                    state.anchor = node;
-                    state.kept += 1;
-                }
-                node = next;
-            }
-            self.pre_cascaded[level] = state;
+            let walked = self.walk_down(nodes, level, slot, budget);
             self.count_moves(level, walked);
         }
+    }
+
+    /// Walks up to `budget` timers of level `level`'s slot `slot`, the one
+    /// `pre_cascaded[level]` is walking, on from its anchor, and moves down a level those
+    /// due before the slot's last slot of the level below; the rest stay, and the last of
+    /// them becomes the anchor. Before the slot begins they go to that level's next
+    /// rotation ([`pre_cascade`](Self::pre_cascade)); at its boundary, to where they are
+    /// due from `elapsed` ([`leave_at_boundary`](Self::leave_at_boundary)), since the
+    /// slot they would go to may then be the current one. Returns how many it walked.
+    fn walk_down<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        level: usize,
+        slot: usize,
+        budget: u64,
+    ) -> u64 {
+        let source = Location::slot(level, slot);
+        let mut state = self.pre_cascaded[level];
+        let start = state.start;
+        let begun = self.elapsed >= start;
+        let window_end = start.saturating_add(1 << self.geometry.shift(level));
+        let last = self.geometry.slots() - 1;
+        // The anchor is in the slot: `unlink` moves it back when it leaves.
+        let mut node = match state.anchor {
+            NIL => self.lists.list(source).head(),
+            anchor => {
+                let (location, _, next) = nodes.links(anchor);
+                debug_assert_eq!(location, source, "an anchor outside its slot");
+                next
+            }
+        };
+        let mut walked = 0;
+        while walked < budget && node != NIL {
+            walked += 1;
+            let (_, prev, next) = nodes.links(node);
+            let deadline = nodes.deadline(node);
+            let finer = self.geometry.slot_for(deadline, level - 1);
+            if (start..window_end).contains(&deadline) && finer != last {
+                self.lists.unlink_between(nodes, source, node, (prev, next));
+                if begun {
+                    self.file(nodes, node, deadline, false);
+                } else {
+                    self.link_at(nodes, node, Location::slot(level - 1, finer), deadline);
+                }
+            } else {
+                state.anchor = node;
+                state.kept += 1;
+            }
+            node = next;
+        }
+        self.pre_cascaded[level] = state;
+        walked
     }
 
     /// At level `level`'s boundary (`elapsed` at the start of its slot `slot`), moves down
@@ -1041,35 +1060,21 @@ impl WheelCore {
             return false;
         }
         let start = self.geometry.slot_start(self.elapsed, level, slot);
-        let walk = self.pre_cascaded[level];
         if start != self.elapsed
             || self.left_at_boundary[level] == start
             || self.move_down_by(level, start) <= self.elapsed
         {
             return false;
         }
-        self.pre_cascaded[level] = PreCascade::starting(u64::MAX);
-        let source = Location::slot(level, slot);
-        let window_end = start.saturating_add(1 << self.geometry.shift(level));
-        let last = self.geometry.slots() - 1;
-        // Unwalked: everything after the anchor, or the whole slot when the moves ahead of
-        // time had no poll to walk it in (a storm armed the tick before the boundary). The
-        // walk still reads each of those timers here, but moves only the ones due sooner.
-        let mut node = if walk.start == start && walk.anchor != NIL {
-            nodes.links(walk.anchor).2
-        } else {
-            self.lists.list(source).head()
-        };
-        while node != NIL {
-            let (_, prev, next) = nodes.links(node);
-            let deadline = nodes.deadline(node);
-            let finer = self.geometry.slot_for(deadline, level - 1);
-            if !(start..window_end).contains(&deadline) || finer != last {
-                self.lists.unlink_between(nodes, source, node, (prev, next));
-                self.file(nodes, node, deadline, false);
-            }
-            node = next;
+        // What is unwalked: everything after the anchor, or the whole slot when the moves
+        // ahead of time had no poll to walk it in (a storm armed the tick before the
+        // boundary). This poll still reads each of those timers, but moves only the ones
+        // due sooner.
+        if self.pre_cascaded[level].start != start {
+            self.pre_cascaded[level] = PreCascade::starting(start);
         }
+        self.walk_down(nodes, level, slot, u64::MAX);
+        self.pre_cascaded[level] = PreCascade::starting(u64::MAX);
         self.left_at_boundary[level] = start;
         true
     }
@@ -1085,8 +1090,9 @@ impl WheelCore {
     }
 
     /// While level `level`'s current slot holds timers its boundary left there: the tick
-    /// by which they must have moved down ([`move_down_by`](Self::move_down_by)).
-    fn left_at_boundary_due(&self, level: usize) -> Option<u64> {
+    /// by which they must have moved down ([`move_down_by`](Self::move_down_by)), and the
+    /// slot.
+    fn left_at_boundary_due(&self, level: usize) -> Option<(u64, usize)> {
         let start = *self.left_at_boundary.get(level)?;
         if start == u64::MAX {
             return None;
@@ -1094,7 +1100,7 @@ impl WheelCore {
         let slot = self.geometry.slot_for(self.elapsed, level);
         let current = self.geometry.slot_start(self.elapsed, level, slot) == start;
         (current && self.lists.levels[level].occupied & (1 << slot) != 0)
-            .then(|| self.move_down_by(level, start))
+            .then(|| (self.move_down_by(level, start), slot))
     }
 
     /// Moves down a share of the timers each level's boundary left in its current slot
@@ -1103,10 +1109,9 @@ impl WheelCore {
     /// tick that has handed out due timers.
     fn move_left_at_boundary<N: Links>(&mut self, nodes: &mut N) {
         for level in 2..self.geometry.levels() {
-            let Some(due) = self.left_at_boundary_due(level) else {
+            let Some((due, slot)) = self.left_at_boundary_due(level) else {
                 continue;
             };
-            let slot = self.geometry.slot_for(self.elapsed, level);
             let source = Location::slot(level, slot);
             let left = u64::from(self.lists.levels[level].slots[slot].timers.len());
             let budget =
@@ -1135,8 +1140,7 @@ impl WheelCore {
         (2..self.geometry.levels())
             .filter_map(|level| {
                 let (due, left, earliest) = match self.left_at_boundary_due(level) {
-                    Some(due) => {
-                        let slot = self.geometry.slot_for(self.elapsed, level);
+                    Some((due, slot)) => {
                         let left = self.lists.levels[level].slots[slot].timers.len();
                         (due, u64::from(left), self.elapsed)
                     }
@@ -1385,7 +1389,7 @@ impl WheelCore {
                 if self.lists.levels[level].occupied & (1 << slot) != 0
                     && self
                         .left_at_boundary_due(level)
-                        .is_none_or(|due| due <= self.elapsed)
+                        .is_none_or(|(due, _)| due <= self.elapsed)
                 {
                     debug_assert!(at_block_start, "a current coarse slot inside a block");
                     return Some(Expiration {
