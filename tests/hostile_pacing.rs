@@ -30,31 +30,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-/// A small seeded generator (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi.saturating_sub(lo))
-    }
-
-    fn percent(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
-}
-
+use common::Rng;
 use common::wheel_harness::Harness;
 
 /// Where a storm of `n` timers lies around boundary tick `b` of `level`.
