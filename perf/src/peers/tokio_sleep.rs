@@ -74,7 +74,7 @@ impl StartLine {
                 return false;
             }
             spins = spins.wrapping_add(1);
-            if spins % YIELD_EVERY == 0 {
+            if spins.is_multiple_of(YIELD_EVERY) {
                 tokio::task::yield_now().await;
             }
             std::hint::spin_loop();

@@ -28,7 +28,10 @@ impl Lateness {
     pub fn with_capacity(timers: usize) -> Self {
         // Fault the sample buffer in now: a page fault while draining (a 2 MiB huge page
         // takes milliseconds to clear on a fresh VM) would show up as the subject's lateness.
-        let mut samples = vec![0; timers];
+        // It takes writes: memory fresh from the OS is zero already, so `vec![0; n]` asks
+        // for it zeroed and touches none of it.
+        let mut samples = Vec::with_capacity(timers);
+        samples.resize(timers, u64::MAX);
         std::hint::black_box(samples.as_mut_ptr());
         samples.clear();
         Self {
