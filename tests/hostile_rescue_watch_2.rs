@@ -27,7 +27,7 @@ use common::stuck::{
     Gate, OpenOnDrop, agents, block_owner_and_stand_in, blocking, engine, on_agent, started,
     worker_index,
 };
-use common::{CpuWindow, Live, ms, serial, within};
+use common::{CpuWindow, Live, ms, serial, within, worker_switches};
 use corewheel::{PendingTimers, TimerEngine};
 
 /// How long a timer that must be rescued may take before the test calls it held up.
@@ -101,32 +101,6 @@ impl Book {
         }
         self.all_ran()
     }
-}
-
-/// Voluntary context switches of every `corewheel-N` thread of this process, by thread
-/// id: each is a thread going to sleep, so between two readings, the wake-ups it had.
-fn worker_switches() -> Vec<(String, u64)> {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|task| {
-            let path = task.path();
-            let comm = std::fs::read_to_string(path.join("comm")).ok()?;
-            if !comm.starts_with("corewheel-") {
-                return None;
-            }
-            let status = std::fs::read_to_string(path.join("status")).ok()?;
-            let switches = status
-                .lines()
-                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))?
-                .trim()
-                .parse()
-                .ok()?;
-            Some((task.file_name().to_string_lossy().into_owned(), switches))
-        })
-        .collect()
 }
 
 /// One 2 s window's wake-ups of the workers: in all, and how many workers had any; and

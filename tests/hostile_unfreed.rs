@@ -1041,42 +1041,21 @@ fn repeating_timers_with_drop_captures_cancelled_every_way() {
 }
 
 /// Voluntary context switches of this process's threads named `corewheel-*` that are not
-/// in `skip` (threads of earlier engines).
+/// in `skip` (threads of earlier engines), in all, and how many threads that was.
 fn worker_switches(skip: &[String]) -> Option<(u64, usize)> {
-    let mut total = 0;
-    let mut threads = 0;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let task = task.ok()?;
-        let tid = task.file_name().to_string_lossy().into_owned();
-        if skip.contains(&tid) {
-            continue;
-        }
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("corewheel-") {
-            continue;
-        }
-        let status = std::fs::read_to_string(task.path().join("status")).ok()?;
-        let line = status
-            .lines()
-            .find(|line| line.starts_with("voluntary_ctxt_switches"))?;
-        total += line.split_whitespace().nth(1)?.parse::<u64>().ok()?;
-        threads += 1;
-    }
-    Some((total, threads))
+    let threads: Vec<u64> = common::worker_switches()
+        .into_iter()
+        .filter(|(tid, _)| !skip.contains(tid))
+        .map(|(_, switches)| switches)
+        .collect();
+    (!threads.is_empty()).then(|| (threads.iter().sum(), threads.len()))
 }
 
 fn worker_tids() -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .map(|dir| {
-            dir.filter_map(Result::ok)
-                .filter(|task| {
-                    std::fs::read_to_string(task.path().join("comm"))
-                        .is_ok_and(|comm| comm.starts_with("corewheel-"))
-                })
-                .map(|task| task.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
+    common::worker_switches()
+        .into_iter()
+        .map(|(tid, _)| tid)
+        .collect()
 }
 
 /// Attack 11: Cost, real clock, 2 workers (rescue after 8 ticks): cancelling 1000 timers must

@@ -292,3 +292,30 @@ impl CpuWindow {
         })
     }
 }
+
+/// Voluntary context switches of each of this process's `corewheel-N` threads, by thread
+/// id: each is the thread going to sleep, so between two readings, the wake-ups it had.
+/// Empty where `/proc` cannot be read.
+pub fn worker_switches() -> Vec<(String, u64)> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let path = task.path();
+            let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+            if !comm.starts_with("corewheel-") {
+                return None;
+            }
+            let status = std::fs::read_to_string(path.join("status")).ok()?;
+            let switches = status
+                .lines()
+                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))?
+                .trim()
+                .parse()
+                .ok()?;
+            Some((task.file_name().to_string_lossy().into_owned(), switches))
+        })
+        .collect()
+}
