@@ -29,9 +29,12 @@ const CLOSE_SLEEP: u64 = 3;
 /// far ahead as the wheel allows: measured with `async-sleep` at 1 thread, about 11,500
 /// such wake-ups a second, a tenth of the process's CPU. While that goes on, the worker
 /// plans no more than [`CLOSE_SLEEP`] ticks ahead, so a timer needs it woken only when due
-/// sooner than that, and it wakes on its own every two to three ticks instead. A worker
-/// with nothing planned at all (`u64::MAX`) still sleeps until woken: an idle engine costs
-/// nothing.
+/// sooner than that, and it wakes on its own every two to three ticks instead. Any return
+/// from its sleep before the planned tick counts, whatever woke it (a helper's or a
+/// watcher's wake-up, a lane closed by an exiting thread): the cost of a spell begun for
+/// another reason is 64 ticks of short sleeps, and only while something is pending. A
+/// worker with nothing planned at all (`u64::MAX`) still sleeps until woken: an idle engine
+/// costs nothing.
 #[derive(Default)]
 struct Closeness {
     /// The tick of the last early wake-up.
