@@ -1,11 +1,11 @@
 //! Hostile review of e00bd3d: a worker woken before its planned tick twice within 2 ticks
-//! plans no more than 3 ticks ahead for the next 64 (`Closeness` in src/engine/worker.rs),
+//! plans no more than 3 ticks ahead for the next 256 (`Closeness` in src/engine/worker.rs),
 //! and publishes that capped plan, so producers arming timers due after it no longer wake
 //! it, and the rescue watch counts on it to look by then.
 //!
 //! What it attacks: timers due 0..5 ms armed from several threads among far ones that are
 //! cancelled at once (the pattern that makes a worker sleep close) and mid and far ones
-//! kept; the way into close mode with a timer already planned, and the way out (64 ticks
+//! kept; the way into close mode with a timer already planned, and the way out (256 ticks
 //! after the last trigger) with timers due around it; an engine that goes idle after a
 //! close spell (with nothing pending, and with far timers pending: wake-ups must stop);
 //! thrash while sleeping close; shutdown and drop racing workers that sleep close; eight
@@ -315,9 +315,9 @@ fn mixed_timers_from_several_threads_fire_once_never_early_while_workers_sleep_c
     });
 }
 
-/// The way out of close mode: once the undercutting stops, the worker sleeps close for 64
+/// The way out of close mode: once the undercutting stops, the worker sleeps close for 256
 /// more ticks, then plans as far as its wheel says. Timers due every millisecond from 0 to
-/// 90 ms after the stop (so across the end of the spell), and a few at 64..67 ms by
+/// 300 ms after the stop (so across the end of the spell), and a few at 256..259 ms by
 /// instant, must each fire once, never early. The way in: a timer armed while the worker
 /// still plans far (due 25 ms out), then the undercutting starts at a random point before
 /// it is due.
@@ -355,20 +355,20 @@ fn timers_due_around_the_ends_of_a_close_spell_fire_once_never_early() {
             expects.extend(mine);
             // Way out: timers due across the end of the spell.
             let stop = Instant::now();
-            for k in 0..=90 {
+            for k in 0..=300 {
                 let due = stop + ms(k);
                 let (slot, callback) = book.shot(due).unwrap();
                 engine.schedule_at(due, callback).unwrap();
                 expects.push((slot, Expect::Fire));
             }
-            for extra in [64, 65, 66, 67] {
+            for extra in [256, 257, 258, 259] {
                 let delay = ms(extra).saturating_sub(stop.elapsed());
                 let due = Instant::now() + delay;
                 let (slot, callback) = book.shot(due).unwrap();
                 engine.schedule(delay, callback).unwrap();
                 expects.push((slot, Expect::Fire));
             }
-            std::thread::sleep(ms(100 + rng.below(50)));
+            std::thread::sleep(ms(300 + rng.below(50)));
         }
         assert!(book.all_fired(&expects), "timers lost");
         book.check(&expects, "around the spells");
@@ -379,7 +379,7 @@ fn timers_due_around_the_ends_of_a_close_spell_fire_once_never_early() {
 /// After a close spell the engine goes idle: with nothing pending the worker sleeps until
 /// woken, and with only far timers pending it plans as far as its wheel says. Either way
 /// its wake-ups must stop, not go on every three ticks. Counted after a settle of 1 s (the
-/// spell is 64 ticks; the rescue watch lingers 512 ticks after a run), over 1 s windows;
+/// spell is 256 ticks; the rescue watch lingers 512 ticks after a run), over 1 s windows;
 /// the quietest of three windows must have at most one wake-up per 20 ms per worker (plus
 /// 20); sleeping close costs about one per 3 ms per worker.
 #[test]
