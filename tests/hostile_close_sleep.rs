@@ -24,7 +24,10 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use common::stuck::{Gate, OpenOnDrop, agents, blocking, on_agent, started};
-use common::{Rng, cores_until_below, eventually, ms, serial, within, worker_switches};
+use common::{
+    Rng, can_count_worker_switches, cores_until_below, eventually, ms, serial, within,
+    worker_switches, worker_switches_total,
+};
 use corewheel::{PendingTimers, ScheduleError, TimerEngine};
 
 /// How long a timer that must fire may take after its deadline before the test calls it
@@ -261,15 +264,11 @@ fn produce(
     }
 }
 
-/// Sum of the voluntary context switches of every worker thread alive now.
-fn switches() -> u64 {
-    worker_switches().iter().map(|(_, n)| n).sum()
-}
-
-/// Whether worker wake-ups can be counted here (`/proc/self/task` readable), once
-/// `engine`'s workers have started.
-fn can_count(engine: &TimerEngine) -> bool {
-    engine.workers() > 0 && !worker_switches().is_empty()
+/// Shuts `engine` down dropping what is pending, which must be exactly the timers kept.
+fn shut_down_dropping_the_kept(engine: &TimerEngine, expects: &[(usize, Expect)], what: &str) {
+    let kept = expects.iter().filter(|e| e.1 == Expect::Pending).count() as u64;
+    let report = engine.shutdown(PendingTimers::Drop);
+    assert_eq!(report.dropped, kept, "{what}: the kept timers are dropped");
 }
 
 /// Several threads arm near timers (due 0..5 ms, some cancelled at once), mid ones and far
@@ -299,16 +298,15 @@ fn mixed_timers_from_several_threads_fire_once_never_early_while_workers_sleep_c
             assert!(book.all_fired(&expects), "{workers} workers: timers lost");
             let what = format!("{workers} workers");
             book.check(&expects, &what);
-            let kept = expects.iter().filter(|e| e.1 == Expect::Pending).count() as u64;
             let count = |e| expects.iter().filter(|x| x.1 == e).count();
             eprintln!(
-                "{what}: {} timers, {} fired, {} cancelled, {kept} kept",
+                "{what}: {} timers, {} fired, {} cancelled, {} kept",
                 expects.len(),
                 count(Expect::Fire),
-                count(Expect::Cancelled)
+                count(Expect::Cancelled),
+                count(Expect::Pending)
             );
-            let report = engine.shutdown(PendingTimers::Drop);
-            assert_eq!(report.dropped, kept, "{what}: the kept timers are dropped");
+            shut_down_dropping_the_kept(&engine, &expects, &what);
             book.check(&expects, &what);
             book.check_captures_dropped(&what);
         }
@@ -337,7 +335,7 @@ fn timers_due_around_the_ends_of_a_close_spell_fire_once_never_early() {
             engine.schedule(due_in, callback).unwrap();
             expects.push((slot, Expect::Fire));
             std::thread::sleep(Duration::from_micros(rng.below(20_000)));
-            let (before, start) = (switches(), Instant::now());
+            let (before, start) = (worker_switches_total(), Instant::now());
             let (mine, _) = produce(
                 &engine,
                 &book,
@@ -349,7 +347,7 @@ fn timers_due_around_the_ends_of_a_close_spell_fire_once_never_early() {
             eprintln!(
                 "round {round}: {} timers undercut, {} worker wake-ups in {:?}",
                 mine.len(),
-                switches().saturating_sub(before),
+                worker_switches_total().saturating_sub(before),
                 start.elapsed()
             );
             expects.extend(mine);
@@ -389,7 +387,7 @@ fn wake_ups_stop_once_an_engine_goes_idle_after_a_close_spell() {
         for (workers, keep_far) in [(1, false), (1, true), (2, false), (2, true)] {
             let engine = common::unpinned(workers);
             std::thread::sleep(ms(20));
-            if !can_count(&engine) {
+            if !can_count_worker_switches(&engine) {
                 eprintln!("skipped: /proc/self/task cannot be read here");
                 return;
             }
@@ -422,9 +420,10 @@ fn wake_ups_stop_once_an_engine_goes_idle_after_a_close_spell() {
             std::thread::sleep(ms(1_000));
             let mut windows = Vec::new();
             for _ in 0..3 {
-                let (before, start) = (switches(), Instant::now());
+                let (before, start) = (worker_switches_total(), Instant::now());
                 std::thread::sleep(ms(1_000));
-                let (after, elapsed) = (switches(), start.elapsed().as_millis() as u64);
+                let (after, elapsed) =
+                    (worker_switches_total(), start.elapsed().as_millis() as u64);
                 let bound = workers as u64 * (elapsed / 20) + 20;
                 windows.push((after.saturating_sub(before), elapsed, bound));
             }
@@ -437,9 +436,8 @@ fn wake_ups_stop_once_an_engine_goes_idle_after_a_close_spell() {
                 "{workers} workers, far timers kept {keep_far}: the workers keep waking once \
                  idle after a close spell: {windows:?}"
             );
-            let kept = expects.iter().filter(|e| e.1 == Expect::Pending).count() as u64;
             book.check(&expects, "idle after a spell");
-            assert_eq!(engine.shutdown(PendingTimers::Drop).dropped, kept);
+            shut_down_dropping_the_kept(&engine, &expects, "idle after a spell");
         }
     });
 }
@@ -455,11 +453,11 @@ fn sleeping_close_neither_thrashes_nor_spins() {
     within(Duration::from_secs(120), "the thrash check", || {
         let engine = common::unpinned(2);
         std::thread::sleep(ms(20));
-        let counting = can_count(&engine);
+        let counting = can_count_worker_switches(&engine);
         let book = Book::new(2_000_000);
-        let (before, start) = (switches(), Instant::now());
+        let (before, start) = (worker_switches_total(), Instant::now());
         let (mut expects, _) = produce(&engine, &book, Instant::now() + ms(500), 9, MIXED);
-        let (after, elapsed) = (switches(), start.elapsed().as_millis() as u64);
+        let (after, elapsed) = (worker_switches_total(), start.elapsed().as_millis() as u64);
         if counting {
             let wakes = after.saturating_sub(before);
             let bound = 2 * 3 * elapsed + 50;
@@ -483,8 +481,7 @@ fn sleeping_close_neither_thrashes_nor_spins() {
             "the engine keeps using CPU after a close spell: {windows:?}"
         );
         book.check(&expects, "thrash check");
-        let kept = expects.iter().filter(|e| e.1 == Expect::Pending).count() as u64;
-        assert_eq!(engine.shutdown(PendingTimers::Drop).dropped, kept);
+        shut_down_dropping_the_kept(&engine, &expects, "thrash check");
     });
 }
 
@@ -626,9 +623,10 @@ fn eight_workers_all_sleeping_close_fire_everything_once_and_then_rest() {
             std::thread::sleep(ms(1_000));
             let mut windows = Vec::new();
             for _ in 0..3 {
-                let (before, start) = (switches(), Instant::now());
+                let (before, start) = (worker_switches_total(), Instant::now());
                 std::thread::sleep(ms(1_000));
-                let (after, elapsed) = (switches(), start.elapsed().as_millis() as u64);
+                let (after, elapsed) =
+                    (worker_switches_total(), start.elapsed().as_millis() as u64);
                 windows.push((
                     after.saturating_sub(before),
                     elapsed,
@@ -642,8 +640,7 @@ fn eight_workers_all_sleeping_close_fire_everything_once_and_then_rest() {
                 "eight workers keep waking when idle: {windows:?}"
             );
         }
-        let kept = expects.iter().filter(|e| e.1 == Expect::Pending).count() as u64;
-        assert_eq!(engine.shutdown(PendingTimers::Drop).dropped, kept);
+        shut_down_dropping_the_kept(&engine, &expects, "eight workers");
         book.check(&expects, "eight workers after shutdown");
     });
 }
@@ -733,8 +730,7 @@ fn stuck_owner_runs() -> Vec<String> {
         assert!(book.all_fired(&b_expects), "{what}: B's timers lost");
         book.check(&a_expects, &format!("{what}, A"));
         book.check(&b_expects, &format!("{what}, B"));
-        let kept = b_expects.iter().filter(|e| e.1 == Expect::Pending).count() as u64;
-        assert_eq!(engine.shutdown(PendingTimers::Drop).dropped, kept);
+        shut_down_dropping_the_kept(&engine, &b_expects, &what);
         if !rescued {
             held_up.push(what);
         }

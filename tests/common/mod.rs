@@ -319,3 +319,15 @@ pub fn worker_switches() -> Vec<(String, u64)> {
         })
         .collect()
 }
+
+/// The voluntary context switches of every worker thread alive now, summed: between two
+/// readings, the workers' wake-ups.
+pub fn worker_switches_total() -> u64 {
+    worker_switches().iter().map(|(_, n)| n).sum()
+}
+
+/// Whether worker wake-ups can be counted here (`/proc/self/task` readable), once
+/// `engine`'s workers have started.
+pub fn can_count_worker_switches(engine: &TimerEngine) -> bool {
+    engine.workers() > 0 && !worker_switches().is_empty()
+}
