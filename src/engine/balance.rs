@@ -306,14 +306,35 @@ impl Helper<'_> {
     /// Only around a run actually taken: a stand-in that finds nothing to run marks
     /// nothing, or every look at a stuck owner would wake another worker to watch.
     fn running<R>(helper: Option<&Self>, now_tick: u64, run: impl FnOnce() -> R) -> R {
+        Self::marked(helper, run, |balance, shards, mine| {
+            balance.running(shards, mine, now_tick)
+        })
+    }
+
+    /// Drops the captures of timers a stand-in's look freed, as
+    /// [`running`](Self::running) runs callbacks, but recording no run (see
+    /// [`Balance::dropping`]), so that a watcher woken for it does not linger.
+    fn dropping(helper: Option<&Self>, now_tick: u64, drop: impl FnOnce()) {
+        Self::marked(helper, drop, |balance, shards, mine| {
+            balance.dropping(shards, mine, now_tick)
+        });
+    }
+
+    /// Runs `work` with the helper's own shard marked running, `watch` having seen to a
+    /// watcher first.
+    fn marked<R>(
+        helper: Option<&Self>,
+        work: impl FnOnce() -> R,
+        watch: impl FnOnce(&Balance, &[Shard], &Shard) -> bool,
+    ) -> R {
         let Some((helper, mine)) = helper.and_then(|h| Some((h, h.shards.get(h.me)?))) else {
-            return run();
+            return work();
         };
         mine.set_running(true);
-        helper.balance.running(helper.shards, mine, now_tick);
-        let ran = run();
+        watch(helper.balance, helper.shards, mine);
+        let done = work();
         mine.set_running(false);
-        ran
+        done
     }
 }
 
@@ -360,7 +381,7 @@ pub(crate) fn stand_in(
         add(&shard.counters.rescued, look.claimed as u64);
         now_tick = look.now_tick;
         if !look.unfreed.is_empty() {
-            Helper::running(helper, now_tick, || look.unfreed.free(shard));
+            Helper::dropping(helper, now_tick, || look.unfreed.free(shard));
         }
     }
     let mut fired = 0;
@@ -388,6 +409,28 @@ mod tests {
     use crate::sync::run_queue::MAX_RUN;
     use crate::{Clock, ManualClock, TimerEngine};
 
+    /// A two-shard engine on a manual clock, which tests drive by hand.
+    fn hand_driven(stealing: bool) -> (TimerEngine, ManualClock) {
+        let clock = ManualClock::new();
+        let engine = TimerEngine::builder()
+            .workers(2)
+            .stealing(stealing)
+            .manual_clock(clock.clone())
+            .build()
+            .unwrap();
+        (engine, clock)
+    }
+
+    /// The shard the calling thread's timers went to.
+    fn home_shard(engine: &TimerEngine) -> usize {
+        engine
+            .stats()
+            .shards
+            .iter()
+            .position(|shard| shard.scheduled > 0)
+            .unwrap()
+    }
+
     /// A hand-driven two-shard engine with `timers` timers due at tick 1 on the calling
     /// thread's shard, the clock at tick 1, and the owner having claimed them onto its run
     /// queue. Returns the engine and the home shard.
@@ -396,23 +439,12 @@ mod tests {
         timers: usize,
         f: impl Fn() + Clone + Send + 'static,
     ) -> (TimerEngine, ManualClock, usize) {
-        let clock = ManualClock::new();
-        let engine = TimerEngine::builder()
-            .workers(2)
-            .stealing(stealing)
-            .manual_clock(clock.clone())
-            .build()
-            .unwrap();
+        let (engine, clock) = hand_driven(stealing);
         for _ in 0..timers {
             let f = f.clone();
             engine.schedule(Duration::from_millis(1), f).unwrap();
         }
-        let home = engine
-            .stats()
-            .shards
-            .iter()
-            .position(|shard| shard.scheduled > 0)
-            .unwrap();
+        let home = home_shard(&engine);
         clock.advance(Duration::from_millis(1));
         let shared = engine.shared();
         assert!(
@@ -458,6 +490,45 @@ mod tests {
             (stats.fired, stats.stolen, stats.pending),
             (timers as u64, MAX_RUN as u64, 0)
         );
+    }
+
+    /// A worker standing in for a stuck owner drops the captures of timers cancelled in
+    /// that owner's wheel: user code, so its own shard is marked running meanwhile, but it
+    /// records no run of timers, so that a watcher woken for it does not linger.
+    #[test]
+    fn a_stand_in_dropping_freed_captures_records_no_run() {
+        let (engine, clock) = hand_driven(true);
+        let capture = Arc::new(());
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let capture = Arc::clone(&capture);
+                engine
+                    .schedule(Duration::from_secs(5), move || drop(capture))
+                    .unwrap()
+            })
+            .collect();
+        let home = home_shard(&engine);
+        let shared = engine.shared();
+        let shard = &shared.shards[home];
+        let look = shard.with_wheel_waiting(|wheel| wheel.extract(shard, clock.now()));
+        look.unfreed.free(shard);
+        for handle in handles {
+            assert!(engine.cancel(handle));
+        }
+        shard.set_running(true);
+        clock.advance(Duration::from_millis(200));
+        let (now, now_tick) = shared.now_at(clock.now());
+        let helper = 1 - home;
+        assert!(shard.is_stuck(now_tick, 8));
+        shared
+            .balance
+            .help(&shared.shards, &shared.shutdown, helper, (now, now_tick));
+        assert_eq!(Arc::strong_count(&capture), 1, "the stand-in dropped them");
+        assert!(
+            !shared.shards[helper].ran_within(u64::MAX / 2, now_tick),
+            "no run recorded for the stand-in's shard"
+        );
+        shard.set_running(false);
     }
 
     /// With stealing off, a backlog is left to its owner.

@@ -11,7 +11,12 @@ pub const TICK: Duration = Duration::from_millis(1);
 
 /// A wheel as an event loop would make one: default geometry, no capacity hint.
 pub fn new_wheel<T>() -> Wheel<T> {
-    Wheel::new(TICK, Instant::now())
+    new_wheel_ticking(TICK)
+}
+
+/// The same at another tick.
+pub fn new_wheel_ticking<T>(tick: Duration) -> Wheel<T> {
+    Wheel::new(tick, Instant::now())
 }
 
 impl<T> TimerQueue<T> for Wheel<T> {
