@@ -16,7 +16,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use common::{Wakes, poll, within};
+use common::{Wakes, poll, tokio_next, within};
 use corewheel::{HyperTimer, ManualClock, MissedTicks, PendingTimers, Sleep, TimerEngine};
 use proptest::prelude::*;
 
@@ -388,21 +388,6 @@ fn iop(tick_ns: u64) -> impl Strategy<Value = IOp> {
             .prop_map(|(back, ticks, sub)| IOp::ResetAt { back, ticks, sub }),
         1 => (0u8..3).prop_map(IOp::Policy),
     ]
-}
-
-/// tokio's next deadline after a tick due at `due` returned at `now`.
-fn tokio_next(policy: MissedTicks, due: Instant, now: Instant, period: Duration) -> Instant {
-    if now <= due + Duration::from_millis(5) {
-        return due + period;
-    }
-    match policy {
-        MissedTicks::Burst => due + period,
-        MissedTicks::Delay => now + period,
-        MissedTicks::Skip => {
-            let late = (now - due).as_nanos() % period.as_nanos();
-            now + period - Duration::from_nanos(late as u64)
-        }
-    }
 }
 
 fn run_interval_model(tick: Duration, period: Duration, ops: &[IOp]) {

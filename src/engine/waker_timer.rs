@@ -39,17 +39,17 @@ impl EngineShared {
         })
     }
 
-    /// Makes the pending waker timer `handle` wake `waker` instead of the waker it holds.
-    /// `false` if the timer no longer waits (it fired, or is over).
-    pub(crate) fn replace_waker(&self, handle: TimerHandle, waker: &Waker) -> bool {
-        let Some((_, node)) = self.lookup(handle) else {
-            return false;
-        };
+    /// Makes the pending waker timer `handle` wake `waker` instead of the waker it holds,
+    /// and returns that one, for the caller to drop once it has noted the change (its drop
+    /// runs the executor's code, which may panic). `None` if the timer no longer waits (it
+    /// fired, or is over).
+    pub(crate) fn replace_waker(&self, handle: TimerHandle, waker: &Waker) -> Option<Waker> {
+        let (_, node) = self.lookup(handle)?;
         // Cloned before the lock and the old one dropped after it: either runs the
         // executor's code, which must not run while the owner cannot fire this timer.
         let new = waker.clone();
         if !node.state.lock_for_reset(handle.generation()) {
-            return false;
+            return None;
         }
         // The reset lock on a pending waker timer makes this thread (its `Sleep`'s) the
         // only one touching the callback slot (ground rule 3), and the slot holds the waker
@@ -59,8 +59,7 @@ impl EngineShared {
         let old =
             unsafe { node.with_callback(|callback| std::mem::replace(callback.waker_mut(), new)) };
         node.state.unlock_reset(false);
-        drop(old);
-        true
+        Some(old)
     }
 
     /// The dropped `Sleep` of the waker timer `handle` lets it go: cancels it, or defuses a

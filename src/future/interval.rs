@@ -91,8 +91,10 @@ impl<'e> Interval<'e> {
             return Poll::Pending;
         }
         let due = self.sleep.deadline();
-        if now < due {
-            // Only a shutdown completes a sleep before its deadline: no tick comes any more.
+        if now < due || self.sleep.is_never() || self.sleep.engine_is_shut_down() {
+            // Not yet; or never (the deadline reads a placeholder far off, which a manual
+            // clock can pass); or the engine has shut down, which completes the sleep early
+            // and after which no tick comes.
             return Poll::Pending;
         }
         let missed = due

@@ -207,8 +207,18 @@ impl<'e> Sleep<'e> {
     /// fire before), or the engine has shut down, which wakes every waker timer and arms no
     /// more.
     fn fired_for_deadline(&self) -> bool {
-        (!self.never && self.engine.shared.now_tick() >= self.tick())
-            || self.engine.shared.shutdown.load(Ordering::Acquire)
+        (!self.never && self.engine.shared.now_tick() >= self.tick()) || self.engine_is_shut_down()
+    }
+
+    /// Whether its deadline is too far off for the engine (as from `Duration::MAX`): it
+    /// never comes, whatever [`deadline`](Self::deadline) reads.
+    pub(crate) fn is_never(&self) -> bool {
+        self.never
+    }
+
+    /// Whether its engine has shut down: no timer fires any more.
+    pub(crate) fn engine_is_shut_down(&self) -> bool {
+        self.engine.shared.shutdown.load(Ordering::Acquire)
     }
 
     /// The engine it sleeps on.
@@ -270,11 +280,16 @@ impl Future for Sleep<'_> {
         };
         let waiting = if this.holds(cx.waker()) {
             this.engine.is_pending(handle)
+        } else if let Some(old) = this.engine.shared.replace_waker(handle, cx.waker()) {
+            // Noted before the old waker's drop, which may panic: the timer holds the new
+            // one from here on.
+            this.waker = identity(cx.waker());
+            drop(old);
+            true
         } else {
-            this.engine.shared.replace_waker(handle, cx.waker())
+            false
         };
         if waiting {
-            this.waker = identity(cx.waker());
             Poll::Pending
         } else if this.fired_for_deadline() {
             this.elapsed = true;

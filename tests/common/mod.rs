@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::Mutex;
 
-use corewheel::{Clock, KeyedTimers, ManualClock, TimerEngine};
+use corewheel::{Clock, KeyedTimers, ManualClock, MissedTicks, TimerEngine};
 
 /// Runs `f` on a thread of its own and waits at most `limit` for it: a body that never
 /// returns fails the test (naming `what`) instead of hanging the suite.
@@ -27,13 +27,17 @@ pub fn within<R: Send + 'static>(
     f: impl FnOnce() -> R + Send + 'static,
 ) -> R {
     let (done, result) = mpsc::channel();
-    std::thread::spawn(move || {
+    let body = std::thread::spawn(move || {
         let _ = done.send(f());
     });
     match result.recv_timeout(limit) {
         Ok(value) => value,
         Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what} did not return within {limit:?}"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+        // The body panicked: raise its panic here, message and all.
+        Err(mpsc::RecvTimeoutError::Disconnected) => match body.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => panic!("{what} ended without a result"),
+        },
     }
 }
 
@@ -330,4 +334,21 @@ pub fn worker_switches_total() -> u64 {
 /// `engine`'s workers have started.
 pub fn can_count_worker_switches(engine: &TimerEngine) -> bool {
     engine.workers() > 0 && !worker_switches().is_empty()
+}
+
+/// tokio's next deadline for an interval whose tick due at `due` completed at `now`: a
+/// tick up to 5 ms late is followed a period after its deadline, a later one as `policy`
+/// says (tokio's `MissedTickBehavior`).
+pub fn tokio_next(policy: MissedTicks, due: Instant, now: Instant, period: Duration) -> Instant {
+    if now <= due + Duration::from_millis(5) {
+        return due + period;
+    }
+    match policy {
+        MissedTicks::Burst => due + period,
+        MissedTicks::Delay => now + period,
+        MissedTicks::Skip => {
+            let late = (now - due).as_nanos() % period.as_nanos();
+            now + period - Duration::from_nanos(late as u64)
+        }
+    }
 }
