@@ -60,6 +60,26 @@ pub(crate) mod atomic {
     pub(crate) use std::sync::atomic::{
         AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering, fence,
     };
+
+    /// Replaces `word`'s value `v` with `f(v)` in one atomic step, retrying on a race, and
+    /// returns the value replaced: `fetch_update` with an `f` that always gives a value,
+    /// written out because newer toolchains rename that method and warn about the old name.
+    /// `set` orders the store of a successful swap, `fetch` every load.
+    #[inline]
+    pub(crate) fn update(
+        word: &AtomicU64,
+        set: Ordering,
+        fetch: Ordering,
+        mut f: impl FnMut(u64) -> u64,
+    ) -> u64 {
+        let mut current = word.load(fetch);
+        loop {
+            match word.compare_exchange_weak(current, f(current), set, fetch) {
+                Ok(previous) => return previous,
+                Err(actual) => current = actual,
+            }
+        }
+    }
 }
 
 /// Waits for another thread that holds a short critical section: calls `ready` until it

@@ -29,7 +29,7 @@
 //! the timer fires no earlier than the new deadline, or it returns `false` because the timer
 //! had already started firing (or was cancelled, or is gone).
 
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering, update};
 
 const PHASE_MASK: u64 = 0xF;
 const REPEATING: u64 = 1 << 4;
@@ -325,41 +325,38 @@ impl TimerState {
         let mut notify = false;
         // Nothing else changes a locked word except the owner clearing MSG or FILED, so the
         // update retries at most a few times.
-        let _ = self
-            .word
-            .fetch_update(Ordering::Release, Ordering::Relaxed, |current| {
+        update(
+            &self.word,
+            Ordering::Release,
+            Ordering::Relaxed,
+            |current| {
                 let mut next = bump_sequence(current) & !LOCKED;
                 notify = earlier && current & FILED != 0 && current & MSG == 0;
                 if notify {
                     next |= MSG;
                 }
-                Some(next)
-            });
+                next
+            },
+        );
         notify
     }
 
     /// The owner took the node off a lane or the inbox: clears `MSG` and says what to do.
     pub fn receive(&self) -> Received {
         let mut outcome = Received::Ignore;
-        let _ = self
-            .word
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                let seen = Observed(current);
-                let cleared = current & !MSG;
-                let next;
-                (next, outcome) = match seen.phase() {
-                    Phase::Pending if seen.is_filed() => (cleared, Received::Refile),
-                    Phase::Pending => (cleared | FILED, Received::File),
-                    Phase::Cancelled if seen.is_filed() => {
-                        (cleared & !FILED, Received::UnlinkAndFree)
-                    }
-                    Phase::Cancelled | Phase::Done => (cleared, Received::Free),
-                    Phase::Free | Phase::Firing | Phase::FiringCancelled => {
-                        (cleared, Received::Ignore)
-                    }
-                };
-                Some(next)
-            });
+        update(&self.word, Ordering::AcqRel, Ordering::Acquire, |current| {
+            let seen = Observed(current);
+            let cleared = current & !MSG;
+            let next;
+            (next, outcome) = match seen.phase() {
+                Phase::Pending if seen.is_filed() => (cleared, Received::Refile),
+                Phase::Pending => (cleared | FILED, Received::File),
+                Phase::Cancelled if seen.is_filed() => (cleared & !FILED, Received::UnlinkAndFree),
+                Phase::Cancelled | Phase::Done => (cleared, Received::Free),
+                Phase::Free | Phase::Firing | Phase::FiringCancelled => (cleared, Received::Ignore),
+            };
+            next
+        });
         outcome
     }
 
@@ -405,32 +402,30 @@ impl TimerState {
     /// else is done.
     pub fn finish_fire(&self) -> AfterFire {
         let mut outcome = AfterFire::Free;
-        let _ = self
-            .word
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                let seen = Observed(current);
-                let next;
-                (next, outcome) = match seen.phase() {
-                    // A re-armed timer moves its sequence on: a pending timer whose
-                    // sequence is still its arm's has never run (see `try_withdraw`).
-                    Phase::Firing if seen.is_repeating() && seen.in_transit() => (
-                        bump_sequence(seen.with_phase(Phase::Pending)),
-                        AfterFire::RearmOnArrival,
-                    ),
-                    Phase::Firing if seen.is_repeating() => (
-                        bump_sequence(seen.with_phase(Phase::Pending) | MSG),
-                        AfterFire::Rearm,
-                    ),
-                    _ if seen.in_transit() => (
-                        seen.with_phase(Phase::Done) & !LOCKED,
-                        AfterFire::AwaitMessage,
-                    ),
-                    // A woken timer stays `LOCKED` until it is freed: a drop of its
-                    // `Sleep` must not write to a word its holder is about to store over.
-                    _ => (current, AfterFire::Free),
-                };
-                Some(next)
-            });
+        update(&self.word, Ordering::AcqRel, Ordering::Acquire, |current| {
+            let seen = Observed(current);
+            let next;
+            (next, outcome) = match seen.phase() {
+                // A re-armed timer moves its sequence on: a pending timer whose
+                // sequence is still its arm's has never run (see `try_withdraw`).
+                Phase::Firing if seen.is_repeating() && seen.in_transit() => (
+                    bump_sequence(seen.with_phase(Phase::Pending)),
+                    AfterFire::RearmOnArrival,
+                ),
+                Phase::Firing if seen.is_repeating() => (
+                    bump_sequence(seen.with_phase(Phase::Pending) | MSG),
+                    AfterFire::Rearm,
+                ),
+                _ if seen.in_transit() => (
+                    seen.with_phase(Phase::Done) & !LOCKED,
+                    AfterFire::AwaitMessage,
+                ),
+                // A woken timer stays `LOCKED` until it is freed: a drop of its
+                // `Sleep` must not write to a word its holder is about to store over.
+                _ => (current, AfterFire::Free),
+            };
+            next
+        });
         outcome
     }
 
@@ -489,11 +484,9 @@ impl TimerState {
     /// The owner ends a timer it ran or discarded at shutdown but cannot free (a message
     /// still names it): `Done`, so that no handle sees it pending any more.
     pub fn end(&self) {
-        let _ = self
-            .word
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                Some(Observed(current).with_phase(Phase::Done))
-            });
+        update(&self.word, Ordering::AcqRel, Ordering::Acquire, |current| {
+            Observed(current).with_phase(Phase::Done)
+        });
     }
 
     /// The holder gives the node back: the generation moves on, so every handle to the old

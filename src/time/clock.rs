@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::sync::Arc;
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering, update};
 use crate::time::ticks::saturating_add;
 
 /// A source of monotonic time.
@@ -78,13 +78,14 @@ impl ManualClock {
     /// stops advancing.
     pub fn advance(&self, by: Duration) {
         let by_ns = saturating_nanos(by);
-        // fetch_update rather than fetch_add so that concurrent advances saturate instead of
+        // An update rather than fetch_add so that concurrent advances saturate instead of
         // wrapping around to the past.
-        let _ = self
-            .elapsed_ns
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |ns| {
-                Some(ns.saturating_add(by_ns))
-            });
+        update(
+            &self.elapsed_ns,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            |ns| ns.saturating_add(by_ns),
+        );
     }
 
     /// Moves time forward to `to`. An instant at or before the current time changes nothing,
