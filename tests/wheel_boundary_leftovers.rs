@@ -114,3 +114,38 @@ fn a_jump_from_before_the_boundary_to_past_it_fires_everything_in_order() {
         assert_eq!(h.fired, 5_000, "landing at tick {landing}");
     }
 }
+
+/// A level-2 slot full of timers, most of a storm's, whose boundary comes while the storm
+/// already fires every tick: the moves ahead of time share the ticks before the boundary
+/// with the due timers, and none may take much of a tick. They used to fit in the last
+/// block before the boundary alone, a share per tick of twice what was left over the ticks
+/// left, which for a million timers was more than a 250 µs tick could do (the wheel fell
+/// behind its pace and the boundary moved hundreds of thousands at once); they now start
+/// four blocks before it, each block moving what is due before it.
+#[test]
+fn a_full_level_2_slot_is_moved_over_the_blocks_before_its_boundary() {
+    let n = 200_000_u64;
+    let mut h = Harness::default_geometry();
+    let at = h.at(BOUNDARY - 600);
+    h.drain(at);
+    // Due over the slot's first 62 blocks, as a storm of a second at a 250 µs tick is.
+    for i in 0..n {
+        h.insert_tick(BOUNDARY + i % (62 * 64));
+    }
+    let mut worst = (0, 0);
+    for t in BOUNDARY - 599..BOUNDARY + 300 {
+        // The storm's own timers, due every tick across the boundary.
+        for _ in 0..8 {
+            h.insert_tick(t + 3);
+        }
+        let (work, _) = h.busy_tick(t, 1);
+        worst = worst.max((work, t));
+    }
+    let (work, tick) = worst;
+    assert!(
+        work <= n / 40,
+        "tick {tick} did {work} list operations for {n} timers (boundary at {BOUNDARY})"
+    );
+    h.finish();
+    assert_eq!(h.fired, n + 899 * 8);
+}

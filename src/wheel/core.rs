@@ -54,14 +54,22 @@ struct PreCascade {
     anchor: u32,
     /// Timers the walk has left in the slot.
     kept: u64,
+    /// The slot of the level below that `elapsed` was in when this pass over the list
+    /// began: a later one begins another pass, over what this one left.
+    pass_from: usize,
+    /// This pass has walked to the end of the list (timers filed there since are walked on
+    /// from the anchor).
+    finished: bool,
 }
 
 impl PreCascade {
-    const fn starting(start: u64) -> Self {
+    const fn starting(start: u64, pass_from: usize) -> Self {
         Self {
             start,
             anchor: NIL,
             kept: 0,
+            pass_from,
+            finished: false,
         }
     }
 }
@@ -209,6 +217,15 @@ enum NextWork {
 /// more when the block's start is near (see [`WheelCore::fill_budget`]), and a slot of no
 /// more than this is left to the flip, which moves it at as little cost.
 const LOOKAHEAD_BUDGET: usize = 1024;
+
+/// Slots of the level below, the last ones under the current coarse slot, in which
+/// [`WheelCore::pre_cascade`] moves the next coarse slot's timers down: those due in a slot
+/// of the level below that `elapsed` has passed can wait there (as its next rotation), so
+/// each slot of the window moves what is due before it, and a slot's timers are walked at
+/// most this many times. The last slot alone (64 ticks at level 2) was too short for a
+/// coarse slot of a million timers while a storm fired: the moves fell behind, and the
+/// boundary made the rest, 8-12 ms of them in one poll at a 250 us tick.
+const PRE_CASCADE_SLOTS: usize = 4;
 
 /// Due finest slots [`WheelCore::poll_batch`] takes from in turn: the cache misses it keeps
 /// in flight while walking their lists.
@@ -395,7 +412,7 @@ impl WheelCore {
             elapsed: 0,
             last_poll: None,
             lists: Lists::new(geometry, split),
-            pre_cascaded: vec![PreCascade::starting(u64::MAX); geometry.levels()]
+            pre_cascaded: vec![PreCascade::starting(u64::MAX, 0); geometry.levels()]
                 .into_boxed_slice(),
             left_at_boundary: vec![u64::MAX; geometry.levels()].into_boxed_slice(),
             moved_in_tick: vec![(u64::MAX, 0); geometry.levels()].into_boxed_slice(),
@@ -623,7 +640,7 @@ impl WheelCore {
         let split = self.lists.levels[0].lists_per_slot() > 1;
         self.lists = Lists::new(self.geometry, split);
         self.lists.link_operations = link_operations;
-        self.pre_cascaded.fill(PreCascade::starting(u64::MAX));
+        self.pre_cascaded.fill(PreCascade::starting(u64::MAX, 0));
         self.left_at_boundary.fill(u64::MAX);
         indices
     }
@@ -929,14 +946,16 @@ impl WheelCore {
     }
 
     /// The coarse slot that [`pre_cascade`](Self::pre_cascade) may move from at level
-    /// `level` (2 or more) now: when `elapsed` is in the last slot of level `level - 1`
-    /// under its level-`level` slot, the next level-`level` slot's start and index, if its
+    /// `level` (2 or more) now: when `elapsed` is in one of the last
+    /// [`PRE_CASCADE_SLOTS`] slots of level `level - 1` under its level-`level` slot, the
+    /// next level-`level` slot's start and index, if its
     /// timers are on this level (at the start of a new rotation of the level above, they
     /// are there only as far as that level's own move has put them; at the top level,
     /// never: they are on the overflow list).
     fn pre_cascade_source(&self, level: usize) -> Option<(u64, usize)> {
         let last = self.geometry.slots() - 1;
-        if self.geometry.slot_for(self.elapsed, level - 1) != last {
+        let below = self.geometry.slot_for(self.elapsed, level - 1);
+        if below == 0 || below + PRE_CASCADE_SLOTS <= last {
             return None;
         }
         self.next_coarse_slot(level)
@@ -956,29 +975,35 @@ impl WheelCore {
 
     /// Moves the next coarse slot's timers down a level ahead of time, a share per call,
     /// for every level of 2 or more whose next slot is about to begin: while `elapsed` is
-    /// in the last slot of level `L - 1` under the current level-`L` slot, the slots of
-    /// level `L - 1` behind it are past and empty, so the next level-`L` slot's timers can
-    /// wait in them (as that level's next rotation, see
-    /// [`Geometry::slot_start`]) instead of all being moved down at once when their slot
-    /// begins. Without this a storm's 4-second level-2 slot moved half a million timers in
-    /// one poll, 11 ms late. The timers due in the last of those slots, where `elapsed` is
-    /// now, and any pushed back out of the slot, stay; the boundary leaves them there, to
-    /// be moved down a share per poll after it (see
-    /// [`leave_at_boundary`](Self::leave_at_boundary)).
+    /// in one of the last [`PRE_CASCADE_SLOTS`] slots of level `L - 1` under the current
+    /// level-`L` slot, the slots of level `L - 1` behind it are past and empty, so the next
+    /// level-`L` slot's timers due in them can wait there (as that level's next rotation,
+    /// see [`Geometry::slot_start`]) instead of all being moved down at once when their
+    /// slot begins. Without this a storm's 4-second level-2 slot moved half a million
+    /// timers in one poll, 11 ms late. The timers due in the slots `elapsed` has not yet
+    /// passed stay for a later pass; those due in the last of them, and any pushed back out
+    /// of the slot, stay for the boundary, which leaves them there, to be moved down a share
+    /// per poll after it (see [`leave_at_boundary`](Self::leave_at_boundary)).
     ///
     /// A walk goes along the slot's list from where the last one stopped: the last timer it
     /// left in place is its anchor (moved back to the timer before it if it leaves, see
     /// [`unlink`](Self::unlink)), so timers filed into the slot since (appended at the end)
-    /// are walked too, and those left are not walked again. Coarser levels go first,
-    /// so that what level `L + 1` moves into level `L`'s next slot is walked by level `L`
-    /// in the same poll.
+    /// are walked too, and those left are not walked again in the same pass. Once a pass
+    /// has walked the whole list, the next slot of level `L - 1` begins another over what
+    /// it left, now that one more slot is behind. Coarser levels go first, so that what
+    /// level `L + 1` moves into level `L`'s next slot is walked by level `L` in the same
+    /// poll.
     fn pre_cascade<N: Links>(&mut self, nodes: &mut N) {
         for level in (2..self.geometry.levels()).rev() {
             let Some((start, slot)) = self.pre_cascade_source(level) else {
                 continue;
             };
-            if self.pre_cascaded[level].start != start {
-                self.pre_cascaded[level] = PreCascade::starting(start);
+            let below = self.geometry.slot_for(self.elapsed, level - 1);
+            let walk = self.pre_cascaded[level];
+            if walk.start != start || (walk.finished && below > walk.pass_from) {
+                // A slot of the level below has passed since the last pass: what that one
+                // left, due in the slot just passed, can move now.
+                self.pre_cascaded[level] = PreCascade::starting(start, below);
             }
             let left = self.pre_cascade_left(level, slot);
             if left == 0 {
@@ -995,7 +1020,8 @@ impl WheelCore {
 
     /// Walks up to `budget` timers of level `level`'s slot `slot`, the one
     /// `pre_cascaded[level]` is walking, on from its anchor, and moves down a level those
-    /// due before the slot's last slot of the level below; the rest stay, and the last of
+    /// due in a slot of the level below that `elapsed` has passed (at the boundary, any
+    /// but the slot's last); the rest stay, and the last of
     /// them becomes the anchor. Before the slot begins they go to that level's next
     /// rotation ([`pre_cascade`](Self::pre_cascade)); at its boundary, to where they are
     /// due from `elapsed` ([`leave_at_boundary`](Self::leave_at_boundary)), since the
@@ -1013,6 +1039,13 @@ impl WheelCore {
         let begun = self.elapsed >= start;
         let window_end = start.saturating_add(1 << self.geometry.shift(level));
         let last = self.geometry.slots() - 1;
+        // Before the boundary, timers may move into the slots of the level below that
+        // `elapsed` has passed; at it, into any but the last (see `leave_at_boundary`).
+        let limit = if begun {
+            last
+        } else {
+            self.geometry.slot_for(self.elapsed, level - 1)
+        };
         // The anchor is in the slot: `unlink` moves it back when it leaves.
         let mut node = match state.anchor {
             NIL => self.lists.list(source).head(),
@@ -1028,7 +1061,7 @@ impl WheelCore {
             let (_, prev, next) = nodes.links(node);
             let deadline = nodes.deadline(node);
             let finer = self.geometry.slot_for(deadline, level - 1);
-            if (start..window_end).contains(&deadline) && finer != last {
+            if (start..window_end).contains(&deadline) && finer < limit {
                 self.lists.unlink_between(nodes, source, node, (prev, next));
                 if begun {
                     self.file(nodes, node, deadline, false);
@@ -1041,6 +1074,7 @@ impl WheelCore {
             }
             node = next;
         }
+        state.finished |= node == NIL;
         self.pre_cascaded[level] = state;
         walked
     }
@@ -1070,11 +1104,15 @@ impl WheelCore {
         // ahead of time had no poll to walk it in (a storm armed the tick before the
         // boundary). This poll still reads each of those timers, but moves only the ones
         // due sooner.
-        if self.pre_cascaded[level].start != start {
-            self.pre_cascaded[level] = PreCascade::starting(start);
+        let last = self.geometry.slots() - 1;
+        let walk = self.pre_cascaded[level];
+        if walk.start != start || walk.pass_from != last {
+            // What an earlier pass left, due in the window's last slots but one, is walked
+            // again, as is everything when no pass came.
+            self.pre_cascaded[level] = PreCascade::starting(start, last);
         }
         self.walk_down(nodes, level, slot, u64::MAX);
-        self.pre_cascaded[level] = PreCascade::starting(u64::MAX);
+        self.pre_cascaded[level] = PreCascade::starting(u64::MAX, 0);
         self.left_at_boundary[level] = start;
         true
     }
@@ -1203,15 +1241,27 @@ impl WheelCore {
 
     /// When a coarse slot of more than the move at its start should do at once comes up
     /// for [`pre_cascade`](Self::pre_cascade): the tick by which polls should start
-    /// moving it, at [`FILL_PER_TICK`]'s pace, but not before `elapsed` reaches the last
-    /// slot of the level below (whose start this may be), and never before the next tick.
+    /// moving it, at [`FILL_PER_TICK`]'s pace, but not before `elapsed` reaches the first
+    /// of the last [`PRE_CASCADE_SLOTS`] slots of the level below (or, when a pass has
+    /// walked the whole slot, the next slot of the level below, which begins the next
+    /// pass), and never before the next tick.
     /// A slot whose timers can never fire (all at the end of the tick range) asks for none.
     fn pre_cascade_tick(&self) -> Option<u64> {
         (2..self.geometry.levels())
             .filter_map(|level| {
                 let (start, left) = self.next_big_coarse_slot(level)?;
-                let last_start = start - (1 << self.geometry.shift(level - 1));
-                Some(self.first_move_tick(self.pre_cascade_due(level, start), left, last_start))
+                let below = 1_u64 << self.geometry.shift(level - 1);
+                let walk = &self.pre_cascaded[level];
+                let earliest = if walk.start == start && walk.finished {
+                    // The pass has walked it all: the next can begin with the next slot
+                    // of the level below.
+                    let from = walk.pass_from as u64 + 1;
+                    (start - (self.geometry.slots() as u64) * below) + from * below
+                } else {
+                    let window = PRE_CASCADE_SLOTS.min(self.geometry.slots() - 1) as u64;
+                    start.saturating_sub(window * below)
+                };
+                Some(self.first_move_tick(self.pre_cascade_due(level, start), left, earliest))
             })
             .min()
     }
@@ -1235,10 +1285,14 @@ impl WheelCore {
             if state.earliest == NEVER {
                 continue;
             }
-            let left = if self.pre_cascaded[level].start == start {
-                self.pre_cascade_left(level, slot)
-            } else {
+            let walk = &self.pre_cascaded[level];
+            let left = if walk.start != start {
                 u64::from(state.timers.len())
+            } else if walk.finished && walk.pass_from + 1 < self.geometry.slots() {
+                // A pass is over, and what it left waits for the next.
+                walk.kept.max(self.pre_cascade_left(level, slot))
+            } else {
+                self.pre_cascade_left(level, slot)
             };
             if left > LOOKAHEAD_BUDGET as u64 {
                 return Some((start, left));
