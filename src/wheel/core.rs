@@ -1221,12 +1221,17 @@ impl WheelCore {
     }
 
     /// The tick by which [`pre_cascade`](Self::pre_cascade) should have moved level
-    /// `level`'s slot beginning at `start`: a slot of the level below earlier, so that the
-    /// level below's own walk (of the slot this one fills), which starts then, finds all of
-    /// it; for level 2, the tick before the slot (the lookahead's fill of the first block
-    /// runs beside it).
+    /// `level`'s slot beginning at `start`: the level below's window earlier
+    /// ([`PRE_CASCADE_SLOTS`] of its own slots below it), so that the level below's own
+    /// walk (of the slot this one fills), which starts then, finds all of it; for level 2,
+    /// the tick before the slot (the lookahead's fill of the first block runs beside it).
     fn pre_cascade_due(&self, level: usize, start: u64) -> u64 {
-        start.saturating_sub(1 << self.geometry.shift(level - 2))
+        let window = if level > 2 {
+            PRE_CASCADE_SLOTS.min(self.geometry.slots() - 1) as u64
+        } else {
+            1
+        };
+        start.saturating_sub(window << self.geometry.shift(level - 2))
     }
 
     /// Timers of level `level`'s slot `slot` that [`pre_cascade`](Self::pre_cascade) has
