@@ -84,34 +84,6 @@ fn reset_target(h: &Harness, rng: &mut Rng, m: &Marks) -> u64 {
     }
 }
 
-/// Polls the way a test chooses to cross from the last poll to `to`: tick by tick, only
-/// where `next_deadline` asks, or in one jump; sometimes with a poll back in time.
-fn advance(h: &mut Harness, rng: &mut Rng, to: u64) {
-    let now = h.now_tick();
-    if to <= now {
-        let at = h.at(to.max(1));
-        h.drain(at);
-        return;
-    }
-    match rng.below(3) {
-        0 if to - now <= 300 => h.step_ticks(to - now),
-        1 => {
-            let until = h.at(to);
-            h.follow_next_deadline(100_000, Some(until));
-            h.drain(until);
-        }
-        _ => {
-            let at = h.at(to);
-            h.drain(at);
-        }
-    }
-    if rng.percent(10) {
-        // A reading older than the last one: the wheel treats it as the last.
-        let back = h.at(h.now_tick().saturating_sub(rng.range(1, 50)).max(1));
-        h.drain(back);
-    }
-}
-
 /// One storm round on a level-`level` boundary: timers in the boundary slot's last finer
 /// slot (what the boundary leaves) and elsewhere in it, a walk into the last finer slot
 /// before the boundary (for `pre_cascade` to walk and keep them), then polls across the
@@ -139,7 +111,7 @@ fn storm_round(h: &mut Harness, rng: &mut Rng, level: u32) {
     // Into the last finer slot before the boundary, where pre_cascade walks the slot.
     let walk_from = b.saturating_sub(m.finer).max(now + 1);
     let walk_at = rng.range(walk_from, b);
-    advance(h, rng, walk_at);
+    h.advance_randomly(rng, walk_at);
     // Storm timers armed after the walk began: appended after its anchor.
     for _ in 0..rng.below(20) {
         storm.push(h.insert_tick(m.last + rng.below(m.finer)));
@@ -156,7 +128,7 @@ fn storm_round(h: &mut Harness, rng: &mut Rng, level: u32) {
         _ => {}
     }
     if rng.percent(50) {
-        advance(h, rng, b - 1);
+        h.advance_randomly(rng, b - 1);
     }
     let mut points = vec![
         b,
@@ -180,7 +152,7 @@ fn storm_round(h: &mut Harness, rng: &mut Rng, level: u32) {
         if p <= h.now_tick() || rng.percent(40) {
             continue;
         }
-        advance(h, rng, p);
+        h.advance_randomly(rng, p);
         for _ in 0..rng.below(4) {
             let pick = storm[rng.below(storm.len() as u64) as usize];
             match rng.below(5) {

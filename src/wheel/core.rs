@@ -1000,9 +1000,9 @@ impl WheelCore {
             };
             let below = self.geometry.slot_for(self.elapsed, level - 1);
             let walk = self.pre_cascaded[level];
-            if walk.start != start || (walk.finished && below > walk.pass_from) {
-                // A slot of the level below has passed since the last pass: what that one
-                // left, due in the slot just passed, can move now.
+            if walk.start != start || below > walk.pass_from {
+                // A slot of the level below has passed since the pass began: what it kept,
+                // due in the slot just passed, can move now, behind its anchor or not.
                 self.pre_cascaded[level] = PreCascade::starting(start, below);
             }
             let left = self.pre_cascade_left(level, slot);
@@ -1254,18 +1254,7 @@ impl WheelCore {
     fn pre_cascade_tick(&self) -> Option<u64> {
         (2..self.geometry.levels())
             .filter_map(|level| {
-                let (start, left) = self.next_big_coarse_slot(level)?;
-                let below = 1_u64 << self.geometry.shift(level - 1);
-                let walk = &self.pre_cascaded[level];
-                let earliest = if walk.start == start && walk.finished {
-                    // The pass has walked it all: the next can begin with the next slot
-                    // of the level below.
-                    let from = walk.pass_from as u64 + 1;
-                    (start - (self.geometry.slots() as u64) * below) + from * below
-                } else {
-                    let window = PRE_CASCADE_SLOTS.min(self.geometry.slots() - 1) as u64;
-                    start.saturating_sub(window * below)
-                };
+                let (start, left, earliest) = self.next_big_coarse_slot(level)?;
                 Some(self.first_move_tick(self.pre_cascade_due(level, start), left, earliest))
             })
             .min()
@@ -1277,7 +1266,7 @@ impl WheelCore {
     /// nothing due before a storm two or more slots ahead, would otherwise sleep until
     /// the storm's slot begins and move it all in that poll. A slot whose timers can never
     /// fire (all at the end of the tick range) asks for nothing.
-    fn next_big_coarse_slot(&self, level: usize) -> Option<(u64, u64)> {
+    fn next_big_coarse_slot(&self, level: usize) -> Option<(u64, u64, u64)> {
         let current = self.geometry.slot_for(self.elapsed, level);
         let mut occupied = self.lists.levels[level].occupied & !(1 << current);
         while occupied != 0 {
@@ -1290,20 +1279,41 @@ impl WheelCore {
             if state.earliest == NEVER {
                 continue;
             }
-            let walk = &self.pre_cascaded[level];
-            let left = if walk.start != start {
-                u64::from(state.timers.len())
-            } else if walk.finished && walk.pass_from + 1 < self.geometry.slots() {
-                // A pass is over, and what it left waits for the next.
-                walk.kept.max(self.pre_cascade_left(level, slot))
-            } else {
-                self.pre_cascade_left(level, slot)
-            };
+            let (left, earliest) = self.pre_cascade_plan(level, slot, start);
             if left > LOOKAHEAD_BUDGET as u64 {
-                return Some((start, left));
+                return Some((start, left, earliest));
             }
         }
         None
+    }
+
+    /// For level `level`'s slot `slot` beginning at `start`: the timers
+    /// [`pre_cascade`](Self::pre_cascade) has yet to walk, and the tick from which it can
+    /// walk them. Before the last slot of the level below, every timer the slot holds is
+    /// walked again by some pass (what a pass keeps moves in a later one), from the start
+    /// of the window, or, when a pass has walked it all and only its kept timers wait, from
+    /// the next slot of the level below, which begins the next pass. In the last slot,
+    /// what the final pass has not walked (timers filed since included), from now: what it
+    /// keeps stays for the boundary.
+    fn pre_cascade_plan(&self, level: usize, slot: usize, start: u64) -> (u64, u64) {
+        let slots = self.geometry.slots();
+        let width = 1_u64 << self.geometry.shift(level - 1);
+        let window = PRE_CASCADE_SLOTS.min(slots - 1) as u64;
+        let window_start = start.saturating_sub(window * width);
+        let len = u64::from(self.lists.levels[level].slots[slot].timers.len());
+        let walk = &self.pre_cascaded[level];
+        if walk.start != start {
+            return (len, window_start);
+        }
+        let unwalked = self.pre_cascade_left(level, slot);
+        if walk.pass_from + 1 >= slots {
+            return (unwalked, window_start);
+        }
+        if walk.finished && unwalked <= LOOKAHEAD_BUDGET as u64 {
+            let this_slot = start - slots as u64 * width;
+            return (len, this_slot + (walk.pass_from as u64 + 1) * width);
+        }
+        (len, window_start)
     }
 
     /// Moves up to `budget` timers from the next block's level-1 slot into the lookahead,

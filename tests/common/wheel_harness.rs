@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use corewheel::{TimerKey, Wheel};
 
+use super::Rng;
+
 /// A wheel and the model of what it must hold, checked after every step.
 pub struct Harness {
     pub wheel: Wheel<u64>,
@@ -242,6 +244,43 @@ impl Harness {
         for i in 1..=n {
             let at = self.at(t + i);
             self.drain(at);
+        }
+    }
+
+    /// Crosses from the last poll to tick `to` the way `rng` chooses: tick by tick, only
+    /// where `next_deadline` asks, at a few random points on the way, or in one jump; and
+    /// sometimes polls back in time after (a reading older than the last, which the wheel
+    /// treats as the last).
+    pub fn advance_randomly(&mut self, rng: &mut Rng, to: u64) {
+        let now = self.now_tick();
+        if to <= now {
+            let at = self.at(to.max(1));
+            self.drain(at);
+            return;
+        }
+        match rng.below(4) {
+            0 if to - now <= 300 => self.step_ticks(to - now),
+            1 => {
+                let until = self.at(to);
+                self.follow_next_deadline(100_000, Some(until));
+                self.drain(until);
+            }
+            2 => {
+                let mut t = now;
+                while t < to {
+                    t = rng.range(t + 1, to + 1);
+                    let at = self.at(t);
+                    self.drain(at);
+                }
+            }
+            _ => {
+                let at = self.at(to);
+                self.drain(at);
+            }
+        }
+        if rng.percent(10) {
+            let back = self.at(self.now_tick().saturating_sub(rng.range(1, 50)).max(1));
+            self.drain(back);
         }
     }
 
