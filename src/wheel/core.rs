@@ -234,7 +234,8 @@ const INTERLEAVE: usize = 16;
 /// The pace the wheel plans its moves ahead of time at: timers a tick. A coarse slot of
 /// `n` timers gets its first move `n / FILL_PER_TICK` ticks before it begins, or as early
 /// as the move can start if that is later (the block before, for the next block; the last
-/// slot of the level below, for a level-2+ slot), and each later tick moves twice its
+/// [`PRE_CASCADE_SLOTS`] slots of the level below, for a level-2+ slot), and each later
+/// tick moves twice its
 /// share of what is left (however often it polls), so that moving a million timers due
 /// in the same second never holds up a due timer by much.
 const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;
@@ -988,9 +989,9 @@ impl WheelCore {
     /// A walk goes along the slot's list from where the last one stopped: the last timer it
     /// left in place is its anchor (moved back to the timer before it if it leaves, see
     /// [`unlink`](Self::unlink)), so timers filed into the slot since (appended at the end)
-    /// are walked too, and those left are not walked again in the same pass. Once a pass
-    /// has walked the whole list, the next slot of level `L - 1` begins another over what
-    /// it left, now that one more slot is behind. Coarser levels go first, so that what
+    /// are walked too, and those left are not walked again in the same pass. When a slot of
+    /// level `L - 1` passes, another pass begins from the head, over what is left, now that
+    /// one more slot is behind. Coarser levels go first, so that what
     /// level `L + 1` moves into level `L`'s next slot is walked by level `L` in the same
     /// poll.
     fn pre_cascade<N: Links>(&mut self, nodes: &mut N) {
