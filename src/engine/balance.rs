@@ -125,6 +125,27 @@ impl Balance {
         self.watched(shards, shard, now_tick)
     }
 
+    /// Does `work`, user code a worker runs for `shard` (its callbacks, or the drops of
+    /// captures its look freed), with `shard` marked running meanwhile, having first seen
+    /// to a watcher as [`running`](Self::running) or [`dropping`](Self::dropping) does:
+    /// user code may block, and then `shard`'s timers must be rescued.
+    pub(crate) fn with_user_code<R>(
+        &self,
+        (shards, shard): (&[Shard], &Shard),
+        now_tick: u64,
+        code: UserCode,
+        work: impl FnOnce() -> R,
+    ) -> R {
+        shard.set_running(true);
+        match code {
+            UserCode::Callbacks => self.running(shards, shard, now_tick),
+            UserCode::Drops => self.dropping(shards, shard, now_tick),
+        };
+        let done = work();
+        shard.set_running(false);
+        done
+    }
+
     /// Wakes a parked worker to watch `shard`, marked running, unless someone watches or
     /// another worker will look by `rescue_after` ticks on anyway. Returns whether it did.
     fn watched(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
@@ -281,7 +302,7 @@ impl Balance {
             self.wake_one(shards);
         }
         let ran = run.map(|run| {
-            Helper::running(helper, now_tick, || {
+            Helper::with_user_code(helper, now_tick, UserCode::Callbacks, || {
                 runner::run(shard, &run, now_tick, false)
             })
         });
@@ -299,43 +320,39 @@ pub(crate) struct Helper<'a> {
 }
 
 impl Helper<'_> {
-    /// Runs `run`, which runs timers taken from another shard, with the helper's own
-    /// shard counted as running meanwhile, as when it runs its own: a callback there may
-    /// block like any other, and then its own shard's timers must be rescued (its wheel
-    /// goes unlooked at), and an owner that begins running must not count on it to watch.
-    /// Only around a run actually taken: a stand-in that finds nothing to run marks
-    /// nothing, or every look at a stuck owner would wake another worker to watch.
-    fn running<R>(helper: Option<&Self>, now_tick: u64, run: impl FnOnce() -> R) -> R {
-        Self::marked(helper, run, |balance, shards, mine| {
-            balance.running(shards, mine, now_tick)
-        })
-    }
-
-    /// Drops the captures of timers a stand-in's look freed, as
-    /// [`running`](Self::running) runs callbacks, but recording no run (see
-    /// [`Balance::dropping`]), so that a watcher woken for it does not linger.
-    fn dropping(helper: Option<&Self>, now_tick: u64, drop: impl FnOnce()) {
-        Self::marked(helper, drop, |balance, shards, mine| {
-            balance.dropping(shards, mine, now_tick)
-        });
-    }
-
-    /// Runs `work` with the helper's own shard marked running, `watch` having seen to a
-    /// watcher first.
-    fn marked<R>(
+    /// Does `work`, user code for another shard (its timers' callbacks, taken from its run
+    /// queue, or the drops of captures a stand-in's look freed), with the helper's own
+    /// shard counted as running meanwhile, as when it runs its own (see
+    /// [`Balance::with_user_code`]): a callback there may block like any other, and then its
+    /// own shard's timers must be rescued (its wheel goes unlooked at), and an owner that
+    /// begins running must not count on it to watch. Only around work actually taken: a
+    /// stand-in that finds nothing to run marks nothing, or every look at a stuck owner
+    /// would wake another worker to watch.
+    fn with_user_code<R>(
         helper: Option<&Self>,
+        now_tick: u64,
+        code: UserCode,
         work: impl FnOnce() -> R,
-        watch: impl FnOnce(&Balance, &[Shard], &Shard) -> bool,
     ) -> R {
-        let Some((helper, mine)) = helper.and_then(|h| Some((h, h.shards.get(h.me)?))) else {
-            return work();
-        };
-        mine.set_running(true);
-        watch(helper.balance, helper.shards, mine);
-        let done = work();
-        mine.set_running(false);
-        done
+        match helper.and_then(|h| Some((h, h.shards.get(h.me)?))) {
+            Some((helper, mine)) => {
+                helper
+                    .balance
+                    .with_user_code((helper.shards, mine), now_tick, code, work)
+            }
+            None => work(),
+        }
     }
+}
+
+/// What user code a worker runs for a shard, which decides how a watcher is seen to.
+#[derive(Clone, Copy)]
+pub(crate) enum UserCode {
+    /// Timers' callbacks: a run, recorded, so that a watcher lingers after it.
+    Callbacks,
+    /// The drops of captures a look freed: no run is recorded, so that a watcher woken for
+    /// them does not linger (see [`Balance::dropping`]).
+    Drops,
 }
 
 /// Whether a worker other than `shard`'s owner sleeps, not running timers, until `tick` at
@@ -381,7 +398,9 @@ pub(crate) fn stand_in(
         add(&shard.counters.rescued, look.claimed as u64);
         now_tick = look.now_tick;
         if !look.unfreed.is_empty() {
-            Helper::dropping(helper, now_tick, || look.unfreed.free(shard));
+            Helper::with_user_code(helper, now_tick, UserCode::Drops, || {
+                look.unfreed.free(shard);
+            });
         }
     }
     let mut fired = 0;
@@ -390,7 +409,7 @@ pub(crate) fn stand_in(
         let Some(run) = shard.run.take(MAX_RUN) else {
             break;
         };
-        fired += Helper::running(helper, now_tick, || {
+        fired += Helper::with_user_code(helper, now_tick, UserCode::Callbacks, || {
             runner::run(shard, &run, now_tick, false)
         });
         left -= 1;

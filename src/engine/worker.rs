@@ -4,6 +4,7 @@
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
+use crate::engine::balance::UserCode;
 use crate::engine::runner;
 use crate::engine::shard_parts::AWAKE;
 use crate::engine::shared::EngineShared;
@@ -95,10 +96,9 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         if !look.unfreed.is_empty() {
             // Captures' `Drop`s are user code, run like callbacks: a watcher stands in if
             // one blocks.
-            shard.set_running(true);
-            balance.dropping(shards, shard, now_tick);
-            look.unfreed.free(shard);
-            shard.set_running(false);
+            balance.with_user_code((shards, shard), now_tick, UserCode::Drops, || {
+                look.unfreed.free(shard);
+            });
         }
         if shared.shutdown.load(Ordering::SeqCst) {
             shard.finish(shared.pending_mode(), now);
@@ -110,10 +110,9 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         // One run at a time, looking at the wheel in between, so that the heartbeat stays
         // fresh while the owner makes progress.
         if let Some(run) = shard.run.take(MAX_RUN) {
-            shard.set_running(true);
-            balance.running(shards, shard, now_tick);
-            runner::run(shard, &run, now_tick, true);
-            shard.set_running(false);
+            balance.with_user_code((shards, shard), now_tick, UserCode::Callbacks, || {
+                runner::run(shard, &run, now_tick, true)
+            });
             continue;
         }
         if look.more_due || balance.help(shards, &shared.shutdown, index, (now, now_tick)) {

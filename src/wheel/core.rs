@@ -235,9 +235,8 @@ const INTERLEAVE: usize = 16;
 /// `n` timers gets its first move `n / FILL_PER_TICK` ticks before it begins, or as early
 /// as the move can start if that is later (the block before, for the next block; the last
 /// [`PRE_CASCADE_SLOTS`] slots of the level below, for a level-2+ slot), and each later
-/// tick moves twice its
-/// share of what is left (however often it polls), so that moving a million timers due
-/// in the same second never holds up a due timer by much.
+/// tick moves twice its share of what is left (however often it polls), so that moving a
+/// million timers due in the same second never holds up a due timer by much.
 const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;
 
 /// How many of `left` timers a tick moves ahead of time when `ticks_left` ticks remain
@@ -948,18 +947,25 @@ impl WheelCore {
 
     /// The coarse slot that [`pre_cascade`](Self::pre_cascade) may move from at level
     /// `level` (2 or more) now: when `elapsed` is in one of the last
-    /// [`PRE_CASCADE_SLOTS`] slots of level `level - 1` under its level-`level` slot, the
-    /// next level-`level` slot's start and index, if its
-    /// timers are on this level (at the start of a new rotation of the level above, they
-    /// are there only as far as that level's own move has put them; at the top level,
-    /// never: they are on the overflow list).
+    /// [`pre_cascade_window`](Self::pre_cascade_window) slots of level `level - 1` under its
+    /// level-`level` slot (not its first: none is behind it then), the next level-`level`
+    /// slot's start and index, if its timers are on this level (at the start of a new
+    /// rotation of the level above, they are there only as far as that level's own move has
+    /// put them; at the top level, never: they are on the overflow list).
     fn pre_cascade_source(&self, level: usize) -> Option<(u64, usize)> {
-        let last = self.geometry.slots() - 1;
-        let below = self.geometry.slot_for(self.elapsed, level - 1);
-        if below == 0 || below + PRE_CASCADE_SLOTS <= last {
+        let slots = self.geometry.slots() as u64;
+        let below = self.geometry.slot_for(self.elapsed, level - 1) as u64;
+        if below == 0 || below + self.pre_cascade_window() < slots {
             return None;
         }
         self.next_coarse_slot(level)
+    }
+
+    /// The slots of a level in which [`pre_cascade`](Self::pre_cascade) moves the next
+    /// slot of the level above down: [`PRE_CASCADE_SLOTS`], or all but the first on a wheel
+    /// of fewer slots a level.
+    fn pre_cascade_window(&self) -> u64 {
+        PRE_CASCADE_SLOTS.min(self.geometry.slots() - 1) as u64
     }
 
     /// The start and index of the level-`level` slot after `elapsed`'s, if its timers can
@@ -991,9 +997,8 @@ impl WheelCore {
     /// [`unlink`](Self::unlink)), so timers filed into the slot since (appended at the end)
     /// are walked too, and those left are not walked again in the same pass. When a slot of
     /// level `L - 1` passes, another pass begins from the head, over what is left, now that
-    /// one more slot is behind. Coarser levels go first, so that what
-    /// level `L + 1` moves into level `L`'s next slot is walked by level `L` in the same
-    /// poll.
+    /// one more slot is behind. Coarser levels go first, so that what level `L + 1` moves
+    /// into level `L`'s next slot is walked by level `L` in the same poll.
     fn pre_cascade<N: Links>(&mut self, nodes: &mut N) {
         for level in (2..self.geometry.levels()).rev() {
             let Some((start, slot)) = self.pre_cascade_source(level) else {
@@ -1022,11 +1027,11 @@ impl WheelCore {
     /// Walks up to `budget` timers of level `level`'s slot `slot`, the one
     /// `pre_cascaded[level]` is walking, on from its anchor, and moves down a level those
     /// due in a slot of the level below that `elapsed` has passed (at the boundary, any
-    /// but the slot's last); the rest stay, and the last of
-    /// them becomes the anchor. Before the slot begins they go to that level's next
-    /// rotation ([`pre_cascade`](Self::pre_cascade)); at its boundary, to where they are
-    /// due from `elapsed` ([`leave_at_boundary`](Self::leave_at_boundary)), since the
-    /// slot they would go to may then be the current one. Returns how many it walked.
+    /// but the slot's last); the rest stay, and the last of them becomes the anchor. Before
+    /// the slot begins they go to that level's next rotation
+    /// ([`pre_cascade`](Self::pre_cascade)); at its boundary, to where they are due from
+    /// `elapsed` ([`leave_at_boundary`](Self::leave_at_boundary)), since the slot they
+    /// would go to may then be the current one. Returns how many it walked.
     fn walk_down<N: Links>(
         &mut self,
         nodes: &mut N,
@@ -1228,7 +1233,7 @@ impl WheelCore {
     /// the tick before the slot (the lookahead's fill of the first block runs beside it).
     fn pre_cascade_due(&self, level: usize, start: u64) -> u64 {
         let window = if level > 2 {
-            PRE_CASCADE_SLOTS.min(self.geometry.slots() - 1) as u64
+            self.pre_cascade_window()
         } else {
             1
         };
@@ -1299,8 +1304,7 @@ impl WheelCore {
     fn pre_cascade_plan(&self, level: usize, slot: usize, start: u64) -> (u64, u64) {
         let slots = self.geometry.slots();
         let width = 1_u64 << self.geometry.shift(level - 1);
-        let window = PRE_CASCADE_SLOTS.min(slots - 1) as u64;
-        let window_start = start.saturating_sub(window * width);
+        let window_start = start.saturating_sub(self.pre_cascade_window() * width);
         let len = u64::from(self.lists.levels[level].slots[slot].timers.len());
         let walk = &self.pre_cascaded[level];
         if walk.start != start {
