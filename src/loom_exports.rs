@@ -347,6 +347,18 @@ impl Lane {
             .collect()
     }
 
+    /// The worker's take at tick `now`: each stack whose need has come.
+    ///
+    /// # Safety
+    /// The nodes' pool must be alive.
+    pub unsafe fn take_due(&self, now: u64) -> Vec<Node> {
+        // SAFETY: taken nodes are live, by the caller's contract.
+        self.0
+            .take_due(now, false)
+            .map(|node| unsafe { Node::new(node) })
+            .collect()
+    }
+
     /// The tick by which the worker must take the lane, `None` when empty.
     pub fn need(&self) -> Option<u64> {
         self.0.need()

@@ -149,6 +149,49 @@ fn take_against_park_and_claim_old_receives_each_node_once() {
     });
 }
 
+/// The worker takes only what is due (`take_due`) twice while the producer pushes a node
+/// due by then, parks one that is not, claims its young stack back and pushes another:
+/// every node is received exactly once, by one side, and the parked node is never the
+/// worker's (its generation's need is published with it, and comes after the worker's
+/// tick).
+#[test]
+fn take_due_against_push_park_and_claim_receives_each_node_once() {
+    model(None, || {
+        let pool = Arc::new(Pool::new());
+        let nodes = fresh_nodes(&pool, 3);
+        let lane = Arc::new(Lane::new());
+        let worker = {
+            let (lane, pool) = (Arc::clone(&lane), Arc::clone(&pool));
+            thread::spawn(move || {
+                // SAFETY: `pool`, which the nodes come from, is alive for the whole call.
+                let mut got = indexes(&unsafe { lane.take_due(4) });
+                // SAFETY: as above.
+                got.extend(indexes(&unsafe { lane.take_due(4) }));
+                drop(pool);
+                got
+            })
+        };
+        // SAFETY: this thread is the lane's only producer, each node is pushed or parked
+        // once and nothing else holds it, and `pool` outlives the lane's use.
+        let claimed = unsafe {
+            lane.push(nodes[0], 3);
+            // Its generation is needed by tick 4 + 2 * OLD_HORIZON + 1, after the worker's 4.
+            lane.park(&[(nodes[1], 50)], 4);
+            let claimed = indexes(&lane.claim());
+            lane.push(nodes[2], 20);
+            claimed
+        };
+        let by_worker = worker.join().unwrap();
+        assert!(
+            !by_worker.contains(&1),
+            "the worker took a generation not yet due: {by_worker:?}"
+        );
+        // SAFETY: the pool is alive.
+        let left = indexes(&unsafe { lane.take() });
+        each_once(3, &claimed, &by_worker, &left);
+    });
+}
+
 /// The ticks by which the nodes of `need_covers_every_node_parked_before_it_is_read` are
 /// due, by index: node 0 is pushed on the young stack, the others are parked.
 const DUE: [u64; 5] = [6, 3, 2, 9, 10];

@@ -392,6 +392,25 @@ impl Lane {
         Chain([self.young.take(), self.old[0].take(), self.old[1].take()])
     }
 
+    /// The worker's take at tick `now`: each stack whose need has come (every non-empty one
+    /// when `all`), the others left to the producer. The worker used to take all three as
+    /// soon as one was due; under load the young stack is due at nearly every tick, so the
+    /// old generations went to the wheel a tick after they were parked, and their thread
+    /// never caught a cancel there. A need read just as the producer starts a new staging
+    /// may be the last one's: taking a stack early is harmless, and one left behind is
+    /// covered by the handshake that covers [`need`](Self::need) (the producer wakes the
+    /// worker when its push lowers the need below the worker's plan).
+    pub(crate) fn take_due(&self, now: u64, all: bool) -> Chain {
+        let due = |staging: &Staging| {
+            if all || staging.need().is_some_and(|need| need <= now) {
+                staging.take()
+            } else {
+                None
+            }
+        };
+        Chain([due(&self.young), due(&self.old[0]), due(&self.old[1])])
+    }
+
     /// The tick by which the worker must take this lane (its stacks, or its forward ring),
     /// or `None` when it is empty.
     pub(crate) fn need(&self) -> Option<u64> {

@@ -196,11 +196,10 @@ impl WheelSide {
                 // empty, the next look may drop the lane.
                 shard.lanes_version.fetch_add(1, Ordering::AcqRel);
             }
-            let lane = &self.lanes[lane_index];
-            if lane.need().is_some_and(|need| all || need <= now_tick) {
-                let chain = lane.take();
-                self.receive_all(shard, chain);
-            }
+            // Only the stacks whose need has come: an old generation taken with the young
+            // stack would reach the wheel before its thread could catch its cancels.
+            let chain = self.lanes[lane_index].take_due(now_tick, all);
+            self.receive_all(shard, chain);
         }
         let inbox = std::iter::from_fn(|| {
             // SAFETY: the wheel's holder is the inbox's single consumer.
