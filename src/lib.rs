@@ -44,7 +44,7 @@ pub use engine::callback::{
 pub use engine::handle::TimerHandle;
 pub use engine::periodic::MissedTicks;
 pub use engine::shutdown::{PendingTimers, ShutdownReport};
-pub use engine::stats::{ShardStats, Stats};
+pub use engine::stats::{ShardStats, Stats, WorkerWakes};
 pub use error::{BuildError, CapacityError, Elapsed, GeometryError, ScheduleError};
 #[cfg(feature = "keyed")]
 pub use error::{KeyedError, Refused};

@@ -2,6 +2,7 @@
 //! that runs or rescues its timers. Runners add a whole run's counts at once, so a count
 //! costs a shared read-modify-write per run of timers, never per timer.
 
+use crate::engine::wakes::WakeCounters;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// The workers' counts for one shard.
@@ -26,6 +27,8 @@ pub(crate) struct ShardCounters {
     pub(crate) retired_scheduled: AtomicU64,
     pub(crate) retired_cancelled: AtomicU64,
     pub(crate) retired_reset: AtomicU64,
+    /// Why the owner's sleeps ended.
+    pub(crate) wakes: WakeCounters,
 }
 
 /// Adds `n` to a count that more than one thread may add to.

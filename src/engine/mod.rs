@@ -103,6 +103,7 @@ pub(crate) mod thread_role;
 pub(crate) mod timer_node;
 pub(crate) mod unfreed;
 pub(crate) mod waker_timer;
+pub(crate) mod wakes;
 pub(crate) mod wheel_side;
 // loom models drive engines by hand, without worker threads.
 #[cfg(not(loom))]
@@ -122,6 +123,7 @@ use crate::engine::shared::{EngineShared, When};
 use crate::engine::shutdown::{PendingTimers, ShutdownReport};
 use crate::engine::stats::{ShardStats, Stats};
 use crate::engine::thread_role::Turn;
+use crate::engine::wakes::WakeCounters;
 use crate::error::{BuildError, ScheduleError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -444,6 +446,7 @@ impl TimerEngine {
                 ran_at_shutdown: read(&counters.ran_at_shutdown),
                 dropped_at_shutdown: read(&counters.dropped_at_shutdown),
                 pending: 0,
+                wakes: WakeCounters::read(counters),
             };
             for lane in lanes.iter() {
                 one.scheduled += read(&lane.scheduled);

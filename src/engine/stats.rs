@@ -33,6 +33,56 @@ pub struct ShardStats {
     pub ran_at_shutdown: u64,
     /// Pending timers dropped unrun by a shutdown.
     pub dropped_at_shutdown: u64,
+    /// Why the shard's worker woke up, how many times: at rest, the engine's cost.
+    pub wakes: WorkerWakes,
+}
+
+/// How many times a shard's worker woke from sleep, by what it had slept until and what it
+/// found. A worker with nothing pending sleeps until woken, so an idle engine's counts
+/// stay still; at a light load, these wake-ups are most of what the engine costs.
+///
+/// ```
+/// let engine = corewheel::TimerEngine::builder().workers(1).build()?;
+/// let wakes = engine.stats().total.wakes;
+/// println!("{} wake-ups, {} of them with timers due", wakes.total(), wakes.due);
+/// # Ok::<(), corewheel::BuildError>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerWakes {
+    /// At the tick it planned, with timers due: it ran them.
+    pub due: u64,
+    /// At the tick it planned for its wheel, with no timer due: timers to move down ahead
+    /// of time, or the tick of a timer cancelled since.
+    pub wheel: u64,
+    /// At the tick by which it had to take what a thread left on its lane (cancels, timers
+    /// due later), with no timer due.
+    pub lane: u64,
+    /// At a tick it planned no more than a few ticks ahead, with no timer due: threads kept
+    /// arming timers due before its plans, so it wakes on its own for a while rather than
+    /// be woken for each.
+    pub close: u64,
+    /// To look at the other shards for an owner stuck in a callback (see
+    /// [`rescue_after`](crate::EngineBuilder::rescue_after)).
+    pub watch: u64,
+    /// Before its plan, woken by another thread: a timer armed to fall due sooner, a
+    /// backlog to help with, a stuck owner to watch, shutdown.
+    pub woken: u64,
+}
+
+impl WorkerWakes {
+    /// Every wake-up counted.
+    pub fn total(&self) -> u64 {
+        self.due + self.wheel + self.lane + self.close + self.watch + self.woken
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.due += other.due;
+        self.wheel += other.wheel;
+        self.lane += other.lane;
+        self.close += other.close;
+        self.watch += other.watch;
+        self.woken += other.woken;
+    }
 }
 
 impl ShardStats {
@@ -48,6 +98,7 @@ impl ShardStats {
         self.rescued += other.rescued;
         self.ran_at_shutdown += other.ran_at_shutdown;
         self.dropped_at_shutdown += other.dropped_at_shutdown;
+        self.wakes.add(&other.wakes);
     }
 }
 

@@ -19,6 +19,7 @@ use crate::engine::shard_parts::ShardParts;
 use crate::engine::shutdown::PendingTimers;
 use crate::engine::timer_node::TimerNode;
 use crate::engine::unfreed::{Unfreed, UnfreedBuilder};
+use crate::engine::wakes::Planned;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::sync::mpsc::Pop;
@@ -64,6 +65,9 @@ pub(crate) struct Extracted {
     /// The tick by which the owner must look again: the wheel's next deadline, or a lane's
     /// need; `None` when nothing will ever be due.
     pub(crate) next: Option<u64>,
+    #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+    /// What `next` is for: the wheel's work, or a lane's need.
+    pub(crate) next_for: Planned,
     /// Timers the look took off for good whose callbacks are still to be dropped, by the
     /// caller once it has let the wheel go.
     pub(crate) unfreed: Unfreed,
@@ -90,6 +94,7 @@ impl WheelSide {
                 now_tick: self.wheel.elapsed(),
                 more_due: false,
                 next: None,
+                next_for: Planned::Wheel,
                 unfreed: Unfreed::NONE,
             };
         }
@@ -102,24 +107,31 @@ impl WheelSide {
         self.freed.give_back(&shard.pool);
         let wheel_next = self.wheel.next_tick();
         shard.publish_next_due(wheel_next.unwrap_or(u64::MAX));
-        let next = [
+        let for_wheel = [
             more_due.then_some(now_tick),
             wheel_next,
             // Before the next deadline when the wheel has timers to move down ahead of
             // time (a coarse slot with many timers coming up).
             self.wheel.move_ahead_tick(),
-            self.lanes_need(),
-            Some(shard.urgent()),
         ]
         .into_iter()
         .flatten()
-        .min()
-        .filter(|&tick| tick != u64::MAX);
+        .min();
+        let for_lanes = [self.lanes_need(), Some(shard.urgent())]
+            .into_iter()
+            .flatten()
+            .min();
+        let (next, next_for) = match (for_wheel, for_lanes) {
+            (Some(wheel), Some(lanes)) if lanes < wheel => (Some(lanes), Planned::Lane),
+            (None, lanes) => (lanes, Planned::Lane),
+            (wheel, _) => (wheel, Planned::Wheel),
+        };
         Extracted {
             claimed,
             now_tick,
             more_due,
-            next,
+            next: next.filter(|&tick| tick != u64::MAX),
+            next_for,
             unfreed: self.unfreed.take(),
         }
     }

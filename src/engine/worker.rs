@@ -9,6 +9,7 @@ use crate::engine::runner;
 use crate::engine::shard_parts::AWAKE;
 use crate::engine::shared::EngineShared;
 use crate::engine::thread_role;
+use crate::engine::wakes::{Planned, Woke};
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::sync::run_queue::MAX_RUN;
@@ -89,10 +90,15 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
     let balance = &shared.balance;
     shard.beat(shared.now_tick());
     let mut closeness = Closeness::default();
+    // The last wake-up, counted once the look after it shows whether timers were due.
+    let mut woke_up: Option<Woke> = None;
     loop {
         let now = shared.clock.now();
         let now_tick = shared.ticks.floor(now);
         let look = shard.owner_look(now, now_tick);
+        if let Some(woke) = woke_up.take() {
+            shard.counters.wakes.count(woke, look.claimed);
+        }
         if !look.unfreed.is_empty() {
             // Captures' `Drop`s are user code, run like callbacks: a watcher stands in if
             // one blocks.
@@ -118,16 +124,28 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         if look.more_due || balance.help(shards, &shared.shutdown, index, (now, now_tick)) {
             continue;
         }
-        let plan = closeness.plan(look.next.unwrap_or(u64::MAX), now_tick);
+        let planned = look.next.unwrap_or(u64::MAX);
+        let plan = closeness.plan(planned, now_tick);
         if plan <= now_tick {
             continue;
         }
+        let mut planned_for = if plan < planned {
+            Planned::Close
+        } else {
+            look.next_for
+        };
         shard.plan_wake(plan);
         let idle = balance.begin_idle(shards, index, now_tick);
         let must_turn = shard.with_wheel_waiting(|wheel| wheel.must_turn_before(shard, plan));
         let wake = match &idle {
             Some(idle) if !must_turn && !shared.shutdown.load(Ordering::SeqCst) => {
-                idle.watch.map_or(plan, |watch| watch.min(plan))
+                match idle.watch {
+                    Some(watch) if watch < plan => {
+                        planned_for = Planned::Watch;
+                        watch
+                    }
+                    _ => plan,
+                }
             }
             _ => now_tick,
         };
@@ -139,6 +157,10 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
                 std::thread::park_timeout(at.saturating_duration_since(shared.clock.now()));
             }
             let woke = shared.now_tick();
+            woke_up = Some(Woke {
+                planned: planned_for,
+                early: woke < wake,
+            });
             if shard.take_undercut() && woke < wake {
                 closeness.undercut(woke);
             }

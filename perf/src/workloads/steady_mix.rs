@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::task::Context;
 use std::time::{Duration, Instant};
 
+use corewheel::WorkerWakes;
 use tokio::time::Sleep;
 
 use crate::cpu_time::{cpu_between, process_context_switches, process_cpu_time};
@@ -328,6 +329,8 @@ struct Run {
     cpu: Option<Duration>,
     /// The process's context switches over the same span.
     switches: Option<u64>,
+    /// The engine's worker wake-ups over the same span, by cause (the engine only).
+    wakes: Option<WorkerWakes>,
     counts: Counts,
 }
 
@@ -336,6 +339,30 @@ struct Timed {
     wall: Duration,
     cpu: Option<Duration>,
     switches: Option<u64>,
+    wakes: Option<WorkerWakes>,
+}
+
+/// Reads a subject's own count of its threads' wake-ups, where it keeps one.
+type WakesReader<'a> = &'a (dyn Fn() -> Option<WorkerWakes> + Sync);
+
+/// For subjects that keep no count of their wake-ups.
+const NO_WAKES: WakesReader<'static> = &|| None;
+
+/// The engine's count of its workers' wake-ups.
+fn engine_wakes(engine: &corewheel::TimerEngine) -> Option<WorkerWakes> {
+    Some(engine.stats().total.wakes)
+}
+
+/// `after - before`, cause by cause.
+fn wakes_between(before: WorkerWakes, after: WorkerWakes) -> WorkerWakes {
+    WorkerWakes {
+        due: after.due - before.due,
+        wheel: after.wheel - before.wheel,
+        lane: after.lane - before.lane,
+        close: after.close - before.close,
+        watch: after.watch - before.watch,
+        woken: after.woken - before.woken,
+    }
 }
 
 /// The start and end lines of a run, and the readings the main thread takes at them.
@@ -348,10 +375,16 @@ struct Lines {
 impl Lines {
     /// Called by the main thread: starts the run, waits out its time, and reads the CPU
     /// the process used from the start to the moment every thread has finished.
-    fn time_run(&self, threads: usize, duration: Duration) -> Result<Timed, String> {
+    fn time_run(
+        &self,
+        threads: usize,
+        duration: Duration,
+        wakes: WakesReader,
+    ) -> Result<Timed, String> {
         self.start.gather(threads)?;
         let cpu_before = process_cpu_time();
         let switches_before = process_context_switches();
+        let wakes_before = wakes();
         let start = self.start.go();
         std::thread::sleep(duration);
         self.end.gather(threads)?;
@@ -359,11 +392,15 @@ impl Lines {
         let switches = process_context_switches()
             .zip(switches_before)
             .map(|(after, before)| after.saturating_sub(before));
+        let wakes = wakes()
+            .zip(wakes_before)
+            .map(|(after, before)| wakes_between(before, after));
         let end = self.end.go();
         Ok(Timed {
             wall: end - start,
             cpu,
             switches,
+            wakes,
         })
     }
 }
@@ -424,6 +461,7 @@ impl Ring {
 /// Runs `part(index, lines)` on `threads` plain threads and times the run.
 fn on_plain_threads(
     config: Config,
+    wakes: WakesReader,
     part: impl Fn(usize, &Lines) -> Result<Counts, String> + Sync,
 ) -> Result<Run, String> {
     let lines = Lines::default();
@@ -434,7 +472,7 @@ fn on_plain_threads(
                 scope.spawn(move || part(index, lines))
             })
             .collect();
-        let timed = lines.time_run(config.threads, config.duration);
+        let timed = lines.time_run(config.threads, config.duration, wakes);
         let mut counts = Counts::default();
         for handle in handles {
             let part = handle
@@ -446,11 +484,13 @@ fn on_plain_threads(
             wall,
             cpu,
             switches,
+            wakes,
         } = timed?;
         Ok(Run {
             wall,
             cpu,
             switches,
+            wakes,
             counts,
         })
     })
@@ -458,7 +498,7 @@ fn on_plain_threads(
 
 fn run_engine(config: Config) -> Result<Run, String> {
     let engine = engine::build()?;
-    let run = on_plain_threads(config, |index, lines| {
+    let run = on_plain_threads(config, &|| engine_wakes(&engine), |index, lines| {
         let mut slots = SharedSlots::new(&engine, config.ring_slots(index));
         thread_part(&mut slots, index, config, lines)
     })?;
@@ -476,7 +516,7 @@ fn engine_saw(engine: &corewheel::TimerEngine, run: Run) -> Result<Run, String> 
 
 fn run_mutex_heap(config: Config) -> Result<Run, String> {
     let heap = SharedHeap::start()?;
-    let run = on_plain_threads(config, |index, lines| {
+    let run = on_plain_threads(config, NO_WAKES, |index, lines| {
         let mut slots = SharedSlots::new(&heap, config.ring_slots(index));
         thread_part(&mut slots, index, config, lines)
     })?;
@@ -544,12 +584,18 @@ async fn tokio_part(index: usize, config: Config, lines: Arc<Lines>) -> Result<C
 }
 
 fn run_tokio(config: Config) -> Result<Run, String> {
-    on_tokio(config, |index, lines| tokio_part(index, config, lines))
+    on_tokio(config, NO_WAKES, |index, lines| {
+        tokio_part(index, config, lines)
+    })
 }
 
 /// Runs `part(index, lines)` as one task per thread on a tokio runtime of `threads`
 /// workers, and times the run.
-fn on_tokio<F>(config: Config, part: impl Fn(usize, Arc<Lines>) -> F) -> Result<Run, String>
+fn on_tokio<F>(
+    config: Config,
+    wakes: WakesReader,
+    part: impl Fn(usize, Arc<Lines>) -> F,
+) -> Result<Run, String>
 where
     F: std::future::Future<Output = Result<Counts, String>> + Send + 'static,
 {
@@ -569,13 +615,14 @@ where
             break;
         }
     }
-    let timed = spawned.and_then(|()| lines.time_run(config.threads, config.duration));
+    let timed = spawned.and_then(|()| lines.time_run(config.threads, config.duration, wakes));
     let parts = runtime.block_on(join_all(handles));
     // The main thread's failure first: the tasks' are then only that it called them off.
     let Timed {
         wall,
         cpu,
         switches,
+        wakes,
     } = timed?;
     let mut counts = Counts::default();
     for part in parts {
@@ -586,6 +633,7 @@ where
         wall,
         cpu,
         switches,
+        wakes,
         counts,
     })
 }
@@ -625,7 +673,7 @@ fn measure_light(subject: Subject, config: Config) -> Result<Run, String> {
         Subject::Engine => {
             let engine = Arc::new(engine::build()?);
             let shared = Arc::clone(&engine);
-            let run = on_tokio(config, move |index, lines| {
+            let run = on_tokio(config, &|| engine_wakes(&engine), move |index, lines| {
                 task_part(Arc::clone(&shared), index, config, lines)
             })?;
             engine_saw(&engine, run)
@@ -634,7 +682,7 @@ fn measure_light(subject: Subject, config: Config) -> Result<Run, String> {
         Subject::MutexHeap => {
             let heap = Arc::new(SharedHeap::start()?);
             let shared = Arc::clone(&heap);
-            let run = on_tokio(config, move |index, lines| {
+            let run = on_tokio(config, NO_WAKES, move |index, lines| {
                 task_part(Arc::clone(&shared), index, config, lines)
             })?;
             heap_saw(&heap, run)
@@ -780,6 +828,32 @@ fn run_as(
         metrics.extend(cpu_per_timer[row].map(|ns| ("cpu_ns_per_timer", ns, "ns")));
         metrics.extend(busy.map(|busy| ("cpu_cores_busy", busy, "cores")));
         metrics.extend(wakes.map(|wakes| ("context_switches_per_s", wakes, "1/s")));
+        if let Some(worker) = run.wakes {
+            let per_s = |count: u64| count as f64 / run.wall.as_secs_f64();
+            let shown = |count: u64| thousands(per_s(count) as u64);
+            table.note(format!(
+                "{subject_name}: its workers woke {} times a second (stats().total.wakes): {} with timers due, and with none: {} for the wheel, {} for a lane's need, {} sleeping close, {} to watch for stuck owners, {} woken early by another thread",
+                shown(worker.total()),
+                shown(worker.due),
+                shown(worker.wheel),
+                shown(worker.lane),
+                shown(worker.close),
+                shown(worker.watch),
+                shown(worker.woken),
+            ));
+            metrics.extend(
+                [
+                    ("worker_wakes_per_s", worker.total()),
+                    ("worker_wakes_due_per_s", worker.due),
+                    ("worker_wakes_wheel_per_s", worker.wheel),
+                    ("worker_wakes_lane_per_s", worker.lane),
+                    ("worker_wakes_close_per_s", worker.close),
+                    ("worker_wakes_watch_per_s", worker.watch),
+                    ("worker_wakes_woken_per_s", worker.woken),
+                ]
+                .map(|(metric, count)| (metric, per_s(count), "1/s")),
+            );
+        }
         for (metric, value, unit) in metrics {
             csv.push(CsvRow {
                 workload: name.to_string(),
