@@ -393,8 +393,10 @@ impl TimerEngine {
 
     /// Stops the timer. `true` if and only if this call stopped it from running (for a
     /// repeating timer, from running again, even mid-callback); `false` if it already ran,
-    /// was already cancelled, or the handle is stale. O(1) from any thread; the timer's
-    /// node goes back to the pool within about a tick.
+    /// was already cancelled, or the handle is stale. O(1) from any thread. The timer's
+    /// node, and its callback's captures, go back within a few ticks while the calling
+    /// thread keeps using the engine; a thread that falls quiet right after cancelling may
+    /// leave them on its lane for up to 32 ticks, when its shard's worker takes them.
     #[inline]
     pub fn cancel(&self, handle: TimerHandle) -> bool {
         EngineShared::cancel(&self.shared, handle)
