@@ -369,6 +369,43 @@ impl Lane {
 /// ([`crate::engine::forward_ring::RING`]).
 pub const FORWARD_RING: usize = crate::engine::forward_ring::RING;
 
+/// A shard's urgent tick, as resets of timers in transit ask for it and the worker takes
+/// it ([`crate::engine::shard_parts::ShardParts`]).
+pub struct Urgency(crate::engine::shard_parts::ShardParts);
+
+impl Urgency {
+    /// No urgency asked for.
+    #[allow(clippy::new_without_default, reason = "test-only wrapper")]
+    pub fn new() -> Self {
+        Self(crate::engine::shard_parts::ShardParts::new(1))
+    }
+
+    /// Asks the worker to take every lane by tick `need`.
+    pub fn make_urgent(&self, need: u64) {
+        self.0.make_urgent(need);
+    }
+
+    /// How many times urgency has been asked for.
+    pub fn asked(&self) -> u64 {
+        self.0.urgent_asked()
+    }
+
+    /// A producer's check after publishing timers it cannot look at again.
+    pub fn ask_again_if_asked_since(&self, asked: u64, now: u64) {
+        self.0.ask_again_if_asked_since(asked, now);
+    }
+
+    /// The worker at tick `now`: whether it takes the urgent tick (and then every lane).
+    pub fn take_urgent(&self, now: u64) -> bool {
+        self.0.take_urgent(now)
+    }
+
+    /// The urgent tick still asked for, `u64::MAX` if none.
+    pub fn urgent(&self) -> u64 {
+        self.0.urgent()
+    }
+}
+
 /// The most indices one take from a forward ring returns
 /// ([`crate::engine::forward_ring::CHUNK`]).
 pub const FORWARD_CHUNK: usize = crate::engine::forward_ring::CHUNK;

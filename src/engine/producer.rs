@@ -294,6 +294,8 @@ impl EngineShared {
     /// trims, each a step of its own below.
     fn reclaim_entered(&self, lane: &Lane, shard: &Shard) -> Chain {
         let now = self.now_tick();
+        // Before any node is taken: see `look_again`.
+        let urgent_asked = shard.urgent_asked();
         let mut recycled = ChainBuilder::default();
         let park_after = now.saturating_add(OLD_HORIZON);
         let mut forward = ForwardBatch::new();
@@ -304,10 +306,14 @@ impl EngineShared {
         // `2 * CLAIM_EVERY`; a young stack holds about that many).
         let mut published = [(None, 0); 2 * CLAIM_EVERY as usize];
         let mut published_count = 0;
+        // More were published than `published` holds (an old generation taken back).
+        let mut unseen = false;
         let mut look_again_at = |node, need| {
             if let Some(slot) = published.get_mut(published_count) {
                 *slot = (Some(node), need);
                 published_count += 1;
+            } else {
+                unseen = true;
             }
         };
         // SAFETY: this thread is the lane's producer.
@@ -383,7 +389,12 @@ impl EngineShared {
         unsafe {
             Self::hold_back(lane, shard, park, keep, now);
             forward.send(lane, shard, now);
-            Self::look_again(shard, &published[..published_count]);
+            Self::look_again(
+                shard,
+                &published[..published_count],
+                (unseen, urgent_asked),
+                now,
+            );
             Self::trim_magazine(lane, shard);
         }
         recycled.into_chain()
@@ -423,9 +434,22 @@ impl EngineShared {
     /// the need it went with, and its urgent tick may already have been spent, so look at
     /// their deadlines again now that the worker can see them (deadlines are atomics, so
     /// reading them after the worker may have taken the nodes is harmless). `published`
-    /// pairs each node with the need it went with.
+    /// pairs each node with the need it went with. When more were published than it
+    /// holds (`unseen`), the rest cannot be looked at: if any urgency was asked for since
+    /// the reclaim began (`asked`, the count then), this asks for it again at `now`, so
+    /// that the worker takes everything at once and files each timer by its deadline as
+    /// it stands. A hostile review found the gap by reading: a reset racing the take-back
+    /// of a large old generation could fire its timer late (never early).
     #[inline]
-    fn look_again(shard: &Shard, published: &[(Option<NonNull<TimerNode>>, u64)]) {
+    fn look_again(
+        shard: &Shard,
+        published: &[(Option<NonNull<TimerNode>>, u64)],
+        (unseen, asked): (bool, u64),
+        now: u64,
+    ) {
+        if unseen {
+            shard.ask_again_if_asked_since(asked, now);
+        }
         let moved = published
             .iter()
             .filter_map(|&(node, need)| {

@@ -45,6 +45,11 @@ pub(crate) struct ShardParts {
     /// The earliest tick by which the worker must take every lane, lowered by a reset that
     /// brings forward a timer still in transit (the lane it sits on does not know).
     urgent: CachePadded<AtomicU64>,
+    /// How many times the urgent tick has been asked for: a producer that published more
+    /// pending timers than it can look at again compares it across its reclaim (see
+    /// `look_again` in the producer). Written only by resets of timers in transit and by
+    /// those looks, so producers reading it at each reclaim seldom miss.
+    urgent_asked: CachePadded<AtomicU64>,
     /// The worker thread, once it runs (engines driven by hand have none).
     pub(crate) thread: OnceLock<std::thread::Thread>,
     pub(crate) counters: ShardCounters,
@@ -85,6 +90,7 @@ impl ShardParts {
             wake_at: CachePadded::new(AtomicU64::new(AWAKE)),
             undercut: AtomicBool::new(false),
             urgent: CachePadded::new(AtomicU64::new(u64::MAX)),
+            urgent_asked: CachePadded::new(AtomicU64::new(0)),
             thread: OnceLock::new(),
             counters: ShardCounters::default(),
             run: RunQueue::new(),
@@ -238,8 +244,30 @@ impl ShardParts {
 
     /// Lowers the tick by which the worker must take every lane, and wakes it for that.
     pub(crate) fn make_urgent(&self, need: u64) {
+        self.urgent_asked.fetch_add(1, Ordering::SeqCst);
         self.urgent.fetch_min(need, Ordering::SeqCst);
         self.wake_for(need);
+    }
+
+    /// How many times [`make_urgent`](Self::make_urgent) has been called.
+    pub(crate) fn urgent_asked(&self) -> u64 {
+        self.urgent_asked.load(Ordering::SeqCst)
+    }
+
+    /// A producer has published pending timers it cannot look at again, having read
+    /// [`urgent_asked`](Self::urgent_asked) as `asked` before it took them off its lane:
+    /// if urgency was asked for since (a reset that brought one of them forward while the
+    /// producer held it, whose urgent tick the worker may already have spent), this asks
+    /// again at `now`, so that the worker takes everything and files each timer by its
+    /// deadline as it stands.
+    pub(crate) fn ask_again_if_asked_since(&self, asked: u64, now: u64) {
+        // Pairs with the fence in `take_urgent`: if no ask is seen here, the ask comes
+        // after this thread published, and the take that answers it sees what it
+        // published.
+        fence(Ordering::SeqCst);
+        if self.urgent_asked() != asked {
+            self.make_urgent(now);
+        }
     }
 
     /// The worker takes the urgent tick if it has come (`<= now`), leaving a later one.
@@ -251,6 +279,11 @@ impl ShardParts {
             }
             return false;
         }
+        // Pairs with the fence of a producer's `look_again`: a producer that published
+        // timers and then found no new ask for urgency is ordered before the ask this
+        // take answers, so what it published is seen by the take of the lanes that
+        // follows (forward rings are read with acquire loads only).
+        fence(Ordering::SeqCst);
         true
     }
 
