@@ -132,7 +132,7 @@ use crate::sync::timer_state::Kind;
 use crate::sync::unmodelled::{self, AtomicU32, Mutex as StdMutex};
 use crate::time::clock::{Clock, MonotonicClock};
 use crate::time::cycle_clock::CycleScale;
-use crate::time::ticks::Ticks;
+use crate::time::ticks::{Ticks, nanos_of};
 
 /// Engines made so far in this process: a handle carries its engine's number, so a handle
 /// from one engine is stale in every other.
@@ -229,6 +229,7 @@ impl TimerEngine {
                 workers,
                 builder.stealing,
                 builder.rescue_after.map(u64::from),
+                nanos_of(ticks.tick()).unwrap_or(u64::MAX),
             ),
         });
         let mut engine = Self {

@@ -50,6 +50,12 @@ pub(crate) struct ShardParts {
     /// `look_again` in the producer). Written only by resets of timers in transit and by
     /// those looks, so producers reading it at each reclaim seldom miss.
     urgent_asked: CachePadded<AtomicU64>,
+    /// Nanoseconds a callback of this shard has taken lately, an average over the owner's
+    /// runs (0 until it has run some): what a backlog is worth in time, to decide whether
+    /// it pays to wake a parked worker to help (see
+    /// [`Balance::offer`](crate::engine::balance::Balance::offer)). Written by the owner
+    /// alone.
+    callback_ns: AtomicU64,
     /// The worker thread, once it runs (engines driven by hand have none).
     pub(crate) thread: OnceLock<std::thread::Thread>,
     pub(crate) counters: ShardCounters,
@@ -91,6 +97,7 @@ impl ShardParts {
             undercut: AtomicBool::new(false),
             urgent: CachePadded::new(AtomicU64::new(u64::MAX)),
             urgent_asked: CachePadded::new(AtomicU64::new(0)),
+            callback_ns: AtomicU64::new(0),
             thread: OnceLock::new(),
             counters: ShardCounters::default(),
             run: RunQueue::new(),
@@ -247,6 +254,27 @@ impl ShardParts {
         self.urgent_asked.fetch_add(1, Ordering::SeqCst);
         self.urgent.fetch_min(need, Ordering::SeqCst);
         self.wake_for(need);
+    }
+
+    /// The owner ran `callbacks` callbacks in `took`: folds them into
+    /// [`callback_ns`](Self::callback_ns), an average that follows the last few runs.
+    #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+    pub(crate) fn note_run(&self, callbacks: usize, took: std::time::Duration) {
+        if callbacks == 0 {
+            return;
+        }
+        let sample = u64::try_from(took.as_nanos() / callbacks as u128).unwrap_or(u64::MAX);
+        let average = match self.callback_ns.load(Ordering::Relaxed) {
+            0 => sample,
+            before => before - before / 4 + sample / 4,
+        };
+        // One writer: a plain store.
+        self.callback_ns.store(average.max(1), Ordering::Relaxed);
+    }
+
+    /// Nanoseconds a callback of this shard has taken lately; 0 before any run.
+    pub(crate) fn callback_ns(&self) -> u64 {
+        self.callback_ns.load(Ordering::Relaxed)
     }
 
     /// How many times [`make_urgent`](Self::make_urgent) has been called.

@@ -111,14 +111,17 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             return;
         }
         if look.claimed > 0 {
-            balance.offer(shards, shard);
+            balance.offer(shards, shard, look.more_due);
         }
         // One run at a time, looking at the wheel in between, so that the heartbeat stays
         // fresh while the owner makes progress.
         if let Some(run) = shard.run.take(MAX_RUN) {
-            balance.with_user_code((shards, shard), now_tick, UserCode::Callbacks, || {
-                runner::run(shard, &run, now_tick, true)
-            });
+            let started = std::time::Instant::now();
+            let ran =
+                balance.with_user_code((shards, shard), now_tick, UserCode::Callbacks, || {
+                    runner::run(shard, &run, now_tick, true)
+                });
+            shard.note_run(ran, started.elapsed());
             continue;
         }
         if look.more_due || balance.help(shards, &shared.shutdown, index, (now, now_tick)) {
