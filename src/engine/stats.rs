@@ -39,7 +39,10 @@ pub struct ShardStats {
 
 /// How many times a shard's worker woke from sleep, by what it had slept until and what it
 /// found. A worker with nothing pending sleeps until woken, so an idle engine's counts
-/// stay still; at a light load, these wake-ups are most of what the engine costs.
+/// stay still, once the watch for stuck owners (with two workers or more and
+/// [`rescue_after`](crate::EngineBuilder::rescue_after) on) has stopped lingering, 64 times
+/// `rescue_after` ticks after the last callback ran. At a light load, these wake-ups are
+/// most of what the engine costs.
 ///
 /// ```
 /// let engine = corewheel::TimerEngine::builder().workers(1).build()?;
