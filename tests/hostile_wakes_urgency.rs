@@ -942,14 +942,21 @@ fn parked_timers_reset_earlier_run_at_their_exact_tick() {
     }
     let reset = book.check("after the last turn", 0);
     assert!(reset > 500, "only {reset} timers were reset");
+    shut_down_dropping_the_rest(&engine, &live, (armer, resetter));
+}
+
+/// Lets the model's threads go, then shuts `engine` down dropping what is pending: the
+/// report drops exactly the timers its stats counted as neither cancelled nor fired before
+/// the threads went, and every node and capture comes back.
+fn shut_down_dropping_the_rest(engine: &TimerEngine, live: &Live, threads: impl Sized) {
     let stats = engine.stats();
-    drop((armer, resetter));
+    drop(threads);
     let report = engine.shutdown(PendingTimers::Drop);
     assert_eq!(
         report.dropped,
         stats.total.scheduled - stats.total.cancelled - stats.total.fired
     );
-    common::assert_all_given_back(&engine, &live);
+    common::assert_all_given_back(engine, live);
 }
 
 /// On a manual clock with two shards: two threads arm 150 long timers each a tick (a
@@ -1028,14 +1035,7 @@ fn resets_racing_reclaims_run_at_their_exact_tick() {
     }
     let reset = book.check("after the last turn", 0);
     assert!(reset > 500, "only {reset} timers were reset");
-    let stats = engine.stats();
-    drop((armers, resetter));
-    let report = engine.shutdown(PendingTimers::Drop);
-    assert_eq!(
-        report.dropped,
-        stats.total.scheduled - stats.total.cancelled - stats.total.fired
-    );
-    common::assert_all_given_back(&engine, &live);
+    shut_down_dropping_the_rest(&engine, &live, (armers, resetter));
 }
 
 /// On a manual clock, a turner thread turns the engine without pause while a thread arms
@@ -1165,14 +1165,7 @@ fn resets_racing_reclaims_and_turns_run_by_the_next_tick() {
         "manual race: {reset} resets, {} of them run a tick after their deadline",
         slack.iter().filter(|&&s| s == 1).count()
     );
-    let stats = engine.stats();
-    drop((armer, resetter));
-    let report = engine.shutdown(PendingTimers::Drop);
-    assert_eq!(
-        report.dropped,
-        stats.total.scheduled - stats.total.cancelled - stats.total.fired
-    );
-    common::assert_all_given_back(&engine, &live);
+    shut_down_dropping_the_rest(&engine, &live, (armer, resetter));
 }
 
 /// On a manual clock, rounds of: a thread arms long timers (it arms nothing else, so it
@@ -1321,14 +1314,7 @@ fn a_kept_timer_reset_while_its_reclaim_holds_it_runs_by_the_next_tick() {
         engine.turn();
     }
     book.check("after the rounds", 1);
-    let stats = engine.stats();
-    drop((armer, resetter));
-    let report = engine.shutdown(PendingTimers::Drop);
-    assert_eq!(
-        report.dropped,
-        stats.total.scheduled - stats.total.cancelled - stats.total.fired
-    );
-    common::assert_all_given_back(&engine, &live);
+    shut_down_dropping_the_rest(&engine, &live, (armer, resetter));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -401,12 +401,15 @@ impl Lane {
     /// covered by the handshake that covers [`need`](Self::need) (the producer wakes the
     /// worker when its push lowers the need below the worker's plan).
     pub(crate) fn take_due(&self, now: u64, all: bool) -> Chain {
+        if all {
+            return self.take();
+        }
         let due = |staging: &Staging| {
-            if all || staging.need().is_some_and(|need| need <= now) {
-                staging.take()
-            } else {
-                None
-            }
+            staging
+                .need()
+                .is_some_and(|need| need <= now)
+                .then(|| staging.take())
+                .flatten()
         };
         Chain([due(&self.young), due(&self.old[0]), due(&self.old[1])])
     }
