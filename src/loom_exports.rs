@@ -222,7 +222,7 @@ impl Pool {
     }
 }
 
-/// One thread's chain of free nodes ([`crate::engine::pool::Magazine`]).
+/// One thread's free nodes ([`crate::engine::pool::Magazine`]).
 pub struct Magazine(crate::engine::pool::Magazine);
 
 impl Magazine {
@@ -232,7 +232,8 @@ impl Magazine {
         Self(crate::engine::pool::Magazine::EMPTY)
     }
 
-    /// Pops a batch from `pool` (or grows it) into this empty magazine.
+    /// Takes the free nodes of a word of `pool`'s bitmap (or grows it) into this empty
+    /// magazine.
     pub fn refill(&mut self, pool: &Pool) -> bool {
         self.0.refill(&pool.0)
     }
@@ -262,7 +263,7 @@ impl Magazine {
         self.0.len() == 0
     }
 
-    /// Pushes every node to `pool` as one batch.
+    /// Gives every node back to `pool`'s bitmap.
     pub fn give_back(&mut self, pool: &Pool) {
         self.0.give_back(&pool.0);
     }

@@ -1,5 +1,5 @@
-//! The node pool: threads taking and giving back batches on its shared free stack, and a
-//! stale handle racing the reuse of its node by the engine.
+//! The node pool: threads taking and giving back nodes through its shared bitmap of free
+//! nodes, and a stale handle racing the reuse of its node by the engine.
 #![cfg(loom)]
 
 use std::collections::HashSet;
@@ -14,53 +14,48 @@ fn drain(magazine: &mut Magazine) -> Vec<u32> {
     std::iter::from_fn(|| magazine.take().map(|node| node.index())).collect()
 }
 
-/// One thread pops a batch while another pops both and pushes the first back, then
-/// returns one node of the second as a batch of its own (as the worker gives back the
-/// nodes it frees). That is the ABA schedule for a Treiber stack: a pop that read the head
-/// and the batch below it resumes after that head was popped and pushed again, with the
-/// batch below it now held by the other thread. No node may be handed out twice or lost:
-/// afterwards the two threads and the stack hold every node of both chunks exactly once.
+/// Two threads give nodes back to the same bitmap word while each also refills from it:
+/// one gives back a whole magazine and refills, the other gives back a single node (as the
+/// worker gives back the nodes it frees), refills, and then gives back the rest of what it
+/// held. Gives (an OR) and takes (a swap of the whole word) interleave every way loom
+/// finds: no node may be handed out twice or lost, so afterwards the two threads and the
+/// bitmap hold every node of both chunks exactly once.
 #[test]
-fn concurrent_pops_and_pushes_hand_out_each_node_once() {
+fn refills_racing_give_backs_hand_out_each_node_once() {
     model(None, || {
         let pool = Arc::new(Pool::new());
-        // Two chunks of one batch each, both on the free stack.
+        // Two chunks, each held whole by a magazine; under loom both lie in one word.
         let (mut first, mut second) = (Magazine::new(), Magazine::new());
         assert!(first.refill(&pool) && second.refill(&pool));
-        first.give_back(&pool);
-        second.give_back(&pool);
         assert_eq!(pool.chunks(), 2);
 
-        let popper = {
+        let giver = {
             let pool = Arc::clone(&pool);
             thread::spawn(move || {
-                // Finds the stack empty if the other thread holds both batches.
+                first.give_back(&pool);
+                // Finds nothing if the other thread took the word meanwhile: the pool is at
+                // its size limit, so it cannot grow either.
                 let mut magazine = Magazine::new();
                 magazine.refill(&pool);
                 drain(&mut magazine)
             })
         };
-        let mut returned = Magazine::new();
-        let mut kept = Magazine::new();
-        assert!(
-            returned.refill(&pool),
-            "two batches, and the other thread takes one"
-        );
-        let both = kept.refill(&pool);
-        returned.give_back(&pool);
-        if both {
-            let mut single = Magazine::new();
-            // SAFETY: taken from `kept` just now, so held by this thread alone and on no
-            // chain, and `pool` is alive.
-            unsafe { single.put(kept.take().unwrap()) };
-            single.give_back(&pool);
-        }
-        let mut held = drain(&mut kept);
-        let popped = popper.join().unwrap();
-        held.extend(&popped);
-        let mut stacked = Magazine::new();
-        while stacked.refill(&pool) {
-            held.extend(drain(&mut stacked));
+        let mut single = Magazine::new();
+        // SAFETY: taken from `second` just now, so held by this thread alone and on no
+        // chain, and `pool` is alive.
+        unsafe { single.put(second.take().unwrap()) };
+        single.give_back(&pool);
+        let mut refilled = Magazine::new();
+        let mut held = if refilled.refill(&pool) {
+            drain(&mut refilled)
+        } else {
+            Vec::new()
+        };
+        second.give_back(&pool);
+        held.extend(giver.join().unwrap());
+        let mut rest = Magazine::new();
+        while rest.refill(&pool) {
+            held.extend(drain(&mut rest));
         }
         let distinct: HashSet<u32> = held.iter().copied().collect();
         assert_eq!(
@@ -132,11 +127,10 @@ fn a_stale_handle_never_touches_the_timer_that_reused_its_node() {
         for &handle in &handles {
             assert!(engine.cancel(handle));
         }
-        // The handle whose node the next schedule takes: the turn frees the two timers
-        // the third schedule's reclaim forwarded (on the lane's forward ring) before the two
-        // still on the lane's stack (newest first), and a refill hands out the last node
-        // freed first, the third timer's.
-        let stale = handles[2];
+        // The handle whose node the next schedule takes: the turn frees all four, and a
+        // refill hands out a word's free nodes in address order, so the first timer's
+        // node (the lowest) comes first.
+        let stale = handles[0];
         let stale_thread = {
             let engine = Arc::clone(&engine);
             thread::spawn(move || {
@@ -147,8 +141,8 @@ fn a_stale_handle_never_touches_the_timer_that_reused_its_node() {
                 )
             })
         };
-        // The worker takes the lane, frees the four nodes and gives them back as one
-        // batch, and the schedule refills from it.
+        // The worker takes the lane, frees the four nodes and gives them back to the
+        // pool's bitmap, and the schedule refills from it.
         assert_eq!(engine.turn(), 0);
         let probe = Probe::new();
         let new = engine.schedule(ticks(2), probe.callback()).unwrap();

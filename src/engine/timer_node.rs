@@ -21,8 +21,7 @@ pub(crate) struct TimerNode {
     /// Generation, phase and flags: the one word every thread agrees on.
     pub(crate) state: TimerState,
     /// The deadline tick the timer should fire at (writers: ground rule 2 in
-    /// [`engine`](crate::engine)). While the node is free it holds the next batch on the
-    /// pool's free stack.
+    /// [`engine`](crate::engine)).
     pub(crate) deadline: AtomicU64,
     /// Touched only by whoever holds the node exclusively, as the phase says (ground rule
     /// 3 in [`engine`](crate::engine)).
