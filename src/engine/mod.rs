@@ -33,8 +33,7 @@
 //!    read by anyone, and is changed only by compare-and-swaps that check the generation,
 //!    so a stale handle changes nothing. Its `deadline` is written by the arming thread
 //!    before it publishes the node, by a resetter only under the word's `LOCKED` bit, by
-//!    whoever runs a repeating timer (to its next run), and, while the node is free, by
-//!    the pool (it links the free batches).
+//!    whoever runs a repeating timer (to its next run).
 //! 3. **A node's held part** (its wheel links and its callback) belongs to exactly one
 //!    thread at a time, and the phase says which:
 //!    - *free*: whoever took it from the pool, into a magazine;

@@ -57,10 +57,15 @@ pub(crate) const DEFAULT_CAPACITY: usize = 2 * CHUNK_NODES;
 /// Nodes per word of the free bitmap: the most a refill takes at once.
 pub(crate) const BATCH: u32 = u64::BITS;
 
-/// Words a refill looks at before it grows the pool instead (32 KiB of nodes, 64 lines of
-/// the bitmap): enough to pass over the nodes of timers still pending where the region is
-/// reused as a ring, few enough that a pool with nothing free grows after a short look.
+/// Words a refill looks at for one at least half free (4,096 nodes, 8 lines of the bitmap):
+/// enough to pass over the nodes of timers still pending where the region is reused as a
+/// ring, few enough that a pool with almost nothing free grows after a short look.
 const LOOK_WORDS: usize = 64;
+
+/// Free nodes in the bitmap above which a refill that finds nothing near the cursor looks
+/// through the whole region before growing it: two chunks. Below it the pool grows, so it
+/// holds at most about this many free nodes beyond what its timers need.
+const PLENTY_FREE: u64 = 2 * CHUNK_NODES as u64;
 
 /// A shard's nodes as its wheel sees them: the owner's view, for filing nodes by index.
 pub(crate) struct FiledNodes<'a>(pub(crate) &'a Pool);
@@ -133,6 +138,10 @@ pub(crate) struct Pool {
     /// The word the next refill looks at first: a hint, set past each word taken, so that
     /// refills take the region's words in turn.
     cursor: CachePadded<AtomicU64>,
+    /// About how many nodes the bitmap holds (added to by each give-back, taken from by
+    /// each refill, so it may lag and even dip below zero for a moment): whether a refill
+    /// that finds nothing near the cursor should look through the whole region or grow it.
+    free_count: CachePadded<AtomicU64>,
 }
 
 // SAFETY: the region's nodes are shared only through their atomics and through the holder
@@ -274,6 +283,7 @@ impl Magazine {
     /// run of chained nodes that share a word (nodes freed in the order they were armed
     /// come in such runs).
     pub(crate) fn give_back(&mut self, pool: &Pool) {
+        let given = self.len();
         let mut run: Option<(usize, u64)> = None;
         let mut rest = self.first.take();
         while let Some(node) = rest {
@@ -301,6 +311,7 @@ impl Magazine {
         }
         self.chained = 0;
         self.bits = 0;
+        pool.counted_free(given, 0);
     }
 
     /// Refills an empty magazine with the free nodes of one word, from the region's next
@@ -349,6 +360,7 @@ impl Pool {
             ready: AtomicU64::new(0),
             free: FreeBits::new(capacity),
             cursor: CachePadded::new(AtomicU64::new(0)),
+            free_count: CachePadded::new(AtomicU64::new(0)),
         }
     }
 
@@ -400,6 +412,13 @@ impl Pool {
     /// page's nodes between threads and times, so that a thread's next timers no longer lie
     /// one after another; waiting a little for the rest of the page made steady-mix 5-10%
     /// cheaper than taking any word with a node free.
+    ///
+    /// Where nothing at all is free within that look but the pool holds [`PLENTY_FREE`]
+    /// nodes or more, the look goes on through the whole region and takes the first word
+    /// with any:
+    /// a stretch of long-lived timers (idle timeouts armed together at start) longer than
+    /// a look would otherwise stop every lap of the cursor and grow the pool each time,
+    /// with the nodes freed beyond it never reused.
     fn take_next_word(&self) -> Option<(usize, u64)> {
         let words = self.carved_words();
         if words == 0 {
@@ -409,9 +428,10 @@ impl Pool {
         // writes to shared lines are the swap of the word taken and the cursor after it.
         // Two refills that start together may pick the same word; the swap gives it to one,
         // and the other looks on.
-        let start = self.cursor.load(Ordering::Relaxed) as usize;
+        let start = self.cursor.load(Ordering::Relaxed) as usize % words;
+        let near = words.min(LOOK_WORDS);
         let mut thin = None;
-        for step in 0..words.min(LOOK_WORDS) {
+        for step in 0..near {
             let word = (start + step) % words;
             match self.free.count(word) {
                 0 => continue,
@@ -421,21 +441,62 @@ impl Pool {
                 }
                 _ => {}
             }
-            if let Some(bits) = self.free.take(word) {
-                self.cursor.store(word as u64 + 1, Ordering::Relaxed);
+            if let Some(bits) = self.take_word(word) {
+                self.cursor
+                    .store(((word + 1) % words) as u64, Ordering::Relaxed);
                 return Some((word, bits));
             }
         }
         // Nothing at least half free here: past the words looked at, for the next look.
         self.cursor
-            .store((start + words.min(LOOK_WORDS)) as u64, Ordering::Relaxed);
-        let word = thin?;
-        Some((word, self.free.take(word)?))
+            .store(((start + near) % words) as u64, Ordering::Relaxed);
+        if let Some(bits) = thin.and_then(|word| self.take_word(word)) {
+            return thin.map(|word| (word, bits));
+        }
+        if self.free_count() < PLENTY_FREE {
+            return None;
+        }
+        let (word, bits) = (near..words).find_map(|step| {
+            let word = (start + step) % words;
+            if self.free.count(word) == 0 {
+                return None;
+            }
+            Some((word, self.take_word(word)?))
+        })?;
+        self.cursor
+            .store(((word + 1) % words) as u64, Ordering::Relaxed);
+        Some((word, bits))
+    }
+
+    /// Takes the free nodes of `word`, and counts them out.
+    fn take_word(&self, word: usize) -> Option<u64> {
+        let bits = self.free.take(word)?;
+        self.counted_free(0, bits.count_ones());
+        Some(bits)
+    }
+
+    /// Counts `given` nodes into the bitmap and `taken` out of it.
+    fn counted_free(&self, given: u32, taken: u32) {
+        if given > 0 {
+            self.free_count
+                .fetch_add(u64::from(given), Ordering::Relaxed);
+        }
+        if taken > 0 {
+            self.free_count
+                .fetch_sub(u64::from(taken), Ordering::Relaxed);
+        }
+    }
+
+    /// About how many nodes the bitmap holds (zero while the count lags below).
+    fn free_count(&self) -> u64 {
+        let count = self.free_count.load(Ordering::Relaxed);
+        // Wrapped below zero: a refill counted out what a give-back has not counted in.
+        if count > u64::MAX / 2 { 0 } else { count }
     }
 
     /// The free nodes of any word, looking at every one: a pool at its size limit.
     fn take_any_word(&self) -> Option<(usize, u64)> {
-        (0..self.carved_words()).find_map(|word| Some((word, self.free.take(word)?)))
+        (0..self.carved_words()).find_map(|word| Some((word, self.take_word(word)?)))
     }
 
     /// Carves a chunk from the region, keeps its first word's nodes for the caller and gives
@@ -473,6 +534,7 @@ impl Pool {
         let kept = words.next();
         for (word, bits) in words {
             self.free.give(word, bits);
+            self.counted_free(bits.count_ones(), 0);
         }
         // Later refills take the rest of this chunk first: a pool that grows because what
         // is free lies thinly spread serves the next timers from here, in address order.

@@ -156,7 +156,7 @@ impl TimerNode {
         self.deadline.load(Ordering::Acquire)
     }
 
-    /// The next node on whatever chain this node is on (a lane, a free batch), if any.
+    /// The next node on whatever chain this node is on (a lane, a magazine), if any.
     #[inline]
     pub(crate) fn next_in_chain(&self) -> Option<NonNull<TimerNode>> {
         NonNull::new(self.link.next.load(Ordering::Acquire)).map(NonNull::cast)
