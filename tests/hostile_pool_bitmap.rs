@@ -53,9 +53,10 @@
 //! test). None fail with `grow` giving every word up and keeping none, or with the cursor
 //! never moved on a take (locality only, which the look from the old cursor still gives).
 //!
-//! `racing_first_schedules_never_find_an_empty_pool_full` is ignored: a schedule racing
-//! the carving of a pool's last chunk can report the pool full with every node free, on
-//! the parent's free stack as on the bitmap (160-208 of 800 schedules).
+//! `racing_first_schedules_never_find_an_empty_pool_full` records an older fault that the
+//! review found: a schedule racing the carving of a pool's last chunk reported the pool
+//! full with every node free, on the parent's free stack as on the bitmap (160-208 of 800
+//! schedules). A refill at the size limit now waits for a chunk still being carved.
 
 mod common;
 
@@ -831,11 +832,10 @@ fn threads_that_exit_holding_magazines_give_every_node_back() {
 /// Attacks the carving of a pool's last chunk: four threads released together each arm
 /// one timer on a fresh engine whose pool holds one chunk (1,024 nodes), 200 times. A
 /// schedule that finds nothing free while another thread is still carving the chunk tries
-/// to grow, finds the region used up, and reports the pool full, with every node free.
-/// Ignored: a known limit of the pool's growth, on the old free stack as on the bitmap
-/// (the refill does not wait for a chunk being carved); it fails on both.
+/// to grow, finds the region used up, and must wait for the carve rather than report the
+/// pool full with every node free (as it did, on the old free stack and on the bitmap,
+/// before the refill waited for a chunk being carved).
 #[test]
-#[ignore = "a known limit, older than ed4c203: a schedule racing the carving of the last chunk may report the pool full"]
 fn racing_first_schedules_never_find_an_empty_pool_full() {
     let mut full = 0;
     for _ in 0..200 {

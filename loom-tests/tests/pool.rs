@@ -109,6 +109,46 @@ fn concurrent_growth_allocates_distinct_chunks() {
     });
 }
 
+/// Two threads refill a pool whose first chunk is held, so that one carves the last chunk
+/// while the other finds the bitmap empty and the region used up: that one waits for the
+/// carve to settle (its nodes kept or given to the bitmap) before it reports the pool
+/// full, and the wait ends in every interleaving. Under loom a chunk lies in one bitmap
+/// word, which its carver keeps, so the waiter finds nothing after it either; on a real
+/// pool (16 words a chunk) it finds the 15 given (`tests/hostile_pool_bitmap.rs`,
+/// `racing_first_schedules_never_find_an_empty_pool_full`).
+#[test]
+fn a_refill_at_the_size_limit_waits_for_the_last_chunk_being_carved() {
+    model(None, || {
+        let pool = Arc::new(Pool::new());
+        let mut held = Magazine::new();
+        assert!(held.refill(&pool));
+        let other = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                let mut magazine = Magazine::new();
+                magazine.refill(&pool);
+                drain(&mut magazine)
+            })
+        };
+        let mut magazine = Magazine::new();
+        magazine.refill(&pool);
+        let mut last = drain(&mut magazine);
+        let theirs = other.join().unwrap();
+        assert!(
+            last.is_empty() || theirs.is_empty(),
+            "both carved the last chunk"
+        );
+        last.extend(theirs);
+        last.sort_unstable();
+        assert_eq!(
+            last,
+            (4..8).collect::<Vec<_>>(),
+            "the last chunk went missing"
+        );
+        assert_eq!(pool.chunks(), 2);
+    });
+}
+
 /// A stale handle's cancel, reset and `is_pending` race the worker freeing its node and
 /// this thread arming a new timer in it. Every call on the stale handle must fail, and the
 /// new timer must be untouched: pending, and firing once at its deadline.

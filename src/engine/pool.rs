@@ -133,6 +133,10 @@ pub(crate) struct Pool {
     claimed: AtomicU64,
     /// Nodes initialised: always a whole number of chunks, published in order.
     ready: AtomicU64,
+    /// Chunks carved whose nodes have all been kept or given to the bitmap: a refill that
+    /// finds the pool at its size limit waits for this to reach every chunk before it
+    /// reports the pool full.
+    settled: AtomicU64,
     /// Which nodes are free and held by nobody.
     free: FreeBits,
     /// The word the next refill looks at first: a hint, set past each word taken, so that
@@ -367,6 +371,7 @@ impl Pool {
             capacity,
             claimed: AtomicU64::new(0),
             ready: AtomicU64::new(0),
+            settled: AtomicU64::new(0),
             free: FreeBits::new(capacity),
             cursor: CachePadded::new(Hint::new(0)),
             free_count: CachePadded::new(Hint::new(0)),
@@ -503,9 +508,25 @@ impl Pool {
         if count > u64::MAX / 2 { 0 } else { count }
     }
 
-    /// The free nodes of any word, looking at every one: a pool at its size limit.
+    /// The free nodes of any word, looking at every one: a pool at its size limit. Every
+    /// chunk has been claimed then, but one may still be being carved, its nodes not yet
+    /// in the bitmap: that carve is waited for (a few microseconds, never user code), so
+    /// that refills racing the carving of the last chunk do not report full a pool whose
+    /// nodes are about to be given.
     fn take_any_word(&self) -> Option<(usize, u64)> {
-        (0..self.carved_words()).find_map(|word| Some((word, self.take_word(word)?)))
+        let chunks = (self.capacity / CHUNK_NODES) as u64;
+        loop {
+            let words = self.carved_words();
+            if let Some(taken) = (0..words).find_map(|word| Some((word, self.take_word(word)?))) {
+                return Some(taken);
+            }
+            if self.settled.load(Ordering::Acquire) >= chunks {
+                return None;
+            }
+            crate::sync::spin_until(|| {
+                (self.settled.load(Ordering::Acquire) >= chunks).then_some(())
+            });
+        }
     }
 
     /// Carves a chunk from the region, keeps its first word's nodes for the caller and gives
@@ -545,6 +566,8 @@ impl Pool {
             self.free.give(word, bits);
             self.counted_free(bits.count_ones(), 0);
         }
+        // After the gives: a refill that sees this chunk settled sees its nodes' bits.
+        self.settled.fetch_add(1, Ordering::Release);
         // Later refills take the rest of this chunk first: a pool that grows because what
         // is free lies thinly spread serves the next timers from here, in address order.
         if let Some((word, _)) = kept {
