@@ -2091,6 +2091,22 @@ fn paced(resetter: Resetter, run_for: Duration) -> StressConfig {
     }
 }
 
+/// Runs the urgency stress until a burst of resets has met a take-back, at most three
+/// times: each run's checks of correctness hold whatever it met, but on a machine loaded by
+/// the other stresses of this file (the test harness runs them side by side) a run's
+/// bursts can miss every take-back, and a run that tested nothing should not pass for one
+/// that did.
+fn stress_until_resets_meet_take_backs(config: &StressConfig, label: &str) {
+    for attempt in 1..=3 {
+        let outcome = urgency_stress(config);
+        outcome.report(&format!("{label}, run {attempt}"), config.tick);
+        if outcome.resets > 0 {
+            return;
+        }
+    }
+    panic!("{label}: no burst of resets met a take-back in three runs");
+}
+
 /// A resetter on the worker: a triggered callback resets a few timers of the generation
 /// being taken back while its thread walks it, and the worker's next look takes the
 /// urgent tick within microseconds. Never early, exactly once, nothing lost; the lateness
@@ -2098,9 +2114,7 @@ fn paced(resetter: Resetter, run_for: Duration) -> StressConfig {
 #[test]
 fn resets_from_a_callback_racing_take_backs_fire_once_never_early() {
     let config = with_env(paced(Resetter::Trigger, ms(2500)));
-    let outcome = urgency_stress(&config);
-    outcome.report("urgency stress (trigger)", config.tick);
-    assert!(outcome.resets > 0, "no burst of resets met a take-back");
+    stress_until_resets_meet_take_backs(&config, "urgency stress (trigger)");
 }
 
 /// Resetter threads, watching their arming thread's take-backs, reset timers to 1 to 5
@@ -2111,9 +2125,7 @@ fn resets_from_threads_racing_take_backs_fire_once_never_early() {
     base.offset_us = 40;
     base.delay_us = Some((1000, 5000));
     let config = with_env(base);
-    let outcome = urgency_stress(&config);
-    outcome.report("urgency stress (thread)", config.tick);
-    assert!(outcome.resets > 0, "no burst of resets met a take-back");
+    stress_until_resets_meet_take_backs(&config, "urgency stress (thread)");
 }
 
 /// One arming thread with a generation of about 3,000 timers (750 pending) every 4 ms
@@ -2135,7 +2147,5 @@ fn resets_racing_frozen_take_backs_fire_once_never_early() {
         freeze: ms(3),
         ..paced(Resetter::Freeze, ms(2500))
     });
-    let outcome = urgency_stress(&config);
-    outcome.report("urgency stress (freeze)", config.tick);
-    assert!(outcome.resets > 0, "no burst of resets met a take-back");
+    stress_until_resets_meet_take_backs(&config, "urgency stress (freeze)");
 }
