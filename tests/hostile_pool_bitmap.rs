@@ -61,121 +61,20 @@
 mod common;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+use common::pool_attack::{
+    ArmShape, CHUNK, LIMIT, Outcomes, arm_until_full, manual_engine, pool_nodes, race_arms,
+    real_engine, slot,
+};
 use common::{Live, Rng, eventually, ms, within};
 use corewheel::{Clock, ManualClock, PendingTimers, ScheduleError, TimerEngine, TimerHandle};
-
-/// Nodes carved at a time: the smallest capacity a pool may have, and its unit of growth.
-const CHUNK: usize = 1024;
-
-/// Bytes of one timer node (`stats().pool_bytes` counts carved nodes of this size).
-const NODE_BYTES: usize = 64;
-
-/// How long any one test may take before it counts as hung.
-const LIMIT: Duration = Duration::from_secs(60);
-
-/// The generation and the node index a handle names, read from its `Debug` output
-/// (`TimerHandle { place: .., slot: generation << 32 | index }`).
-fn slot(handle: TimerHandle) -> (u32, u32) {
-    let text = format!("{handle:?}");
-    let slot: u64 = text
-        .split("slot: ")
-        .nth(1)
-        .and_then(|rest| rest.trim_end_matches(['}', ' ']).parse().ok())
-        .unwrap_or_else(|| panic!("a handle's Debug names its slot: {text}"));
-    ((slot >> 32) as u32, slot as u32)
-}
-
-/// Nodes the engine's pools have carved.
-fn pool_nodes(engine: &TimerEngine) -> usize {
-    engine.stats().pool_bytes / NODE_BYTES
-}
-
-/// A hand-driven engine of one shard with a pool of `capacity` nodes.
-fn manual_engine(capacity: usize) -> (TimerEngine, ManualClock) {
-    let clock = ManualClock::new();
-    let engine = TimerEngine::builder()
-        .workers(1)
-        .capacity(capacity)
-        .manual_clock(clock.clone())
-        .build()
-        .expect("a manual engine");
-    (engine, clock)
-}
-
-/// A real-clock engine of `workers` unpinned workers with pools of `capacity` nodes.
-fn real_engine(workers: usize, capacity: usize) -> Arc<TimerEngine> {
-    Arc::new(
-        TimerEngine::builder()
-            .workers(workers)
-            .pin_workers(false)
-            .capacity(capacity)
-            .build()
-            .expect("a real-clock engine"),
-    )
-}
-
-/// Arms timers of `delay` from a thread of its own (one with no magazine yet) until the
-/// pool says it is full; how many it armed. A pool whose nodes have all come back arms
-/// exactly its capacity.
-fn arm_until_full(engine: &Arc<TimerEngine>, delay: Duration) -> usize {
-    let engine = Arc::clone(engine);
-    within(LIMIT, "arming until full", move || {
-        let mut armed = 0;
-        loop {
-            match engine.schedule(delay, || {}) {
-                Ok(_) => armed += 1,
-                Err(ScheduleError::Capacity) => return armed,
-                Err(other) => panic!("arming until full: {other:?}"),
-            }
-        }
-    })
-}
 
 // ---------------------------------------------------------------------------------------
 // Refills racing give-backs at the size limit.
 // ---------------------------------------------------------------------------------------
-
-/// What became of each timer of a real-clock race: runs, early runs, cancels that won.
-struct Outcomes {
-    ran: Vec<AtomicU8>,
-    cancelled: Vec<AtomicU8>,
-    early: AtomicUsize,
-}
-
-impl Outcomes {
-    fn new(timers: usize) -> Arc<Self> {
-        Arc::new(Self {
-            ran: (0..timers).map(|_| AtomicU8::new(0)).collect(),
-            cancelled: (0..timers).map(|_| AtomicU8::new(0)).collect(),
-            early: AtomicUsize::new(0),
-        })
-    }
-
-    /// Whether timer `id` is over: it ran, or a cancel won.
-    fn settled(&self, id: usize) -> bool {
-        self.ran[id].load(Ordering::SeqCst) + self.cancelled[id].load(Ordering::SeqCst) > 0
-    }
-
-    /// Checks that each of the first `armed` timers ran exactly once or was cancelled and
-    /// never ran, and none ran early.
-    fn check(&self, armed: usize) {
-        assert_eq!(self.early.load(Ordering::SeqCst), 0, "timers ran early");
-        for id in 0..armed {
-            let (ran, cancelled) = (
-                self.ran[id].load(Ordering::SeqCst),
-                self.cancelled[id].load(Ordering::SeqCst),
-            );
-            assert!(
-                (ran, cancelled) == (1, 0) || (ran, cancelled) == (0, 1),
-                "timer {id}: ran {ran} times, cancelled {cancelled}"
-            );
-        }
-    }
-}
 
 /// Six threads racing [`race_arms`] on one engine, with the id counter and stop flag they
 /// share.
@@ -207,16 +106,13 @@ impl Racers {
                     Arc::clone(&stop),
                     live.clone(),
                 );
+                let shape = ArmShape {
+                    seed: seed + t,
+                    most_delay: ms(4),
+                    shutdown_ok,
+                };
                 std::thread::spawn(move || {
-                    race_arms(
-                        &engine,
-                        &outcomes,
-                        &next,
-                        &stop,
-                        seed + t,
-                        shutdown_ok,
-                        &live,
-                    )
+                    race_arms(&engine, &outcomes, (&next, &stop), shape, &live)
                 })
             })
             .collect();
@@ -226,68 +122,6 @@ impl Racers {
             threads,
         }
     }
-}
-
-/// One thread's part of a real-clock race: arms timers of 0-4 ms with ids from `next`,
-/// cancelling a random recent one now and then, until `stop`. Every schedule succeeds or
-/// is a capacity error (or, with `shutdown_ok`, a shutdown error). Returns its handles and
-/// its capacity errors.
-fn race_arms(
-    engine: &TimerEngine,
-    outcomes: &Arc<Outcomes>,
-    next: &AtomicUsize,
-    stop: &AtomicBool,
-    seed: u64,
-    shutdown_ok: bool,
-    live: &Live,
-) -> (Vec<TimerHandle>, usize) {
-    let mut rng = Rng(seed);
-    let mut handles = Vec::new();
-    let mut recent: Vec<(usize, TimerHandle)> = Vec::new();
-    let mut full = 0;
-    while !stop.load(Ordering::Relaxed) {
-        let id = next.fetch_add(1, Ordering::Relaxed);
-        if id >= outcomes.ran.len() {
-            break;
-        }
-        let delay = Duration::from_micros(rng.below(4_000));
-        let armed_at = Instant::now();
-        let (o, witness) = (Arc::clone(outcomes), live.witness());
-        match engine.schedule(delay, move || {
-            let _witness = &witness;
-            if Instant::now() < armed_at + delay {
-                o.early.fetch_add(1, Ordering::SeqCst);
-            }
-            o.ran[id].fetch_add(1, Ordering::SeqCst);
-        }) {
-            Ok(handle) => {
-                handles.push(handle);
-                recent.push((id, handle));
-                if recent.len() > 64 {
-                    recent.remove(0);
-                }
-            }
-            Err(ScheduleError::Capacity) => {
-                // Never armed: count it as cancelled, so that every id is accounted for.
-                outcomes.cancelled[id].store(1, Ordering::SeqCst);
-                full += 1;
-            }
-            Err(ScheduleError::Shutdown) if shutdown_ok => {
-                outcomes.cancelled[id].store(1, Ordering::SeqCst);
-            }
-            Err(other) => panic!("schedule failed with {other:?}"),
-        }
-        if rng.percent(40) && !recent.is_empty() {
-            let (id, handle) = recent.swap_remove(rng.below(recent.len() as u64) as usize);
-            if engine.cancel(handle) {
-                outcomes.cancelled[id].fetch_add(1, Ordering::SeqCst);
-            }
-        }
-        if rng.percent(2) {
-            std::thread::yield_now();
-        }
-    }
-    (handles, full)
 }
 
 /// Attacks the bitmap's take and give where they race hardest: six threads arm timers of
@@ -893,20 +727,7 @@ fn shutdown_racing_refills_and_frees_loses_nothing() {
             }
             let ids = next.load(Ordering::SeqCst).min(outcomes.ran.len());
             println!("shutdown race ({pending:?}): {ids} ids, {report:?}");
-            // A shutdown that runs pending timers runs them before their deadlines.
-            if pending == PendingTimers::Drop {
-                assert_eq!(outcomes.early.load(Ordering::SeqCst), 0, "ran early");
-            }
-            for id in 0..ids {
-                let (ran, cancelled) = (
-                    outcomes.ran[id].load(Ordering::SeqCst),
-                    outcomes.cancelled[id].load(Ordering::SeqCst),
-                );
-                assert!(
-                    ran + cancelled <= 1,
-                    "timer {id}: ran {ran}, cancelled {cancelled}"
-                );
-            }
+            outcomes.check_after_shutdown(ids, pending);
             common::assert_all_given_back(&engine, &live);
         }
     });

@@ -94,7 +94,11 @@ impl EngineBuilder {
     ///
     /// Each shard reserves address space for this many 64-byte timer nodes when the engine
     /// is built (256 MiB by default); memory is used only as timers are scheduled, and the
-    /// high-water mark stays in use, for reuse, until the engine is dropped.
+    /// high-water mark stays in use, for reuse, until the engine is dropped. The pool
+    /// reuses its nodes as a ring, in address order, and keeps up to an eighth of them free
+    /// so that the next timers find whole free pages ahead of them: its high-water mark is
+    /// up to about 8/7 of the most nodes in use at once (the counts above), plus a chunk
+    /// of 1,024 nodes.
     pub fn capacity(mut self, timers_per_shard: usize) -> Self {
         self.capacity = timers_per_shard;
         self

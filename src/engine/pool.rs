@@ -437,8 +437,8 @@ impl Pool {
     ///
     /// Where no word near the cursor is half free, the cursor has caught up with the nodes
     /// being freed (arms reuse the ring right behind the cancels of a second ago). While
-    /// less than a [`SPARE_SHARE`]th of the pool is free, `None`: the pool grows, which
-    /// keeps a band of wholly free words ahead of the cursor. Taking the first thin word
+    /// less than a [`SPARE_SHARE`]th of the pool is free and it can still grow, `None`: the
+    /// pool grows, which keeps a band of wholly free words ahead of the cursor. Taking the first thin word
     /// there instead moved the cursor on into nodes that were all still pending but for
     /// the odd fired timer: in steady-mix three refills in four took a thin word, 17 nodes
     /// a refill against 63, and the process spent 310-370 ns a timer against 255-310.
@@ -480,7 +480,9 @@ impl Pool {
             }
         }
         let free = self.free_count();
-        if free < self.ready.load(Ordering::Acquire) / SPARE_SHARE {
+        // At the size limit growing fails, and the fallback looks from the region's first
+        // word on each refill: there the thin word near the cursor is the better take.
+        if free < self.ready.load(Ordering::Acquire) / SPARE_SHARE && self.can_grow() {
             return None;
         }
         // Past the words looked at, for the next look.
@@ -501,6 +503,11 @@ impl Pool {
         self.cursor
             .store(((word + 1) % words) as u64, Ordering::Relaxed);
         Some((word, bits))
+    }
+
+    /// Whether a chunk is left to carve (a hint: a claim in progress may take it).
+    fn can_grow(&self) -> bool {
+        (self.claimed.load(Ordering::Relaxed) as usize).saturating_mul(CHUNK_NODES) < self.capacity
     }
 
     /// Takes the free nodes of `word`, and counts them out.

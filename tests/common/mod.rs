@@ -5,6 +5,7 @@
 // Each test file uses only some of these.
 #![allow(dead_code)]
 
+pub mod pool_attack;
 pub mod stuck;
 pub mod wheel_harness;
 
