@@ -8,7 +8,8 @@
 //! price is one upstream socket per client connection.
 //!
 //! A backend may close a kept connection just as the next request goes out on it, before
-//! the proxy has seen the close: the request then fails with no response. A request with
+//! the proxy has seen the close: the request then fails with no response (the end of the
+//! stream, or a reset when the request reached the closed socket first). A request with
 //! no body and an idempotent method is sent again once, on a new connection, as HTTP
 //! allows; anything else gets the failure.
 
@@ -169,7 +170,28 @@ fn replayable(request: &Request<Incoming>) -> Option<Request<UpstreamBody>> {
     Some(again)
 }
 
-/// Whether a request failed because its connection closed before any response came back.
+/// Whether a request failed because its connection closed before any response came back:
+/// the end of the stream, or a reset, which is how the backend's close arrives when the
+/// request crossed it on the wire (its kernel answers data for a closed socket with one).
+/// `send_request` waits for a response's head only, so no response reached the client;
+/// the backend may have seen the request, which is why only idempotent ones go again.
 fn closed_unanswered(error: &hyper::Error) -> bool {
-    error.is_incomplete_message() || error.is_canceled() || error.is_closed()
+    error.is_incomplete_message() || error.is_canceled() || error.is_closed() || reset(error)
+}
+
+/// Whether `error` comes from the connection being reset or broken under it.
+fn reset(error: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<io::Error>() {
+            return matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionAborted
+            );
+        }
+        source = cause.source();
+    }
+    false
 }
