@@ -150,16 +150,20 @@ pub(crate) struct Pool {
     /// The word the next refill looks at first: a hint, set past each word taken, so that
     /// refills take the region's words in turn.
     cursor: CachePadded<Hint>,
+    /// Nodes carved, as `ready` says once a carve is published: a hint for the refills'
+    /// choice between growing and taking a thin word (see `Hint`).
+    carved: Hint,
     /// About how many nodes the bitmap holds (added to by each give-back, taken from by
     /// each refill, so it may lag and even dip below zero for a moment): whether a refill
     /// that finds nothing near the cursor should look through the whole region or grow it.
     free_count: CachePadded<Hint>,
 }
 
-/// The cursor and the count of free nodes are hints: which nodes a refill holds is decided
-/// by the bitmap's swaps and ORs alone, whatever the hints say. Under loom they are plain
-/// atomics that it does not model, so that its search goes to the bits (modelled, the two
-/// took the engine models from 550 s to 1,221 s on a 2-core machine).
+/// The cursor, the count of free nodes and the count of carved nodes are hints: which nodes
+/// a refill holds is decided by the bitmap's swaps and ORs alone, whatever the hints say.
+/// Under loom they are plain atomics that it does not model, so that its search goes to
+/// the bits (modelled, the first two took the engine models from 550 s to 1,221 s on a
+/// 2-core machine).
 #[cfg(not(loom))]
 type Hint = AtomicU64;
 #[cfg(loom)]
@@ -381,6 +385,7 @@ impl Pool {
             ready: AtomicU64::new(0),
             settled: AtomicU64::new(0),
             free: FreeBits::new(capacity),
+            carved: Hint::new(0),
             cursor: CachePadded::new(Hint::new(0)),
             free_count: CachePadded::new(Hint::new(0)),
         }
@@ -482,7 +487,7 @@ impl Pool {
         let free = self.free_count();
         // At the size limit growing fails, and the fallback looks from the region's first
         // word on each refill: there the thin word near the cursor is the better take.
-        if free < self.ready.load(Ordering::Acquire) / SPARE_SHARE && self.can_grow() {
+        if free < self.carved.load(Ordering::Relaxed) / SPARE_SHARE && self.can_grow() {
             return None;
         }
         // Past the words looked at, for the next look.
@@ -505,9 +510,10 @@ impl Pool {
         Some((word, bits))
     }
 
-    /// Whether a chunk is left to carve (a hint: a claim in progress may take it).
+    /// Whether a chunk is left to carve (a hint: a claim in progress may take it). Once
+    /// every chunk is carved `false` is final.
     fn can_grow(&self) -> bool {
-        (self.claimed.load(Ordering::Relaxed) as usize).saturating_mul(CHUNK_NODES) < self.capacity
+        (self.carved.load(Ordering::Relaxed) as usize) < self.capacity
     }
 
     /// Takes the free nodes of `word`, and counts them out.
@@ -560,6 +566,11 @@ impl Pool {
     /// Carves a chunk from the region, keeps its first word's nodes for the caller and gives
     /// up the rest. `None` when the region is used up.
     fn grow(&self) -> Option<(usize, u64)> {
+        // A pool at its size limit stays there: no read-modify-write of the shared count
+        // on every refill that finds nothing free.
+        if !self.can_grow() {
+            return None;
+        }
         let chunk = self.claimed.fetch_add(1, Ordering::AcqRel) as usize;
         let start = chunk * CHUNK_NODES;
         if start >= self.capacity {
@@ -582,6 +593,8 @@ impl Pool {
         });
         let end = start + CHUNK_NODES;
         self.ready.store(end as u64, Ordering::Release);
+        // In chunk order, as `ready`: the hint only grows.
+        self.carved.store(end as u64, Ordering::Relaxed);
         // The chunk's nodes, a word at a time (a chunk may share a word with others).
         let batch = BATCH as usize;
         let mut words = (start / batch..end.div_ceil(batch)).map(|word| {
