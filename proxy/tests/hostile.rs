@@ -715,14 +715,7 @@ async fn a_kept_connection_closed_under_the_next_request_is_retried_for_a_get_on
     .await;
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |_| {})).await;
-        let mut c = client(proxy).await;
-        for i in 0..20 {
-            let got = get(&mut c, "/").await;
-            assert!(
-                matches!(got, Ok((status, _)) if status == 200),
-                "{timer:?}: GET {i}: {got:?}"
-            );
-        }
+        twenty_gets_are_answered(proxy, timer).await;
         let mut s = TcpStream::connect(proxy).await.unwrap();
         let two_posts = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n\
             POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
@@ -747,16 +740,21 @@ async fn a_kept_connection_reset_under_the_next_request_is_retried_for_a_get() {
     .await;
     for timer in TIMERS {
         let proxy = proxy(cfg(up, timer, |_| {})).await;
-        let mut c = client(proxy).await;
-        for i in 0..20 {
-            let got = get(&mut c, "/").await;
-            assert!(
-                matches!(got, Ok((status, _)) if status == 200),
-                "{timer:?}: GET {i}: {got:?}"
-            );
-        }
+        twenty_gets_are_answered(proxy, timer).await;
     }
     assert_no_panic();
+}
+
+/// Twenty GETs on one client connection to `proxy`, each answered with a 200.
+async fn twenty_gets_are_answered(proxy: SocketAddr, timer: TimerKind) {
+    let mut c = client(proxy).await;
+    for i in 0..20 {
+        let got = get(&mut c, "/").await;
+        assert!(
+            matches!(got, Ok((status, _)) if status == 200),
+            "{timer:?}: GET {i}: {got:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
