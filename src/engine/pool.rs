@@ -67,7 +67,8 @@ const LOOK_WORDS: usize = 64;
 /// free nodes are the band ahead of the cursor plus the holes that fired timers leave
 /// among pending ones (7.5% of steady-mix's pool), so an eighth leaves room for a band.
 /// Above it the pool is spread thin by long-lived timers and grows no further: its memory
-/// beyond its pending timers is bounded by this share.
+/// beyond its nodes in use (pending timers, cancelled ones on their way back, those threads
+/// keep at hand) is bounded by this share.
 const SPARE_SHARE: u64 = 8;
 
 /// Free nodes in the bitmap above which a refill that finds nothing near the cursor looks
@@ -442,11 +443,12 @@ impl Pool {
     ///
     /// Where no word near the cursor is half free, the cursor has caught up with the nodes
     /// being freed (arms reuse the ring right behind the cancels of a second ago). While
-    /// less than a [`SPARE_SHARE`]th of the pool is free and it can still grow, `None`: the
-    /// pool grows, which keeps a band of wholly free words ahead of the cursor. Taking the first thin word
-    /// there instead moved the cursor on into nodes that were all still pending but for
-    /// the odd fired timer: in steady-mix three refills in four took a thin word, 17 nodes
-    /// a refill against 63, and the process spent 310-370 ns a timer against 255-310.
+    /// less than a [`SPARE_SHARE`]th of the pool is free and it can still grow, `None`:
+    /// the pool grows, which keeps a band of wholly free words ahead of the cursor. Taking
+    /// the first thin word there instead moved the cursor on into nodes that were all
+    /// still pending but for the odd fired timer: in steady-mix three refills in four took
+    /// a thin word, 17 nodes a refill against 63, and the process spent 310-370 ns a timer
+    /// against 255-310.
     ///
     /// With more free than that, the first thin word seen (the pool is spread thin by
     /// timers that live long, and growing would not help), or, with nothing at all free

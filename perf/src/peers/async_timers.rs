@@ -148,7 +148,11 @@ mod tests {
     fn each_timer_arms_on_its_first_poll_and_fires() {
         let rt = runtime(1, TokioTimer::Default).expect("a runtime");
         rt.block_on(async {
-            let delay = Duration::from_millis(5);
+            // Long enough that none can pass between a future's creation (where tokio's,
+            // async-io's and pingora's take their deadlines) and its first poll, even on a
+            // loaded machine: at 5 ms, a full test run with a build beside it found three
+            // done at once.
+            let delay = Duration::from_millis(250);
             let mut corewheel = Box::pin(corewheel_sleep(delay));
             let mut corewheel_t = Box::pin(corewheel_timeout_read(delay));
             let mut tokio = Box::pin(tokio_sleep(delay));
