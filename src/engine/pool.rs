@@ -72,8 +72,9 @@ const LOOK_WORDS: usize = 64;
 const SPARE_SHARE: u64 = 8;
 
 /// Free nodes in the bitmap above which a refill that finds nothing near the cursor looks
-/// through the whole region before growing it: two chunks. Below it the pool grows, so it
-/// holds at most about this many free nodes beyond what its timers need.
+/// through the whole region before growing it: two chunks. Below it the pool grows; with
+/// [`SPARE_SHARE`], its free nodes beyond what its timers need stay under the larger of
+/// the two bounds (this one decides in pools under 16 chunks).
 const PLENTY_FREE: u64 = 2 * CHUNK_NODES as u64;
 
 /// A shard's nodes as its wheel sees them: the owner's view, for filing nodes by index.
