@@ -109,8 +109,12 @@ struct Level {
 /// list. A due slot is walked from both ends of each, so that many chains of cache misses
 /// are in flight where an unsplit slot has two: a burst is mostly one due slot at a time,
 /// as each tick comes. Cancels and resets are untouched: a timer's list is found from its
-/// location and index alone.
-const SPLIT: usize = 4;
+/// location and index alone. Eight, sixteen chains in flight: draining 1M timers due over
+/// 10 ticks on one thread (`cargo bench --bench engine -- engine_due_drain/corewheel/1M`,
+/// six runs of each build in turns on a 2-core VM) took 41-49 ms, median 45, against 49-59
+/// ms, median 52, with four lists, and 46-53 ms with sixteen (three runs), which keep more
+/// misses in flight than the core can track.
+const SPLIT: usize = 8;
 
 impl Level {
     fn new(slots: usize, split: bool) -> Self {
