@@ -3,7 +3,7 @@
 //! uses, now also takes a lone due finest slot, and takes from the head and the tail of
 //! each due slot's list in turn; `take_due` files a timer pushed back since it was
 //! filed again where it now belongs, from either end. Since 1061333 the engine's
-//! finest slots keep four lists each (a timer's index chooses its list), all walked so;
+//! finest slots keep four lists each (eight since 22e329f; a timer's index chooses its list), all walked so;
 //! every test here passes on that too.
 //!
 //! These tests try to break that from the public API: slots of exactly 1, 2 or 3 timers
@@ -34,53 +34,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::run_log::{Log, assert_ran_exactly, jump_to, record};
 use common::{
     Live, Rng, assert_all_given_back, eventually, manual, ms, run_for, since, unpinned, within,
 };
-use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine, TimerHandle, Wheel};
-
-/// (timer id, milliseconds since the start when it ran), one entry per run.
-type Log = Arc<Mutex<Vec<(usize, u64)>>>;
-
-/// A callback that logs `id` and the time it ran.
-fn record(
-    log: &Log,
-    clock: &ManualClock,
-    start: Instant,
-    id: usize,
-) -> impl FnOnce() + Send + use<> {
-    let (log, clock) = (Arc::clone(log), clock.clone());
-    move || log.lock().unwrap().push((id, since(&clock, start)))
-}
-
-/// Advances `clock` to `ms` milliseconds after `start` in one step and turns until quiet.
-fn jump_to(engine: &TimerEngine, clock: &ManualClock, start: Instant, ms: u64) {
-    clock.advance_to(start + Duration::from_millis(ms));
-    while engine.turn() > 0 {}
-}
-
-/// Checks the log against `expected`: timer `id` ran exactly once, at `expected[id]`
-/// milliseconds, or never where that is `None`.
-fn assert_ran_exactly(log: &Log, expected: &[Option<u64>], what: &str) {
-    let log = log.lock().unwrap();
-    let mut runs: Vec<Vec<u64>> = vec![Vec::new(); expected.len()];
-    for &(id, at) in log.iter() {
-        runs[id].push(at);
-    }
-    for (id, (runs, want)) in runs.iter().zip(expected).enumerate() {
-        match want {
-            Some(at) => assert_eq!(
-                runs.as_slice(),
-                &[*at],
-                "{what}: timer {id} should have run once, at {at} ms"
-            ),
-            None => assert!(
-                runs.is_empty(),
-                "{what}: timer {id} cancelled, ran at {runs:?}"
-            ),
-        }
-    }
-}
+use corewheel::{Clock, PendingTimers, TimerEngine, TimerHandle, Wheel};
 
 /// What [`one_slot_case`] does to one timer of the slot, while the slot is the finest
 /// level's, ten ticks before it is due. `d` is a push-back in ticks.

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod pool_attack;
+pub mod run_log;
 pub mod stuck;
 pub mod wheel_harness;
 
