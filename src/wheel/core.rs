@@ -112,8 +112,8 @@ struct Level {
 /// location and index alone. Eight, sixteen chains in flight: draining 1M timers due over
 /// 10 ticks on one thread (`cargo bench --bench engine -- engine_due_drain/corewheel/1M`,
 /// six runs of each build in turns on a 2-core VM) took 41-49 ms, median 45, against 49-59
-/// ms, median 52, with four lists, and 46-53 ms with sixteen (three runs), which keep more
-/// misses in flight than the core can track.
+/// ms, median 52, with four lists, and 46-53 ms with sixteen (three runs): likely more
+/// chains than the core keeps misses in flight for, which was not profiled.
 const SPLIT: usize = 8;
 
 impl Level {
