@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::run_log::{Log, assert_ran_exactly, jump_to, record};
+use common::run_log::{Log, assert_ran_exactly, expected_runs, jump_to, record};
 use common::{
     Live, Rng, assert_all_given_back, eventually, manual, ms, run_for, since, unpinned, within,
 };
@@ -415,12 +415,7 @@ fn callbacks_reset_cancel_and_schedule_their_slot_mates_mid_walk() {
         run_for(engine, &clock, 99);
         assert!(mates.log.lock().unwrap().is_empty(), "nothing early");
         run_for(engine, &clock, 10);
-        let expected: Vec<_> = (0..n)
-            .map(|id| {
-                (!mates.cancelled[id].load(Ordering::SeqCst))
-                    .then(|| mates.deadline[id].load(Ordering::SeqCst))
-            })
-            .collect();
+        let expected = expected_runs(&mates.deadline, &mates.cancelled);
         assert_eq!(
             *mates.faults.lock().unwrap(),
             Vec::<String>::new(),

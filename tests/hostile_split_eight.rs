@@ -42,7 +42,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::pool_attack::slot;
-use common::run_log::{Log, assert_ran_exactly, jump_to, record};
+use common::run_log::{Log, assert_ran_exactly, expected_runs, jump_to, record};
 use common::{
     Live, Rng, assert_all_given_back, eventually, manual, ms, run_for, since, unpinned, within,
 };
@@ -439,12 +439,7 @@ fn ends_of_lists_four_to_seven_changed_while_the_walk_is_split() {
             run_for(engine, &clock, 99);
             assert!(ends.log.lock().unwrap().is_empty(), "nothing early");
             run_for(engine, &clock, 10);
-            let expected: Vec<_> = (0..n)
-                .map(|id| {
-                    (!ends.cancelled[id].load(Ordering::SeqCst))
-                        .then(|| ends.deadline[id].load(Ordering::SeqCst))
-                })
-                .collect();
+            let expected = expected_runs(&ends.deadline, &ends.cancelled);
             assert_ran_exactly(&ends.log, &expected, "ends of lists 4..7");
             let pushed = expected.iter().flatten().filter(|&&d| d > 101).count();
             let pulled = (first..n).filter(|&id| expected[id] == Some(100)).count();

@@ -1,6 +1,7 @@
 //! A log of which timer ran when, on a hand-driven engine, and the check that each ran
 //! exactly once at the millisecond a test expects.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,4 +50,17 @@ pub fn assert_ran_exactly(log: &Log, expected: &[Option<u64>], what: &str) {
             ),
         }
     }
+}
+
+/// What [`assert_ran_exactly`] should find for timers whose callbacks change one another:
+/// timer `id` runs once at `deadline[id]`, its last deadline, or never where
+/// `cancelled[id]` is set.
+pub fn expected_runs(deadline: &[AtomicU64], cancelled: &[AtomicBool]) -> Vec<Option<u64>> {
+    deadline
+        .iter()
+        .zip(cancelled)
+        .map(|(deadline, cancelled)| {
+            (!cancelled.load(Ordering::SeqCst)).then(|| deadline.load(Ordering::SeqCst))
+        })
+        .collect()
 }
