@@ -41,6 +41,7 @@ pub use engine::callback::{
     INLINE_BYTES as INLINE_CALLBACK_BYTES,
     INLINE_REPEATING_BYTES as INLINE_REPEATING_CALLBACK_BYTES,
 };
+pub use engine::driver::Driver;
 pub use engine::handle::TimerHandle;
 pub use engine::periodic::MissedTicks;
 pub use engine::shutdown::{PendingTimers, ShutdownReport};

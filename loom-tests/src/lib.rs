@@ -89,6 +89,31 @@ mod rig {
         fired
     }
 
+    /// A waker that counts its wakes. Plain std atomics, invisible to loom: read on the
+    /// thread that woke it or after joining that thread.
+    #[derive(Default)]
+    pub struct Wakes(AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Wakes {
+        /// How many times it has been woken.
+        pub fn count(&self) -> usize {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    /// A counting waker, and its count.
+    pub fn counting() -> (std::sync::Arc<Wakes>, std::task::Waker) {
+        let wakes = std::sync::Arc::new(Wakes::default());
+        let waker = std::task::Waker::from(std::sync::Arc::clone(&wakes));
+        (wakes, waker)
+    }
+
     /// What happened to the callbacks made by one [`Probe`].
     #[derive(Debug, Default)]
     struct Counts {

@@ -8,33 +8,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 
 use corewheel::{PendingTimers, Sleep, TimerEngine};
-use corewheel_loom_tests::{engine, model, settle, ticks};
+use corewheel_loom_tests::{Wakes, counting, engine, model, settle, ticks};
 use loom::sync::Arc;
 use loom::thread;
 
-/// A waker that counts its wakes. Plain std atomics, invisible to loom: read on the thread
-/// that woke it or after joining that thread.
-#[derive(Default)]
-struct Wakes(AtomicUsize);
-
-impl Wake for Wakes {
-    fn wake(self: std::sync::Arc<Self>) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-fn counting() -> (std::sync::Arc<Wakes>, Waker) {
-    let wakes = std::sync::Arc::new(Wakes::default());
-    let waker = Waker::from(std::sync::Arc::clone(&wakes));
-    (wakes, waker)
-}
-
 fn count(wakes: &Wakes) -> usize {
-    wakes.0.load(Ordering::Relaxed)
+    wakes.count()
 }
 
 fn poll(sleep: &mut Sleep<'_>, waker: &Waker) -> Poll<()> {

@@ -38,6 +38,7 @@ pub struct EngineBuilder {
     pub(crate) capacity: usize,
     pub(crate) stealing: bool,
     pub(crate) rescue_after: Option<u32>,
+    pub(crate) driven: bool,
 }
 
 /// The default for [`EngineBuilder::rescue_after`], in ticks.
@@ -53,6 +54,7 @@ impl Default for EngineBuilder {
             capacity: DEFAULT_CAPACITY,
             stealing: true,
             rescue_after: Some(DEFAULT_RESCUE_AFTER),
+            driven: false,
         }
     }
 }
@@ -142,6 +144,33 @@ impl EngineBuilder {
     /// on the calling thread.
     pub fn manual_clock(mut self, clock: ManualClock) -> Self {
         self.manual_clock = Some(clock);
+        self
+    }
+
+    /// Starts no worker threads: the application's async runtime turns the shards
+    /// instead, through the futures of [`TimerEngine::drivers`], one per shard, which it
+    /// spawns. Each driver sleeps on the runtime's own timer until its shard's next
+    /// deadline, and a thread that arms a timer due sooner wakes it, as it would wake a
+    /// worker. So the engine's work rides the wake-ups the runtime makes anyway: a lightly
+    /// loaded engine makes no thread wake-ups of its own. [`workers`](Self::workers) still
+    /// sets the number of shards.
+    ///
+    /// What it gives up, against worker threads:
+    /// - Callbacks run on the runtime's threads, inside a driver's poll. One that blocks
+    ///   holds up that runtime thread and its shard's other timers; no worker stands in
+    ///   for it ([`rescue_after`](Self::rescue_after) and [`stealing`](Self::stealing)
+    ///   apply to worker threads only), though a [`TimerEngine::turn`] from another
+    ///   thread does, after `rescue_after`.
+    /// - Timers fire when the runtime polls their driver: a runtime whose threads are all
+    ///   busy delays them, as it delays its own timers. Never early, still.
+    /// - Nothing fires until the drivers are spawned, and a shard whose driver is dropped
+    ///   before the engine shuts down is turned only by [`TimerEngine::turn`] calls.
+    ///
+    /// Timers still go to the shard of the thread that arms them, and a driver turns the
+    /// whole shard in one poll: a burst due at once on one shard runs on one runtime
+    /// thread at a time.
+    pub fn driven(mut self) -> Self {
+        self.driven = true;
         self
     }
 

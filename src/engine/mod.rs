@@ -16,7 +16,9 @@
 //! shard's run queue, and whoever takes it from there runs it ([`runner`]): the owner's
 //! thread ([`worker`]) or an idle worker ([`balance`]). Cancels and resets change the
 //! node's state word from any thread, and reach the owner as messages on the same lanes
-//! when the wheel must change.
+//! when the wheel must change. A [driven](EngineBuilder::driven) engine has no worker
+//! threads: a [`driver`] future per shard, on the application's runtime, takes the
+//! owner's part for each turn, as a thread calling [`TimerEngine::turn`] does.
 //!
 //! # Ground rules
 //!
@@ -84,6 +86,7 @@ pub(crate) mod builder;
 pub(crate) mod callback;
 pub(crate) mod context;
 pub(crate) mod counters;
+pub(crate) mod driver;
 pub(crate) mod forward_ring;
 pub(crate) mod handle;
 pub(crate) mod hold_back;
@@ -189,8 +192,11 @@ static ENGINES: AtomicU32 = AtomicU32::new(1);
 pub struct TimerEngine {
     pub(crate) shared: Arc<EngineShared>,
     threads: StdMutex<Vec<JoinHandle<()>>>,
-    /// Driven by hand: no worker threads.
-    manual: bool,
+    /// Driven by hand (a manual clock, or [`EngineBuilder::driven`]): no worker threads,
+    /// and [`turn`](Self::turn) turns the shards.
+    hand_driven: bool,
+    /// Built with [`EngineBuilder::driven`]: its shards wait for their drivers.
+    driven: bool,
     /// Whether a shutdown has begun; held while the first one runs.
     shutdown_started: StdMutex<bool>,
     /// Workers pinned to a CPU, counted before `build` returns.
@@ -231,14 +237,16 @@ impl TimerEngine {
                 nanos_of(ticks.tick()).unwrap_or(u64::MAX),
             ),
         });
+        let driven = builder.driven;
         let mut engine = Self {
             threads: StdMutex::new(Vec::new()),
-            manual,
+            hand_driven: manual || driven,
+            driven,
             shutdown_started: StdMutex::new(false),
             pinned: 0,
             shared,
         };
-        if !manual {
+        if !engine.hand_driven {
             engine.pinned = engine.spawn_workers(workers, builder.pin_workers)?;
         }
         Ok(engine)
@@ -471,17 +479,19 @@ impl TimerEngine {
         stats
     }
 
-    /// Runs every shard's due work once on the calling thread, at the manual clock's time,
-    /// and returns how many callbacks ran. Only for engines built with
-    /// [`EngineBuilder::manual_clock`]; elsewhere (or when called from inside a callback it
-    /// is running) it does nothing and returns 0.
+    /// Runs every shard's due work once on the calling thread, at the engine clock's time
+    /// (the manual clock's, for an engine built with one), and returns how many callbacks
+    /// ran. Only for engines with no worker threads: built with
+    /// [`EngineBuilder::manual_clock`] or [`EngineBuilder::driven`] (whose drivers skip a
+    /// shard while a `turn` has it, and take it back after). Elsewhere, or when called
+    /// from inside a callback it is running, it does nothing and returns 0.
     ///
     /// Several threads may turn at once. A shard another thread is turning is skipped,
     /// unless that thread has been in its callbacks for more than
     /// [`rescue_after`](EngineBuilder::rescue_after) ticks of the manual clock: then this
     /// call stands in for it, as a worker thread would, and runs that shard's due timers.
     pub fn turn(&self) -> usize {
-        if !self.manual {
+        if !self.hand_driven {
             return 0;
         }
         let shared = &*self.shared;
@@ -500,8 +510,8 @@ impl TimerEngine {
                 break;
             }
             if shard.try_own() {
-                fired += Self::turn_owned(shared, shard);
-                shard.disown();
+                fired += Self::turn_owned(shared, shard).0;
+                self.disown(shard);
             } else if shared
                 .balance
                 .rescue_after
@@ -519,11 +529,22 @@ impl TimerEngine {
         fired
     }
 
+    /// Gives back the owner's part of a shard this thread turned by hand. A driven shard's
+    /// driver that found it taken waits for this wake-up.
+    fn disown(&self, shard: &Shard) {
+        shard.disown();
+        if self.driven {
+            shard.wake_driver();
+        }
+    }
+
     /// A hand-driven owner's turn: looks at the wheel and runs what it claimed, until a
     /// look claims nothing (a repeating timer that missed several ticks may come due again
     /// at once). Each look reads the clock, as a worker thread does, so a turn that ran a
-    /// slow callback also runs what came due meanwhile.
-    fn turn_owned(shared: &EngineShared, shard: &Shard) -> usize {
+    /// slow callback also runs what came due meanwhile. Returns how many callbacks ran, and
+    /// the tick by which the shard must be turned again (the last look's), `None` when
+    /// nothing will ever be due.
+    fn turn_owned(shared: &EngineShared, shard: &Shard) -> (usize, Option<u64>) {
         let mut fired = 0;
         loop {
             let now = shared.clock.now();
@@ -537,7 +558,7 @@ impl TimerEngine {
             }
             shard.set_running(false);
             if look.claimed == 0 && !look.more_due {
-                return fired;
+                return (fired, look.next);
             }
         }
     }
@@ -563,7 +584,7 @@ impl TimerEngine {
             };
             if owned {
                 shard.finish(pending, now);
-                shard.disown();
+                self.disown(shard);
             }
         }
     }
@@ -617,7 +638,13 @@ impl TimerEngine {
 
     /// Makes or waits for every shard's last turn, where the calling thread may wait.
     fn finish_workers(&self) {
-        if self.manual {
+        if self.hand_driven {
+            // Drivers see the shutdown and make their shards' last turns, or end once
+            // another thread has: woken first, so that a shutdown from inside a callback,
+            // which returns below without finishing anything, still ends them.
+            for shard in self.shared.shards.iter() {
+                shard.wake_driver();
+            }
             // Waiting for a shard another thread is turning is safe only for a thread that
             // nobody can be waiting for: not a worker, and inside no turn of any engine (two
             // callbacks on two threads may each be shutting down the other's engine).
@@ -699,7 +726,8 @@ impl std::fmt::Debug for TimerEngine {
         f.debug_struct("TimerEngine")
             .field("workers", &self.workers())
             .field("tick", &self.tick())
-            .field("manual", &self.manual)
+            .field("hand_driven", &self.hand_driven)
+            .field("driven", &self.driven)
             .finish()
     }
 }

@@ -9,6 +9,7 @@
 
 use crossbeam_utils::CachePadded;
 use std::ptr::NonNull;
+use std::task::Waker;
 
 use crate::engine::counters::ShardCounters;
 use crate::engine::lane::Lane;
@@ -58,6 +59,11 @@ pub(crate) struct ShardParts {
     callback_ns: AtomicU64,
     /// The worker thread, once it runs (engines driven by hand have none).
     pub(crate) thread: OnceLock<std::thread::Thread>,
+    /// A driven engine's driver for this shard, while it waits: what a thread that needs
+    /// the shard turned sooner wakes instead of a worker thread.
+    driver: Mutex<Option<Waker>>,
+    /// A driver for this shard exists (see [`claim_driver`](Self::claim_driver)).
+    has_driver: AtomicBool,
     pub(crate) counters: ShardCounters,
     /// Timers claimed from the wheel, waiting to run.
     pub(crate) run: RunQueue,
@@ -99,6 +105,8 @@ impl ShardParts {
             urgent_asked: CachePadded::new(AtomicU64::new(0)),
             callback_ns: AtomicU64::new(0),
             thread: OnceLock::new(),
+            driver: Mutex::new(None),
+            has_driver: AtomicBool::new(false),
             counters: ShardCounters::default(),
             run: RunQueue::new(),
             signals: CachePadded::new(OwnerSignals {
@@ -233,12 +241,55 @@ impl ShardParts {
         fence(Ordering::SeqCst);
         if need < self.wake_at.load(Ordering::SeqCst)
             && self.wake_at.swap(AWAKE, Ordering::SeqCst) != AWAKE
-            && let Some(thread) = self.thread.get()
         {
-            if undercut {
-                self.undercut.store(true, Ordering::Relaxed);
+            match self.thread.get() {
+                Some(thread) => {
+                    if undercut {
+                        self.undercut.store(true, Ordering::Relaxed);
+                    }
+                    thread.unpark();
+                }
+                None => self.wake_driver(),
             }
-            thread.unpark();
+        }
+    }
+
+    /// A driven shard's driver stores the waker of its current poll, before it publishes
+    /// its plan (see [`driver`](crate::engine::driver)).
+    pub(crate) fn register_driver(&self, waker: &Waker) {
+        let mut driver = self
+            .driver
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !driver
+            .as_ref()
+            .is_some_and(|stored| stored.will_wake(waker))
+        {
+            *driver = Some(waker.clone());
+        }
+    }
+
+    /// Makes this shard's driver, unless one exists: one driver at a time, so that every
+    /// wake-up reaches the one waiting (the waker it stored is the only one kept).
+    pub(crate) fn claim_driver(&self) -> bool {
+        !self.has_driver.swap(true, Ordering::AcqRel)
+    }
+
+    /// The shard's driver is dropped: another may be made.
+    pub(crate) fn release_driver(&self) {
+        self.has_driver.store(false, Ordering::Release);
+    }
+
+    /// Wakes a driven shard's driver, if it has been polled; nothing for other engines.
+    pub(crate) fn wake_driver(&self) {
+        // Woken outside the lock: a waker may run its task's poll inline.
+        let waker = self
+            .driver
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        if let Some(waker) = waker {
+            waker.wake();
         }
     }
 

@@ -5,6 +5,7 @@
 // Each test file uses only some of these.
 #![allow(dead_code)]
 
+pub mod driven;
 pub mod pool_attack;
 pub mod run_log;
 pub mod stuck;

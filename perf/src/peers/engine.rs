@@ -74,6 +74,17 @@ pub fn build() -> Result<TimerEngine, String> {
     Ok(engine)
 }
 
+/// The engine as a service on tokio builds it to ride the runtime's wake-ups: one shard
+/// per CPU, no worker threads (see [`Subject::EngineDriven`](super::Subject::EngineDriven));
+/// the caller spawns its drivers.
+pub fn build_driven() -> Result<TimerEngine, String> {
+    TimerEngine::builder()
+        .workers(cpus())
+        .driven()
+        .build()
+        .map_err(|error| format!("could not start the engine: {error}"))
+}
+
 /// Bytes of pool memory per timer node, measured: what one chunk of nodes adds to a
 /// hand-driven engine's `pool_bytes()`, over the nodes in a chunk (found by scheduling until
 /// a second chunk appears). On a thread of its own, which takes the engine's per-thread

@@ -26,6 +26,9 @@ pub enum Subject {
     BinaryHeap,
     /// corewheel's multi-core `TimerEngine`.
     Engine,
+    /// The same engine built `driven()`: no worker threads, its shards turned by driver
+    /// tasks on the application's tokio runtime (light-load).
+    EngineDriven,
     TokioSleep,
     TokioTimeout,
     PingoraTimeout,
@@ -52,11 +55,12 @@ pub enum Subject {
 }
 
 impl Subject {
-    pub const ALL: [Subject; 17] = [
+    pub const ALL: [Subject; 18] = [
         Subject::Corewheel,
         Subject::DelayQueue,
         Subject::BinaryHeap,
         Subject::Engine,
+        Subject::EngineDriven,
         Subject::TokioSleep,
         Subject::TokioTimeout,
         Subject::PingoraTimeout,
@@ -78,6 +82,7 @@ impl Subject {
             Subject::DelayQueue => "delay-queue",
             Subject::BinaryHeap => "binary-heap",
             Subject::Engine => "engine",
+            Subject::EngineDriven => "engine-driven",
             Subject::TokioSleep => "tokio-sleep",
             Subject::TokioTimeout => "tokio-timeout",
             Subject::PingoraTimeout => "pingora-timeout",
@@ -119,7 +124,11 @@ impl Subject {
             Subject::DelayQueueMap => Some("vs_delay_queue_map"),
             Subject::DashMapOnly => Some("vs_dashmap"),
             Subject::SccOnly => Some("vs_scc"),
-            Subject::Corewheel | Subject::Engine | Subject::CorewheelAsync | Subject::Keyed => None,
+            Subject::Corewheel
+            | Subject::Engine
+            | Subject::EngineDriven
+            | Subject::CorewheelAsync
+            | Subject::Keyed => None,
         }
     }
 
@@ -127,7 +136,11 @@ impl Subject {
     pub fn is_corewheel(self) -> bool {
         matches!(
             self,
-            Subject::Corewheel | Subject::Engine | Subject::CorewheelAsync | Subject::Keyed
+            Subject::Corewheel
+                | Subject::Engine
+                | Subject::EngineDriven
+                | Subject::CorewheelAsync
+                | Subject::Keyed
         )
     }
 
@@ -149,6 +162,9 @@ impl Subject {
             }
             Subject::Engine => {
                 "corewheel::TimerEngine, one pinned worker per CPU, 1 ms tick; application threads call schedule(delay, closure) / cancel(handle) / reset(handle, delay)"
+            }
+            Subject::EngineDriven => {
+                "the same engine built driven(): no worker threads, one driver task per shard on the application's tokio runtime, each sleeping on tokio's timer (sleep_until) until its shard's next deadline"
             }
             Subject::TokioSleep => {
                 "tokio 1 time::sleep in a rt-multi-thread runtime, one task per application thread: each Sleep pinned and polled once with its task's waker (registered in tokio's timer wheel), dropped to cancel, Sleep::reset to push back"
@@ -279,6 +295,7 @@ pub fn measure_fresh<T, M: Measure<T>>(
         Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,
         Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
         Subject::Engine
+        | Subject::EngineDriven
         | Subject::TokioSleep
         | Subject::TokioTimeout
         | Subject::PingoraTimeout

@@ -200,9 +200,13 @@ impl Workload {
                     | Subject::AsyncIo
                     | Subject::PingoraTimeout
             ),
-            Workload::EngineReset | Workload::SteadyMix | Workload::LightLoad => matches!(
+            Workload::EngineReset | Workload::SteadyMix => matches!(
                 subject,
                 Subject::Engine | Subject::TokioSleep | Subject::MutexHeap
+            ),
+            Workload::LightLoad => matches!(
+                subject,
+                Subject::Engine | Subject::EngineDriven | Subject::TokioSleep | Subject::MutexHeap
             ),
             Workload::EngineLive1m => matches!(subject, Subject::Engine | Subject::TokioSleep),
             Workload::Proxy => matches!(subject, Subject::CorewheelAsync | Subject::Tokio),

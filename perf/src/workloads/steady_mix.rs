@@ -599,7 +599,19 @@ fn on_tokio<F>(
 where
     F: std::future::Future<Output = Result<Counts, String>> + Send + 'static,
 {
-    let runtime = tokio_sleep::runtime(config.threads)?;
+    on_runtime(tokio_sleep::runtime(config.threads)?, config, wakes, part)
+}
+
+/// [`on_tokio`] on a runtime the caller made (and spawned its own tasks on).
+fn on_runtime<F>(
+    runtime: tokio::runtime::Runtime,
+    config: Config,
+    wakes: WakesReader,
+    part: impl Fn(usize, Arc<Lines>) -> F,
+) -> Result<Run, String>
+where
+    F: std::future::Future<Output = Result<Counts, String>> + Send + 'static,
+{
     let lines = Arc::new(Lines::default());
     // One task at a time, each once the one before waits at the start line, so that each
     // starts on a worker of its own: spawned together, two could land on one worker, and
@@ -677,6 +689,31 @@ fn measure_light(subject: Subject, config: Config) -> Result<Run, String> {
                 task_part(Arc::clone(&shared), index, config, lines)
             })?;
             engine_saw(&engine, run)
+        }
+        Subject::EngineDriven => {
+            let engine = Arc::new(engine::build_driven()?);
+            let runtime = tokio_sleep::runtime(config.threads)?;
+            for driver in engine.drivers(|at| tokio::time::sleep_until(at.into())) {
+                runtime.spawn(driver);
+            }
+            let shared = Arc::clone(&engine);
+            let run = on_runtime(runtime, config, NO_WAKES, move |index, lines| {
+                task_part(Arc::clone(&shared), index, config, lines)
+            });
+            // The runtime, and the drivers with it, are gone: what is left to settle (the
+            // last cancels' messages) is turned here.
+            let turning = std::sync::atomic::AtomicBool::new(true);
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    while turning.load(std::sync::atomic::Ordering::Relaxed) {
+                        engine.turn();
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                });
+                let saw = run.and_then(|run| engine_saw(&engine, run));
+                turning.store(false, std::sync::atomic::Ordering::Relaxed);
+                saw
+            })
         }
         Subject::TokioSleep => run_tokio(config),
         Subject::MutexHeap => {

@@ -1,0 +1,367 @@
+//! The futures that turn a driven engine's shards on the application's async runtime
+//! ([`EngineBuilder::driven`](crate::EngineBuilder::driven)), in place of worker threads.
+//!
+//! Why: a worker thread that sleeps until its shard's next deadline costs a wake-up of its
+//! own for every tick with something due, 30-50 µs of CPU each on an idle core of this
+//! project's VMs, whatever call it sleeps in. A runtime that wakes anyway (its tasks' own
+//! timers and I/O) can carry that work for nearly nothing: each driver sleeps on the
+//! runtime's own timer until its shard's next deadline, so the runtime's one wake-up
+//! serves its timers and ours.
+//!
+//! The handshake with threads that arm timers is the worker's: the driver publishes the
+//! tick it means to be polled at (`wake_at`), after storing its waker; a thread whose timer
+//! is due sooner swaps `wake_at` to awake and wakes the waker, exactly as it would unpark a
+//! worker. After publishing, the driver looks once more for anything that arrived before
+//! the plan ([`must_turn_before`](crate::engine::wheel_side::WheelSide::must_turn_before)).
+
+use std::future::Future;
+use std::marker::PhantomPinned;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use crate::engine::TimerEngine;
+use crate::engine::shard_parts::AWAKE;
+use crate::engine::shared::EngineShared;
+use crate::engine::thread_role::Turn;
+use crate::sync::Arc;
+use crate::sync::atomic::Ordering;
+
+/// Turns one shard of a driven engine: spawn it on the runtime, and it runs the shard's
+/// timers as they come due, on the runtime's threads, until the engine shuts down. Made by
+/// [`TimerEngine::drivers`], one per shard.
+///
+/// Between turns it waits on the sleep future that its `sleep_until` function makes for the
+/// shard's next deadline (the runtime's own timer), or until a thread arms a timer due
+/// sooner, which wakes it. It completes once the engine has shut down and the shard's last
+/// turn is over.
+#[must_use = "a driver does nothing unless it is spawned or polled"]
+pub struct Driver<F, S> {
+    shared: Arc<EngineShared>,
+    index: usize,
+    sleep_until: F,
+    /// The sleep for `planned`, if there is one.
+    sleep: Option<S>,
+    /// The tick the driver has published as its plan, and sleeps until; `None` before its
+    /// first turn and after a wake-up.
+    planned: Option<u64>,
+    /// `sleep` is pinned in place (see `poll`).
+    _pinned: PhantomPinned,
+}
+
+impl<F, S> std::fmt::Debug for Driver<F, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("shard", &self.index)
+            .field("planned", &self.planned)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TimerEngine {
+    /// The futures that run a [driven](crate::EngineBuilder::driven) engine's timers, one
+    /// per shard, for the application to spawn on its runtime. `sleep_until` makes the
+    /// runtime's sleep future for an instant of the engine's clock; each driver keeps one
+    /// at a time, and makes a new one only when its shard's next deadline changes.
+    ///
+    /// A shard has at most one driver at a time: while one lives (spawned or not), another
+    /// call makes none for that shard. Once the drivers are dropped (their runtime shut
+    /// down, say), a call makes new ones, and those take over where they stopped. Empty
+    /// for an engine with worker threads, whose workers turn it.
+    ///
+    /// ```
+    /// # #[cfg(not(miri))] {
+    /// use corewheel::TimerEngine;
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::time::Duration;
+    ///
+    /// let runtime = tokio::runtime::Builder::new_multi_thread()
+    ///     .worker_threads(2)
+    ///     .enable_time()
+    ///     .build()
+    ///     .unwrap();
+    /// let engine = Arc::new(TimerEngine::builder().workers(2).driven().build().unwrap());
+    /// for driver in engine.drivers(|at| tokio::time::sleep_until(at.into())) {
+    ///     runtime.spawn(driver);
+    /// }
+    /// let fired = Arc::new(AtomicBool::new(false));
+    /// let flag = Arc::clone(&fired);
+    /// engine
+    ///     .schedule(Duration::from_millis(5), move || flag.store(true, Ordering::Relaxed))
+    ///     .unwrap();
+    /// std::thread::sleep(Duration::from_millis(100));
+    /// assert!(fired.load(Ordering::Relaxed));
+    /// # }
+    /// ```
+    pub fn drivers<F, S>(&self, sleep_until: F) -> Vec<Driver<F, S>>
+    where
+        F: FnMut(Instant) -> S + Clone,
+        S: Future<Output = ()>,
+    {
+        if !self.driven {
+            return Vec::new();
+        }
+        (0..self.shared.shards.len())
+            .filter(|&index| self.shared.shards[index].claim_driver())
+            .map(|index| Driver {
+                shared: Arc::clone(&self.shared),
+                index,
+                sleep_until: sleep_until.clone(),
+                sleep: None,
+                planned: None,
+                _pinned: PhantomPinned,
+            })
+            .collect()
+    }
+}
+
+impl<F, S> Future for Driver<F, S>
+where
+    F: FnMut(Instant) -> S,
+    S: Future<Output = ()>,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // SAFETY: nothing is moved out of the driver: `sleep` is pinned structurally (only
+        // ever reached through `Pin::new_unchecked` below, and replaced in place, which
+        // drops the old sleep where it lies), and every other field is plain data that is
+        // never pinned. The driver is `!Unpin` (`PhantomPinned`), so it is not moved once
+        // pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        let shard = &this.shared.shards[this.index];
+        loop {
+            // Stored before the shutdown flag and the plan are looked at: a shutdown or a
+            // thread that swaps the plan after this finds this poll's waker, and one before
+            // it is seen below.
+            shard.register_driver(cx.waker());
+            if this.shared.shutdown.load(Ordering::SeqCst) {
+                return this.finish(cx);
+            }
+            if let Some(planned) = this.planned {
+                // A thread that swapped the plan woke this, or the planned tick has come.
+                let called = shard.wake_plan() != planned || this.shared.now_tick() >= planned;
+                if !called {
+                    let Some(sleep) = this.sleep.as_mut() else {
+                        if planned == u64::MAX {
+                            // Nothing planned: a thread's wake-up or the shutdown's brings
+                            // this back.
+                            return Poll::Pending;
+                        }
+                        return yield_now(cx);
+                    };
+                    // SAFETY: `sleep` is pinned structurally (see above).
+                    let sleep = unsafe { Pin::new_unchecked(sleep) };
+                    if sleep.poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // A future that has completed is not polled again.
+                    this.sleep = None;
+                    if this.shared.now_tick() < planned {
+                        return yield_now(cx);
+                    }
+                }
+                this.planned = None;
+            }
+            let Ok(turn) = Turn::begin(this.shared.id.get()) else {
+                // Polled from inside a callback of this engine: its turn is not over.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            };
+            if !shard.try_own() {
+                // A thread calling `TimerEngine::turn` has the shard: it wakes this driver
+                // once it gives the shard back, and the waker stored above is the one it
+                // finds, or the shard is free again by the time this looked.
+                return Poll::Pending;
+            }
+            shard.plan_wake(AWAKE);
+            let (_fired, next) = TimerEngine::turn_owned(&this.shared, shard);
+            let plan = next.unwrap_or(u64::MAX);
+            shard.plan_wake(plan);
+            let must_turn = shard.with_wheel_waiting(|wheel| wheel.must_turn_before(shard, plan));
+            shard.disown();
+            drop(turn);
+            if must_turn {
+                continue;
+            }
+            this.planned = Some(plan);
+            // Assigning drops the old sleep where it lies and writes the new one there:
+            // the pinned value is never moved.
+            this.sleep =
+                (plan != u64::MAX).then(|| (this.sleep_until)(this.shared.ticks.instant_at(plan)));
+            if plan <= this.shared.now_tick() {
+                // Due again already (a turn that ran long): let the runtime's other tasks
+                // have this thread before the next turn.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+/// Lets the runtime run its other tasks before polling the driver again: the driver's
+/// sleep is over, but by the engine's clock the planned tick has not come yet (a sleep on
+/// another clock than the engine's, or one that rounds down). With tokio's timer and the
+/// engine's own clock this does not happen: both read the monotonic clock, and tokio
+/// rounds its deadlines up.
+fn yield_now(cx: &mut Context<'_>) -> Poll<()> {
+    cx.waker().wake_by_ref();
+    Poll::Pending
+}
+
+impl<F, S> Drop for Driver<F, S> {
+    fn drop(&mut self) {
+        self.shared.shards[self.index].release_driver();
+    }
+}
+
+impl<F, S> Driver<F, S> {
+    /// After a shutdown: the shard's last turn, if nobody has made it or is making it.
+    fn finish(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        // Dropped where it lies, as in `poll`.
+        self.sleep = None;
+        let shard = &self.shared.shards[self.index];
+        if shard.is_finished() {
+            return Poll::Ready(());
+        }
+        let Ok(turn) = Turn::begin(self.shared.id.get()) else {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        };
+        if !shard.try_own() {
+            // Whoever has it (a shutdown making the last turn, or a `turn` caller, which
+            // makes it once its turn ends) finishes it, and then wakes this driver, whose
+            // waker `poll` stored before looking at the shutdown flag.
+            return Poll::Pending;
+        }
+        shard.finish(self.shared.pending_mode(), self.shared.clock.now());
+        shard.disown();
+        drop(turn);
+        Poll::Ready(())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::cell::Cell;
+    use std::future::Future;
+    use std::marker::PhantomPinned;
+    use std::pin::{Pin, pin};
+    use std::sync::Arc as StdArc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Waker};
+    use std::time::{Duration, Instant};
+
+    use crate::{ManualClock, PendingTimers, TimerEngine};
+
+    /// A sleep that must not move once polled: it remembers where it was first polled
+    /// and fails if polled anywhere else. Ready once the manual clock has reached `at`.
+    struct Pinned {
+        at: Instant,
+        clock: ManualClock,
+        polled_at: Cell<usize>,
+        dropped: StdArc<AtomicUsize>,
+        _pinned: PhantomPinned,
+    }
+
+    impl Future for Pinned {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            let here = std::ptr::from_ref::<Self>(&self) as usize;
+            match self.polled_at.get() {
+                0 => self.polled_at.set(here),
+                first => assert_eq!(first, here, "a pinned sleep moved"),
+            }
+            if crate::Clock::now(&self.clock) >= self.at {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    impl Drop for Pinned {
+        fn drop(&mut self) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The driver keeps its sleep pinned where it lies, replaces it in place when the plan
+    /// changes (dropping the old one), and drops the last one when it ends at shutdown.
+    #[test]
+    fn a_driver_replaces_its_pinned_sleep_in_place_and_ends_at_shutdown() {
+        let clock = ManualClock::new();
+        let engine = TimerEngine::builder()
+            .workers(1)
+            .driven()
+            .manual_clock(clock.clone())
+            .build()
+            .unwrap();
+        let (made, dropped) = (
+            StdArc::new(AtomicUsize::new(0)),
+            StdArc::new(AtomicUsize::new(0)),
+        );
+        let (made_here, dropped_here, sleep_clock) =
+            (StdArc::clone(&made), StdArc::clone(&dropped), clock.clone());
+        let mut drivers = engine.drivers(move |at| {
+            made_here.fetch_add(1, Ordering::Relaxed);
+            Pinned {
+                at,
+                clock: sleep_clock.clone(),
+                polled_at: Cell::new(0),
+                dropped: StdArc::clone(&dropped_here),
+                _pinned: PhantomPinned,
+            }
+        });
+        let mut driver = pin!(drivers.remove(0));
+        let mut cx = Context::from_waker(Waker::noop());
+        let ran = StdArc::new(AtomicUsize::new(0));
+        for delay in [3, 7] {
+            let ran = StdArc::clone(&ran);
+            engine
+                .schedule(Duration::from_millis(delay), move || {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap();
+        }
+        let mut poll_for = |ms: u64| {
+            for _ in 0..ms {
+                assert!(driver.as_mut().poll(&mut cx).is_pending());
+                clock.advance(Duration::from_millis(1));
+            }
+        };
+        poll_for(5);
+        assert_eq!(ran.load(Ordering::Relaxed), 1);
+        assert_eq!(made.load(Ordering::Relaxed), 2, "one sleep per deadline");
+        assert_eq!(
+            dropped.load(Ordering::Relaxed),
+            1,
+            "the first sleep was not dropped"
+        );
+        poll_for(5);
+        assert_eq!(ran.load(Ordering::Relaxed), 2);
+        assert_eq!(
+            made.load(Ordering::Relaxed),
+            2,
+            "a sleep with nothing planned"
+        );
+        assert_eq!(
+            dropped.load(Ordering::Relaxed),
+            2,
+            "a sleep kept with nothing planned"
+        );
+        engine.schedule(Duration::from_secs(60), || {}).unwrap();
+        assert!(driver.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(made.load(Ordering::Relaxed), 3);
+        engine.shutdown(PendingTimers::Drop);
+        assert!(driver.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(
+            dropped.load(Ordering::Relaxed),
+            3,
+            "the last sleep outlived the driver"
+        );
+        assert_eq!(engine.nodes_in_use(), 0);
+    }
+}
