@@ -34,7 +34,8 @@ use crate::sync::atomic::Ordering;
 /// Between turns it waits on the sleep future that its `sleep_until` function makes for the
 /// shard's next deadline (the runtime's own timer), or until a thread arms a timer due
 /// sooner, which wakes it. It completes once the engine has shut down and the shard's last
-/// turn is over.
+/// turn is over. Dropped before that, it leaves its shard to [`TimerEngine::turn`] calls
+/// until [`TimerEngine::drivers`] makes another.
 #[must_use = "a driver does nothing unless it is spawned or polled"]
 pub struct Driver<F, S> {
     shared: Arc<EngineShared>,
