@@ -91,8 +91,11 @@ impl TimerEngine {
     /// engine
     ///     .schedule(Duration::from_millis(5), move || flag.store(true, Ordering::Relaxed))
     ///     .unwrap();
-    /// std::thread::sleep(Duration::from_millis(100));
-    /// assert!(fired.load(Ordering::Relaxed));
+    /// let given_up = std::time::Instant::now() + Duration::from_secs(10);
+    /// while !fired.load(Ordering::Relaxed) && std::time::Instant::now() < given_up {
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// }
+    /// assert!(fired.load(Ordering::Relaxed), "fired on a runtime thread");
     /// # }
     /// ```
     pub fn drivers<F, S>(&self, sleep_until: F) -> Vec<Driver<F, S>>
