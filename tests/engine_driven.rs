@@ -12,20 +12,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use common::Wakes;
 use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine};
-
-/// Counts its wake-ups.
-#[derive(Default)]
-struct CountingWaker(AtomicUsize);
-
-impl Wake for CountingWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
 
 /// A sleep on the manual clock: ready once the clock has reached its instant. Polled only
 /// when the test polls its driver.
@@ -53,7 +44,8 @@ struct Manual<D> {
     clock: ManualClock,
     driver: Pin<Box<D>>,
     sleeps: Arc<Mutex<Vec<Instant>>>,
-    waker: Arc<CountingWaker>,
+    wakes: Arc<Wakes>,
+    waker: Waker,
 }
 
 fn manual() -> Manual<impl Future<Output = ()>> {
@@ -77,23 +69,26 @@ fn manual() -> Manual<impl Future<Output = ()>> {
     });
     assert_eq!(drivers.len(), 1, "one driver per shard");
     let driver = Box::pin(drivers.remove(0));
+    let (wakes, waker) = Wakes::waker();
     Manual {
         engine,
         clock,
         driver,
         sleeps,
-        waker: Arc::new(CountingWaker::default()),
+        wakes,
+        waker,
     }
 }
 
 impl<D: Future<Output = ()>> Manual<D> {
     fn poll(&mut self) -> Poll<()> {
-        let waker = Waker::from(Arc::clone(&self.waker));
-        self.driver.as_mut().poll(&mut Context::from_waker(&waker))
+        self.driver
+            .as_mut()
+            .poll(&mut Context::from_waker(&self.waker))
     }
 
     fn wakes(&self) -> usize {
-        self.waker.0.load(Ordering::SeqCst)
+        self.wakes.count()
     }
 
     fn last_sleep(&self) -> Option<Instant> {

@@ -128,11 +128,9 @@ where
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        // SAFETY: nothing is moved out of the driver: `sleep` is pinned structurally (only
-        // ever reached through `Pin::new_unchecked` below, and replaced in place, which
-        // drops the old sleep where it lies), and every other field is plain data that is
-        // never pinned. The driver is `!Unpin` (`PhantomPinned`), so it is not moved once
-        // pinned.
+        // SAFETY: nothing is moved out of the pinned driver (`!Unpin`): `sleep`, its one
+        // structurally pinned field, is reached only through `Pin::new_unchecked` below
+        // and replaced in place, which drops the old sleep where it lies.
         let this = unsafe { self.get_unchecked_mut() };
         let shard = &this.shared.shards[this.index];
         loop {
@@ -153,6 +151,10 @@ where
                             // this back.
                             return Poll::Pending;
                         }
+                        // Slept, yet by the engine's clock the tick has not come: a
+                        // sleep on another clock, or one that rounds down. (tokio's timer
+                        // and the engine's own clock both read the monotonic clock, and
+                        // tokio rounds up, so not with those.)
                         return yield_now(cx);
                     };
                     // SAFETY: `sleep` is pinned structurally (see above).
@@ -163,6 +165,7 @@ where
                     // A future that has completed is not polled again.
                     this.sleep = None;
                     if this.shared.now_tick() < planned {
+                        // The same: slept, and the tick has not come.
                         return yield_now(cx);
                     }
                 }
@@ -170,8 +173,7 @@ where
             }
             let Ok(turn) = Turn::begin(this.shared.id.get()) else {
                 // Polled from inside a callback of this engine: its turn is not over.
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+                return yield_now(cx);
             };
             if !shard.try_own() {
                 // A thread calling `TimerEngine::turn` has the shard: it wakes this driver
@@ -195,20 +197,15 @@ where
             this.sleep =
                 (plan != u64::MAX).then(|| (this.sleep_until)(this.shared.ticks.instant_at(plan)));
             if plan <= this.shared.now_tick() {
-                // Due again already (a turn that ran long): let the runtime's other tasks
-                // have this thread before the next turn.
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+                // Due again already (a turn that ran long).
+                return yield_now(cx);
             }
         }
     }
 }
 
-/// Lets the runtime run its other tasks before polling the driver again: the driver's
-/// sleep is over, but by the engine's clock the planned tick has not come yet (a sleep on
-/// another clock than the engine's, or one that rounds down). With tokio's timer and the
-/// engine's own clock this does not happen: both read the monotonic clock, and tokio
-/// rounds its deadlines up.
+/// Lets the runtime run its other tasks before it polls the driver again, which it asks
+/// for at once: the driver has more to do, but nothing to wait for.
 fn yield_now(cx: &mut Context<'_>) -> Poll<()> {
     cx.waker().wake_by_ref();
     Poll::Pending

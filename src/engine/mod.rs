@@ -642,8 +642,10 @@ impl TimerEngine {
             // Drivers see the shutdown and make their shards' last turns, or end once
             // another thread has: woken first, so that a shutdown from inside a callback,
             // which returns below without finishing anything, still ends them.
-            for shard in self.shared.shards.iter() {
-                shard.wake_driver();
+            if self.driven {
+                for shard in self.shared.shards.iter() {
+                    shard.wake_driver();
+                }
             }
             // Waiting for a shard another thread is turning is safe only for a thread that
             // nobody can be waiting for: not a worker, and inside no turn of any engine (two
