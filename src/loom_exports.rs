@@ -35,7 +35,7 @@ pub mod shard_steps {
         let shard_ref = &shared.shards[shard];
         let now_tick = shared.ticks.floor(shared.clock.now());
         shard_ref.run.take(most).map_or(0, |run| {
-            crate::engine::runner::run(shard_ref, &run, now_tick, true)
+            crate::engine::runner::run(shard_ref, run.indices(), now_tick, true)
         })
     }
 
@@ -70,6 +70,28 @@ pub mod shard_steps {
             None,
             None,
         )
+    }
+
+    /// The wheel's holder (waiting out another's hold) hands out the lists of shard
+    /// `shard`'s due slots whole, however few timers they hold, as an owner's look does with
+    /// a burst (see `engine::hand_out`). Until every list is walked, the owner's looks do
+    /// nothing else. Returns whether it handed any out.
+    pub fn hand_out(engine: &TimerEngine, shard: usize) -> bool {
+        let shared = engine.shared();
+        let (shard_ref, now) = (&shared.shards[shard], shared.clock.now());
+        shard_ref.with_wheel_waiting(|wheel| wheel.hand_out_now(shard_ref, now))
+    }
+
+    /// A worker walks one batch of shard `shard`'s handed-out lists and runs what it
+    /// claimed, as a helper does. Returns the callbacks run, `None` if it found no list.
+    pub fn walk(engine: &TimerEngine, shard: usize) -> Option<usize> {
+        let shared = engine.shared();
+        let shard_ref = &shared.shards[shard];
+        let mut ran = 0;
+        crate::engine::hand_out::walk(shard_ref, &shared.shutdown, |batch, due| {
+            ran = crate::engine::runner::run(shard_ref, batch, due, false);
+        })
+        .then_some(ran)
     }
 
     /// [`owner_look`] with a clock reading of the caller's, which may be older than

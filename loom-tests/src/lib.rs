@@ -2,7 +2,9 @@
 //!
 //! The models live in `tests/` and compile only with `RUSTFLAGS="--cfg loom"`, which also
 //! switches corewheel's `sync` shim to loom's atomics, so the models explore the library's
-//! real code. `scripts/test-all.sh` runs them.
+//! real code. `scripts/test-all.sh` runs them, optimised but with debug assertions
+//! (`RUSTFLAGS="--cfg loom -C debug-assertions"`), so that the library's own invariant
+//! checks run in every explored interleaving.
 //!
 //! This library holds what the engine-level models share: a one-shard engine driven by a
 //! manual clock, and callbacks that count their runs and drops.

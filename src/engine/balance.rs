@@ -36,6 +36,7 @@
 use std::time::Instant;
 
 use crate::engine::counters::add;
+use crate::engine::hand_out;
 use crate::engine::runner;
 use crate::engine::shard::Shard;
 use crate::engine::shard_parts::AWAKE;
@@ -274,14 +275,14 @@ impl Balance {
         until.or_else(|| recent.then(|| now_tick.saturating_add(after.max(1))))
     }
 
-    /// Whether some other shard has a backlog to steal, or a stuck owner with timers due to
-    /// stand in for. A stuck owner with nothing due is left to the watch (see
+    /// Whether some other shard has a backlog to steal or lists to walk, or a stuck owner
+    /// with timers due to stand in for. A stuck owner with nothing due is left to the watch (see
     /// [`watch_until`](Self::watch_until)): standing in for it again and again until its
     /// callback returns kept a core busy for nothing.
     fn work_waiting(&self, shards: &[Shard], me: usize, now_tick: u64) -> bool {
         shards.iter().enumerate().any(|(index, shard)| {
             index != me
-                && ((self.stealing && shard.run.len() >= STEAL_MIN)
+                && ((self.stealing && (shard.run.len() >= STEAL_MIN || shard.hand_outs.is_open()))
                     || self.rescue_after.is_some_and(|after| {
                         shard.is_stuck(now_tick, after)
                             && (shard.next_due() <= now_tick || shard.run.len() > 0)
@@ -289,8 +290,9 @@ impl Balance {
         })
     }
 
-    /// Worker `me`, with nothing of its own to do, helps one other shard once: stands in
-    /// for a stuck owner, or steals a run from a backlog. Returns whether it did anything.
+    /// Worker `me`, with nothing of its own to do, helps one other shard once: walks a batch
+    /// of the lists it handed out, stands in for a stuck owner, or steals a run from a
+    /// backlog. Returns whether it did anything.
     pub(crate) fn help(
         &self,
         shards: &[Shard],
@@ -306,6 +308,10 @@ impl Balance {
         (1..shards.len()).any(|offset| {
             let index = (me + offset) % shards.len();
             let shard = &shards[index];
+            // First: while its lists are out, the shard's wheel waits for them.
+            if self.stealing && self.walk(shard, shutdown, now_tick, &helper) {
+                return true;
+            }
             if self
                 .rescue_after
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
@@ -318,6 +324,29 @@ impl Balance {
                 && self
                     .steal(shards, shard, shutdown, now_tick, backlog, Some(&helper))
                     .is_some()
+        })
+    }
+
+    /// Walks a batch of the lists `shard` handed out, as `helper`, and runs what it claimed;
+    /// wakes another parked worker first if lists are left open. Returns whether it found a
+    /// list to walk.
+    fn walk(
+        &self,
+        shard: &Shard,
+        shutdown: &AtomicBool,
+        now_tick: u64,
+        helper: &Helper<'_>,
+    ) -> bool {
+        hand_out::walk(shard, shutdown, |batch, due| {
+            if shard.hand_outs.is_open() {
+                self.wake_one(helper.shards);
+            }
+            // Its own reading, for the runs' lateness and repeating timers' next deadlines,
+            // unless the owner's at the hand-out was later.
+            let now_tick = now_tick.max(due);
+            Helper::with_user_code(Some(helper), now_tick, UserCode::Callbacks, || {
+                runner::run(shard, batch, now_tick, false)
+            });
         })
     }
 
@@ -342,7 +371,7 @@ impl Balance {
         }
         let ran = run.map(|run| {
             Helper::with_user_code(helper, now_tick, UserCode::Callbacks, || {
-                runner::run(shard, &run, now_tick, false)
+                runner::run(shard, run.indices(), now_tick, false)
             })
         });
         shard.leave_hands();
@@ -449,7 +478,7 @@ pub(crate) fn stand_in(
             break;
         };
         fired += Helper::with_user_code(helper, now_tick, UserCode::Callbacks, || {
-            runner::run(shard, &run, now_tick, false)
+            runner::run(shard, run.indices(), now_tick, false)
         });
         left -= 1;
     }

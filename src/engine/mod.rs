@@ -42,7 +42,11 @@
 //!    - *pending, in transit* (`MSG`): the arming thread until it pushes the node, then
 //!      whoever takes it off the lane, forward ring or inbox; a node is on at most one
 //!      queue;
-//!    - *pending, filed* (`FILED`): the wheel's holder (rule 1);
+//!    - *pending, filed* (`FILED`): the wheel's holder (rule 1), or, while the wheel has
+//!      handed the list it is on out ([`hand_out`]), whoever holds that list's bit: a
+//!      walker until it claims the timer, leaves it to its cancel or gives the list back,
+//!      then the wheel's holder again once it takes the list back; meanwhile that holder
+//!      receives and files nothing;
 //!    - *firing*: whoever moved it from pending to firing, then whoever takes its entry
 //!      off the run queue, who runs the callback and settles the node;
 //!    - *cancelled* or *done*: whoever holds it when no message names it any more, who
@@ -88,6 +92,7 @@ pub(crate) mod context;
 pub(crate) mod counters;
 pub(crate) mod driver;
 pub(crate) mod forward_ring;
+pub(crate) mod hand_out;
 pub(crate) mod handle;
 pub(crate) mod hold_back;
 pub(crate) mod lane;
@@ -217,12 +222,14 @@ impl TimerEngine {
         };
         let origin = clock.now();
         let ticks = Ticks::new(builder.tick, origin);
+        // Only worker threads walk handed-out lists while their owner waits for them.
+        let hands_out = !manual && !builder.driven && builder.stealing && workers > 1;
         let shared = Arc::new(EngineShared {
             // Wraps to 1 after four billion engines, never to 0.
             id: NonZeroU32::new(ENGINES.fetch_add(1, unmodelled::Ordering::Relaxed))
                 .unwrap_or(NonZeroU32::MIN),
             shards: (0..workers)
-                .map(|_| Shard::new(builder.capacity, ticks))
+                .map(|_| Shard::new(builder.capacity, ticks, hands_out))
                 .collect(),
             ticks,
             clock,
@@ -554,9 +561,22 @@ impl TimerEngine {
             // Captures' `Drop`s, outside the wheel, like callbacks (see `Unfreed`).
             look.unfreed.free(shard);
             while let Some(run) = shard.run.take(MAX_RUN) {
-                fired += runner::run(shard, &run, now_tick, true);
+                fired += runner::run(shard, run.indices(), now_tick, true);
             }
+            // Only a loom model hands lists out on an engine turned by hand: walk what is
+            // open, wait out a walker holding the rest. After a shutdown the last turn
+            // takes them back.
+            let walked = look.lists_out
+                && hand_out::walk(shard, &shared.shutdown, |batch, due| {
+                    fired += runner::run(shard, batch, due, true);
+                });
             shard.set_running(false);
+            if look.lists_out && !shared.shutdown.load(Ordering::SeqCst) {
+                if !walked {
+                    crate::sync::yield_now();
+                }
+                continue;
+            }
             if look.claimed == 0 && !look.more_due {
                 return (fired, look.next);
             }

@@ -13,22 +13,22 @@ use crate::engine::pool::{BATCH, Magazine};
 use crate::engine::shard_parts::ShardParts;
 use crate::engine::timer_node::TimerNode;
 use crate::sync::atomic::Ordering;
-use crate::sync::run_queue::Run;
 use crate::sync::timer_state::{AfterFire, Phase};
 
-/// Runs every timer of `run`, claimed from `shard`'s wheel, at `now_tick`; `by_owner` when
-/// the shard's own worker runs it. Returns the callbacks run.
-pub(crate) fn run(shard: &ShardParts, run: &Run, now_tick: u64, by_owner: bool) -> usize {
+/// Runs every timer of `run`, claimed from `shard`'s wheel (taken off its run queue, or
+/// claimed from a list it handed out), at `now_tick`; `by_owner` when the shard's own
+/// worker runs it. Returns the callbacks run.
+pub(crate) fn run(shard: &ShardParts, run: &[u32], now_tick: u64, by_owner: bool) -> usize {
     let mut freed = Magazine::EMPTY;
     let (mut fired, mut late, mut completed) = (0_u64, 0_u64, 0_u64);
     // A run's nodes are independent lines, often last touched on another core: start all
     // their misses at once rather than one per timer.
-    for &index in run.indices() {
+    for &index in run {
         if let Some(node) = shard.pool.node(index) {
             TimerNode::prefetch_for_write(NonNull::from(node));
         }
     }
-    for &index in run.indices() {
+    for &index in run {
         let Some(node_ref) = shard.pool.node(index) else {
             debug_assert!(false, "a claimed index outside the pool");
             continue;

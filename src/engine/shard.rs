@@ -50,10 +50,12 @@ impl Deref for Shard {
 }
 
 impl Shard {
-    pub(crate) fn new(capacity: usize, ticks: Ticks) -> Self {
+    /// `hands_out`: whether bursts' due lists are handed out to other workers (see
+    /// [`hand_out`](crate::engine::hand_out)).
+    pub(crate) fn new(capacity: usize, ticks: Ticks, hands_out: bool) -> Self {
         Self {
             parts: ShardParts::new(capacity),
-            wheel: UnsafeCell::new(WheelSide::new(ticks)),
+            wheel: UnsafeCell::new(WheelSide::new(ticks, hands_out)),
             wheel_hold: CachePadded::new(AtomicU8::new(0)),
             finished: AtomicBool::new(false),
         }

@@ -12,6 +12,7 @@ use std::ptr::NonNull;
 use std::task::Waker;
 
 use crate::engine::counters::ShardCounters;
+use crate::engine::hand_out::HandOuts;
 use crate::engine::lane::Lane;
 use crate::engine::pool::Pool;
 use crate::engine::timer_node::TimerNode;
@@ -67,6 +68,8 @@ pub(crate) struct ShardParts {
     pub(crate) counters: ShardCounters,
     /// Timers claimed from the wheel, waiting to run.
     pub(crate) run: RunQueue,
+    /// Lists of due timers the wheel handed out, for any worker to claim and run.
+    pub(crate) hand_outs: HandOuts,
     signals: CachePadded<OwnerSignals>,
     /// Workers other than the owner that are running, or about to take, this shard's
     /// timers; the owner's last turn waits for them.
@@ -109,6 +112,7 @@ impl ShardParts {
             has_driver: AtomicBool::new(false),
             counters: ShardCounters::default(),
             run: RunQueue::new(),
+            hand_outs: HandOuts::new(),
             signals: CachePadded::new(OwnerSignals {
                 busy: AtomicBool::new(false),
                 heartbeat: AtomicU64::new(0),
@@ -186,6 +190,12 @@ impl ShardParts {
     /// nothing taken) once shutdown has begun: the owner's last turn settles them.
     pub(crate) fn enter_hands(&self, shutdown: &AtomicBool) -> bool {
         self.in_hands.fetch_add(1, Ordering::SeqCst);
+        // Pairs with the fence in `wait_for_hands`: either the last turn sees this worker in
+        // its hands, or this worker sees the shutdown. Without the two fences, loom let a
+        // walker through that walked lists the last turn was taking back (the model
+        // `a_shutdown_against_a_walker_runs_or_drops_each_timer_once`): it does not give
+        // the SeqCst accesses alone their single total order.
+        fence(Ordering::SeqCst);
         if shutdown.load(Ordering::SeqCst) {
             self.leave_hands();
             return false;
@@ -201,6 +211,9 @@ impl ShardParts {
     /// shutdown flag, so none will take more. A worker holding them may be running one of
     /// their callbacks, blocked for as long as it likes.
     pub(crate) fn wait_for_hands(&self) {
+        // Orders the caller's shutdown flag before the reads of `in_hands` (see
+        // `enter_hands`).
+        fence(Ordering::SeqCst);
         crate::sync::wait_until(|| (self.in_hands.load(Ordering::SeqCst) == 0).then_some(()));
     }
 

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::engine::counters::add;
 use crate::engine::forward_ring::{CHUNK, RING};
+use crate::engine::hand_out::{self, Claim, claim_node};
 use crate::engine::lane::Lane;
 use crate::engine::pool::FiledNodes;
 use crate::engine::pool::Magazine;
@@ -28,6 +29,7 @@ use crate::sync::timer_state::{Phase, Received};
 use crate::time::ticks::Ticks;
 use crate::wheel::core::WheelCore;
 use crate::wheel::geometry::Geometry;
+use crate::wheel::location::NIL;
 
 /// Due timers taken off the wheel at a time: enough for [`WheelCore::poll_batch`] to walk
 /// several due slots' lists in turn.
@@ -36,6 +38,11 @@ const CLAIM_BATCH: usize = 64;
 /// How many nodes taking them off a lane or the inbox runs ahead of receiving them: enough
 /// for their cache misses to overlap (see [`WheelSide::receive_all`]).
 const RECEIVE_AHEAD: usize = 16;
+
+/// Due timers left after a look fills the run queue that make it hand their lists out
+/// rather than claim them itself (see [`hand_out`]): a few batches for each of a few
+/// walkers. Fewer are claimed in the next looks at no more cost than the hand-over's.
+const HAND_OUT_AT_LEAST: u32 = 1024;
 
 /// The wheel side of one shard. See the module documentation.
 pub(crate) struct WheelSide {
@@ -50,6 +57,12 @@ pub(crate) struct WheelSide {
     /// The shard's last turn has run, with what it did to pending timers: nothing is filed
     /// or claimed any more.
     finished: Option<PendingTimers>,
+    /// Whether a burst's due lists are handed out to other workers (see [`hand_out`]):
+    /// on an engine with worker threads, stealing, and more than one worker.
+    hands_out: bool,
+    /// The bits of the lists handed out and not yet taken back: while any is out, a look
+    /// receives and files nothing (see [`hand_out`]).
+    handed: u64,
 }
 
 /// What one look at the wheel found.
@@ -71,10 +84,34 @@ pub(crate) struct Extracted {
     /// Timers the look took off for good whose callbacks are still to be dropped, by the
     /// caller once it has let the wheel go.
     pub(crate) unfreed: Unfreed,
+    /// Lists of due timers are out (see [`hand_out`]): the look did nothing else, and the
+    /// wheel waits for walkers to walk them to the end before its next look does more.
+    pub(crate) lists_out: bool,
+    #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+    /// This look handed lists out: workers should be woken to walk them.
+    pub(crate) handed_out: bool,
+}
+
+impl Extracted {
+    /// A look that found nothing to do at `now_tick` and has nothing planned: `next` as
+    /// given.
+    fn idle(now_tick: u64, next: Option<u64>, lists_out: bool) -> Self {
+        Self {
+            claimed: 0,
+            now_tick,
+            more_due: false,
+            next,
+            next_for: Planned::Wheel,
+            unfreed: Unfreed::NONE,
+            lists_out,
+            handed_out: false,
+        }
+    }
 }
 
 impl WheelSide {
-    pub(crate) fn new(ticks: Ticks) -> Self {
+    /// `hands_out`: whether bursts' due lists are handed out to other workers.
+    pub(crate) fn new(ticks: Ticks, hands_out: bool) -> Self {
         Self {
             wheel: WheelCore::new(ticks, Geometry::DEFAULT, true),
             freed: Magazine::EMPTY,
@@ -82,6 +119,8 @@ impl WheelSide {
             lanes: Vec::new(),
             lanes_version: u64::MAX,
             finished: None,
+            hands_out,
+            handed: 0,
         }
     }
 
@@ -89,21 +128,19 @@ impl WheelSide {
     /// claims due timers onto the run queue while it has room.
     pub(crate) fn extract(&mut self, shard: &ShardParts, now: Instant) -> Extracted {
         if self.finished.is_some() {
-            return Extracted {
-                claimed: 0,
-                now_tick: self.wheel.elapsed(),
-                more_due: false,
-                next: None,
-                next_for: Planned::Wheel,
-                unfreed: Unfreed::NONE,
-            };
+            return Extracted::idle(self.wheel.elapsed(), None, false);
         }
         // A stand-in's or a late owner's reading may be older than the last look's.
         let (now, now_tick) = self.wheel.catch_up(now);
+        if self.handed != 0 && !self.take_back(shard, false) {
+            // Look again at once: the lists come back within a batch's walk.
+            return Extracted::idle(now_tick, Some(now_tick), true);
+        }
         self.refresh_lanes(shard);
         let all_lanes = shard.take_urgent(now_tick);
         self.collect(shard, now_tick, all_lanes);
         let (claimed, more_due) = self.claim_due(shard, now, now_tick);
+        let handed_out = more_due && self.hands_out && self.hand_out(shard, now, now_tick);
         self.freed.give_back(&shard.pool);
         let wheel_next = self.wheel.next_tick();
         shard.publish_next_due(wheel_next.unwrap_or(u64::MAX));
@@ -133,6 +170,8 @@ impl WheelSide {
             next: next.filter(|&tick| tick != u64::MAX),
             next_for,
             unfreed: self.unfreed.take(),
+            lists_out: handed_out,
+            handed_out,
         }
     }
 
@@ -370,41 +409,63 @@ impl WheelSide {
         let Some(node_ref) = shard.pool.node(index) else {
             return 0;
         };
-        loop {
-            let seen = node_ref.state.observe();
-            match seen.phase() {
-                Phase::Cancelled => {
-                    // Its cancel message is in transit and will free it.
-                    node_ref.state.keep_filed();
-                    break;
-                }
-                Phase::Pending if seen.is_locked() => {
-                    // A reset is mid-write: look again next tick.
-                    self.file(shard, node_ref, now_tick + 1);
-                    break;
-                }
-                Phase::Pending => {
-                    let deadline = node_ref.deadline();
-                    if deadline > now_tick {
-                        // Pushed back since it was filed.
-                        self.file(shard, node_ref, deadline);
-                        break;
-                    }
-                    // Claimed now, so that whoever takes it off the run queue holds it
-                    // and a cancel from here on finds it firing.
-                    if node_ref.state.try_fire(seen) {
-                        let pushed = filler.push(index);
-                        debug_assert!(pushed, "the run queue had room");
-                        return 1;
-                    }
-                }
-                _ => {
-                    debug_assert!(false, "a {:?} timer in the wheel", seen.phase());
-                    break;
-                }
+        match claim_node(node_ref, now_tick) {
+            Claim::Fired => {
+                let pushed = filler.push(index);
+                debug_assert!(pushed, "the run queue had room");
+                1
+            }
+            Claim::Cancelled => 0,
+            Claim::Refile(at) => {
+                self.file(shard, node_ref, at);
+                0
             }
         }
-        0
+    }
+
+    /// Hands out the lists of the finest slots due at `now` (see [`hand_out`]) when they
+    /// hold enough timers to be worth the hand-over. Returns whether it did.
+    fn hand_out(&mut self, shard: &ShardParts, now: Instant, now_tick: u64) -> bool {
+        let mut lists = [(NIL, NIL); hand_out::LISTS];
+        let count = self.wheel.detach_due(now, &mut lists, HAND_OUT_AT_LEAST);
+        if count == 0 {
+            return false;
+        }
+        self.handed = shard.hand_outs.hand_out(&lists[..count], now_tick);
+        true
+    }
+
+    /// Hands out the due lists at once, whatever they hold, for a model or a test to walk.
+    #[cfg(any(test, loom))]
+    pub(crate) fn hand_out_now(&mut self, shard: &ShardParts, now: Instant) -> bool {
+        if self.handed != 0 || self.finished.is_some() {
+            return false;
+        }
+        let (now, now_tick) = self.wheel.catch_up(now);
+        let mut lists = [(NIL, NIL); hand_out::LISTS];
+        let count = self.wheel.detach_due(now, &mut lists, 1);
+        if count == 0 {
+            return false;
+        }
+        self.handed = shard.hand_outs.hand_out(&lists[..count], now_tick);
+        true
+    }
+
+    /// Takes back the lists handed out, filing what is left on them and what walkers sent
+    /// back, once every one has been walked to the end, or, with `now`, at once: in the
+    /// last turn, when no walker is in the shard's hands. Returns whether it took them.
+    fn take_back(&mut self, shard: &ShardParts, now: bool) -> bool {
+        if !now && !shard.hand_outs.all_back(self.handed) {
+            return false;
+        }
+        let handed = std::mem::take(&mut self.handed);
+        shard.hand_outs.take_back(handed, &shard.pool, |index| {
+            if let Some(node_ref) = shard.pool.node(index) {
+                // Due ones go on the ready list, and the next claim judges them afresh.
+                self.file(shard, node_ref, node_ref.deadline());
+            }
+        });
+        true
     }
 
     /// The last turn: runs what is already claimed, takes everything in transit, then runs
@@ -418,10 +479,16 @@ impl WheelSide {
         // below, against a scheduler's push-then-flag-check: either this turn sees its
         // timer, or the scheduler sees the flag and takes the timer back.
         crate::sync::atomic::fence(crate::sync::atomic::Ordering::SeqCst);
+        // Lists still out go back into the wheel, walked or not: their timers were not
+        // claimed, so `pending` decides for them as for the rest. No walker is in the
+        // shard's hands any more.
+        if self.handed != 0 {
+            self.take_back(shard, true);
+        }
         // Claimed timers were due before the shutdown: they run, whatever `pending` says.
         let (_, now_tick) = self.wheel.catch_up(now);
         while let Some(run) = shard.run.take(MAX_RUN) {
-            runner::run(shard, &run, now_tick, true);
+            runner::run(shard, run.indices(), now_tick, true);
         }
         self.lanes_version = u64::MAX;
         self.refresh_lanes(shard);

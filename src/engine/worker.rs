@@ -5,6 +5,7 @@
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use crate::engine::balance::UserCode;
+use crate::engine::hand_out;
 use crate::engine::runner;
 use crate::engine::shard_parts::AWAKE;
 use crate::engine::shared::EngineShared;
@@ -110,7 +111,9 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             shard.finish(shared.pending_mode(), now);
             return;
         }
-        if look.claimed > 0 {
+        if look.handed_out {
+            balance.wake_one(shards);
+        } else if look.claimed > 0 {
             balance.offer(shards, shard, look.more_due);
         }
         // One run at a time, looking at the wheel in between, so that the heartbeat stays
@@ -119,9 +122,26 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             let started = std::time::Instant::now();
             let ran =
                 balance.with_user_code((shards, shard), now_tick, UserCode::Callbacks, || {
-                    runner::run(shard, &run, now_tick, true)
+                    runner::run(shard, run.indices(), now_tick, true)
                 });
             shard.note_run(ran, started.elapsed());
+            continue;
+        }
+        if look.lists_out {
+            // Walks its own lists with the helpers; once none is open, the rest is being
+            // walked, for a batch at most, and the next look takes them back.
+            let walked = hand_out::walk(shard, &shared.shutdown, |batch, due| {
+                let started = std::time::Instant::now();
+                let now_tick = now_tick.max(due);
+                let ran =
+                    balance.with_user_code((shards, shard), now_tick, UserCode::Callbacks, || {
+                        runner::run(shard, batch, now_tick, true)
+                    });
+                shard.note_run(ran, started.elapsed());
+            });
+            if !walked {
+                crate::sync::yield_now();
+            }
             continue;
         }
         if look.more_due || balance.help(shards, &shared.shutdown, index, (now, now_tick)) {

@@ -122,6 +122,11 @@ pub(crate) fn wait_until<R>(mut ready: impl FnMut() -> Option<R>) -> R {
     }
 }
 
+/// Lets other threads run, for a wait that one of them ends within moments.
+pub(crate) fn yield_now() {
+    spin_or_yield(u32::MAX);
+}
+
 /// One step of [`spin_until`]'s wait.
 #[inline]
 fn spin_or_yield(attempt: u32) {

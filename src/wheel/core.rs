@@ -113,8 +113,13 @@ struct Level {
 /// 10 ticks on one thread (`cargo bench --bench engine -- engine_due_drain/corewheel/1M`,
 /// six runs of each build in turns on a 2-core VM) took 41-49 ms, median 45, against 49-59
 /// ms, median 52, with four lists, and 46-53 ms with sixteen (three runs): likely more
-/// chains than the core keeps misses in flight for, which was not profiled.
+/// chains than the core keeps misses in flight for, which was not profiled. Two under
+/// loom, so that a model's few timers share lists: handed-out lists of more than one timer
+/// are what make walkers read and write links.
+#[cfg(not(loom))]
 const SPLIT: usize = 8;
+#[cfg(loom)]
+const SPLIT: usize = 2;
 
 impl Level {
     fn new(slots: usize, split: bool) -> Self {
@@ -200,6 +205,14 @@ enum End {
 struct Expiration {
     kind: NextWork,
     tick: u64,
+}
+
+/// Finest slots due together (see [`WheelCore::due_finest_slots`]).
+struct DueSlots {
+    /// The first one's tick.
+    tick: u64,
+    slots: [usize; INTERLEAVE],
+    count: usize,
 }
 
 /// What an [`Expiration`] asks of the wheel.
@@ -511,40 +524,14 @@ impl WheelCore {
         out: &mut [u32],
     ) -> usize {
         let (_, now) = self.catch_up(now);
-        if !self.lists.ready.is_empty() {
-            return 0;
-        }
-        let Some(Expiration {
-            kind: NextWork::Finest { slot: first },
+        let Some(DueSlots {
             tick,
-        }) = self.next_expiration()
+            mut slots,
+            mut count,
+        }) = self.due_finest_slots(now)
         else {
             return 0;
         };
-        if tick > now {
-            return 0;
-        }
-        // Every finest slot is in the current block, after `elapsed`'s: the due ones are
-        // the occupied slots from the first on whose ticks have come.
-        let mut slots = [0_usize; INTERLEAVE];
-        let mut count = 0;
-        let mut occupied = self.lists.levels[self.lists.current0].occupied >> first;
-        let mut slot = first;
-        while occupied != 0 && count < INTERLEAVE {
-            let skip = occupied.trailing_zeros() as usize;
-            slot += skip;
-            if self.geometry.slot_start(self.elapsed, 0, slot) > now {
-                break;
-            }
-            slots[count] = slot;
-            count += 1;
-            occupied = (occupied >> skip) >> 1;
-            slot += 1;
-        }
-        if count == 0 {
-            return 0;
-        }
-        debug_assert!(tick >= self.elapsed, "time moved backwards");
         self.elapsed = tick;
         let mut taken = 0;
         while taken < out.len() && count > 0 {
@@ -575,6 +562,93 @@ impl WheelCore {
         if taken > 0 {
             self.handed_out_at = now;
         }
+        taken
+    }
+
+    /// The finest slots due at `now` (the wheel's own tick), when nothing comes before
+    /// them (the ready list, a coarse slot, the flip): up to [`INTERLEAVE`] of them, in
+    /// order, and the first one's tick. `None` when there are none.
+    fn due_finest_slots(&self, now: u64) -> Option<DueSlots> {
+        if !self.lists.ready.is_empty() {
+            return None;
+        }
+        let Some(Expiration {
+            kind: NextWork::Finest { slot: first },
+            tick,
+        }) = self.next_expiration()
+        else {
+            return None;
+        };
+        if tick > now {
+            return None;
+        }
+        // Every finest slot is in the current block, after `elapsed`'s: the due ones are
+        // the occupied slots from the first on whose ticks have come.
+        let mut slots = [0_usize; INTERLEAVE];
+        let mut count = 0;
+        let mut occupied = self.lists.levels[self.lists.current0].occupied >> first;
+        let mut slot = first;
+        while occupied != 0 && count < INTERLEAVE {
+            let skip = occupied.trailing_zeros() as usize;
+            slot += skip;
+            if self.geometry.slot_start(self.elapsed, 0, slot) > now {
+                break;
+            }
+            slots[count] = slot;
+            count += 1;
+            occupied = (occupied >> skip) >> 1;
+            slot += 1;
+        }
+        debug_assert!(tick >= self.elapsed, "time moved backwards");
+        (count > 0).then_some(DueSlots { tick, slots, count })
+    }
+
+    /// Takes whole the lists of the finest slots due at `now` (when nothing comes before
+    /// them, as for [`take_interleaved`](Self::take_interleaved)), whole slots while `out`
+    /// has room, into `out` as (head, tail); returns how many, 0 unless they hold
+    /// `at_least` timers. The wheel holds them no more: their timers keep the links they
+    /// had, for the caller to walk the lists by (both ways), and whatever of them is not
+    /// due after all must be filed again. `elapsed` moves to the first slot's tick, as
+    /// `take_interleaved` leaves it: the later slots taken are empty now, so a timer filed
+    /// into one (once the caller is done with the lists) is found there as due.
+    pub(crate) fn detach_due(
+        &mut self,
+        now: Instant,
+        out: &mut [(u32, u32)],
+        at_least: u32,
+    ) -> usize {
+        let (_, now) = self.catch_up(now);
+        let Some(DueSlots { tick, slots, count }) = self.due_finest_slots(now) else {
+            return 0;
+        };
+        let current = self.lists.current0;
+        let per_slot = self.lists.levels[current].lists_per_slot();
+        let whole = count.min(out.len() / per_slot);
+        let level = &self.lists.levels[current];
+        let timers: u32 = slots[..whole]
+            .iter()
+            .flat_map(|&slot| (0..per_slot).map(move |sub| level.sub_list(slot, sub).len()))
+            .sum();
+        if whole == 0 || timers < at_least {
+            return 0;
+        }
+        self.elapsed = tick;
+        let mut taken = 0;
+        for &slot in &slots[..whole] {
+            let level = &mut self.lists.levels[current];
+            for sub in 0..per_slot {
+                let list = match sub {
+                    0 => level.slots[slot].timers.take(),
+                    sub => level.more[slot][sub - 1].take(),
+                };
+                if !list.is_empty() {
+                    out[taken] = (list.head(), list.tail());
+                    taken += 1;
+                }
+            }
+            self.lists.mark_empty(current, slot);
+        }
+        self.handed_out_at = now;
         taken
     }
 

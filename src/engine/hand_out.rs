@@ -1,0 +1,517 @@
+//! Lists of due timers a shard's wheel hands out, for any worker to claim and run: how a
+//! burst's due timers are claimed on several cores at once.
+//!
+//! A due slot's lists are chains through the timers' nodes, and walking one is a chain of
+//! cache misses: a core claiming a burst alone is bound by the misses it keeps in flight
+//! (about 25 ns a timer with sixteen chains, on this project's VMs), however many workers
+//! stand ready to run what it claims. So when a look finds more due than its run queue
+//! holds, the wheel's holder takes the due slots' lists whole, O(1) each
+//! ([`WheelCore::detach_due`](crate::wheel::core::WheelCore::detach_due)), and hands them
+//! out here. The owner and idle workers each take a few lists at a time, walk them from
+//! both ends, claim each due timer as the wheel's holder would, and run what they claimed
+//! on their own core.
+//!
+//! The protocol:
+//! - A handed-out list belongs to whoever holds its bit in `open`: the wheel's holder sets
+//!   it as it hands the list out, a walker takes it with a `fetch_and`. A walker walks at
+//!   most [`WALK_BATCH`] timers of its lists, then gives each back: its bit in `open` again
+//!   if timers are left on it, in `done` if not. It runs what it claimed only after that,
+//!   so a callback that blocks holds no list.
+//! - A walker claims a due, pending timer (`try_fire`) and leaves a cancelled one to its
+//!   cancel's message (`keep_filed`, which clears `FILED`), as the wheel's holder does (see
+//!   [`claim_node`]); one that is locked (a reset mid-write) or no longer due (pushed back
+//!   since it was filed) goes on its list's returned chain, for the wheel's holder to file
+//!   again.
+//! - While any list is out, the wheel's holder takes nothing off the lanes or the inbox and
+//!   files nothing: a cancel's or a reset's message received now would unlink a timer from
+//!   a list the wheel no longer holds. Its looks wait until every list it handed out is in
+//!   `done`, file the returned chains, and go on. Messages wait on their queues meanwhile,
+//!   as they do while an owner runs callbacks: to the state word they are in transit.
+//! - A walker is in the shard's hands (`enter_hands`) from taking lists to running what it
+//!   claimed, so the last turn waits for it; that turn then takes back every list, walked
+//!   to the end or not, and files what is left on it before it settles the wheel's timers.
+//!
+//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+
+use crossbeam_utils::CachePadded;
+
+use crate::engine::pool::Pool;
+use crate::engine::shard_parts::ShardParts;
+use crate::engine::timer_node::TimerNode;
+use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::timer_state::Phase;
+use crate::wheel::location::NIL;
+
+/// Lists a shard can have out at once: a bit each in one word. Eight due finest slots of
+/// the engine's wheel, at eight lists each.
+#[cfg(not(loom))]
+pub(crate) const LISTS: usize = 64;
+#[cfg(loom)]
+pub(crate) const LISTS: usize = 8;
+
+/// Lists a walker takes at a time. Walked from both ends, they are twice as many chains of
+/// misses in flight on its core.
+const WALK_LISTS: usize = 4;
+
+/// Timers a walker walks before it gives its lists back and runs what it claimed.
+#[cfg(not(loom))]
+pub(crate) const WALK_BATCH: usize = 64;
+#[cfg(loom)]
+pub(crate) const WALK_BATCH: usize = 2;
+
+/// A shard's handed-out lists. See the module documentation.
+pub(crate) struct HandOuts {
+    flags: CachePadded<Flags>,
+    lists: Box<[HandedList]>,
+}
+
+/// The words every walker reads and writes once a batch.
+struct Flags {
+    /// Bit `i`: list `i` has timers left and nobody walks it.
+    open: AtomicU64,
+    /// Bit `i`: list `i` has been walked to the end, and its returned chain is final.
+    done: AtomicU64,
+    /// The tick the lists were handed out at: a timer on them is due if due by then.
+    due: AtomicU64,
+}
+
+/// One handed-out list: what is left of it, from `head` to `tail` (both `NIL` once walked),
+/// and the timers its walkers sent back, chained through their `next` links. Written by
+/// whoever holds the list, so Relaxed: handing a list over (`open`, `done`) orders them.
+struct HandedList {
+    head: AtomicU32,
+    tail: AtomicU32,
+    returned: AtomicU32,
+}
+
+/// What a walker or the wheel's holder does with a due timer it took off a list.
+pub(crate) enum Claim {
+    /// Moved to firing: the taker holds it, to run.
+    Fired,
+    /// Cancelled, left to its cancel's message, which frees it.
+    Cancelled,
+    /// Not to fire yet: to be filed again at this tick (its deadline if pushed back, the
+    /// next tick if a reset holds it locked).
+    Refile(u64),
+}
+
+/// Claims a timer that was filed, just taken off a due list, as due by `now_tick`: the one
+/// judgement the wheel's holder and walkers share.
+pub(crate) fn claim_node(node: &TimerNode, now_tick: u64) -> Claim {
+    loop {
+        let seen = node.state.observe();
+        match seen.phase() {
+            Phase::Cancelled => {
+                node.state.keep_filed();
+                return Claim::Cancelled;
+            }
+            // A reset is mid-write: look again next tick.
+            Phase::Pending if seen.is_locked() => return Claim::Refile(now_tick + 1),
+            Phase::Pending => {
+                let deadline = node.deadline();
+                if deadline > now_tick {
+                    return Claim::Refile(deadline);
+                }
+                // Claimed now, so that whoever runs it holds it and a cancel from here on
+                // finds it firing.
+                if node.state.try_fire(seen) {
+                    return Claim::Fired;
+                }
+            }
+            phase => {
+                debug_assert!(false, "a {phase:?} timer in the wheel");
+                return Claim::Cancelled;
+            }
+        }
+    }
+}
+
+/// Which end of a list a walker takes from.
+#[derive(Clone, Copy)]
+enum End {
+    Head,
+    Tail,
+}
+
+/// One list in a walker's hands.
+#[derive(Clone, Copy)]
+struct Walk {
+    list: usize,
+    head: u32,
+    tail: u32,
+    returned: u32,
+}
+
+impl Walk {
+    fn is_over(&self) -> bool {
+        self.head == NIL
+    }
+
+    /// Takes the timer at `end`, which exists, and asks for the line of the one after the
+    /// new end, so that each end keeps two misses in flight.
+    fn take(&mut self, pool: &Pool, end: End) -> u32 {
+        let index = match end {
+            End::Head => self.head,
+            End::Tail => self.tail,
+        };
+        if self.head == self.tail {
+            (self.head, self.tail) = (NIL, NIL);
+            return index;
+        }
+        let (_, prev, next) = links_of(pool, index);
+        let new_end = match end {
+            End::Head => next,
+            End::Tail => prev,
+        };
+        match end {
+            End::Head => self.head = new_end,
+            End::Tail => self.tail = new_end,
+        }
+        let (_, before, after) = links_of(pool, new_end);
+        let beyond = match end {
+            End::Head => after,
+            End::Tail => before,
+        };
+        if let Some(node) = pool.node(beyond) {
+            TimerNode::prefetch_for_write(std::ptr::NonNull::from(node));
+        }
+        index
+    }
+
+    /// Puts a timer taken off this list on its returned chain.
+    fn send_back(&mut self, pool: &Pool, index: u32) {
+        if let Some(node) = pool.node(index) {
+            // SAFETY: the caller holds this list and took the timer off it (ground rule 3:
+            // a handed-out timer's links belong to its list's holder); its neighbours were
+            // read before.
+            unsafe { node.with_links(|links| links.set_next(self.returned)) };
+            self.returned = index;
+        }
+    }
+}
+
+/// A node's links. The caller holds the list the node is on, or the wheel (ground rule 3).
+fn links_of(pool: &Pool, index: u32) -> (crate::wheel::location::Location, u32, u32) {
+    match pool.node(index) {
+        // SAFETY: the caller holds the node's list: handed-out timers' links belong to the
+        // list's holder, as filed timers' belong to the wheel's (ground rule 3).
+        Some(node) => unsafe { node.with_links(|links| links.links()) },
+        None => unreachable!("a handed-out index outside its pool"),
+    }
+}
+
+impl HandOuts {
+    pub(crate) fn new() -> Self {
+        Self {
+            flags: CachePadded::new(Flags {
+                open: AtomicU64::new(0),
+                done: AtomicU64::new(0),
+                due: AtomicU64::new(0),
+            }),
+            lists: (0..LISTS)
+                .map(|_| HandedList {
+                    head: AtomicU32::new(NIL),
+                    tail: AtomicU32::new(NIL),
+                    returned: AtomicU32::new(NIL),
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether a list waits for a walker. A hint: a walker may take it first.
+    pub(crate) fn is_open(&self) -> bool {
+        self.flags.open.load(Ordering::SeqCst) != 0
+    }
+
+    /// The wheel's holder hands out `lists` (head and tail each, none empty, at most
+    /// [`LISTS`]), due by `due`, while none is out. Returns the lists' bits.
+    pub(crate) fn hand_out(&self, lists: &[(u32, u32)], due: u64) -> u64 {
+        debug_assert!(lists.len() <= LISTS && !lists.is_empty());
+        let mut bits = 0;
+        for (list, &(head, tail)) in self.lists.iter().zip(lists) {
+            list.head.store(head, Ordering::Relaxed);
+            list.tail.store(tail, Ordering::Relaxed);
+            list.returned.store(NIL, Ordering::Relaxed);
+        }
+        for position in 0..lists.len() {
+            bits |= 1 << position;
+        }
+        self.flags.due.store(due, Ordering::Relaxed);
+        // Release: a walker taking a list sees its ends and the links of its timers, filed
+        // by this thread. SeqCst: against a worker going to sleep, either it sees the list
+        // or this thread's wake-up sees its idle bit (see `Balance::begin_idle`).
+        self.flags.open.fetch_or(bits, Ordering::SeqCst);
+        bits
+    }
+
+    /// Whether every list of `handed` has been walked to the end.
+    pub(crate) fn all_back(&self, handed: u64) -> bool {
+        // Acquire: the last walker's returned chain and links.
+        self.flags.done.load(Ordering::Acquire) & handed == handed
+    }
+
+    /// The wheel's holder takes back the lists of `handed`, calling `refile` on every timer
+    /// left on them or sent back. Each list is walked to the end ([`all_back`](Self::all_back)),
+    /// or, in the last turn, nobody holds it: no walker is in the shard's hands.
+    /// In the last turn, the wait for the shard's hands ordered every walker's writes
+    /// before this.
+    pub(crate) fn take_back(&self, handed: u64, pool: &Pool, mut refile: impl FnMut(u32)) {
+        for (position, list) in self.lists.iter().enumerate() {
+            if handed & (1 << position) == 0 {
+                continue;
+            }
+            let (head, tail) = (
+                list.head.load(Ordering::Relaxed),
+                list.tail.load(Ordering::Relaxed),
+            );
+            let mut index = head;
+            while index != NIL {
+                // Read before `refile` writes the node's links.
+                let next = if index == tail {
+                    NIL
+                } else {
+                    links_of(pool, index).2
+                };
+                refile(index);
+                index = next;
+            }
+            let mut index = list.returned.load(Ordering::Relaxed);
+            while index != NIL {
+                let next = links_of(pool, index).2;
+                refile(index);
+                index = next;
+            }
+        }
+        self.flags.open.fetch_and(!handed, Ordering::Relaxed);
+        self.flags.done.fetch_and(!handed, Ordering::Relaxed);
+    }
+
+    /// Takes up to [`WALK_LISTS`] open lists, walks up to `out.len()` timers of them, claims
+    /// the due ones into `out`, and gives the lists back. Returns how many it claimed and
+    /// the tick they were due by; `None` if it found no open list.
+    fn walk(&self, pool: &Pool, out: &mut [u32]) -> Option<(usize, u64)> {
+        let open = self.flags.open.load(Ordering::Relaxed);
+        let mut pick = 0_u64;
+        let mut rest = open;
+        for _ in 0..WALK_LISTS {
+            if rest == 0 {
+                break;
+            }
+            let lowest = rest & rest.wrapping_neg();
+            pick |= lowest;
+            rest &= !lowest;
+        }
+        if pick == 0 {
+            return None;
+        }
+        // Acquire: the ends and links its last holder left.
+        let mine = self.flags.open.fetch_and(!pick, Ordering::Acquire) & pick;
+        if mine == 0 {
+            return None;
+        }
+        let due = self.flags.due.load(Ordering::Relaxed);
+        let mut walks = [Walk {
+            list: 0,
+            head: NIL,
+            tail: NIL,
+            returned: NIL,
+        }; WALK_LISTS];
+        let mut count = 0;
+        for (position, list) in self.lists.iter().enumerate() {
+            if mine & (1 << position) != 0 {
+                walks[count] = Walk {
+                    list: position,
+                    head: list.head.load(Ordering::Relaxed),
+                    tail: list.tail.load(Ordering::Relaxed),
+                    returned: list.returned.load(Ordering::Relaxed),
+                };
+                count += 1;
+            }
+        }
+        let mut claimed = 0;
+        let mut walked = 0;
+        let mut going = true;
+        while going {
+            going = false;
+            for walk in &mut walks[..count] {
+                for end in [End::Head, End::Tail] {
+                    if walk.is_over() || walked == out.len() {
+                        continue;
+                    }
+                    going = true;
+                    walked += 1;
+                    let index = walk.take(pool, end);
+                    let Some(node) = pool.node(index) else {
+                        continue;
+                    };
+                    match claim_node(node, due) {
+                        Claim::Fired => {
+                            out[claimed] = index;
+                            claimed += 1;
+                        }
+                        Claim::Cancelled => {}
+                        Claim::Refile(_) => walk.send_back(pool, index),
+                    }
+                }
+            }
+        }
+        let (mut reopen, mut finished) = (0_u64, 0_u64);
+        for walk in &walks[..count] {
+            let list = &self.lists[walk.list];
+            list.head.store(walk.head, Ordering::Relaxed);
+            list.tail.store(walk.tail, Ordering::Relaxed);
+            list.returned.store(walk.returned, Ordering::Relaxed);
+            if walk.is_over() {
+                finished |= 1 << walk.list;
+            } else {
+                reopen |= 1 << walk.list;
+            }
+        }
+        // Release: the next holder (a walker, or the wheel's holder taking the lists back)
+        // sees the ends, the returned chain and its links.
+        if finished != 0 {
+            self.flags.done.fetch_or(finished, Ordering::Release);
+        }
+        if reopen != 0 {
+            self.flags.open.fetch_or(reopen, Ordering::Release);
+        }
+        Some((claimed, due))
+    }
+}
+
+/// Walks one batch of `shard`'s open lists, unless a shutdown has begun, and calls `run`
+/// with what it claimed and the tick it was due by, still in the shard's hands. Returns
+/// whether it found a list to walk.
+pub(crate) fn walk(
+    shard: &ShardParts,
+    shutdown: &AtomicBool,
+    run: impl FnOnce(&[u32], u64),
+) -> bool {
+    if !shard.hand_outs.is_open() || !shard.enter_hands(shutdown) {
+        return false;
+    }
+    let mut batch = [0_u32; WALK_BATCH];
+    let walked = shard.hand_outs.walk(&shard.pool, &mut batch);
+    if let Some((claimed, due)) = walked
+        && claimed > 0
+    {
+        run(&batch[..claimed], due);
+    }
+    shard.leave_hands();
+    walked.is_some()
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use crate::engine::runner;
+    use crate::{Clock, ManualClock, PendingTimers, TimerEngine};
+
+    const TICK: Duration = Duration::from_millis(1);
+    /// Two timers on each of a due slot's eight lists: walkers read and write links.
+    const TIMERS: usize = 16;
+
+    /// Walks shard 0's lists until none is open, running what it claims; returns the runs.
+    fn walk_all(engine: &TimerEngine) -> usize {
+        let shared = engine.shared();
+        let shard = &shared.shards[0];
+        let mut ran = 0;
+        while super::walk(shard, &shared.shutdown, |batch, due| {
+            ran += runner::run(shard, batch, due, false);
+        }) {}
+        ran
+    }
+
+    /// A due slot of sixteen timers, filed, is handed out; two threads and this one walk
+    /// it while this one cancels a quarter of the timers and pushes another quarter back.
+    /// The owner's next look takes the lists back and receives the messages: every timer
+    /// runs once unless its cancel returned `true`, none before its deadline, and every
+    /// node comes back.
+    #[test]
+    fn walkers_a_cancel_and_a_reset_settle_every_timer_once() {
+        let clock = ManualClock::new();
+        let engine = Arc::new(
+            TimerEngine::builder()
+                .workers(1)
+                .tick(TICK)
+                .manual_clock(clock.clone())
+                .build()
+                .expect("a manual engine starts no threads"),
+        );
+        let origin = clock.now();
+        let runs: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..TIMERS).map(|_| AtomicUsize::new(0)).collect());
+        let at: Arc<Vec<AtomicU64>> = Arc::new((0..TIMERS).map(|_| AtomicU64::new(0)).collect());
+        let handles: Vec<_> = (0..TIMERS)
+            .map(|id| {
+                let (runs, at, clock) = (Arc::clone(&runs), Arc::clone(&at), clock.clone());
+                let handle = engine
+                    .schedule(TICK, move || {
+                        runs[id].fetch_add(1, Ordering::SeqCst);
+                        let now = clock.now().duration_since(origin).as_nanos() as u64;
+                        at[id].store(now, Ordering::SeqCst);
+                    })
+                    .expect("the engine is running");
+                // Out due in a tick, filed by that tick's turn at three.
+                assert!(engine.reset(handle, 3 * TICK));
+                handle
+            })
+            .collect();
+        clock.advance(TICK);
+        assert_eq!(engine.turn(), 0, "filed, not yet due");
+        clock.advance(2 * TICK);
+        let shared = engine.shared();
+        let shard = &shared.shards[0];
+        let now = clock.now();
+        assert!(shard.with_wheel_waiting(|wheel| wheel.hand_out_now(shard, now)));
+        let walkers: Vec<_> = (0..2)
+            .map(|_| {
+                let engine = Arc::clone(&engine);
+                std::thread::spawn(move || walk_all(&engine))
+            })
+            .collect();
+        let mut cancelled = [false; TIMERS];
+        let mut deadline = [3 * TICK; TIMERS];
+        for id in 0..TIMERS {
+            match id % 4 {
+                0 => cancelled[id] = engine.cancel(handles[id]),
+                1 if engine.reset(handles[id], 2 * TICK) => deadline[id] = 5 * TICK,
+                _ => {}
+            }
+        }
+        let mut ran = walk_all(&engine);
+        ran += walkers
+            .into_iter()
+            .map(|walker| walker.join().expect("a walker panicked"))
+            .sum::<usize>();
+        // The look takes the lists back; what was pushed back waits for its deadline.
+        ran += engine.turn();
+        for _ in 0..40 {
+            clock.advance(TICK);
+            ran += engine.turn();
+        }
+        let expected = cancelled.iter().filter(|&&cancelled| !cancelled).count();
+        assert_eq!(ran, expected);
+        for id in 0..TIMERS {
+            let runs = runs[id].load(Ordering::SeqCst);
+            assert_eq!(
+                runs,
+                usize::from(!cancelled[id]),
+                "timer {id} ran {runs} times"
+            );
+            if runs == 1 {
+                let at = at[id].load(Ordering::SeqCst);
+                assert!(
+                    at >= deadline[id].as_nanos() as u64,
+                    "timer {id} ran early at {at} ns"
+                );
+            }
+        }
+        let report = engine.shutdown(PendingTimers::Drop);
+        assert_eq!(report.dropped, 0);
+        assert_eq!(engine.nodes_in_use(), 0, "a node was not given back");
+    }
+}
