@@ -141,6 +141,9 @@ fn blocking_callbacks_in_a_walked_burst_hold_up_no_list() {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(ran_once_never_early(&records, &deadlines), BURST as u64);
+        // Every timer another worker claimed, that worker ran (one-shots all).
+        let stats = engine.stats().total;
+        assert!(stats.claimed_elsewhere <= stats.stolen, "{stats:?}");
         let report = engine.shutdown(PendingTimers::Drop);
         assert_eq!(report.dropped, 0);
         assert_eq!(engine.nodes_in_use(), 0, "every node is back in its pool");

@@ -338,6 +338,7 @@ impl Balance {
         helper: &Helper<'_>,
     ) -> bool {
         hand_out::walk(shard, shutdown, |batch, due| {
+            add(&shard.counters.claimed_elsewhere, batch.len() as u64);
             if shard.hand_outs.is_open() {
                 self.wake_one(helper.shards);
             }

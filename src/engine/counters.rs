@@ -19,6 +19,8 @@ pub(crate) struct ShardCounters {
     pub(crate) stolen: AtomicU64,
     /// Timers claimed from the wheel by a worker standing in for a stuck owner.
     pub(crate) rescued: AtomicU64,
+    /// Timers claimed from handed-out lists by a worker other than the shard's owner.
+    pub(crate) claimed_elsewhere: AtomicU64,
     pub(crate) ran_at_shutdown: AtomicU64,
     pub(crate) dropped_at_shutdown: AtomicU64,
     /// The producer counts of lanes the wheel's holder has forgotten (their threads

@@ -460,6 +460,7 @@ impl TimerEngine {
                 late: read(&counters.late),
                 stolen: read(&counters.stolen),
                 rescued: read(&counters.rescued),
+                claimed_elsewhere: read(&counters.claimed_elsewhere),
                 ran_at_shutdown: read(&counters.ran_at_shutdown),
                 dropped_at_shutdown: read(&counters.dropped_at_shutdown),
                 pending: 0,

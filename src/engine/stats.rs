@@ -29,6 +29,12 @@ pub struct ShardStats {
     /// Timers taken out of this shard's wheel by another worker while the owner was stuck
     /// in a callback (they are counted in `stolen` too when that worker runs them).
     pub rescued: u64,
+    /// Due timers claimed by another shard's worker from this shard's wheel: a burst's
+    /// lists of due timers, which the owner hands out for idle workers to claim and run in
+    /// parallel with it once more is due than its run queue holds (they are counted in
+    /// `stolen` too when they run). 0 with [`stealing`](crate::EngineBuilder::stealing)
+    /// off or a single worker.
+    pub claimed_elsewhere: u64,
     /// Pending timers run by a shutdown that asked for it.
     pub ran_at_shutdown: u64,
     /// Pending timers dropped unrun by a shutdown.
@@ -99,6 +105,7 @@ impl ShardStats {
         self.late += other.late;
         self.stolen += other.stolen;
         self.rescued += other.rescued;
+        self.claimed_elsewhere += other.claimed_elsewhere;
         self.ran_at_shutdown += other.ran_at_shutdown;
         self.dropped_at_shutdown += other.dropped_at_shutdown;
         self.wakes.add(&other.wakes);

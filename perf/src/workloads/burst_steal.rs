@@ -33,6 +33,8 @@ struct Burst {
     /// Fires per worker thread, most first.
     per_worker: Vec<u64>,
     stolen: u64,
+    /// Timers claimed by a worker other than the owner (`Stats::claimed_elsewhere`).
+    claimed_elsewhere: u64,
 }
 
 fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burst, String> {
@@ -54,7 +56,8 @@ fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burs
         return Err("scheduling took longer than the lead before the burst".to_string());
     }
     engine::wait_until_fired(&engine, timers, Duration::from_millis(2), GIVE_UP)?;
-    let stolen = engine.stats().total.stolen;
+    let total = engine.stats().total;
+    let (stolen, claimed_elsewhere) = (total.stolen, total.claimed_elsewhere);
     drop(engine);
     let (all, per_worker) = worker_records::take(timers as usize);
     let lateness = all.summarize();
@@ -66,6 +69,7 @@ fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burs
         lateness,
         per_worker,
         stolen,
+        claimed_elsewhere,
     })
 }
 
@@ -96,6 +100,7 @@ pub fn run(threads: &[usize], timers: u64, csv: &mut Csv) {
             "p99 late ms",
             "max late ms",
             "run elsewhere",
+            "claimed elsewhere",
             "per worker",
             "early",
             "on/off",
@@ -134,6 +139,7 @@ pub fn run(threads: &[usize], timers: u64, csv: &mut Csv) {
             let p99 = middle(&|b| ms(b.lateness.p99));
             let max = middle(&|b| ms(b.lateness.max));
             let elsewhere = middle(&|b| 100.0 * b.stolen as f64 / timers as f64);
+            let claimed = middle(&|b| 100.0 * b.claimed_elsewhere as f64 / timers as f64);
             let early: u64 = runs.iter().map(|b| b.lateness.early).sum();
             let fired_wrong = runs.iter().any(|b| b.lateness.fired != timers);
             // The run whose last fire is the median's, for its split across workers.
@@ -157,6 +163,7 @@ pub fn run(threads: &[usize], timers: u64, csv: &mut Csv) {
                 format!("{p99:.2}"),
                 format!("{max:.2}"),
                 format!("{elsewhere:.0}%"),
+                format!("{claimed:.0}%"),
                 split,
                 thousands(early),
                 if stealing {
@@ -186,6 +193,7 @@ pub fn run(threads: &[usize], timers: u64, csv: &mut Csv) {
                 ("lateness_p99", p99, "ms"),
                 ("lateness_max", max, "ms"),
                 ("run_by_other_workers", elsewhere, "%"),
+                ("claimed_by_other_workers", claimed, "%"),
                 ("early_fires", early as f64, "count"),
             ] {
                 csv.push(CsvRow {
@@ -203,6 +211,7 @@ pub fn run(threads: &[usize], timers: u64, csv: &mut Csv) {
     table.note("last fire: from the first deadline to the last callback; the deadlines span 10 ms");
     table.note("late: callback start - deadline (deadlines round up to the 1 ms tick)");
     table.note("run elsewhere: share of the timers run by a worker other than their shard's owner (Stats::stolen)");
+    table.note("claimed elsewhere: share of the timers claimed off the owner's handed-out due lists by another worker (Stats::claimed_elsewhere); the owner claims the rest");
     table.note("per worker: share of the timers each worker thread ran, in the median run");
     table.note("on/off: last fire with stealing off / with stealing on: above 1 means stealing finished sooner");
     table.print();
