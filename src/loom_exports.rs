@@ -88,7 +88,7 @@ pub mod shard_steps {
         let shared = engine.shared();
         let shard_ref = &shared.shards[shard];
         let mut ran = 0;
-        crate::engine::hand_out::walk(shard_ref, &shared.shutdown, |batch, due| {
+        crate::engine::hand_out::walk(shard_ref, &shared.shutdown, 0, |batch, due| {
             ran = crate::engine::runner::run(shard_ref, batch, due, false);
         })
         .then_some(ran)

@@ -337,7 +337,7 @@ impl Balance {
         now_tick: u64,
         helper: &Helper<'_>,
     ) -> bool {
-        hand_out::walk(shard, shutdown, |batch, due| {
+        hand_out::walk(shard, shutdown, helper.me, |batch, due| {
             add(&shard.counters.claimed_elsewhere, batch.len() as u64);
             if shard.hand_outs.is_open() {
                 self.wake_one(helper.shards);

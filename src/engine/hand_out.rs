@@ -287,29 +287,24 @@ impl HandOuts {
         self.flags.done.fetch_and(!handed, Ordering::Relaxed);
     }
 
-    /// Takes up to [`WALK_LISTS`] open lists, walks up to `out.len()` timers of them, claims
-    /// the due ones into `out`, and gives the lists back. Returns how many it claimed and
-    /// the tick they were due by; `None` if it found no open list.
-    fn walk(&self, pool: &Pool, out: &mut [u32]) -> Option<(usize, u64)> {
-        let open = self.flags.open.load(Ordering::Relaxed);
-        let mut pick = 0_u64;
-        let mut rest = open;
-        for _ in 0..WALK_LISTS {
-            if rest == 0 {
-                break;
+    /// Takes up to [`WALK_LISTS`] open lists, the first from list `from` on, walks up to
+    /// `out.len()` timers of them, claims the due ones into `out`, and gives the lists back.
+    /// Returns how many it claimed and the tick they were due by; `None` if it found no
+    /// open list.
+    fn walk(&self, pool: &Pool, out: &mut [u32], from: usize) -> Option<(usize, u64)> {
+        let mine = loop {
+            let open = self.flags.open.load(Ordering::Relaxed);
+            if open == 0 {
+                return None;
             }
-            let lowest = rest & rest.wrapping_neg();
-            pick |= lowest;
-            rest &= !lowest;
-        }
-        if pick == 0 {
-            return None;
-        }
-        // Acquire: the ends and links its last holder left.
-        let mine = self.flags.open.fetch_and(!pick, Ordering::Acquire) & pick;
-        if mine == 0 {
-            return None;
-        }
+            let pick = first_open(open, from);
+            // Acquire: the ends and links its last holder left.
+            let mine = self.flags.open.fetch_and(!pick, Ordering::Acquire) & pick;
+            if mine != 0 {
+                break mine;
+            }
+            // Another walker took them first: look again.
+        };
         let due = self.flags.due.load(Ordering::Relaxed);
         let mut walks = [Walk {
             list: 0,
@@ -380,19 +375,40 @@ impl HandOuts {
     }
 }
 
+/// Up to [`WALK_LISTS`] of the lists set in `open`, the first at or after list `from`
+/// (wrapping): walkers that start at different lists seldom reach for the same ones.
+fn first_open(open: u64, from: usize) -> u64 {
+    let turn = (from % LISTS) as u32;
+    let mut rest = open.rotate_right(turn);
+    let mut pick = 0_u64;
+    for _ in 0..WALK_LISTS {
+        if rest == 0 {
+            break;
+        }
+        let lowest = rest & rest.wrapping_neg();
+        pick |= lowest;
+        rest &= !lowest;
+    }
+    pick.rotate_left(turn)
+}
+
 /// Walks one batch of `shard`'s open lists, unless a shutdown has begun, and calls `run`
-/// with what it claimed and the tick it was due by, still in the shard's hands. Returns
-/// whether it found a list to walk.
+/// with what it claimed and the tick it was due by, still in the shard's hands. `walker`
+/// (a worker's index) spreads walkers over the lists. Returns whether it found a list to
+/// walk.
 pub(crate) fn walk(
     shard: &ShardParts,
     shutdown: &AtomicBool,
+    walker: usize,
     run: impl FnOnce(&[u32], u64),
 ) -> bool {
     if !shard.hand_outs.is_open() || !shard.enter_hands(shutdown) {
         return false;
     }
     let mut batch = [0_u32; WALK_BATCH];
-    let walked = shard.hand_outs.walk(&shard.pool, &mut batch);
+    let walked = shard
+        .hand_outs
+        .walk(&shard.pool, &mut batch, walker * WALK_LISTS);
     if let Some((claimed, due)) = walked
         && claimed > 0
     {
@@ -415,12 +431,29 @@ mod tests {
     /// Two timers on each of a due slot's eight lists: walkers read and write links.
     const TIMERS: usize = 16;
 
+    /// A walker takes at most four open lists, the first at or after its own start,
+    /// wrapping past the last list.
+    #[test]
+    fn a_walker_picks_up_to_four_open_lists_from_its_start() {
+        use super::first_open;
+        assert_eq!(first_open(0, 5), 0);
+        assert_eq!(first_open(u64::MAX, 0), 0b1111);
+        assert_eq!(first_open(u64::MAX, 8), 0b1111 << 8);
+        // From 62 on: 62, 63, then 0 and 1.
+        assert_eq!(first_open(u64::MAX, 62), (0b11 << 62) | 0b11);
+        // Only the open ones, skipping closed ones on the way.
+        assert_eq!(first_open(0b1010_0001, 1), 0b1010_0001);
+        assert_eq!(first_open(1 << 40, 41), 1 << 40);
+        // A start beyond the lists wraps.
+        assert_eq!(first_open(u64::MAX, 64 + 4), 0b1111 << 4);
+    }
+
     /// Walks shard 0's lists until none is open, running what it claims; returns the runs.
     fn walk_all(engine: &TimerEngine) -> usize {
         let shared = engine.shared();
         let shard = &shared.shards[0];
         let mut ran = 0;
-        while super::walk(shard, &shared.shutdown, |batch, due| {
+        while super::walk(shard, &shared.shutdown, 0, |batch, due| {
             ran += runner::run(shard, batch, due, false);
         }) {}
         ran

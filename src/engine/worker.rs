@@ -130,7 +130,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         if look.lists_out {
             // Walks its own lists with the helpers; once none is open, the rest is being
             // walked, for a batch at most, and the next look takes them back.
-            let walked = hand_out::walk(shard, &shared.shutdown, |batch, due| {
+            let walked = hand_out::walk(shard, &shared.shutdown, index, |batch, due| {
                 let started = std::time::Instant::now();
                 let now_tick = now_tick.max(due);
                 let ran =
