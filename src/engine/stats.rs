@@ -26,8 +26,10 @@ pub struct ShardStats {
     /// Callback runs of this shard's timers by another shard's worker: stolen from a burst
     /// of expirations, or run for a stuck owner.
     pub stolen: u64,
-    /// Timers taken out of this shard's wheel by another worker while the owner was stuck
-    /// in a callback (they are counted in `stolen` too when that worker runs them).
+    /// Timers taken out of this shard's wheel onto its run queue by another worker while
+    /// the owner was stuck in a callback (they are counted in `stolen` too when that worker
+    /// runs them). A burst's due lists that such a worker hands out are claimed by
+    /// whoever walks them, and counted in `claimed_elsewhere` when that is not the owner.
     pub rescued: u64,
     /// Due timers claimed by another shard's worker from this shard's wheel: a burst's
     /// lists of due timers, which the owner hands out for idle workers to claim and run in

@@ -133,6 +133,9 @@ impl WheelSide {
         // A stand-in's or a late owner's reading may be older than the last look's.
         let (now, now_tick) = self.wheel.catch_up(now);
         if self.handed != 0 && !self.take_back(shard, false) {
+            // Due work is out: a worker standing in for a stuck owner must see it, to take
+            // the lists back once walked.
+            shard.publish_next_due(now_tick);
             // Look again at once: the lists come back within a batch's walk.
             return Extracted::idle(now_tick, Some(now_tick), true);
         }
@@ -143,7 +146,13 @@ impl WheelSide {
         let handed_out = more_due && self.hands_out && self.hand_out(shard, now, now_tick);
         self.freed.give_back(&shard.pool);
         let wheel_next = self.wheel.next_tick();
-        shard.publish_next_due(wheel_next.unwrap_or(u64::MAX));
+        // With lists out, what is due now is on them (see above).
+        let next_due = if handed_out {
+            Some(now_tick)
+        } else {
+            wheel_next
+        };
+        shard.publish_next_due(next_due.unwrap_or(u64::MAX));
         let for_wheel = [
             more_due.then_some(now_tick),
             wheel_next,
@@ -182,6 +191,11 @@ impl WheelSide {
     pub(crate) fn must_turn_before(&self, shard: &ShardParts, plan: u64) -> bool {
         // SAFETY: only the wheel's holder (the inbox's single consumer) calls this.
         let inbox = unsafe { shard.inbox.has_pending() };
+        // Lists a stand-in handed out just before the owner got here: they are due work,
+        // and only a look takes them back.
+        if self.handed != 0 {
+            return true;
+        }
         // A forwarded batch is seen like the inbox: its need may be a message's lazy one.
         inbox
             || !self.rings_empty()
