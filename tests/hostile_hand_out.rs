@@ -159,6 +159,14 @@ fn stats_agree(engine: &TimerEngine, runs: u64, scheduled: u64) {
     );
 }
 
+/// [`stats_agree`], then a shutdown that finds nothing pending and leaves every node back.
+fn agree_and_shut_down(engine: &TimerEngine, runs: u64, scheduled: u64) {
+    stats_agree(engine, runs, scheduled);
+    let report = engine.shutdown(PendingTimers::Drop);
+    assert_eq!(report.dropped, 0, "{report:?}");
+    assert_eq!(engine.nodes_in_use(), 0, "every node back");
+}
+
 // ---------------------------------------------------------------------------------------
 // 1. Cancels and resets from other threads racing the walkers.
 // ---------------------------------------------------------------------------------------
@@ -250,10 +258,7 @@ fn cancels_and_resets_race_the_walkers_on(workers: usize) {
         );
         std::thread::sleep(ms(20));
         assert_eq!(book.check(&final_deadlines, &cancelled, false), expected);
-        stats_agree(&engine, expected as u64, N as u64);
-        let report = engine.shutdown(PendingTimers::Drop);
-        assert_eq!(report.dropped, 0);
-        assert_eq!(engine.nodes_in_use(), 0, "every node back");
+        agree_and_shut_down(&engine, expected as u64, N as u64);
     });
 }
 
@@ -298,9 +303,7 @@ fn a_burst_pushed_back_entirely_is_sent_back_and_filed_again() {
             control.check(&control_deadlines, &vec![false; 20_000], false),
             20_000
         );
-        stats_agree(&engine, (N + 20_000) as u64, (N + 20_000) as u64);
-        engine.shutdown(PendingTimers::Drop);
-        assert_eq!(engine.nodes_in_use(), 0);
+        agree_and_shut_down(&engine, (N + 20_000) as u64, (N + 20_000) as u64);
     });
 }
 
@@ -381,9 +384,7 @@ fn callbacks_cancel_and_reset_other_timers_of_the_burst() {
             .collect();
         let expected = cancelled.iter().filter(|c| !**c).count();
         assert_eq!(book.check(&deadlines, &cancelled, false), expected);
-        stats_agree(&engine, expected as u64, N as u64);
-        engine.shutdown(PendingTimers::Drop);
-        assert_eq!(engine.nodes_in_use(), 0);
+        agree_and_shut_down(&engine, expected as u64, N as u64);
     });
 }
 
@@ -478,9 +479,7 @@ fn timers_armed_during_the_walk_are_neither_lost_nor_early() {
             STREAM
         );
         let total = (N + CHILDREN + STREAM) as u64;
-        stats_agree(&engine, total, total);
-        engine.shutdown(PendingTimers::Drop);
-        assert_eq!(engine.nodes_in_use(), 0);
+        agree_and_shut_down(&engine, total, total);
     });
 }
 
@@ -896,9 +895,7 @@ fn an_owner_stuck_with_its_lists_out_is_rescued() {
         assert_eq!(book.check(&deadlines, &vec![false; N], false), N);
         assert_eq!(wave.check(&wave_deadlines, &vec![false; WAVE], false), WAVE);
         // `home_of`'s probe counts as scheduled (and cancelled).
-        stats_agree(&engine, (N + WAVE) as u64, (N + WAVE) as u64 + 1);
-        engine.shutdown(PendingTimers::Drop);
-        assert_eq!(engine.nodes_in_use(), 0);
+        agree_and_shut_down(&engine, (N + WAVE) as u64, (N + WAVE) as u64 + 1);
     });
 }
 
@@ -937,9 +934,7 @@ fn a_burst_over_many_due_slots_after_the_owner_was_held() {
             std::thread::sleep(ms(20));
             assert_eq!(book.check(&deadlines, &vec![false; N], false), N);
             // The blocker, and `home_of`'s probe (scheduled and cancelled).
-            stats_agree(&engine, N as u64 + 1, N as u64 + 2);
-            engine.shutdown(PendingTimers::Drop);
-            assert_eq!(engine.nodes_in_use(), 0);
+            agree_and_shut_down(&engine, N as u64 + 1, N as u64 + 2);
         });
     }
 }
@@ -1179,9 +1174,7 @@ fn a_stand_in_takes_back_lists_from_an_owner_blocked_in_its_walk() {
         assert_eq!(book.check(&deadlines, &vec![false; N], false), N);
         assert_eq!(wave.check(&wave_deadlines, &vec![false; WAVE], false), WAVE);
         // `home_of`'s probe counts as scheduled (and cancelled).
-        stats_agree(&engine, (N + WAVE) as u64, (N + WAVE) as u64 + 1);
-        engine.shutdown(PendingTimers::Drop);
-        assert_eq!(engine.nodes_in_use(), 0);
+        agree_and_shut_down(&engine, (N + WAVE) as u64, (N + WAVE) as u64 + 1);
         if owner_blocked {
             assert!(
                 wave_ran_while_blocked,
@@ -1345,9 +1338,7 @@ fn back_to_back_bursts_with_a_cancel_storm_and_arrivals() {
             arrivals.check(&arrival_deadlines, &vec![false; ARRIVALS], false),
             ARRIVALS
         );
-        stats_agree(&engine, (expected + ARRIVALS) as u64, (N + ARRIVALS) as u64);
-        engine.shutdown(PendingTimers::Drop);
-        assert_eq!(engine.nodes_in_use(), 0);
+        agree_and_shut_down(&engine, (expected + ARRIVALS) as u64, (N + ARRIVALS) as u64);
     });
 }
 
@@ -1409,9 +1400,7 @@ fn timers_reset_over_and_over_while_walked() {
         );
         std::thread::sleep(ms(20));
         assert_eq!(book.check(&final_deadlines, &vec![false; N], false), N);
-        stats_agree(&engine, N as u64, N as u64);
-        engine.shutdown(PendingTimers::Drop);
-        assert_eq!(engine.nodes_in_use(), 0);
+        agree_and_shut_down(&engine, N as u64, N as u64);
     });
 }
 
