@@ -143,7 +143,8 @@ impl WheelSide {
         let all_lanes = shard.take_urgent(now_tick);
         self.collect(shard, now_tick, all_lanes);
         let (claimed, more_due) = self.claim_due(shard, now, now_tick);
-        let handed_out = more_due && self.hands_out && self.hand_out(shard, now, now_tick);
+        let handed_out =
+            more_due && self.hands_out && self.hand_out(shard, (now, now_tick), HAND_OUT_AT_LEAST);
         self.freed.give_back(&shard.pool);
         let wheel_next = self.wheel.next_tick();
         // With lists out, what is due now is on them (see above).
@@ -438,10 +439,15 @@ impl WheelSide {
     }
 
     /// Hands out the lists of the finest slots due at `now` (see [`hand_out`]) when they
-    /// hold enough timers to be worth the hand-over. Returns whether it did.
-    fn hand_out(&mut self, shard: &ShardParts, now: Instant, now_tick: u64) -> bool {
+    /// hold `at_least` timers, enough to be worth the hand-over. Returns whether it did.
+    fn hand_out(
+        &mut self,
+        shard: &ShardParts,
+        (now, now_tick): (Instant, u64),
+        at_least: u32,
+    ) -> bool {
         let mut lists = [(NIL, NIL); hand_out::LISTS];
-        let count = self.wheel.detach_due(now, &mut lists, HAND_OUT_AT_LEAST);
+        let count = self.wheel.detach_due(now, &mut lists, at_least);
         if count == 0 {
             return false;
         }
@@ -455,14 +461,8 @@ impl WheelSide {
         if self.handed != 0 || self.finished.is_some() {
             return false;
         }
-        let (now, now_tick) = self.wheel.catch_up(now);
-        let mut lists = [(NIL, NIL); hand_out::LISTS];
-        let count = self.wheel.detach_due(now, &mut lists, 1);
-        if count == 0 {
-            return false;
-        }
-        self.handed = shard.hand_outs.hand_out(&lists[..count], now_tick);
-        true
+        let now = self.wheel.catch_up(now);
+        self.hand_out(shard, now, 1)
     }
 
     /// Takes back the lists handed out, filing what is left on them and what walkers sent

@@ -116,28 +116,26 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         } else if look.claimed > 0 {
             balance.offer(shards, shard, look.more_due);
         }
-        // One run at a time, looking at the wheel in between, so that the heartbeat stays
-        // fresh while the owner makes progress.
-        if let Some(run) = shard.run.take(MAX_RUN) {
+        // The owner runs claimed timers of its own, timed for its cost per callback.
+        let run_own = |claimed: &[u32], now_tick: u64| {
             let started = std::time::Instant::now();
             let ran =
                 balance.with_user_code((shards, shard), now_tick, UserCode::Callbacks, || {
-                    runner::run(shard, run.indices(), now_tick, true)
+                    runner::run(shard, claimed, now_tick, true)
                 });
             shard.note_run(ran, started.elapsed());
+        };
+        // One run at a time, looking at the wheel in between, so that the heartbeat stays
+        // fresh while the owner makes progress.
+        if let Some(run) = shard.run.take(MAX_RUN) {
+            run_own(run.indices(), now_tick);
             continue;
         }
         if look.lists_out {
             // Walks its own lists with the helpers; once none is open, the rest is being
             // walked, for a batch at most, and the next look takes them back.
             let walked = hand_out::walk(shard, &shared.shutdown, index, |batch, due| {
-                let started = std::time::Instant::now();
-                let now_tick = now_tick.max(due);
-                let ran =
-                    balance.with_user_code((shards, shard), now_tick, UserCode::Callbacks, || {
-                        runner::run(shard, batch, now_tick, true)
-                    });
-                shard.note_run(ran, started.elapsed());
+                run_own(batch, now_tick.max(due));
             });
             if !walked {
                 crate::sync::yield_now();
