@@ -7,10 +7,11 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Rng, within};
+use common::fire_book::{Book, arm_then};
+use common::within;
 use corewheel::{PendingTimers, TimerEngine};
 
 /// Timers in a burst: enough that a look finds more due than the run queue holds, so the
@@ -20,65 +21,28 @@ const BURST: usize = 100_000;
 /// How long a test may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// One timer's record: how often it ran, and when it last did (ns since the origin).
-#[derive(Default)]
-struct Record {
-    fires: AtomicU8,
-    at: AtomicU64,
-}
-
-/// A burst of `BURST` one-shot timers from this thread, due within 5 ms from `lead` on,
-/// each recording into its own [`Record`], every `block_every`th then blocking for a tenth
-/// of a second; returns the records and the deadlines (ns since `origin`).
+/// A burst of `BURST` one-shot timers from this thread, due within 5 ms from `lead` after
+/// the book's origin on, every `block_every`th callback then blocking for a tenth of a
+/// second; returns the book and the deadlines (ns since its origin).
 fn arm_burst(
     engine: &TimerEngine,
-    (origin, lead): (Instant, Duration),
+    lead: Duration,
     seed: u64,
     block_every: Option<usize>,
-) -> (Arc<Vec<Record>>, Vec<u64>) {
-    let records: Arc<Vec<Record>> = Arc::new((0..BURST).map(|_| Record::default()).collect());
-    let first = origin + lead;
-    let mut rng = Rng(seed);
-    let deadlines = (0..BURST)
-        .map(|id| {
-            let deadline = first + Duration::from_nanos(rng.next() % 5_000_000);
-            let blocks = block_every.is_some_and(|every| id % every == 0);
-            let records = Arc::clone(&records);
-            engine
-                .schedule_at(deadline, move || {
-                    let record = &records[id];
-                    record
-                        .at
-                        .store(origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    record.fires.fetch_add(1, Ordering::Relaxed);
-                    if blocks {
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                })
-                .expect("scheduled");
-            (deadline - origin).as_nanos() as u64
-        })
-        .collect();
-    (records, deadlines)
+) -> (Arc<Book>, Vec<u64>) {
+    let book = Book::new(BURST);
+    let window = (book.origin + lead, Duration::from_millis(5));
+    let (deadlines, _) = arm_then(engine, &book, window, seed, move |id| {
+        if block_every.is_some_and(|every| id % every == 0) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    (book, deadlines)
 }
 
 /// Checks that no timer ran twice or early; returns how many ran.
-fn ran_once_never_early(records: &[Record], deadlines: &[u64]) -> u64 {
-    let mut ran = 0;
-    for (id, record) in records.iter().enumerate() {
-        let fires = record.fires.load(Ordering::Relaxed);
-        assert!(fires <= 1, "timer {id} ran {fires} times");
-        if fires == 1 {
-            let at = record.at.load(Ordering::Relaxed);
-            assert!(
-                at >= deadlines[id],
-                "timer {id} ran {} ns early",
-                deadlines[id] - at
-            );
-            ran += 1;
-        }
-    }
-    ran
+fn ran_once_never_early(book: &Book, deadlines: &[u64]) -> u64 {
+    book.check(deadlines, &vec![false; BURST], true) as u64
 }
 
 fn engine(workers: usize) -> TimerEngine {
@@ -100,16 +64,15 @@ fn a_shutdown_in_the_middle_of_a_walked_burst_settles_each_timer_once() {
     {
         within(LIMIT, "a burst shut down mid-walk", move || {
             let engine = engine(3);
-            let origin = Instant::now();
             let lead = Duration::from_millis(200);
-            let (records, deadlines) =
-                arm_burst(&engine, (origin, lead), 0x9E37 + round as u64, None);
+            let (book, deadlines) = arm_burst(&engine, lead, 0x9E37 + round as u64, None);
+            let origin = book.origin;
             // Within the burst: its first 2 ms are due, the rest not.
             let stop = origin + lead + Duration::from_millis(2);
             std::thread::sleep(stop.saturating_duration_since(Instant::now()));
             let before = engine.stats().total.fired;
             let report = engine.shutdown(pending);
-            let ran = ran_once_never_early(&records, &deadlines);
+            let ran = ran_once_never_early(&book, &deadlines);
             match pending {
                 PendingTimers::Drop => {
                     assert_eq!(ran + report.dropped, BURST as u64, "ran {ran}, {report:?}");
@@ -136,11 +99,11 @@ fn blocking_callbacks_in_a_walked_burst_hold_up_no_list() {
     within(LIMIT, "a burst with blocking callbacks", || {
         let engine = engine(3);
         let lead = Duration::from_millis(200);
-        let (records, deadlines) = arm_burst(&engine, (Instant::now(), lead), 0xB10C, Some(10_000));
+        let (book, deadlines) = arm_burst(&engine, lead, 0xB10C, Some(10_000));
         while engine.stats().total.fired < BURST as u64 {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(ran_once_never_early(&records, &deadlines), BURST as u64);
+        assert_eq!(ran_once_never_early(&book, &deadlines), BURST as u64);
         // Every timer another worker claimed, that worker ran (one-shots all).
         let stats = engine.stats().total;
         assert!(stats.claimed_elsewhere <= stats.stolen, "{stats:?}");
@@ -160,9 +123,9 @@ fn repeating_timers_walked_in_a_burst_stop_at_their_cancel() {
     const REPEATING: usize = 2_000;
     within(LIMIT, "repeating timers in a walked burst", || {
         let engine = engine(2);
-        let origin = Instant::now();
         let lead = Duration::from_millis(200);
-        let (records, deadlines) = arm_burst(&engine, (origin, lead), 0x5EED, None);
+        let (book, deadlines) = arm_burst(&engine, lead, 0x5EED, None);
+        let origin = book.origin;
         let period = Duration::from_millis(20);
         let stopped: Arc<Vec<AtomicBool>> =
             Arc::new((0..REPEATING).map(|_| AtomicBool::new(false)).collect());
@@ -206,7 +169,7 @@ fn repeating_timers_walked_in_a_burst_stop_at_their_cancel() {
         }
         // Two periods for any re-arm in flight to prove it stays stopped.
         std::thread::sleep(2 * period);
-        assert_eq!(ran_once_never_early(&records, &deadlines), BURST as u64);
+        assert_eq!(ran_once_never_early(&book, &deadlines), BURST as u64);
         let elapsed = origin.elapsed().saturating_sub(lead);
         for id in 0..REPEATING {
             let runs = runs[id].load(Ordering::Relaxed);

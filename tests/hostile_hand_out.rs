@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use common::fire_book::{Book, arm, nanos};
 use common::stuck::{Gate, OpenOnDrop, home_of, worker_index};
 use common::{Live, Rng, eventually, ms, within};
 use corewheel::{MissedTicks, PendingTimers, TimerEngine, TimerHandle};
@@ -29,95 +30,6 @@ fn build(workers: usize, stealing: bool, rescue: Option<u32>) -> TimerEngine {
         .rescue_after(rescue)
         .build()
         .expect("workers start")
-}
-
-fn nanos(d: Duration) -> u64 {
-    d.as_nanos() as u64
-}
-
-/// Per timer: how often it ran and when it last ran (ns since `origin`).
-struct Book {
-    origin: Instant,
-    fires: Vec<AtomicU32>,
-    at: Vec<AtomicU64>,
-    total: AtomicUsize,
-}
-
-impl Book {
-    fn new(n: usize) -> Arc<Self> {
-        Arc::new(Self {
-            origin: Instant::now(),
-            fires: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            at: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            total: AtomicUsize::new(0),
-        })
-    }
-
-    fn hit(&self, id: usize) {
-        self.at[id].store(nanos(self.origin.elapsed()), Ordering::SeqCst);
-        self.fires[id].fetch_add(1, Ordering::SeqCst);
-        self.total.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn ns(&self, t: Instant) -> u64 {
-        nanos(t.saturating_duration_since(self.origin))
-    }
-
-    fn total(&self) -> usize {
-        self.total.load(Ordering::SeqCst)
-    }
-
-    /// Checks: a timer marked cancelled never ran; every other ran exactly once (or at most
-    /// once with `at_most`), never before its deadline. Returns how many ran.
-    fn check(&self, deadlines: &[u64], cancelled: &[bool], at_most: bool) -> usize {
-        let mut ran = 0;
-        for id in 0..deadlines.len() {
-            let fires = self.fires[id].load(Ordering::SeqCst);
-            if cancelled[id] {
-                assert_eq!(fires, 0, "timer {id} ran after a cancel that returned true");
-                continue;
-            }
-            if at_most {
-                assert!(fires <= 1, "timer {id} ran {fires} times");
-            } else {
-                assert_eq!(fires, 1, "timer {id} ran {fires} times");
-            }
-            if fires == 1 {
-                let at = self.at[id].load(Ordering::SeqCst);
-                assert!(
-                    at >= deadlines[id],
-                    "timer {id} ran {} ns early",
-                    deadlines[id] - at
-                );
-                ran += 1;
-            }
-        }
-        ran
-    }
-}
-
-/// Arms `n` one-shot timers from this thread due within `spread` from `first`, each
-/// recording into `book`; returns deadlines (ns since the book's origin) and handles.
-fn arm(
-    engine: &TimerEngine,
-    book: &Arc<Book>,
-    (first, spread): (Instant, Duration),
-    seed: u64,
-) -> (Vec<u64>, Vec<TimerHandle>) {
-    let n = book.fires.len();
-    let mut rng = Rng(seed);
-    let mut deadlines = Vec::with_capacity(n);
-    let handles = (0..n)
-        .map(|id| {
-            let deadline = first + Duration::from_nanos(rng.below(nanos(spread).max(1)));
-            deadlines.push(book.ns(deadline));
-            let book = Arc::clone(book);
-            engine
-                .schedule_at(deadline, move || book.hit(id))
-                .expect("scheduled")
-        })
-        .collect();
-    (deadlines, handles)
 }
 
 /// Waits until `done`, failing with `what` after `limit`.
