@@ -1330,12 +1330,7 @@ fn tokio_shutdown_races_arming_and_drivers() {
             ok.extend(o);
             cancelled.extend(c);
         }
-        for d in drivers {
-            runtime
-                .block_on(async { tokio::time::timeout(LIMIT, d).await })
-                .expect("a driver did not end")
-                .unwrap();
-        }
+        common::driven::await_drivers(&runtime, drivers);
         // A final shutdown from a thread that can wait.
         let report = engine.shutdown(PendingTimers::Run);
         let runs = runs.lock().unwrap();
@@ -1462,12 +1457,7 @@ fn tokio_two_engines_shut_each_other_down_from_callbacks() {
             this.schedule(ms(3), move || drop(o)).unwrap();
             this.schedule(ms(60_000), || {}).unwrap();
         }
-        for d in drivers {
-            runtime
-                .block_on(async { tokio::time::timeout(LIMIT, d).await })
-                .expect("a driver did not end")
-                .unwrap();
-        }
+        common::driven::await_drivers(&runtime, drivers);
         for engine in [&a, &b] {
             engine.shutdown(PendingTimers::Run);
             assert_eq!(engine.nodes_in_use(), 0);
@@ -1494,12 +1484,7 @@ fn tokio_engine_dropped_inside_a_callback() {
         .schedule(ms(3), move || drop(s.lock().unwrap().take()))
         .unwrap();
     drop(engine);
-    for d in drivers {
-        runtime
-            .block_on(async { tokio::time::timeout(LIMIT, d).await })
-            .expect("a driver outlived its engine")
-            .unwrap();
-    }
+    common::driven::await_drivers(&runtime, drivers);
     assert_eq!(Arc::strong_count(&sentinel), 1, "captures leaked");
 }
 
@@ -1570,12 +1555,7 @@ fn tokio_extreme_delays_and_ticks_do_not_panic_the_drivers() {
         );
         let report = engine.shutdown(PendingTimers::Drop);
         assert!(report.dropped >= 9, "{report:?}");
-        for d in drivers {
-            runtime
-                .block_on(async { tokio::time::timeout(LIMIT, d).await })
-                .expect("a driver did not end")
-                .expect("a driver panicked");
-        }
+        common::driven::await_drivers(&runtime, drivers);
         assert_eq!(engine.nodes_in_use(), 0);
     }
 }
