@@ -168,5 +168,16 @@ mod rig {
         pub fn dropped(&self) -> usize {
             self.0.dropped.load(Ordering::Relaxed)
         }
+
+        /// Exactly one of a cancel (which returned `cancelled`) and this timer's run won.
+        #[track_caller]
+        pub fn assert_one_winner(&self, cancelled: bool) {
+            assert_eq!(
+                u8::from(cancelled) + u8::from(self.ran() == 1),
+                1,
+                "cancelled={cancelled}, ran={}",
+                self.ran()
+            );
+        }
     }
 }
