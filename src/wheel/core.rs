@@ -149,13 +149,20 @@ impl Level {
         }
     }
 
-    /// The list of slot `slot` that timer `index` goes on.
+    /// [`sub_list`](Self::sub_list), to change.
     #[inline]
-    fn list_mut(&mut self, slot: usize, index: u32) -> &mut List {
-        match self.sub_of(index) {
+    fn sub_list_mut(&mut self, slot: usize, sub: usize) -> &mut List {
+        match sub {
             0 => &mut self.slots[slot].timers,
             sub => &mut self.more[slot][sub - 1],
         }
+    }
+
+    /// The list of slot `slot` that timer `index` goes on.
+    #[inline]
+    fn list_mut(&mut self, slot: usize, index: u32) -> &mut List {
+        let sub = self.sub_of(index);
+        self.sub_list_mut(slot, sub)
     }
 
     #[inline]
@@ -637,10 +644,7 @@ impl WheelCore {
         for &slot in &slots[..whole] {
             let level = &mut self.lists.levels[current];
             for sub in 0..per_slot {
-                let list = match sub {
-                    0 => level.slots[slot].timers.take(),
-                    sub => level.more[slot][sub - 1].take(),
-                };
+                let list = level.sub_list_mut(slot, sub).take();
                 if !list.is_empty() {
                     out[taken] = (list.head(), list.tail());
                     taken += 1;
