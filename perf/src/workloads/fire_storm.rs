@@ -19,6 +19,7 @@ use crate::plots::Plots;
 use crate::report::{Csv, RATIO_LEGEND, Table, ratio_cells, thousands};
 use crate::rng::XorShift64;
 use crate::workloads::lateness::{Lateness, LatenessSummary, worker_records};
+use crate::workloads::wake_floor;
 use crate::workloads::{ns_per, ratio_columns, ratio_headers};
 
 pub const NAME: &str = "fire-storm";
@@ -252,6 +253,7 @@ pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv, plots: &mut Plots) 
             plots,
         ));
     }
+    floor_table(timers, csv);
     for error in &errors {
         crate::progress::print(error);
     }
@@ -378,4 +380,60 @@ fn table_of(
     }
     table.print();
     errors
+}
+
+/// The machine's floor under the storm, at each tick the tables used: a thread that only
+/// sleeps until each tick boundary for the storm's second, how late it woke, and the
+/// lateness a storm would have had if each tick's timers had fired, at no cost, the moment
+/// that thread woke. No subject can do better on this machine over the same second;
+/// measured after the storms, in the same run, because the VM's stalls come and go.
+fn floor_table(timers: u64, csv: &mut Csv) {
+    let mut table = Table::new(
+        format!(
+            "{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)"
+        ),
+        &[
+            "tick us",
+            "wake-ups",
+            "p50 oversleep us",
+            "p99 oversleep us",
+            "max oversleep us",
+            "storm floor p50 late us",
+            "p99 late us",
+            "max late us",
+        ],
+    );
+    for tick in std::iter::once(wheel::TICK).chain(FINE_TICKS) {
+        crate::progress::step(format!("{NAME}/floor at {} us (1 s)", tick.as_micros()));
+        let sleeper = wake_floor::sleep_through(tick, Duration::from_nanos(SPREAD_NS));
+        let over = sleeper.oversleep_summary();
+        let floor = sleeper.storm_floor(tick, timers);
+        table.row(vec![
+            tick.as_micros().to_string(),
+            thousands(over.fired),
+            micros(over.p50),
+            micros(over.p99),
+            micros(over.max),
+            micros(floor.p50),
+            micros(floor.p99),
+            micros(floor.max),
+        ]);
+        let us = |duration: Duration| duration.as_secs_f64() * 1e6;
+        csv.push_metrics(
+            NAME,
+            &format!("floor-{}us", tick.as_micros()),
+            timers,
+            &[
+                ("oversleep_p50", us(over.p50), "us"),
+                ("oversleep_p99", us(over.p99), "us"),
+                ("oversleep_max", us(over.max), "us"),
+                ("lateness_p50", us(floor.p50), "us"),
+                ("lateness_p99", us(floor.p99), "us"),
+                ("lateness_max", us(floor.max), "us"),
+            ],
+        );
+    }
+    table.note("oversleep: how long after each boundary the thread woke (std::thread::park_timeout, as the engine's workers sleep); a wake-up more than a tick late makes the next boundaries late too");
+    table.note("storm floor: the storm's deadlines (as many, as spread) rounded up to the tick, each fired the moment the thread woke at its boundary, at no cost: what a structure that rounds to this tick could at best have done over that second; a storm's own rows add their work and their threads' wake-ups to it");
+    table.print();
 }

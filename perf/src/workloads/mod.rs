@@ -17,6 +17,7 @@ pub mod proxy;
 pub mod proxy_load;
 pub mod reset_heavy;
 pub mod steady_mix;
+pub mod wake_floor;
 
 use std::time::Duration;
 

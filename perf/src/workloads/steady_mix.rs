@@ -32,6 +32,7 @@ use crate::peers::{SharedTimers, Subject};
 use crate::report::{Csv, CsvRow, RATIO_LEGEND, Table, ratio_cells, thousands};
 use crate::rng::XorShift64;
 use crate::workloads::parallel::share_of;
+use crate::workloads::wake_floor;
 use crate::workloads::{ratio_columns, ratio_headers};
 
 pub const NAME: &str = "steady-mix";
@@ -753,12 +754,25 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
 }
 
 pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
-    run_as(NAME, subjects, config, measure, csv);
+    let wake_cost = bare_wake_cost(subjects);
+    run_as(NAME, subjects, config, (measure, wake_cost), csv);
+}
+
+/// What one wake-up of a thread that does nothing else costs in CPU here, measured when an
+/// engine with worker threads is among `subjects` (see [`wake_floor`]): a thread sleeping
+/// until each millisecond for two seconds.
+fn bare_wake_cost(subjects: &[Subject]) -> Option<Duration> {
+    if !subjects.contains(&Subject::Engine) {
+        return None;
+    }
+    crate::progress::step("a bare thread's wake-ups, 1,000 a second (2 s)".to_string());
+    wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)).cpu_per_wake
 }
 
 /// light-load: the mix at each of [`LIGHT_RATES`] with about a second's worth of timers
 /// live, on `threads` threads; a table per rate.
 pub fn run_light(subjects: &[Subject], threads: usize, duration: Duration, csv: &mut Csv) {
+    let wake_cost = bare_wake_cost(subjects);
     for rate in LIGHT_RATES {
         let config = Config {
             threads,
@@ -766,15 +780,24 @@ pub fn run_light(subjects: &[Subject], threads: usize, duration: Duration, csv: 
             rate,
             duration,
         };
-        run_as(LIGHT_NAME, subjects, config, measure_light, csv);
+        run_as(
+            LIGHT_NAME,
+            subjects,
+            config,
+            (measure_light, wake_cost),
+            csv,
+        );
     }
 }
+
+/// How a table's workload measures one subject's run.
+type Measure = fn(Subject, Config) -> Result<Run, String>;
 
 fn run_as(
     name: &str,
     subjects: &[Subject],
     config: Config,
-    measure: fn(Subject, Config) -> Result<Run, String>,
+    (measure, wake_cost): (Measure, Option<Duration>),
     csv: &mut Csv,
 ) {
     let results: Vec<Result<Run, String>> = subjects
@@ -903,6 +926,9 @@ fn run_as(
             });
         }
     }
+    if let Some(cost) = wake_cost {
+        note_wake_floor(&mut table, subjects, &results, cost);
+    }
     let period = Ring::new(0, config).period;
     table.note(format!(
         "timer = one turn of a ring slot: its timer retired (cancelled, or found fired) and a new one armed; each thread turns its slots at its share of the offered rate, in 1 ms steps, so each slot comes round every P = {:.2} s",
@@ -919,6 +945,40 @@ fn run_as(
         table.note(format!("{RATIO_LEGEND}; on CPU ns/timer"));
     }
     table.print();
+}
+
+/// Notes what the engine's worker wake-ups cost at a bare thread's `cost` a wake-up, and
+/// what its run comes to without them, beside tokio-sleep's, whose timers fire inside wake-ups
+/// its runtime makes anyway.
+fn note_wake_floor(
+    table: &mut Table,
+    subjects: &[Subject],
+    results: &[Result<Run, String>],
+    cost: Duration,
+) {
+    let busy = |subject: Subject| {
+        let run = results[subjects.iter().position(|&s| s == subject)?]
+            .as_ref()
+            .ok()?;
+        Some((run, run.cpu?.as_secs_f64() / run.wall.as_secs_f64()))
+    };
+    let Some((run, engine_busy)) = busy(Subject::Engine) else {
+        return;
+    };
+    let Some(wakes) = run.wakes else {
+        return;
+    };
+    let wakes_per_s = wakes.total() as f64 / run.wall.as_secs_f64();
+    let in_wakes = wakes_per_s * cost.as_secs_f64();
+    let tokio = busy(Subject::TokioSleep).map_or_else(String::new, |(_, tokio)| {
+        format!(", against tokio-sleep's {tokio:.3}")
+    });
+    table.note(format!(
+        "engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond, 2 s, this run); at that, its workers' {} wake-ups a second are {in_wakes:.3} cores of its {engine_busy:.3}, and the rest {:.3}{tokio}",
+        cost.as_secs_f64() * 1e6,
+        thousands(wakes_per_s as u64),
+        engine_busy - in_wakes,
+    ));
 }
 
 #[cfg(test)]
