@@ -272,18 +272,21 @@ fn table_of(
     csv: &mut Csv,
     plots: &mut Plots,
 ) -> Vec<String> {
-    let results: Vec<Result<Storm, String>> = cases
+    let results: Vec<Result<(Storm, Option<Duration>), String>> = cases
         .iter()
         .map(|&case| {
             crate::progress::step(format!("{NAME}/{} (about 2 s of real time)", case.name()));
-            storm(case.subject, timers, case.tick)
+            let witness = witness();
+            let storm = storm(case.subject, timers, case.tick);
+            let witnessed = witness.join().ok().flatten();
+            storm.map(|storm| (storm, witnessed))
         })
         .collect();
 
     let costs: Vec<Option<f64>> = results
         .iter()
         .map(|result| {
-            let storm = result.as_ref().ok()?;
+            let (storm, _) = result.as_ref().ok()?;
             Some(ns_per(storm.fire_cpu?, storm.lateness.fired))
         })
         .collect();
@@ -299,6 +302,7 @@ fn table_of(
             "p50 late us",
             "p99 late us",
             "max late us",
+            "witness max us",
             "early",
         ],
     );
@@ -307,8 +311,8 @@ fn table_of(
     for (row, (case, result)) in cases.iter().zip(&results).enumerate() {
         let name = case.name();
         let name = name.as_str();
-        let storm = match result {
-            Ok(storm) => storm,
+        let (storm, witnessed) = match result {
+            Ok((storm, witnessed)) => (storm, *witnessed),
             Err(error) => {
                 table.row(vec![name.to_string(), "error".to_string()]);
                 table.note(format!("{name}: {error}"));
@@ -331,6 +335,7 @@ fn table_of(
             micros(late.p50),
             micros(late.p99),
             micros(late.max),
+            show(witnessed.map(micros)),
             thousands(late.early),
         ];
         cells.extend(ratio_cells(&costs, row, &columns));
@@ -367,6 +372,9 @@ fn table_of(
         if let Some(ns) = costs[row] {
             metrics.push(("fire_cpu_ns_per_timer", ns, "ns"));
         }
+        if let Some(witnessed) = witnessed {
+            metrics.push(("witness_oversleep_max", witnessed.as_secs_f64() * 1e6, "us"));
+        }
         if let Some(span) = span {
             metrics.push(("first_due_to_last_fired", span.as_secs_f64() * 1e3, "ms"));
         }
@@ -374,12 +382,48 @@ fn table_of(
     }
     table.note("fire CPU: this thread's CPU time from the last insert to the last fire (the sleeps cost none), per timer fired; engine: the process's CPU time (its 2 workers, which run the callbacks, and this thread waiting)");
     table.note("late: fire instant (clock read as the value reaches the loop, or in the engine's callback) - deadline; corewheel, the engine and DelayQueue round deadlines up to their tick, never down (at 1 ms, p99 is at least 0.99 ms by that alone), the heap fires at the exact instant");
+    table.note("witness max: the latest wake-up of threads that only slept until each millisecond over the storm's second, beside it, one pinned to each core (see the floor table below): a storm whose worst lateness is more than its tick plus this lost that time itself; the witnesses also wait for the storm's own threads, which share their cores");
     table.note("early: fire instant or the poll's `now` before the deadline; must be 0");
     if !columns.is_empty() {
         table.note(format!("{RATIO_LEGEND}; on fire CPU"));
     }
     table.print();
     errors
+}
+
+/// How often the storm's witnesses wake: often enough to catch any stall of a millisecond,
+/// seldom enough to cost the storm's threads little (about 2% of a core each on these VMs).
+const WITNESS_PERIOD: Duration = Duration::from_millis(1);
+
+/// Starts one witness per core, each pinned there, that only sleeps until each millisecond
+/// over the second of a storm armed right after this call; returns a handle whose join
+/// gives how late the latest of their wake-ups came: whether the machine delayed sleeping
+/// threads, on any core, in that same second. One per core because this VM stalls one
+/// virtual CPU at a time: an unpinned witness missed stalls of the core an engine worker
+/// is pinned to.
+fn witness() -> thread::JoinHandle<Option<Duration>> {
+    let from = Instant::now() + FIRST_DUE;
+    let boundaries =
+        u32::try_from(Duration::from_nanos(SPREAD_NS).as_nanos() / WITNESS_PERIOD.as_nanos())
+            .unwrap_or(u32::MAX);
+    thread::spawn(move || {
+        let cores = core_affinity::get_core_ids().unwrap_or_default();
+        let witnesses: Vec<_> = cores
+            .into_iter()
+            .map(|core| {
+                thread::spawn(move || {
+                    core_affinity::set_for_current(core);
+                    wake_floor::sleep_from(from, WITNESS_PERIOD, boundaries)
+                        .oversleep_summary()
+                        .max
+                })
+            })
+            .collect();
+        witnesses
+            .into_iter()
+            .filter_map(|witness| witness.join().ok())
+            .max()
+    })
 }
 
 /// The machine's floor under the storm, at each tick the tables used: a thread that only

@@ -947,9 +947,10 @@ fn run_as(
     table.print();
 }
 
-/// Notes what the engine's worker wake-ups cost at a bare thread's `cost` a wake-up, and
-/// what its run comes to without them, beside tokio-sleep's, whose timers fire inside wake-ups
-/// its runtime makes anyway.
+/// Notes what the engine's worker wake-ups cost at a bare thread's `cost` a wake-up, beside
+/// the engine's CPU and tokio-sleep's, whose timers fire inside wake-ups its runtime makes
+/// anyway. An upper bound: the bare thread wakes an idle core, the dearest wake-up on these
+/// VMs, and a worker woken while the application keeps the cores busy costs less.
 fn note_wake_floor(
     table: &mut Table,
     subjects: &[Subject],
@@ -971,13 +972,12 @@ fn note_wake_floor(
     let wakes_per_s = wakes.total() as f64 / run.wall.as_secs_f64();
     let in_wakes = wakes_per_s * cost.as_secs_f64();
     let tokio = busy(Subject::TokioSleep).map_or_else(String::new, |(_, tokio)| {
-        format!(", against tokio-sleep's {tokio:.3}")
+        format!(" (tokio-sleep's: {tokio:.3})")
     });
     table.note(format!(
-        "engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond, 2 s, this run); at that, its workers' {} wake-ups a second are {in_wakes:.3} cores of its {engine_busy:.3}, and the rest {:.3}{tokio}",
+        "engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond for 2 s, this run, on an idle core: the dearest kind); at that, its workers' {} wake-ups a second cost up to {in_wakes:.3} cores of its {engine_busy:.3}{tokio}",
         cost.as_secs_f64() * 1e6,
         thousands(wakes_per_s as u64),
-        engine_busy - in_wakes,
     ));
 }
 

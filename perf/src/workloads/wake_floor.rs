@@ -21,22 +21,34 @@ pub struct Sleeper {
 }
 
 /// Sleeps (with `park_timeout`, as the engine's workers do) until each of the boundaries
-/// `tick` apart over `span`, and records how late each wake-up came. A wake-up later than a
-/// whole tick makes the next boundaries late too, as it would a worker's next ticks.
+/// `tick` apart over `span` from now, and records how late each wake-up came. A wake-up
+/// later than a whole tick makes the next boundaries late too, as it would a worker's next
+/// ticks.
 pub fn sleep_through(tick: Duration, span: Duration) -> Sleeper {
     let boundaries = u32::try_from(span.as_nanos() / tick.as_nanos().max(1)).unwrap_or(u32::MAX);
+    sleep_from(Instant::now(), tick, boundaries)
+}
+
+/// [`sleep_through`] over `boundaries` boundaries `tick` apart after `from`, which may be
+/// ahead: a witness started beside a storm sleeps until the storm's first second begins.
+pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
     let mut oversleeps = Vec::with_capacity(boundaries as usize);
-    let cpu = process_cpu_time();
-    let start = Instant::now();
-    for boundary in 1..=boundaries {
-        let at = start + tick * boundary;
+    let mut cpu = None;
+    for boundary in 0..=boundaries {
+        let at = from + tick * boundary;
         loop {
             let now = Instant::now();
             if now >= at {
-                oversleeps.push(now - at);
+                if boundary > 0 {
+                    oversleeps.push(now - at);
+                }
                 break;
             }
             std::thread::park_timeout(at - now);
+        }
+        if boundary == 0 {
+            // From the first boundary on: the wait for it may be long, or none.
+            cpu = process_cpu_time();
         }
     }
     let cpu_per_wake = cpu_between(cpu, process_cpu_time())
