@@ -16,21 +16,11 @@ use std::time::{Duration, Instant};
 
 use common::fire_book::{Book, arm, nanos};
 use common::stuck::{Gate, OpenOnDrop, home_of, worker_index};
-use common::{Live, Rng, eventually, ms, within};
+use common::{Live, Rng, eventually, ms, unpinned_balancing, within};
 use corewheel::{MissedTicks, PendingTimers, TimerEngine, TimerHandle};
 
 /// How long a test may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(90);
-
-fn build(workers: usize, stealing: bool, rescue: Option<u32>) -> TimerEngine {
-    TimerEngine::builder()
-        .workers(workers)
-        .pin_workers(false)
-        .stealing(stealing)
-        .rescue_after(rescue)
-        .build()
-        .expect("workers start")
-}
 
 /// Waits until `done`, failing with `what` after `limit`.
 fn wait_for(
@@ -99,7 +89,7 @@ fn cancels_and_resets_from_two_threads_race_the_walkers() {
 fn cancels_and_resets_race_the_walkers_on(workers: usize) {
     within(LIMIT, "cancels and resets racing walkers", move || {
         const N: usize = 60_000;
-        let engine = Arc::new(build(workers, true, Some(8)));
+        let engine = Arc::new(unpinned_balancing(workers, true, Some(8)));
         let book = Book::new(N);
         let first = book.origin + ms(150);
         let (deadlines, handles) = arm(&engine, &book, (first, ms(3)), 0xA11CE);
@@ -182,7 +172,7 @@ fn cancels_and_resets_race_the_walkers_on(workers: usize) {
 fn a_burst_pushed_back_entirely_is_sent_back_and_filed_again() {
     within(LIMIT, "a burst all pushed back", || {
         const N: usize = 30_000;
-        let engine = build(4, true, Some(8));
+        let engine = unpinned_balancing(4, true, Some(8));
         let book = Book::new(N);
         let first = book.origin + ms(250);
         let (mut deadlines, handles) = arm(&engine, &book, (first, ms(2)), 0xFA12);
@@ -231,7 +221,7 @@ fn a_burst_pushed_back_entirely_is_sent_back_and_filed_again() {
 fn callbacks_cancel_and_reset_other_timers_of_the_burst() {
     within(LIMIT, "callbacks cancelling the burst", || {
         const N: usize = 40_000;
-        let engine = Arc::new(build(6, true, Some(8)));
+        let engine = Arc::new(unpinned_balancing(6, true, Some(8)));
         let book = Book::new(N);
         let first = book.origin + ms(150);
         let handles: Arc<OnceLock<Vec<TimerHandle>>> = Arc::default();
@@ -310,7 +300,7 @@ fn timers_armed_during_the_walk_are_neither_lost_nor_early() {
         const N: usize = 40_000;
         const CHILDREN: usize = N / 2;
         const STREAM: usize = 20_000;
-        let engine = Arc::new(build(4, true, Some(8)));
+        let engine = Arc::new(unpinned_balancing(4, true, Some(8)));
         let book = Book::new(N);
         let children = Book::new(CHILDREN);
         let child_deadline: Arc<Vec<AtomicU64>> =
@@ -438,7 +428,7 @@ impl Wake for Forward {
 fn a_burst_of_sleeps_dropped_and_reset_while_walked() {
     within(LIMIT, "a burst of sleeps", || {
         const N: usize = 30_000;
-        let engine = build(4, true, Some(8));
+        let engine = unpinned_balancing(4, true, Some(8));
         let origin = Instant::now();
         let first = origin + ms(150);
         let mut rng = Rng(0x51EE);
@@ -595,7 +585,7 @@ fn a_shutdown_from_inside_a_walked_callback_settles_each_timer_once() {
     {
         within(LIMIT, "a shutdown from a walked callback", move || {
             const N: usize = 40_000;
-            let engine = Arc::new(build(3 + round, true, Some(8)));
+            let engine = Arc::new(unpinned_balancing(3 + round, true, Some(8)));
             let book = Book::new(N);
             let live = Live::default();
             let first = book.origin + ms(150);
@@ -663,8 +653,9 @@ fn the_engine_dropped_from_inside_a_walked_callback() {
             "an engine dropped from a walked callback",
             move || {
                 const N: usize = 40_000;
-                let slot: Arc<Mutex<Option<TimerEngine>>> =
-                    Arc::new(Mutex::new(Some(build(3 + round as usize, true, Some(8)))));
+                let slot: Arc<Mutex<Option<TimerEngine>>> = Arc::new(Mutex::new(Some(
+                    unpinned_balancing(3 + round as usize, true, Some(8)),
+                )));
                 let book = Book::new(N);
                 let live = Live::default();
                 let first = book.origin + ms(150);
@@ -717,7 +708,8 @@ fn many_small_bursts_shut_down_at_varied_moments() {
             } else {
                 PendingTimers::Run
             };
-            let engine = build(2 + (round % 5) as usize, true, Some(1 + (round % 3) as u32));
+            let engine =
+                unpinned_balancing(2 + (round % 5) as usize, true, Some(1 + (round % 3) as u32));
             let book = Book::new(N);
             let live = Live::default();
             let first = book.origin + ms(40);
@@ -763,7 +755,7 @@ fn an_owner_stuck_with_its_lists_out_is_rescued() {
     within(LIMIT, "a stuck owner with lists out", || {
         const N: usize = 40_000;
         const WAVE: usize = 5_000;
-        let engine = build(4, true, Some(2));
+        let engine = unpinned_balancing(4, true, Some(2));
         let home = home_of(&engine);
         let book = Book::new(N);
         let blocked = Arc::new(AtomicBool::new(false));
@@ -820,7 +812,7 @@ fn a_burst_over_many_due_slots_after_the_owner_was_held() {
     for rescue in [None, Some(1)] {
         within(LIMIT, "a burst over many slots", move || {
             const N: usize = 60_000;
-            let engine = build(3, true, rescue);
+            let engine = unpinned_balancing(3, true, rescue);
             let home = home_of(&engine);
             let book = Book::new(N);
             let origin = book.origin;
@@ -874,7 +866,7 @@ fn many_workers_several_bursting_shards_panics_and_stealing_off() {
         within(LIMIT, "many workers", move || {
             const N: usize = 20_000;
             const THREADS: usize = 3;
-            let engine = Arc::new(build(workers, stealing, Some(8)));
+            let engine = Arc::new(unpinned_balancing(workers, stealing, Some(8)));
             let origin = Instant::now();
             let first = origin + ms(200);
             // Repeating timers, armed by the first bursting thread, first due inside its
@@ -987,7 +979,7 @@ fn many_workers_several_bursting_shards_panics_and_stealing_off() {
 fn a_blocked_walker_holds_up_no_more_than_a_run() {
     within(LIMIT, "a blocked walker", || {
         const N: usize = 20_000;
-        let engine = build(3, true, Some(2));
+        let engine = unpinned_balancing(3, true, Some(2));
         let home = home_of(&engine);
         let book = Book::new(N);
         let gate = Gate::default();
@@ -1046,7 +1038,7 @@ fn a_stand_in_takes_back_lists_from_an_owner_blocked_in_its_walk() {
     within(LIMIT, "an owner blocked in its walk", || {
         const N: usize = 30_000;
         const WAVE: usize = 3_000;
-        let engine = build(3, true, Some(2));
+        let engine = unpinned_balancing(3, true, Some(2));
         let home = home_of(&engine);
         let book = Book::new(N);
         let gate = Gate::default();
@@ -1112,7 +1104,7 @@ fn a_shutdown_while_a_stand_ins_lists_are_out() {
     {
         within(LIMIT, "a shutdown with a stand-in's lists out", move || {
             const N: usize = 40_000;
-            let engine = Arc::new(build(3 + round, true, Some(1)));
+            let engine = Arc::new(unpinned_balancing(3 + round, true, Some(1)));
             let home = home_of(&engine);
             let gate = Gate::default();
             let _open = OpenOnDrop(gate.clone());
@@ -1188,7 +1180,7 @@ fn back_to_back_bursts_with_a_cancel_storm_and_arrivals() {
         const TICKS: usize = 150;
         const N: usize = PER_TICK * TICKS;
         const ARRIVALS: usize = 5_000;
-        let engine = Arc::new(build(16, true, Some(8)));
+        let engine = Arc::new(unpinned_balancing(16, true, Some(8)));
         let book = Book::new(N);
         let first = book.origin + ms(250);
         let mut deadlines = Vec::with_capacity(N);
@@ -1263,7 +1255,7 @@ fn back_to_back_bursts_with_a_cancel_storm_and_arrivals() {
 fn timers_reset_over_and_over_while_walked() {
     within(LIMIT, "resets over and over", || {
         const N: usize = 40_000;
-        let engine = Arc::new(build(4, true, Some(8)));
+        let engine = Arc::new(unpinned_balancing(4, true, Some(8)));
         let book = Book::new(N);
         let first = book.origin + ms(150);
         let (deadlines, handles) = arm(&engine, &book, (first, ms(2)), 0x7E5E7);

@@ -36,25 +36,6 @@ fn manual_one() -> (Arc<TimerEngine>, ManualClock) {
     (Arc::new(engine), clock)
 }
 
-/// Keeps the expected panics (whose messages say so) off the output; others as usual.
-fn quiet_expected_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let message = info
-                .payload()
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| info.payload().downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            if !message.contains("(expected)") {
-                default(info);
-            }
-        }));
-    });
-}
-
 /// Counts drops of a capture: more than one is a double free.
 #[derive(Clone, Default)]
 struct Drops(Arc<AtomicUsize>);
@@ -405,7 +386,7 @@ static PANIC_VTABLE: RawWakerVTable = RawWakerVTable::new(
 #[test]
 fn captures_and_wakers_that_panic_in_drop_are_counted_and_contained() {
     let _serial = serial();
-    quiet_expected_panics();
+    common::quiet_panics_marked("(expected)");
     let (engine, clock) = manual_one();
     let drops = Drops::default();
     let mut handles = Vec::new();
@@ -474,7 +455,7 @@ fn captures_and_wakers_that_panic_in_drop_are_counted_and_contained() {
 #[test]
 fn workers_go_on_after_captures_panic_in_drop() {
     let _serial = serial();
-    quiet_expected_panics();
+    common::quiet_panics_marked("(expected)");
     let engine = engine(2, Some(8));
     let agents = agents(&engine);
     let drops = Drops::default();

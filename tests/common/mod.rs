@@ -23,6 +23,25 @@ use std::sync::Mutex;
 
 use corewheel::{Clock, KeyedTimers, ManualClock, MissedTicks, TimerEngine};
 
+/// Keeps the panics a test makes on purpose (whose messages contain `mark`) off stderr;
+/// every other panic is reported as usual. The first call in a test binary sets the hook.
+pub fn quiet_panics_marked(mark: &'static str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied());
+            if !message.is_some_and(|m| m.contains(mark)) {
+                default(info);
+            }
+        }));
+    });
+}
+
 /// Runs `f` on a thread of its own and waits at most `limit` for it: a body that never
 /// returns fails the test (naming `what`) instead of hanging the suite.
 pub fn within<R: Send + 'static>(
@@ -78,6 +97,17 @@ pub fn unpinned(workers: usize) -> Arc<TimerEngine> {
 /// that futures on it are `'static`, as spawned tasks must be.
 pub fn leaked_unpinned(workers: usize) -> &'static TimerEngine {
     Box::leak(Box::new(unpinned_engine(workers)))
+}
+
+/// An engine of `workers` unpinned workers with stealing and rescue as given.
+pub fn unpinned_balancing(workers: usize, stealing: bool, rescue: Option<u32>) -> TimerEngine {
+    TimerEngine::builder()
+        .workers(workers)
+        .pin_workers(false)
+        .stealing(stealing)
+        .rescue_after(rescue)
+        .build()
+        .expect("workers start")
 }
 
 fn unpinned_engine(workers: usize) -> TimerEngine {
