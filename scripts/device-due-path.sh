@@ -5,6 +5,9 @@
 #   here:   ./scripts/device-due-path.sh build        # writes ./perf-bin (stripped)
 #   there:  ./scripts/device-due-path.sh run OUT_DIR  # about 4 minutes on 16 cores
 #
+# PERF_ARGS adds arguments to both harness runs: PERF_ARGS="--timers 20000 --mix-seconds 1"
+# makes a smoke run of the script in under a minute.
+#
 # `run` sweeps burst-steal over 2, 4, 8 and 16 workers (the bursts' hand-outs are what
 # should make the last fire fall with the worker count), then the rest of the due-path
 # set at the machine's default worker count, each saved as a folder under OUT_DIR with the
@@ -30,8 +33,10 @@ case "${1:-}" in
       grep -m1 'model name' /proc/cpuinfo || true
       uname -r
     } > "$out/machine.txt"
-    ./perf-bin --workloads burst-steal --threads 2,4,8,16 --save "$out/burst-steal"
-    ./perf-bin --workloads fire-storm,engine-live-1m,steady-mix,light-load \
+    # shellcheck disable=SC2086 # PERF_ARGS is a list of arguments.
+    ./perf-bin --workloads burst-steal --threads 2,4,8,16 ${PERF_ARGS:-} --save "$out/burst-steal"
+    # shellcheck disable=SC2086
+    ./perf-bin --workloads fire-storm,engine-live-1m,steady-mix,light-load ${PERF_ARGS:-} \
       --save "$out/due-path"
     ;;
   *)
