@@ -94,7 +94,8 @@ OPTIONS:
                        1,000,000; --full: 10,000,000 for live-1m and engine-live-1m)
     --mix-rate N       timers armed per second in steady-mix, all threads together
                        (default 1,000,000); it runs on the largest --threads count
-    --mix-seconds N    how long steady-mix runs, and light-load at each rate (default 10)
+    --mix-seconds N    how long steady-mix runs, and light-load at each rate (there split
+                       into three runs per subject, taken in turns) (default 10)
     --async-ops N      operations per thread in each async-* run (default 1,000,000;
                        --full: 10,000,000)
     --allocator NAME   the global allocator for the whole run: mimalloc (default) or system
@@ -105,7 +106,7 @@ OPTIONS:
                        10M live timers, 20M resets and keyed-* operations (default 2M)
     -h, --help         this text
 
-Every workload but fire-storm, steady-mix and light-load reports the median of 3 runs per subject;
+Every workload but fire-storm and steady-mix reports the median of 3 runs per subject;
 live-1m and engine-live-1m run each in a fresh child process so that RSS deltas are the
 subject's own. Plots of throughput against threads and of the fire storm's lateness go
 beside the CSV. When stderr is not a terminal, progress is one line per run and per

@@ -29,6 +29,7 @@ use crate::peers::engine;
 use crate::peers::mutex_heap::SharedHeap;
 use crate::peers::tokio_sleep::{self, StartLine, register};
 use crate::peers::{SharedTimers, Subject};
+use crate::repeat;
 use crate::report::{Csv, CsvRow, RATIO_LEGEND, Table, ratio_cells, thousands};
 use crate::rng::XorShift64;
 use crate::workloads::parallel::share_of;
@@ -754,8 +755,12 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
 }
 
 pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
-    let wake_cost = bare_wake_cost(subjects);
-    run_as(NAME, subjects, config, (measure, wake_cost), csv);
+    let plan = Plan {
+        measure,
+        wake_cost: bare_wake_cost(subjects),
+        in_turns: false,
+    };
+    run_as(NAME, subjects, config, plan, csv);
 }
 
 /// What one wake-up of a thread that does nothing else costs in CPU here, measured when an
@@ -772,7 +777,13 @@ fn bare_wake_cost(subjects: &[Subject]) -> Option<Duration> {
 /// light-load: the mix at each of [`LIGHT_RATES`] with about a second's worth of timers
 /// live, on `threads` threads; a table per rate.
 pub fn run_light(subjects: &[Subject], threads: usize, duration: Duration, csv: &mut Csv) {
-    let wake_cost = bare_wake_cost(subjects);
+    // In turns: the subjects' differences here are a few thousandths of a core, inside what
+    // one run moves by from the next on these VMs.
+    let plan = Plan {
+        measure: measure_light,
+        wake_cost: bare_wake_cost(subjects),
+        in_turns: true,
+    };
     for rate in LIGHT_RATES {
         let config = Config {
             threads,
@@ -780,54 +791,97 @@ pub fn run_light(subjects: &[Subject], threads: usize, duration: Duration, csv: 
             rate,
             duration,
         };
-        run_as(
-            LIGHT_NAME,
-            subjects,
-            config,
-            (measure_light, wake_cost),
-            csv,
-        );
+        run_as(LIGHT_NAME, subjects, config, plan, csv);
     }
 }
 
-/// How a table's workload measures one subject's run.
-type Measure = fn(Subject, Config) -> Result<Run, String>;
+/// How a table's workload measures its subjects.
+#[derive(Clone, Copy)]
+struct Plan {
+    measure: fn(Subject, Config) -> Result<Run, String>,
+    /// A bare thread's CPU per wake-up, when measured (see [`bare_wake_cost`]).
+    wake_cost: Option<Duration>,
+    /// Whether each subject runs [`repeat::RUNS`] times in turns, each run a share of the
+    /// duration, and the table shows its median run; otherwise once for the whole duration.
+    in_turns: bool,
+}
 
-fn run_as(
+/// The process's CPU time per timer over a run.
+fn cpu_per_timer_of(run: &Run) -> Option<f64> {
+    Some(run.cpu?.as_nanos() as f64 / run.counts.turns.max(1) as f64)
+}
+
+/// Each subject's run, or its median run by CPU per timer with the runs' spread, as `plan`
+/// says.
+fn measure_all(
     name: &str,
     subjects: &[Subject],
     config: Config,
-    (measure, wake_cost): (Measure, Option<Duration>),
-    csv: &mut Csv,
-) {
-    let results: Vec<Result<Run, String>> = subjects
-        .iter()
-        .map(|&subject| {
-            crate::progress::step(format!(
-                "{name}/{} ({} threads, {} timers/s, {} s)",
-                subject.name(),
-                config.threads,
-                thousands(config.rate),
-                config.duration.as_secs()
-            ));
-            measure(subject, config)
+    plan: Plan,
+) -> Vec<Result<(Run, Option<String>), String>> {
+    let step = |subject: Subject, config: Config| {
+        crate::progress::step(format!(
+            "{name}/{} ({} threads, {} timers/s, {:.1} s)",
+            subject.name(),
+            config.threads,
+            thousands(config.rate),
+            config.duration.as_secs_f64()
+        ));
+        (plan.measure)(subject, config)
+    };
+    if !plan.in_turns {
+        return subjects
+            .iter()
+            .map(|&subject| step(subject, config).map(|run| (run, None)))
+            .collect();
+    }
+    repeat::in_turns(subjects, |subject, _| step(subject, config))
+        .into_iter()
+        .map(|runs| {
+            let mut runs = runs?;
+            let costs: Vec<f64> = runs.iter().filter_map(cpu_per_timer_of).collect();
+            let spread = (costs.len() == runs.len()).then(|| repeat::spread(costs));
+            runs.sort_by(|a, b| {
+                cpu_per_timer_of(a)
+                    .unwrap_or(f64::NAN)
+                    .total_cmp(&cpu_per_timer_of(b).unwrap_or(f64::NAN))
+            });
+            let middle = runs.len() / 2;
+            Ok((runs.swap_remove(middle), spread))
         })
+        .collect()
+}
+
+fn run_as(name: &str, subjects: &[Subject], mut config: Config, plan: Plan, csv: &mut Csv) {
+    if plan.in_turns {
+        config.duration = (config.duration / repeat::RUNS as u32).max(Duration::from_secs(1));
+    }
+    let measured = measure_all(name, subjects, config, plan);
+    let spreads: Vec<Option<String>> = measured
+        .iter()
+        .map(|result| result.as_ref().ok().and_then(|(_, spread)| spread.clone()))
+        .collect();
+    let results: Vec<Result<Run, String>> = measured
+        .into_iter()
+        .map(|result| result.map(|(run, _)| run))
         .collect();
     let cpu_per_timer: Vec<Option<f64>> = results
         .iter()
-        .map(|run| {
-            let run = run.as_ref().ok()?;
-            Some(run.cpu?.as_nanos() as f64 / run.counts.turns.max(1) as f64)
-        })
+        .map(|run| cpu_per_timer_of(run.as_ref().ok()?))
         .collect();
     let columns = ratio_columns(subjects);
     let mut table = Table::new(
         format!(
-            "{name} ({} threads, {} timers live, {} timers/s offered for {} s: 90% cancelled, 10% fired)",
+            "{name} ({} threads, {} timers live, {} timers/s offered for {} s{}: 90% cancelled, 10% fired)",
             config.threads,
             thousands(config.live),
             thousands(config.rate),
-            config.duration.as_secs()
+            format_seconds(config.duration),
+            if plan.in_turns {
+                format!(", {} runs in turns", repeat::RUNS)
+            } else {
+                String::new()
+            }
         ),
         &[
             "subject",
@@ -926,7 +980,21 @@ fn run_as(
             });
         }
     }
-    if let Some(cost) = wake_cost {
+    if plan.in_turns {
+        let spreads: Vec<String> = subjects
+            .iter()
+            .zip(&spreads)
+            .filter_map(|(subject, spread)| {
+                Some(format!("{} {}", subject.name(), spread.as_ref()?))
+            })
+            .collect();
+        table.note(format!(
+            "each row is its subject's median run of {} by CPU ns/timer, the subjects taking turns; CPU ns/timer over the runs: {}",
+            repeat::RUNS,
+            spreads.join(", ")
+        ));
+    }
+    if let Some(cost) = plan.wake_cost {
         note_wake_floor(&mut table, subjects, &results, cost);
     }
     let period = Ring::new(0, config).period;
@@ -945,6 +1013,15 @@ fn run_as(
         table.note(format!("{RATIO_LEGEND}; on CPU ns/timer"));
     }
     table.print();
+}
+
+/// Seconds, with a decimal only where the duration has a fraction of one.
+fn format_seconds(duration: Duration) -> String {
+    if duration.subsec_nanos() == 0 {
+        duration.as_secs().to_string()
+    } else {
+        format!("{:.1}", duration.as_secs_f64())
+    }
 }
 
 /// Notes what the engine's worker wake-ups cost at a bare thread's `cost` a wake-up, beside
