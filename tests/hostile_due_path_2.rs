@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use common::driven::{await_drivers, multi_thread};
 use common::fire_book::{Book, arm, arm_then, nanos};
-use common::{CpuWindow, Live, Rng, eventually, ms, within, worker_switches_total};
-use corewheel::{Clock, ManualClock, MissedTicks, PendingTimers, Stats, TimerEngine};
+use common::{
+    CpuWindow, Live, Rng, assert_one_shot_stats, eventually, ms, within, worker_switches_total,
+};
+use corewheel::{Clock, ManualClock, MissedTicks, PendingTimers, TimerEngine};
 
 /// How long a test may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(30);
@@ -41,29 +43,6 @@ fn real(workers: usize, stealing: bool, rescue: Option<u32>) -> Arc<TimerEngine>
 
 fn wakes(engine: &TimerEngine) -> u64 {
     engine.stats().total.wakes.total()
-}
-
-/// Stats agree with what ran (one-shot timers only): `fired` is the runs, a helper's claims
-/// were run as stolen runs, nothing pending, the shards add up.
-fn stats_agree(stats: &Stats, runs: u64) {
-    let t = &stats.total;
-    assert_eq!(t.fired, runs, "fired is not what ran: {t:?}");
-    assert!(t.stolen <= t.fired, "stolen more than fired: {t:?}");
-    assert!(
-        t.claimed_elsewhere <= t.stolen,
-        "claimed elsewhere but not run elsewhere: {t:?}"
-    );
-    assert!(t.rescued <= t.fired, "rescued more than fired: {t:?}");
-    assert_eq!(t.pending, 0, "{t:?}");
-    for (index, shard) in stats.shards.iter().enumerate() {
-        assert!(
-            shard.claimed_elsewhere <= shard.stolen && shard.stolen <= shard.fired,
-            "shard {index}: claimed elsewhere, stolen and fired out of order: {shard:?}"
-        );
-    }
-    let fired: u64 = stats.shards.iter().map(|s| s.fired).sum();
-    let elsewhere: u64 = stats.shards.iter().map(|s| s.claimed_elsewhere).sum();
-    assert_eq!((fired, elsewhere), (t.fired, t.claimed_elsewhere));
 }
 
 /// Shuts `engine` down with nothing left pending: nothing to run or drop, every node back.
@@ -171,7 +150,7 @@ fn an_engine_after_a_walked_burst_with_racing_cancels_falls_still() {
             std::thread::sleep(ms(50));
             let ran = book.check(&deadlines, &cancelled, false);
             assert_eq!(ran, expected);
-            stats_agree(&engine.stats(), ran as u64);
+            assert_one_shot_stats(&engine.stats(), ran as u64);
             eprintln!(
                 "rescue {rescue:?}: claimed elsewhere {}, stolen {}",
                 engine.stats().total.claimed_elsewhere,
@@ -528,7 +507,7 @@ fn a_burst_with_panics_on_far_more_workers_than_cores() {
                 engine.stats().total
             );
             let stats = engine.stats();
-            stats_agree(&stats, N as u64);
+            assert_one_shot_stats(&stats, N as u64);
             eprintln!(
                 "{workers} workers, rescue {rescue:?}: claimed elsewhere {}, stolen {}, rescued {}",
                 stats.total.claimed_elsewhere, stats.total.stolen, stats.total.rescued
@@ -680,7 +659,7 @@ fn past_deadlines_armed_in_bulk_while_lists_are_out() {
         );
         std::thread::sleep(ms(50));
         assert_eq!(book.check(&deadlines, &cancelled, false), expected);
-        stats_agree(&engine.stats(), expected as u64);
+        assert_one_shot_stats(&engine.stats(), expected as u64);
         shut_down_empty(&engine);
     });
 }
@@ -753,7 +732,7 @@ fn a_driven_engine_after_a_burst_makes_no_more_sleeps() {
         );
         std::thread::sleep(ms(50));
         assert_eq!(book.check(&deadlines, &cancelled, false), expected);
-        stats_agree(&engine.stats(), expected as u64);
+        assert_one_shot_stats(&engine.stats(), expected as u64);
         assert!(
             eventually(Duration::from_secs(10), || engine.nodes_in_use() == 0),
             "nodes left: {}",

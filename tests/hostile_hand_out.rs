@@ -40,21 +40,12 @@ fn sleep_until(t: Instant) {
     std::thread::sleep(t.saturating_duration_since(Instant::now()));
 }
 
-/// Stats agree with what ran: `fired` equals the runs, `stolen` no more, `pending` 0, and
-/// the shards add up to the total.
+/// Stats agree with what ran ([`common::assert_one_shot_stats`]), and with what was
+/// scheduled.
 fn stats_agree(engine: &TimerEngine, runs: u64, scheduled: u64) {
     let stats = engine.stats();
-    assert_eq!(stats.total.fired, runs, "{stats:?}");
-    assert!(stats.total.stolen <= stats.total.fired, "{stats:?}");
-    assert_eq!(stats.total.pending, 0, "{stats:?}");
+    common::assert_one_shot_stats(&stats, runs);
     assert_eq!(stats.total.scheduled, scheduled, "{stats:?}");
-    let fired: u64 = stats.shards.iter().map(|s| s.fired).sum();
-    assert_eq!(fired, stats.total.fired);
-    // One-shot timers only: every timer a helper claimed off a list it ran, as a stolen run.
-    assert!(
-        stats.total.claimed_elsewhere <= stats.total.stolen,
-        "claimed elsewhere, not run elsewhere: {stats:?}"
-    );
     eprintln!(
         "claimed elsewhere {} (hand-outs walked by helpers), stolen {}",
         stats.total.claimed_elsewhere, stats.total.stolen

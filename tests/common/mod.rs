@@ -21,7 +21,31 @@ use std::time::{Duration, Instant};
 
 use std::sync::Mutex;
 
-use corewheel::{Clock, KeyedTimers, ManualClock, MissedTicks, TimerEngine};
+use corewheel::{Clock, KeyedTimers, ManualClock, MissedTicks, Stats, TimerEngine};
+
+/// Stats agree with what ran, for bursts of one-shot timers: `fired` is the runs, a
+/// helper's claims off handed-out lists were run as stolen runs, a stand-in's claims ran,
+/// nothing is pending, and the shards add up to the total.
+pub fn assert_one_shot_stats(stats: &Stats, runs: u64) {
+    let t = &stats.total;
+    assert_eq!(t.fired, runs, "fired is not what ran: {t:?}");
+    assert!(t.stolen <= t.fired, "stolen more than fired: {t:?}");
+    assert!(
+        t.claimed_elsewhere <= t.stolen,
+        "claimed elsewhere but not run elsewhere: {t:?}"
+    );
+    assert!(t.rescued <= t.fired, "rescued more than fired: {t:?}");
+    assert_eq!(t.pending, 0, "{t:?}");
+    for (index, shard) in stats.shards.iter().enumerate() {
+        assert!(
+            shard.claimed_elsewhere <= shard.stolen && shard.stolen <= shard.fired,
+            "shard {index}: claimed elsewhere, stolen and fired out of order: {shard:?}"
+        );
+    }
+    let fired: u64 = stats.shards.iter().map(|s| s.fired).sum();
+    let elsewhere: u64 = stats.shards.iter().map(|s| s.claimed_elsewhere).sum();
+    assert_eq!((fired, elsewhere), (t.fired, t.claimed_elsewhere));
+}
 
 /// Keeps the panics a test makes on purpose (whose messages contain `mark`) off stderr;
 /// every other panic is reported as usual. The first call in a test binary sets the hook.
