@@ -811,6 +811,11 @@ fn cpu_per_timer_of(run: &Run) -> Option<f64> {
     Some(run.cpu?.as_nanos() as f64 / run.counts.turns.max(1) as f64)
 }
 
+/// The process's CPU time over a run's wall time: the cores it kept busy.
+fn cores_busy_of(run: &Run) -> Option<f64> {
+    Some(run.cpu?.as_secs_f64() / run.wall.as_secs_f64())
+}
+
 /// Each subject's run, or its median run by CPU per timer with the runs' spread, as `plan`
 /// says.
 fn measure_all(
@@ -856,18 +861,21 @@ fn run_as(name: &str, subjects: &[Subject], mut config: Config, plan: Plan, csv:
     if plan.in_turns {
         config.duration = (config.duration / repeat::RUNS as u32).max(Duration::from_secs(1));
     }
-    let measured = measure_all(name, subjects, config, plan);
-    let spreads: Vec<Option<String>> = measured
-        .iter()
-        .map(|result| result.as_ref().ok().and_then(|(_, spread)| spread.clone()))
-        .collect();
-    let results: Vec<Result<Run, String>> = measured
-        .into_iter()
-        .map(|result| result.map(|(run, _)| run))
-        .collect();
+    let (results, spreads): (Vec<Result<Run, String>>, Vec<Option<String>>) =
+        measure_all(name, subjects, config, plan)
+            .into_iter()
+            .map(|result| match result {
+                Ok((run, spread)) => (Ok(run), spread),
+                Err(error) => (Err(error), None),
+            })
+            .unzip();
     let cpu_per_timer: Vec<Option<f64>> = results
         .iter()
         .map(|run| cpu_per_timer_of(run.as_ref().ok()?))
+        .collect();
+    let cores_busy: Vec<Option<f64>> = results
+        .iter()
+        .map(|run| cores_busy_of(run.as_ref().ok()?))
         .collect();
     let columns = ratio_columns(subjects);
     let mut table = Table::new(
@@ -908,9 +916,7 @@ fn run_as(name: &str, subjects: &[Subject], mut config: Config, plan: Plan, csv:
         };
         let counts = &run.counts;
         let achieved = counts.turns as f64 / run.wall.as_secs_f64();
-        let busy = run
-            .cpu
-            .map(|cpu| cpu.as_secs_f64() / run.wall.as_secs_f64());
+        let busy = cores_busy[row];
         let wakes = run
             .switches
             .map(|switches| switches as f64 / run.wall.as_secs_f64());
@@ -995,7 +1001,7 @@ fn run_as(name: &str, subjects: &[Subject], mut config: Config, plan: Plan, csv:
         ));
     }
     if let Some(cost) = plan.wake_cost {
-        note_wake_floor(&mut table, subjects, &results, cost);
+        note_wake_floor(&mut table, subjects, (&results, &cores_busy), cost);
     }
     let period = Ring::new(0, config).period;
     table.note(format!(
@@ -1031,16 +1037,15 @@ fn format_seconds(duration: Duration) -> String {
 fn note_wake_floor(
     table: &mut Table,
     subjects: &[Subject],
-    results: &[Result<Run, String>],
+    (results, cores_busy): (&[Result<Run, String>], &[Option<f64>]),
     cost: Duration,
 ) {
-    let busy = |subject: Subject| {
-        let run = results[subjects.iter().position(|&s| s == subject)?]
-            .as_ref()
-            .ok()?;
-        Some((run, run.cpu?.as_secs_f64() / run.wall.as_secs_f64()))
+    let row = |subject: Subject| subjects.iter().position(|&s| s == subject);
+    let busy = |subject: Subject| cores_busy[row(subject)?];
+    let Some(engine) = row(Subject::Engine) else {
+        return;
     };
-    let Some((run, engine_busy)) = busy(Subject::Engine) else {
+    let (Ok(run), Some(engine_busy)) = (&results[engine], cores_busy[engine]) else {
         return;
     };
     let Some(wakes) = run.wakes else {
@@ -1048,9 +1053,8 @@ fn note_wake_floor(
     };
     let wakes_per_s = wakes.total() as f64 / run.wall.as_secs_f64();
     let in_wakes = wakes_per_s * cost.as_secs_f64();
-    let tokio = busy(Subject::TokioSleep).map_or_else(String::new, |(_, tokio)| {
-        format!(" (tokio-sleep's: {tokio:.3})")
-    });
+    let tokio = busy(Subject::TokioSleep)
+        .map_or_else(String::new, |tokio| format!(" (tokio-sleep's: {tokio:.3})"));
     table.note(format!(
         "engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond for 2 s, this run, on an idle core: the dearest kind); at that, its workers' {} wake-ups a second cost up to {in_wakes:.3} cores of its {engine_busy:.3}{tokio}",
         cost.as_secs_f64() * 1e6,
