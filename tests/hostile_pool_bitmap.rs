@@ -1104,10 +1104,17 @@ fn long_timers_in_the_middle_do_not_make_the_pool_grow_every_lap() {
 /// Attacks the ring's cursor on the real clock, as an application would: two threads each
 /// arm 4,096 timers of an hour (idle timeouts set up at start, 8,192 together, filling the
 /// start of one shard's region), then for 600 ms each arm timers of 1-50 ms, cancelling
-/// each once 1,000 newer ones are armed. About 10,200 timers are pending at a time, plus
-/// cancelled ones on their way back (the parent commit's pool peaks at 28,672-29,696
-/// nodes here); the pool must stay under 50,000 nodes. (On `ed4c203` it grows by a chunk
-/// for about every 2,500-3,000 timers armed: 367,616-399,360 nodes, 23-25 MiB, after 0.9-1.1
+/// each once 1,000 newer ones are armed. About 10,200 timers are pending at a time.
+///
+/// Every [`PROBE_EVERY`] arms a thread arms a timer due at once and waits for it to run:
+/// the worker has then taken everything the thread sent before it, and freed what was
+/// cancelled. So the nodes in flight are bounded by the test (8,192 + 2 x 1,000 pending,
+/// 2 x 2,048 at most not yet taken back), not by how far the threads outrun the worker: a
+/// cancelled node reaches the worker within a few ticks, and without the probes the pool
+/// held what the threads armed in those ticks, 28,672-52,224 nodes by the machine (the
+/// last in CI, where the threads armed 1.7 million timers in the 600 ms). The pool must
+/// stay within twice the bound plus four chunks. (On `ed4c203` it grows by a chunk for
+/// about every 2,500-3,000 timers armed: 367,616-399,360 nodes, 23-25 MiB, after 0.9-1.1
 /// million arms in 600 ms of a debug build, and on, up to the pool's capacity.)
 #[test]
 fn long_timers_armed_first_on_the_real_clock_do_not_make_the_pool_grow_every_lap() {
@@ -1131,6 +1138,9 @@ fn long_timers_armed_first_on_the_real_clock_do_not_make_the_pool_grow_every_lap
                         if recent.len() > 1000 {
                             engine.cancel(recent.pop_front().expect("a recent timer"));
                         }
+                        if k % PROBE_EVERY == 0 {
+                            await_probe(&engine);
+                        }
                     }
                     for handle in long {
                         assert!(engine.cancel(handle));
@@ -1142,9 +1152,26 @@ fn long_timers_armed_first_on_the_real_clock_do_not_make_the_pool_grow_every_lap
         let armed: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
         let nodes = pool_nodes(&engine);
         println!("8,192 long timers first, real clock: pool {nodes} nodes after {armed} arms");
+        let in_flight = 8192 + 2 * 1000 + 2 * PROBE_EVERY as usize;
         assert!(
-            nodes < 50_000,
-            "the pool grew to {nodes} nodes with about 10,200 timers pending"
+            nodes <= 2 * in_flight + 4 * CHUNK,
+            "the pool grew to {nodes} nodes with at most {in_flight} in flight"
         );
     });
+}
+
+/// Arms between two probes of the real-clock lap test.
+const PROBE_EVERY: u64 = 2048;
+
+/// Arms a timer due at once from this thread and waits until it has run: by then the
+/// worker has taken everything this thread sent before it.
+fn await_probe(engine: &TimerEngine) {
+    let ran = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&ran);
+    engine
+        .schedule(Duration::ZERO, move || flag.store(true, Ordering::Release))
+        .unwrap();
+    while !ran.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
 }
