@@ -56,18 +56,26 @@ fn shut_down_empty(engine: &TimerEngine) {
     assert_eq!(engine.nodes_in_use(), 0, "every node back");
 }
 
-/// Waits until the engine's wake-up count has not moved for `quiet`, failing after `limit`
-/// with the counts seen: an engine with nothing pending must fall still (a watcher lingers
-/// 64 × `rescue_after` ticks after the last run, a quiet lane's messages up to 32 ticks).
+/// Waits until the engine's wake-up count has not moved for two `quiet` intervals in a
+/// row, failing after `limit` with the counts seen: an engine with nothing pending must
+/// fall still (a watcher lingers 64 × `rescue_after` ticks after the last run, a quiet
+/// lane's messages up to 32 ticks). Two, because one still interval can be a lingering
+/// watcher kept off its core for that long.
 fn settle(engine: &TimerEngine, quiet: Duration, limit: Duration, what: &str) {
     let until = Instant::now() + limit;
     let mut seen = vec![wakes(engine)];
+    let mut still = 0;
     loop {
         std::thread::sleep(quiet);
         let now = wakes(engine);
         if now == *seen.last().unwrap() {
-            return;
+            still += 1;
+            if still == 2 {
+                return;
+            }
+            continue;
         }
+        still = 0;
         seen.push(now);
         assert!(
             Instant::now() < until,
@@ -150,7 +158,7 @@ fn an_engine_after_a_walked_burst_with_racing_cancels_falls_still() {
             std::thread::sleep(ms(50));
             let ran = book.check(&deadlines, &cancelled, false);
             assert_eq!(ran, expected);
-            assert_one_shot_stats(&engine.stats(), ran as u64);
+            assert_one_shot_stats(&engine, ran as u64);
             eprintln!(
                 "rescue {rescue:?}: claimed elsewhere {}, stolen {}",
                 engine.stats().total.claimed_elsewhere,
@@ -501,13 +509,12 @@ fn a_burst_with_panics_on_far_more_workers_than_cores() {
             let ran = book.check(&deadlines, &vec![false; N], false);
             assert_eq!(ran, N);
             assert!(
-                eventually(Duration::from_secs(2), || engine.stats().total.panicked
+                eventually(Duration::from_secs(20), || engine.stats().total.panicked
                     == (N / 100) as u64),
                 "panics counted: {:?}",
                 engine.stats().total
             );
-            let stats = engine.stats();
-            assert_one_shot_stats(&stats, N as u64);
+            let stats = assert_one_shot_stats(&engine, N as u64);
             eprintln!(
                 "{workers} workers, rescue {rescue:?}: claimed elsewhere {}, stolen {}, rescued {}",
                 stats.total.claimed_elsewhere, stats.total.stolen, stats.total.rescued
@@ -659,7 +666,7 @@ fn past_deadlines_armed_in_bulk_while_lists_are_out() {
         );
         std::thread::sleep(ms(50));
         assert_eq!(book.check(&deadlines, &cancelled, false), expected);
-        assert_one_shot_stats(&engine.stats(), expected as u64);
+        assert_one_shot_stats(&engine, expected as u64);
         shut_down_empty(&engine);
     });
 }
@@ -732,7 +739,7 @@ fn a_driven_engine_after_a_burst_makes_no_more_sleeps() {
         );
         std::thread::sleep(ms(50));
         assert_eq!(book.check(&deadlines, &cancelled, false), expected);
-        assert_one_shot_stats(&engine.stats(), expected as u64);
+        assert_one_shot_stats(&engine, expected as u64);
         assert!(
             eventually(Duration::from_secs(10), || engine.nodes_in_use() == 0),
             "nodes left: {}",

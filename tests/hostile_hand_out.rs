@@ -43,8 +43,7 @@ fn sleep_until(t: Instant) {
 /// Stats agree with what ran ([`common::assert_one_shot_stats`]), and with what was
 /// scheduled.
 fn stats_agree(engine: &TimerEngine, runs: u64, scheduled: u64) {
-    let stats = engine.stats();
-    common::assert_one_shot_stats(&stats, runs);
+    let stats = common::assert_one_shot_stats(engine, runs);
     assert_eq!(stats.total.scheduled, scheduled, "{stats:?}");
     eprintln!(
         "claimed elsewhere {} (hand-outs walked by helpers), stolen {}",

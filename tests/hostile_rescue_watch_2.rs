@@ -561,12 +561,18 @@ fn large_rescue_afters_rescue_late_or_never_but_never_spin() {
         let gate = Gate::default();
         let _release = OpenOnDrop(gate.clone());
         let book = Arc::new(Book::default());
+        // Read in the callback: this thread may run well after it has begun.
         let (started_tx, started_rx) = mpsc::channel();
+        let blocked = gate.clone();
         engine
-            .schedule(ms(20), blocking(&gate, &started_tx))
+            .schedule(ms(20), move || {
+                let _ = started_tx.send(Instant::now());
+                blocked.wait();
+            })
             .unwrap();
-        started(&started_rx, "the blocking callback");
-        let blocked_at = Instant::now();
+        let blocked_at = started_rx
+            .recv_timeout(LIMIT)
+            .expect("the blocking callback never ran");
         let due = blocked_at + ms(2);
         engine
             .schedule_at(due, book.timer("due right after".to_owned(), due))

@@ -333,8 +333,8 @@ enum First {
 /// timer exactly once and given every node back. Measured five times in each of both
 /// modes and both orders.
 ///
-/// Fails when the shutdown returns before the second release, when it takes more than
-/// 2 s after it, when the median of the ten measurements of a mode takes more than 100 ms,
+/// Fails when the shutdown returns before the second release, when more than one of a
+/// mode's ten takes 2 s or more after it, when their median is more than 100 ms,
 /// or on a far timer not settled exactly once (run with `Run`, never run with `Drop`), a
 /// capture left alive or a node left in use.
 #[test]
@@ -364,7 +364,22 @@ fn a_shutdown_returns_promptly_once_the_blocked_stand_in_it_waits_for_is_release
             median < ms(100),
             "{stop:?}: a shutdown took a median {median:?} after the release: {latencies:?}"
         );
+        at_most_one_slow(&format!("{stop:?}"), latencies);
     }
+}
+
+/// Fails when more than one of a test's shutdowns took 2 s or more after the last release:
+/// one may, where the machine kept a thread off its core that long, but a shutdown that
+/// misses its wake-up now and then shows in more.
+fn at_most_one_slow(what: &str, latencies: &[Duration]) {
+    let slow = latencies
+        .iter()
+        .filter(|&&latency| latency >= Duration::from_secs(2))
+        .count();
+    assert!(
+        slow <= 1,
+        "{what}: {slow} shutdowns took 2 s or more after the release: {latencies:?}"
+    );
 }
 
 /// One round of [`a_shutdown_returns_promptly_once_the_blocked_stand_in_it_waits_for_is_released`]:
@@ -418,10 +433,6 @@ fn shutdown_after_release(stop: Stop, first: First) -> Duration {
         _ => assert_eq!(runs, 0, "{first:?} first: a dropped timer ran"),
     }
     assert_eq!(live.count(), 0, "{stop:?}, {first:?} first: captures alive");
-    assert!(
-        latency < Duration::from_secs(2),
-        "{stop:?}, {first:?} first: the shutdown took {latency:?} after the release"
-    );
     latency
 }
 
@@ -431,9 +442,10 @@ fn shutdown_after_release(stop: Stop, first: First) -> Duration {
 /// down (`finish_manual`, waiting in `wait_until`'s pauses); a turn from a fourth thread
 /// meanwhile returns 0 at once. The two are released one after the other, 1 s apart.
 ///
-/// Fails when the shutdown returns before both are released, or not within 2 s after;
+/// Fails when the shutdown returns before both are released, or, in more than one of the
+/// four rounds, not within 2 s after;
 /// when a waiting window uses half a core or more; when a turn after shutdown does not
-/// return within 5 s or returns other than 0; when the blocked turns do not return; or on
+/// return within [`LIMIT`] or returns other than 0; when the blocked turns do not return; or on
 /// a far timer not settled exactly once, a capture left alive or a node left in use.
 #[test]
 fn a_hand_driven_shutdown_waits_for_a_blocked_turn_and_stand_in_then_settles_all() {
@@ -450,6 +462,11 @@ fn a_hand_driven_shutdown_waits_for_a_blocked_turn_and_stand_in_then_settles_all
         }
     }
     println!("(mode, released first, (cores while waiting, latency)): {readings:?}");
+    let latencies: Vec<_> = readings
+        .iter()
+        .map(|(_, _, (_, latency))| *latency)
+        .collect();
+    at_most_one_slow("hand-driven", &latencies);
     for (pending, first, (windows, _)) in &readings {
         let quietest = windows.iter().flatten().copied().fold(f64::MAX, f64::min);
         assert!(
@@ -510,9 +527,7 @@ fn hand_driven_shutdown(pending: PendingTimers, first: First) -> (Vec<Option<f64
     std::thread::sleep(ms(300));
     let late_turn = {
         let engine = Arc::clone(&engine);
-        within(Duration::from_secs(5), "a turn after shutdown", move || {
-            engine.turn()
-        })
+        within(LIMIT, "a turn after shutdown", move || engine.turn())
     };
     assert_eq!(late_turn, 0, "a turn after shutdown ran callbacks");
     let mut windows = vec![cores_over_two_seconds()];
@@ -551,10 +566,6 @@ fn hand_driven_shutdown(pending: PendingTimers, first: First) -> (Vec<Option<f64
         engine.nodes_in_use(),
         0,
         "{pending:?}, {first:?} first: nodes in use"
-    );
-    assert!(
-        latency < Duration::from_secs(2),
-        "{pending:?}, {first:?} first: the shutdown took {latency:?} after the release"
     );
     (windows, latency)
 }
@@ -635,18 +646,15 @@ fn nested_shutdown(manual: bool) {
         let e = Arc::clone(&engine);
         let stand_in = std::thread::spawn(move || e.turn());
         let (took, _) = nested_rx
-            .recv_timeout(Duration::from_secs(5))
+            .recv_timeout(LIMIT)
             .expect("the stand-in's nested shutdown returned");
-        assert!(
-            took < Duration::from_secs(5),
-            "nested shutdown took {took:?}"
-        );
+        assert!(took < LIMIT, "nested shutdown took {took:?}");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let _ = tx.send(stand_in.join());
         });
         let stood_in = rx
-            .recv_timeout(Duration::from_secs(5))
+            .recv_timeout(LIMIT)
             .expect("the stand-in's turn returned while the owner blocked")
             .unwrap();
         assert_eq!(stood_in, 1, "the stand-in turn ran its one callback");
@@ -655,10 +663,7 @@ fn nested_shutdown(manual: bool) {
         let (took, _) = nested_rx
             .recv_timeout(LIMIT)
             .expect("the stand-in's nested shutdown returned");
-        assert!(
-            took < Duration::from_secs(5),
-            "nested shutdown took {took:?}"
-        );
+        assert!(took < LIMIT, "nested shutdown took {took:?}");
     }
     std::thread::sleep(ms(200));
     owner.open();

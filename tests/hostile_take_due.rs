@@ -1277,8 +1277,8 @@ fn each_short_timer_fires_while_its_thread_waits_for_it() {
                 })
                 .unwrap();
             let ran = rx
-                .recv_timeout(Duration::from_secs(3))
-                .unwrap_or_else(|_| panic!("round {round}: a {d} ms timer did not run in 3 s"));
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("round {round}: a {d} ms timer did not run in 20 s"));
             assert!(ran >= before + ms(d), "round {round}: ran early");
             lateness.push(ran - (before + ms(d)));
             if rng.percent(30) {
