@@ -18,16 +18,25 @@ use common::{eventually, ms, run_for, unpinned};
 #[test]
 fn a_timer_wakes_its_worker_at_its_tick_and_an_idle_engine_wakes_not_at_all() {
     let engine = unpinned(1);
-    let fired = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&fired);
-    engine
-        .schedule(ms(30), move || flag.store(true, Ordering::SeqCst))
-        .unwrap();
-    assert!(eventually(Duration::from_secs(60), || fired.load(Ordering::SeqCst)));
-    let after_fire = engine.stats().total.wakes;
+    // The arm wakes the sleeping worker early; a worker kept off its core past the
+    // deadline then claims the timer in that wake-up, counted as woken alone. So rounds,
+    // until one shows the tick counted.
+    let mut after_fire = engine.stats().total.wakes;
+    for _ in 0..5 {
+        let fired = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&fired);
+        engine
+            .schedule(ms(30), move || flag.store(true, Ordering::SeqCst))
+            .unwrap();
+        assert!(eventually(Duration::from_secs(60), || fired.load(Ordering::SeqCst)));
+        after_fire = engine.stats().total.wakes;
+        if after_fire.due >= 1 {
+            break;
+        }
+    }
     assert!(
         after_fire.due >= 1,
-        "the timer's tick was not counted: {after_fire:?}"
+        "in five rounds, no timer's tick was counted: {after_fire:?}"
     );
     // Long past any lingering of the worker's own.
     std::thread::sleep(Duration::from_secs(1));
