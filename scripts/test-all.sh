@@ -43,9 +43,10 @@ for name in "${property_tests[@]}"; do property_flags+=(--test "$name"); done
 stage_unit() {
   cargo test -p corewheel --lib && cargo test -p corewheel-perf --bins
 }
-stage_integration() { cargo test -p corewheel "${integration_flags[@]}"; }
+# --no-fail-fast: a failing test binary does not hide what the ones after it would show.
+stage_integration() { cargo test -p corewheel --no-fail-fast "${integration_flags[@]}"; }
 # The reverse proxy on corewheel (proxy/): its unit tests and its loopback tests.
-stage_proxy() { cargo test -p corewheel-proxy; }
+stage_proxy() { cargo test -p corewheel-proxy --no-fail-fast; }
 stage_property() { cargo test -p corewheel "${property_flags[@]}"; }
 stage_doc() { cargo test -p corewheel --doc; }
 # criterion runs each benchmark once, as a check that it works, when run under cargo test.

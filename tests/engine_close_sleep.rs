@@ -52,9 +52,11 @@ fn a_stream_of_timers_due_before_the_plan_does_not_wake_the_worker_for_each() {
     let (timers, wakes, elapsed) = undercut_for(&engine, Duration::from_millis(500));
     assert_eq!(engine.shutdown(PendingTimers::Drop).dropped, 0);
     // Sleeping close, the worker wakes on its own every two to three ticks, and is woken
-    // early only to begin sleeping close again (after each spell of `CLOSE_FOR` ticks).
-    // Woken for every timer due before its plan, it woke several times a tick here.
-    let bound = elapsed * 3 / 4 + 40;
+    // early only to begin sleeping close again (after each spell of `CLOSE_FOR` ticks) or
+    // for a lane's ring filling up: 239-368 wake-ups here, 419 beside a busy loop. Woken
+    // for every timer due before its plan (about one in 1,200 here), it wakes more than
+    // once a tick: 837 in 500 ms when that was fixed. So the bound is a wake-up a tick.
+    let bound = elapsed + 40;
     eprintln!("{wakes} wake-ups of the worker in {elapsed} ms for {timers} timers");
     assert!(
         wakes <= bound,
