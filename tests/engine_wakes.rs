@@ -10,7 +10,7 @@ use corewheel::WorkerWakes;
 
 mod common;
 
-use common::{eventually, ms, run_for, unpinned};
+use common::{eventually, ms, run_for, settle_wakes, unpinned};
 
 /// A worker woken for its timer counts a wake-up with timers due; once nothing is
 /// pending and its last run is long past, it sleeps until woken, and the counts stay
@@ -38,8 +38,13 @@ fn a_timer_wakes_its_worker_at_its_tick_and_an_idle_engine_wakes_not_at_all() {
         after_fire.due >= 1,
         "in five rounds, no timer's tick was counted: {after_fire:?}"
     );
-    // Long past any lingering of the worker's own.
-    std::thread::sleep(Duration::from_secs(1));
+    // Past any lingering of the worker's own (a lane's messages, up to 32 ticks).
+    settle_wakes(
+        &engine,
+        ms(300),
+        Duration::from_secs(20),
+        "after the timers",
+    );
     let idle = engine.stats().total.wakes;
     std::thread::sleep(Duration::from_millis(500));
     let later = engine.stats().total.wakes;

@@ -18,12 +18,16 @@ use std::time::{Duration, Instant};
 use common::driven::{await_drivers, multi_thread};
 use common::fire_book::{Book, arm, arm_then, nanos};
 use common::{
-    CpuWindow, Live, Rng, assert_one_shot_stats, eventually, ms, within, worker_switches_total,
+    CpuWindow, Live, Rng, assert_one_shot_stats, eventually, ms, settle_wakes, within,
+    worker_switches_total,
 };
 use corewheel::{Clock, ManualClock, MissedTicks, PendingTimers, TimerEngine};
 
 /// How long a test may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(30);
+
+/// How long an engine with nothing pending may take to fall still ([`settle_wakes`]).
+const SETTLE_LIMIT: Duration = Duration::from_secs(20);
 
 /// Tests that read the process's CPU time or its workers' context switches take this for
 /// writing; every other test of the file takes it for reading, so none runs beside them.
@@ -41,10 +45,6 @@ fn real(workers: usize, stealing: bool, rescue: Option<u32>) -> Arc<TimerEngine>
     Arc::new(common::unpinned_balancing(workers, stealing, rescue))
 }
 
-fn wakes(engine: &TimerEngine) -> u64 {
-    engine.stats().total.wakes.total()
-}
-
 /// Shuts `engine` down with nothing left pending: nothing to run or drop, every node back.
 fn shut_down_empty(engine: &TimerEngine) {
     let report = engine.shutdown(PendingTimers::Drop);
@@ -54,35 +54,6 @@ fn shut_down_empty(engine: &TimerEngine) {
         "left pending at shutdown"
     );
     assert_eq!(engine.nodes_in_use(), 0, "every node back");
-}
-
-/// Waits until the engine's wake-up count has not moved for two `quiet` intervals in a
-/// row, failing after `limit` with the counts seen: an engine with nothing pending must
-/// fall still (a watcher lingers 64 × `rescue_after` ticks after the last run, a quiet
-/// lane's messages up to 32 ticks). Two, because one still interval can be a lingering
-/// watcher kept off its core for that long.
-fn settle(engine: &TimerEngine, quiet: Duration, limit: Duration, what: &str) {
-    let until = Instant::now() + limit;
-    let mut seen = vec![wakes(engine)];
-    let mut still = 0;
-    loop {
-        std::thread::sleep(quiet);
-        let now = wakes(engine);
-        if now == *seen.last().unwrap() {
-            still += 1;
-            if still == 2 {
-                return;
-            }
-            continue;
-        }
-        still = 0;
-        seen.push(now);
-        assert!(
-            Instant::now() < until,
-            "{what}: wake-ups still moving after {limit:?} with nothing pending: {seen:?}; {:?}",
-            engine.stats().total
-        );
-    }
 }
 
 /// With nothing pending and the engine settled: over `window`, no worker wake-up counted,
@@ -164,7 +135,7 @@ fn an_engine_after_a_walked_burst_with_racing_cancels_falls_still() {
                 engine.stats().total.claimed_elsewhere,
                 engine.stats().total.stolen
             );
-            settle(&engine, ms(300), Duration::from_secs(5), "after the burst");
+            settle_wakes(&engine, ms(300), SETTLE_LIMIT, "after the burst");
             assert_still(&engine, ms(600), "after the burst");
             assert_eq!(engine.nodes_in_use(), 0, "every node back");
             let report = engine.shutdown(PendingTimers::Drop);
@@ -199,7 +170,7 @@ fn a_cancelled_filed_burst_is_cheap_and_leaves_the_engine_still() {
             .collect();
         // Past the lane's horizon: the owner has filed them.
         std::thread::sleep(ms(200));
-        settle(&engine, ms(200), Duration::from_secs(5), "after arming");
+        settle_wakes(&engine, ms(200), SETTLE_LIMIT, "after arming");
         let before = engine.stats().total;
         let canceller = {
             let engine = Arc::clone(&engine);
@@ -213,12 +184,7 @@ fn a_cancelled_filed_burst_is_cheap_and_leaves_the_engine_still() {
             live.count(),
             engine.nodes_in_use()
         );
-        settle(
-            &engine,
-            ms(300),
-            Duration::from_secs(5),
-            "after the cancels",
-        );
+        settle_wakes(&engine, ms(300), SETTLE_LIMIT, "after the cancels");
         let after = engine.stats().total;
         let spent = after.wakes.total() - before.wakes.total();
         eprintln!("{N} cancels of filed timers cost {spent} worker wake-ups");

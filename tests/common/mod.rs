@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::Mutex;
 
-use corewheel::{Clock, KeyedTimers, ManualClock, MissedTicks, Stats, TimerEngine};
+use corewheel::{Clock, KeyedTimers, ManualClock, MissedTicks, Stats, TimerEngine, WorkerWakes};
 
 /// Stats agree with what ran, for bursts of one-shot timers: `fired` is the runs, a
 /// helper's claims off handed-out lists were run as stolen runs, a stand-in's claims ran,
@@ -55,6 +55,37 @@ pub fn assert_one_shot_stats(engine: &TimerEngine, runs: u64) -> Stats {
     let elsewhere: u64 = stats.shards.iter().map(|s| s.claimed_elsewhere).sum();
     assert_eq!((fired, elsewhere), (t.fired, t.claimed_elsewhere));
     stats
+}
+
+/// Waits until no worker of `engine` has counted a wake-up for two `quiet` intervals in
+/// a row, failing after `limit` with the counts seen: an engine with nothing pending must
+/// fall still (a watcher lingers 64 × `rescue_after` ticks after the last run, a quiet
+/// lane's messages up to 32 ticks). Two, because one still interval can be a lingering
+/// watcher kept off its core for that long; a fixed sleep is as long as the longest
+/// stall it allows for.
+pub fn settle_wakes(engine: &TimerEngine, quiet: Duration, limit: Duration, what: &str) {
+    let wakes = || -> Vec<WorkerWakes> { engine.stats().shards.iter().map(|s| s.wakes).collect() };
+    let until = Instant::now() + limit;
+    let mut seen = vec![wakes()];
+    let mut still = 0;
+    loop {
+        std::thread::sleep(quiet);
+        let now = wakes();
+        if now == *seen.last().expect("a first reading") {
+            still += 1;
+            if still == 2 {
+                return;
+            }
+            continue;
+        }
+        still = 0;
+        seen.push(now);
+        assert!(
+            Instant::now() < until,
+            "{what}: wake-ups still moving after {limit:?} with nothing pending: {seen:?}; {:?}",
+            engine.stats().total
+        );
+    }
 }
 
 /// Keeps the panics a test makes on purpose (whose messages contain `mark`) off stderr;
