@@ -3,71 +3,19 @@
 //! on a hand-driven engine and on one with worker threads. Keyed timers with a word-sized
 //! key allocate nothing per set, move and remove either.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
+use common::allocs::{Counting, allocations_in};
 use corewheel::{ManualClock, TimerEngine};
-
-/// Counts allocations made on threads that asked to be watched.
-struct Counting;
-
-thread_local! {
-    static WATCHING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note() {
-    // `try_with`: the allocator runs during thread-local destruction too.
-    let _ = WATCHING.try_with(|watching| {
-        if watching.get() {
-            let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
-        }
-    });
-}
-
-// SAFETY: every call is passed to the system allocator unchanged; counting touches only
-// thread-local cells, which allocate nothing (const-initialised).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// Allocations `f` made on this thread.
-fn allocations_in(f: impl FnOnce()) -> usize {
-    ALLOCATIONS.with(|count| count.set(0));
-    WATCHING.with(|watching| watching.set(true));
-    f();
-    WATCHING.with(|watching| watching.set(false));
-    ALLOCATIONS.with(Cell::get)
-}
 
 struct Nop;
 

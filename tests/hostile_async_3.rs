@@ -16,6 +16,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use common::allocs::{allocations_in, watch};
 use common::{Wakes, poll, tokio_next, within};
 use corewheel::{HyperTimer, ManualClock, MissedTicks, PendingTimers, Sleep, TimerEngine};
 use proptest::prelude::*;
@@ -1022,52 +1023,8 @@ fn a_lazily_reset_sleep_sent_to_another_thread_completes_on_time() {
 
 // ------------------------------------------------------------------ (5) allocations
 
-/// Counts allocations made on threads that asked to be watched (tests/async_no_alloc.rs).
-struct Counting;
-
-thread_local! {
-    static WATCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static ALLOCATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-fn note() {
-    let _ = WATCHING.try_with(|watching| {
-        if watching.get() {
-            let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
-        }
-    });
-}
-
-// SAFETY: every call is passed to the system allocator unchanged; counting touches only
-// const-initialised thread-local cells.
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract, passed on.
-        unsafe { std::alloc::System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { std::alloc::System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract, passed on.
-        unsafe { std::alloc::System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract, passed on.
-        unsafe { std::alloc::System.realloc(ptr, layout, size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn watch(on: bool) {
-    WATCHING.with(|w| w.set(on));
-}
+static ALLOCATOR: common::allocs::Counting = common::allocs::Counting;
 
 /// The whole lazy cycle, many times once warm: sleep, poll, reset later (lazy), the old
 /// timer's fire, the re-arming poll (with another waker), completion, a reset of the
@@ -1111,13 +1068,11 @@ fn the_lazy_reset_cycle_allocates_nothing_once_warm() {
         cycle(true);
     }
     for count_turns in [false, true] {
-        ALLOCATIONS.with(|c| c.set(0));
-        watch(true);
-        for _ in 0..5_000 {
-            cycle(count_turns);
-        }
-        watch(false);
-        let made = ALLOCATIONS.with(std::cell::Cell::get);
+        let made = allocations_in(|| {
+            for _ in 0..5_000 {
+                cycle(count_turns);
+            }
+        });
         assert_eq!(
             made, 0,
             "turns counted: {count_turns}: allocations in 5 000 cycles"

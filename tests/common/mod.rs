@@ -1,10 +1,12 @@
 //! Helpers shared by the integration tests: a time limit that turns a hang into a
 //! failure, counted captures, engines of unpinned workers, a hand-driven engine turned a
 //! millisecond at a time, keyed timers whose handler records what it is given, a book of
-//! one-shot timers' fires (`fire_book`), and a seeded random generator.
+//! one-shot timers' fires (`fire_book`), a counting allocator for the tests of what
+//! allocates (`allocs`), and a seeded random generator.
 // Each test file uses only some of these.
 #![allow(dead_code)]
 
+pub mod allocs;
 pub mod driven;
 pub mod fire_book;
 pub mod pool_attack;
