@@ -21,7 +21,7 @@ use common::{
     CpuWindow, Live, Rng, assert_one_shot_stats, eventually, ms, settle_wakes, within,
     worker_switches_total,
 };
-use corewheel::{Clock, ManualClock, MissedTicks, PendingTimers, TimerEngine};
+use corewheel::{Clock, ManualClock, MissedTicks, PendingTimers, Stats, TimerEngine};
 
 /// How long a test may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(30);
@@ -43,6 +43,27 @@ fn shared() -> RwLockReadGuard<'static, ()> {
 
 fn real(workers: usize, stealing: bool, rescue: Option<u32>) -> Arc<TimerEngine> {
     Arc::new(common::unpinned_balancing(workers, stealing, rescue))
+}
+
+/// Waits (up to 20 s) until every timer of `book` not `cancelled` has run, gives an extra
+/// run (a cancelled timer's, or a second) 50 ms to show, then checks that each of them ran
+/// once and never before its deadline, that no cancelled one ran, and that the stats agree
+/// ([`assert_one_shot_stats`]). The stats it checked.
+fn each_ran_once(
+    engine: &TimerEngine,
+    book: &Book,
+    (deadlines, cancelled): (&[u64], &[bool]),
+    what: &str,
+) -> Stats {
+    let expected = cancelled.iter().filter(|&&c| !c).count();
+    assert!(
+        eventually(Duration::from_secs(20), || book.total() >= expected),
+        "{what}: {} of {expected} ran",
+        book.total()
+    );
+    std::thread::sleep(ms(50));
+    assert_eq!(book.check(deadlines, cancelled, false), expected, "{what}");
+    assert_one_shot_stats(engine, expected as u64)
 }
 
 /// Shuts `engine` down with nothing left pending: nothing to run or drop, every node back.
@@ -119,21 +140,11 @@ fn an_engine_after_a_walked_burst_with_racing_cancels_falls_still() {
                 })
             };
             let cancelled = canceller.join().expect("canceller");
-            let expected = cancelled.iter().filter(|&&c| !c).count();
-            assert!(
-                eventually(Duration::from_secs(20), || book.total() >= expected),
-                "rescue {rescue:?}: {} of {expected} ran",
-                book.total()
-            );
-            // Anything extra (a cancelled timer run, a second run) shows up meanwhile.
-            std::thread::sleep(ms(50));
-            let ran = book.check(&deadlines, &cancelled, false);
-            assert_eq!(ran, expected);
-            assert_one_shot_stats(&engine, ran as u64);
+            let what = format!("rescue {rescue:?}");
+            let stats = each_ran_once(&engine, &book, (&deadlines, &cancelled), &what);
             eprintln!(
-                "rescue {rescue:?}: claimed elsewhere {}, stolen {}",
-                engine.stats().total.claimed_elsewhere,
-                engine.stats().total.stolen
+                "{what}: claimed elsewhere {}, stolen {}",
+                stats.total.claimed_elsewhere, stats.total.stolen
             );
             settle_wakes(&engine, ms(300), SETTLE_LIMIT, "after the burst");
             assert_still(&engine, ms(600), "after the burst");
@@ -466,23 +477,16 @@ fn a_burst_with_panics_on_far_more_workers_than_cores() {
                     panic!("hostile panic in timer {id}");
                 }
             });
-            assert!(
-                eventually(Duration::from_secs(20), || book.total() >= N),
-                "{workers} workers, rescue {rescue:?}: {} of {N} ran",
-                book.total()
-            );
-            std::thread::sleep(ms(50));
-            let ran = book.check(&deadlines, &vec![false; N], false);
-            assert_eq!(ran, N);
+            let what = format!("{workers} workers, rescue {rescue:?}");
+            let stats = each_ran_once(&engine, &book, (&deadlines, &vec![false; N]), &what);
             assert!(
                 eventually(Duration::from_secs(20), || engine.stats().total.panicked
                     == (N / 100) as u64),
                 "panics counted: {:?}",
                 engine.stats().total
             );
-            let stats = assert_one_shot_stats(&engine, N as u64);
             eprintln!(
-                "{workers} workers, rescue {rescue:?}: claimed elsewhere {}, stolen {}, rescued {}",
+                "{what}: claimed elsewhere {}, stolen {}, rescued {}",
                 stats.total.claimed_elsewhere, stats.total.stolen, stats.total.rescued
             );
             shut_down_empty(&engine);
@@ -624,15 +628,7 @@ fn past_deadlines_armed_in_bulk_while_lists_are_out() {
                 cancelled[id] = engine.cancel(handle);
             }
         }
-        let expected = cancelled.iter().filter(|&&c| !c).count();
-        assert!(
-            eventually(Duration::from_secs(20), || book.total() >= expected),
-            "{} of {expected} ran",
-            book.total()
-        );
-        std::thread::sleep(ms(50));
-        assert_eq!(book.check(&deadlines, &cancelled, false), expected);
-        assert_one_shot_stats(&engine, expected as u64);
+        each_ran_once(&engine, &book, (&deadlines, &cancelled), "the burst");
         shut_down_empty(&engine);
     });
 }
@@ -697,15 +693,7 @@ fn a_driven_engine_after_a_burst_makes_no_more_sleeps() {
             .iter()
             .map(|&(id, _, handle)| id % 3 == 1 && engine.cancel(handle))
             .collect();
-        let expected = cancelled.iter().filter(|&&c| !c).count();
-        assert!(
-            eventually(Duration::from_secs(20), || book.total() >= expected),
-            "{} of {expected} ran",
-            book.total()
-        );
-        std::thread::sleep(ms(50));
-        assert_eq!(book.check(&deadlines, &cancelled, false), expected);
-        assert_one_shot_stats(&engine, expected as u64);
+        each_ran_once(&engine, &book, (&deadlines, &cancelled), "the burst");
         assert!(
             eventually(Duration::from_secs(10), || engine.nodes_in_use() == 0),
             "nodes left: {}",

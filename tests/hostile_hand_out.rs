@@ -839,19 +839,7 @@ fn a_burst_over_many_due_slots_after_the_owner_was_held() {
 /// included), panics counted, every node back.
 #[test]
 fn many_workers_several_bursting_shards_panics_and_stealing_off() {
-    static QUIET: std::sync::Once = std::sync::Once::new();
-    QUIET.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let quiet = info
-                .payload()
-                .downcast_ref::<&str>()
-                .is_some_and(|s| s.contains("hostile-hand-out"));
-            if !quiet {
-                default(info);
-            }
-        }));
-    });
+    common::quiet_panics_marked("hostile-hand-out");
     for (workers, stealing) in [(16, true), (12, true), (8, false)] {
         within(LIMIT, "many workers", move || {
             const N: usize = 20_000;
