@@ -320,6 +320,54 @@ fn interval_defaults_to_burst_and_reset_starts_a_period_from_now() {
     );
 }
 
+/// A deadline given as an instant that has passed completes at the first poll, with no
+/// turn of the engine and no timer armed, as tokio's does: a request whose budget has run
+/// out must not wait for a worker. A deadline not yet reached is never completed early.
+#[test]
+fn a_past_deadline_is_ready_at_its_first_poll_without_a_turn() {
+    let (engine, clock) = manual(2);
+    let (wakes, waker) = Wakes::waker();
+    clock.advance(Duration::from_secs(5));
+    engine.turn();
+    let now = engine.now();
+    let past = [now - Duration::from_secs(2), now - MS, now];
+    for deadline in past {
+        let mut sleep = engine.sleep_until(deadline);
+        assert_eq!(poll(&mut sleep, &waker), Poll::Ready(()), "{deadline:?}");
+        assert!(sleep.is_elapsed());
+        let mut timeout = engine.timeout_at(deadline, std::future::pending::<()>());
+        assert_eq!(poll(&mut timeout, &waker), Poll::Ready(Err(Elapsed)));
+    }
+    assert_eq!(engine.nodes_in_use(), 0, "no timer was armed");
+    // A future deadline, even inside the current tick, is armed and waits for its tick.
+    let mut soon = engine.sleep_until(now + Duration::from_micros(10));
+    assert!(poll(&mut soon, &waker).is_pending(), "never early");
+    // A pending sleep reset to a past instant completes at the next poll, and lets its
+    // timer go rather than wake the task later.
+    let mut idle = engine.sleep_until(now + Duration::from_secs(30));
+    assert!(poll(&mut idle, &waker).is_pending());
+    idle.reset(now - MS);
+    assert_eq!(poll(&mut idle, &waker), Poll::Ready(()));
+    // A reset to a later instant after completing waits again.
+    idle.reset(now + Duration::from_secs(1));
+    assert!(poll(&mut idle, &waker).is_pending());
+    clock.advance(MS);
+    engine.turn();
+    assert!(poll(&mut soon, &waker).is_ready());
+    clock.advance(Duration::from_secs(2));
+    engine.turn();
+    assert!(poll(&mut idle, &waker).is_ready());
+    assert_eq!(
+        wakes.count(),
+        2,
+        "one wake each for soon and idle, none for the reset"
+    );
+    drop((soon, idle));
+    clock.advance(Duration::from_millis(64));
+    engine.turn();
+    assert_eq!(engine.nodes_in_use(), 0);
+}
+
 #[test]
 fn bad_input_never_panics() {
     let (engine, clock) = manual(1);
@@ -329,7 +377,7 @@ fn bad_input_never_panics() {
     let mut far = engine.sleep_until(engine.now() + Duration::from_secs(u64::MAX / 4));
     assert!(poll(&mut forever, &waker).is_pending());
     assert!(poll(&mut far, &waker).is_pending());
-    // A past deadline completes on the next turn.
+    // A past deadline completes at its first poll.
     let before_start = engine.now() - Duration::from_secs(1);
     let mut past = engine.sleep_until(before_start);
     assert_eq!(past.deadline(), before_start, "read back exactly");
@@ -337,14 +385,12 @@ fn bad_input_never_panics() {
     for never in [&forever, &far] {
         assert_eq!(never.deadline(), engine.now() + thirty_years);
     }
-    assert!(poll(&mut past, &waker).is_pending());
-    engine.turn();
     assert_eq!(poll(&mut past, &waker), Poll::Ready(()));
     clock.advance(Duration::from_secs(3600 * 24 * 365));
     engine.turn();
     assert!(poll(&mut forever, &waker).is_pending());
     assert!(poll(&mut far, &waker).is_pending());
-    assert_eq!(wakes.count(), 1);
+    assert_eq!(wakes.count(), 0);
     // A zero period is one tick; an interval at the end of time never ticks again.
     let mut fast = engine.interval(Duration::ZERO);
     assert_eq!(fast.period(), engine.tick());

@@ -436,8 +436,8 @@ fn bad_input_never_panics_and_far_deadlines_stay_pending() {
     assert!(poll(&mut forever, &waker).is_pending());
     assert!(poll(&mut at_end, &waker).is_pending());
     assert!(
-        poll(&mut in_past, &waker).is_pending(),
-        "armed, due next turn"
+        poll(&mut in_past, &waker).is_ready(),
+        "a past deadline completes at its first poll"
     );
     assert!(poll(&mut timeout_max, &waker).is_pending());
     assert_eq!(zero.period(), engine.tick());
@@ -473,10 +473,7 @@ fn bad_input_never_panics_and_far_deadlines_stay_pending() {
     zero.reset_at(end);
     zero.reset_after(Duration::MAX);
     huge.reset_immediately();
-    // Unlike tokio (whose reset to a past deadline completes on the next poll), an armed
-    // interval's reset_immediately waits for the engine's next turn.
-    assert!(huge.poll_tick(cx).is_pending());
-    engine.turn();
+    // As with tokio, a reset to now completes at the next poll.
     assert!(huge.poll_tick(cx).is_ready());
     assert!(huge.poll_tick(cx).is_pending());
     clock.advance(MS);
@@ -1049,4 +1046,22 @@ fn a_sleep_after_the_manual_clock_jumps_far_ahead() {
         }
         assert_eq!(done, Some(2), "jump of {jump_days} days");
     }
+}
+
+/// On an engine with running workers and the real clock, a thousand sleeps and timeouts
+/// until instants already past complete at their first poll: none goes through a worker,
+/// whatever the workers are doing meanwhile.
+#[test]
+fn past_deadlines_on_a_running_engine_complete_at_the_first_poll() {
+    let engine = TimerEngine::builder().workers(2).build().unwrap();
+    let (wakes, waker) = Wakes::waker();
+    for round in 0..1_000u32 {
+        let past = Instant::now() - Duration::from_millis(1 + u64::from(round % 50));
+        let mut sleep = engine.sleep_until(past);
+        assert!(poll(&mut sleep, &waker).is_ready(), "round {round}");
+        let mut timeout = engine.timeout_at(past, std::future::pending::<()>());
+        assert!(poll(&mut timeout, &waker).is_ready(), "round {round}");
+    }
+    assert_eq!(wakes.count(), 0);
+    assert_eq!(engine.nodes_in_use(), 0, "no timer was armed");
 }

@@ -103,6 +103,17 @@ impl EngineShared {
             .now_at_most(scale, || self.ticks.nanos_since_origin(self.clock.now()))
     }
 
+    /// Whether now has certainly reached `tick`, so that a deadline there may complete
+    /// without a timer. Without a clock read while this thread's cycle-counter bound shows
+    /// `tick` still ahead; with one otherwise.
+    pub(crate) fn has_reached(this: &Arc<Self>, tick: u64) -> bool {
+        let ahead = context::with(this, |context| {
+            this.nanos_at_most(context)
+                .is_some_and(|at_most| this.ticks.floor_nanos(at_most) < tick)
+        });
+        !ahead && this.now_tick() >= tick
+    }
+
     /// [`deadline_after`](Self::deadline_after) for a caller that has already looked up
     /// its thread's context.
     #[inline]

@@ -27,8 +27,6 @@ const MISSED_AFTER: Duration = Duration::from_millis(5);
 /// - Once its engine has shut down, no tick comes any more (`tick` stays pending): its
 ///   timers will not fire, and ticking early instead would turn a loop over `tick` into a
 ///   busy loop.
-/// - A tick's timer is armed on the engine, so a tick due at once after `reset_immediately`
-///   comes on the engine's next turn (tokio: at the next poll).
 /// - The ticks are read against the engine's clock, so an engine on a
 ///   [`ManualClock`](crate::ManualClock) drives an `Interval` deterministically.
 /// - A deadline is rounded up to the engine's tick when the timer is armed; the instants

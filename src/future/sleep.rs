@@ -33,10 +33,10 @@ use crate::error::ScheduleError;
 /// it could wait for the executor, which may be waiting for the dropping thread. After a
 /// [`reset`](Self::reset) to a later deadline, the timer left at the old one wakes the
 /// task once at that deadline (a spurious wake, so that the poll it brings arms the new
-/// deadline); the `Sleep` never completes before its current deadline. A past deadline
-/// (as made, or reset to) completes on the engine's next turn after the poll that arms its
-/// timer, where tokio completes it at that poll; once the `Sleep`'s timer has fired, a
-/// reset to a deadline already past completes at the next poll. A deadline too far off
+/// deadline); the `Sleep` never completes before its current deadline. A deadline given as
+/// an instant that has already passed (by [`sleep_until`](crate::sleep_until),
+/// [`timeout_at`](crate::timeout_at) or a reset) completes at the next poll, as tokio's
+/// does, without arming a timer. A deadline too far off
 /// for the engine (as from `Duration::MAX`) never comes; the `Sleep` stays pending. When
 /// its engine shuts down, a pending `Sleep` is woken and completes, so no task waits on a
 /// timer that will never fire; on an engine already shut down it completes at once. When
@@ -72,11 +72,16 @@ pub struct Sleep<'e> {
     /// The deadline asked for was past the engine's range (`deadline` then holds about 30
     /// years from when it was asked): the timer never fires.
     never: bool,
+    /// The deadline was given as an instant, which may have passed already: the next poll
+    /// compares it with the clock before arming anything. A deadline made from a delay
+    /// is ahead of the clock when made, and skips that read.
+    maybe_past: bool,
 }
 
 impl<'e> Sleep<'e> {
     /// A `Sleep` until `deadline` nanoseconds from the engine's origin, or never if `None`.
-    pub(crate) fn new(engine: &'e TimerEngine, deadline: Option<i64>) -> Self {
+    /// `maybe_past`: the deadline was given as an instant rather than as a delay from now.
+    pub(crate) fn new(engine: &'e TimerEngine, deadline: Option<i64>, maybe_past: bool) -> Self {
         let mut sleep = Self {
             engine,
             deadline: 0,
@@ -84,6 +89,7 @@ impl<'e> Sleep<'e> {
             waker: [0; 2],
             elapsed: false,
             never: false,
+            maybe_past,
         };
         sleep.set_deadline(deadline);
         sleep
@@ -159,6 +165,7 @@ impl<'e> Sleep<'e> {
     pub(crate) fn reset_to(&mut self, deadline: Option<Instant>) {
         let deadline =
             deadline.and_then(|deadline| self.engine.shared.ticks.signed_nanos(deadline));
+        self.maybe_past = true;
         let earlier = match (deadline, self.never) {
             (None, _) => false,
             (Some(_), true) => true,
@@ -208,6 +215,12 @@ impl<'e> Sleep<'e> {
     /// more.
     fn fired_for_deadline(&self) -> bool {
         (!self.never && self.engine.shared.now_tick() >= self.tick()) || self.engine_is_shut_down()
+    }
+
+    /// Whether the engine's clock has certainly reached the deadline's tick, so that
+    /// completing now cannot be early.
+    fn deadline_reached(&self) -> bool {
+        !self.never && EngineShared::has_reached(&self.engine.shared, self.tick())
     }
 
     /// Whether its deadline is too far off for the engine (as from `Duration::MAX`): it
@@ -275,6 +288,14 @@ impl Future for Sleep<'_> {
         if this.elapsed {
             return Poll::Ready(());
         }
+        if std::mem::take(&mut this.maybe_past) && this.deadline_reached() {
+            // Past already: complete now, and let go of a timer left at an older deadline.
+            if let Some(handle) = this.timer.take() {
+                EngineShared::retire_waker(&this.engine.shared, handle);
+            }
+            this.elapsed = true;
+            return Poll::Ready(());
+        }
         let Some(handle) = this.timer else {
             return this.arm(cx);
         };
@@ -328,14 +349,14 @@ impl TimerEngine {
     /// its [`deadline`](Sleep::deadline) reads about 30 years on, or the end of that range if
     /// sooner.
     pub fn sleep(&self, delay: Duration) -> Sleep<'_> {
-        Sleep::new(self, EngineShared::nanos_after(&self.shared, delay))
+        Sleep::new(self, EngineShared::nanos_after(&self.shared, delay), false)
     }
 
-    /// A [`Sleep`] that completes at `deadline`. A deadline already past completes on the
-    /// engine's next turn after the first poll; one more than 292 years past the engine's
-    /// start never comes, as with [`sleep`](Self::sleep).
+    /// A [`Sleep`] that completes at `deadline`. A deadline already past completes at the
+    /// first poll; one more than 292 years past the engine's start never comes, as with
+    /// [`sleep`](Self::sleep).
     pub fn sleep_until(&self, deadline: Instant) -> Sleep<'_> {
-        Sleep::new(self, self.shared.ticks.signed_nanos(deadline))
+        Sleep::new(self, self.shared.ticks.signed_nanos(deadline), true)
     }
 }
 

@@ -62,6 +62,12 @@ impl Ticks {
         ticks.saturating_add(1).min(NEVER - 1)
     }
 
+    /// [`floor`](Self::floor) of the instant `ns` nanoseconds after the origin.
+    #[inline]
+    pub(crate) fn floor_nanos(&self, ns: u64) -> u64 {
+        (ns / self.tick_divisor).saturating_add(1).min(NEVER - 1)
+    }
+
     /// The first tick that begins at or after `deadline`: rounding up is what keeps timers
     /// from firing early. A deadline at or before the origin is tick 1, and one beyond the
     /// tick range becomes [`NEVER`].
