@@ -552,8 +552,8 @@ fn a_turn_receiving_a_thousand_mixed_messages_settles_each_as_if_alone() {
 }
 
 /// A thread whose timers outlive the lane's hold-back (none is cancelled while the lane
-/// holds it) makes its lane forward pending timers at their first claim; timers sent
-/// either way fire at their own ticks, and cancels of either kind free every node.
+/// holds it): timers forwarded after their hold fire at their own ticks, and cancels of
+/// either kind free every node.
 #[test]
 fn timers_outliving_the_lanes_hold_back_fire_and_cancel_as_ever() {
     let (engine, clock) = engine(1);

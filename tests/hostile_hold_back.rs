@@ -1,28 +1,14 @@
-//! Hostile review of two changes:
-//!
-//! - `af754db`: a lane holds pending timers back (one more claim on the young stack, then
-//!   a horizon on an old stack) only while that catches cancels; otherwise it forwards
-//!   them at their first claim, holding back one claim in sixteen to keep learning.
-//! - `b7d16a7`: a schedule that races the shutdown and is withdrawn by its own cancel
-//!   (`Err(Shutdown)`) takes back its schedule and cancel counts.
-//!
-//! The attacks, from the public API: a thread whose lane flips between holding and
-//! forwarding (phases of long-lived timers and of timers cancelled within a few
-//! schedules, a thousand schedules a tick so that the old stacks come back before the
-//! worker wants them), with resets earlier and later of timers that are kept, parked or
-//! forwarded at that moment, from the arming thread and from other threads racing its
-//! reclaims; threads exiting with timers held back on their lanes; shutdown in both modes
-//! racing lanes in either state; refused schedules from many threads and from thread-local
-//! destructors (the path without a lane), checked against `stats()` exactly.
+//! Lanes holding timers back, attacked from the public API: phases of long-lived timers
+//! and of timers cancelled within a few schedules (a thousand schedules a tick, so that the
+//! old stacks come back before the worker wants them), with resets earlier and later of
+//! timers that are kept on the young stack, parked on an old one or forwarded at that
+//! moment, from the arming thread and from other threads racing its reclaims; threads
+//! exiting with timers held on their lanes; shutdown in both modes racing held lanes; and
+//! refused schedules from many threads and from thread-local destructors (the path without
+//! a lane), checked against `stats()` exactly.
 //!
 //! Hand-driven tests check exact firing ticks. Real-clock tests assert only never early,
 //! exactly once and nothing lost. All randomness is seeded.
-//!
-//! Outcome: one fault, older than `b7d16a7` but then also visible in `stats()`, since
-//! fixed (see `a_refused_repeating_schedule_never_runs`): a repeating timer whose schedule
-//! raced the shutdown could run in a `PendingTimers::Run` shutdown's last turn while its
-//! own withdrawing cancel succeeded (a repeating timer cancels "mid-callback"), so the
-//! caller was told `Err(Shutdown)` although its callback ran.
 
 mod common;
 
@@ -176,8 +162,8 @@ impl Model {
 }
 
 /// One tick of a phase: `per_tick` schedules from this thread. In a `long` phase the
-/// timers outlive any hold-back (the lane learns to forward); otherwise each is cancelled
-/// a few schedules after it was armed (the lane learns to hold). Now and then a recent
+/// timers outlive any hold-back (the lane forwards them); otherwise each is cancelled a few
+/// schedules after it was armed (the lane catches it). Now and then a recent
 /// timer (kept on the young stack, parked, or forwarded at that moment) is reset earlier
 /// (due within a few ticks, or within the lane's horizons) or later.
 fn phase_tick(engine: &TimerEngine, model: &mut Model, rng: &mut Rng, long: bool, per_tick: usize) {
@@ -214,12 +200,12 @@ fn phase_tick(engine: &TimerEngine, model: &mut Model, rng: &mut Rng, long: bool
     }
 }
 
-/// One thread's lane flips between holding back and forwarding several times, with every
+/// One thread's lane alternates phases of long and short-lived timers, with every
 /// kind of reset hitting timers kept, parked or forwarded at their first claim: each timer
 /// fires once, at its own tick, and every node comes back.
 #[test]
 #[cfg_attr(miri, ignore)]
-fn a_lane_flipping_back_and_forth_fires_each_timer_at_its_own_tick() {
+fn a_lane_mixing_short_and_long_timers_fires_each_at_its_own_tick() {
     for seed in 0..3 {
         let (engine, clock) = manual(1);
         let mut model = Model::new(&clock);
@@ -237,10 +223,10 @@ fn a_lane_flipping_back_and_forth_fires_each_timer_at_its_own_tick() {
 
 /// As above with the schedules per tick around the rate at which the lane takes its old
 /// stacks back itself (near the worker's need for them), so that parked timers come back
-/// sometimes to the producer and sometimes to the worker while the verdict flips.
+/// sometimes to the producer and sometimes to the worker across the phases.
 #[test]
 #[cfg_attr(miri, ignore)]
-fn a_lane_flipping_near_the_old_stacks_need_loses_nothing() {
+fn a_lane_taking_its_old_stacks_back_near_their_need_loses_nothing() {
     let (engine, clock) = manual(2);
     let mut model = Model::new(&clock);
     let mut rng = Rng(0x5EED_0002);
@@ -263,11 +249,11 @@ enum Op {
 }
 
 /// Other threads cancel and reset (earlier and later) the timers of a thread whose lane
-/// flips, while that thread keeps scheduling and so reclaims its lane: all within one tick
+/// alternates phases, while that thread keeps scheduling and so reclaims its lane: all within one tick
 /// of the manual clock, so each outcome is exact.
 #[test]
 #[cfg_attr(miri, ignore)]
-fn other_threads_cancel_and_reset_while_the_lane_flips() {
+fn other_threads_cancel_and_reset_while_the_lane_reclaims() {
     let (engine, clock) = manual(1);
     let engine = Arc::new(engine);
     let mut model = Model::new(&clock);
@@ -345,7 +331,7 @@ fn other_threads_cancel_and_reset_while_the_lane_flips() {
     model.settle(&engine, 8_000);
 }
 
-/// Threads make their lanes flip (one ms of the manual clock per round, moved by the main
+/// Threads alternate phases on their lanes (one ms of the manual clock per round, moved by the main
 /// thread between barriers) and exit, in generations that live different numbers of
 /// rounds, with timers kept, parked and forwarded on their lanes: every timer fires once
 /// at its own tick, and every node comes back.
@@ -602,7 +588,7 @@ fn shutdown_races_lanes_in_either_state(pending: PendingTimers, seed: u64) {
 
 #[test]
 #[cfg_attr(miri, ignore)]
-fn shutdown_running_pending_races_lanes_in_either_state() {
+fn shutdown_running_pending_races_held_lanes() {
     for seed in 0..2 {
         shutdown_races_lanes_in_either_state(PendingTimers::Run, 0x5EED_1000 + 16 * seed);
     }
@@ -610,7 +596,7 @@ fn shutdown_running_pending_races_lanes_in_either_state() {
 
 #[test]
 #[cfg_attr(miri, ignore)]
-fn shutdown_dropping_pending_races_lanes_in_either_state() {
+fn shutdown_dropping_pending_races_held_lanes() {
     for seed in 0..2 {
         shutdown_races_lanes_in_either_state(PendingTimers::Drop, 0x5EED_2000 + 16 * seed);
     }

@@ -1185,7 +1185,7 @@ fn resets_racing_reclaims_and_turns_run_by_the_next_tick() {
 /// On a manual clock, rounds of: a thread arms long timers (it arms nothing else, so it
 /// knows which of its calls reclaim its lane: once 64 pushes are on it) up to its second
 /// reclaim of the round, cancelling a quarter of those armed before the first (which that
-/// reclaim kept) so that holding back pays; the second reclaim then parks those and
+/// reclaim kept); the second reclaim then parks those and
 /// keeps the 64 armed since, the last of which it takes first. As that call begins, a
 /// second thread resets that last timer to now and turns the engine at once, taking the
 /// urgent tick the reset asks for while the reclaim may hold the timer. Then the clock
@@ -1635,7 +1635,7 @@ impl Burster {
 
 /// Threads arm long timers (120 s) at a steady pace, and nothing else on their lanes (so
 /// each knows which of its `schedule` calls reclaims); a helper per thread cancels a
-/// quarter of them about 100 schedules later, so that holding back pays and the lane
+/// quarter of them about 100 schedules later, and the lane
 /// parks hundreds of timers in each old generation. When a thread's reclaim takes a
 /// generation back, a burst of resets (by a helper thread, or by a callback the thread
 /// triggered on the worker) moves a few of its timers to a deadline already past, so that

@@ -22,10 +22,7 @@
 //! horizons before being forwarded: a request timeout cancelled within a few milliseconds
 //! (a proxy's common case, even with thousands of requests in flight) is then recycled by
 //! the thread that armed it and never costs the worker anything. Each timer is walked at
-//! most three times this way. Where that seldom catches a cancel, the producer forwards
-//! pending timers at their first claim instead (see
-//! [`hold_back`](crate::engine::hold_back)). The worker takes every
-//! stack whose need has come.
+//! most three times this way. The worker takes every stack whose need has come.
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
@@ -34,7 +31,6 @@ use std::ptr::NonNull;
 use crossbeam_utils::CachePadded;
 
 use crate::engine::forward_ring::ForwardRing;
-use crate::engine::hold_back::HoldBack;
 use crate::engine::pool::Magazine;
 use crate::engine::timer_node::TimerNode;
 use crate::sync::UnsafeCell;
@@ -142,8 +138,6 @@ pub(crate) struct ProducerSide {
     old_need: [u64; 2],
     /// The tick at which the current generation closes and the other is taken back.
     rotate_at: u64,
-    /// Whether holding pending timers back pays on this lane.
-    pub(crate) hold_back: HoldBack,
 }
 
 /// Nodes taken off a lane: up to three chains, one after another, each through their chain
@@ -226,7 +220,6 @@ impl Lane {
                 old_current: 0,
                 old_need: [u64::MAX; 2],
                 rotate_at: 0,
-                hold_back: HoldBack::START,
             }),
             scheduled: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),

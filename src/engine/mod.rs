@@ -94,7 +94,6 @@ pub(crate) mod driver;
 pub(crate) mod forward_ring;
 pub(crate) mod hand_out;
 pub(crate) mod handle;
-pub(crate) mod hold_back;
 pub(crate) mod lane;
 pub(crate) mod panics;
 pub(crate) mod periodic;

@@ -328,31 +328,19 @@ impl EngineShared {
             }
         };
         // SAFETY: this thread is the lane's producer.
-        let hold = unsafe { lane.with_producer(|side| side.hold_back.this_claim()) };
-        // Timers held back before that came back here, and how many of them were caught.
-        let (mut came_back, mut caught) = (0, 0);
-        // SAFETY: this thread is the lane's producer.
         let young = unsafe { lane.claim() };
         for node in young {
             // SAFETY: nodes on a lane are live pool nodes, held by whoever takes them.
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
-            // Kept back by an earlier claim: a held timer coming back.
-            let kept = !seen.is_filed() && {
-                // SAFETY: held by this thread, taken off its lane, and (not filed) its own.
-                unsafe { node_ref.with_links(|links| links.has_outlived_claim()) }
-            };
             if recyclable(seen) {
-                if kept {
-                    (came_back, caught) = (came_back + 1, caught + 1);
-                }
                 recycled.push(node, 0);
                 continue;
             }
             let need = forward_need(node_ref, seen, now, shard);
             // A filed node is a message (a cancel or reset of a timer in the wheel): its
             // links are the wheel's, so it only ever goes on to the owner.
-            if hold && !seen.is_filed() && need > park_after {
+            if !seen.is_filed() && need > park_after {
                 // A timer's first claim keeps it on the young stack for one more: most
                 // request timeouts are cancelled within a few dozen schedules, and those
                 // never need the old stacks' longer wait (nor their memory).
@@ -364,11 +352,6 @@ impl EngineShared {
                 }
                 look_again_at(node, need);
             } else {
-                // Kept by a probing claim, and forwarded still pending by this one: held,
-                // and not caught.
-                if kept {
-                    came_back += 1;
-                }
                 if seen.phase() == Phase::Pending {
                     look_again_at(node, need);
                 }
@@ -381,9 +364,7 @@ impl EngineShared {
             // SAFETY: as above.
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
-            came_back += 1;
             if recyclable(seen) {
-                caught += 1;
                 recycled.push(node, 0);
             } else {
                 let need = forward_need(node_ref, seen, now, shard);
@@ -394,8 +375,6 @@ impl EngineShared {
                 unsafe { forward.push((lane, shard), node, need, now) };
             }
         }
-        // SAFETY: this thread is the lane's producer.
-        unsafe { lane.with_producer(|side| side.hold_back.record(came_back, caught)) };
         // SAFETY: this thread is the lane's producer (for each step).
         unsafe {
             Self::hold_back(lane, shard, park, keep, now);

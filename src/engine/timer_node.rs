@@ -56,12 +56,6 @@ impl Links {
         self.next = 0;
     }
 
-    /// Whether a node in transit has outlived a lane claim.
-    #[inline]
-    pub(crate) fn has_outlived_claim(&self) -> bool {
-        self.next == OUTLIVED_CLAIM
-    }
-
     /// Whether a node in transit had outlived a lane claim before; marks it as having done
     /// so now.
     #[inline]
