@@ -2,8 +2,7 @@
 //! ([`EngineBuilder::driven`](crate::EngineBuilder::driven)), in place of worker threads.
 //!
 //! Why: a worker thread that sleeps until its shard's next deadline costs a wake-up of its
-//! own for every tick with something due, 30-50 µs of CPU each on an idle core of this
-//! project's VMs, whatever call it sleeps in. A runtime that wakes anyway (its tasks' own
+//! own for every tick with something due, whatever call it sleeps in. A runtime that wakes anyway (its tasks' own
 //! timers and I/O) can carry that work for nearly nothing: each driver sleeps on the
 //! runtime's own timer until its shard's next deadline, so the runtime's one wake-up
 //! serves its timers and ours.

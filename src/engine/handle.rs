@@ -28,7 +28,7 @@ pub struct TimerHandle {
     ///
     /// Two whole words rather than four `u32`s: a handle is built in registers and copied
     /// as two words, where four half-words written one by one and read back as a whole stall
-    /// store forwarding (about 10 ns a schedule, measured).
+    /// store forwarding.
     slot: u64,
 }
 

@@ -386,10 +386,10 @@ impl Lane {
     }
 
     /// The worker's take at tick `now`: each stack whose need has come (every non-empty one
-    /// when `all`), the others left to the producer. The worker used to take all three as
-    /// soon as one was due; under load the young stack is due at nearly every tick, so the
-    /// old generations went to the wheel a tick after they were parked, and their thread
-    /// never caught a cancel there. A need read just as the producer starts a new staging
+    /// when `all`), the others left to the producer. Taking all three as soon as one is due
+    /// would defeat the old generations: under load the young stack is due at nearly every
+    /// tick, so they would go to the wheel a tick after they were parked, and their thread
+    /// would never catch a cancel there. A need read just as the producer starts a new staging
     /// may be the last one's: taking a stack early is harmless, and one left behind is
     /// covered by the handshake that covers [`need`](Self::need) (the producer wakes the
     /// worker when its push lowers the need below the worker's plan).

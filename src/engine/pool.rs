@@ -446,10 +446,8 @@ impl Pool {
     /// being freed (arms reuse the ring right behind the cancels of a second ago). While
     /// less than a [`SPARE_SHARE`]th of the pool is free and it can still grow, `None`:
     /// the pool grows, which keeps a band of wholly free words ahead of the cursor. Taking
-    /// the first thin word there instead moved the cursor on into nodes that were all
-    /// still pending but for the odd fired timer: in steady-mix three refills in four took
-    /// a thin word, 17 nodes a refill against 63, and the process spent 310-370 ns a timer
-    /// against 255-310.
+    /// the first thin word there instead would move the cursor on into nodes that are all
+    /// still pending but for the odd fired timer, and each refill would bring few nodes.
     ///
     /// With more free than that, the first thin word seen (the pool is spread thin by
     /// timers that live long, and growing would not help), or, with nothing at all free

@@ -1,7 +1,6 @@
 //! Why a worker's sleep ended, counted per shard for [`Stats`](crate::Stats). At a light
-//! load the engine's cost is mostly its workers' own wake-ups (a timed wake-up costs a
-//! thread 20-25 µs of CPU on the virtual machines this crate is measured on, system call
-//! and context switch included), so a user who wants to know what an engine costs at rest
+//! load the engine's cost is mostly its workers' own wake-ups (a system call and a context
+//! switch each), so a user who wants to know what an engine costs at rest
 //! needs to see what wakes its workers.
 
 #![cfg_attr(

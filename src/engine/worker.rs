@@ -33,11 +33,10 @@ const CLOSE_FOR: u64 = 256;
 const CLOSE_SLEEP: u64 = 3;
 
 /// Whether a worker's plan is being undercut: threads arming timers due before the tick it
-/// planned to wake at must wake it (a system call for them, a context switch for it, about
-/// 10 µs of CPU in all on this project's VMs). Under a stream of timers with varied delays,
-/// as request timeouts are, the earliest of them keeps falling before a plan that looks as
-/// far ahead as the wheel allows: measured with `async-sleep` at 1 thread, about 11,500
-/// such wake-ups a second, a tenth of the process's CPU. While that goes on, the worker
+/// planned to wake at must wake it (a system call for them, a context switch for it).
+/// Under a stream of timers with varied delays, as request timeouts are, the earliest of
+/// them keeps falling before a plan that looks as far ahead as the wheel allows, and those
+/// wake-ups add up to a large share of the process's CPU. While that goes on, the worker
 /// plans no more than [`CLOSE_SLEEP`] ticks ahead, so a timer needs it woken only when due
 /// sooner than that, and it wakes on its own every two to three ticks instead. Only a
 /// wake-up for a timer counts ([`ShardParts::wake_for_timer`](crate::engine::shard_parts::ShardParts::wake_for_timer)):

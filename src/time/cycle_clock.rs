@@ -1,9 +1,9 @@
 //! An upper bound on the current time from the CPU's cycle counter, so that arming a timer
 //! for a delay does not pay for a system clock read each time.
 //!
-//! Turning a delay into a deadline needs the current time, and on the machines we measure
-//! `Instant::now()` costs 20 to 30 ns: more than the rest of a schedule and cancel together.
-//! Reading the x86-64 time-stamp counter costs about 10 ns. Each thread keeps an *anchor*,
+//! Turning a delay into a deadline needs the current time, and a system clock read costs
+//! more than the rest of a schedule and cancel together; reading the x86-64 time-stamp
+//! counter costs a fraction of that. Each thread keeps an *anchor*,
 //! a counter value read just before a real clock read, and extrapolates from it for at most
 //! about a millisecond, with the counter's rate rounded up. What it extrapolates is never
 //! earlier than the real time, which is what keeps timers from firing early:

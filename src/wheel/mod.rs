@@ -541,8 +541,7 @@ mod tests {
     /// A storm across a level-2 boundary (4,096 ticks): 100,000 timers due in 3,990..4,190,
     /// so most of them sit in the next level-2 slot until the boundary. The last block
     /// before it moves that slot down into level 1 a share per poll, so no poll moves more
-    /// than a few thousand timers, where it once moved every one of them at the boundary
-    /// (11 ms late in a storm); every timer fires at its own tick, never before.
+    /// than a few thousand timers; every timer fires at its own tick, never before.
     #[test]
     #[cfg_attr(
         miri,
