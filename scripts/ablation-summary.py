@@ -16,6 +16,14 @@ for f in sorted(glob.glob(os.path.join(d, '*.txt'))):
         if m: section = f'engine-arm-cancel w{m.group(2)}'; continue
         m = re.match(r'^(steady-mix|light-load|fire-storm|burst-steal|engine-live-1m|engine-reset|async-\w+|keyed-[\w-]+) \(', line)
         if m: section = m.group(1); continue
+        if section == 'engine-live-1m':
+            # CPU ns per cancel, the process's (engine-live-1m's cancel cost) and the workers'.
+            m = re.match(r'^(engine|tokio-sleep)\s+' + r'([\d,.]+)\s+' * 6 + r'(([\d,.]+) / ([\d,.]+))?', line)
+            if m:
+                rows[('engine-live-1m CPU ns/cancel', '-')][(variant, m.group(1))].append(float(m.group(7)))
+                if m.group(9):
+                    rows[('engine-live-1m workers CPU ns/cancel', '-')][(variant, m.group(1))].append(float(m.group(10)))
+            continue
         m = re.match(r'^(engine|tokio-sleep|corewheel-async|tokio|keyed)(, (\d+))?\s+([\d,.]+)\s+([\d,.]+)', line)
         if m and section:
             subj, threads = m.group(1), m.group(3) or '-'
