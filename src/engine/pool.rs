@@ -1,17 +1,14 @@
 //! A shard's pool of timer nodes: one region reserved up front, carved a chunk at a time as
 //! demand grows, and a bitmap of free nodes shared by every thread.
 //!
-//! A thread takes free nodes a bitmap word (up to 64 neighbours) at a time and hands them
-//! out in address order; whoever frees nodes sets their bits again, one atomic OR per word.
-//! Words are taken in turn from one shared cursor, so the region is reused like a ring and
-//! timers armed one after another get neighbouring nodes whatever order nodes were freed
-//! in: cancels, filing and unlinking then walk memory forwards, where prefetch hides their
-//! misses. (A free stack handing nodes out in the order they came back would scramble that
-//! order a little more each round.)
+//! A thread takes free nodes a bitmap word (up to 64) at a time, in address order; freeing
+//! sets bits again, one atomic OR per word. Words are taken in turn from a shared cursor,
+//! reusing the region like a ring, so timers armed in turn get neighbouring nodes and later
+//! walks go forwards through memory, where prefetch hides misses (a free stack would
+//! scramble that order a little more each round).
 //!
-//! Pages of the region and of the zeroed bitmap are first written when carved, so resident
-//! memory follows the peak number of timers, not the capacity. A node's index is its offset
-//! in the region.
+//! Memory is first written when carved, so resident memory follows the peak number of
+//! timers, not the capacity. A node's index is its offset in the region.
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
@@ -49,10 +46,9 @@ pub(crate) const BATCH: u32 = u64::BITS;
 /// timers still pending, few enough that a pool with almost nothing free grows soon.
 const LOOK_WORDS: usize = 64;
 
-/// A refill that finds no word half free near the cursor grows the pool while fewer than
-/// one in this many of its nodes are free: room for a free band ahead of the cursor beside
-/// the holes fired timers leave. Above it the pool is spread thin by long-lived timers and
-/// grows no further, which bounds its memory beyond the nodes in use.
+/// A refill finding no word half free near the cursor grows the pool while fewer than one
+/// in this many nodes are free (room for a free band ahead of the cursor); above it, the
+/// pool is spread thin by long-lived timers and does not grow, bounding its spare memory.
 const SPARE_SHARE: u64 = 8;
 
 /// Free nodes above which a refill that finds nothing near the cursor searches the whole
@@ -124,8 +120,7 @@ pub(crate) struct Pool {
     claimed: AtomicU64,
     /// Nodes initialised: always a whole number of chunks, published in order.
     ready: AtomicU64,
-    /// Chunks whose nodes are all kept or in the bitmap: a full pool is reported full only
-    /// once every chunk is settled.
+    /// Chunks whose nodes are all kept or in the bitmap (see `take_any_word`).
     settled: AtomicU64,
     /// Which nodes are free and held by nobody.
     free: FreeBits,
@@ -133,14 +128,12 @@ pub(crate) struct Pool {
     cursor: CachePadded<Hint>,
     /// Nodes carved: a hint for choosing between growing and taking a thin word.
     carved: Hint,
-    /// About how many nodes the bitmap holds (it may lag, even below zero): whether a
-    /// refill that finds nothing near the cursor searches the region or grows it.
+    /// About how many nodes the bitmap holds (it may lag, even below zero).
     free_count: CachePadded<Hint>,
 }
 
-/// The cursor and the counts are hints: which nodes a refill holds is decided by the
-/// bitmap's swaps and ORs alone. Under loom they are unmodelled, so its search goes to the
-/// bits.
+/// The cursor and counts are hints: the bitmap's swaps and ORs alone decide who holds a
+/// node, so loom leaves them unmodelled and its search goes to the bits.
 #[cfg(not(loom))]
 type Hint = AtomicU64;
 #[cfg(loom)]
@@ -215,9 +208,8 @@ impl FreeBits {
     }
 }
 
-/// Free nodes held by one thread (a producer's magazine, or the worker's freed nodes on
-/// their way back): a bitmap word taken whole, and a chain of nodes put in one at a time,
-/// handed out first because this thread just freed them and their lines are warm.
+/// Free nodes held by one thread: a bitmap word taken whole, and a chain of nodes put in
+/// one at a time, handed out first as this thread just freed them (their lines are warm).
 pub(crate) struct Magazine {
     first: Option<NonNull<TimerNode>>,
     chained: u32,
@@ -226,8 +218,7 @@ pub(crate) struct Magazine {
     bits: u64,
 }
 
-// SAFETY: a magazine's nodes belong to its holder alone; moving the holder between threads
-// (a thread-local destructor, a worker handing back at shutdown) moves the ownership too.
+// SAFETY: a magazine's nodes belong to its holder alone; moving it moves that ownership.
 unsafe impl Send for Magazine {}
 
 impl Magazine {
@@ -276,8 +267,7 @@ impl Magazine {
         self.chained + self.bits.count_ones()
     }
 
-    /// Gives every node back to `pool`: one OR for the word taken whole, and one per run
-    /// of chained nodes that share a word.
+    /// Gives every node back: one OR for the word, and one per run of chained nodes.
     pub(crate) fn give_back(&mut self, pool: &Pool) {
         let given = self.len();
         let mut run: Option<(usize, u64)> = None;
@@ -401,16 +391,13 @@ impl Pool {
         (self.ready.load(Ordering::Acquire) as usize).div_ceil(BATCH as usize)
     }
 
-    /// The free nodes of the next word in turn at least half free, looking at most
-    /// [`LOOK_WORDS`] ahead: taking a word whose other timers are still ending would split
-    /// a page between threads, so a thread's next timers would no longer lie together.
+    /// The free nodes of the next word at least half free, within [`LOOK_WORDS`]: a word
+    /// whose other timers are still ending would split a page between threads.
     ///
-    /// With none near the cursor, `None` while under a [`SPARE_SHARE`]th of the pool is
-    /// free and it can grow: growing keeps a free band ahead of the cursor, where a thin
-    /// word would move it into pending nodes, each refill bringing few. Otherwise the first
-    /// thin word seen (long-lived timers spread the pool thin; growing would not help), or,
-    /// with [`PLENTY_FREE`] nodes, any word in the region, so that a stretch of long-lived
-    /// timers longer than a look does not grow the pool on every lap.
+    /// With none, `None` (grow, keeping a free band ahead of the cursor) while under a
+    /// [`SPARE_SHARE`]th is free and the pool can grow; else the first thin word seen, or
+    /// with [`PLENTY_FREE`] any word in the region, so a stretch of long-lived timers longer
+    /// than a look does not grow the pool on every lap.
     fn take_next_word(&self) -> Option<(usize, u64)> {
         let words = self.carved_words();
         if words == 0 {
@@ -495,9 +482,8 @@ impl Pool {
         if count > u64::MAX / 2 { 0 } else { count }
     }
 
-    /// The free nodes of any word, looking at every one: a pool at its size limit. A chunk
-    /// still being carved is waited for (never user code), so that a refill racing the
-    /// last carve does not report full a pool whose nodes are about to be given.
+    /// The free nodes of any word, for a pool at its size limit. Waits for a chunk still
+    /// being carved (never user code), not to report full a pool about to gain nodes.
     fn take_any_word(&self) -> Option<(usize, u64)> {
         let chunks = (self.capacity / CHUNK_NODES) as u64;
         loop {
@@ -514,8 +500,7 @@ impl Pool {
         }
     }
 
-    /// Carves a chunk from the region, keeps its first word's nodes for the caller and gives
-    /// up the rest. `None` when the region is used up.
+    /// Carves a chunk, keeping its first word for the caller; `None` when none is left.
     fn grow(&self) -> Option<(usize, u64)> {
         // Checked first: no read-modify-write of the shared count once at the limit.
         if !self.can_grow() {
@@ -534,8 +519,7 @@ impl Pool {
             // SAFETY: as above; writing initialises the slot without reading it.
             unsafe { first.add(offset).write(TimerNode::new()) };
         }
-        // Publish in chunk order, so `ready` covers initialised nodes only; the wait is
-        // once per chunk of growth, off the hot path.
+        // In chunk order, so `ready` covers initialised nodes only (off the hot path).
         crate::sync::spin_until(|| {
             (self.ready.load(Ordering::Acquire) == start as u64).then_some(())
         });
@@ -687,7 +671,6 @@ mod tests {
     #[test]
     fn a_word_at_least_half_free_is_taken_before_a_thinner_one() {
         let pool = Pool::new();
-        // The whole first chunk held: 16 words.
         let words = take_words(&pool, CHUNK_NODES / BATCH as usize);
         assert_eq!(pool.chunks(), 1);
         let (thin, thick) = (&words[2], &words[5]);
