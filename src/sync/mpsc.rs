@@ -4,9 +4,8 @@
 //! message. A producer may push a chain it linked privately with one `swap` on the shared
 //! tail, writing the shared line once per batch rather than once per timer.
 //!
-//! Producers never wait. The consumer can briefly see a node swapped in but not yet
-//! linked; `pop` then reports [`Pop::Inconsistent`] and the consumer tries again later
-//! rather than spinning.
+//! Producers never wait. A node swapped in but not yet linked makes `pop` report
+//! [`Pop::Inconsistent`], and the consumer tries again later rather than spinning.
 
 use std::ptr::{self, NonNull};
 
@@ -36,9 +35,8 @@ impl Default for Link {
 /// A node type that embeds a [`Link`].
 ///
 /// # Safety
-/// `link` must return the `Link` embedded in `node`, projected from `node`'s pointer (not
-/// through a reference, whose provenance would cover the link alone), and `from_link` must
-/// map that pointer back to the node.
+/// `link` must project the embedded `Link` from `node`'s pointer (a reference's provenance
+/// would cover the link alone), and `from_link` must map it back to the node.
 pub unsafe trait Linked {
     /// The link embedded in `node`.
     ///
@@ -102,8 +100,7 @@ impl<N: Linked> Queue<N> {
     /// Appends one node.
     ///
     /// # Safety
-    /// `node` must be live and on no queue, and must stay live and unmoved until the
-    /// consumer pops it: the queue owns it until then.
+    /// `node` must be live, on no queue, and stay live and unmoved until popped.
     pub unsafe fn push(&self, node: NonNull<N>) {
         // SAFETY: forwarded from the caller: one live, unqueued node is a chain of one.
         unsafe { self.push_chain(node, node) }
@@ -112,8 +109,7 @@ impl<N: Linked> Queue<N> {
     /// Appends a chain `first` to `last` linked with [`link_after`], in one atomic step.
     ///
     /// # Safety
-    /// Every node from `first` to `last` must be live, on no queue, linked in that order,
-    /// and must stay live and unmoved until the consumer pops it.
+    /// As for [`push`](Self::push), for every node, linked first to last.
     pub unsafe fn push_chain(&self, first: NonNull<N>, last: NonNull<N>) {
         // SAFETY: forwarded from the caller.
         let (first, last) = unsafe { (N::link(first).as_ptr(), N::link(last).as_ptr()) };
