@@ -30,12 +30,10 @@ const MAGAZINE_LIMIT: u32 = 4 * BATCH;
 /// rather than waking it again a tick later.
 const LANE_HORIZON: u64 = 1;
 
-/// The most ticks a node waits on a lane before the worker takes it, unless due sooner:
-/// how late a cancel reaches an owner with nothing else to wake for. Within it a lane's
-/// need follows the worker's planned wake-up, so a thread's timers ride the worker's
-/// wake-ups rather than causing their own (a wake-up costs a system call and a context
-/// switch on both sides). Under load lanes are forwarded every [`CLAIM_EVERY`] pushes, so
-/// memory still comes back within a few ticks.
+/// The most ticks a node waits on a lane before the worker takes it, unless due sooner.
+/// Within it a lane's need follows the worker's planned wake-up, so a thread's timers ride
+/// the worker's wake-ups (each a system call and a context switch) rather than cause their
+/// own; under load lanes are forwarded every [`CLAIM_EVERY`] pushes anyway.
 const IDLE_LANE_HORIZON: u64 = 32;
 
 /// An operation a producer counts for [`stats`](crate::TimerEngine::stats).
@@ -113,9 +111,9 @@ impl EngineShared {
             .unwrap_or_else(|| self.ticks.ceil_after(self.clock.now(), delay))
     }
 
-    /// The deadline `delay` from now, never earlier, as signed nanoseconds since the origin
-    /// (what a [`Sleep`](crate::Sleep) keeps): from this thread's cycle-counter anchor
-    /// where there is one, else a clock read. `None` past `i64::MAX` ns after the origin.
+    /// The deadline `delay` from now, never earlier, in signed nanoseconds since the origin
+    /// (as a [`Sleep`](crate::Sleep) keeps it), from the cycle-counter anchor or the clock;
+    /// `None` on overflow.
     #[inline]
     pub(crate) fn nanos_after(this: &Arc<Self>, delay: Duration) -> Option<i64> {
         context::with(this, |context| {
@@ -255,10 +253,9 @@ impl EngineShared {
         self.pushed(shard);
     }
 
-    /// After a push onto `shard`'s lane or inbox: once shutting down, the last turn may be
-    /// over, and only a sweep takes the node. `SeqCst`: pairs with the shutdown's flag store
-    /// then the last turn's collection, so either that collection takes the node or this
-    /// sees the flag.
+    /// After a push onto `shard`: once the last turn is over, only a sweep takes the node.
+    /// `SeqCst`: pairs with the shutdown's flag store then the last turn's collection, so
+    /// either that collection takes the node or this sees the flag.
     #[inline]
     fn pushed(&self, shard: &Shard) {
         if self.shutdown.load(Ordering::SeqCst) {
@@ -266,10 +263,9 @@ impl EngineShared {
         }
     }
 
-    /// Takes this thread's young stack back: frees the timers cancelled before they left
-    /// the thread, parks pending ones not due soon on the old stack, and forwards the rest
-    /// to the owner in one batch (forward ring, or inbox if full). An old stack past its
-    /// horizon is taken back too: cancelled timers freed, the rest forwarded.
+    /// Takes this thread's young stack (and an old one past its horizon) back: frees timers
+    /// cancelled before they left the thread, parks pending ones not due soon, and forwards
+    /// the rest to the owner in one batch.
     fn reclaim(&self, lane: &Lane, shard: &Shard) {
         if !lane.enter(&self.shutdown) {
             return;
@@ -396,11 +392,9 @@ impl EngineShared {
     }
 
     /// A reclaim's step, once its timers are published: a reset that brought one forward
-    /// while this thread held it could not reach the need it went with, and its urgent tick
-    /// may be spent, so look at the deadlines (atomics) again. If more were published than
-    /// `published` holds (`unseen`) and urgency was asked since the reclaim began (`asked`,
-    /// the count then), ask again at `now`, so the worker takes everything at once;
-    /// otherwise a reset racing a large take-back could fire late.
+    /// meanwhile missed the need it went with, so look at the deadlines again. Past what
+    /// `published` holds (`unseen`), re-ask any urgency asked since the reclaim began
+    /// (`asked`), so the worker takes everything at once rather than fire late.
     #[inline]
     fn look_again(
         shard: &Shard,
