@@ -1,20 +1,17 @@
 //! A lane: where one thread stages what it sends to one shard, so that a timer armed and
 //! cancelled in quick succession never crosses to another core.
 //!
-//! A lane has three lock-free stacks, each emptied whole with one swap by the producer (every
-//! [`CLAIM_EVERY`] pushes, to recycle what it has cancelled and forward the rest in one
-//! batch on the lane's [`forward_ring`](crate::engine::forward_ring)) or by the worker (when
-//! its need comes due, so a thread that goes idle still has its timers fire on time). Only
-//! the producer pushes, so the line stays in its core between the worker's visits. The
-//! producer publishes `need`, the tick by which the worker must take the stack; a push that
-//! lowers it below the worker's planned wake-up wakes the worker.
+//! A lane has three lock-free stacks, each emptied whole with one swap: by the producer
+//! every [`CLAIM_EVERY`] pushes (to recycle what it cancelled and forward the rest on the
+//! lane's [`forward_ring`](crate::engine::forward_ring)), or by the worker once its `need`
+//! tick comes. Only the producer pushes, so the line stays in its core; a push that lowers
+//! `need` below the worker's planned wake-up wakes the worker.
 //!
-//! New timers go on the young stack; a claim keeps pending ones there through one more
-//! claim, then parks those not due soon on the current old generation. Every
-//! [`OLD_HORIZON`] ticks the two old generations rotate and the producer takes back the one
-//! closed for a whole horizon, so a parked timer waits one to two horizons: one cancelled
-//! within that (a request timeout's common case) is recycled by its own thread and never
-//! costs the worker anything. Each timer is walked at most three times.
+//! New timers go on the young stack; a claim keeps pending ones there one more claim, then
+//! parks those not due soon on the current old generation. Every [`OLD_HORIZON`] ticks the
+//! two generations rotate and the producer takes back the one closed a whole horizon, so a
+//! timer cancelled within one to two horizons is recycled by its own thread, never costing
+//! the worker anything; each timer is walked at most three times.
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
