@@ -1,31 +1,25 @@
-//! The shared state of one pooled timer: who wins when a cancel or reset from another thread
-//! races the owner firing it, and who may give the node back to its pool.
-//!
-//! One `AtomicU64` holds the node's generation, a reset sequence, three flags and the phase,
-//! so every transition is one compare-and-swap that also checks the generation: a stale
-//! handle (whose generation has moved on) never changes the timer that reused the node.
+//! The shared state of one pooled timer: who wins when a cancel or reset races the owner
+//! firing it, and who may give the node back. One `AtomicU64`, so every transition is one
+//! compare-and-swap that also checks the generation: a stale handle changes nothing.
 //!
 //! Layout: `generation (32) | WAKER | reset sequence (23) | LOCKED | FILED | MSG | REPEATING |
 //! phase (4)`.
 //!
 //! - `MSG`: the node is in transit to its owner. Exactly one party sets it and pushes the
-//!   node (the scheduler, or a canceller or resetter that found it clear), and only whoever
-//!   takes the node off the queue clears it; so a node is on at most one queue, and never
-//!   freed while a queue holds it.
+//!   node, and only whoever takes it off the queue clears it: a node is on at most one
+//!   queue, and never freed while a queue holds it.
 //! - `FILED`: the owner has the node in its wheel.
-//! - `LOCKED`, while pending: a resetter is writing the deadline (or a waker timer's `Sleep`
-//!   the waker). The owner does not fire a locked timer (it looks again a tick later);
-//!   resetters and cancellers wait for the unlock, two instructions away. While a waker
-//!   timer is firing, `LOCKED` says its wake has begun.
+//! - `LOCKED`, while pending: a resetter is writing the deadline (or a `Sleep` its waker);
+//!   the owner does not fire it, and others wait for the unlock, two instructions away.
+//!   While a waker timer is firing, `LOCKED` says its wake has begun.
 //! - `WAKER`: the timer wakes a [`Sleep`](crate::Sleep)'s task. The runner claims the wake
 //!   ([`TimerState::begin_wake`]), so a dropped `Sleep` may defuse one not yet begun
 //!   ([`TimerState::defuse`]).
 //!
 //! The owner fires a timer only by swapping `Pending` to `Firing` from the exact word it read
-//! before looking at the deadline; a reset unlocks with the sequence bumped, so a reset in
-//! between makes the swap fail and the owner look again. Either the reset returns `true` and
-//! the timer fires no earlier than the new deadline, or `false`: it had already started
-//! firing (or was cancelled, or is gone).
+//! before the deadline; a reset bumps the sequence, so one in between fails the swap. So
+//! either a reset returns `true` and the timer fires no earlier than the new deadline, or
+//! `false`: it had already started firing, or is over.
 
 use crate::sync::atomic::{AtomicU64, Ordering, update};
 
@@ -206,14 +200,13 @@ impl TimerState {
         }
     }
 
-    /// Reads the state. Acquire: pairs with a reset's Release unlock, so a caller that then
-    /// reads the deadline sees at least the one that reset stored.
+    /// Reads the state. Acquire: pairs with a reset's Release unlock, so a deadline read
+    /// after sees at least that reset's.
     pub fn observe(&self) -> Observed {
         Observed(self.word.load(Ordering::Acquire))
     }
 
-    /// Arms a free node that the caller holds exclusively, in transit to its owner. Returns
-    /// the generation handles must carry.
+    /// Arms a free node the caller holds, in transit; returns the handles' generation.
     pub fn arm(&self, kind: Kind) -> u32 {
         let generation = self.observe().generation();
         let flags = MSG
@@ -248,10 +241,9 @@ impl TimerState {
         self.stop(generation, true)
     }
 
-    /// Stops a timer of `generation` that has never run, for a schedule taking back its
-    /// timer at shutdown. As [`try_cancel`](Self::try_cancel), but `None` once the sequence
-    /// has moved (a repeating timer re-armed); nothing else can move it, as nobody else
-    /// holds the handle yet.
+    /// [`try_cancel`](Self::try_cancel) of a timer that has never run (the sequence has not
+    /// moved: only a re-arm can, as nobody else holds the handle yet), for a schedule
+    /// taking its timer back at shutdown.
     #[inline]
     pub fn try_withdraw(&self, generation: u32) -> Option<Cancelled> {
         self.stop(generation, false)
@@ -413,8 +405,8 @@ impl TimerState {
         outcome
     }
 
-    /// The runner of a claimed waker timer begins its wake: `false` if its `Sleep` defused
-    /// it first. Only the runner locks a firing timer and only a drop defuses: one retry.
+    /// Begins a claimed waker timer's wake: `false` if its `Sleep` defused it first. Only a
+    /// defuse races the runner here, so the loop retries at most once.
     pub fn begin_wake(&self) -> bool {
         let mut current = self.word.load(Ordering::Acquire);
         loop {
@@ -470,9 +462,8 @@ impl TimerState {
         });
     }
 
-    /// The holder gives the node back: the generation moves on, so old handles go stale.
-    /// `false` when the generation is exhausted: the node must be retired, or a handle a
-    /// full wrap old would name its next timer.
+    /// Gives the node back, moving the generation on. `false` when it is exhausted: the
+    /// node must be retired, or a handle a full wrap old would name its next timer.
     pub fn free(&self) -> bool {
         let generation = self.observe().generation();
         match generation.checked_add(1) {
