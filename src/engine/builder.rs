@@ -7,11 +7,9 @@ use crate::engine::pool::DEFAULT_CAPACITY;
 use crate::error::BuildError;
 use crate::time::clock::ManualClock;
 
-/// The most workers (shards) an engine may have; more is a
-/// [`BuildError::TooManyWorkers`].
-///
-/// Each worker is a thread, a pool's address space and one more shard for idle workers to
-/// look over, so far more workers than CPUs only costs more.
+/// The most workers (shards) an engine may have; more is a [`BuildError::TooManyWorkers`].
+/// Each is a thread, a pool's address space and a shard for idle workers to look over, so
+/// far more workers than CPUs only costs more.
 pub const MAX_WORKERS: usize = 1024;
 
 /// Builds a [`TimerEngine`]. Made by [`TimerEngine::builder`].
@@ -98,8 +96,7 @@ impl EngineBuilder {
         self
     }
 
-    /// Whether idle workers take part of another shard's burst of due timers. Default
-    /// `true`.
+    /// Whether idle workers take part of another shard's burst of due timers (default `true`).
     ///
     /// Timers stay on the shard that armed them until due; when more than a few dozen are
     /// due at once, a sleeping worker is woken to run some, so a burst armed from one thread
@@ -111,10 +108,9 @@ impl EngineBuilder {
     }
 
     /// How many ticks a shard's owner may go without looking at its wheel, while awake
-    /// (stuck in a slow callback or a cancelled timer's `Drop`), before another worker
-    /// stands in, running the timers that come due until the owner is back. `None` turns
-    /// this off: a slow callback then delays its shard's other timers. Default:
-    /// `Some(8)` ([`DEFAULT_RESCUE_AFTER`]).
+    /// (stuck in a slow callback or a `Drop`), before another worker stands in until it is
+    /// back. `None` turns this off: a slow callback then delays its shard's other timers.
+    /// Default: `Some(8)` ([`DEFAULT_RESCUE_AFTER`]).
     ///
     /// With it on, while any owner is running timers (and for a while after), one otherwise
     /// idle worker wakes every this many ticks (at least every tick) to look. Timers claimed
@@ -124,19 +120,17 @@ impl EngineBuilder {
         self
     }
 
-    /// Drives the engine by hand, for deterministic tests: no worker threads are started,
-    /// time comes from `clock`, and each [`TimerEngine::turn`] runs every shard's due work
-    /// on the calling thread.
+    /// Drives the engine by hand, for deterministic tests: no worker threads, time from
+    /// `clock`, and each [`TimerEngine::turn`] runs every shard's due work on its caller.
     pub fn manual_clock(mut self, clock: ManualClock) -> Self {
         self.manual_clock = Some(clock);
         self
     }
 
-    /// Starts no worker threads: the application's async runtime turns the shards instead,
-    /// through the futures of [`TimerEngine::drivers`] (one per shard), which it spawns.
-    /// Each sleeps on the runtime's timer until its shard's next deadline, or until a timer
-    /// due sooner is armed, so the engine's work rides the runtime's own wake-ups.
-    /// [`workers`](Self::workers) still sets the number of shards.
+    /// Starts no worker threads: the application's async runtime spawns and turns the
+    /// shards' futures, [`TimerEngine::drivers`], each sleeping on the runtime's timer until
+    /// its next deadline or a sooner timer is armed, so the engine rides the runtime's own
+    /// wake-ups. [`workers`](Self::workers) still sets the number of shards.
     ///
     /// What it gives up, against worker threads:
     /// - Callbacks run inside a driver's poll; one that blocks holds up that runtime thread
