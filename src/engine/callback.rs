@@ -1,5 +1,4 @@
-//! A type-erased timer callback stored inside the pooled node, so that arming a timer with a
-//! small closure allocates nothing.
+//! A type-erased timer callback stored in the pooled node: a small closure allocates nothing.
 //!
 //! Captures up to [`INLINE_BYTES`] (or [`INLINE_REPEATING_BYTES`], as a repeating timer
 //! keeps its period in the third word), at most word-aligned, live in the node; larger ones
@@ -12,7 +11,7 @@ use std::task::Waker;
 use crate::engine::periodic::Period;
 
 /// The captures a callback may have and still be stored without an allocation: three
-/// machine words (24 bytes on 64-bit targets), at most word-aligned.
+/// machine words, at most word-aligned.
 pub const INLINE_BYTES: usize = 3 * size_of::<usize>();
 
 /// The captures a repeating callback may have and still be stored without an allocation:
@@ -109,8 +108,8 @@ impl Callback {
         }
     }
 
-    /// Runs the callback. A one-shot callback is consumed (even if it panics); a repeating
-    /// one stays for the next run. Does nothing on an empty slot.
+    /// Runs the callback: a one-shot one is consumed (even if it panics), a repeating one
+    /// stays.
     pub(crate) fn call(&mut self) {
         let Some(shim) = self.shim else { return };
         let storage = NonNull::from(&mut self.storage);
