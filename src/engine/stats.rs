@@ -21,8 +21,7 @@ pub struct ShardStats {
     pub panicked: u64,
     /// Callback runs more than one tick after their deadline.
     pub late: u64,
-    /// Callback runs of this shard's timers by another shard's worker (a burst, or a stuck
-    /// owner).
+    /// Callback runs of this shard's timers by another shard's worker.
     pub stolen: u64,
     /// Timers taken out of this shard's wheel by another worker while the owner was stuck
     /// in a callback (also in `stolen` when that worker runs them).
@@ -54,19 +53,16 @@ pub struct ShardStats {
 pub struct WorkerWakes {
     /// At the tick it planned, with timers due: it ran them.
     pub due: u64,
-    /// At the tick it planned for its wheel, with no timer due (timers to move down, or one
-    /// cancelled since).
+    /// At the tick it planned for its wheel, with no timer due.
     pub wheel: u64,
     /// At the tick by which it had to take what a thread left on its lane, with no timer due.
     pub lane: u64,
     /// At a tick planned a few ticks ahead, with no timer due: threads kept arming timers
     /// due before its plans, so it wakes on its own rather than be woken for each.
     pub close: u64,
-    /// To look at the other shards for an owner stuck in a callback (see
-    /// [`rescue_after`](crate::EngineBuilder::rescue_after)).
+    /// To watch for a stuck owner ([`rescue_after`](crate::EngineBuilder::rescue_after)).
     pub watch: u64,
-    /// Before its plan, woken by another thread (a sooner timer, a backlog, a stuck owner
-    /// to watch, shutdown).
+    /// Before its plan, woken by another thread.
     pub woken: u64,
 }
 
@@ -111,8 +107,7 @@ pub struct Stats {
     pub total: ShardStats,
     /// One entry per shard, in shard order.
     pub shards: Vec<ShardStats>,
-    /// Workers pinned to a CPU, final once [`build`](crate::EngineBuilder::build) returns;
-    /// 0 for an engine driven by hand.
+    /// Workers pinned to a CPU (0 driven by hand), final once [`build`](crate::EngineBuilder::build) returns.
     pub pinned_workers: usize,
     /// Bytes of timer-node memory the pools hold: pooled, not freed, so a high-water mark.
     pub pool_bytes: usize,
