@@ -1,8 +1,5 @@
-//! One shard as every thread sees it: its [`ShardParts`] (pool, inbox, lanes, run queue,
-//! signals), and its wheel side behind a hand-over flag, so that another worker can stand
-//! in for a stuck owner.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! One shard: its [`ShardParts`], and its wheel side behind a hand-over flag, so another
+//! worker can stand in for a stuck owner. Ground rules: [`engine`](crate::engine).
 
 use std::ops::Deref;
 use std::time::Instant;
@@ -30,8 +27,7 @@ pub(crate) struct Shard {
     /// pushed late at shutdown asks the holder to sweep before letting go. One word,
     /// changed only by read-modify-writes, so a request and a release cannot miss each other.
     wheel_hold: CachePadded<AtomicU8>,
-    /// Set once the shard's last turn is over: a later finish must not wait for the wheel
-    /// (its caller may be holding it, in a sweep).
+    /// The last turn is over: a later finish must not wait for the wheel (a sweep holds it).
     finished: AtomicBool,
 }
 
@@ -66,8 +62,7 @@ impl Shard {
         self.try_hold_wheel().then(|| self.held_wheel(f))
     }
 
-    /// [`with_wheel`](Self::with_wheel) for the owner, which waits out a stand-in's short
-    /// hold.
+    /// [`with_wheel`](Self::with_wheel) for the owner, waiting out a stand-in's short hold.
     pub(crate) fn with_wheel_waiting<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> R {
         crate::sync::spin_until(|| self.try_hold_wheel().then_some(()));
         self.held_wheel(f)
@@ -118,8 +113,7 @@ impl Shard {
         }
     }
 
-    /// The shard's last turn at shutdown, once no other worker holds or can take its
-    /// timers; nothing if it is over already.
+    /// The shard's last turn at shutdown, once no other worker can take its timers.
     pub(crate) fn finish(&self, pending: PendingTimers, now: Instant) {
         if self.is_finished() {
             return;
