@@ -22,8 +22,7 @@ pub(crate) struct TimerNode {
     /// Touched only by the node's holder (ground rule 3).
     links: UnsafeCell<Links>,
     /// Touched by the node's holder, and by a waker timer's `Sleep` under the reset lock
-    /// (ground rule 3): a cell apart from the links, which the wheel's holder may be
-    /// changing meanwhile.
+    /// (ground rule 3): apart from the links, which the wheel's holder may be changing.
     callback: UnsafeCell<Callback>,
 }
 
@@ -39,8 +38,7 @@ pub(crate) struct Links {
 pub(crate) const INDEX_BITS: u32 = 26;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 
-/// `Links::next` of a node in transit that has outlived one lane claim (the link fields are
-/// free while a node is not filed).
+/// `Links::next` of a node in transit that has outlived one lane claim (free while unfiled).
 const OUTLIVED_CLAIM: u32 = u32::MAX - 1;
 
 impl Links {
@@ -125,8 +123,7 @@ impl TimerNode {
     /// Runs `f` on the node's callback.
     ///
     /// # Safety
-    /// The caller holds the node, or is a pending waker timer's `Sleep` holding the reset
-    /// lock (ground rule 3 in [`engine`](crate::engine)).
+    /// The caller holds the node, or is its `Sleep` under the reset lock (ground rule 3).
     #[inline]
     pub(crate) unsafe fn with_callback<R>(&self, f: impl FnOnce(&mut Callback) -> R) -> R {
         // SAFETY: the caller's exclusivity makes this the only live reference.
@@ -169,8 +166,8 @@ impl TimerNode {
     }
 }
 
-// SAFETY: `link` is the first field of a `#[repr(C)]` struct, so the node's address is its
-// link's address; `link` projects from the node pointer without creating a reference.
+// SAFETY: `link` is the first field of a `#[repr(C)]` struct, projected from the node's
+// pointer without a reference.
 unsafe impl Linked for TimerNode {
     unsafe fn link(node: NonNull<Self>) -> NonNull<Link> {
         // SAFETY: `node` is live (caller's contract) and the link is at offset 0.
