@@ -1,7 +1,5 @@
-//! What the calling thread is doing for engines, so that a shutdown or a drop never waits
-//! for something that may be waiting for the caller: a worker thread of some engine (a
-//! callback there may drop another engine whose workers are running callbacks that drop
-//! this one), or a thread inside hand-driven engines' turns.
+//! What the calling thread is doing for engines (a worker, or inside hand-driven turns), so
+//! a shutdown or a drop never waits for something that may be waiting for the caller.
 
 use std::cell::{Cell, RefCell};
 
@@ -41,8 +39,7 @@ pub(crate) fn in_any_turn() -> bool {
 /// Why [`Turn::begin`] began no turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NoTurn {
-    /// This thread is already inside a turn of that engine (a callback turning its own
-    /// engine, or shutting it down).
+    /// This thread is already inside a turn of that engine (a callback turning it).
     Inside,
     /// This thread's locals are being destroyed: it is inside no turn, and can mark none.
     Exiting,
