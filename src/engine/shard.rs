@@ -45,7 +45,8 @@ impl Deref for Shard {
 }
 
 impl Shard {
-    /// `hands_out`: whether bursts' due lists go to other workers ([`hand_out`](crate::engine::hand_out)).
+    /// `hands_out`: whether bursts' due lists go to other workers
+    /// ([`hand_out`](crate::engine::hand_out)).
     pub(crate) fn new(capacity: usize, ticks: Ticks, hands_out: bool) -> Self {
         Self {
             parts: ShardParts::new(capacity),

@@ -107,7 +107,8 @@ pub struct Stats {
     pub total: ShardStats,
     /// One entry per shard, in shard order.
     pub shards: Vec<ShardStats>,
-    /// Workers pinned to a CPU (0 driven by hand), final once [`build`](crate::EngineBuilder::build) returns.
+    /// Workers pinned to a CPU, final once [`build`](crate::EngineBuilder::build) returns;
+    /// 0 for an engine driven by hand.
     pub pinned_workers: usize,
     /// Bytes of timer-node memory the pools hold: pooled, not freed, so a high-water mark.
     pub pool_bytes: usize,

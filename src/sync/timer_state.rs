@@ -249,7 +249,8 @@ impl TimerState {
         self.stop(generation, false)
     }
 
-    /// [`try_cancel`](Self::try_cancel), or without `after_a_run` [`try_withdraw`](Self::try_withdraw).
+    /// [`try_cancel`](Self::try_cancel), or without `after_a_run`
+    /// [`try_withdraw`](Self::try_withdraw).
     #[inline]
     fn stop(&self, generation: u32, after_a_run: bool) -> Option<Cancelled> {
         let mut current = self.unlocked();
