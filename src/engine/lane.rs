@@ -169,7 +169,6 @@ impl ChainBuilder {
         });
     }
 
-    /// Whether no node has been appended.
     pub(crate) fn is_empty(&self) -> bool {
         self.ends.is_none()
     }
@@ -358,11 +357,10 @@ impl Lane {
         Chain([self.young.take(), self.old[0].take(), self.old[1].take()])
     }
 
-    /// The worker's take at tick `now`: each stack whose need has come (every one when
-    /// `all`). Not all three once one is due: under load the young stack is due nearly every
-    /// tick, which would send parked timers to the wheel before their thread could cancel
-    /// them. A stale need only makes a take early (harmless) or late (covered by the push's
-    /// wake-up handshake).
+    /// The worker's take: each stack whose need has come (every one when `all`), not all
+    /// once one is due, as the young stack is due nearly every tick under load and parked
+    /// timers would reach the wheel before their thread could cancel them. A stale need
+    /// makes a take early (harmless) or late (covered by the push's wake-up handshake).
     pub(crate) fn take_due(&self, now: u64, all: bool) -> Chain {
         if all {
             return self.take();
@@ -409,7 +407,6 @@ impl Lane {
         self.busy.store(false, Ordering::Release);
     }
 
-    /// Whether the producer holds nodes taken off this lane.
     pub(crate) fn is_busy(&self) -> bool {
         self.busy.load(Ordering::SeqCst)
     }
@@ -426,7 +423,6 @@ impl Lane {
             && self.forward.is_empty()
     }
 
-    /// Adds one to a producer-kept count.
     #[inline]
     pub(crate) fn count(counter: &AtomicU64) {
         counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
