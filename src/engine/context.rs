@@ -93,7 +93,6 @@ impl Context {
         self.lanes[shard].get_or_init(|| engine.shards[shard].open_lane())
     }
 
-    /// The engine, if it is still alive.
     fn engine(&self) -> Option<Arc<EngineShared>> {
         #[cfg(not(loom))]
         return self.engine.upgrade();
