@@ -38,7 +38,6 @@ pub(crate) fn add(counter: &AtomicU64, n: u64) {
     }
 }
 
-/// Reads a count.
 #[inline]
 pub(crate) fn read(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
