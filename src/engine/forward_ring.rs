@@ -34,7 +34,6 @@ pub(crate) const CHUNK: usize = 256;
 #[cfg(loom)]
 pub(crate) const CHUNK: usize = 2;
 
-/// See the module documentation.
 pub(crate) struct ForwardRing {
     /// Entries before it have been published; written by the producer.
     tail: CachePadded<AtomicU64>,
@@ -141,7 +140,6 @@ impl ForwardRing {
         Some(self.need.load(Ordering::SeqCst))
     }
 
-    /// Whether nothing is published and untaken.
     pub(crate) fn is_empty(&self) -> bool {
         self.tail.load(Ordering::Acquire) == self.head.load(Ordering::Acquire)
     }
