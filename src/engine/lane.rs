@@ -173,7 +173,6 @@ impl ChainBuilder {
         self.ends.is_none()
     }
 
-    /// The chain as an iterator, first to last.
     pub(crate) fn into_chain(self) -> Chain {
         if let Some((_, last)) = self.ends {
             // SAFETY: the caller holds every node of the chain.
