@@ -111,7 +111,6 @@ impl Links for FiledNodes<'_> {
     }
 }
 
-/// The shard's pool.
 pub(crate) struct Pool {
     /// `capacity` node slots; the first `ready` hold initialised nodes.
     region: NonNull<TimerNode>,
@@ -229,7 +228,6 @@ impl Magazine {
         bits: 0,
     };
 
-    /// Takes one node, if any.
     #[inline]
     pub(crate) fn take(&mut self) -> Option<NonNull<TimerNode>> {
         if let Some(node) = self.first {
@@ -463,7 +461,6 @@ impl Pool {
         Some(bits)
     }
 
-    /// Counts `given` nodes into the bitmap and `taken` out of it.
     fn counted_free(&self, given: u32, taken: u32) {
         if given > 0 {
             self.free_count
