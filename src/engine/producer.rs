@@ -60,7 +60,6 @@ impl Counted {
         add(self.retired(shard), 1);
     }
 
-    /// Takes back what [`without_lane`](Self::without_lane) added.
     fn take_back_without_lane(self, shard: &Shard) {
         self.retired(shard).fetch_sub(1, Ordering::Relaxed);
     }
