@@ -124,7 +124,6 @@ impl Shard {
         self.finished.store(true, Ordering::SeqCst);
     }
 
-    /// Whether the shard's last turn is over.
     pub(crate) fn is_finished(&self) -> bool {
         self.finished.load(Ordering::SeqCst)
     }
