@@ -53,13 +53,11 @@ impl EngineShared {
         }
     }
 
-    /// The current tick.
     #[inline]
     pub(crate) fn now_tick(&self) -> u64 {
         self.ticks.floor(self.clock.now())
     }
 
-    /// `now` with its tick.
     #[inline]
     pub(crate) fn now_at(&self, now: Instant) -> (Instant, u64) {
         (now, self.ticks.floor(now))
