@@ -49,7 +49,6 @@ pub(crate) enum NoTurn {
 pub(crate) struct Turn(u32);
 
 impl Turn {
-    /// Begins a turn of `engine`.
     pub(crate) fn begin(engine: u32) -> Result<Self, NoTurn> {
         TURNING
             .try_with(|turning| {
