@@ -131,7 +131,6 @@ impl TimerNode {
             .with_mut(|callback| f(unsafe { &mut *callback }))
     }
 
-    /// The deadline tick, as last stored.
     #[inline]
     pub(crate) fn deadline(&self) -> u64 {
         self.deadline.load(Ordering::Acquire)
@@ -158,7 +157,6 @@ impl TimerNode {
         let _ = node;
     }
 
-    /// Points this node's chain link at `next`.
     #[inline]
     pub(crate) fn set_next_in_chain(&self, next: Option<NonNull<TimerNode>>) {
         let next = next.map_or(std::ptr::null_mut(), |n| n.cast::<Link>().as_ptr());
