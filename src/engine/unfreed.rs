@@ -54,7 +54,6 @@ impl Unfreed {
     /// Nothing to free.
     pub(crate) const NONE: Self = Self { chain: None };
 
-    /// Whether there is nothing to free.
     pub(crate) fn is_empty(&self) -> bool {
         self.chain.is_none()
     }
