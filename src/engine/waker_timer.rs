@@ -24,7 +24,6 @@ use crate::sync::Arc;
 use crate::sync::timer_state::{Defused, Kind};
 
 impl EngineShared {
-    /// Arms a timer at `tick` that wakes `waker`.
     #[inline]
     pub(crate) fn arm_waker(
         this: &Arc<Self>,
