@@ -82,7 +82,6 @@ impl Drop for Filler<'_> {
     }
 }
 
-/// The ring. See the module documentation.
 pub(crate) struct RunQueue {
     /// The next entry to take. Consumers move it with a compare-and-swap.
     head: CachePadded<AtomicU64>,
