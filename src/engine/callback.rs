@@ -108,8 +108,7 @@ impl Callback {
         }
     }
 
-    /// Runs the callback: a one-shot one is consumed (even if it panics), a repeating one
-    /// stays.
+    /// Runs the callback; a one-shot one is consumed, even if it panics.
     pub(crate) fn call(&mut self) {
         let Some(shim) = self.shim else { return };
         let storage = NonNull::from(&mut self.storage);
