@@ -3,9 +3,7 @@
 //!
 //! A context does not keep its engine alive: a dropped engine's context is pruned by the
 //! thread's next lookup. Contexts are found by the engine's id, never by its address, which
-//! a later engine may reuse.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! a later engine may reuse. Ground rules: [`engine`](crate::engine).
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::num::NonZeroU32;
