@@ -4,9 +4,8 @@
 //!
 //! One producer (the lane's thread) publishes whole batches with their need, as the lane's
 //! stacks do; one consumer at a time (the wheel's holder) takes everything published. A
-//! batch that does not fit goes as a chain on the inbox, so a producer never waits.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! batch that does not fit goes as a chain on the inbox, so a producer never waits. Ground
+//! rules: [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
@@ -61,10 +60,9 @@ impl ForwardRing {
     }
 
     /// Publishes `indices`, needed by tick `need`, or nothing (`None`) if they do not all
-    /// fit. Returns the ring's need, for the caller's
-    /// [`wake_for`](crate::engine::shard_parts::ShardParts::wake_for): at most the next tick
-    /// from [`WAKE_AT`] entries, `now` from twice that, so a sleeping consumer empties it
-    /// before it fills.
+    /// fit. Returns the ring's need for [`wake_for`](crate::engine::shard_parts::ShardParts::wake_for):
+    /// at most the next tick from [`WAKE_AT`] entries, `now` from twice that, so a sleeping
+    /// consumer empties it before it fills.
     ///
     /// # Safety
     /// Only the lane's producer thread may call this.
@@ -121,8 +119,8 @@ impl ForwardRing {
     /// its engine keeps only the lane.
     ///
     /// # Safety
-    /// The caller is the consumer, the ring is empty, and the producer will never publish
-    /// again (the engine's last turn has run, so no reclaim can start).
+    /// The caller is the consumer, the ring is empty, and the last turn has run (no publish
+    /// can follow).
     pub(crate) unsafe fn release(&self) {
         self.slots.with_mut(|cell| {
             // SAFETY: no producer touches the cell any more, and the consumer reads it only
