@@ -11,9 +11,8 @@
 //! parks those not due soon on the current old generation. Every [`OLD_HORIZON`] ticks the
 //! two generations rotate and the producer takes back the one closed a whole horizon, so a
 //! timer cancelled within one to two horizons is recycled by its own thread, never costing
-//! the worker anything; each timer is walked at most three times.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! the worker anything; each timer is walked at most three times. Ground rules:
+//! [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
@@ -387,10 +386,9 @@ impl Lane {
         .min()
     }
 
-    /// The producer is about to take nodes off the lane (to reclaim or close it). `false`,
-    /// marking nothing, when shutting down: the nodes stay for the last turn. Pairs with the
-    /// shutdown's flag store, after which the last turn fences and waits for no lane busy:
-    /// either it sees this mark, or this call sees the flag.
+    /// The producer is about to take nodes off the lane. `false`, marking nothing, when
+    /// shutting down (the nodes stay for the last turn). Pairs with the shutdown's flag store
+    /// and the last turn's fenced wait for no lane busy: one of the two sees the other.
     pub(crate) fn enter(&self, shutdown: &AtomicBool) -> bool {
         self.busy.store(true, Ordering::SeqCst);
         crate::sync::atomic::fence(Ordering::SeqCst);
