@@ -8,9 +8,8 @@
 //! scramble that order a little more each round).
 //!
 //! Memory is first written when carved, so resident memory follows the peak number of
-//! timers, not the capacity. A node's index is its offset in the region.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! timers, not the capacity. A node's index is its offset in the region. Who may touch what,
+//! and when: the ground rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
