@@ -25,9 +25,8 @@ use crate::time::ticks::nanos_of;
 /// Free nodes a thread keeps per shard before handing a batch back.
 const MAGAZINE_LIMIT: u32 = 4 * BATCH;
 
-/// The fewest ticks a node waits on a lane before the worker takes it, unless due sooner:
-/// the next tick, so a message sent while the worker plans to wake then rides that wake-up
-/// rather than waking it again a tick later.
+/// The fewest ticks a node waits on a lane before the worker takes it, unless due sooner,
+/// so a message rides the worker's planned wake-up rather than waking it a tick later.
 const LANE_HORIZON: u64 = 1;
 
 /// The most ticks a node waits on a lane before the worker takes it, unless due sooner.
@@ -482,9 +481,8 @@ impl EngineShared {
         });
     }
 
-    /// Takes back a timer just armed when the engine turned out to be shutting down, if it
-    /// has never run; if the last turn ran or is running it, the schedule stands. Counts
-    /// no cancel.
+    /// Takes back a timer just armed into a shutdown, unless the last turn ran or is
+    /// running it (then the schedule stands). Counts no cancel.
     #[cold]
     fn withdraw(this: &Arc<Self>, handle: TimerHandle) -> bool {
         Self::stop(this, handle, TimerState::try_withdraw).is_some()
@@ -564,9 +562,8 @@ fn forward_need(node: &TimerNode, seen: Observed, now: u64, shard: &Shard) -> u6
     }
 }
 
-/// By when the worker must take what a thread starts sending at `now`: its planned
-/// wake-up, clamped to [`LANE_HORIZON`]..[`IDLE_LANE_HORIZON`] ticks out (the latter
-/// while awake, as it will plan with this need in view).
+/// By when the worker must take what a thread starts sending: its planned wake-up within
+/// [`LANE_HORIZON`]..[`IDLE_LANE_HORIZON`] (the latter while awake: it will plan with it).
 #[inline]
 fn fresh_need(shard: &Shard, now: u64) -> u64 {
     let latest = now.saturating_add(IDLE_LANE_HORIZON);
