@@ -7,8 +7,7 @@
 //! notices and stands in ([`balance`](crate::engine::balance)). Captures without drop glue
 //! are freed at once (nothing can block, and a second visit would cost), as are those of
 //! the last turn and its sweeps, which run callbacks under the wheel anyway.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! Ground rules: [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
