@@ -1,7 +1,6 @@
 //! When a repeating timer fires next, and what it does about ticks it missed.
 
-/// What a repeating timer does when its worker ran it late enough to miss whole periods
-/// (the worker was overloaded, or a callback blocked it).
+/// What a repeating timer does when it ran late enough to miss whole periods.
 ///
 /// Ticks stay phase-aligned to the first deadline with `Burst` and `Skip`; `Delay` starts a
 /// new phase from the late run. A timer due at 10, 20, 30, ... whose run due at 20 ran at
