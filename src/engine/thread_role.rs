@@ -6,8 +6,7 @@ use std::cell::{Cell, RefCell};
 #[cfg(not(loom))]
 std::thread_local! {
     static WORKER: Cell<bool> = const { Cell::new(false) };
-    /// The ids of the hand-driven engines whose `turn` this thread is inside, innermost
-    /// last (a callback may turn another engine).
+    /// The hand-driven engines whose `turn` this thread is inside, innermost last.
     static TURNING: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 #[cfg(loom)]
