@@ -57,8 +57,7 @@ impl Unfreed {
         self.chain.is_none()
     }
 
-    /// Drops each node's callback (catching panics) and gives it back to `shard`'s pool.
-    /// Call it with the wheel let go.
+    /// Drops each node's callback (catching panics) and frees it; with the wheel let go.
     pub(crate) fn free(mut self, shard: &ShardParts) {
         let Some(chain) = self.chain.take() else {
             return;
