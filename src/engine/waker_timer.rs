@@ -35,9 +35,8 @@ impl EngineShared {
         })
     }
 
-    /// Makes the pending waker timer `handle` wake `waker`, returning the old one for the
-    /// caller to drop after noting the change (its drop may panic). `None` if it no longer
-    /// waits.
+    /// Makes the pending waker timer `handle` wake `waker`; returns the old one (`None` if
+    /// it no longer waits), for the caller to drop after noting the change, as it may panic.
     pub(crate) fn replace_waker(&self, handle: TimerHandle, waker: &Waker) -> Option<Waker> {
         let (_, node) = self.lookup(handle)?;
         // Cloned before the lock, the old one dropped after: executor code must not run
@@ -55,8 +54,7 @@ impl EngineShared {
         Some(old)
     }
 
-    /// A dropped `Sleep` lets its timer go: cancels it, or defuses a wake not begun. Never
-    /// waits.
+    /// A dropped `Sleep` cancels its timer, or defuses a wake not begun; never waits.
     pub(crate) fn retire_waker(this: &Arc<Self>, handle: TimerHandle) {
         if Self::cancel(this, handle) {
             return;
