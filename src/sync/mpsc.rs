@@ -58,8 +58,7 @@ pub enum Pop<N> {
     Node(NonNull<N>),
     /// Nothing is queued.
     Empty,
-    /// A producer is between its `swap` and its link: something is queued but unreachable
-    /// yet. Try again later.
+    /// A producer is between its `swap` and its link: try again later.
     Inconsistent,
 }
 
