@@ -479,8 +479,7 @@ impl TimerState {
         }
     }
 
-    /// Whether the timer of `generation` will still run: pending, or repeating, firing and
-    /// not cancelled.
+    /// Whether the timer of `generation` will still run (pending, or repeating and firing).
     pub fn is_pending(&self, generation: u32) -> bool {
         let seen = self.observe();
         seen.generation() == generation
