@@ -1,12 +1,8 @@
-//! A type-erased timer callback stored inside the pooled node, so that arming a timer with a
-//! small closure allocates nothing.
+//! A type-erased timer callback stored in the pooled node: a small closure allocates nothing.
 //!
-//! A one-shot closure whose captures fit in [`INLINE_BYTES`] bytes (three machine words on
-//! 64-bit targets) with an alignment of at most a machine word lives in the node itself; a
-//! larger or more aligned one is boxed. A repeating timer keeps its period in the third
-//! word, so its closure is stored inline up to [`INLINE_REPEATING_BYTES`] (two words). A
-//! [`std::task::Waker`] is two words, so a future's timer can store `move || waker.wake()`
-//! inline either way.
+//! Captures up to [`INLINE_BYTES`] (or [`INLINE_REPEATING_BYTES`], as a repeating timer
+//! keeps its period in the third word), at most word-aligned, live in the node; larger ones
+//! are boxed. A [`std::task::Waker`] is two words, so `move || waker.wake()` fits either way.
 
 use std::mem::{MaybeUninit, align_of, size_of};
 use std::ptr::NonNull;
@@ -15,7 +11,7 @@ use std::task::Waker;
 use crate::engine::periodic::Period;
 
 /// The captures a callback may have and still be stored without an allocation: three
-/// machine words (24 bytes on 64-bit targets), at most word-aligned.
+/// machine words, at most word-aligned.
 pub const INLINE_BYTES: usize = 3 * size_of::<usize>();
 
 /// The captures a repeating callback may have and still be stored without an allocation:
@@ -29,15 +25,14 @@ struct Storage([MaybeUninit<usize>; 3]);
 enum Action {
     /// Whether `Call` consumes the closure; touches nothing.
     Consumes,
-    /// Whether dropping the closure runs code of its own (its captures' `Drop`); touches
-    /// nothing.
+    /// Whether dropping the closure runs code of its own; touches nothing.
     DropsAnything,
     Call,
     Drop,
 }
 
-/// Runs or drops the closure in `storage`. For a one-shot closure `Call` consumes it. Returns
-/// the answer to `Consumes` or `DropsAnything`, and `false` otherwise.
+/// Runs or drops the closure in `storage` (`Call` consumes a one-shot one); answers
+/// `Consumes` or `DropsAnything`, else `false`.
 type Shim = unsafe fn(NonNull<Storage>, Action) -> bool;
 
 /// A callback slot: empty, or holding one closure.
@@ -66,8 +61,7 @@ impl Callback {
     pub(crate) fn set_once<F: FnOnce() + Send + 'static>(&mut self, f: F) {
         debug_assert!(self.shim.is_none());
         if fits_inline::<F>(INLINE_BYTES) {
-            // SAFETY: `fits_inline` checked size and alignment, and the slot is empty, so
-            // writing `F` over its uninitialised words overwrites nothing live.
+            // SAFETY: `fits_inline` checked size and alignment; the slot is empty.
             unsafe { self.storage.0.as_mut_ptr().cast::<F>().write(f) };
             self.shim = Some(once_inline::<F>);
         } else {
@@ -93,8 +87,7 @@ impl Callback {
     /// The slot must hold a waker stored by `set_waker` and not yet run or dropped.
     pub(crate) unsafe fn waker_mut(&mut self) -> &mut Waker {
         debug_assert!(self.shim.is_some());
-        // SAFETY: the caller guarantees a live waker at the start of the storage, and the
-        // slot is borrowed mutably for as long as the result lives.
+        // SAFETY: the caller guarantees a live waker there; the borrow covers the result.
         unsafe { &mut *self.storage.0.as_mut_ptr().cast::<Waker>() }
     }
 
@@ -115,8 +108,7 @@ impl Callback {
         }
     }
 
-    /// Runs the callback. A one-shot callback is consumed (even if it panics); a repeating
-    /// one stays for the next run. Does nothing on an empty slot.
+    /// Runs the callback; a one-shot one is consumed, even if it panics.
     pub(crate) fn call(&mut self) {
         let Some(shim) = self.shim else { return };
         let storage = NonNull::from(&mut self.storage);
@@ -125,30 +117,26 @@ impl Callback {
             // Cleared first: if the closure panics it has already been moved out.
             self.shim = None;
         }
-        // SAFETY: `shim` was set together with the closure it expects in `storage`, and the
-        // slot is borrowed mutably for the call.
+        // SAFETY: `shim` was set with the closure it expects; the slot is borrowed mutably.
         unsafe { shim(storage, Action::Call) };
     }
 
-    /// Drops the callback without running it; the slot is empty afterwards.
-    /// A panic in a capture's `Drop` is caught (the engine's threads must not unwind
-    /// through its own bookkeeping); returns whether one happened.
+    /// Drops the callback unrun, emptying the slot. A panic in a capture's `Drop` is caught
+    /// (the engine must not unwind through its bookkeeping); returns whether one happened.
     pub(crate) fn clear(&mut self) -> bool {
         let Some(shim) = self.shim.take() else {
             return false;
         };
         let storage = NonNull::from(&mut self.storage);
-        // SAFETY: `shim` matches the closure in `storage`, which is dropped exactly once
-        // since the slot was emptied above.
+        // SAFETY: `shim` matches the closure, dropped once as the slot was emptied above.
         crate::engine::panics::contain(|| unsafe {
             shim(storage, Action::Drop);
         })
     }
 
-    /// Whether dropping the callback would run code of its own: a capture's `Drop`, or a
-    /// waker's (the executor's). Such a drop may block or take long, so the wheel's holder
-    /// leaves it until it has let the wheel go (see [`Unfreed`](crate::engine::unfreed::Unfreed)).
-    /// `false` for an empty slot.
+    /// Whether dropping the callback would run code of its own (a capture's or a waker's
+    /// `Drop`), which may block: the wheel's holder leaves it until it lets the wheel go
+    /// ([`Unfreed`](crate::engine::unfreed::Unfreed)).
     pub(crate) fn drops_anything(&self) -> bool {
         let Some(shim) = self.shim else {
             return false;
@@ -194,8 +182,7 @@ unsafe fn once_inline<F: FnOnce()>(storage: NonNull<Storage>, action: Action) ->
         Action::DropsAnything => return std::mem::needs_drop::<F>(),
         Action::Call | Action::Drop => {}
     }
-    // SAFETY: the caller guarantees an initialised `F` at the start of the storage, which is
-    // read out exactly once, here.
+    // SAFETY: the caller guarantees an initialised `F`, read out once, here.
     let f = unsafe { storage.cast::<F>().read() };
     if let Action::Call = action {
         f();
@@ -212,8 +199,7 @@ unsafe fn once_boxed<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> 
         Action::DropsAnything => return std::mem::needs_drop::<F>(),
         Action::Call | Action::Drop => {}
     }
-    // SAFETY: the caller guarantees the pointer came from `Box::into_raw` and is reclaimed
-    // exactly once, here.
+    // SAFETY: the caller guarantees a pointer from `Box::into_raw`, reclaimed once, here.
     let f = unsafe { Box::from_raw(storage.cast::<*mut F>().read()) };
     if let Action::Call = action {
         f();
@@ -228,8 +214,7 @@ unsafe fn wake_once(storage: NonNull<Storage>, action: Action) -> bool {
         Action::Consumes | Action::DropsAnything => return true,
         Action::Call | Action::Drop => {}
     }
-    // SAFETY: the caller guarantees an initialised waker at the start of the storage, which
-    // is read out exactly once, here.
+    // SAFETY: the caller guarantees an initialised waker, read out once, here.
     let waker = unsafe { storage.cast::<Waker>().read() };
     if let Action::Call = action {
         waker.wake();
@@ -289,8 +274,6 @@ mod tests {
         assert!(!Callback::is_inline::<u128>() || align_of::<u128>() <= align_of::<usize>());
     }
 
-    /// Only a callback whose drop runs code (a capture's `Drop`, a waker's) says so: the
-    /// wheel's holder frees the others at once, and leaves these until it lets go.
     #[test]
     fn a_callback_says_whether_its_drop_runs_code() {
         let shared = Arc::new(AtomicUsize::new(0));

@@ -1,12 +1,9 @@
 //! Each thread's view of each engine it uses: its home shard and its lanes, found through a
 //! thread-local so that the hot path touches no shared structure to pick a shard.
 //!
-//! A context does not keep its engine alive: a long-lived thread that used an engine which
-//! has since been dropped holds only the context's own few bytes, which the next lookup on
-//! that thread prunes. Contexts are found by the engine's id, never by its address, which a
-//! later engine may reuse.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! A context does not keep its engine alive: a dropped engine's context is pruned by the
+//! thread's next lookup. Contexts are found by the engine's id, never by its address, which
+//! a later engine may reuse. Ground rules: [`engine`](crate::engine).
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::num::NonZeroU32;
@@ -17,8 +14,7 @@ use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::time::cycle_clock::Anchor;
 
-/// How a context refers to its engine: weakly, so that dropping the engine frees it. loom's
-/// `Arc` has no weak form; models hold the engine for their whole run anyway.
+/// Weak, so dropping the engine frees it (loom's `Arc` has no weak form; models hold it).
 #[cfg(not(loom))]
 type EngineRef = std::sync::Weak<EngineShared>;
 #[cfg(loom)]
@@ -28,8 +24,7 @@ type EngineRef = Arc<EngineShared>;
 pub(crate) struct Context {
     engine_id: NonZeroU32,
     engine: EngineRef,
-    /// The shard this thread schedules onto: chosen once, round-robin across threads, or
-    /// the worker's own shard for a worker thread.
+    /// The shard this thread schedules onto: round-robin across threads, or a worker's own.
     pub(crate) home: usize,
     lanes: Box<[OnceCell<Arc<Lane>>]>,
     /// Where this thread's deadlines start from between reads of the engine's clock.
@@ -39,17 +34,15 @@ pub(crate) struct Context {
 /// The last context used: (engine id, context). Cleared when any context is dropped.
 type Last = Cell<(u32, *const Context)>;
 
-/// This thread's contexts, each allocated once and held as the raw pointer `Box::into_raw`
-/// gave, so that the pointers handed out stay valid while the list grows (a `Box` moved by
-/// the list's growth would assert unique access and invalidate them). Freed when pruned or
-/// when the thread's locals are destroyed.
+/// This thread's contexts, held as raw pointers from `Box::into_raw` so the pointers handed
+/// out stay valid as the list grows (moving a `Box` would assert unique access).
 struct Contexts(Vec<*mut Context>);
 
 impl Drop for Contexts {
     fn drop(&mut self) {
         for context in self.0.drain(..) {
-            // SAFETY: every pointer came from `Box::into_raw` in `lookup` and is freed once,
-            // here or when pruned; pointers cached in LAST are cleared by the context's drop.
+            // SAFETY: from `Box::into_raw` in `lookup`, freed once (here or when pruned);
+            // the context's drop clears LAST.
             drop(unsafe { Box::from_raw(context) });
         }
     }
@@ -84,8 +77,7 @@ impl Context {
         }
     }
 
-    /// This thread's lane into `shard` of `engine` (this context's engine), opened on first
-    /// use.
+    /// This thread's lane into `shard` of this context's `engine`, opened on first use.
     #[inline]
     pub(crate) fn lane(&self, engine: &EngineShared, shard: usize) -> &Lane {
         match self.lanes[shard].get() {
@@ -99,7 +91,6 @@ impl Context {
         self.lanes[shard].get_or_init(|| engine.shards[shard].open_lane())
     }
 
-    /// The engine, if it is still alive.
     fn engine(&self) -> Option<Arc<EngineShared>> {
         #[cfg(not(loom))]
         return self.engine.upgrade();
@@ -108,9 +99,8 @@ impl Context {
     }
 }
 
-/// Runs `f` with the calling thread's context for `engine`, created on first use. `f` gets
-/// `None` while the thread's locals are being destroyed, or when a context cannot be added
-/// because the list is borrowed (a re-entrant call from inside a context's creation).
+/// Runs `f` with the calling thread's context for `engine`, created on first use; `None`
+/// while the thread's locals are destroyed, or on a re-entrant call during a creation.
 #[inline]
 pub(crate) fn with<R>(engine: &Arc<EngineShared>, f: impl FnOnce(Option<&Context>) -> R) -> R {
     let wanted = engine.id.get();
@@ -118,12 +108,10 @@ pub(crate) fn with<R>(engine: &Arc<EngineShared>, f: impl FnOnce(Option<&Context
         Ok((last_engine, context)) if last_engine == wanted && !context.is_null() => Some(context),
         _ => lookup(engine, None),
     };
-    // `context` is owned by this thread's CONTEXTS, which frees contexts only when it prunes
-    // them (a dead engine's, in `lookup`, never this live engine's) or when the thread's
-    // locals are destroyed; dropping a context clears LAST. Ids are never reused by a live
-    // engine, so an id match names this engine's context.
     let context = context.map(|context| {
-        // SAFETY: a live context of this thread, by the invariant above.
+        // SAFETY: CONTEXTS frees a context only when pruned (a dead engine's, never this
+        // live one's) or at thread exit, and its drop clears LAST; a live engine's id is
+        // never reused, so this is this engine's live context.
         unsafe { &*context }
     });
     f(context)
@@ -146,7 +134,6 @@ fn lookup(engine: &Arc<EngineShared>, home: Option<usize>) -> Option<*const Cont
     let found = CONTEXTS
         .try_with(|contexts| {
             let mut list = contexts.try_borrow_mut().ok()?;
-            // Forget the contexts of engines that have been dropped.
             list.0.retain(|&context| {
                 // SAFETY: pointers in the list are live until removed here or dropped.
                 let alive = unsafe { (*context).engine() }.is_some();
@@ -173,9 +160,8 @@ fn lookup(engine: &Arc<EngineShared>, home: Option<usize>) -> Option<*const Cont
 }
 
 impl Drop for Context {
-    /// The thread is exiting (or the engine is gone): if the engine is still alive,
-    /// everything on the lanes goes to the shards' inboxes, the magazines go back to the
-    /// pools, and the workers may forget the lanes.
+    /// The thread is exiting: if the engine is alive, its lanes are closed
+    /// ([`close_lane`](EngineShared::close_lane)).
     fn drop(&mut self) {
         let _ = LAST.try_with(|last| last.set((0, std::ptr::null())));
         let Some(engine) = self.engine() else {

@@ -1,6 +1,5 @@
-//! Counts kept for one shard by the threads that do the work: its owner, and any worker
-//! that runs or rescues its timers. Runners add a whole run's counts at once, so a count
-//! costs a shared read-modify-write per run of timers, never per timer.
+//! Counts kept for one shard by the workers that run its timers, added a whole run at a
+//! time: one shared read-modify-write per run, never per timer.
 
 use crate::engine::wakes::WakeCounters;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -23,9 +22,7 @@ pub(crate) struct ShardCounters {
     pub(crate) claimed_elsewhere: AtomicU64,
     pub(crate) ran_at_shutdown: AtomicU64,
     pub(crate) dropped_at_shutdown: AtomicU64,
-    /// The producer counts of lanes the wheel's holder has forgotten (their threads
-    /// exited), and of operations by threads that had no lane any more (thread-local
-    /// destructors).
+    /// The producer counts of retired lanes, and of threads with no lane any more.
     pub(crate) retired_scheduled: AtomicU64,
     pub(crate) retired_cancelled: AtomicU64,
     pub(crate) retired_reset: AtomicU64,
@@ -41,7 +38,6 @@ pub(crate) fn add(counter: &AtomicU64, n: u64) {
     }
 }
 
-/// Reads a count.
 #[inline]
 pub(crate) fn read(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)

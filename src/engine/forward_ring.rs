@@ -1,18 +1,11 @@
 //! A lane's forward ring: the node indices a producer forwards to its shard's owner, in a
-//! dense array rather than a chain through the nodes.
+//! dense array rather than a chain through the nodes, whose walk would pay each node's
+//! cross-core miss in turn; from an array the owner's misses overlap.
 //!
-//! A reclaim forwards what its thread sent since the last one: cancels and resets of timers
-//! in the wheel, and new timers. Sent as a chain, the owner reaches each node only through
-//! the one before it, so it pays the cross-core miss of every node in turn: at a million
-//! cancels, that walk was most of the owner's cost per cancel. From an array of indices the
-//! owner asks for many nodes at once and their misses overlap.
-//!
-//! One producer (the lane's thread) appends whole batches and publishes them with the
-//! batch's need, as the lane's stacks do; one consumer at a time (the holder of the shard's
-//! wheel) takes everything published. A batch that does not fit travels as a chain on the
-//! inbox instead, so the ring never makes a producer wait.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! One producer (the lane's thread) publishes whole batches with their need, as the lane's
+//! stacks do; one consumer at a time (the wheel's holder) takes everything published. A
+//! batch that does not fit goes as a chain on the inbox, so a producer never waits. Ground
+//! rules: [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
@@ -24,13 +17,8 @@ use crate::engine::timer_node::TimerNode;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Indices the ring holds: 16 KiB per lane, allocated when the lane opens (so that no
-/// schedule, cancel or reset ever allocates) and freed by the engine's last turn. A
-/// producer forwards every [`CLAIM_EVERY`](crate::engine::lane::CLAIM_EVERY) pushes and
-/// wakes a sleeping consumer if it would otherwise sleep past the next tick once the ring
-/// is a quarter full ([`WAKE_AT`]), and at once when it is half full: an owner that wakes
-/// every tick anyway (timers firing all the time) then costs no wake-up of its own, and a
-/// thread cancelling as fast as it can still finds room while the owner wakes.
+/// Indices the ring holds, allocated when the lane opens (so that no schedule, cancel or
+/// reset allocates) and freed by the engine's last turn.
 #[cfg(not(loom))]
 pub(crate) const RING: usize = 4096;
 #[cfg(loom)]
@@ -45,7 +33,6 @@ pub(crate) const CHUNK: usize = 256;
 #[cfg(loom)]
 pub(crate) const CHUNK: usize = 2;
 
-/// See the module documentation.
 pub(crate) struct ForwardRing {
     /// Entries before it have been published; written by the producer.
     tail: CachePadded<AtomicU64>,
@@ -72,18 +59,15 @@ impl ForwardRing {
         }
     }
 
-    /// Publishes `indices`, needed by tick `need`, at tick `now`, unless they do not all
-    /// fit: then it publishes nothing and returns `None`. Otherwise returns the need the
-    /// ring now carries, which the caller hands to
-    /// [`wake_for`](crate::engine::shard_parts::ShardParts::wake_for): at most the next tick
-    /// once the ring holds [`WAKE_AT`] entries, and `now` at twice that, so that a sleeping
+    /// Publishes `indices`, needed by tick `need`, or nothing (`None`) if they do not all
+    /// fit. Returns the ring's need for [`wake_for`](crate::engine::shard_parts::ShardParts::wake_for):
+    /// at most the next tick from [`WAKE_AT`] entries, `now` from twice that, so a sleeping
     /// consumer empties it before it fills.
     ///
     /// # Safety
     /// Only the lane's producer thread may call this.
     pub(crate) unsafe fn publish(&self, indices: &[u32], need: u64, now: u64) -> Option<u64> {
-        // Acquire: the consumer read the slots before it moved `head` past them, so they
-        // may be written again.
+        // Acquire: pairs with `take`'s Release, so slots behind `head` may be rewritten.
         let head = self.head.load(Ordering::Acquire);
         let tail = self.tail.load(Ordering::Relaxed);
         let count = indices.len() as u64;
@@ -96,9 +80,7 @@ impl ForwardRing {
         for (offset, &index) in (tail..).zip(indices) {
             slots[(offset % RING as u64) as usize].store(index, Ordering::Relaxed);
         }
-        // A stale `head` can only make the ring look fuller than it is: the need then
-        // keeps an earlier batch's, or becomes the next tick, which wakes the consumer
-        // sooner than needed, never later.
+        // A stale `head` only makes the ring look fuller: the consumer is woken sooner.
         let mut need = if used == 0 {
             need
         } else {
@@ -108,13 +90,13 @@ impl ForwardRing {
         if filled >= 2 * WAKE_AT {
             need = need.min(now);
         } else if filled >= WAKE_AT {
-            // By the next tick, not at once: an owner that wakes every tick anyway (timers
-            // fire all the time) then costs no wake-up of its own.
+            // By the next tick, not at once: an owner that wakes every tick anyway then
+            // costs no wake-up of its own.
             need = need.min(now.saturating_add(1));
         }
-        // SeqCst, need before tail: a consumer that sees these entries sees a need that
-        // covers them, and with the caller's `wake_for` the store of `tail` forms the
-        // handshake that keeps a sleeping consumer from missing them (as a lane's stacks do).
+        // SeqCst, need before tail: a consumer that sees the entries sees a need covering
+        // them, and with the caller's `wake_for` this is the handshake that keeps a
+        // sleeping consumer from missing them.
         self.need.store(need, Ordering::SeqCst);
         self.tail.store(tail + count, Ordering::SeqCst);
         Some(need)
@@ -126,24 +108,23 @@ impl ForwardRing {
     /// Only the lane's producer thread may call this.
     unsafe fn producer_slots(&self) -> Option<&[AtomicU32]> {
         let slots = self.slots.with(|cell| {
-            // SAFETY: only `release` writes the cell, once nothing publishes any more, and
-            // this thread is publishing; so nothing writes it during this read.
+            // SAFETY: only `release` writes the cell, after the last publish.
             unsafe { &*cell }.as_deref().map(std::ptr::from_ref)
         })?;
         // SAFETY: the allocation lives until `release`, which no publish outlives.
         Some(unsafe { &*slots })
     }
 
-    /// Frees the slots of a ring nobody will publish on again, so that a thread that
-    /// outlives its engine keeps only the lane itself until it lets go of it.
+    /// Frees the slots of a ring nobody will publish on again, so a thread that outlives
+    /// its engine keeps only the lane.
     ///
     /// # Safety
-    /// The caller is the consumer, the ring is empty, and the producer will never publish
-    /// again (the engine's last turn has run, so no reclaim can start).
+    /// The caller is the consumer, the ring is empty, and the last turn has run (no publish
+    /// can follow).
     pub(crate) unsafe fn release(&self) {
         self.slots.with_mut(|cell| {
-            // SAFETY: no producer reads or writes the cell any more, and the consumer reads
-            // it only for entries, of which there are none and will be none.
+            // SAFETY: no producer touches the cell any more, and the consumer reads it only
+            // for entries, of which there are none and will be none.
             unsafe { *cell = None };
         });
     }
@@ -157,7 +138,6 @@ impl ForwardRing {
         Some(self.need.load(Ordering::SeqCst))
     }
 
-    /// Whether nothing is published and untaken.
     pub(crate) fn is_empty(&self) -> bool {
         self.tail.load(Ordering::Acquire) == self.head.load(Ordering::Acquire)
     }
@@ -165,11 +145,9 @@ impl ForwardRing {
     /// Takes up to [`CHUNK`] published indices, oldest first, into `out`; returns how many.
     ///
     /// # Safety
-    /// Only one consumer at a time: the holder of the lane's shard's wheel (holding it
-    /// orders one holder's takes before the next one's).
+    /// Only one consumer at a time: the wheel's holder (ground rule 1).
     pub(crate) unsafe fn take(&self, out: &mut [u32; CHUNK]) -> usize {
-        // Acquire: pairs with the producer's store of `tail`, so the slots and everything
-        // the producer did to their nodes before publishing them are seen here.
+        // Acquire: pairs with the producer's `tail` store: the slots and their nodes' writes.
         let tail = self.tail.load(Ordering::Acquire);
         let head = self.head.load(Ordering::Relaxed);
         let taken = ((tail - head) as usize).min(CHUNK);
@@ -177,8 +155,7 @@ impl ForwardRing {
             return 0;
         }
         self.slots.with(|slots| {
-            // SAFETY: only `release` writes the cell, and only once the ring is empty for
-            // good; there are entries here, so it has not run and will not meanwhile.
+            // SAFETY: `release` runs only once the ring is empty for good; it holds entries.
             if let Some(slots) = unsafe { &*slots } {
                 for (offset, slot) in (head..).zip(&mut out[..taken]) {
                     *slot = slots[(offset % RING as u64) as usize].load(Ordering::Relaxed);
@@ -191,9 +168,8 @@ impl ForwardRing {
     }
 }
 
-/// What one reclaim forwards: nodes the producer holds, each with the tick by which the
-/// owner needs it. They go on the lane's ring [`CHUNK`] at a time, or as one chain on the
-/// shard's inbox when the ring has no room for a chunk.
+/// What one reclaim forwards: on the lane's ring [`CHUNK`] at a time, or as one chain on
+/// the shard's inbox when the ring has no room.
 pub(crate) struct ForwardBatch {
     indices: [u32; CHUNK],
     len: usize,
@@ -216,8 +192,7 @@ impl ForwardBatch {
         }
     }
 
-    /// Adds a node of `shard` the caller holds and has marked in transit, on no chain,
-    /// needed by tick `need`; `now` is the current tick.
+    /// Adds a node of `shard` the caller holds, in transit, on no chain, needed by `need`.
     ///
     /// # Safety
     /// The caller is `lane`'s producer.
@@ -237,8 +212,7 @@ impl ForwardBatch {
         self.need = self.need.min(need);
     }
 
-    /// Publishes the indices gathered, or chains their nodes for the inbox if they do not
-    /// fit.
+    /// Publishes the indices gathered, or chains their nodes for the inbox.
     ///
     /// # Safety
     /// The caller is `lane`'s producer.
@@ -258,8 +232,7 @@ impl ForwardBatch {
         (self.len, self.need) = (0, u64::MAX);
     }
 
-    /// Sends what is left to `shard`'s owner, and wakes it if it plans to sleep past the
-    /// need of anything sent.
+    /// Sends what is left, waking the owner if it plans to sleep past anything's need.
     ///
     /// # Safety
     /// The caller is `lane`'s producer, and holds every node of the batch.

@@ -24,11 +24,8 @@ pub struct TimerHandle {
     /// The engine's id in the high half, the shard in the low half. Nonzero, so that
     /// `Result<TimerHandle, ScheduleError>` is 16 bytes too.
     place: std::num::NonZeroU64,
-    /// The node's generation in the high half, its index in the low half.
-    ///
-    /// Two whole words rather than four `u32`s: a handle is built in registers and copied
-    /// as two words, where four half-words written one by one and read back as a whole stall
-    /// store forwarding.
+    /// The node's generation in the high half, its index in the low half: whole words, not
+    /// `u32`s, as half-words written apart and read back whole stall store forwarding.
     slot: u64,
 }
 

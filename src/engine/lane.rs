@@ -1,30 +1,18 @@
 //! A lane: where one thread stages what it sends to one shard, so that a timer armed and
 //! cancelled in quick succession never crosses to another core.
 //!
-//! The lane is a lock-free stack that both sides empty whole with one swap: the producer
-//! thread (every [`CLAIM_EVERY`] pushes, to recycle the timers it has already cancelled and
-//! forward the rest in one batch on the lane's
-//! [`forward_ring`](crate::engine::forward_ring)), and the shard's worker (when the lane's
-//! earliest need comes due, so that a thread that arms a timer and then goes idle still has
-//! it fire on time). Only the producer pushes, so pushes never contend with each
-//! other, and the cache line stays in the producer's core between the worker's visits.
+//! A lane has three lock-free stacks, each emptied whole with one swap: by the producer
+//! every [`CLAIM_EVERY`] pushes (to recycle what it cancelled and forward the rest on the
+//! lane's [`forward_ring`](crate::engine::forward_ring)), or by the worker once its `need`
+//! tick comes. Only the producer pushes, so the line stays in its core; a push that lowers
+//! `need` below the worker's planned wake-up wakes the worker.
 //!
-//! The producer publishes `need`: the earliest tick at which the worker must have taken the
-//! lane. The worker sleeps no later than that, and a push that lowers it below the worker's
-//! planned wake-up wakes the worker.
-//!
-//! A lane has three such stacks. New timers go on the young one. When the producer claims
-//! it, timers still pending stay there through one more claim (most request timeouts are
-//! cancelled within a few dozen schedules); those still pending then, and not due soon,
-//! move to the current old generation. Every
-//! [`OLD_HORIZON`] ticks the generations rotate and the producer takes back the one that has
-//! been closed for a whole horizon, so every parked timer waits between one and two
-//! horizons before being forwarded: a request timeout cancelled within a few milliseconds
-//! (a proxy's common case, even with thousands of requests in flight) is then recycled by
-//! the thread that armed it and never costs the worker anything. Each timer is walked at
-//! most three times this way. The worker takes every stack whose need has come.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! New timers go on the young stack; a claim keeps pending ones there one more claim, then
+//! parks those not due soon on the current old generation. Every [`OLD_HORIZON`] ticks the
+//! two generations rotate and the producer takes back the one closed a whole horizon, so a
+//! timer cancelled within one to two horizons is recycled by its own thread, never costing
+//! the worker anything; each timer is walked at most three times. Ground rules:
+//! [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
@@ -37,15 +25,14 @@ use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use crate::sync::mpsc::{Link, Linked, link_after};
 
-/// Pushes after which the producer takes its lane back to recycle and forward. Two under
-/// loom, so that models with a handful of timers go through the reclaim path too.
+/// Pushes after which the producer takes its lane back (two under loom, so small models
+/// reach the reclaim path).
 #[cfg(not(loom))]
 pub(crate) const CLAIM_EVERY: u32 = 64;
 #[cfg(loom)]
 pub(crate) const CLAIM_EVERY: u32 = 2;
 
-/// Ticks an old generation collects parked timers before it closes, and then waits before
-/// the producer takes it back.
+/// Ticks an old generation collects parked timers, and then waits before it is taken back.
 pub(crate) const OLD_HORIZON: u64 = 4;
 
 /// A stack both sides empty whole, with the tick by which the worker must take it.
@@ -63,21 +50,19 @@ impl Staging {
         }
     }
 
-    /// Pushes the chain `first..=last` (linked through their chain links); returns whether
-    /// the stack was empty.
+    /// Pushes the chain `first..=last`; returns whether the stack was empty.
     ///
     /// # Safety
-    /// Only the producer pushes; the chain's nodes are live, held by the caller, and on no
-    /// other chain.
+    /// Only the producer pushes; the chain's nodes are live, the caller's, on no other chain.
     unsafe fn push(&self, first: NonNull<TimerNode>, last: NonNull<TimerNode>) -> bool {
-        // SAFETY: the caller holds the nodes.
+        // SAFETY: ground rule 3: the caller holds the nodes.
         let (first, last) = unsafe { (TimerNode::link(first).as_ptr(), TimerNode::link(last)) };
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             // SAFETY: `last` is still private to this thread until the swap succeeds.
             unsafe { last.as_ref().next.store(head, Ordering::Relaxed) };
-            // SeqCst: with the `need` store and the worker's `wake_at` store it forms the
-            // handshake that keeps a sleeping worker from missing these nodes.
+            // SeqCst: with the `need` store and the worker's `wake_at` store, the handshake
+            // that keeps a sleeping worker from missing these nodes.
             match self
                 .head
                 .compare_exchange_weak(head, first, Ordering::SeqCst, Ordering::Relaxed)
@@ -111,8 +96,7 @@ pub(crate) struct Lane {
     /// Where the producer forwards what it sends on to the owner, as indices.
     pub(crate) forward: ForwardRing,
     producer: UnsafeCell<ProducerSide>,
-    /// Counts the producer keeps (single writer, so plain load and store, no read-modify-
-    /// write): timers scheduled, cancelled and reset through this lane's thread.
+    /// Counts the producer keeps (single writer: load and store, no read-modify-write).
     pub(crate) scheduled: AtomicU64,
     pub(crate) cancelled: AtomicU64,
     pub(crate) reset: AtomicU64,
@@ -120,8 +104,7 @@ pub(crate) struct Lane {
     pub(crate) panicked: AtomicU64,
     /// The thread has exited; the worker drops the lane once it is empty.
     closed: AtomicBool,
-    /// The producer holds nodes it took off this lane and has not yet put anywhere the
-    /// worker can see (see [`Lane::enter`]).
+    /// The producer holds nodes taken off this lane ([`Lane::enter`]).
     busy: AtomicBool,
 }
 
@@ -140,8 +123,7 @@ pub(crate) struct ProducerSide {
     rotate_at: u64,
 }
 
-/// Nodes taken off a lane: up to three chains, one after another, each through their chain
-/// links.
+/// Nodes taken off a lane: up to three chains, one after another.
 pub(crate) struct Chain([Option<NonNull<TimerNode>>; 3]);
 
 impl Chain {
@@ -156,8 +138,7 @@ impl Iterator for Chain {
     fn next(&mut self) -> Option<NonNull<TimerNode>> {
         let slot = self.0.iter_mut().find(|head| head.is_some())?;
         let node = (*slot)?;
-        // SAFETY: a taken chain's nodes are live and held by the taker alone; the link is
-        // read before the caller acts on the node (and may reuse the link).
+        // SAFETY: a taken chain's nodes are the taker's (rule 3); read before it reuses them.
         *slot = unsafe { node.as_ref() }.next_in_chain();
         Some(node)
     }
@@ -187,12 +168,10 @@ impl ChainBuilder {
         });
     }
 
-    /// Whether no node has been appended.
     pub(crate) fn is_empty(&self) -> bool {
         self.ends.is_none()
     }
 
-    /// The chain as an iterator, first to last.
     pub(crate) fn into_chain(self) -> Chain {
         if let Some((_, last)) = self.ends {
             // SAFETY: the caller holds every node of the chain.
@@ -239,9 +218,8 @@ impl Lane {
         self.producer.with_mut(|side| f(unsafe { &mut *side }))
     }
 
-    /// Whether the producer should claim the lane back before its next push: it has pushed
-    /// [`CLAIM_EVERY`] nodes since the last claim. Claiming before a push rather than after
-    /// gives the latest timer the time until the next push to be cancelled locally.
+    /// Whether [`CLAIM_EVERY`] pushes have passed since the last claim. Claiming before a
+    /// push, not after, gives the latest timer until the next push to be cancelled locally.
     ///
     /// # Safety
     /// Only the producer thread may call this.
@@ -251,11 +229,9 @@ impl Lane {
         unsafe { self.with_producer(|side| side.pushes >= CLAIM_EVERY) }
     }
 
-    /// Pushes a node the caller holds and has marked in transit, that the worker must have
-    /// by `need_tick` (`u64::MAX` for no deadline of its own). A push onto an empty lane
-    /// starts a new staging, whose need is at most `fresh()`: the horizon by which the
-    /// worker takes whatever the lane holds. Returns the lane's need if this push lowered
-    /// it: the caller then checks whether the worker must be woken.
+    /// Pushes a node the caller holds, in transit, needed by `need_tick` (`u64::MAX` for
+    /// none). A push onto an empty lane starts a staging whose need is at most `fresh()`.
+    /// Returns the lane's need if this lowered it, for the caller to wake the worker.
     ///
     /// # Safety
     /// Only the producer thread may push; `node` must be live and on no chain.
@@ -267,17 +243,15 @@ impl Lane {
     ) -> Option<u64> {
         // SAFETY: forwarded from the caller.
         unsafe { self.with_producer(|side| side.pushes += 1) };
-        // SAFETY: forwarded from the caller: a live node, held, on no chain.
+        // SAFETY: forwarded from the caller.
         unsafe { self.requeue(node, node, need_tick, fresh) }
     }
 
-    /// Pushes a chain of nodes back onto the young stack (the producer keeps timers that
-    /// outlived one claim there for one more): as [`push`](Self::push), with `need_tick`
-    /// the chain's earliest need, but not counted towards the next claim.
+    /// Pushes a chain back onto the young stack: as [`push`](Self::push), with the chain's
+    /// earliest need, not counted towards the next claim.
     ///
     /// # Safety
-    /// Only the producer thread may call this; the chain's nodes are live, held by the
-    /// caller, linked first to last, and on no other chain.
+    /// Only the producer calls this; the chain is live, the caller's, on no other chain.
     pub(crate) unsafe fn requeue(
         &self,
         first: NonNull<TimerNode>,
@@ -320,12 +294,10 @@ impl Lane {
     }
 
     /// Moves a chain of pending timers, due no sooner than `earliest`, onto the current old
-    /// generation at tick `now`. Returns that generation's need if this lowered it (the
-    /// caller then checks whether the worker must be woken).
+    /// generation. Returns its need if this lowered it.
     ///
     /// # Safety
-    /// Only the producer thread may call this; the chain's nodes are live, held by the
-    /// caller, linked first to last, and on no other chain.
+    /// As for [`requeue`](Self::requeue).
     pub(crate) unsafe fn park(
         &self,
         first: NonNull<TimerNode>,
@@ -341,8 +313,8 @@ impl Lane {
         // SAFETY: the caller is the producer thread.
         unsafe {
             self.with_producer(|side| {
-                // The producer takes this generation back within two horizons; the worker
-                // only if the producer has gone quiet by a tick after that.
+                // The producer takes it back within two horizons; the worker only if the
+                // producer has gone quiet by then.
                 let need = if was_empty {
                     earliest.min(now.saturating_add(2 * OLD_HORIZON + 1))
                 } else {
@@ -357,8 +329,7 @@ impl Lane {
         }
     }
 
-    /// Every [`OLD_HORIZON`] ticks: closes the current old generation and takes back the
-    /// other, whose timers have all waited at least a horizon. Empty between rotations.
+    /// Every [`OLD_HORIZON`] ticks: closes the current old generation, takes back the other.
     ///
     /// # Safety
     /// Only the producer thread may call this.
@@ -379,20 +350,15 @@ impl Lane {
         Chain::one(aged.and_then(|aged| self.old[aged].take()))
     }
 
-    /// Takes everything on the lane: the worker, or the producer closing it. Each node goes
-    /// to exactly one taker.
+    /// Takes everything on the lane: the worker, or the producer closing it.
     pub(crate) fn take(&self) -> Chain {
         Chain([self.young.take(), self.old[0].take(), self.old[1].take()])
     }
 
-    /// The worker's take at tick `now`: each stack whose need has come (every non-empty one
-    /// when `all`), the others left to the producer. Taking all three as soon as one is due
-    /// would defeat the old generations: under load the young stack is due at nearly every
-    /// tick, so they would go to the wheel a tick after they were parked, and their thread
-    /// would never catch a cancel there. A need read just as the producer starts a new staging
-    /// may be the last one's: taking a stack early is harmless, and one left behind is
-    /// covered by the handshake that covers [`need`](Self::need) (the producer wakes the
-    /// worker when its push lowers the need below the worker's plan).
+    /// The worker's take: each stack whose need has come (every one when `all`), not all
+    /// once one is due, as the young stack is due nearly every tick under load and parked
+    /// timers would reach the wheel before their thread could cancel them. A stale need
+    /// makes a take early (harmless) or late (covered by the push's wake-up handshake).
     pub(crate) fn take_due(&self, now: u64, all: bool) -> Chain {
         if all {
             return self.take();
@@ -407,8 +373,7 @@ impl Lane {
         Chain([due(&self.young), due(&self.old[0]), due(&self.old[1])])
     }
 
-    /// The tick by which the worker must take this lane (its stacks, or its forward ring),
-    /// or `None` when it is empty.
+    /// The tick by which the worker must take this lane (stacks or forward ring), if any.
     pub(crate) fn need(&self) -> Option<u64> {
         [
             self.young.need(),
@@ -421,12 +386,9 @@ impl Lane {
         .min()
     }
 
-    /// The producer is about to take nodes off the lane into its own hands (to reclaim or
-    /// close it). Returns `false`, and marks nothing, if the engine is shutting down: the
-    /// nodes must then stay where the worker's last turn finds them. Pairs with the
-    /// shutdown, which sets the flag before the last turn, which fences and then waits
-    /// until no lane is busy before its final collection: either it sees this mark, or
-    /// this call sees the flag.
+    /// The producer is about to take nodes off the lane. `false`, marking nothing, when
+    /// shutting down (the nodes stay for the last turn). Pairs with the shutdown's flag store
+    /// and the last turn's fenced wait for no lane busy: one of the two sees the other.
     pub(crate) fn enter(&self, shutdown: &AtomicBool) -> bool {
         self.busy.store(true, Ordering::SeqCst);
         crate::sync::atomic::fence(Ordering::SeqCst);
@@ -442,7 +404,6 @@ impl Lane {
         self.busy.store(false, Ordering::Release);
     }
 
-    /// Whether the producer holds nodes taken off this lane.
     pub(crate) fn is_busy(&self) -> bool {
         self.busy.load(Ordering::SeqCst)
     }
@@ -459,15 +420,14 @@ impl Lane {
             && self.forward.is_empty()
     }
 
-    /// Adds one to a producer-kept count.
     #[inline]
     pub(crate) fn count(counter: &AtomicU64) {
         counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 }
 
-// SAFETY: the producer-only state is touched only by the producer thread (callers of the
-// `unsafe` methods promise it); everything else is atomic.
+// SAFETY: ground rule 4: the producer-only state is touched only by the producer thread
+// (callers of the `unsafe` methods promise it); everything else is atomic.
 unsafe impl Send for Lane {}
 // SAFETY: as above.
 unsafe impl Sync for Lane {}

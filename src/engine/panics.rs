@@ -1,13 +1,11 @@
-//! User code on the engine's own threads: callbacks, and the destructors of what they
-//! captured. A panic there must not unwind through the engine's bookkeeping or end a worker
-//! thread, so it is caught here and reported as a `bool` for the stats to count.
+//! User code on the engine's threads (callbacks, captures' destructors) must not unwind
+//! through its bookkeeping or end a worker: panics are caught here, for the stats.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-/// Runs `f`, catching a panic; `true` if it panicked. The panic's payload is dropped under
-/// the same guard: a payload whose own `Drop` panics (`panic_any` with such a value) would
-/// otherwise unwind out of the catch.
+/// Runs `f`, catching a panic; `true` if it panicked. The payload is dropped under a guard
+/// too, as its own `Drop` may panic.
 pub(crate) fn contain(f: impl FnOnce()) -> bool {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(()) => false,
@@ -18,10 +16,8 @@ pub(crate) fn contain(f: impl FnOnce()) -> bool {
     }
 }
 
-/// Drops a caught panic's payload. If that drop panics too, that panic's payload is
-/// dropped the same way, and so on; only a payload at the end of a long chain of payloads
-/// whose drops all panic is leaked, since dropping it could panic again without end, and a
-/// few bytes are a fair price for a worker that goes on.
+/// Drops a caught panic's payload, and each nested one its drop panics with, up to a chain
+/// whose last is leaked: a few bytes, rather than panicking without end.
 fn drop_payload(payload: Box<dyn Any + Send>) {
     /// Payloads dropped in a chain before the next one is leaked.
     const CHAIN: usize = 8;

@@ -1,14 +1,13 @@
 //! When a repeating timer fires next, and what it does about ticks it missed.
 
-/// What a repeating timer does when its worker ran it late enough to miss whole periods
-/// (the worker was overloaded, or a callback blocked it).
+/// What a repeating timer does when it ran late enough to miss whole periods.
 ///
 /// Ticks stay phase-aligned to the first deadline with `Burst` and `Skip`; `Delay` starts a
 /// new phase from the late run. A timer due at 10, 20, 30, ... whose run due at 20 ran at
 /// 35 runs next:
 ///
 /// - with `Burst`, at 30, which is already due, so at once;
-/// - with `Skip`, at 40, the next aligned tick (Go's formula);
+/// - with `Skip`, at 40, the next aligned tick;
 /// - with `Delay`, at 45, a full period after the late run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MissedTicks {
@@ -38,9 +37,8 @@ impl MissedTicks {
     }
 }
 
-/// The longest period a repeating timer keeps between runs: 2^62 - 2 ticks (about 146
-/// years at a 1 ns tick, 146 million years at 1 ms). After its first run, a timer with a
-/// longer period never runs again by itself.
+/// The longest period a repeating timer keeps between runs (2^62 - 2 ticks); one with a
+/// longer period never runs again by itself after its first run.
 pub(crate) const MAX_PERIOD_TICKS: u64 = (u64::MAX >> 2) - 1;
 
 /// The packed period of a timer whose period is longer than [`MAX_PERIOD_TICKS`].
@@ -98,8 +96,6 @@ impl Period {
 mod tests {
     use super::{MAX_PERIOD_TICKS, MissedTicks, Period};
 
-    /// A period too long to pack is never shortened: it unpacks as `u64::MAX` ticks, whose
-    /// next run saturates to the end of time under every policy.
     #[test]
     fn periods_beyond_the_packed_range_never_come_round_again() {
         for missed in [MissedTicks::Burst, MissedTicks::Delay, MissedTicks::Skip] {

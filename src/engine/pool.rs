@@ -1,29 +1,15 @@
-//! A shard's pool of timer nodes: one region of address space reserved up front, carved
-//! into nodes a chunk at a time as demand grows, and a bitmap of its free nodes shared by
-//! every thread.
+//! A shard's pool of timer nodes: one region reserved up front, carved a chunk at a time as
+//! demand grows, and a bitmap of free nodes shared by every thread.
 //!
-//! A thread takes free nodes a bitmap word at a time (up to 64 neighbours, one 4 KiB page of
-//! the region), hands them out in address order and arms timers from them without touching
-//! shared memory; whoever frees nodes sets their bits again, one atomic OR per word. The
-//! words are taken in turn from one shared cursor, so the region is reused like a ring:
-//! timers armed one after another get neighbouring nodes, in whatever order the nodes were
-//! freed. That keeps the order of memory the order of arming: where timers end roughly in
-//! the order they began (request timeouts, idle timeouts, TTLs), a thread's cancels and the
-//! worker's filing and unlinking walk the region forwards, and the hardware's prefetch hides
-//! their misses. A free stack that handed nodes out in the order they came back did not: the
-//! timers that fired early came back out of turn, their nodes went to whoever armed next,
-//! and each round of a steady load scrambled the order a little more. In steady-mix, after
-//! 30 s nearly every cancel's node was thousands of nodes away from the one before, and the
-//! process's CPU per timer had grown by half.
+//! A thread takes free nodes a bitmap word (up to 64) at a time, in address order; freeing
+//! sets bits again, one atomic OR per word. Words are taken in turn from a shared cursor,
+//! reusing the region like a ring, so timers armed in turn get neighbouring nodes and later
+//! walks go forwards through memory, where prefetch hides misses (a free stack would
+//! scramble that order a little more each round).
 //!
-//! The region is one allocation of `capacity` nodes. The allocator maps so large a block
-//! straight from the operating system, which backs a page with memory only when it is first
-//! written; a chunk is written when it is carved, so resident memory follows the peak number
-//! of timers, not the capacity. The bitmap is allocated zeroed for the whole capacity, and
-//! is resident as far as it is used in the same way. A node's index is its offset in the
-//! region, so a node does not need to carry it.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! Memory is first written when carved, so resident memory follows the peak number of
+//! timers, not the capacity. A node's index is its offset in the region. Who may touch what,
+//! and when: the ground rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
@@ -40,13 +26,11 @@ pub(crate) const CHUNK_NODES: usize = 1024;
 #[cfg(loom)]
 pub(crate) const CHUNK_NODES: usize = 4;
 
-/// The most nodes a pool can hold: a packed wheel link names 2^26 - 1 indices, the last of
-/// which means "none".
+/// The most nodes a pool can hold: a packed wheel link's indices, less the one for "none".
 pub(crate) const MAX_CAPACITY: usize =
     ((1 << crate::engine::timer_node::INDEX_BITS) - 1) / CHUNK_NODES * CHUNK_NODES;
 
-/// Nodes a pool holds unless the engine's builder says otherwise: about four million
-/// timers per shard, 256 MiB of address space, resident only as far as it is used.
+/// Nodes a pool holds unless the builder says otherwise (address space, resident as used).
 #[cfg(not(any(loom, miri)))]
 pub(crate) const DEFAULT_CAPACITY: usize = 4 << 20;
 #[cfg(all(miri, not(loom)))]
@@ -57,24 +41,17 @@ pub(crate) const DEFAULT_CAPACITY: usize = 2 * CHUNK_NODES;
 /// Nodes per word of the free bitmap: the most a refill takes at once.
 pub(crate) const BATCH: u32 = u64::BITS;
 
-/// Words a refill looks at for one at least half free (4,096 nodes, 8 lines of the bitmap):
-/// enough to pass over the nodes of timers still pending where the region is reused as a
-/// ring, few enough that a pool with almost nothing free grows after a short look.
+/// Words a refill looks at for one at least half free: enough to pass over the nodes of
+/// timers still pending, few enough that a pool with almost nothing free grows soon.
 const LOOK_WORDS: usize = 64;
 
-/// A refill that finds no word half free near the cursor grows the pool while fewer than
-/// this share of its nodes (one in eight) are free. Where timers are reused as a ring, the
-/// free nodes are the band ahead of the cursor plus the holes that fired timers leave
-/// among pending ones (7.5% of steady-mix's pool), so an eighth leaves room for a band.
-/// Above it the pool is spread thin by long-lived timers and grows no further: its memory
-/// beyond its nodes in use (pending timers, cancelled ones on their way back, those threads
-/// keep at hand) is bounded by this share.
+/// A refill finding no word half free near the cursor grows the pool while fewer than one
+/// in this many nodes are free (room for a free band ahead of the cursor); above it, the
+/// pool is spread thin by long-lived timers and does not grow, bounding its spare memory.
 const SPARE_SHARE: u64 = 8;
 
-/// Free nodes in the bitmap above which a refill that finds nothing near the cursor looks
-/// through the whole region before growing it: two chunks. Below it the pool grows; with
-/// [`SPARE_SHARE`], its free nodes beyond what its timers need stay under the larger of
-/// the two bounds (this one decides in pools under 16 chunks).
+/// Free nodes above which a refill that finds nothing near the cursor searches the whole
+/// region before growing it; with [`SPARE_SHARE`], this bounds a pool's spare nodes.
 const PLENTY_FREE: u64 = 2 * CHUNK_NODES as u64;
 
 /// A shard's nodes as its wheel sees them: the owner's view, for filing nodes by index.
@@ -83,8 +60,7 @@ pub(crate) struct FiledNodes<'a>(pub(crate) &'a Pool);
 impl FiledNodes<'_> {
     #[inline]
     fn node(&self, index: u32) -> &TimerNode {
-        // Every index the wheel holds is one the owner filed from this pool, whose chunks
-        // never go away; a miss would be a bug in the wheel, not something a user causes.
+        // The wheel holds only indices filed from this pool, whose chunks never go away.
         match self.0.node(index) {
             Some(node) => node,
             None => unreachable!("a wheel index outside its pool"),
@@ -100,8 +76,8 @@ impl Links for FiledNodes<'_> {
 
     #[inline]
     fn links(&self, index: u32) -> (Location, u32, u32) {
-        // SAFETY: only the thread holding the shard's wheel touches a filed node's held
-        // parts (see `TimerNode::with_links`), and the wheel's methods run on that thread.
+        // SAFETY: ground rule 3: a filed node's links belong to the wheel's holder, and the
+        // wheel's methods run on that thread.
         unsafe { self.node(index).with_links(|links| links.links()) }
     }
 
@@ -134,7 +110,6 @@ impl Links for FiledNodes<'_> {
     }
 }
 
-/// The shard's pool.
 pub(crate) struct Pool {
     /// `capacity` node slots; the first `ready` hold initialised nodes.
     region: NonNull<TimerNode>,
@@ -143,43 +118,33 @@ pub(crate) struct Pool {
     claimed: AtomicU64,
     /// Nodes initialised: always a whole number of chunks, published in order.
     ready: AtomicU64,
-    /// Chunks carved whose nodes have all been kept or given to the bitmap: a refill that
-    /// finds the pool at its size limit waits for this to reach every chunk before it
-    /// reports the pool full.
+    /// Chunks whose nodes are all kept or in the bitmap (see `take_any_word`).
     settled: AtomicU64,
     /// Which nodes are free and held by nobody.
     free: FreeBits,
-    /// The word the next refill looks at first: a hint, set past each word taken, so that
-    /// refills take the region's words in turn.
+    /// The word the next refill looks at first, set past each word taken.
     cursor: CachePadded<Hint>,
-    /// Nodes carved, as `ready` says once a carve is published: a hint for the refills'
-    /// choice between growing and taking a thin word (see `Hint`).
+    /// Nodes carved: a hint for choosing between growing and taking a thin word.
     carved: Hint,
-    /// About how many nodes the bitmap holds (added to by each give-back, taken from by
-    /// each refill, so it may lag and even dip below zero for a moment): whether a refill
-    /// that finds nothing near the cursor should look through the whole region or grow it.
+    /// About how many nodes the bitmap holds (it may lag, even below zero).
     free_count: CachePadded<Hint>,
 }
 
-/// The cursor, the count of free nodes and the count of carved nodes are hints: which nodes
-/// a refill holds is decided by the bitmap's swaps and ORs alone, whatever the hints say.
-/// Under loom they are plain atomics that it does not model, so that its search goes to
-/// the bits (modelled, the first two took the engine models from 550 s to 1,221 s on a
-/// 2-core machine).
+/// The cursor and counts are hints: the bitmap's swaps and ORs alone decide who holds a
+/// node, so loom leaves them unmodelled and its search goes to the bits.
 #[cfg(not(loom))]
 type Hint = AtomicU64;
 #[cfg(loom)]
 type Hint = std::sync::atomic::AtomicU64;
 
-// SAFETY: the region's nodes are shared only through their atomics and through the holder
-// discipline of `TimerNode::with_links`; the pool's own bookkeeping is atomic.
+// SAFETY: nodes are shared only through their atomics and ground rule 3's holder
+// discipline; the pool's own bookkeeping is atomic.
 unsafe impl Send for Pool {}
 // SAFETY: as above.
 unsafe impl Sync for Pool {}
 
-/// One bit per node of the region, set while the node is free and held by nobody: word `w`
-/// covers nodes `64 w .. 64 w + 63`. Whoever clears a bit (a swap of the whole word) holds
-/// that node; whoever sets one gives the node up.
+/// One bit per node, set while the node is free and held by nobody. Whoever clears a bit
+/// (a swap of the whole word) holds that node; whoever sets one gives it up.
 struct FreeBits(Box<[AtomicU64]>);
 
 impl FreeBits {
@@ -218,8 +183,7 @@ impl FreeBits {
         if bits.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        // Acquire: pairs with the Release of `give`, so that the nodes' writes made before
-        // they were given up are seen by their new holder.
+        // Acquire: pairs with `give`'s Release, so the new holder sees the nodes' writes.
         let taken = bits.swap(0, Ordering::Acquire);
         (taken != 0).then_some(taken)
     }
@@ -242,10 +206,8 @@ impl FreeBits {
     }
 }
 
-/// Free nodes held by one thread: a producer's magazine, or the worker's batch of freshly
-/// freed nodes on its way back to the pool. A word of the bitmap taken whole, handed out in
-/// address order, and a chain of nodes put in one at a time, handed out first: those are
-/// nodes this thread has just freed itself, whose lines are the warmest.
+/// Free nodes held by one thread: a bitmap word taken whole, and a chain of nodes put in
+/// one at a time, handed out first as this thread just freed them (their lines are warm).
 pub(crate) struct Magazine {
     first: Option<NonNull<TimerNode>>,
     chained: u32,
@@ -254,8 +216,7 @@ pub(crate) struct Magazine {
     bits: u64,
 }
 
-// SAFETY: a magazine's nodes belong to its holder alone; moving the holder between threads
-// (a thread-local destructor, a worker handing back at shutdown) moves the ownership too.
+// SAFETY: a magazine's nodes belong to its holder alone; moving it moves that ownership.
 unsafe impl Send for Magazine {}
 
 impl Magazine {
@@ -266,12 +227,10 @@ impl Magazine {
         bits: 0,
     };
 
-    /// Takes one node, if any.
     #[inline]
     pub(crate) fn take(&mut self) -> Option<NonNull<TimerNode>> {
         if let Some(node) = self.first {
-            // SAFETY: nodes on a magazine are live (pools never free chunks while in use)
-            // and held by this magazine alone.
+            // SAFETY: nodes on a magazine are live and held by this magazine alone.
             self.first = unsafe { node.as_ref() }.next_in_chain();
             self.chained -= 1;
             return Some(node);
@@ -285,8 +244,7 @@ impl Magazine {
         // SAFETY: a set bit of a word names a carved node of that word, which `base` starts.
         let node = unsafe { base.add(offset) };
         if self.bits != 0 {
-            // The next node was most likely last written on another core: start moving its
-            // line here now, so that the next take finds it rather than waiting a whole miss.
+            // The next node was likely last written on another core: fetch its line early.
             // SAFETY: as above.
             TimerNode::prefetch_for_write(unsafe { base.add(self.bits.trailing_zeros() as usize) });
         }
@@ -306,16 +264,13 @@ impl Magazine {
         self.chained + self.bits.count_ones()
     }
 
-    /// Gives every node back to `pool`: one OR for the word taken whole, and one for each
-    /// run of chained nodes that share a word (nodes freed in the order they were armed
-    /// come in such runs).
+    /// Gives every node back: one OR for the word, and one per run of chained nodes.
     pub(crate) fn give_back(&mut self, pool: &Pool) {
         let given = self.len();
         let mut run: Option<(usize, u64)> = None;
         let mut rest = self.first.take();
         while let Some(node) = rest {
-            // SAFETY: nodes on a magazine are live and held by this magazine alone; the link
-            // is read before the node is given up.
+            // SAFETY: as in `take`; the link is read before the node is given up.
             rest = unsafe { node.as_ref() }.next_in_chain();
             let index = pool.index_of(node) as usize;
             let (word, bit) = (index / BATCH as usize, 1_u64 << (index % BATCH as usize));
@@ -341,9 +296,8 @@ impl Magazine {
         pool.counted_free(given, 0);
     }
 
-    /// Refills an empty magazine with the free nodes of one word, from the region's next
-    /// words in turn, or from a new chunk. `false` when the pool is at its size limit and
-    /// has nothing free.
+    /// Refills an empty magazine with the free nodes of one word, or from a new chunk.
+    /// `false` when the pool is at its size limit and has nothing free.
     pub(crate) fn refill(&mut self, pool: &Pool) -> bool {
         debug_assert!(self.first.is_none() && self.bits == 0);
         let taken = pool
@@ -415,8 +369,7 @@ impl Pool {
     /// The index of one of this pool's nodes: its offset in the region.
     #[inline]
     pub(crate) fn index_of(&self, node: NonNull<TimerNode>) -> u32 {
-        // SAFETY: `node` points into this pool's region (every node handed out does), so
-        // both pointers are derived from the same allocation and the offset is exact.
+        // SAFETY: every node handed out points into this pool's region, one allocation.
         let offset = unsafe { node.offset_from(self.region) };
         debug_assert!((0..self.capacity as isize).contains(&offset));
         offset as u32
@@ -435,42 +388,27 @@ impl Pool {
         (self.ready.load(Ordering::Acquire) as usize).div_ceil(BATCH as usize)
     }
 
-    /// The free nodes of the next word in turn that has at least half its nodes free,
-    /// looking at most [`LOOK_WORDS`] words ahead. A word taken while the timers of its
-    /// other nodes are still ending would split one page's nodes between threads and
-    /// times, so that a thread's next timers no longer lie one after another; waiting a
-    /// little for the rest of the page made steady-mix 5-10% cheaper than taking any word
-    /// with a node free.
+    /// The free nodes of the next word at least half free, within [`LOOK_WORDS`]: a word
+    /// whose other timers are still ending would split a page between threads.
     ///
-    /// Where no word near the cursor is half free, the cursor has caught up with the nodes
-    /// being freed (arms reuse the ring right behind the cancels of a second ago). While
-    /// less than a [`SPARE_SHARE`]th of the pool is free and it can still grow, `None`:
-    /// the pool grows, which keeps a band of wholly free words ahead of the cursor. Taking
-    /// the first thin word there instead would move the cursor on into nodes that are all
-    /// still pending but for the odd fired timer, and each refill would bring few nodes.
-    ///
-    /// With more free than that, the first thin word seen (the pool is spread thin by
-    /// timers that live long, and growing would not help), or, with nothing at all free
-    /// near the cursor but [`PLENTY_FREE`] nodes or more in the pool, the first word with
-    /// any in the whole region: a stretch of long-lived timers (idle timeouts armed
-    /// together at start) longer than a look would otherwise stop every lap of the cursor
-    /// and grow the pool each time, with the nodes freed beyond it never reused.
+    /// With none, `None` (grow, keeping a free band ahead of the cursor) while under a
+    /// [`SPARE_SHARE`]th is free and the pool can grow; else the first thin word seen, or
+    /// with [`PLENTY_FREE`] any word in the region, so a stretch of long-lived timers longer
+    /// than a look does not grow the pool on every lap.
     fn take_next_word(&self) -> Option<(usize, u64)> {
         let words = self.carved_words();
         if words == 0 {
             return None;
         }
-        // Read, not moved on per word: the look is plain loads of the bitmap, and the only
-        // writes to shared lines are the swap of the word taken and the cursor after it.
-        // Two refills that start together may pick the same word; the swap gives it to one,
-        // and the other looks on.
+        // Read once, not moved per word, so the look writes no shared line; two refills
+        // may pick the same word, and the swap gives it to one.
         let start = self.cursor.load(Ordering::Relaxed) as usize % words;
         let near = words.min(LOOK_WORDS);
         let mut thin = None;
         let mut word = start;
         for _ in 0..near {
             let here = word;
-            // Wrapped by hand: a division per word was a third of the look's cost.
+            // Wrapped by hand: cheaper than a division per word.
             word = if word + 1 == words { 0 } else { word + 1 };
             match self.free.count(here) {
                 0 => continue,
@@ -491,7 +429,6 @@ impl Pool {
         if free < self.carved.load(Ordering::Relaxed) / SPARE_SHARE && self.can_grow() {
             return None;
         }
-        // Past the words looked at, for the next look.
         self.cursor.store(word as u64, Ordering::Relaxed);
         if let Some(bits) = thin.and_then(|word| self.take_word(word)) {
             return thin.map(|word| (word, bits));
@@ -511,8 +448,7 @@ impl Pool {
         Some((word, bits))
     }
 
-    /// Whether a chunk is left to carve (a hint: a claim in progress may take it). Once
-    /// every chunk is carved `false` is final.
+    /// Whether a chunk is left to carve (a hint; once `false`, final).
     fn can_grow(&self) -> bool {
         (self.carved.load(Ordering::Relaxed) as usize) < self.capacity
     }
@@ -524,7 +460,6 @@ impl Pool {
         Some(bits)
     }
 
-    /// Counts `given` nodes into the bitmap and `taken` out of it.
     fn counted_free(&self, given: u32, taken: u32) {
         if given > 0 {
             self.free_count
@@ -543,11 +478,8 @@ impl Pool {
         if count > u64::MAX / 2 { 0 } else { count }
     }
 
-    /// The free nodes of any word, looking at every one: a pool at its size limit. Every
-    /// chunk has been claimed then, but one may still be being carved, its nodes not yet
-    /// in the bitmap: that carve is waited for (a few microseconds, never user code), so
-    /// that refills racing the carving of the last chunk do not report full a pool whose
-    /// nodes are about to be given.
+    /// The free nodes of any word, for a pool at its size limit. Waits for a chunk still
+    /// being carved (never user code), not to report full a pool about to gain nodes.
     fn take_any_word(&self) -> Option<(usize, u64)> {
         let chunks = (self.capacity / CHUNK_NODES) as u64;
         loop {
@@ -564,11 +496,9 @@ impl Pool {
         }
     }
 
-    /// Carves a chunk from the region, keeps its first word's nodes for the caller and gives
-    /// up the rest. `None` when the region is used up.
+    /// Carves a chunk, keeping its first word for the caller; `None` when none is left.
     fn grow(&self) -> Option<(usize, u64)> {
-        // A pool at its size limit stays there: no read-modify-write of the shared count
-        // on every refill that finds nothing free.
+        // Checked first: no read-modify-write of the shared count once at the limit.
         if !self.can_grow() {
             return None;
         }
@@ -578,25 +508,20 @@ impl Pool {
             self.claimed.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        // SAFETY: `start..start + CHUNK_NODES` is inside the region (capacity is a whole
-        // number of chunks) and was claimed by this call alone; no handle names these
-        // nodes yet, and `node` does not hand them out until `ready` covers them.
+        // SAFETY: the chunk is inside the region (capacity is whole chunks), claimed by this
+        // call alone, and unreachable through `node` until `ready` covers it.
         let first = unsafe { self.region.add(start) };
         for offset in 0..CHUNK_NODES {
             // SAFETY: as above; writing initialises the slot without reading it.
             unsafe { first.add(offset).write(TimerNode::new()) };
         }
-        // Publish in chunk order, so that `ready` always covers initialised nodes only. A
-        // chunk carved at the same time by another thread finishes within a few
-        // microseconds; this wait happens once per chunk of growth, never on the hot path.
+        // In chunk order, so `ready` covers initialised nodes only (off the hot path).
         crate::sync::spin_until(|| {
             (self.ready.load(Ordering::Acquire) == start as u64).then_some(())
         });
         let end = start + CHUNK_NODES;
         self.ready.store(end as u64, Ordering::Release);
-        // In chunk order, as `ready`: the hint only grows.
         self.carved.store(end as u64, Ordering::Relaxed);
-        // The chunk's nodes, a word at a time (a chunk may share a word with others).
         let batch = BATCH as usize;
         let mut words = (start / batch..end.div_ceil(batch)).map(|word| {
             let (low, high) = (start.max(word * batch), end.min(word * batch + batch));
@@ -610,8 +535,7 @@ impl Pool {
         }
         // After the gives: a refill that sees this chunk settled sees its nodes' bits.
         self.settled.fetch_add(1, Ordering::Release);
-        // Later refills take the rest of this chunk first: a pool that grows because what
-        // is free lies thinly spread serves the next timers from here, in address order.
+        // Later refills take the rest of this chunk first, in address order.
         if let Some((word, _)) = kept {
             self.cursor.store(word as u64 + 1, Ordering::Relaxed);
         }
@@ -630,8 +554,7 @@ impl Pool {
         self.ready.load(Ordering::Acquire) as usize / CHUNK_NODES
     }
 
-    /// Nodes that hold a timer (not free), counted by walking every node: a diagnostic for
-    /// tests and shutdown reports, not for the hot path.
+    /// Nodes that hold a timer, counted by walking every node (a diagnostic).
     #[cfg(any(test, loom, feature = "test-util"))]
     pub(crate) fn nodes_in_use(&self) -> usize {
         (0..self.ready.load(Ordering::Acquire) as u32)
@@ -640,8 +563,7 @@ impl Pool {
             .count()
     }
 
-    /// Bytes of node memory carved (and so resident); the rest of the region is address
-    /// space only.
+    /// Bytes of node memory carved (and so resident).
     pub(crate) fn allocated_bytes(&self) -> usize {
         self.ready.load(Ordering::Acquire) as usize * size_of::<TimerNode>()
     }
@@ -651,8 +573,7 @@ impl Drop for Pool {
     fn drop(&mut self) {
         let ready = self.ready.load(Ordering::Acquire) as usize;
         for index in 0..ready {
-            // SAFETY: nodes below `ready` are initialised, and with `&mut self` no thread
-            // can reach them any more. Dropping one drops any callback it still holds.
+            // SAFETY: nodes below `ready` are initialised, and `&mut self` excludes others.
             unsafe { self.region.add(index).drop_in_place() };
         }
         // SAFETY: the region came from `alloc` with this layout in `with_capacity`.
@@ -700,8 +621,7 @@ mod tests {
         assert_eq!(pool.chunks(), 1, "every batch of the first chunk came back");
     }
 
-    /// Takes every node the pool can hand out now, a refill at a time, growing it as needed
-    /// up to `words` words.
+    /// Takes `words` refills' worth of nodes, growing the pool as needed.
     fn take_words(pool: &Pool, words: usize) -> Vec<Vec<u32>> {
         (0..words)
             .map(|_| {
@@ -724,8 +644,7 @@ mod tests {
     #[test]
     fn nodes_freed_in_any_order_come_back_in_address_order() {
         let pool = Pool::new();
-        // The whole first chunk held, then freed scrambled, as timers that fire and timers
-        // cancelled come back (an odd multiplier permutes the chunk's indices).
+        // The first chunk held, then freed scrambled (an odd multiplier permutes indices).
         let words = CHUNK_NODES / BATCH as usize;
         let held: Vec<u32> = take_words(&pool, words).into_iter().flatten().collect();
         assert_eq!(held.len(), CHUNK_NODES);
@@ -748,7 +667,6 @@ mod tests {
     #[test]
     fn a_word_at_least_half_free_is_taken_before_a_thinner_one() {
         let pool = Pool::new();
-        // The whole first chunk held: 16 words.
         let words = take_words(&pool, CHUNK_NODES / BATCH as usize);
         assert_eq!(pool.chunks(), 1);
         let (thin, thick) = (&words[2], &words[5]);
@@ -768,8 +686,7 @@ mod tests {
     fn a_thin_word_is_taken_once_an_eighth_of_the_pool_is_free() {
         let pool = Pool::new();
         let words = take_words(&pool, CHUNK_NODES / BATCH as usize);
-        // 20 nodes of each of the first nine words: 180 free, more than an eighth of 1,024,
-        // and no word half free.
+        // 20 nodes of each of nine words: over an eighth of the pool, no word half free.
         for word in &words[..9] {
             give_back(&pool, word[..20].iter().copied());
         }

@@ -1,7 +1,6 @@
-//! The producer side of the protocol, for any thread: arming a node and sending it to its
-//! owner on the thread's lane, taking the lane back to recycle what the thread already
-//! cancelled, and cancelling and resetting a timer. See the ground rules in
-//! [`engine`](crate::engine) for who holds a node at each step.
+//! The producer side, for any thread: arming a node and sending it on the thread's lane,
+//! taking the lane back to recycle what it already cancelled, cancelling and resetting.
+//! Who holds a node at each step: the ground rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 use std::time::Duration;
@@ -26,21 +25,14 @@ use crate::time::ticks::nanos_of;
 /// Free nodes a thread keeps per shard before handing a batch back.
 const MAGAZINE_LIMIT: u32 = 4 * BATCH;
 
-/// The fewest ticks a node waits on a lane before the worker takes it, unless its deadline
-/// comes sooner: the next tick, so that a message sent while the worker plans to wake then
-/// rides that wake-up. A floor of two woke such a worker again a tick after it (at light
-/// load, 10,000 timers a second: a tenth of the workers' wake-ups, each for nothing due).
+/// The fewest ticks a node waits on a lane before the worker takes it, unless due sooner,
+/// so a message rides the worker's planned wake-up rather than waking it a tick later.
 const LANE_HORIZON: u64 = 1;
 
-/// The most ticks a node waits on a lane before the worker takes it, unless its deadline
-/// comes sooner: how late a cancel's message reaches the owner and frees its node, when
-/// the owner has nothing else to wake for. Within it, a lane's need follows the worker's
-/// own planned wake-up, so that a thread's stream of timers rides the worker's wake-ups
-/// rather than causing its own (a wake-up is a system call and a context switch on both
-/// sides: at a light load, most of the engine's cost). Under load the producer forwards
-/// its lane every [`CLAIM_EVERY`] pushes, and the worker takes everything forwarded at
-/// every look (and is woken by the next tick once a lane's forward ring is a quarter full,
-/// at once when it is half full), so memory still comes back within a few ticks there.
+/// The most ticks a node waits on a lane before the worker takes it, unless due sooner.
+/// Within it a lane's need follows the worker's planned wake-up, so a thread's timers ride
+/// the worker's wake-ups (each a system call and a context switch) rather than cause their
+/// own; under load lanes are forwarded every [`CLAIM_EVERY`] pushes anyway.
 const IDLE_LANE_HORIZON: u64 = 32;
 
 /// An operation a producer counts for [`stats`](crate::TimerEngine::stats).
@@ -61,14 +53,12 @@ impl Counted {
         }
     }
 
-    /// Counts the operation of a thread that has no lane: a thread-local destructor's, once
-    /// this thread's contexts are gone. It joins the counts of retired lanes, with a shared
-    /// read-modify-write that only this rare path pays.
+    /// Counts the operation of a thread with no lane (a thread-local destructor's) with
+    /// the retired lanes', a shared read-modify-write only this rare path pays.
     fn without_lane(self, shard: &Shard) {
         add(self.retired(shard), 1);
     }
 
-    /// Takes back what [`without_lane`](Self::without_lane) added.
     fn take_back_without_lane(self, shard: &Shard) {
         self.retired(shard).fetch_sub(1, Ordering::Relaxed);
     }
@@ -85,16 +75,14 @@ impl Counted {
 }
 
 impl EngineShared {
-    /// The deadline tick `delay` from now, never earlier: from this thread's anchor on the
-    /// cycle counter where there is one, from a clock read otherwise.
+    /// The deadline tick `delay` from now, never earlier (see [`nanos_after`](Self::nanos_after)).
     #[inline]
     pub(crate) fn deadline_after(this: &Arc<Self>, delay: Duration) -> u64 {
         context::with(this, |context| this.deadline_in(context, delay))
     }
 
-    /// An upper bound on now, in nanoseconds since the origin, extrapolated from this
-    /// thread's anchor on the cycle counter; `None` where there is no counter or no context
-    /// (then the caller reads the clock).
+    /// An upper bound on now, in nanoseconds since the origin, from this thread's anchor on
+    /// the cycle counter; `None` without a counter or context (the caller reads the clock).
     #[inline]
     fn nanos_at_most(&self, context: Option<&Context>) -> Option<u64> {
         let (scale, context) = self.cycles.zip(context)?;
@@ -103,9 +91,8 @@ impl EngineShared {
             .now_at_most(scale, || self.ticks.nanos_since_origin(self.clock.now()))
     }
 
-    /// Whether now has certainly reached `tick`, so that a deadline there may complete
-    /// without a timer. Without a clock read while this thread's cycle-counter bound shows
-    /// `tick` still ahead; with one otherwise.
+    /// Whether now has certainly reached `tick`, so a deadline there may complete without
+    /// a timer; the clock is read only if the cycle-counter bound does not show it ahead.
     pub(crate) fn has_reached(this: &Arc<Self>, tick: u64) -> bool {
         let ahead = context::with(this, |context| {
             this.nanos_at_most(context)
@@ -114,8 +101,7 @@ impl EngineShared {
         !ahead && this.now_tick() >= tick
     }
 
-    /// [`deadline_after`](Self::deadline_after) for a caller that has already looked up
-    /// its thread's context.
+    /// [`deadline_after`](Self::deadline_after) with the context already looked up.
     #[inline]
     fn deadline_in(&self, context: Option<&Context>, delay: Duration) -> u64 {
         self.nanos_at_most(context)
@@ -123,10 +109,9 @@ impl EngineShared {
             .unwrap_or_else(|| self.ticks.ceil_after(self.clock.now(), delay))
     }
 
-    /// The deadline `delay` from now, never earlier, as signed nanoseconds since the origin
-    /// (what a [`Sleep`](crate::Sleep) keeps): from this thread's anchor on the cycle
-    /// counter where there is one (an upper bound on now, without a clock read), from a
-    /// clock read otherwise. `None` past `i64::MAX` ns (292 years) after the origin.
+    /// The deadline `delay` from now, never earlier, in signed nanoseconds since the origin
+    /// (as a [`Sleep`](crate::Sleep) keeps it), from the cycle-counter anchor or the clock;
+    /// `None` on overflow.
     #[inline]
     pub(crate) fn nanos_after(this: &Arc<Self>, delay: Duration) -> Option<i64> {
         context::with(this, |context| {
@@ -149,7 +134,6 @@ impl EngineShared {
         if this.shutdown.load(Ordering::Acquire) {
             return Err(ScheduleError::Shutdown);
         }
-        // One lookup of the thread's context serves both the deadline and the lane.
         let handle = context::with(this, |context| {
             let tick = match due {
                 When::After(delay) => this.deadline_in(context, delay),
@@ -160,8 +144,7 @@ impl EngineShared {
                 None => this.arm_direct(tick, kind, store),
             }
         })?;
-        // Pairs with the shutdown's flag store and the final take of every lane: either
-        // the worker's last turn saw this timer, or this load sees the flag.
+        // SeqCst: see `pushed`.
         if this.shutdown.load(Ordering::SeqCst) && Self::withdraw(this, handle) {
             // Refused: to the caller, and so to the counts, this timer never existed.
             Self::uncount(this, handle.shard() as usize, Counted::Schedule);
@@ -199,8 +182,8 @@ impl EngineShared {
         Ok(handle)
     }
 
-    /// Arms a node taken straight from the pool and pushes it to the inbox: for threads
-    /// whose locals are gone (a destructor scheduling a timer during thread exit).
+    /// Arms a node straight from the pool onto the inbox, for a thread whose locals are
+    /// gone (a destructor scheduling a timer during thread exit).
     #[cold]
     fn arm_direct(
         &self,
@@ -233,9 +216,9 @@ impl EngineShared {
         kind: Kind,
         store: impl FnOnce(&mut Callback),
     ) -> TimerHandle {
-        // SAFETY: taken from a magazine or the pool, so live and held by this thread alone.
+        // SAFETY: ground rule 3: a free node from a magazine is live and this thread's.
         let node_ref = unsafe { node.as_ref() };
-        // SAFETY: as above: no other thread can reach a free node's held parts.
+        // SAFETY: as above.
         unsafe {
             node_ref.with_callback(store);
             node_ref.with_links(|links| links.start_transit());
@@ -250,11 +233,10 @@ impl EngineShared {
         )
     }
 
-    /// Pushes a node this thread holds (marked in transit) onto its lane into `shard`,
-    /// waking the worker if the node is needed before the worker means to wake; first
-    /// reclaiming the lane when that is due. `need` is the node's own deadline, or
-    /// `u64::MAX` for a message, which travels with the lane's staging: a fresh staging is
-    /// taken by its need ([`fresh_need`]), so only starting one reads the clock.
+    /// Pushes a node this thread holds (in transit) onto its lane into `shard`, waking the
+    /// worker if needed sooner than it means to wake; reclaims the lane first when due.
+    /// `need` is the node's deadline, or `u64::MAX` for a message, which travels with the
+    /// lane's staging (so only starting a staging, by [`fresh_need`], reads the clock).
     #[inline]
     fn send(&self, lane: &Lane, shard: &Shard, node: NonNull<TimerNode>, need: u64) {
         // SAFETY: this thread is the lane's producer.
@@ -269,10 +251,9 @@ impl EngineShared {
         self.pushed(shard);
     }
 
-    /// After a push onto `shard`'s lane or inbox: once the engine is shutting down, the
-    /// shard's last turn may already be over, and then nobody takes the node but a sweep.
-    /// `SeqCst`, after the push: pairs with the shutdown's flag store then the last turn's
-    /// collection, so that either that collection takes the node or this sees the flag.
+    /// After a push onto `shard`: once the last turn is over, only a sweep takes the node.
+    /// `SeqCst`: pairs with the shutdown's flag store then the last turn's collection, so
+    /// either that collection takes the node or this sees the flag.
     #[inline]
     fn pushed(&self, shard: &Shard) {
         if self.shutdown.load(Ordering::SeqCst) {
@@ -280,29 +261,23 @@ impl EngineShared {
         }
     }
 
-    /// Takes this thread's young stack back: frees the timers it has cancelled before
-    /// they ever left the thread, parks pending timers not due soon on the old stack, and
-    /// forwards the rest (messages, timers due soon) to the owner on the lane's forward ring
-    /// (or, if it is full, the shard's inbox) in one batch. Once the old stack has waited
-    /// its horizon it is taken back first (so that the timers parked now start a fresh
-    /// wait): its cancelled timers are freed here and the rest forwarded.
+    /// Takes this thread's young stack (and an old one past its horizon) back: frees timers
+    /// cancelled before they left the thread, parks pending ones not due soon, and forwards
+    /// the rest to the owner in one batch.
     fn reclaim(&self, lane: &Lane, shard: &Shard) {
         if !lane.enter(&self.shutdown) {
             return;
         }
         let recycled = self.reclaim_entered(lane, shard);
         lane.leave();
-        // Only now, with nothing held back from the worker, may user code run: dropping a
-        // callback runs its captures' destructors, which may call into the engine.
+        // Only with the lane left may user code (captures' destructors) run: rule 6.
         for node in recycled {
             self.recycle(lane, node);
         }
     }
 
-    /// The body of [`reclaim`](Self::reclaim) while the lane is marked busy; returns the
-    /// timers to recycle, chained. It sorts what it takes back (the young stack, then the
-    /// old one if it has waited its horizon), then holds back, looks again, forwards and
-    /// trims, each a step of its own below.
+    /// The body of [`reclaim`](Self::reclaim) while the lane is busy; returns the timers
+    /// to recycle, chained.
     fn reclaim_entered(&self, lane: &Lane, shard: &Shard) -> Chain {
         let now = self.now_tick();
         // Before any node is taken: see `look_again`.
@@ -312,12 +287,10 @@ impl EngineShared {
         let mut forward = ForwardBatch::new();
         let mut park = ChainBuilder::default();
         let mut keep = ChainBuilder::default();
-        // The pending nodes kept back on the lane or forwarded, and the needs they went
-        // with, to look at their deadlines again once they are published (the first
-        // `2 * CLAIM_EVERY`; a young stack holds about that many).
+        // Pending nodes published and their needs, for `look_again` (a young stack holds
+        // about `2 * CLAIM_EVERY`); `unseen` if more were published.
         let mut published = [(None, 0); 2 * CLAIM_EVERY as usize];
         let mut published_count = 0;
-        // More were published than `published` holds (an old generation taken back).
         let mut unseen = false;
         let mut look_again_at = |node, need| {
             if let Some(slot) = published.get_mut(published_count) {
@@ -338,12 +311,10 @@ impl EngineShared {
                 continue;
             }
             let need = forward_need(node_ref, seen, now, shard);
-            // A filed node is a message (a cancel or reset of a timer in the wheel): its
-            // links are the wheel's, so it only ever goes on to the owner.
+            // A filed node is a message: its links are the wheel's, so it goes on to the owner.
             if !seen.is_filed() && need > park_after {
-                // A timer's first claim keeps it on the young stack for one more: most
-                // request timeouts are cancelled within a few dozen schedules, and those
-                // never need the old stacks' longer wait (nor their memory).
+                // A first claim keeps a timer young for one more: most are cancelled soon,
+                // and never need the old stack's longer wait.
                 // SAFETY: held by this thread, taken off its lane, not filed.
                 if unsafe { node_ref.with_links(|links| links.outlive_claim()) } {
                     park.push(node, need);
@@ -390,9 +361,8 @@ impl EngineShared {
         recycled.into_chain()
     }
 
-    /// A reclaim's step: puts the pending timers it holds back onto the lane, the ones
-    /// through their first claim on the old stack, the rest back on the young one, waking
-    /// the worker if one is needed sooner than it plans to wake.
+    /// A reclaim's step: puts held-back timers on the old stack (past their first claim)
+    /// or the young one, waking the worker if one is needed sooner than it plans.
     ///
     /// # Safety
     /// The caller is the lane's producer, and the chains are its own.
@@ -419,17 +389,10 @@ impl EngineShared {
         }
     }
 
-    /// A reclaim's step, once the pending timers it held back or forwarded are published:
-    /// a reset that brought one of them forward while this thread held it could not reach
-    /// the need it went with, and its urgent tick may already have been spent, so look at
-    /// their deadlines again now that the worker can see them (deadlines are atomics, so
-    /// reading them after the worker may have taken the nodes is harmless). `published`
-    /// pairs each node with the need it went with. When more were published than it
-    /// holds (`unseen`), the rest cannot be looked at: if any urgency was asked for since
-    /// the reclaim began (`asked`, the count then), this asks for it again at `now`, so
-    /// that the worker takes everything at once and files each timer by its deadline as
-    /// it stands. A hostile review found the gap by reading: a reset racing the take-back
-    /// of a large old generation could fire its timer late (never early).
+    /// A reclaim's step, once its timers are published: a reset that brought one forward
+    /// meanwhile missed the need it went with, so look at the deadlines again. Past what
+    /// `published` holds (`unseen`), re-ask any urgency asked since the reclaim began
+    /// (`asked`), so the worker takes everything at once rather than fire late.
     #[inline]
     fn look_again(
         shard: &Shard,
@@ -453,8 +416,7 @@ impl EngineShared {
         }
     }
 
-    /// A reclaim's last step: hands a batch of free nodes back to the pool when this
-    /// thread keeps more than it needs.
+    /// A reclaim's last step: hands free nodes back beyond [`MAGAZINE_LIMIT`].
     ///
     /// # Safety
     /// The caller is the lane's producer.
@@ -507,8 +469,7 @@ impl EngineShared {
         });
     }
 
-    /// Takes back a count [`count`](Self::count) made on this thread (a schedule that
-    /// the shutdown refused).
+    /// Takes back a [`count`](Self::count) of a schedule the shutdown refused.
     #[cold]
     fn uncount(this: &Arc<Self>, shard: usize, what: Counted) {
         context::with(this, |context| match context {
@@ -520,11 +481,8 @@ impl EngineShared {
         });
     }
 
-    /// Takes back a timer this thread has just armed, if it has never run: a schedule that
-    /// found the engine shutting down after pushing its timer. The last turn may have
-    /// taken the timer already, and run it, or be running it (a repeating timer can be
-    /// cancelled mid-callback, and one due at once may have run and been re-armed): then
-    /// the schedule stands, as it did for the callback. Counts no cancel.
+    /// Takes back a timer just armed into a shutdown, unless the last turn ran or is
+    /// running it (then the schedule stands). Counts no cancel.
     #[cold]
     fn withdraw(this: &Arc<Self>, handle: TimerHandle) -> bool {
         Self::stop(this, handle, TimerState::try_withdraw).is_some()
@@ -538,8 +496,8 @@ impl EngineShared {
         true
     }
 
-    /// Stops the timer `handle` names with `how` (a cancel or a withdrawal), sending its
-    /// owner the message that unlinks it where it is filed; its shard if this did it.
+    /// Stops `handle`'s timer with `how` (cancel or withdrawal), messaging its owner where
+    /// it is filed; its shard if this did it.
     #[inline]
     fn stop(
         this: &Arc<Self>,
@@ -565,15 +523,14 @@ impl EngineShared {
         if node.state.unlock_reset(earlier) {
             Self::notify(this, shard, node, tick);
         } else if earlier {
-            // In transit on some lane whose need may be later than the new deadline.
+            // In transit on a lane whose need may be later than the new deadline.
             this.shards[shard].make_urgent(tick);
         }
         Self::count(this, shard, Counted::Reset);
         true
     }
 
-    /// A thread is exiting (or its context is being dropped): forward what its lane holds,
-    /// return its magazine, and let the worker forget the lane.
+    /// A thread's context is dropped: forward its lane, return its magazine, retire the lane.
     pub(crate) fn close_lane(&self, shard_index: usize, lane: &Lane) {
         let shard = &self.shards[shard_index];
         // At shutdown the nodes stay on the lane, where the worker's last turn takes them.
@@ -595,9 +552,8 @@ impl EngineShared {
     }
 }
 
-/// By when the worker needs a node a thread forwards: a new timer by its deadline, a
-/// message by [`fresh_need`], or by the timer's deadline if that is sooner (a reset that
-/// brought a filed timer forward).
+/// By when the worker needs a forwarded node: a new timer by its deadline, a message by
+/// [`fresh_need`] or its timer's deadline if sooner (a reset brought it forward).
 fn forward_need(node: &TimerNode, seen: Observed, now: u64, shard: &Shard) -> u64 {
     match seen.phase() {
         Phase::Pending if !seen.is_filed() => node.deadline(),
@@ -606,10 +562,8 @@ fn forward_need(node: &TimerNode, seen: Observed, now: u64, shard: &Shard) -> u6
     }
 }
 
-/// By when the worker must take what a thread starts sending at `now` (a fresh staging, or
-/// messages forwarded): the worker's own planned wake-up, kept between [`LANE_HORIZON`]
-/// and [`IDLE_LANE_HORIZON`] ticks out; the latter while it is awake, as it plans its next
-/// wake-up with this need in view.
+/// By when the worker must take what a thread starts sending: its planned wake-up within
+/// [`LANE_HORIZON`]..[`IDLE_LANE_HORIZON`] (the latter while awake: it will plan with it).
 #[inline]
 fn fresh_need(shard: &Shard, now: u64) -> u64 {
     let latest = now.saturating_add(IDLE_LANE_HORIZON);
@@ -619,8 +573,8 @@ fn fresh_need(shard: &Shard, now: u64) -> u64 {
     }
 }
 
-/// Whether a node a thread took off its own lane was cancelled before the owner ever filed
-/// it: nobody else can reach it then, and that thread frees it.
+/// Whether a node off this thread's lane was cancelled before ever filed: then nobody
+/// else can reach it, and this thread frees it.
 fn recyclable(seen: Observed) -> bool {
     seen.phase() == Phase::Cancelled && !seen.is_filed()
 }

@@ -1,8 +1,5 @@
-//! One shard as every thread sees it: its [`ShardParts`] (pool, inbox, lanes, run queue,
-//! signals), and its wheel side behind a hand-over flag, so that another worker can stand
-//! in for a stuck owner.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! One shard: its [`ShardParts`], and its wheel side behind a hand-over flag, so another
+//! worker can stand in for a stuck owner. Ground rules: [`engine`](crate::engine).
 
 use std::ops::Deref;
 use std::time::Instant;
@@ -27,17 +24,15 @@ pub(crate) struct Shard {
     /// The wheel side, touched only by the thread whose [`HELD`] bit is in `wheel_hold`.
     wheel: UnsafeCell<WheelSide>,
     /// [`HELD`] while a thread holds the wheel side, with [`SWEEP`] when a thread that
-    /// pushed after the last turn may have begun asks the holder to sweep before letting
-    /// go (see [`settle_after_shutdown`](Self::settle_after_shutdown)). One word, changed
-    /// only by read-modify-writes, so a request and a release cannot miss each other.
+    /// pushed late at shutdown asks the holder to sweep before letting go. One word,
+    /// changed only by read-modify-writes, so a request and a release cannot miss each other.
     wheel_hold: CachePadded<AtomicU8>,
-    /// Set once the shard's last turn is over: a later finish has nothing to do, and must
-    /// not wait for the wheel (its caller may be holding it, in a sweep).
+    /// The last turn is over: a later finish must not wait for the wheel (a sweep holds it).
     finished: AtomicBool,
 }
 
-// SAFETY: every field is shared through atomics, locks or lock-free queues, except `wheel`,
-// which only the thread whose `HELD` bit is in `wheel_hold` touches (see `with_wheel`).
+// SAFETY: every field is shared through atomics or lock-free queues, except `wheel`, which
+// only the `HELD` bit's holder touches (ground rule 1).
 unsafe impl Sync for Shard {}
 
 impl Deref for Shard {
@@ -50,8 +45,8 @@ impl Deref for Shard {
 }
 
 impl Shard {
-    /// `hands_out`: whether bursts' due lists are handed out to other workers (see
-    /// [`hand_out`](crate::engine::hand_out)).
+    /// `hands_out`: whether bursts' due lists go to other workers
+    /// ([`hand_out`](crate::engine::hand_out)).
     pub(crate) fn new(capacity: usize, ticks: Ticks, hands_out: bool) -> Self {
         Self {
             parts: ShardParts::new(capacity),
@@ -62,16 +57,13 @@ impl Shard {
     }
 
     /// Runs `f` on the wheel side if no other thread holds it; `None` if one does. Nobody
-    /// waits long for the wheel: a holder files and claims timers and frees cancelled
-    /// ones (leaving captures with a `Drop` until it lets go), and runs callbacks and
-    /// drops captures only in the last turn (see the ground rules in
-    /// [`engine`](crate::engine)).
+    /// waits long for the wheel, as a holder runs user code only in the last turn (ground
+    /// rules 1 and 6 in [`engine`](crate::engine)).
     pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> Option<R> {
         self.try_hold_wheel().then(|| self.held_wheel(f))
     }
 
-    /// [`with_wheel`](Self::with_wheel) for the owner, which waits out a stand-in's short
-    /// hold.
+    /// [`with_wheel`](Self::with_wheel) for the owner, waiting out a stand-in's short hold.
     pub(crate) fn with_wheel_waiting<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> R {
         crate::sync::spin_until(|| self.try_hold_wheel().then_some(()));
         self.held_wheel(f)
@@ -85,27 +77,23 @@ impl Shard {
 
     /// Runs `f` on the wheel this thread has just come to hold, then lets it go.
     fn held_wheel<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> R {
-        // SAFETY: this thread holds the wheel (`try_hold_wheel` succeeded), so it is the
-        // wheel's only holder until `let_go_of_wheel`, and its Acquire pairs with the
-        // previous holder's release.
+        // SAFETY: ground rule 1: `try_hold_wheel` succeeded, so this thread is the only
+        // holder until `let_go_of_wheel`; its Acquire pairs with the last release.
         let result = self.wheel.with_mut(|wheel| f(unsafe { &mut *wheel }));
         self.let_go_of_wheel();
         result
     }
 
-    /// Lets the wheel go, first sweeping it for each thread that asked while this one held
-    /// it. The release only succeeds on a word with no request in it, so a request made
-    /// before it is seen here, and one made after it takes the wheel itself.
+    /// Lets the wheel go, first sweeping for each thread that asked meanwhile: the release
+    /// succeeds only on a word with no request, so a later request takes the wheel itself.
     fn let_go_of_wheel(&self) {
-        // Acquire on failure: the request was made after its maker's push, which the sweep
-        // must see.
+        // Acquire on failure: the sweep must see the push made before the request.
         while self
             .wheel_hold
             .compare_exchange(HELD, 0, Ordering::Release, Ordering::Acquire)
             .is_err()
         {
-            // A read-modify-write, so that a request made meanwhile stays in the word (and
-            // fails the next release, whose Acquire then orders its push before a sweep).
+            // A read-modify-write, so a request made meanwhile stays and fails the next release.
             self.wheel_hold.fetch_and(!SWEEP, Ordering::Relaxed);
             // SAFETY: this thread still holds the wheel.
             self.wheel
@@ -113,22 +101,20 @@ impl Shard {
         }
     }
 
-    /// Called by a thread that pushed a node onto one of this shard's lanes or its inbox,
-    /// and then saw the engine shutting down: once the shard's last turn is over nobody
-    /// takes what is pushed, so it sweeps the wheel side itself, or, if another thread
-    /// holds the wheel, leaves the sweep to that thread's release. Never waits.
+    /// By a thread that pushed onto this shard and then saw the engine shutting down: after
+    /// the last turn nobody takes what is pushed, so it sweeps the wheel side itself, or
+    /// leaves the sweep to the holder's release. Never waits.
     pub(crate) fn settle_after_shutdown(&self) {
-        // Release: the holder that sees the request sees the push before it. Acquire: a
-        // thread that takes the wheel here follows the last holder's release.
+        // Release: a holder seeing the request sees the push. Acquire: taking the wheel
+        // here follows the last holder's release.
         let before = self.wheel_hold.fetch_or(HELD | SWEEP, Ordering::AcqRel);
         if before & HELD == 0 {
-            // This thread holds the wheel now, with its own request in the word.
+            // Held now, with this thread's own request in the word.
             self.let_go_of_wheel();
         }
     }
 
-    /// The shard's last turn at shutdown, once no other worker holds or can take its
-    /// timers; nothing if it is over already.
+    /// The shard's last turn at shutdown, once no other worker can take its timers.
     pub(crate) fn finish(&self, pending: PendingTimers, now: Instant) {
         if self.is_finished() {
             return;
@@ -138,13 +124,11 @@ impl Shard {
         self.finished.store(true, Ordering::SeqCst);
     }
 
-    /// Whether the shard's last turn is over.
     pub(crate) fn is_finished(&self) -> bool {
         self.finished.load(Ordering::SeqCst)
     }
 
-    /// The owner's look at its wheel at `now` (tick `now_tick`): claims what is due, waiting
-    /// out a stand-in's hold, and records the look as the owner's heartbeat.
+    /// The owner's look at its wheel: claims what is due and records its heartbeat.
     pub(crate) fn owner_look(&self, now: Instant, now_tick: u64) -> Extracted {
         let look = self.with_wheel_waiting(|wheel| wheel.extract(self, now));
         self.beat(now_tick);

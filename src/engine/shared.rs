@@ -1,8 +1,6 @@
-//! The engine state every thread shares: the shards, the clock and its tick arithmetic,
-//! the shutdown flag, and the balancing state. What producers do with it (arm, send,
-//! cancel, reset) is in [`producer`](crate::engine::producer).
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! The engine state every thread shares; what producers do with it is in
+//! [`producer`](crate::engine::producer). Who may touch what, and when: the ground rules in
+//! [`engine`](crate::engine).
 
 use std::time::{Duration, Instant};
 
@@ -55,13 +53,11 @@ impl EngineShared {
         }
     }
 
-    /// The current tick.
     #[inline]
     pub(crate) fn now_tick(&self) -> u64 {
         self.ticks.floor(self.clock.now())
     }
 
-    /// `now` with its tick.
     #[inline]
     pub(crate) fn now_at(&self, now: Instant) -> (Instant, u64) {
         (now, self.ticks.floor(now))

@@ -3,8 +3,7 @@
 /// What pending timers get at shutdown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PendingTimers {
-    /// Run every pending timer's callback once, now, on its worker (early, by the
-    /// caller's choice); repeating timers run once more and stop.
+    /// Run every pending timer's callback once, now (early); repeating timers then stop.
     Run,
     /// Drop every pending timer's callback without running it.
     Drop,

@@ -2,9 +2,8 @@
 
 /// Counts for one shard, or for the whole engine.
 ///
-/// Counts are kept by the thread that does each thing (schedules, cancels and resets by the
-/// calling thread, the rest by the shard's worker) and read without stopping anyone, so a
-/// snapshot taken while timers are in flight can be a little behind; `pending` is derived
+/// Counts are kept by the thread that does each thing and read without stopping anyone, so
+/// a snapshot taken while timers are in flight can be a little behind; `pending` is derived
 /// and can briefly lag the others.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShardStats {
@@ -16,25 +15,19 @@ pub struct ShardStats {
     pub cancelled: u64,
     /// Successful resets.
     pub reset: u64,
-    /// Timers that will still run: scheduled, and not yet fired (one-shot), cancelled or
-    /// ended by shutdown.
+    /// Timers that will still run: not yet fired (one-shot), cancelled or ended by shutdown.
     pub pending: u64,
     /// Callback runs that panicked (the panic was caught and the worker went on).
     pub panicked: u64,
     /// Callback runs more than one tick after their deadline.
     pub late: u64,
-    /// Callback runs of this shard's timers by another shard's worker: stolen from a burst
-    /// of expirations, or run for a stuck owner.
+    /// Callback runs of this shard's timers by another shard's worker.
     pub stolen: u64,
-    /// Timers taken out of this shard's wheel onto its run queue by another worker while
-    /// the owner was stuck in a callback (they are counted in `stolen` too when that worker
-    /// runs them). A burst's due lists that such a worker hands out are claimed by
-    /// whoever walks them, and counted in `claimed_elsewhere` when that is not the owner.
+    /// Timers taken out of this shard's wheel by another worker while the owner was stuck
+    /// in a callback (also in `stolen` when that worker runs them).
     pub rescued: u64,
-    /// Due timers claimed by another shard's worker from this shard's wheel: a burst's
-    /// lists of due timers, which the owner hands out for idle workers to claim and run in
-    /// parallel with it once more is due than its run queue holds (they are counted in
-    /// `stolen` too when they run). 0 with [`stealing`](crate::EngineBuilder::stealing)
+    /// Due timers of a burst claimed from this shard's wheel by another shard's worker
+    /// (also in `stolen` when they run). 0 with [`stealing`](crate::EngineBuilder::stealing)
     /// off or a single worker.
     pub claimed_elsewhere: u64,
     /// Pending timers run by a shutdown that asked for it.
@@ -46,11 +39,9 @@ pub struct ShardStats {
 }
 
 /// How many times a shard's worker woke from sleep, by what it had slept until and what it
-/// found. A worker with nothing pending sleeps until woken, so an idle engine's counts
-/// stay still, once the watch for stuck owners (with two workers or more and
-/// [`rescue_after`](crate::EngineBuilder::rescue_after) on) has stopped lingering, 64 times
-/// `rescue_after` ticks after the last callback ran. At a light load, these wake-ups are
-/// most of what the engine costs.
+/// found. An idle engine's counts stay still once the watch for stuck owners
+/// ([`rescue_after`](crate::EngineBuilder::rescue_after)) has stopped. At a light load,
+/// these wake-ups are most of what the engine costs.
 ///
 /// ```
 /// let engine = corewheel::TimerEngine::builder().workers(1).build()?;
@@ -62,21 +53,16 @@ pub struct ShardStats {
 pub struct WorkerWakes {
     /// At the tick it planned, with timers due: it ran them.
     pub due: u64,
-    /// At the tick it planned for its wheel, with no timer due: timers to move down ahead
-    /// of time, or the tick of a timer cancelled since.
+    /// At the tick it planned for its wheel, with no timer due.
     pub wheel: u64,
-    /// At the tick by which it had to take what a thread left on its lane (cancels, timers
-    /// due later), with no timer due.
+    /// At the tick by which it had to take what a thread left on its lane, with no timer due.
     pub lane: u64,
-    /// At a tick it planned no more than a few ticks ahead, with no timer due: threads kept
-    /// arming timers due before its plans, so it wakes on its own for a while rather than
-    /// be woken for each.
+    /// At a tick planned a few ticks ahead, with no timer due: threads kept arming timers
+    /// due before its plans, so it wakes on its own rather than be woken for each.
     pub close: u64,
-    /// To look at the other shards for an owner stuck in a callback (see
-    /// [`rescue_after`](crate::EngineBuilder::rescue_after)).
+    /// To watch for a stuck owner ([`rescue_after`](crate::EngineBuilder::rescue_after)).
     pub watch: u64,
-    /// Before its plan, woken by another thread: a timer armed to fall due sooner, a
-    /// backlog to help with, a stuck owner to watch, shutdown.
+    /// Before its plan, woken by another thread.
     pub woken: u64,
 }
 
@@ -121,10 +107,9 @@ pub struct Stats {
     pub total: ShardStats,
     /// One entry per shard, in shard order.
     pub shards: Vec<ShardStats>,
-    /// Workers pinned to a CPU. Final once [`build`](crate::EngineBuilder::build) has
-    /// returned, which waits for every worker to try; 0 for an engine driven by hand.
+    /// Workers pinned to a CPU, final once [`build`](crate::EngineBuilder::build) returns;
+    /// 0 for an engine driven by hand.
     pub pinned_workers: usize,
-    /// Bytes of timer-node memory the shards' pools hold. Nodes are pooled, not freed,
-    /// while the engine lives, so this is the high-water mark of timers in flight.
+    /// Bytes of timer-node memory the pools hold: pooled, not freed, so a high-water mark.
     pub pool_bytes: usize,
 }

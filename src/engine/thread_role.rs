@@ -1,15 +1,12 @@
-//! What the calling thread is doing for engines, so that a shutdown or a drop never waits
-//! for something that may be waiting for the caller: a worker thread of some engine (a
-//! callback there may drop another engine whose workers are running callbacks that drop
-//! this one), or a thread inside hand-driven engines' turns.
+//! What the calling thread is doing for engines (a worker, or inside hand-driven turns), so
+//! a shutdown or a drop never waits for something that may be waiting for the caller.
 
 use std::cell::{Cell, RefCell};
 
 #[cfg(not(loom))]
 std::thread_local! {
     static WORKER: Cell<bool> = const { Cell::new(false) };
-    /// The ids of the hand-driven engines whose `turn` this thread is inside, innermost
-    /// last (a callback may turn another engine).
+    /// The hand-driven engines whose `turn` this thread is inside, innermost last.
     static TURNING: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 #[cfg(loom)]
@@ -41,8 +38,7 @@ pub(crate) fn in_any_turn() -> bool {
 /// Why [`Turn::begin`] began no turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NoTurn {
-    /// This thread is already inside a turn of that engine (a callback turning its own
-    /// engine, or shutting it down).
+    /// This thread is already inside a turn of that engine (a callback turning it).
     Inside,
     /// This thread's locals are being destroyed: it is inside no turn, and can mark none.
     Exiting,
@@ -52,7 +48,6 @@ pub(crate) enum NoTurn {
 pub(crate) struct Turn(u32);
 
 impl Turn {
-    /// Begins a turn of `engine`.
     pub(crate) fn begin(engine: u32) -> Result<Self, NoTurn> {
         TURNING
             .try_with(|turning| {

@@ -1,7 +1,5 @@
-//! One pooled timer: the node a handle names, shared between the thread that arms it, any
-//! thread that cancels or resets it, and the shard worker that owns it.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! One pooled timer, the node a handle names. Who may touch what, and when: the ground
+//! rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 
@@ -13,30 +11,25 @@ use crate::sync::timer_state::TimerState;
 use crate::wheel::location::{Location, NIL};
 
 /// A timer node. `#[repr(C)]` with the link first, so a link pointer is a node pointer;
-/// aligned to its 64 bytes, so that a node is one cache line wherever the pool's region
-/// lands, and each visit to it (filing, claiming, running) is at most one miss.
+/// aligned to 64 bytes, so each visit to a node is at most one cache miss.
 #[repr(C, align(64))]
 pub(crate) struct TimerNode {
     link: Link,
     /// Generation, phase and flags: the one word every thread agrees on.
     pub(crate) state: TimerState,
-    /// The deadline tick the timer should fire at (writers: ground rule 2 in
-    /// [`engine`](crate::engine)).
+    /// The deadline tick (writers: ground rule 2 in [`engine`](crate::engine)).
     pub(crate) deadline: AtomicU64,
-    /// Touched only by whoever holds the node exclusively, as the phase says (ground rule
-    /// 3 in [`engine`](crate::engine)).
+    /// Touched only by the node's holder (ground rule 3).
     links: UnsafeCell<Links>,
-    /// Touched by whoever holds the node, and by a waker timer's `Sleep` while it holds
-    /// the state's reset lock (ground rule 3): a cell apart from the links, which the
-    /// wheel's holder may be changing at the same time.
+    /// Touched by the node's holder, and by a waker timer's `Sleep` under the reset lock
+    /// (ground rule 3): apart from the links, which the wheel's holder may be changing.
     callback: UnsafeCell<Callback>,
 }
 
 /// A node's place on its wheel list, or its transit mark: only its holder touches it.
 pub(crate) struct Links {
-    /// The node's neighbours on its wheel list, while the state says `FILED`, each in the
-    /// low [`INDEX_BITS`] bits; the high bits of the two hold the list's location (six bits
-    /// each), so that the node fits in one 64-byte cache line.
+    /// The node's neighbours on its wheel list while `FILED`, in the low [`INDEX_BITS`];
+    /// the high bits hold the list's location, so the node fits one cache line.
     prev: u32,
     next: u32,
 }
@@ -45,8 +38,7 @@ pub(crate) struct Links {
 pub(crate) const INDEX_BITS: u32 = 26;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 
-/// `Links::next` of a node in transit that has outlived one lane claim (the link fields are
-/// free while a node is not filed).
+/// `Links::next` of a node in transit that has outlived one lane claim (free while unfiled).
 const OUTLIVED_CLAIM: u32 = u32::MAX - 1;
 
 impl Links {
@@ -56,8 +48,7 @@ impl Links {
         self.next = 0;
     }
 
-    /// Whether a node in transit had outlived a lane claim before; marks it as having done
-    /// so now.
+    /// Whether a node in transit had outlived a lane claim before; marks it so now.
     #[inline]
     pub(crate) fn outlive_claim(&mut self) -> bool {
         std::mem::replace(&mut self.next, OUTLIVED_CLAIM) == OUTLIVED_CLAIM
@@ -122,9 +113,7 @@ impl TimerNode {
     /// Runs `f` on the node's links.
     ///
     /// # Safety
-    /// The caller must hold the node exclusively (ground rule 3 in
-    /// [`engine`](crate::engine)): no other thread may be inside `with_links` for this node
-    /// at the same time.
+    /// The caller holds the node (ground rule 3 in [`engine`](crate::engine)).
     #[inline]
     pub(crate) unsafe fn with_links<R>(&self, f: impl FnOnce(&mut Links) -> R) -> R {
         // SAFETY: the caller's exclusivity makes this the only live reference.
@@ -134,9 +123,7 @@ impl TimerNode {
     /// Runs `f` on the node's callback.
     ///
     /// # Safety
-    /// The caller must hold the node exclusively, or be the `Sleep` of a pending waker
-    /// timer holding the state's reset lock (ground rule 3 in [`engine`](crate::engine)):
-    /// no other thread may be inside `with_callback` for this node at the same time.
+    /// The caller holds the node, or is its `Sleep` under the reset lock (ground rule 3).
     #[inline]
     pub(crate) unsafe fn with_callback<R>(&self, f: impl FnOnce(&mut Callback) -> R) -> R {
         // SAFETY: the caller's exclusivity makes this the only live reference.
@@ -144,7 +131,6 @@ impl TimerNode {
             .with_mut(|callback| f(unsafe { &mut *callback }))
     }
 
-    /// The deadline tick, as last stored.
     #[inline]
     pub(crate) fn deadline(&self) -> u64 {
         self.deadline.load(Ordering::Acquire)
@@ -156,15 +142,13 @@ impl TimerNode {
         NonNull::new(self.link.next.load(Ordering::Acquire)).map(NonNull::cast)
     }
 
-    /// Asks the CPU to bring `node`'s line into this core's cache, ready to be written. A
-    /// hint only: it reads nothing and changes nothing.
+    /// Asks the CPU to bring `node`'s line into this core's cache for writing (a hint).
     #[inline]
     pub(crate) fn prefetch_for_write(node: NonNull<TimerNode>) {
         #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
         // Newer Rust declares `_mm_prefetch` safe; the block keeps older compilers building.
         #[allow(unused_unsafe)]
-        // SAFETY: a prefetch never faults, whatever the address, and has no effect a
-        // program can observe but timing.
+        // SAFETY: a prefetch never faults, whatever the address, and changes only timing.
         unsafe {
             use core::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
             _mm_prefetch::<_MM_HINT_ET0>(node.as_ptr().cast::<i8>());
@@ -173,7 +157,6 @@ impl TimerNode {
         let _ = node;
     }
 
-    /// Points this node's chain link at `next`.
     #[inline]
     pub(crate) fn set_next_in_chain(&self, next: Option<NonNull<TimerNode>>) {
         let next = next.map_or(std::ptr::null_mut(), |n| n.cast::<Link>().as_ptr());
@@ -181,8 +164,8 @@ impl TimerNode {
     }
 }
 
-// SAFETY: `link` is the first field of a `#[repr(C)]` struct, so the node's address is its
-// link's address; `link` projects from the node pointer without creating a reference.
+// SAFETY: `link` is the first field of a `#[repr(C)]` struct, projected from the node's
+// pointer without a reference.
 unsafe impl Linked for TimerNode {
     unsafe fn link(node: NonNull<Self>) -> NonNull<Link> {
         // SAFETY: `node` is live (caller's contract) and the link is at offset 0.

@@ -1,20 +1,17 @@
 //! Timers that wake a future's task: the engine's side of a [`Sleep`](crate::Sleep).
 //!
-//! The waker lives in the timer's pooled node, in the callback slot, so a sleep allocates
-//! nothing and shares no `Arc` with its timer. Its `Sleep` alone holds the handle, and so is
-//! the only thread that ever resets, re-wakers or cancels it:
+//! The waker lives in the node's callback slot, so a sleep allocates nothing. Its `Sleep`
+//! alone holds the handle, so it alone resets, re-wakers or cancels it:
 //!
-//! - **A new waker** is written under the state word's reset lock, which keeps the owner
-//!   from firing the timer (and every other thread from freeing it) while the slot changes.
-//!   If the lock cannot be had the timer has fired, and the future is done.
+//! - **A new waker** is written under the reset lock, which keeps the timer from firing or
+//!   being freed meanwhile. If the lock cannot be had, the timer has fired.
 //! - **The wake** begins with [`TimerState::begin_wake`](crate::sync::timer_state::TimerState::begin_wake),
-//!   so a drop can defuse a wake that has not begun. A wake already under way is let be: it
-//!   may land after the drop returns (a spurious wake, harmless, as with tokio), because
-//!   waiting for it would wait for the executor's code, which may be waiting for the
-//!   dropping thread. A reset never defuses: the task that polled may be another than the
-//!   one resetting, and only the wake tells it to poll again and arm the new timer.
-//! - **At shutdown** a pending waker timer is woken whatever the pending mode, so that no
-//!   task waits for a timer that will never fire.
+//!   so a drop can defuse one not begun. One under way may land after the drop returns (a
+//!   harmless spurious wake): waiting for it would wait on executor code that may be
+//!   waiting for the dropping thread. A reset never defuses: only the wake tells the task
+//!   that polled (maybe not the resetter) to poll again.
+//! - **At shutdown** a pending waker timer is woken whatever the pending mode, so no task
+//!   waits forever.
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
@@ -27,7 +24,6 @@ use crate::sync::Arc;
 use crate::sync::timer_state::{Defused, Kind};
 
 impl EngineShared {
-    /// Arms a timer at `tick` that wakes `waker`.
     #[inline]
     pub(crate) fn arm_waker(
         this: &Arc<Self>,
@@ -39,31 +35,26 @@ impl EngineShared {
         })
     }
 
-    /// Makes the pending waker timer `handle` wake `waker` instead of the waker it holds,
-    /// and returns that one, for the caller to drop once it has noted the change (its drop
-    /// runs the executor's code, which may panic). `None` if the timer no longer waits (it
-    /// fired, or is over).
+    /// Makes the pending waker timer `handle` wake `waker`; returns the old one (`None` if
+    /// it no longer waits), for the caller to drop after noting the change, as it may panic.
     pub(crate) fn replace_waker(&self, handle: TimerHandle, waker: &Waker) -> Option<Waker> {
         let (_, node) = self.lookup(handle)?;
-        // Cloned before the lock and the old one dropped after it: either runs the
-        // executor's code, which must not run while the owner cannot fire this timer.
+        // Cloned before the lock, the old one dropped after: executor code must not run
+        // while the owner cannot fire this timer.
         let new = waker.clone();
         if !node.state.lock_for_reset(handle.generation()) {
             return None;
         }
-        // The reset lock on a pending waker timer makes this thread (its `Sleep`'s) the
-        // only one touching the callback slot (ground rule 3), and the slot holds the waker
-        // `arm_waker` stored, since only a run or a free empties it and neither can happen
-        // to a pending, locked timer.
-        // SAFETY: this thread holds the slot alone, and it holds a waker (both as above).
+        // SAFETY: ground rule 3: the reset lock on a pending waker timer makes this thread
+        // the slot's only user, and it holds `arm_waker`'s waker (only a run or a free
+        // empties it, and neither happens to a pending, locked timer).
         let old =
             unsafe { node.with_callback(|callback| std::mem::replace(callback.waker_mut(), new)) };
         node.state.unlock_reset(false);
         Some(old)
     }
 
-    /// The dropped `Sleep` of the waker timer `handle` lets it go: cancels it, or defuses a
-    /// wake that has not begun. Never waits: a wake already under way may still land.
+    /// A dropped `Sleep` cancels its timer, or defuses a wake not begun; never waits.
     pub(crate) fn retire_waker(this: &Arc<Self>, handle: TimerHandle) {
         if Self::cancel(this, handle) {
             return;

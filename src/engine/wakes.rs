@@ -1,7 +1,5 @@
-//! Why a worker's sleep ended, counted per shard for [`Stats`](crate::Stats). At a light
-//! load the engine's cost is mostly its workers' own wake-ups (a system call and a context
-//! switch each), so a user who wants to know what an engine costs at rest
-//! needs to see what wakes its workers.
+//! Why a worker's sleep ended, counted per shard for [`Stats`](crate::Stats): at a light
+//! load, wake-ups are most of the engine's cost.
 
 #![cfg_attr(
     loom,
@@ -49,8 +47,7 @@ pub(crate) struct Woke {
 }
 
 impl WakeCounters {
-    /// The owner's sleep ended as `woke` says, and its look after it claimed `claimed`
-    /// timers.
+    /// The owner's sleep ended as `woke` says, and the look after it claimed `claimed`.
     pub(crate) fn count(&self, woke: Woke, claimed: usize) {
         let counter = match woke.planned {
             _ if woke.early => &self.woken,

@@ -1,8 +1,5 @@
-//! A worker thread: the owner of one shard. It looks at its wheel, runs what came due, helps
-//! other shards when it has nothing of its own to do, and sleeps until its next deadline or
-//! a wake-up. The wheel it looks at is its shard's [`WheelSide`](crate::engine::wheel_side).
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! A worker thread: the owner of one shard's [`WheelSide`](crate::engine::wheel_side). Who
+//! may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use crate::engine::balance::UserCode;
 use crate::engine::hand_out;
@@ -15,36 +12,26 @@ use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::sync::run_queue::MAX_RUN;
 
-/// The window over which a worker counts its wake-ups for timers due before its plan, in
-/// ticks, and how many in one window make it sleep close (see [`Closeness`]): 500 a second
-/// or more, more than sleeping close costs (a wake-up every two to three ticks). Counted
-/// over a window rather than between two wake-ups: two within a couple of ticks happen by
-/// chance at a hundred a second, and engaging on that cost the proxy's workers at full
-/// load twice their share of its CPU (0.9% to 1.6-2.5%).
+/// The window, in ticks, over which a worker counts wake-ups for timers due before its
+/// plan, and how many in one window make it sleep close ([`Closeness`]): more than sleeping
+/// close costs. Over a window, not between two wake-ups, which fall close by chance.
 const UNDERCUT_WINDOW: u64 = 16;
 const UNDERCUTS_TO_CLOSE: u32 = 8;
 
-/// How long a worker sleeps close after the window that made it. Sleeping close, it is
-/// rarely undercut, so a spell ends this long after it began and the next one takes a
-/// window of wake-ups to begin: long enough that those are few.
+/// How long a worker sleeps close: long enough that the window of wake-ups it takes to
+/// begin the next spell is rare.
 const CLOSE_FOR: u64 = 256;
 
 /// The most ticks a worker sleeping close plans ahead: it wakes every two to three ticks.
 const CLOSE_SLEEP: u64 = 3;
 
-/// Whether a worker's plan is being undercut: threads arming timers due before the tick it
-/// planned to wake at must wake it (a system call for them, a context switch for it).
-/// Under a stream of timers with varied delays, as request timeouts are, the earliest of
-/// them keeps falling before a plan that looks as far ahead as the wheel allows, and those
-/// wake-ups add up to a large share of the process's CPU. While that goes on, the worker
-/// plans no more than [`CLOSE_SLEEP`] ticks ahead, so a timer needs it woken only when due
-/// sooner than that, and it wakes on its own every two to three ticks instead. Only a
-/// wake-up for a timer counts ([`ShardParts::wake_for_timer`](crate::engine::shard_parts::ShardParts::wake_for_timer)):
-/// when every early wake-up counted, the watch for stuck owners (an owner dropping
-/// cancelled `Sleep`s' wakers wakes a parked worker to watch) put the proxy's workers into
-/// close sleep at 1,000 and 4,000 requests a second, and their share of the proxy's CPU
-/// doubled (5.1% to 13.2%, 3.1% to 6.5%). A worker with nothing planned at all (`u64::MAX`)
-/// still sleeps until woken: an idle engine costs nothing.
+/// Whether a worker's plan is being undercut: threads arming timers due before its planned
+/// wake-up must wake it (a system call for them, a context switch for it), and under varied
+/// delays the earliest keeps falling before a far plan. While that goes on, the worker plans
+/// at most [`CLOSE_SLEEP`] ticks ahead and wakes on its own instead. Only wake-ups for a
+/// timer count ([`ShardParts::wake_for_timer`](crate::engine::shard_parts::ShardParts::wake_for_timer)),
+/// not the watch for stuck owners. With nothing planned (`u64::MAX`) it still sleeps until
+/// woken: an idle engine costs nothing.
 #[derive(Default)]
 struct Closeness {
     /// The tick the current window of counted wake-ups began at.
@@ -80,8 +67,7 @@ impl Closeness {
 }
 
 /// A worker thread's life: look at the wheel, run what came due, help other shards when
-/// there is nothing of its own to do, sleep until the next deadline or a wake-up, repeat;
-/// at shutdown, one last turn that settles every pending timer.
+/// idle, sleep until the next deadline or a wake-up; at shutdown, one last turn.
 pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
     thread_role::become_worker();
     crate::engine::context::set_home(shared, index);
@@ -100,8 +86,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             shard.counters.wakes.count(woke, look.claimed);
         }
         if !look.unfreed.is_empty() {
-            // Captures' `Drop`s are user code, run like callbacks: a watcher stands in if
-            // one blocks.
+            // Captures' `Drop`s are user code: a watcher stands in if one blocks.
             balance.with_user_code((shards, shard), now_tick, UserCode::Drops, || {
                 look.unfreed.free(shard);
             });
@@ -115,7 +100,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         } else if look.claimed > 0 {
             balance.offer(shards, shard, look.more_due);
         }
-        // The owner runs claimed timers of its own, timed for its cost per callback.
+        // Timed, for the owner's cost per callback.
         let run_own = |claimed: &[u32], now_tick: u64| {
             let started = std::time::Instant::now();
             let ran =
@@ -124,15 +109,14 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
                 });
             shard.note_run(ran, started.elapsed());
         };
-        // One run at a time, looking at the wheel in between, so that the heartbeat stays
-        // fresh while the owner makes progress.
+        // One run at a time, looking at the wheel in between, to keep the heartbeat fresh.
         if let Some(run) = shard.run.take(MAX_RUN) {
             run_own(run.indices(), now_tick);
             continue;
         }
         if look.lists_out {
-            // Walks its own lists with the helpers; once none is open, the rest is being
-            // walked, for a batch at most, and the next look takes them back.
+            // Walks its lists with the helpers; the rest is being walked for a batch at
+            // most, and the next look takes them back.
             let walked = hand_out::walk(shard, &shared.shutdown, index, |batch, due| {
                 run_own(batch, now_tick.max(due));
             });

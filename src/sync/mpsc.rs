@@ -1,15 +1,11 @@
 //! An intrusive, lock-free multi-producer single-consumer queue (Vyukov's design).
 //!
-//! The multi-core engine's shard owner receives inserts, cancels and resets from other
-//! threads through one of these. Intrusive, so that a timer node taken from a pool is linked
-//! in place and nothing is allocated per message. A producer may push a whole chain of nodes
-//! it linked privately with a single `swap` on the shared tail: that is how cross-core
-//! traffic is batched, so that the shared cache line is written once per batch rather than
-//! once per timer.
+//! Intrusive, so a pooled timer node is linked in place and nothing is allocated per
+//! message. A producer may push a chain it linked privately with one `swap` on the shared
+//! tail, writing the shared line once per batch rather than once per timer.
 //!
-//! Producers never wait for each other or for the consumer. The consumer can briefly see a
-//! node that a producer has swapped in but not yet linked; `pop` then reports
-//! [`Pop::Inconsistent`] and the consumer tries again later rather than spinning.
+//! Producers never wait. A node swapped in but not yet linked makes `pop` report
+//! [`Pop::Inconsistent`], and the consumer tries again later rather than spinning.
 
 use std::ptr::{self, NonNull};
 
@@ -39,9 +35,8 @@ impl Default for Link {
 /// A node type that embeds a [`Link`].
 ///
 /// # Safety
-/// `link` must return the `Link` embedded in `node`, projected from `node`'s pointer (not
-/// through a reference, whose provenance would cover the link alone), and `from_link` must
-/// map that pointer back to the node.
+/// `link` must project the embedded `Link` from `node`'s pointer (a reference's provenance
+/// would cover the link alone), and `from_link` must map it back to the node.
 pub unsafe trait Linked {
     /// The link embedded in `node`.
     ///
@@ -63,8 +58,7 @@ pub enum Pop<N> {
     Node(NonNull<N>),
     /// Nothing is queued.
     Empty,
-    /// A producer is between its `swap` and its link: something is queued, but cannot be
-    /// reached yet. Try again later.
+    /// A producer is between its `swap` and its link: try again later.
     Inconsistent,
 }
 
@@ -74,19 +68,16 @@ pub struct Queue<N: Linked> {
     tail: AtomicPtr<Link>,
     /// Where the consumer takes from; only the consumer touches it.
     head: UnsafeCell<*mut Link>,
-    /// A placeholder that keeps the list non-empty. Held as the raw pointer `Box::into_raw`
-    /// gave, not as a `Box`: moving a `Box` asserts unique access, which would invalidate
-    /// the raw pointers to the stub that the list holds.
+    /// A placeholder that keeps the list non-empty. A raw pointer, not a `Box`: moving a
+    /// `Box` asserts unique access, invalidating the list's pointers to the stub.
     stub: NonNull<Link>,
     _nodes: std::marker::PhantomData<NonNull<N>>,
 }
 
-// The queue moves nodes between threads, so `N: Send` is what makes handing one over sound.
-// SAFETY: producer-side state is atomic, and the consumer-only `head` is touched solely
-// through `pop` and `is_empty`, whose contracts allow one consumer thread at a time.
+// SAFETY: nodes move between threads, hence `N: Send`; producer-side state is atomic, and
+// the consumer-only `head` is touched only through `unsafe` single-consumer methods.
 unsafe impl<N: Linked + Send> Send for Queue<N> {}
-// SAFETY: as above: `push` is safe from any number of threads at once, `pop` is `unsafe`
-// and requires a single consumer.
+// SAFETY: as above.
 unsafe impl<N: Linked + Send> Sync for Queue<N> {}
 
 impl<N: Linked> Queue<N> {
@@ -108,27 +99,23 @@ impl<N: Linked> Queue<N> {
     /// Appends one node.
     ///
     /// # Safety
-    /// `node` must be live and on no queue, and must stay live and unmoved until the
-    /// consumer pops it: the queue owns it until then.
+    /// `node` must be live, on no queue, and stay live and unmoved until popped.
     pub unsafe fn push(&self, node: NonNull<N>) {
         // SAFETY: forwarded from the caller: one live, unqueued node is a chain of one.
         unsafe { self.push_chain(node, node) }
     }
 
-    /// Appends a chain of nodes, `first` to `last`, that the caller has linked with
-    /// [`link_after`], in one atomic step: consumers see the whole chain in order.
+    /// Appends a chain `first` to `last` linked with [`link_after`], in one atomic step.
     ///
     /// # Safety
-    /// Every node from `first` to `last` must be live, on no queue, linked in that order,
-    /// and must stay live and unmoved until the consumer pops it.
+    /// As for [`push`](Self::push), for every node, linked first to last.
     pub unsafe fn push_chain(&self, first: NonNull<N>, last: NonNull<N>) {
-        // SAFETY: the caller guarantees `first` and `last` are live nodes.
+        // SAFETY: forwarded from the caller.
         let (first, last) = unsafe { (N::link(first).as_ptr(), N::link(last).as_ptr()) };
         // SAFETY: `last` is live and private to this thread until the swap below.
         unsafe { (*last).next.store(ptr::null_mut(), Ordering::Relaxed) };
-        // AcqRel: Release publishes the chain's contents and links to whoever swaps next or
-        // pops; Acquire orders our write to `previous.next` after the previous producer's
-        // initialisation of `previous`.
+        // AcqRel: Release publishes the chain to whoever swaps next or pops; Acquire orders
+        // our write to `previous.next` after the previous producer's initialisation of it.
         let previous = self.tail.swap(last, Ordering::AcqRel);
         // SAFETY: `previous` was the queue's tail: the stub or a node that stays live until
         // popped, and it cannot be popped before this store makes it reachable past itself.
@@ -141,8 +128,7 @@ impl<N: Linked> Queue<N> {
     /// Only one thread at a time may call `pop` (the single consumer).
     pub unsafe fn pop(&self) -> Pop<N> {
         self.head.with_mut(|head_cell| {
-            // SAFETY: the caller is the single consumer, so nothing else reads or writes
-            // `head` during this closure.
+            // SAFETY: the caller is the single consumer, the only one touching `head`.
             let head_cell = unsafe { &mut *head_cell };
             let stub = self.stub_ptr();
             let mut head = *head_cell;
@@ -152,7 +138,6 @@ impl<N: Linked> Queue<N> {
                 if next.is_null() {
                     return Pop::Empty;
                 }
-                // Skip the stub: the first real node becomes the head.
                 *head_cell = next;
                 head = next;
                 // SAFETY: `next` was published by a producer's Release store and is live.
@@ -162,8 +147,8 @@ impl<N: Linked> Queue<N> {
                 *head_cell = next;
                 return Pop::Node(self.node_of(head));
             }
-            // `head` is the last reachable node. Unless a producer has swapped in more
-            // behind it, put the stub back after it so that `head` can be handed out.
+            // `head` is the last reachable node: put the stub back behind it so it can be
+            // handed out, unless a producer has swapped in more.
             if head != self.tail.load(Ordering::Acquire) {
                 return Pop::Inconsistent;
             }
@@ -193,9 +178,8 @@ impl<N: Linked> Queue<N> {
         })
     }
 
-    /// Whether anything is queued or being queued, as the consumer sees it: unlike
-    /// [`Queue::is_empty`] this also sees a producer that has swapped the tail but not yet
-    /// linked its node. SeqCst, for the wake-up handshake built on it.
+    /// Whether anything is queued or being queued, including a producer between its swap
+    /// and its link. SeqCst, for the wake-up handshake built on it.
     ///
     /// # Safety
     /// Only the single consumer may call this, as for [`Queue::pop`].
@@ -206,8 +190,8 @@ impl<N: Linked> Queue<N> {
 
     fn node_of(&self, link: *mut Link) -> NonNull<N> {
         debug_assert!(link != self.stub_ptr(), "the stub is never handed out");
-        // SAFETY: every non-stub link on the queue was pushed as the link of a live `N`, and
-        // `link` is non-null because it came from a non-null `next` or the head.
+        // SAFETY: every non-stub link was pushed as a live `N`'s, and it came from a
+        // non-null `next` or the head.
         unsafe { N::from_link(NonNull::new_unchecked(link)) }
     }
 
@@ -225,11 +209,9 @@ impl<N: Linked> Queue<N> {
 }
 
 impl<N: Linked> Drop for Queue<N> {
-    /// Frees the stub. Nodes still queued belong to whoever pushed them (a pool), so they
-    /// are left alone.
+    /// Frees the stub; nodes still queued belong to whoever pushed them (a pool).
     fn drop(&mut self) {
-        // SAFETY: `stub` came from `Box::leak` in `new`, and with `&mut self` no producer or
-        // consumer can be using it any more.
+        // SAFETY: `stub` came from `Box::leak` in `new`, and `&mut self` excludes all users.
         drop(unsafe { Box::from_raw(self.stub.as_ptr()) });
     }
 }
@@ -240,8 +222,7 @@ impl<N: Linked> Default for Queue<N> {
     }
 }
 
-/// Links `next` after `node` in a chain a producer is building privately for
-/// [`Queue::push_chain`].
+/// Links `next` after `node` in a chain built privately for [`Queue::push_chain`].
 ///
 /// # Safety
 /// Both nodes must be live and on no queue, and no other thread may be reading their links.
@@ -274,8 +255,7 @@ pub mod testing {
     // first field of a `repr(C)` struct, `from_link`'s cast maps it back to the message.
     unsafe impl Linked for Message {
         unsafe fn link(node: NonNull<Self>) -> NonNull<Link> {
-            // SAFETY: the caller guarantees `node` is live; projecting the field from the
-            // node's pointer keeps the provenance of the whole message.
+            // SAFETY: `node` is live; projecting from its pointer keeps the whole provenance.
             unsafe { NonNull::new_unchecked(&raw mut (*node.as_ptr()).link) }
         }
 
@@ -337,7 +317,7 @@ mod tests {
             assert_eq!(pop_value(&queue), Some(v));
         }
         assert_eq!(pop_value(&queue), None);
-        // The stub goes back in behind a lone node: push and pop again across that state.
+        // Across the state where the stub went back in behind a lone node.
         // SAFETY: as above.
         unsafe { queue.push(message(9)) };
         assert_eq!(pop_value(&queue), Some(9));

@@ -1,18 +1,14 @@
-//! A shard's run queue: timers already claimed for firing, waiting for a worker to run
-//! them. Whoever holds the shard's wheel appends; its owner and any other worker take
-//! runs of entries from the front, so a burst of expirations is shared out at expiry time.
-//!
-//! A bounded ring of node indices with one producer at a time (the wheel's holder, so
-//! handing the wheel over orders one producer's appends before the next one's) and any
-//! number of consumers. A consumer claims a run of entries with one compare-and-swap on
-//! the head, so crossing cores costs one shared read-modify-write per run, not per timer.
+//! A shard's run queue: timers claimed for firing, waiting for a worker to run them, so a
+//! burst is shared out at expiry time. A bounded ring of node indices with one producer at
+//! a time (the wheel's holder, so handing the wheel over orders the appends) and any number
+//! of consumers, each claiming a run with one compare-and-swap on the head: one shared
+//! read-modify-write per run, not per timer.
 
 use crossbeam_utils::CachePadded;
 
 use crate::sync::atomic::{AtomicU64, Ordering};
 
-/// Entries the ring holds: enough for 32 runs of [`MAX_RUN`], small enough (4 KiB) that
-/// the claimed timers waiting in it are still warm in a cache when they run.
+/// Entries the ring holds: small enough that claimed timers are still warm when they run.
 #[cfg(not(loom))]
 pub(crate) const CAPACITY: usize = 1024;
 #[cfg(loom)]
@@ -38,8 +34,7 @@ impl Run {
 }
 
 /// The wheel's holder appending to the ring. It never reads the head again (consumers
-/// write it, so each read would be a cache miss while they work), and it publishes its
-/// appends a run at a time, and when dropped.
+/// write it: each read would miss), and publishes a run at a time, and when dropped.
 pub(crate) struct Filler<'a> {
     queue: &'a RunQueue,
     tail: u64,
@@ -63,8 +58,7 @@ impl Filler<'_> {
             return false;
         }
         let slot = &self.queue.slots[(self.tail % CAPACITY as u64) as usize];
-        // A consumer that read this slot for an older lap has already moved the head past
-        // it (the filler's start saw that), so nobody can still claim the old value.
+        // The filler's start saw the head past this slot's older lap: nobody claims it now.
         slot.store(u64::from(index), Ordering::Relaxed);
         self.tail += 1;
         if self.tail - self.published >= MAX_RUN as u64 {
@@ -73,8 +67,7 @@ impl Filler<'_> {
         true
     }
 
-    /// Publishes the slots, and the claims of their nodes written before them, to
-    /// consumers.
+    /// Publishes the slots, and their nodes' claims written before them (Release).
     fn publish(&mut self) {
         self.queue.tail.store(self.tail, Ordering::Release);
         self.published = self.tail;
@@ -89,7 +82,6 @@ impl Drop for Filler<'_> {
     }
 }
 
-/// The ring. See the module documentation.
 pub(crate) struct RunQueue {
     /// The next entry to take. Consumers move it with a compare-and-swap.
     head: CachePadded<AtomicU64>,
@@ -115,8 +107,7 @@ impl RunQueue {
         tail.saturating_sub(head) as usize
     }
 
-    /// Starts appending: only the wheel's holder calls this. The filler fills the room
-    /// there is now (consumers can only make more).
+    /// Starts appending: only the wheel's holder calls this. Fills the room there is now.
     pub(crate) fn filler(&self) -> Filler<'_> {
         let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
@@ -145,8 +136,7 @@ impl RunQueue {
             };
             for (offset, entry) in run.indices[..len as usize].iter_mut().enumerate() {
                 let slot = &self.slots[((head + offset as u64) % CAPACITY as u64) as usize];
-                // Only an index appended for a later lap could be read here, and then the
-                // head has moved on and the swap below fails.
+                // An index of a later lap read here means the head moved: the swap fails.
                 *entry = slot.load(Ordering::Relaxed) as u32;
             }
             match self
@@ -200,8 +190,7 @@ mod tests {
                     scope.spawn(|| {
                         let mut mine = Vec::new();
                         loop {
-                            // Read before taking: once the producer is done, an empty take
-                            // means nothing is left.
+                            // Read before taking, so an empty take after it means done.
                             let finished = done.load(Ordering::Acquire);
                             match queue.take(MAX_RUN) {
                                 Some(run) => mine.extend_from_slice(run.indices()),

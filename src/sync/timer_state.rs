@@ -1,33 +1,25 @@
-//! The shared state of one pooled timer: who wins when a cancel or reset from another thread
-//! races the owner firing it, and who may give the node back to its pool.
-//!
-//! One `AtomicU64` holds the node's generation, a reset sequence, three flags and the phase,
-//! so every transition is one compare-and-swap that also checks the generation: a stale
-//! handle (whose generation has moved on) never changes the timer that reused the node.
+//! The shared state of one pooled timer: who wins when a cancel or reset races the owner
+//! firing it, and who may give the node back. One `AtomicU64`, so every transition is one
+//! compare-and-swap that also checks the generation: a stale handle changes nothing.
 //!
 //! Layout: `generation (32) | WAKER | reset sequence (23) | LOCKED | FILED | MSG | REPEATING |
 //! phase (4)`.
 //!
-//! - `MSG`: the node is in transit to its owner, on a lane or the inbox. Exactly one party
-//!   sets it and pushes the node (the scheduler, or a canceller or resetter that found it
-//!   clear), and only whoever takes the node off the queue clears it; so a node is on at most
-//!   one queue, and is never given back to the pool while a queue still holds it.
+//! - `MSG`: the node is in transit to its owner. Exactly one party sets it and pushes the
+//!   node, and only whoever takes it off the queue clears it: a node is on at most one
+//!   queue, and never freed while a queue holds it.
 //! - `FILED`: the owner has the node in its wheel.
-//! - `LOCKED`, while pending: a resetter is writing the deadline (or, for a waker timer, its
-//!   `Sleep` is replacing the waker). The owner does not fire a locked timer (it looks again
-//!   a tick later) and other resetters and cancellers wait for the unlock, which is two
-//!   instructions away. While a waker timer is firing, `LOCKED` says its wake has begun.
-//! - `WAKER`: the timer wakes a future's task (a [`Sleep`](crate::Sleep)). The runner
-//!   claims the wake ([`TimerState::begin_wake`]), so that a dropped `Sleep` may defuse a
-//!   wake not yet begun ([`TimerState::defuse`]). A woken timer stays `LOCKED` until its
-//!   node is freed, so that a defuse never writes to a word its holder is storing over.
+//! - `LOCKED`, while pending: a resetter is writing the deadline (or a `Sleep` its waker);
+//!   the owner does not fire it, and others wait for the unlock, two instructions away.
+//!   While a waker timer is firing, `LOCKED` says its wake has begun.
+//! - `WAKER`: the timer wakes a [`Sleep`](crate::Sleep)'s task. The runner claims the wake
+//!   ([`TimerState::begin_wake`]), so a dropped `Sleep` may defuse one not yet begun
+//!   ([`TimerState::defuse`]).
 //!
-//! The owner fires a timer only by moving it from `Pending` to `Firing` with the exact word
-//! it read before looking at the deadline. A reset locks, stores the new deadline and unlocks
-//! with the sequence bumped; if that happens between the owner's read and its swap, the swap
-//! fails and the owner looks at the deadline again. So either the reset returns `true` and
-//! the timer fires no earlier than the new deadline, or it returns `false` because the timer
-//! had already started firing (or was cancelled, or is gone).
+//! The owner fires a timer only by swapping `Pending` to `Firing` from the exact word it read
+//! before the deadline; a reset bumps the sequence, so one in between fails the swap. So
+//! either a reset returns `true` and the timer fires no earlier than the new deadline, or
+//! `false`: it had already started firing, or is over.
 
 use crate::sync::atomic::{AtomicU64, Ordering, update};
 
@@ -56,11 +48,10 @@ pub enum Phase {
     Free = 0,
     /// Armed: may be cancelled, reset or fired.
     Pending = 1,
-    /// Claimed for running: whoever took it off the run queue runs its callback; a
-    /// repeating timer goes back to `Pending` after.
+    /// Claimed for running; a repeating timer goes back to `Pending` after.
     Firing = 2,
-    /// A repeating timer firing, cancelled meanwhile: it will not be re-armed. Or a waker
-    /// timer whose `Sleep` was dropped before the wake began: it will not wake.
+    /// A repeating timer cancelled while firing (not re-armed), or a waker timer whose
+    /// `Sleep` was dropped before the wake began (will not wake).
     FiringCancelled = 3,
     /// Stopped by a cancel before it fired; waiting to be given back to the pool.
     Cancelled = 4,
@@ -180,11 +171,9 @@ pub enum Defused {
 /// What the worker that ran a timer does with it afterwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterFire {
-    /// A repeating timer, `Pending` again and now in transit: send it to its owner, which
-    /// files it at the next deadline the runner stored.
+    /// A repeating timer, `Pending` again and in transit: send it to its owner to file.
     Rearm,
-    /// A repeating timer, `Pending` again, whose node a message already in transit carries
-    /// to its owner: that message's arrival files it.
+    /// A repeating timer, `Pending` again, that a message already in transit will file.
     RearmOnArrival,
     /// Give the node back to the pool now.
     Free,
@@ -211,14 +200,13 @@ impl TimerState {
         }
     }
 
-    /// Reads the state. Acquire: pairs with a reset's Release unlock, so a caller that then
-    /// reads the deadline sees at least the one that reset stored.
+    /// Reads the state. Acquire: pairs with a reset's Release unlock, so a deadline read
+    /// after sees at least that reset's.
     pub fn observe(&self) -> Observed {
         Observed(self.word.load(Ordering::Acquire))
     }
 
-    /// Arms a free node that the caller holds exclusively, in transit to its owner. Returns
-    /// the generation handles must carry.
+    /// Arms a free node the caller holds, in transit; returns the handles' generation.
     pub fn arm(&self, kind: Kind) -> u32 {
         let generation = self.observe().generation();
         let flags = MSG
@@ -234,8 +222,7 @@ impl TimerState {
         generation
     }
 
-    /// Waits out a resetter's lock: two instructions, unless that thread was preempted. (A
-    /// firing timer's lock is a wake under way, which no resetter or canceller waits for.)
+    /// Waits out a resetter's lock (not a firing timer's, which is a wake under way).
     fn unlocked(&self) -> u64 {
         let current = self.word.load(Ordering::Acquire);
         if !Observed(current).is_reset_locked() {
@@ -247,24 +234,22 @@ impl TimerState {
         })
     }
 
-    /// Stops the timer of `generation` from running (again). `Some` if and only if this call
-    /// did it: the timer was pending, or was a repeating timer in the middle of firing.
+    /// Stops the timer of `generation` from running (again): `Some` if and only if this
+    /// call did it (pending, or repeating and firing).
     #[inline]
     pub fn try_cancel(&self, generation: u32) -> Option<Cancelled> {
         self.stop(generation, true)
     }
 
-    /// Stops a timer of `generation` that has never run, for a schedule taking back the
-    /// timer it just armed (the engine began shutting down meanwhile). As
-    /// [`try_cancel`](Self::try_cancel), but `None` for a repeating timer that is running
-    /// or ran already (its sequence moved on when it was re-armed): its schedule then
-    /// stands. Nothing else can have moved the sequence, as nobody holds the handle yet.
+    /// [`try_cancel`](Self::try_cancel) of a timer that has never run (the sequence has not
+    /// moved: only a re-arm can, as nobody else holds the handle yet), for a schedule
+    /// taking its timer back at shutdown.
     #[inline]
     pub fn try_withdraw(&self, generation: u32) -> Option<Cancelled> {
         self.stop(generation, false)
     }
 
-    /// [`try_cancel`](Self::try_cancel), or with `after_a_run` false
+    /// [`try_cancel`](Self::try_cancel), or without `after_a_run`
     /// [`try_withdraw`](Self::try_withdraw).
     #[inline]
     fn stop(&self, generation: u32, after_a_run: bool) -> Option<Cancelled> {
@@ -295,9 +280,8 @@ impl TimerState {
         }
     }
 
-    /// Locks a pending timer of `generation` for a reset: the caller then stores the new
-    /// deadline and calls [`unlock_reset`](Self::unlock_reset). `false` if the timer is not
-    /// pending (fired, firing, cancelled or gone).
+    /// Locks a pending timer of `generation` for a reset, then to store the deadline and
+    /// call [`unlock_reset`](Self::unlock_reset). `false` if it is not pending.
     pub fn lock_for_reset(&self, generation: u32) -> bool {
         let mut current = self.unlocked();
         loop {
@@ -319,12 +303,10 @@ impl TimerState {
     }
 
     /// Publishes the deadline stored under the lock and bumps the sequence. `true` if the
-    /// caller must push the node to its owner: the deadline moved earlier, the timer is in
-    /// the wheel, and no message is already in transit.
+    /// caller must push the node: earlier, in the wheel, and no message already in transit.
     pub fn unlock_reset(&self, earlier: bool) -> bool {
         let mut notify = false;
-        // Nothing else changes a locked word except the owner clearing MSG or FILED, so the
-        // update retries at most a few times.
+        // Only the owner clearing MSG or FILED changes a locked word: few retries.
         update(
             &self.word,
             Ordering::Release,
@@ -360,9 +342,8 @@ impl TimerState {
         outcome
     }
 
-    /// The owner moves a node its wheel just handed out back into it (its deadline moved
-    /// later, or it is locked): nothing changes in the word, which says `FILED` already.
-    /// For a cancelled node whose message is in transit, clears `FILED` instead and returns
+    /// The owner files back a node its wheel just handed out (deadline moved later, or
+    /// locked). For a cancelled node with a message in transit, clears `FILED` and returns
     /// `false`: the message's arrival frees it.
     pub fn keep_filed(&self) -> bool {
         let seen = self.observe();
@@ -374,14 +355,12 @@ impl TimerState {
     }
 
     /// The owner claims the timer for firing, if the state is still exactly `seen` (pending,
-    /// unlocked, with no reset since the owner read the deadline). On `false` the owner
-    /// observes again.
+    /// unlocked, no reset since the deadline was read).
     pub fn try_fire(&self, seen: Observed) -> bool {
         self.claim(seen, Phase::Firing)
     }
 
-    /// Moves a pending, unlocked timer out of the wheel into `phase`, if the state is still
-    /// exactly `seen`.
+    /// Moves a pending, unlocked timer out of the wheel into `phase`, if still exactly `seen`.
     fn claim(&self, seen: Observed, phase: Phase) -> bool {
         seen.phase() == Phase::Pending
             && !seen.is_locked()
@@ -396,10 +375,8 @@ impl TimerState {
                 .is_ok()
     }
 
-    /// The runner finished running the callback. A repeating timer that was not cancelled
-    /// meanwhile goes back to `Pending`, in transit to its owner (the runner stored its next
-    /// deadline before this call; it is in no wheel, since claiming it took it out); anything
-    /// else is done.
+    /// The runner finished the callback. A repeating timer not cancelled meanwhile goes back
+    /// to `Pending`, in transit (its next deadline already stored); anything else is done.
     pub fn finish_fire(&self) -> AfterFire {
         let mut outcome = AfterFire::Free;
         update(&self.word, Ordering::AcqRel, Ordering::Acquire, |current| {
@@ -429,9 +406,8 @@ impl TimerState {
         outcome
     }
 
-    /// The runner of a claimed waker timer begins its wake: `false` if the timer's `Sleep`
-    /// defused it first, and then the wake must not happen. Only the runner changes a
-    /// firing timer's word to `LOCKED`, and only a drop defuses it, so one retry at most.
+    /// Begins a claimed waker timer's wake: `false` if its `Sleep` defused it first. Only a
+    /// defuse races the runner here, so the loop retries at most once.
     pub fn begin_wake(&self) -> bool {
         let mut current = self.word.load(Ordering::Acquire);
         loop {
@@ -450,9 +426,8 @@ impl TimerState {
         }
     }
 
-    /// The `Sleep` of the waker timer of `generation` is going away and the timer could not
-    /// be cancelled: stops a wake that has not begun, or says that one is under way (or
-    /// over, its node not yet freed).
+    /// A waker timer's `Sleep` is dropped and could not cancel it: stops a wake not begun,
+    /// or says one is under way (or over).
     pub fn defuse(&self, generation: u32) -> Defused {
         let mut current = self.word.load(Ordering::Acquire);
         loop {
@@ -475,23 +450,21 @@ impl TimerState {
         }
     }
 
-    /// The owner ends a pending timer at shutdown, without running it. `true` if it did
-    /// (a canceller may win instead).
+    /// The owner ends a pending timer at shutdown unrun; `false` if a canceller won.
     pub fn try_discard(&self, seen: Observed) -> bool {
         self.claim(seen, Phase::Cancelled)
     }
 
-    /// The owner ends a timer it ran or discarded at shutdown but cannot free (a message
-    /// still names it): `Done`, so that no handle sees it pending any more.
+    /// The owner ends a timer it ran or discarded at shutdown but a message still names:
+    /// `Done`, so no handle sees it pending.
     pub fn end(&self) {
         update(&self.word, Ordering::AcqRel, Ordering::Acquire, |current| {
             Observed(current).with_phase(Phase::Done)
         });
     }
 
-    /// The holder gives the node back: the generation moves on, so every handle to the old
-    /// timer goes stale. `false` when the generation is exhausted: the node must be retired,
-    /// never reused, or a handle four billion generations old would name its next timer.
+    /// Gives the node back, moving the generation on. `false` when it is exhausted: the
+    /// node must be retired, or a handle a full wrap old would name its next timer.
     pub fn free(&self) -> bool {
         let generation = self.observe().generation();
         match generation.checked_add(1) {
@@ -506,8 +479,7 @@ impl TimerState {
         }
     }
 
-    /// Whether the timer of `generation` will still run: it is pending, or it is a repeating
-    /// timer running its callback and not cancelled.
+    /// Whether the timer of `generation` will still run (pending, or repeating and firing).
     pub fn is_pending(&self, generation: u32) -> bool {
         let seen = self.observe();
         seen.generation() == generation
