@@ -14,6 +14,8 @@ for f in sorted(glob.glob(os.path.join(d, '*.txt'))):
     for line in open(f):
         m = re.match(r'^(engine-arm-cancel) \(window ([\d,]+)', line)
         if m: section = f'engine-arm-cancel w{m.group(2)}'; continue
+        m = re.match(r'^light-load \(\d+ threads, ([\d,]+) timers live', line)
+        if m: section = f'light-load {m.group(1)}/s'; continue
         m = re.match(r'^(steady-mix|light-load|fire-storm|burst-steal|engine-live-1m|engine-reset|async-\w+|keyed-[\w-]+) \(', line)
         if m: section = m.group(1); continue
         if section == 'engine-live-1m':

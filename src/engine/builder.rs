@@ -110,7 +110,7 @@ impl EngineBuilder {
     /// How many ticks a shard's owner may go without looking at its wheel, while awake
     /// (stuck in a slow callback or a `Drop`), before another worker stands in until it is
     /// back. `None` turns this off: a slow callback then delays its shard's other timers.
-    /// Default: `Some(8)` ([`DEFAULT_RESCUE_AFTER`]).
+    /// `Some(0)` is taken as `Some(1)`. Default: `Some(8)` ([`DEFAULT_RESCUE_AFTER`]).
     ///
     /// With it on, while any owner is running timers (and for a while after), one otherwise
     /// idle worker wakes every this many ticks (at least every tick) to look. Timers claimed
