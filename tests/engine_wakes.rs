@@ -51,7 +51,7 @@ fn a_timer_wakes_its_worker_at_its_tick_and_an_idle_engine_wakes_not_at_all() {
     assert_eq!(idle, later, "an idle engine's worker woke up");
     assert_eq!(
         later.total(),
-        later.due + later.wheel + later.lane + later.close + later.watch + later.woken
+        later.due + later.wheel + later.lane + later.watch + later.woken
     );
 }
 

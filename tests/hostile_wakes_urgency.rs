@@ -59,7 +59,7 @@ use corewheel::{
 
 /// Every count of a `ShardStats`, wake-ups included, in a fixed order (`pending`, fifth,
 /// is derived, and may go down).
-fn fields(s: &ShardStats) -> [u64; 17] {
+fn fields(s: &ShardStats) -> [u64; 16] {
     let w = s.wakes;
     [
         s.scheduled,
@@ -76,20 +76,19 @@ fn fields(s: &ShardStats) -> [u64; 17] {
         w.due,
         w.wheel,
         w.lane,
-        w.close,
         w.watch,
         w.woken,
     ]
 }
 const FIRED: usize = 1;
 /// The wake-up counts' place in `fields`.
-const WAKES: std::ops::Range<usize> = 11..17;
+const WAKES: std::ops::Range<usize> = 11..16;
 
 /// A snapshot is consistent: the total is the sum of the shards, field by field, and each
 /// `WorkerWakes::total` is the sum of its causes.
 fn check_sums(stats: &Stats, what: &str) {
     let total = fields(&stats.total);
-    let mut sum = [0_u64; 17];
+    let mut sum = [0_u64; 16];
     for shard in &stats.shards {
         for (s, v) in sum.iter_mut().zip(fields(shard)) {
             *s += v;
@@ -97,7 +96,7 @@ fn check_sums(stats: &Stats, what: &str) {
         let w = shard.wakes;
         assert_eq!(
             w.total(),
-            w.due + w.wheel + w.lane + w.close + w.watch + w.woken,
+            w.due + w.wheel + w.lane + w.watch + w.woken,
             "{what}: a shard's wake-ups are not the sum of their causes: {w:?}"
         );
     }
@@ -108,7 +107,7 @@ fn check_sums(stats: &Stats, what: &str) {
     let w = stats.total.wakes;
     assert_eq!(
         w.total(),
-        w.due + w.wheel + w.lane + w.close + w.watch + w.woken,
+        w.due + w.wheel + w.lane + w.watch + w.woken,
         "{what}: {w:?}"
     );
 }
@@ -144,7 +143,6 @@ fn delta(a: WorkerWakes, b: WorkerWakes) -> WorkerWakes {
         due: sub(a.due, b.due),
         wheel: sub(a.wheel, b.wheel),
         lane: sub(a.lane, b.lane),
-        close: sub(a.close, b.close),
         watch: sub(a.watch, b.watch),
         woken: sub(a.woken, b.woken),
     }

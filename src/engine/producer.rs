@@ -246,7 +246,7 @@ impl EngineShared {
         // SAFETY: this thread is the lane's producer and holds `node`.
         if let Some(need) = unsafe { lane.push(node, need, || fresh_need(shard, self.now_tick())) }
         {
-            shard.wake_for_timer(need);
+            shard.wake_for(need);
         }
         self.pushed(shard);
     }
@@ -377,14 +377,14 @@ impl EngineShared {
         if let Some((first, last, earliest)) = park.finish() {
             // SAFETY: forwarded from the caller.
             if let Some(need) = unsafe { lane.park(first, last, earliest, now) } {
-                shard.wake_for_timer(need);
+                shard.wake_for(need);
             }
         }
         if let Some((first, last, earliest)) = keep.finish() {
             let fresh = || fresh_need(shard, now);
             // SAFETY: forwarded from the caller.
             if let Some(need) = unsafe { lane.requeue(first, last, earliest, fresh) } {
-                shard.wake_for_timer(need);
+                shard.wake_for(need);
             }
         }
     }

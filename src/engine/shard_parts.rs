@@ -40,10 +40,6 @@ pub(crate) struct ShardParts {
     pub(crate) lanes_version: AtomicU64,
     /// The tick the worker plans to wake at, or [`AWAKE`].
     wake_at: CachePadded<AtomicU64>,
-    /// A thread woke the worker for a timer due before its plan, since the worker last
-    /// looked: what makes it sleep close (`Closeness` in the worker's loop). A hint only,
-    /// read after the fact, so it orders nothing.
-    undercut: AtomicBool,
     /// The earliest tick by which the worker must take every lane, lowered by a reset that
     /// brings forward a timer still in transit (the lane it sits on does not know).
     urgent: CachePadded<AtomicU64>,
@@ -103,7 +99,6 @@ impl ShardParts {
             lanes: Mutex::new(Vec::new()),
             lanes_version: AtomicU64::new(0),
             wake_at: CachePadded::new(AtomicU64::new(AWAKE)),
-            undercut: AtomicBool::new(false),
             urgent: CachePadded::new(AtomicU64::new(u64::MAX)),
             urgent_asked: CachePadded::new(AtomicU64::new(0)),
             callback_ns: AtomicU64::new(0),
@@ -239,29 +234,17 @@ impl ShardParts {
     /// the caller published before this call, or the caller sees the worker's plan.
     #[inline]
     pub(crate) fn wake_for(&self, need: u64) {
-        self.wake(need, false);
-    }
-
-    /// [`wake_for`](Self::wake_for) a timer a thread has just armed or moved, due at `need`:
-    /// if it wakes the worker, it notes that a timer undercut the worker's plan.
-    #[inline]
-    pub(crate) fn wake_for_timer(&self, need: u64) {
-        self.wake(need, true);
+        self.wake(need);
     }
 
     #[inline]
-    fn wake(&self, need: u64, undercut: bool) {
+    fn wake(&self, need: u64) {
         fence(Ordering::SeqCst);
         if need < self.wake_at.load(Ordering::SeqCst)
             && self.wake_at.swap(AWAKE, Ordering::SeqCst) != AWAKE
         {
             match self.thread.get() {
-                Some(thread) => {
-                    if undercut {
-                        self.undercut.store(true, Ordering::Relaxed);
-                    }
-                    thread.unpark();
-                }
+                Some(thread) => thread.unpark(),
                 None => self.wake_driver(),
             }
         }
@@ -304,13 +287,6 @@ impl ShardParts {
         if let Some(waker) = waker {
             waker.wake();
         }
-    }
-
-    /// Whether a thread woke the worker for a timer due before its plan since the last
-    /// call (see [`wake_for_timer`](Self::wake_for_timer)); clears it.
-    #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
-    pub(crate) fn take_undercut(&self) -> bool {
-        self.undercut.swap(false, Ordering::Relaxed)
     }
 
     /// Lowers the tick by which the worker must take every lane, and wakes it for that.

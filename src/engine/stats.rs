@@ -57,9 +57,6 @@ pub struct WorkerWakes {
     pub wheel: u64,
     /// At the tick by which it had to take what a thread left on its lane, with no timer due.
     pub lane: u64,
-    /// At a tick planned a few ticks ahead, with no timer due: threads kept arming timers
-    /// due before its plans, so it wakes on its own rather than be woken for each.
-    pub close: u64,
     /// To watch for a stuck owner ([`rescue_after`](crate::EngineBuilder::rescue_after)).
     pub watch: u64,
     /// Before its plan, woken by another thread.
@@ -69,14 +66,13 @@ pub struct WorkerWakes {
 impl WorkerWakes {
     /// Every wake-up counted.
     pub fn total(&self) -> u64 {
-        self.due + self.wheel + self.lane + self.close + self.watch + self.woken
+        self.due + self.wheel + self.lane + self.watch + self.woken
     }
 
     fn add(&mut self, other: &Self) {
         self.due += other.due;
         self.wheel += other.wheel;
         self.lane += other.lane;
-        self.close += other.close;
         self.watch += other.watch;
         self.woken += other.woken;
     }

@@ -20,9 +20,6 @@ pub(crate) enum Planned {
     Wheel,
     /// A thread's lane: timers or messages waiting there have to be taken by then.
     Lane,
-    /// A tick a few on, not the wheel's or a lane's, because threads kept arming timers
-    /// due before its plans ([`Closeness`](crate::engine::worker)).
-    Close,
     /// A look at other shards for an owner stuck in a callback.
     Watch,
 }
@@ -33,7 +30,6 @@ pub(crate) struct WakeCounters {
     due: AtomicU64,
     wheel: AtomicU64,
     lane: AtomicU64,
-    close: AtomicU64,
     watch: AtomicU64,
     woken: AtomicU64,
 }
@@ -55,7 +51,6 @@ impl WakeCounters {
             _ if claimed > 0 => &self.due,
             Planned::Wheel => &self.wheel,
             Planned::Lane => &self.lane,
-            Planned::Close => &self.close,
         };
         // One writer: a plain store, no read-modify-write.
         counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -67,7 +62,6 @@ impl WakeCounters {
             due: read(&wakes.due),
             wheel: read(&wakes.wheel),
             lane: read(&wakes.lane),
-            close: read(&wakes.close),
             watch: read(&wakes.watch),
             woken: read(&wakes.woken),
         }

@@ -361,7 +361,6 @@ fn wakes_between(before: WorkerWakes, after: WorkerWakes) -> WorkerWakes {
         due: after.due - before.due,
         wheel: after.wheel - before.wheel,
         lane: after.lane - before.lane,
-        close: after.close - before.close,
         watch: after.watch - before.watch,
         woken: after.woken - before.woken,
     }
@@ -952,12 +951,11 @@ fn run_as(name: &str, subjects: &[Subject], mut config: Config, plan: Plan, csv:
             let per_s = |count: u64| count as f64 / run.wall.as_secs_f64();
             let shown = |count: u64| thousands(per_s(count) as u64);
             table.note(format!(
-                "{subject_name}: its workers woke {} times a second (stats().total.wakes): {} with timers due, and with none: {} for the wheel, {} for a lane's need, {} sleeping close, {} to watch for stuck owners, {} woken early by another thread",
+                "{subject_name}: its workers woke {} times a second (stats().total.wakes): {} with timers due, and with none: {} for the wheel, {} for a lane's need, {} to watch for stuck owners, {} woken early by another thread",
                 shown(worker.total()),
                 shown(worker.due),
                 shown(worker.wheel),
                 shown(worker.lane),
-                shown(worker.close),
                 shown(worker.watch),
                 shown(worker.woken),
             ));
@@ -967,7 +965,6 @@ fn run_as(name: &str, subjects: &[Subject], mut config: Config, plan: Plan, csv:
                     ("worker_wakes_due_per_s", worker.due),
                     ("worker_wakes_wheel_per_s", worker.wheel),
                     ("worker_wakes_lane_per_s", worker.lane),
-                    ("worker_wakes_close_per_s", worker.close),
                     ("worker_wakes_watch_per_s", worker.watch),
                     ("worker_wakes_woken_per_s", worker.woken),
                 ]

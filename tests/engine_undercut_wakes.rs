@@ -1,11 +1,8 @@
-//! A worker whose planned wake-up keeps being undercut by new timers sleeps close instead
-//! of being woken for each. A thread arming request timeouts, each cancelled at once (a
-//! proxy's request answered in time), must wake its shard's worker whenever a timer is due
-//! before the tick the worker planned to wake at; with varied delays (the harness's
-//! `async-sleep`: 1 ms to 30 s) that was about 11,500 wake-ups a second at 1 thread. Here
-//! the delays are 4 ms to 3 s: the worker, woken for each timer due before its plan while
-//! it plans ahead as far as it can, now plans no more than three ticks ahead once such
-//! wake-ups come fast, and no timer here is due that soon.
+//! A worker whose planned wake-up keeps being undercut by new timers is not woken for
+//! each of them. A thread arming request timeouts with varied delays, each cancelled at
+//! once (a proxy's request answered in time), arms many timers due before the tick the
+//! worker planned to wake at; the lane holds them back, and the worker wakes about once a
+//! tick at most, not once per timer.
 //!
 //! Counted in the worker's voluntary context switches, so the bounds hold on a loaded
 //! machine: a slower machine gives fewer timers and more ticks, and the bound grows with
@@ -30,7 +27,9 @@ fn undercut_for(engine: &TimerEngine, run: Duration) -> (u64, u64, u64) {
         for _ in 0..64 {
             let delay = Duration::from_micros(4_000 + rng.below(2_996_000));
             let handle = engine.schedule(delay, || {}).expect("the engine runs");
-            assert!(engine.cancel(handle), "cancelled before its deadline");
+            // Almost always before its deadline; a thread kept off its core for 4 ms
+            // may see it fire first, which is no fault.
+            let _ = engine.cancel(handle);
             timers += 1;
         }
     }
@@ -51,11 +50,9 @@ fn a_stream_of_timers_due_before_the_plan_does_not_wake_the_worker_for_each() {
     }
     let (timers, wakes, elapsed) = undercut_for(&engine, Duration::from_millis(500));
     assert_eq!(engine.shutdown(PendingTimers::Drop).dropped, 0);
-    // Sleeping close, the worker wakes on its own every two to three ticks, and is woken
-    // early only to begin sleeping close again (after each spell of `CLOSE_FOR` ticks) or
-    // for a lane's ring filling up: 239-368 wake-ups here, 419 beside a busy loop. Woken
-    // for every timer due before its plan (about one in 1,200 here), it wakes more than
-    // once a tick: 837 in 500 ms when that was fixed. So the bound is a wake-up a tick.
+    // Woken for every timer due before its plan (about one in 1,200 here), the worker
+    // would wake more than once a tick; it wakes about once every one to two ticks. So the
+    // bound is a wake-up a tick.
     let bound = elapsed + 40;
     eprintln!("{wakes} wake-ups of the worker in {elapsed} ms for {timers} timers");
     assert!(
