@@ -5,7 +5,9 @@
 #
 # Starts nginx (its own config under /tmp, worker_processes 1, `return 200 "ok"` on
 # 127.0.0.1:$NGINX_PORT), then for ROUNDS rounds (default 4) and, within each round, for
-# each timer in $TIMERS (default: corewheel corewheel-driven tokio) in turns: starts the
+# each timer in $TIMERS (default: corewheel corewheel-driven tokio) in turns (round r starts
+# at the r-th timer, so that each takes each place in the order; ROTATE=0 keeps the order
+# fixed), starts the
 # release proxy in front of nginx (default threads), runs a short warm-up, then
 #   wrk -t1 -c256 -d8s --latency http://127.0.0.1:$PROXY_PORT/
 # and records requests/s, latency p99 and the proxy's CPU (utime+stime from
@@ -19,6 +21,9 @@
 # PERF_RECORD=1 also profiles each measured run (its CPU figures then include perf's cost):
 #   perf record -F 999 -g -p PID -- sleep 6   (from 1 s into the run)
 #   perf report --no-children --sort symbol --stdio -g none | head -60  -> OUTDIR/TAG.perf-report.txt
+# (also per thread, TAG.perf-threads.txt, and every symbol, TAG.perf-flat.txt, which
+# scripts/proxy-profile-summary.py OUTDIR turns into µs per request per symbol). Delete
+# the TAG.perf.data files before committing.
 # Environment: WRK_DURATION (8s), WRK_CONNECTIONS (256), WRK_THREADS (1), WARMUP (1s),
 # NGINX_PORT (18080), PROXY_PORT (18081), PROXY (target/release/corewheel-proxy).
 set -euo pipefail
@@ -102,13 +107,15 @@ cpu_ticks() { # pid: utime+stime in clock ticks (fields 14 and 15; comm may hold
     awk '{ print $12 + $13 }' <<<"$stat"
 }
 
-thread_ticks() { # pid: "tid comm utime+stime" per thread
-    local t stat comm
+thread_ticks() { # pid: "tid comm utime+stime voluntary-switches involuntary-switches"
+    local t stat comm switches
     for t in /proc/"$1"/task/*; do
         stat=$(cat "$t/stat" 2>/dev/null) || continue
         comm=$(cat "$t/comm" 2>/dev/null | tr ' ' '_')
+        switches=$(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 }
+            END { print v + 0, n + 0 }' "$t/status" 2>/dev/null)
         stat=${stat##*) }
-        echo "${t##*/} $comm $(awk '{ print $12 + $13 }' <<<"$stat")"
+        echo "${t##*/} $comm $(awk '{ print $12 + $13 }' <<<"$stat") $switches"
     done
 }
 
@@ -119,7 +126,7 @@ wait_port "$NGINX_PORT"
 {
     echo "date: $(date -u +%FT%TZ)"
     echo "host: $(uname -srm), $(nproc) CPUs"
-    echo "command: scripts/proxy-wrk.sh $* (rounds $ROUNDS, timers $TIMERS)"
+    echo "command: scripts/proxy-wrk.sh $* (rounds $ROUNDS, timers $TIMERS, rotate ${ROTATE:-1})"
     echo "wrk: wrk -t$WTHREADS -c$CONNS -d$DURATION --latency (warm-up $WARMUP, not counted)"
     echo "proxy: $PROXY --upstream 127.0.0.1:$NGINX_PORT --listen 127.0.0.1:$PROXY_PORT --timer T"
     echo "CLK_TCK: $CLK_TCK"
@@ -127,8 +134,14 @@ wait_port "$NGINX_PORT"
 } > "$OUT/run-info.txt"
 echo "round timer rps p99_ms cpu_ticks requests cpu_us_per_req errors load1" > "$OUT/results.tsv"
 
+read -r -a TIMER_LIST <<<"$TIMERS"
 for round in $(seq "$ROUNDS"); do
-    for timer in $TIMERS; do
+    order=()
+    for i in "${!TIMER_LIST[@]}"; do
+        shift_by=$(( ${ROTATE:-1} == 0 ? 0 : round - 1 ))
+        order+=("${TIMER_LIST[$(( (i + shift_by) % ${#TIMER_LIST[@]} ))]}")
+    done
+    for timer in "${order[@]}"; do
         tag="r${round}-${timer}"
         "$PROXY" --upstream "127.0.0.1:$NGINX_PORT" --listen "127.0.0.1:$PROXY_PORT" \
             --timer "$timer" > "$OUT/$tag.proxy.log" 2>&1 &
@@ -150,9 +163,11 @@ for round in $(seq "$ROUNDS"); do
         if [ -n "$perf_pid" ]; then
             wait "$perf_pid" || true
             perf report -i "$OUT/$tag.perf.data" --no-children --sort symbol --stdio -g none \
-                2>/dev/null | head -60 > "$OUT/$tag.perf-report.txt" || true
+                2>/dev/null | head -60 | sed -E 's/ +- +- *$//; s/ +$//' > "$OUT/$tag.perf-report.txt" || true
             perf report -i "$OUT/$tag.perf.data" --no-children --sort comm --stdio -g none \
                 2>/dev/null | grep '%' > "$OUT/$tag.perf-threads.txt" || true
+            perf report -i "$OUT/$tag.perf.data" --no-children --sort dso,symbol --stdio -g none \
+                2>/dev/null | grep '%' | sed -E 's/ +- +- *$//; s/ +$//' > "$OUT/$tag.perf-flat.txt" || true
         fi
         after=$(cpu_ticks "$PROXY_PID")
         thread_ticks "$PROXY_PID" > "$OUT/$tag.threads-after.txt"
@@ -196,17 +211,42 @@ for timer, rs in by.items():
     cpu = [float(r[6]) for r in rs]; err = sum(int(r[7]) for r in rs)
     print(f"{timer:<18} {cell(rps, '{:.0f}'):<28} {cell(p99, '{:.2f}'):<26} "
           f"{cell(cpu, '{:.2f}'):<32} {err}")
+# Paired by round: each pair's ratio (median, min-max) and how many rounds the first won.
+print()
+print("paired by round (A/B ratio, median (min-max); rounds where A is better):")
+rounds = collections.defaultdict(dict)
+for r in rows:
+    rounds[r[0]][r[1]] = r
+names = list(by)
+for i, a in enumerate(names):
+    for b in names[i + 1:]:
+        both = [k for k in rounds if a in rounds[k] and b in rounds[k]]
+        for col, what, better in ((2, "req/s", 1), (6, "CPU/req", -1)):
+            q = [float(rounds[k][a][col]) / float(rounds[k][b][col]) for k in both]
+            wins = sum((x - 1) * better > 0 for x in q)
+            print(f"  {a}/{b} {what}: {statistics.median(q):.2f} ({min(q):.2f}-{max(q):.2f}); "
+                  f"{a} better in {wins}/{len(q)}")
 # Per thread name: CPU ticks over the measured runs, summed over the rounds.
 print()
-print("proxy CPU per thread name over the measured runs (ticks, summed over rounds):")
+print("proxy CPU per thread name over the measured runs (ticks, summed over rounds), and its")
+print("threads' context switches (voluntary + involuntary) per 1,000 requests:")
 for timer in by:
     per = collections.Counter()
+    switches = [0, 0]
+    requests = sum(int(r[5]) for r in by[timer])
     for before_path in sorted(glob.glob(os.path.join(out, f"r*-{timer}.threads-before.txt"))):
-        before = {l.split()[0]: int(l.split()[2]) for l in open(before_path)}
-        for l in open(before_path.replace("before", "after")):
-            tid, comm, t = l.split()
-            per[comm] += int(t) - before.get(tid, 0)
+        before = {l.split()[0]: [int(x) for x in l.split()[2:]] for l in open(before_path)}
+        for l in open(before_path.replace("threads-before", "threads-after")):
+            tid, comm, *vals = l.split()
+            was = before.get(tid, [0] * len(vals))
+            per[comm] += int(vals[0]) - was[0]
+            for i in (1, 2):
+                if len(vals) > i and len(was) > i:
+                    switches[i - 1] += int(vals[i]) - was[i]
     total = sum(per.values()) or 1
     print(f"  {timer}: " + ", ".join(f"{c} {t} ({100 * t / total:.1f}%)" for c, t in per.most_common()))
+    if any(switches):
+        print(f"  {timer}: switches per 1k requests: voluntary {1000 * switches[0] / requests:.1f}, "
+              f"involuntary {1000 * switches[1] / requests:.1f}")
 PY
 cat "$OUT/table.txt"
