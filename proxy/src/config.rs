@@ -8,6 +8,9 @@ use std::time::Duration;
 pub enum TimerKind {
     /// corewheel's default engine, and `corewheel::HyperTimer` for hyper.
     Corewheel,
+    /// A process-wide *driven* corewheel engine (no worker threads of its own), whose
+    /// drivers run on the proxy's tokio runtime; `corewheel::HyperTimer` on it for hyper.
+    CorewheelDriven,
     /// `tokio::time`, and hyper-util's `TokioTimer` for hyper.
     Tokio,
 }
@@ -17,15 +20,20 @@ impl TimerKind {
     pub fn name(self) -> &'static str {
         match self {
             TimerKind::Corewheel => "corewheel",
+            TimerKind::CorewheelDriven => "corewheel-driven",
             TimerKind::Tokio => "tokio",
         }
     }
 
     /// The kind `name` names, if any.
     pub fn parse(name: &str) -> Option<Self> {
-        [TimerKind::Corewheel, TimerKind::Tokio]
-            .into_iter()
-            .find(|kind| kind.name() == name)
+        [
+            TimerKind::Corewheel,
+            TimerKind::CorewheelDriven,
+            TimerKind::Tokio,
+        ]
+        .into_iter()
+        .find(|kind| kind.name() == name)
     }
 }
 
@@ -62,7 +70,9 @@ USAGE:
 OPTIONS:
     --upstream ADDR          the backend every request goes to, e.g. 127.0.0.1:3000 (required)
     --listen ADDR            where to listen (default 127.0.0.1:8080)
-    --timer NAME             corewheel (default) or tokio: the back-end of every timer
+    --timer NAME             corewheel (default), corewheel-driven or tokio: the back-end
+                             of every timer (corewheel-driven: a corewheel engine with no
+                             threads of its own, driven on the proxy's tokio runtime)
     --header-timeout MS      hyper's header read timeout, also the longest keep-alive wait
                              between requests (default 10000)
     --idle-timeout MS        close a client connection with no read or write for this long
@@ -134,10 +144,9 @@ impl Config {
                 "--upstream" => upstream = Some(parse_addr(&flag, &value()?)?),
                 "--timer" => {
                     let name = value()?;
-                    timer =
-                        Some(TimerKind::parse(&name).ok_or_else(|| {
-                            format!("--timer takes corewheel or tokio, not {name:?}")
-                        })?)
+                    timer = Some(TimerKind::parse(&name).ok_or_else(|| {
+                        format!("--timer takes corewheel, corewheel-driven or tokio, not {name:?}")
+                    })?)
                 }
                 "--header-timeout" => timeouts[0] = Some(parse_ms(&flag, &value()?)?),
                 "--idle-timeout" => timeouts[1] = Some(parse_ms(&flag, &value()?)?),
@@ -231,6 +240,11 @@ mod tests {
         config.request_timeout = Duration::from_millis(3);
         config.connect_timeout = Duration::from_millis(4);
         config.threads = Some(2);
+        assert_eq!(
+            Config::parse_args(config.to_args()),
+            Ok(Command::Run(config.clone()))
+        );
+        config.timer = TimerKind::CorewheelDriven;
         assert_eq!(
             Config::parse_args(config.to_args()),
             Ok(Command::Run(config))

@@ -13,14 +13,15 @@ use crate::stats::Stats;
 /// or the address bound.
 ///
 /// On corewheel's timer the runtime is built without tokio's time driver: any timer that
-/// escaped to tokio would fail loudly instead of being measured as corewheel's.
+/// escaped to tokio would fail loudly instead of being measured as corewheel's. The
+/// driven corewheel timer needs it: its engine's drivers sleep on tokio's timer.
 pub fn run_blocking(
     config: Config,
     listening: impl FnOnce(SocketAddr, Arc<Stats>),
 ) -> io::Result<()> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_io();
-    if config.timer == TimerKind::Tokio {
+    if config.timer != TimerKind::Corewheel {
         builder.enable_time();
     }
     if let Some(threads) = config.threads {

@@ -13,7 +13,7 @@ use crate::config::{Config, TimerKind};
 use crate::forward::forward;
 use crate::idle_io::{Activity, IdleIo, idle_watch};
 use crate::stats::Stats;
-use crate::timer::{CorewheelTimer, ProxyTimer, TokioTimer};
+use crate::timer::{CorewheelDrivenTimer, CorewheelTimer, ProxyTimer, TokioTimer};
 use crate::upstream::Upstream;
 
 /// How long the accept loop pauses after `accept` fails (out of file descriptors, most
@@ -69,11 +69,16 @@ impl Proxy {
     }
 
     /// Serves clients until the task is dropped, on the timer `config.timer` names. Must
-    /// run in a tokio runtime with I/O enabled, and with time enabled for the tokio timer.
+    /// run in a tokio runtime with I/O enabled, and with time enabled for the tokio timer
+    /// and the driven corewheel timer (whose drivers it spawns on this runtime).
     pub async fn run(self) {
         let (listener, config, stats) = (self.listener, Arc::new(self.config), self.stats);
         match config.timer {
             TimerKind::Corewheel => serve(listener, config, stats, CorewheelTimer).await,
+            TimerKind::CorewheelDriven => {
+                let timer = CorewheelDrivenTimer::drive_here();
+                serve(listener, config, stats, timer).await
+            }
             TimerKind::Tokio => serve(listener, config, stats, TokioTimer).await,
         }
     }

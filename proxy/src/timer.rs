@@ -4,11 +4,18 @@
 //! Everything in the proxy that waits for time goes through [`ProxyTimer`]: hyper's own
 //! timeouts (through [`ProxyTimer::hyper_timer`]), the idle timeout, the request deadline,
 //! the upstream connect timeout and the pause after a failed `accept`.
+//!
+//! Three back-ends: [`CorewheelTimer`] (corewheel's default engine, with its own worker
+//! threads), [`CorewheelDrivenTimer`] (a corewheel engine with none, driven on the proxy's
+//! tokio runtime) and [`TokioTimer`].
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use corewheel::TimerEngine;
 
 /// A deadline passed before the future it guarded finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +98,103 @@ impl ProxyTimer for CorewheelTimer {
 
     fn hyper_timer(&self) -> Self::Hyper {
         corewheel::HyperTimer::default()
+    }
+}
+
+/// How often a driven proxy looks for shards of [`driven_engine`] that have lost their
+/// driver (the runtime that ran it has ended) and spawns new drivers for them on its own
+/// runtime. A process with one runtime (the proxy binary) never finds any.
+const RECLAIM_EVERY: Duration = Duration::from_millis(250);
+
+static DRIVEN: OnceLock<TimerEngine> = OnceLock::new();
+
+/// The process-wide driven engine of [`CorewheelDrivenTimer`]: no worker threads, 1 ms tick,
+/// one shard per worker thread of the tokio runtime that first asks for it (one per CPU
+/// outside a runtime). Its timers run only while its drivers are polled; see
+/// [`CorewheelDrivenTimer::drive_here`].
+///
+/// # Panics
+/// If corewheel refuses the engine (more than its most shards).
+pub fn driven_engine() -> &'static TimerEngine {
+    DRIVEN.get_or_init(|| {
+        let shards = tokio::runtime::Handle::try_current().map_or_else(
+            |_| std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |runtime| runtime.metrics().num_workers(),
+        );
+        TimerEngine::builder()
+            .workers(shards.max(1))
+            .driven()
+            .build()
+            .unwrap_or_else(|error| panic!("corewheel refused the driven engine: {error}"))
+    })
+}
+
+/// corewheel's timer on [`driven_engine`]: the same sleeps and timeouts as
+/// [`CorewheelTimer`], but the engine has no threads of its own: its shards are turned by
+/// driver futures on the proxy's tokio runtime, each sleeping on tokio's timer until its
+/// shard's next deadline. hyper's timeouts go through [`corewheel::HyperTimer::new`] on the
+/// same engine.
+#[derive(Clone, Copy, Debug)]
+pub struct CorewheelDrivenTimer {
+    engine: &'static TimerEngine,
+}
+
+impl CorewheelDrivenTimer {
+    /// The timer, with [`driven_engine`]'s drivers spawned on the current tokio runtime
+    /// (which must have time enabled), plus a task that spawns new ones every 250 ms
+    /// (`RECLAIM_EVERY`) for shards whose driver went away with another runtime (tests run
+    /// many runtimes in one process).
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn drive_here() -> Self {
+        let engine = driven_engine();
+        let spawn_drivers = move || {
+            for driver in engine.drivers(|at| tokio::time::sleep_until(at.into())) {
+                tokio::spawn(driver);
+            }
+        };
+        spawn_drivers();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RECLAIM_EVERY).await;
+                spawn_drivers();
+            }
+        });
+        Self { engine }
+    }
+}
+
+impl ProxyTimer for CorewheelDrivenTimer {
+    type Sleep = corewheel::Sleep<'static>;
+    type Hyper = corewheel::HyperTimer;
+
+    fn now(&self) -> Instant {
+        self.engine.now()
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Self::Sleep {
+        self.engine.sleep_until(deadline)
+    }
+
+    fn reset(&self, sleep: &mut Self::Sleep, deadline: Instant) {
+        sleep.reset(deadline);
+    }
+
+    fn timeout<F>(
+        &self,
+        limit: Duration,
+        future: F,
+    ) -> impl Future<Output = Result<F::Output, TimedOut>> + Send
+    where
+        F: Future + Send,
+    {
+        let guarded = self.engine.timeout(limit, future);
+        async move { guarded.await.map_err(|_| TimedOut) }
+    }
+
+    fn hyper_timer(&self) -> Self::Hyper {
+        corewheel::HyperTimer::new(self.engine)
     }
 }
 

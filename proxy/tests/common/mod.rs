@@ -17,8 +17,12 @@ use hyper::body::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Both timer back-ends: every test runs on each.
-pub const TIMERS: [TimerKind; 2] = [TimerKind::Corewheel, TimerKind::Tokio];
+/// Every timer back-end: every test runs on each.
+pub const TIMERS: [TimerKind; 3] = [
+    TimerKind::Corewheel,
+    TimerKind::CorewheelDriven,
+    TimerKind::Tokio,
+];
 
 /// Longer than anything may take on a loaded machine; past it, a test fails as "never".
 pub const BOUND: Duration = Duration::from_secs(20);
