@@ -133,7 +133,10 @@ fn an_engine_after_a_walked_burst_with_racing_cancels_falls_still() {
             let canceller = {
                 let engine = Arc::clone(&engine);
                 std::thread::spawn(move || {
-                    std::thread::sleep(due.saturating_duration_since(Instant::now()) - ms(1));
+                    std::thread::sleep(
+                        due.saturating_duration_since(Instant::now())
+                            .saturating_sub(ms(1)),
+                    );
                     (0..N)
                         .map(|id| id % 3 == 0 && engine.cancel(handles[id]))
                         .collect::<Vec<_>>()
