@@ -182,7 +182,7 @@ impl Walk {
     /// Puts a timer taken off this list on its returned chain.
     fn send_back(&mut self, pool: &Pool, index: u32) {
         if let Some(node) = pool.node(index) {
-            // SAFETY: the caller holds this list and took the timer off it (ground rule 3:
+            // SAFETY: the caller holds this list and took the timer off it (ground rule 2:
             // a handed-out timer's links belong to its list's holder); its neighbours were
             // read before.
             unsafe { node.with_links(|links| links.set_next(self.returned)) };
@@ -191,11 +191,11 @@ impl Walk {
     }
 }
 
-/// A node's links. The caller holds the list the node is on, or the wheel (ground rule 3).
+/// A node's links. The caller holds the list the node is on, or the wheel (ground rule 2).
 fn links_of(pool: &Pool, index: u32) -> (crate::wheel::location::Location, u32, u32) {
     match pool.node(index) {
         // SAFETY: the caller holds the node's list: handed-out timers' links belong to the
-        // list's holder, as filed timers' belong to the wheel's (ground rule 3).
+        // list's holder, as filed timers' belong to the wheel's (ground rule 2).
         Some(node) => unsafe { node.with_links(|links| links.links()) },
         None => unreachable!("a handed-out index outside its pool"),
     }

@@ -55,7 +55,7 @@ impl Staging {
     /// # Safety
     /// Only the producer pushes; the chain's nodes are live, the caller's, on no other chain.
     unsafe fn push(&self, first: NonNull<TimerNode>, last: NonNull<TimerNode>) -> bool {
-        // SAFETY: ground rule 3: the caller holds the nodes.
+        // SAFETY: ground rule 2: the caller holds the nodes.
         let (first, last) = unsafe { (TimerNode::link(first).as_ptr(), TimerNode::link(last)) };
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
@@ -138,7 +138,7 @@ impl Iterator for Chain {
     fn next(&mut self) -> Option<NonNull<TimerNode>> {
         let slot = self.0.iter_mut().find(|head| head.is_some())?;
         let node = (*slot)?;
-        // SAFETY: a taken chain's nodes are the taker's (rule 3); read before it reuses them.
+        // SAFETY: a taken chain's nodes are the taker's (rule 2); read before it reuses them.
         *slot = unsafe { node.as_ref() }.next_in_chain();
         Some(node)
     }
@@ -426,7 +426,7 @@ impl Lane {
     }
 }
 
-// SAFETY: ground rule 4: the producer-only state is touched only by the producer thread
+// SAFETY: ground rule 3: the producer-only state is touched only by the producer thread
 // (callers of the `unsafe` methods promise it); everything else is atomic.
 unsafe impl Send for Lane {}
 // SAFETY: as above.

@@ -6,84 +6,78 @@
 //! [`sync`](crate::sync) (the queue, the per-timer state word, the run queue and the
 //! std/loom shim) and [`time`](crate::time).
 //!
-//! # The data path
+//! # The journey of a timer
 //!
-//! A timer travels one way: `schedule` ([`shared`]) takes a node from the thread's
-//! magazine ([`pool`]), fills it and pushes it onto the thread's [`lane`] into its home
-//! shard; the lane is forwarded (as indices on the lane's [`forward_ring`], or as a chain
-//! on the shard's inbox), or taken by the owner directly, and the owner files the node in
-//! its wheel ([`wheel_side`]); when it is due the wheel's holder claims it onto the
-//! shard's run queue, and whoever takes it from there runs it ([`runner`]): the owner's
-//! thread ([`worker`]) or an idle worker ([`balance`]). Cancels and resets change the
-//! node's state word from any thread, and reach the owner as messages on the same lanes
-//! when the wheel must change. A [driven](EngineBuilder::driven) engine has no worker
-//! threads: a [`driver`] future per shard, on the application's runtime, takes the
-//! owner's part for each turn, as a thread calling [`TimerEngine::turn`] does.
+//! Open the files in this order to follow one timer from `schedule` to its callback and
+//! back to the pool.
+//!
+//! 1. [`TimerEngine::schedule`] calls [`producer`]'s `arm`: the thread's [`context`]
+//!    names its home shard and its [`lane`] into it, and the deadline comes from the
+//!    thread's cycle-counter bound on now ([`cycle_clock`](crate::time::cycle_clock)).
+//! 2. A node comes from the thread's magazine of the shard's [`pool`]. The [`callback`] is
+//!    stored inline in the [`timer_node`], and its state word
+//!    ([`timer_state`](crate::sync::timer_state)) says *pending, in transit*.
+//! 3. The node goes onto the thread's [`lane`]: a stack only this thread pushes. Every
+//!    64 pushes the thread takes the lane back ([`producer`]'s `reclaim`): timers it has
+//!    cancelled meanwhile go straight back to its magazine, pending ones are held back a
+//!    few ticks in case they are cancelled too, and the rest are forwarded to the owner as
+//!    node indices on the lane's [`forward_ring`] (or, when it is full, as a chain on the
+//!    shard's inbox, [`mpsc`](crate::sync::mpsc)).
+//! 4. The shard's owner, a [`worker`] thread, looks at its wheel ([`shard`]'s `owner_look`,
+//!    [`wheel_side`]'s `extract`): it takes every lane whose need has come, the forward
+//!    rings and the inbox, and files each node in its wheel
+//!    ([`WheelCore`](crate::wheel::core::WheelCore)): *pending, filed*.
+//! 5. When the node's tick comes, the same look claims it (*firing*) onto the shard's run
+//!    queue ([`run_queue`](crate::sync::run_queue)); a burst too big for the queue is
+//!    handed out as whole lists instead ([`hand_out`]).
+//! 6. The owner, or an idle worker that steals the run ([`balance`]), runs it: [`runner`]
+//!    calls the callback (a panic is caught, [`panics`]) and gives the node back to the pool,
+//!    or, for a repeating timer ([`periodic`]), sends it back to the owner to be filed again.
+//!
+//! A cancel or reset from any thread changes the node's state word; when the wheel must
+//! change, the node travels to the owner as a message on the canceller's lane, and the
+//! owner unlinks and frees it (captures with a `Drop` of their own are dropped after the
+//! look lets go of the wheel, [`unfreed`]). An owner stuck in a slow callback is stood in
+//! for by another worker ([`balance`]). A [driven](EngineBuilder::driven) engine has no
+//! worker threads: a [`driver`] future per shard, on the application's runtime, takes the
+//! owner's part. Shutdown gives every shard a last turn that runs or drops what is
+//! pending ([`wheel_side`]'s `finish`).
 //!
 //! # Ground rules
 //!
-//! Who may touch what, and when. Every `unsafe` block in this layer relies on one of these;
-//! the files point here rather than restating them.
+//! Who may touch what, and when. Every `unsafe` block in this layer relies on one of these.
 //!
-//! 1. **A shard's wheel side** ([`wheel_side::WheelSide`]: the wheel, the worker's copy of
-//!    the lanes, the nodes freed during a look) is touched only by the thread that holds the
-//!    shard's `HELD` bit ([`shard::Shard::with_wheel`]): the owner, or for one look a
-//!    worker standing in for a stuck owner, or on an engine driven by hand the thread
-//!    turning it; after the last turn, any thread that pushed onto the shard, to sweep
-//!    what it pushed. A callback runs with the bit held only in the last turn (rule 6).
-//! 2. **A node's state word** ([`TimerState`](crate::sync::timer_state::TimerState)) may be
-//!    read by anyone, and is changed only by compare-and-swaps that check the generation,
-//!    so a stale handle changes nothing. Its `deadline` is written by the arming thread
-//!    before it publishes the node, by a resetter only under the word's `LOCKED` bit, by
-//!    whoever runs a repeating timer (to its next run).
-//! 3. **A node's held part** (its wheel links and its callback) belongs to exactly one
-//!    thread at a time, and the phase says which:
-//!    - *free*: whoever took it from the pool, into a magazine;
-//!    - *pending, in transit* (`MSG`): the arming thread until it pushes the node, then
-//!      whoever takes it off the lane, forward ring or inbox; a node is on at most one
-//!      queue;
-//!    - *pending, filed* (`FILED`): the wheel's holder (rule 1), or, while the wheel has
-//!      handed the list it is on out ([`hand_out`]), whoever holds that list's bit: a
-//!      walker until it claims the timer, leaves it to its cancel or gives the list back,
-//!      then the wheel's holder again once it takes the list back; meanwhile that holder
-//!      receives and files nothing;
-//!    - *firing*: whoever moved it from pending to firing, then whoever takes its entry
-//!      off the run queue, who runs the callback and settles the node;
-//!    - *cancelled* or *done*: whoever holds it when no message names it any more, who
-//!      drops the callback and gives the node back. A look that frees one whose captures
-//!      have a `Drop` keeps holding it after letting the wheel go, on its
-//!      [`Unfreed`](unfreed::Unfreed) chain, until it has dropped them.
-//!
-//!    The callback has a cell of its own, apart from the links: while a waker timer is
-//!    pending and its `Sleep` holds the state word's reset lock, that `Sleep` may replace
-//!    the waker in it, since nobody fires, runs or frees a locked pending timer
-//!    ([`waker_timer`]).
-//! 4. **A thread's lane** is pushed, claimed and parked only by that thread; the owner
-//!    takes a stack of it whole with one swap. Only that thread publishes on the lane's
-//!    forward ring, and only the wheel's holder takes from it (rule 1). A producer holding
-//!    nodes it took back marks the lane busy, and the owner's last turn waits for it to put
-//!    them back.
-//! 5. **The run queue** has one producer at a time, the wheel's holder (so handing the wheel
-//!    over orders the appends), and any number of consumers; an entry belongs to whoever
-//!    takes it. A worker other than the owner registers in the shard's `in_hands` before it
-//!    takes entries, and the owner's last turn waits for `in_hands` to drop to zero.
-//! 6. **User code.** A callback runs while its thread holds no wheel and no busy lane,
-//!    except in a shard's last turn at shutdown, which runs pending timers holding the
-//!    wheel (nobody else takes it any more, and a `turn` from inside returns 0). The
-//!    destructor of a callback's captures runs wherever the node is freed: with no lane
-//!    busy, and holding no wheel except in a last turn or a sweep after it (a look leaves
-//!    the captures of the timers it frees to [`unfreed`], dropped once it lets go, marked
-//!    running as for a callback, so that a `Drop` that blocks is stood in for). Either may
-//!    call back into any engine, this one included, and may drop or shut one down; nothing the
-//!    engine does on such a call waits for a wheel or lane its own thread holds. On an
-//!    engine with workers, no other thread runs a callback: a producer or a sweep only
-//!    drops captures, of timers that were cancelled or, after the last turn, of a
-//!    repeating timer that turn settled while a reset's message was on its way.
-//! 7. **Shutdown** sets the flag, then each shard's last turn collects every lane (its
-//!    forward ring too) and the inbox, waits for other hands, and runs or drops what is
-//!    pending. Any push made after the flag is set checks it again (sequentially consistent on both sides) and then asks
-//!    the shard for a sweep, so nothing pushed late keeps a closure alive. A shutdown or
-//!    drop on any engine's worker thread joins no worker ([`thread_role`]).
+//! 1. **A shard's wheel side** ([`wheel_side::WheelSide`]) is touched only by the thread
+//!    holding the shard's `HELD` bit ([`shard::Shard::with_wheel`]): its owner, a worker
+//!    standing in for a stuck owner for one look, the thread turning an engine driven by
+//!    hand, or after the last turn a thread sweeping what it pushed.
+//! 2. **A node** has a state word ([`TimerState`](crate::sync::timer_state::TimerState))
+//!    that anyone may read and that changes only by compare-and-swaps checking the
+//!    generation, so a stale handle changes nothing; its `deadline` is written by the arming
+//!    thread before it publishes the node, by a resetter under the word's `LOCKED` bit, and
+//!    by whoever runs a repeating timer. Its held part (links and callback) belongs to one
+//!    thread at a time, as the phase says: *free*, whoever took it from the pool; *in
+//!    transit*, the arming thread, then whoever takes it off the one queue it is on;
+//!    *filed*, the wheel's holder, or the holder of the handed-out list it is on
+//!    ([`hand_out`]); *firing*, whoever claimed it, then whoever takes its run-queue entry;
+//!    *cancelled* or *done*, whoever holds it once no message names it (a look keeps
+//!    holding the nodes it leaves to [`unfreed`] until their captures are dropped). A
+//!    pending waker timer's `Sleep`, holding the reset lock, may replace the waker in the
+//!    callback cell ([`waker_timer`]).
+//! 3. **Queues have one producer.** A thread's lane, and its forward ring, are pushed only
+//!    by that thread and taken only by it or the wheel's holder; a producer holding nodes
+//!    it took back marks the lane busy. The run queue is appended to only by the wheel's
+//!    holder; an entry belongs to whoever takes it, and a worker other than the owner
+//!    registers in `in_hands` first. The owner's last turn waits for busy lanes and
+//!    `in_hands` to clear.
+//! 4. **User code** (callbacks, and the `Drop` of their captures) runs holding no wheel
+//!    and no busy lane, except in a shard's last turn or a sweep after it, and may call
+//!    back into any engine, drop it or shut it down: nothing the engine does then waits
+//!    for what its own thread holds. On an engine with workers only workers run callbacks.
+//!    Shutdown sets the flag, then each shard's last turn collects every queue, waits for
+//!    other hands and runs or drops what is pending; a push made after the flag checks it
+//!    again (sequentially consistent on both sides) and asks for a sweep, and a shutdown
+//!    or drop on a worker thread joins no worker ([`thread_role`]).
 
 pub(crate) mod balance;
 pub(crate) mod builder;

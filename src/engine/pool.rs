@@ -76,7 +76,7 @@ impl Links for FiledNodes<'_> {
 
     #[inline]
     fn links(&self, index: u32) -> (Location, u32, u32) {
-        // SAFETY: ground rule 3: a filed node's links belong to the wheel's holder, and the
+        // SAFETY: ground rule 2: a filed node's links belong to the wheel's holder, and the
         // wheel's methods run on that thread.
         unsafe { self.node(index).with_links(|links| links.links()) }
     }
@@ -137,7 +137,7 @@ type Hint = AtomicU64;
 #[cfg(loom)]
 type Hint = std::sync::atomic::AtomicU64;
 
-// SAFETY: nodes are shared only through their atomics and ground rule 3's holder
+// SAFETY: nodes are shared only through their atomics and ground rule 2's holder
 // discipline; the pool's own bookkeeping is atomic.
 unsafe impl Send for Pool {}
 // SAFETY: as above.

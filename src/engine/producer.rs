@@ -216,7 +216,7 @@ impl EngineShared {
         kind: Kind,
         store: impl FnOnce(&mut Callback),
     ) -> TimerHandle {
-        // SAFETY: ground rule 3: a free node from a magazine is live and this thread's.
+        // SAFETY: ground rule 2: a free node from a magazine is live and this thread's.
         let node_ref = unsafe { node.as_ref() };
         // SAFETY: as above.
         unsafe {
@@ -270,7 +270,7 @@ impl EngineShared {
         }
         let recycled = self.reclaim_entered(lane, shard);
         lane.leave();
-        // Only with the lane left may user code (captures' destructors) run: rule 6.
+        // Only with the lane left may user code (captures' destructors) run: rule 4.
         for node in recycled {
             self.recycle(lane, node);
         }

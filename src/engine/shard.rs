@@ -58,7 +58,7 @@ impl Shard {
 
     /// Runs `f` on the wheel side if no other thread holds it; `None` if one does. Nobody
     /// waits long for the wheel, as a holder runs user code only in the last turn (ground
-    /// rules 1 and 6 in [`engine`](crate::engine)).
+    /// rules 1 and 4 in [`engine`](crate::engine)).
     pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> Option<R> {
         self.try_hold_wheel().then(|| self.held_wheel(f))
     }

@@ -19,10 +19,10 @@ pub(crate) struct TimerNode {
     pub(crate) state: TimerState,
     /// The deadline tick (writers: ground rule 2 in [`engine`](crate::engine)).
     pub(crate) deadline: AtomicU64,
-    /// Touched only by the node's holder (ground rule 3).
+    /// Touched only by the node's holder (ground rule 2).
     links: UnsafeCell<Links>,
     /// Touched by the node's holder, and by a waker timer's `Sleep` under the reset lock
-    /// (ground rule 3): apart from the links, which the wheel's holder may be changing.
+    /// (ground rule 2): apart from the links, which the wheel's holder may be changing.
     callback: UnsafeCell<Callback>,
 }
 
@@ -113,7 +113,7 @@ impl TimerNode {
     /// Runs `f` on the node's links.
     ///
     /// # Safety
-    /// The caller holds the node (ground rule 3 in [`engine`](crate::engine)).
+    /// The caller holds the node (ground rule 2 in [`engine`](crate::engine)).
     #[inline]
     pub(crate) unsafe fn with_links<R>(&self, f: impl FnOnce(&mut Links) -> R) -> R {
         // SAFETY: the caller's exclusivity makes this the only live reference.
@@ -123,7 +123,7 @@ impl TimerNode {
     /// Runs `f` on the node's callback.
     ///
     /// # Safety
-    /// The caller holds the node, or is its `Sleep` under the reset lock (ground rule 3).
+    /// The caller holds the node, or is its `Sleep` under the reset lock (ground rule 2).
     #[inline]
     pub(crate) unsafe fn with_callback<R>(&self, f: impl FnOnce(&mut Callback) -> R) -> R {
         // SAFETY: the caller's exclusivity makes this the only live reference.

@@ -30,7 +30,7 @@ pub(crate) struct UnfreedBuilder {
     chain: ChainBuilder,
 }
 
-// SAFETY: ground rule 3: the chained nodes belong to the builder's holder (the wheel's);
+// SAFETY: ground rule 2: the chained nodes belong to the builder's holder (the wheel's);
 // moving the builder moves that hold.
 unsafe impl Send for UnfreedBuilder {}
 

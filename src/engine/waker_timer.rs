@@ -45,7 +45,7 @@ impl EngineShared {
         if !node.state.lock_for_reset(handle.generation()) {
             return None;
         }
-        // SAFETY: ground rule 3: the reset lock on a pending waker timer makes this thread
+        // SAFETY: ground rule 2: the reset lock on a pending waker timer makes this thread
         // the slot's only user, and it holds `arm_waker`'s waker (only a run or a free
         // empties it, and neither happens to a pending, locked timer).
         let old =

@@ -121,7 +121,7 @@ struct Slot<V> {
     /// `drain`, `stop` or the drop, which empty the map in place.
     value: Option<V>,
     timer: TimerHandle,
-    /// The token of `timer`'s `set` ([`token`](crate::keyed::token)), which its callback
+    /// The token of `timer`'s `set` (see the `token` module), which its callback
     /// carries: a fire takes only the slot with its own token.
     token: u64,
 }
