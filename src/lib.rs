@@ -29,6 +29,7 @@ mod future;
 mod keyed;
 mod sync;
 mod time;
+mod tuning;
 mod wheel;
 
 #[cfg(loom)]

@@ -42,27 +42,8 @@ use crate::engine::shard::Shard;
 use crate::engine::shard_parts::AWAKE;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use crate::sync::run_queue::MAX_RUN;
-
-/// Entries on a run queue before idle workers are woken to take some: a backlog worth a
-/// cross-core hand-over.
-pub(crate) const STEAL_MIN: usize = MAX_RUN;
-
-/// The share of a tick a backlog's callbacks must take, run by the owner alone, before it
-/// wakes a parked worker to share them: one part in this many. A smaller backlog delays
-/// its last callback by less than that share of a tick, against deadlines already rounded
-/// up to the tick, while waking a worker costs both threads a system call and the woken
-/// one a context switch (20-25 µs of CPU on this project's VMs) and never saves CPU. With
-/// [`STEAL_MIN`] alone as the bar, steady-mix's owners (about 50 timers due per tick each,
-/// about 40 ns a callback) woke the other worker about 900 times a second, each time for
-/// 25 callbacks, a third of its wake-ups. A fire storm's thousand timers a tick at a 1 ms
-/// tick, or 250 at 250 µs, still wake a helper: at one part in 16, the 250 µs storm's
-/// owner ran its ticks alone, and its p99 lateness rose from 0.49-0.52 ms to 0.62-0.68 ms
-/// (three runs each, in turns).
-const WAKE_FOR_TICK_PARTS: u64 = 32;
-
-/// How long a watcher keeps watching after the last time any owner began running timers,
-/// in multiples of `rescue_after`.
-const LINGER_PERIODS: u64 = 64;
+pub(crate) use crate::tuning::STEAL_MIN;
+use crate::tuning::{LINGER_PERIODS, WAKE_FOR_TICK_PARTS};
 
 /// The engine's balancing settings and its record of parked workers.
 pub(crate) struct Balance {

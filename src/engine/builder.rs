@@ -1,18 +1,16 @@
-//! Configuration for [`TimerEngine`].
+//! Configuration for [`TimerEngine`](crate::TimerEngine).
 
 use std::time::Duration;
 
-use crate::engine::TimerEngine;
 use crate::engine::pool::DEFAULT_CAPACITY;
-use crate::error::BuildError;
 use crate::time::clock::ManualClock;
 
-/// The most workers (shards) an engine may have; more is a [`BuildError::TooManyWorkers`].
+/// The most workers (shards) an engine may have; more is a [`BuildError::TooManyWorkers`](crate::BuildError::TooManyWorkers).
 /// Each is a thread, a pool's address space and a shard for idle workers to look over, so
 /// far more workers than CPUs only costs more.
 pub const MAX_WORKERS: usize = 1024;
 
-/// Builds a [`TimerEngine`]. Made by [`TimerEngine::builder`].
+/// Builds a [`TimerEngine`](crate::TimerEngine). Made by [`TimerEngine::builder`](crate::TimerEngine::builder).
 ///
 /// ```
 /// use corewheel::TimerEngine;
@@ -59,7 +57,7 @@ impl Default for EngineBuilder {
 impl EngineBuilder {
     /// How many shards, each with its own worker thread. Default: one per CPU the process
     /// may use ([`std::thread::available_parallelism`]), at most [`MAX_WORKERS`]. Zero is a
-    /// [`BuildError::NoWorkers`], more than [`MAX_WORKERS`] a [`BuildError::TooManyWorkers`].
+    /// [`BuildError::NoWorkers`](crate::BuildError::NoWorkers), more than [`MAX_WORKERS`] a [`BuildError::TooManyWorkers`](crate::BuildError::TooManyWorkers).
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = Some(workers);
         self
@@ -67,7 +65,7 @@ impl EngineBuilder {
 
     /// The timing granularity. Default 1 ms. Deadlines round up to a tick boundary, so a
     /// timer never fires early and fires at most about a tick late when the engine keeps
-    /// up. Zero is a [`BuildError::ZeroTick`].
+    /// up. Zero is a [`BuildError::ZeroTick`](crate::BuildError::ZeroTick).
     pub fn tick(mut self, tick: Duration) -> Self {
         self.tick = tick;
         self
@@ -121,14 +119,14 @@ impl EngineBuilder {
     }
 
     /// Drives the engine by hand, for deterministic tests: no worker threads, time from
-    /// `clock`, and each [`TimerEngine::turn`] runs every shard's due work on its caller.
+    /// `clock`, and each [`TimerEngine::turn`](crate::TimerEngine::turn) runs every shard's due work on its caller.
     pub fn manual_clock(mut self, clock: ManualClock) -> Self {
         self.manual_clock = Some(clock);
         self
     }
 
     /// Starts no worker threads: the application's async runtime spawns and turns the
-    /// shards' futures, [`TimerEngine::drivers`], each sleeping on the runtime's timer until
+    /// shards' futures, [`TimerEngine::drivers`](crate::TimerEngine::drivers), each sleeping on the runtime's timer until
     /// its next deadline or a sooner timer is armed, so the engine rides the runtime's own
     /// wake-ups. [`workers`](Self::workers) still sets the number of shards.
     ///
@@ -136,27 +134,13 @@ impl EngineBuilder {
     /// - Callbacks run inside a driver's poll; one that blocks holds up that runtime thread
     ///   and its shard's other timers ([`rescue_after`](Self::rescue_after) and
     ///   [`stealing`](Self::stealing) apply to worker threads only, though a
-    ///   [`TimerEngine::turn`] from another thread stands in after `rescue_after`).
+    ///   [`TimerEngine::turn`](crate::TimerEngine::turn) from another thread stands in after `rescue_after`).
     /// - Timers fire when the runtime polls their driver: a busy runtime delays them (never
     ///   early). A burst due at once on one shard runs on one runtime thread.
     /// - Nothing fires until the drivers are spawned; a shard whose driver is dropped is
-    ///   turned only by [`TimerEngine::turn`] calls.
+    ///   turned only by [`TimerEngine::turn`](crate::TimerEngine::turn) calls.
     pub fn driven(mut self) -> Self {
         self.driven = true;
         self
-    }
-
-    /// Starts the engine.
-    pub fn build(self) -> Result<TimerEngine, BuildError> {
-        let workers = match self.workers {
-            Some(0) => return Err(BuildError::NoWorkers),
-            Some(n) if n > MAX_WORKERS => return Err(BuildError::TooManyWorkers(n)),
-            Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS)),
-        };
-        if self.tick.is_zero() {
-            return Err(BuildError::ZeroTick);
-        }
-        TimerEngine::start(self, workers)
     }
 }

@@ -7,31 +7,12 @@
 //! batch that does not fit goes as a chain on the inbox, so a producer never waits. Ground
 //! rules: [`engine`](crate::engine).
 
-use std::ptr::NonNull;
-
 use crossbeam_utils::CachePadded;
 
-use crate::engine::lane::{ChainBuilder, Lane};
-use crate::engine::shard_parts::ShardParts;
-use crate::engine::timer_node::TimerNode;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-
-/// Indices the ring holds, allocated when the lane opens (so that no schedule, cancel or
-/// reset allocates) and freed by the engine's last turn.
-#[cfg(not(loom))]
-pub(crate) const RING: usize = 4096;
-#[cfg(loom)]
-pub(crate) const RING: usize = 4;
-
-/// Entries in the ring at which a publish asks for the consumer by the next tick.
-const WAKE_AT: u64 = RING as u64 / 4;
-
-/// Indices taken or forwarded at a time, through a buffer on the stack.
-#[cfg(not(loom))]
-pub(crate) const CHUNK: usize = 256;
-#[cfg(loom)]
-pub(crate) const CHUNK: usize = 2;
+use crate::tuning::RING_WAKE_AT as WAKE_AT;
+pub(crate) use crate::tuning::{CHUNK, RING};
 
 pub(crate) struct ForwardRing {
     /// Entries before it have been published; written by the producer.
@@ -165,88 +146,6 @@ impl ForwardRing {
         // Release: the slots are read, so the producer may write them again.
         self.head.store(head + taken as u64, Ordering::Release);
         taken
-    }
-}
-
-/// What one reclaim forwards: on the lane's ring [`CHUNK`] at a time, or as one chain on
-/// the shard's inbox when the ring has no room.
-pub(crate) struct ForwardBatch {
-    indices: [u32; CHUNK],
-    len: usize,
-    /// The earliest need among `indices`.
-    need: u64,
-    /// The ring's need after the latest publish, if any.
-    published: Option<u64>,
-    /// Nodes the ring had no room for.
-    overflow: ChainBuilder,
-}
-
-impl ForwardBatch {
-    pub(crate) fn new() -> Self {
-        Self {
-            indices: [0; CHUNK],
-            len: 0,
-            need: u64::MAX,
-            published: None,
-            overflow: ChainBuilder::default(),
-        }
-    }
-
-    /// Adds a node of `shard` the caller holds, in transit, on no chain, needed by `need`.
-    ///
-    /// # Safety
-    /// The caller is `lane`'s producer.
-    pub(crate) unsafe fn push(
-        &mut self,
-        (lane, shard): (&Lane, &ShardParts),
-        node: NonNull<TimerNode>,
-        need: u64,
-        now: u64,
-    ) {
-        if self.len == CHUNK {
-            // SAFETY: forwarded from the caller.
-            unsafe { self.flush(lane, shard, now) };
-        }
-        self.indices[self.len] = shard.pool.index_of(node);
-        self.len += 1;
-        self.need = self.need.min(need);
-    }
-
-    /// Publishes the indices gathered, or chains their nodes for the inbox.
-    ///
-    /// # Safety
-    /// The caller is `lane`'s producer.
-    unsafe fn flush(&mut self, lane: &Lane, shard: &ShardParts, now: u64) {
-        let indices = &self.indices[..self.len];
-        // SAFETY: the caller is the lane's producer.
-        match unsafe { lane.forward.publish(indices, self.need, now) } {
-            Some(need) => self.published = Some(need),
-            None => {
-                for &index in indices {
-                    if let Some(node) = shard.pool.node(index) {
-                        self.overflow.push(NonNull::from(node), self.need);
-                    }
-                }
-            }
-        }
-        (self.len, self.need) = (0, u64::MAX);
-    }
-
-    /// Sends what is left, waking the owner if it plans to sleep past anything's need.
-    ///
-    /// # Safety
-    /// The caller is `lane`'s producer, and holds every node of the batch.
-    pub(crate) unsafe fn send(mut self, lane: &Lane, shard: &ShardParts, now: u64) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.flush(lane, shard, now) };
-        if let Some(need) = self.published {
-            shard.wake_for(need);
-        }
-        if let Some((first, last, need)) = self.overflow.finish() {
-            // SAFETY: a chain of live nodes the caller holds, linked in order.
-            unsafe { shard.inbox.push_chain(first, last) };
-            shard.wake_for(need);
-        }
     }
 }
 

@@ -24,16 +24,7 @@ use crate::engine::timer_node::TimerNode;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use crate::sync::mpsc::{Link, Linked, link_after};
-
-/// Pushes after which the producer takes its lane back (two under loom, so small models
-/// reach the reclaim path).
-#[cfg(not(loom))]
-pub(crate) const CLAIM_EVERY: u32 = 64;
-#[cfg(loom)]
-pub(crate) const CLAIM_EVERY: u32 = 2;
-
-/// Ticks an old generation collects parked timers, and then waits before it is taken back.
-pub(crate) const OLD_HORIZON: u64 = 4;
+pub(crate) use crate::tuning::{CLAIM_EVERY, OLD_HORIZON};
 
 /// A stack both sides empty whole, with the tick by which the worker must take it.
 struct Staging {

@@ -201,6 +201,23 @@ pub struct TimerEngine {
     pinned: usize,
 }
 
+impl EngineBuilder {
+    /// Starts the engine.
+    pub fn build(self) -> Result<TimerEngine, BuildError> {
+        let workers = match self.workers {
+            Some(0) => return Err(BuildError::NoWorkers),
+            Some(n) if n > builder::MAX_WORKERS => return Err(BuildError::TooManyWorkers(n)),
+            Some(n) => n,
+            None => std::thread::available_parallelism()
+                .map_or(1, |n| n.get().min(builder::MAX_WORKERS)),
+        };
+        if self.tick.is_zero() {
+            return Err(BuildError::ZeroTick);
+        }
+        TimerEngine::start(self, workers)
+    }
+}
+
 impl TimerEngine {
     /// A builder: workers, tick, pinning, or a manual clock.
     pub fn builder() -> EngineBuilder {
@@ -457,7 +474,7 @@ impl TimerEngine {
                 ran_at_shutdown: read(&counters.ran_at_shutdown),
                 dropped_at_shutdown: read(&counters.dropped_at_shutdown),
                 pending: 0,
-                wakes: WakeCounters::read(counters),
+                wakes: WakeCounters::read(&counters.wakes),
             };
             for lane in lanes.iter() {
                 one.scheduled += read(&lane.scheduled);

@@ -17,42 +17,17 @@ use crossbeam_utils::CachePadded;
 
 use crate::engine::timer_node::TimerNode;
 use crate::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use crate::tuning::{CHUNK_NODES, DEFAULT_CAPACITY};
+use crate::tuning::{LOOK_WORDS, PLENTY_FREE, SPARE_SHARE};
 use crate::wheel::list::Links;
 use crate::wheel::location::Location;
-
-/// Nodes carved from the region at a time.
-#[cfg(not(loom))]
-pub(crate) const CHUNK_NODES: usize = 1024;
-#[cfg(loom)]
-pub(crate) const CHUNK_NODES: usize = 4;
 
 /// The most nodes a pool can hold: a packed wheel link's indices, less the one for "none".
 pub(crate) const MAX_CAPACITY: usize =
     ((1 << crate::engine::timer_node::INDEX_BITS) - 1) / CHUNK_NODES * CHUNK_NODES;
 
-/// Nodes a pool holds unless the builder says otherwise (address space, resident as used).
-#[cfg(not(any(loom, miri)))]
-pub(crate) const DEFAULT_CAPACITY: usize = 4 << 20;
-#[cfg(all(miri, not(loom)))]
-pub(crate) const DEFAULT_CAPACITY: usize = 8 * CHUNK_NODES;
-#[cfg(loom)]
-pub(crate) const DEFAULT_CAPACITY: usize = 2 * CHUNK_NODES;
-
 /// Nodes per word of the free bitmap: the most a refill takes at once.
 pub(crate) const BATCH: u32 = u64::BITS;
-
-/// Words a refill looks at for one at least half free: enough to pass over the nodes of
-/// timers still pending, few enough that a pool with almost nothing free grows soon.
-const LOOK_WORDS: usize = 64;
-
-/// A refill finding no word half free near the cursor grows the pool while fewer than one
-/// in this many nodes are free (room for a free band ahead of the cursor); above it, the
-/// pool is spread thin by long-lived timers and does not grow, bounding its spare memory.
-const SPARE_SHARE: u64 = 8;
-
-/// Free nodes above which a refill that finds nothing near the cursor searches the whole
-/// region before growing it; with [`SPARE_SHARE`], this bounds a pool's spare nodes.
-const PLENTY_FREE: u64 = 2 * CHUNK_NODES as u64;
 
 /// A shard's nodes as its wheel sees them: the owner's view, for filing nodes by index.
 pub(crate) struct FiledNodes<'a>(pub(crate) &'a Pool);

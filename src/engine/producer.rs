@@ -8,12 +8,13 @@ use std::time::Duration;
 use crate::engine::callback::Callback;
 use crate::engine::context::{self, Context};
 use crate::engine::counters::add;
-use crate::engine::forward_ring::ForwardBatch;
+use crate::engine::forward_ring::CHUNK;
 use crate::engine::handle::TimerHandle;
 use crate::engine::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
-use crate::engine::pool::{BATCH, Magazine};
+use crate::engine::pool::Magazine;
 use crate::engine::shard::Shard;
 use crate::engine::shard_parts::AWAKE;
+use crate::engine::shard_parts::ShardParts;
 use crate::engine::shared::{EngineShared, When};
 use crate::engine::timer_node::TimerNode;
 use crate::error::ScheduleError;
@@ -21,19 +22,7 @@ use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::timer_state::{Cancelled, Kind, Observed, Phase, TimerState};
 use crate::time::ticks::nanos_of;
-
-/// Free nodes a thread keeps per shard before handing a batch back.
-const MAGAZINE_LIMIT: u32 = 4 * BATCH;
-
-/// The fewest ticks a node waits on a lane before the worker takes it, unless due sooner,
-/// so a message rides the worker's planned wake-up rather than waking it a tick later.
-const LANE_HORIZON: u64 = 1;
-
-/// The most ticks a node waits on a lane before the worker takes it, unless due sooner.
-/// Within it a lane's need follows the worker's planned wake-up, so a thread's timers ride
-/// the worker's wake-ups (each a system call and a context switch) rather than cause their
-/// own; under load lanes are forwarded every [`CLAIM_EVERY`] pushes anyway.
-const IDLE_LANE_HORIZON: u64 = 32;
+use crate::tuning::{IDLE_LANE_HORIZON, LANE_HORIZON, MAGAZINE_LIMIT};
 
 /// An operation a producer counts for [`stats`](crate::TimerEngine::stats).
 #[derive(Debug, Clone, Copy)]
@@ -577,4 +566,86 @@ fn fresh_need(shard: &Shard, now: u64) -> u64 {
 /// else can reach it, and this thread frees it.
 fn recyclable(seen: Observed) -> bool {
     seen.phase() == Phase::Cancelled && !seen.is_filed()
+}
+
+/// What one reclaim forwards: on the lane's ring [`CHUNK`] at a time, or as one chain on
+/// the shard's inbox when the ring has no room.
+struct ForwardBatch {
+    indices: [u32; CHUNK],
+    len: usize,
+    /// The earliest need among `indices`.
+    need: u64,
+    /// The ring's need after the latest publish, if any.
+    published: Option<u64>,
+    /// Nodes the ring had no room for.
+    overflow: ChainBuilder,
+}
+
+impl ForwardBatch {
+    fn new() -> Self {
+        Self {
+            indices: [0; CHUNK],
+            len: 0,
+            need: u64::MAX,
+            published: None,
+            overflow: ChainBuilder::default(),
+        }
+    }
+
+    /// Adds a node of `shard` the caller holds, in transit, on no chain, needed by `need`.
+    ///
+    /// # Safety
+    /// The caller is `lane`'s producer.
+    unsafe fn push(
+        &mut self,
+        (lane, shard): (&Lane, &ShardParts),
+        node: NonNull<TimerNode>,
+        need: u64,
+        now: u64,
+    ) {
+        if self.len == CHUNK {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.flush(lane, shard, now) };
+        }
+        self.indices[self.len] = shard.pool.index_of(node);
+        self.len += 1;
+        self.need = self.need.min(need);
+    }
+
+    /// Publishes the indices gathered, or chains their nodes for the inbox.
+    ///
+    /// # Safety
+    /// The caller is `lane`'s producer.
+    unsafe fn flush(&mut self, lane: &Lane, shard: &ShardParts, now: u64) {
+        let indices = &self.indices[..self.len];
+        // SAFETY: the caller is the lane's producer.
+        match unsafe { lane.forward.publish(indices, self.need, now) } {
+            Some(need) => self.published = Some(need),
+            None => {
+                for &index in indices {
+                    if let Some(node) = shard.pool.node(index) {
+                        self.overflow.push(NonNull::from(node), self.need);
+                    }
+                }
+            }
+        }
+        (self.len, self.need) = (0, u64::MAX);
+    }
+
+    /// Sends what is left, waking the owner if it plans to sleep past anything's need.
+    ///
+    /// # Safety
+    /// The caller is `lane`'s producer, and holds every node of the batch.
+    unsafe fn send(mut self, lane: &Lane, shard: &ShardParts, now: u64) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.flush(lane, shard, now) };
+        if let Some(need) = self.published {
+            shard.wake_for(need);
+        }
+        if let Some((first, last, need)) = self.overflow.finish() {
+            // SAFETY: a chain of live nodes the caller holds, linked in order.
+            unsafe { shard.inbox.push_chain(first, last) };
+            shard.wake_for(need);
+        }
+    }
 }

@@ -9,7 +9,6 @@
     )
 )]
 
-use crate::engine::counters::{ShardCounters, read};
 use crate::engine::stats::WorkerWakes;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
@@ -56,8 +55,7 @@ impl WakeCounters {
         counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
-    pub(crate) fn read(counters: &ShardCounters) -> WorkerWakes {
-        let wakes = &counters.wakes;
+    pub(crate) fn read(wakes: &WakeCounters) -> WorkerWakes {
         WorkerWakes {
             due: read(&wakes.due),
             wheel: read(&wakes.wheel),
@@ -66,4 +64,8 @@ impl WakeCounters {
             woken: read(&wakes.woken),
         }
     }
+}
+
+fn read(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
 }

@@ -7,18 +7,8 @@
 use crossbeam_utils::CachePadded;
 
 use crate::sync::atomic::{AtomicU64, Ordering};
-
-/// Entries the ring holds: small enough that claimed timers are still warm when they run.
-#[cfg(not(loom))]
-pub(crate) const CAPACITY: usize = 1024;
-#[cfg(loom)]
-pub(crate) const CAPACITY: usize = 4;
-
-/// The most entries one claim takes.
-#[cfg(not(loom))]
-pub(crate) const MAX_RUN: usize = 32;
-#[cfg(loom)]
-pub(crate) const MAX_RUN: usize = 2;
+pub(crate) use crate::tuning::MAX_RUN;
+use crate::tuning::RUN_QUEUE as CAPACITY;
 
 /// A run of claimed node indices, taken off the ring by one consumer.
 pub(crate) struct Run {

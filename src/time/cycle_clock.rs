@@ -25,6 +25,7 @@
 use std::cell::Cell;
 
 use crate::sync::unmodelled::OnceLock;
+use crate::tuning::ANCHOR_LIFE_NS;
 
 /// How much the measured nanoseconds per cycle are rounded up: 0.2%.
 const RATE_MARGIN_PER_MILLE: u64 = 2;
@@ -32,9 +33,6 @@ const RATE_MARGIN_PER_MILLE: u64 = 2;
 /// Nanoseconds added to every extrapolation, for counter reads that the CPU reorders by a
 /// few instructions and for the cross-core skew that the kernel allows.
 pub(crate) const SLACK_NS: u64 = 1_000;
-
-/// How long an anchor is used before the next read of the real clock replaces it.
-const ANCHOR_LIFE_NS: u64 = 1_000_000;
 
 /// How the counter converts to time, measured once per process.
 #[derive(Debug, Clone, Copy)]

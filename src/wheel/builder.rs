@@ -70,3 +70,27 @@ impl WheelBuilder {
         ))
     }
 }
+
+impl Wheel<()> {
+    /// A builder for a wheel with a chosen tick, geometry and capacity hint.
+    ///
+    /// It lives on `Wheel<()>` only so that `Wheel::builder()` needs no type annotation;
+    /// [`WheelBuilder::build`] makes a wheel of any value type.
+    ///
+    /// ```
+    /// use corewheel::Wheel;
+    /// use std::time::{Duration, Instant};
+    ///
+    /// let wheel: Wheel<u32> = Wheel::builder()
+    ///     .tick(Duration::from_micros(100))
+    ///     .slots_per_level(32)
+    ///     .levels(8)
+    ///     .capacity(10_000)
+    ///     .build(Instant::now())
+    ///     .expect("a valid geometry");
+    /// assert!(wheel.is_empty());
+    /// ```
+    pub fn builder() -> WheelBuilder {
+        WheelBuilder::default()
+    }
+}

@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use crate::error::CapacityError;
 use crate::time::ticks::Ticks;
-use crate::wheel::builder::WheelBuilder;
 use crate::wheel::core::WheelCore;
 use crate::wheel::geometry::Geometry;
 use crate::wheel::key::TimerKey;
@@ -96,30 +95,6 @@ use crate::wheel::slab_node::Node;
 pub struct Wheel<T> {
     core: WheelCore,
     slab: Slab<Node<T>>,
-}
-
-impl Wheel<()> {
-    /// A builder for a wheel with a chosen tick, geometry and capacity hint.
-    ///
-    /// It lives on `Wheel<()>` only so that `Wheel::builder()` needs no type annotation;
-    /// [`WheelBuilder::build`] makes a wheel of any value type.
-    ///
-    /// ```
-    /// use corewheel::Wheel;
-    /// use std::time::{Duration, Instant};
-    ///
-    /// let wheel: Wheel<u32> = Wheel::builder()
-    ///     .tick(Duration::from_micros(100))
-    ///     .slots_per_level(32)
-    ///     .levels(8)
-    ///     .capacity(10_000)
-    ///     .build(Instant::now())
-    ///     .expect("a valid geometry");
-    /// assert!(wheel.is_empty());
-    /// ```
-    pub fn builder() -> WheelBuilder {
-        WheelBuilder::default()
-    }
 }
 
 impl<T> Wheel<T> {
