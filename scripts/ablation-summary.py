@@ -26,12 +26,14 @@ for f in sorted(glob.glob(os.path.join(d, '*.txt'))):
                 if m.group(9):
                     rows[('engine-live-1m workers CPU ns/cancel', '-')][(variant, m.group(1))].append(float(m.group(10)))
             continue
-        m = re.match(r'^(engine|tokio-sleep|corewheel-async|tokio|keyed)(, (\d+))?\s+([\d,.]+)\s+([\d,.]+)', line)
+        m = re.match(r'^(engine|tokio-sleep|corewheel-async|tokio|keyed|delay-queue-map)(, (\d+))?\s+([\d,.]+)\s+([\d,.]+)', line)
         if m and section:
             subj, threads = m.group(1), m.group(3) or '-'
             a, b = float(m.group(4).replace(',', '')), float(m.group(5).replace(',', ''))
-            # the cost column: ns/timer for engine-arm-cancel, CPU ns/timer for steady-mix and async-*
-            val = a if section.startswith('engine-arm') or section.startswith('async') else b
+            # The cost column: wall ns per timer for engine-arm-cancel, engine-reset and the
+            # keyed-* workloads (ns per operation); CPU ns per timer for steady-mix,
+            # light-load and async-* (its CPU column comes first there).
+            val = a if section.startswith(('engine-arm', 'engine-reset', 'async', 'keyed')) else b
             rows[(section, threads)][(variant, subj)].append(val)
 variants = sorted({v for r in rows.values() for (v, _) in r})
 print('row | ' + ' | '.join(f'{v}: engine cost (range), ratio vs tokio' for v in variants))
@@ -39,8 +41,8 @@ print('|'.join(['---'] * (len(variants) + 1)))
 for (section, threads), r in sorted(rows.items()):
     cells = []
     for v in variants:
-        ours = [x for (vv, s), xs in r.items() if vv == v and s in ('engine', 'corewheel-async') for x in xs]
-        peer = [x for (vv, s), xs in r.items() if vv == v and s in ('tokio-sleep', 'tokio') for x in xs]
+        ours = [x for (vv, s), xs in r.items() if vv == v and s in ('engine', 'corewheel-async', 'keyed') for x in xs]
+        peer = [x for (vv, s), xs in r.items() if vv == v and s in ('tokio-sleep', 'tokio', 'delay-queue-map') for x in xs]
         if not ours:
             cells.append('');
             continue
