@@ -1065,3 +1065,1014 @@ fn past_deadlines_on_a_running_engine_complete_at_the_first_poll() {
     assert_eq!(wakes.count(), 0);
     assert_eq!(engine.nodes_in_use(), 0, "no timer was armed");
 }
+
+/// Attacks on the past-deadline fast path (bd0c557): a deadline given as an instant that has
+/// passed (`sleep_until`, `timeout_at`, `Sleep::reset`, `Interval::reset_*`) completes at the
+/// next poll without a timer. What must hold: never early at tick granularity, ready at the
+/// first poll once reached, no timer leaked, no spurious completion after a later reset,
+/// `Interval`'s missed-tick policies, `HyperTimer::reset`, and shutdown's semantics.
+mod past_deadlines {
+    use super::*;
+    use common::{Rng, ms};
+    use std::sync::mpsc;
+
+    const NS: Duration = Duration::from_nanos(1);
+
+    /// `deadline` rounded up to the tick grid that starts at `origin` (a deadline at or
+    /// before the origin is due at the origin): the earliest instant it may complete.
+    fn rounded_up(origin: Instant, tick: Duration, deadline: Instant) -> Instant {
+        let Some(after) = deadline.checked_duration_since(origin) else {
+            return origin;
+        };
+        let tick = tick.as_nanos();
+        let ticks = after.as_nanos().div_ceil(tick);
+        origin + Duration::from_nanos(u64::try_from(ticks * tick).unwrap())
+    }
+
+    /// A lower bound on `rounded_up(origin, tick, deadline)` when the origin is only known
+    /// to lie in `from..=to` (a real-clock engine's origin is its build instant).
+    fn rounded_up_at_least(
+        from: Instant,
+        to: Instant,
+        tick: Duration,
+        deadline: Instant,
+    ) -> Instant {
+        let tick_ns = tick.as_nanos() as i128;
+        let signed = |at: Instant| -> i128 {
+            match at.checked_duration_since(from) {
+                Some(after) => after.as_nanos() as i128,
+                None => -(from.duration_since(at).as_nanos() as i128),
+            }
+        };
+        // (origin - deadline) mod tick grows with the origin until it wraps to 0.
+        let least = (-signed(deadline)).rem_euclid(tick_ns);
+        let width = signed(to);
+        let extra = if least + width >= tick_ns { 0 } else { least };
+        deadline + Duration::from_nanos(u64::try_from(extra).unwrap())
+    }
+
+    /// A waker that unparks the thread that made it.
+    fn unparker() -> Waker {
+        struct Unpark(std::thread::Thread);
+        impl Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        Waker::from(Arc::new(Unpark(std::thread::current())))
+    }
+
+    /// Deadlines 1 ns before, at and 1 ns after tick boundaries (and before the origin),
+    /// made and first polled with the manual clock 1 ns before, at and 1 ns after other
+    /// boundaries: the first poll completes exactly when the clock has reached the deadline
+    /// rounded up to the tick; those that arm complete after the turn at that instant, never
+    /// before it.
+    #[test]
+    fn past_deadline_one_nanosecond_either_side_of_a_tick_boundary_completes_exactly_when_reached()
+    {
+        let (engine, clock) = manual(1);
+        let origin = engine.now();
+        let tick = engine.tick();
+        let (_wakes, waker) = Wakes::waker();
+        let mut armed: Vec<(Sleep<'_>, Instant, Instant)> = Vec::new();
+        let mut positions = Vec::new();
+        for k in 1..=5u32 {
+            positions.extend([k * tick - NS, k * tick, k * tick + NS, k * tick + tick / 2]);
+        }
+        let mut completed_at_once = 0;
+        for position in positions {
+            clock.advance_to(origin + position);
+            engine.turn();
+            let now = engine.now();
+            armed.retain_mut(|(sleep, deadline, rounded)| {
+                let ready = poll(sleep, &waker).is_ready();
+                assert!(
+                    !ready || now >= *rounded,
+                    "early: {deadline:?} done at {now:?}"
+                );
+                assert!(
+                    ready || now < *rounded,
+                    "turned at {now:?} past {rounded:?}, still pending"
+                );
+                !ready
+            });
+            for k in 0..=6u32 {
+                for offset in [-1i64, 0, 1] {
+                    let boundary = origin + k * tick;
+                    let deadline = match offset {
+                        -1 => boundary - NS,
+                        0 => boundary,
+                        _ => boundary + NS,
+                    };
+                    let rounded = rounded_up(origin, tick, deadline);
+                    let mut sleep = engine.sleep_until(deadline);
+                    let ready = poll(&mut sleep, &waker).is_ready();
+                    assert_eq!(
+                        ready,
+                        now >= rounded,
+                        "deadline origin+{k} ticks{offset:+} ns, clock at origin+{position:?}"
+                    );
+                    assert_eq!(sleep.is_elapsed(), ready);
+                    if ready {
+                        completed_at_once += 1;
+                    } else {
+                        armed.push((sleep, deadline, rounded));
+                    }
+                }
+            }
+        }
+        assert!(completed_at_once > 0);
+        clock.advance_to(origin + 8 * tick);
+        engine.turn();
+        for (mut sleep, ..) in armed {
+            assert!(poll(&mut sleep, &waker).is_ready(), "armed, due, turned");
+        }
+        engine.shutdown(PendingTimers::Drop);
+        assert_eq!(engine.nodes_in_use(), 0);
+    }
+
+    /// Random resets (past, earlier, later, within the same tick) interleaved with polls,
+    /// nanosecond clock steps and turns. A poll never completes before the current
+    /// deadline rounded up; the first poll after a reset completes exactly when that is
+    /// reached; `is_elapsed` agrees with the last poll; and every sleep still completes
+    /// once its deadline comes, with no node or waker clone left behind.
+    #[test]
+    fn reset_storm_past_earlier_later_interleaved_with_polls_and_turns_never_early_nothing_leaked()
+    {
+        let (engine, clock) = manual(1);
+        let origin = engine.now();
+        let tick = engine.tick();
+        let (wakes, waker) = Wakes::waker();
+        let mut rng = Rng(0x0bd0_c557);
+        for round in 0..300u32 {
+            let mut deadline = engine.now() + Duration::from_nanos(rng.range(0, 4_000_000));
+            let mut sleep = engine.sleep_until(deadline);
+            let mut fresh = true;
+            for step in 0..60u32 {
+                let now = engine.now();
+                match rng.below(7) {
+                    0 => {
+                        deadline = now - Duration::from_nanos(rng.range(0, 3_000_000));
+                        sleep.reset(deadline);
+                        fresh = true;
+                    }
+                    1 => {
+                        deadline = now + Duration::from_nanos(rng.range(0, 3_000_000));
+                        sleep.reset(deadline);
+                        fresh = true;
+                    }
+                    2 => clock.advance(Duration::from_nanos(rng.range(1, 1_500_000))),
+                    3 => {
+                        engine.turn();
+                    }
+                    _ => {
+                        let ready = poll(&mut sleep, &waker).is_ready();
+                        let rounded = rounded_up(origin, tick, deadline);
+                        let at = format!("round {round} step {step}: now {now:?}, due {rounded:?}");
+                        assert!(!ready || now >= rounded, "early: {at}");
+                        if fresh {
+                            assert_eq!(ready, now >= rounded, "first poll after a reset: {at}");
+                        }
+                        assert_eq!(sleep.is_elapsed(), ready, "{at}");
+                        fresh = false;
+                    }
+                }
+            }
+            let rounded = rounded_up(origin, tick, deadline);
+            if engine.now() < rounded {
+                clock.advance_to(rounded);
+            }
+            let mut done = false;
+            for _ in 0..3 {
+                engine.turn();
+                if poll(&mut sleep, &waker).is_ready() {
+                    done = true;
+                    break;
+                }
+            }
+            assert!(done, "round {round}: due, turned, polled, still pending");
+        }
+        common::run_for(&engine, &clock, 10);
+        assert_eq!(
+            engine.nodes_in_use(),
+            0,
+            "nodes still held after the sleeps went"
+        );
+        engine.shutdown(PendingTimers::Drop);
+        assert_eq!(engine.nodes_in_use(), 0);
+        assert_eq!(Arc::strong_count(&wakes), 2, "a waker clone left in a node");
+    }
+
+    /// A reset to a later deadline after a past one completed, and after the timer left
+    /// at an older deadline fires: never a spurious completion, and the later deadline
+    /// still comes.
+    #[test]
+    fn reset_to_later_after_a_past_completion_or_an_old_timer_firing_is_not_complete() {
+        let (engine, clock) = manual(1);
+        let (wakes, waker) = Wakes::waker();
+        let mut sleep = engine.sleep_until(engine.now() - ms(3));
+        assert!(poll(&mut sleep, &waker).is_ready());
+        sleep.reset(engine.now() + ms(5));
+        assert!(!sleep.is_elapsed(), "a reset to later undoes completion");
+        assert!(poll(&mut sleep, &waker).is_pending());
+        common::run_for(&engine, &clock, 4);
+        assert!(poll(&mut sleep, &waker).is_pending());
+        common::run_for(&engine, &clock, 1);
+        assert!(poll(&mut sleep, &waker).is_ready());
+
+        // Armed at +2 ms, reset to +10 ms: the old timer fires at +2 ms (one spurious wake),
+        // and the poll it brings arms the new deadline rather than completing.
+        let mut sleep = engine.sleep_until(engine.now() + ms(2));
+        assert!(poll(&mut sleep, &waker).is_pending());
+        sleep.reset(engine.now() + ms(10));
+        let before = wakes.count();
+        common::run_for(&engine, &clock, 2);
+        assert_eq!(wakes.count(), before + 1, "the old timer's wake");
+        assert!(!sleep.is_elapsed());
+        assert!(poll(&mut sleep, &waker).is_pending());
+        common::run_for(&engine, &clock, 7);
+        assert!(poll(&mut sleep, &waker).is_pending());
+        common::run_for(&engine, &clock, 1);
+        assert!(poll(&mut sleep, &waker).is_ready());
+
+        // Armed at +2 ms; the clock passes +8 ms with no turn (the timer has not fired);
+        // a reset to +6 ms (later than the timer, but past) completes at the next poll and
+        // retires the unfired timer.
+        let start = engine.now();
+        let mut sleep = engine.sleep_until(start + ms(2));
+        assert!(poll(&mut sleep, &waker).is_pending());
+        clock.advance(ms(8));
+        sleep.reset(start + ms(6));
+        let before = wakes.count();
+        assert!(poll(&mut sleep, &waker).is_ready());
+        drop(sleep);
+        common::run_for(&engine, &clock, 5);
+        assert_eq!(
+            wakes.count(),
+            before,
+            "the retired timer still woke the task"
+        );
+
+        // Far (never) to past, and past to never.
+        let mut sleep = engine.sleep(Duration::MAX);
+        assert!(poll(&mut sleep, &waker).is_pending());
+        sleep.reset(engine.now() - ms(1));
+        assert!(poll(&mut sleep, &waker).is_ready());
+        let mut sleep = engine.sleep_until(engine.now() - ms(1));
+        sleep.reset(end_of_instant(engine.now()));
+        assert!(poll(&mut sleep, &waker).is_pending());
+        common::run_for(&engine, &clock, 3);
+        assert!(poll(&mut sleep, &waker).is_pending());
+        drop(sleep);
+        engine.shutdown(PendingTimers::Drop);
+        assert_eq!(engine.nodes_in_use(), 0);
+        assert_eq!(Arc::strong_count(&wakes), 2);
+    }
+
+    /// Twenty thousand sleeps armed and then reset to the past before (or after) their
+    /// timer fires: each completes at the poll after the reset, and the retired timers all
+    /// go back: the nodes in use stay bounded while it runs and none is left at the end.
+    #[test]
+    fn arm_then_reset_to_past_churn_retires_every_timer() {
+        let (engine, clock) = manual(1);
+        let (wakes, waker) = Wakes::waker();
+        let mut rng = Rng(99);
+        let mut most = 0;
+        for round in 0..20_000u32 {
+            let mut sleep = engine.sleep_until(engine.now() + ms(rng.range(1, 4)));
+            assert!(poll(&mut sleep, &waker).is_pending());
+            if rng.percent(30) {
+                clock.advance(ms(rng.range(0, 5)));
+                engine.turn();
+            }
+            sleep.reset(engine.now() - ms(rng.range(0, 3)));
+            if rng.percent(20) {
+                engine.turn();
+            }
+            assert!(poll(&mut sleep, &waker).is_ready(), "round {round}");
+            let woken = wakes.count();
+            drop(sleep);
+            if round % 64 == 0 {
+                clock.advance(ms(5));
+                engine.turn();
+                most = most.max(engine.nodes_in_use());
+                assert_eq!(wakes.count(), woken, "round {round}: a retired timer woke");
+            }
+        }
+        assert!(
+            most < 1_000,
+            "{most} nodes in use at once: retired timers pile up"
+        );
+        common::run_for(&engine, &clock, 10);
+        assert_eq!(
+            engine.nodes_in_use(),
+            0,
+            "nodes still held after the sleeps went"
+        );
+        engine.shutdown(PendingTimers::Drop);
+        assert_eq!(engine.nodes_in_use(), 0);
+        assert_eq!(Arc::strong_count(&wakes), 2);
+    }
+
+    /// On a two-worker real-clock engine, a sleep armed about a millisecond ahead is reset
+    /// to a past instant just as its deadline comes, so that the reset (a move of the
+    /// timer) and the retiring poll race the worker firing it. The poll completes at once
+    /// every time, and nothing is left: no node, no waker clone.
+    #[test]
+    fn reset_to_the_past_while_a_worker_fires_the_timer_completes_at_once_and_leaks_nothing() {
+        let engine = leaked_unpinned(2);
+        within(LIMIT, "reset to past racing the fire", move || {
+            let (wakes, waker) = Wakes::waker();
+            let mut rng = Rng(5);
+            for round in 0..2_000u32 {
+                let deadline = Instant::now() + Duration::from_micros(rng.range(300, 1_300));
+                let mut sleep = engine.sleep_until(deadline);
+                let _ = poll(&mut sleep, &waker);
+                let aim = deadline - Duration::from_micros(150)
+                    + Duration::from_micros(rng.range(0, 400));
+                while Instant::now() < aim {
+                    std::hint::spin_loop();
+                }
+                // At least a tick back, so that rounded up it is still past.
+                let past = Instant::now() - MS - Duration::from_micros(rng.range(0, 2_000));
+                sleep.reset(past);
+                assert!(poll(&mut sleep, &waker).is_ready(), "round {round}");
+                assert!(sleep.is_elapsed());
+                if rng.percent(50) {
+                    // A later deadline after all: pending again, and not early.
+                    let later = Instant::now() + Duration::from_micros(rng.range(0, 500));
+                    sleep.reset(later);
+                    let until = Instant::now() + Duration::from_secs(20);
+                    while poll(&mut sleep, &waker).is_pending() {
+                        assert!(Instant::now() < until, "round {round}: never completed");
+                        std::thread::yield_now();
+                    }
+                    assert!(Instant::now() >= later, "round {round}: early");
+                }
+            }
+            engine.shutdown(PendingTimers::Drop);
+            assert_eq!(engine.nodes_in_use(), 0);
+            assert_eq!(Arc::strong_count(&wakes), 2, "a waker clone left in a node");
+        });
+    }
+
+    /// Three threads on a real-clock engine with two workers make sleeps until instants
+    /// from 3 ms past to 3 ms ahead, poll them once and pass them round a ring; the next
+    /// thread resets each to another such instant, drops it (a cancel) or waits for it
+    /// with its own waker (a waker replaced on another thread). Every completion is at or
+    /// after the deadline rounded up to the tick (bounded from the build instants, as the
+    /// origin is not exposed), a first poll of a deadline a tick or more past always
+    /// completes, no wake is lost (waiting parks without a timeout), and nothing is left.
+    #[test]
+    fn threads_passing_past_and_near_deadlines_round_a_ring_never_early_nothing_lost() {
+        let built_from = Instant::now();
+        let engine = TimerEngine::builder()
+            .workers(2)
+            .pin_workers(false)
+            .build()
+            .unwrap();
+        let built_to = Instant::now();
+        let engine: &'static TimerEngine = Box::leak(Box::new(engine));
+        let tick = engine.tick();
+        let checked = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&checked);
+        within(
+            Duration::from_secs(120),
+            "ring of past deadlines",
+            move || {
+                const THREADS: usize = 3;
+                let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+                    .map(|_| mpsc::channel::<(Sleep<'static>, Instant)>())
+                    .unzip();
+                let mut senders: Vec<Option<_>> = senders.into_iter().map(Some).collect();
+                let mut threads = Vec::new();
+                for (me, receiver) in receivers.into_iter().enumerate() {
+                    let next = senders[(me + 1) % THREADS].take().unwrap();
+                    let checked = Arc::clone(&counted);
+                    threads.push(std::thread::spawn(move || {
+                        let waker = unparker();
+                        let mut rng = Rng(1 + me as u64);
+                        let when = |rng: &mut Rng| -> Instant {
+                            let offset = Duration::from_nanos(rng.range(0, 3_000_000));
+                            if rng.percent(50) {
+                                Instant::now() - offset
+                            } else {
+                                Instant::now() + offset
+                            }
+                        };
+                        let check = |ready: bool, deadline: Instant, fresh_from: Instant| {
+                            let now = Instant::now();
+                            let least = rounded_up_at_least(built_from, built_to, tick, deadline);
+                            assert!(!ready || now >= least, "early: due {least:?}, done {now:?}");
+                            // Made or reset at `fresh_from`, a tick or more after the deadline
+                            // (so past it rounded up, whatever the origin): its first poll must
+                            // complete.
+                            if fresh_from >= deadline + tick {
+                                assert!(ready, "a deadline a tick past did not complete at once");
+                            }
+                            checked.fetch_add(1, Ordering::Relaxed);
+                        };
+                        let wait = |sleep: &mut Sleep<'static>, deadline: Instant| {
+                            while poll(sleep, &waker).is_pending() {
+                                std::thread::park();
+                            }
+                            let now = Instant::now();
+                            let least = rounded_up_at_least(built_from, built_to, tick, deadline);
+                            assert!(now >= least, "early after a wait");
+                            assert!(poll(sleep, &waker).is_ready(), "completed, then not");
+                        };
+                        let act =
+                            |rng: &mut Rng, mut sleep: Sleep<'static>, deadline: Instant| match rng
+                                .below(4)
+                            {
+                                0 => drop(sleep),
+                                1 => wait(&mut sleep, deadline),
+                                _ => {
+                                    let deadline = when(rng);
+                                    let at = Instant::now();
+                                    sleep.reset(deadline);
+                                    let ready = poll(&mut sleep, &waker).is_ready();
+                                    check(ready, deadline, at);
+                                    if rng.percent(50) {
+                                        wait(&mut sleep, deadline);
+                                    }
+                                }
+                            };
+                        for _ in 0..400 {
+                            let deadline = when(&mut rng);
+                            let at = Instant::now();
+                            let mut sleep = engine.sleep_until(deadline);
+                            let ready = poll(&mut sleep, &waker).is_ready();
+                            check(ready, deadline, at);
+                            let _ = next.send((sleep, deadline));
+                            while let Ok((sleep, deadline)) = receiver.try_recv() {
+                                act(&mut rng, sleep, deadline);
+                            }
+                        }
+                        drop(next);
+                        while let Ok((sleep, deadline)) = receiver.recv() {
+                            act(&mut rng, sleep, deadline);
+                        }
+                    }));
+                }
+                for thread in threads {
+                    thread.join().unwrap();
+                }
+                engine.shutdown(PendingTimers::Drop);
+                assert_eq!(engine.nodes_in_use(), 0);
+            },
+        );
+        assert!(checked.load(Ordering::Relaxed) >= 1_200);
+    }
+
+    /// `reset_immediately` and `reset_at` into the past, many times over, on an armed and
+    /// an unarmed `Interval`, with turns in between or not: each completes at the next poll
+    /// with the deadline asked for, and the ticks after follow the missed-tick policy
+    /// exactly as tokio's (Burst: deadline + period; Delay: now + period; Skip: the next
+    /// multiple of the period after now).
+    #[test]
+    fn interval_reset_immediately_and_reset_at_past_storms_keep_missed_tick_policies() {
+        let (engine, clock) = manual(1);
+        let (_wakes, waker) = Wakes::waker();
+        let cx = &mut Context::from_waker(&waker);
+        let period = ms(10);
+        let mut rng = Rng(3);
+        for policy in [MissedTicks::Burst, MissedTicks::Delay, MissedTicks::Skip] {
+            let mut interval = engine.interval(period);
+            interval.set_missed_tick_behavior(policy);
+            assert_eq!(interval.poll_tick(cx), Poll::Ready(engine.now()));
+            for round in 0..100u32 {
+                let armed = rng.percent(50);
+                if armed {
+                    assert!(interval.poll_tick(cx).is_pending(), "{policy:?} {round}");
+                }
+                clock.advance(ms(rng.range(0, 3)));
+                if rng.percent(50) {
+                    engine.turn();
+                }
+                let now = engine.now();
+                if rng.percent(50) {
+                    interval.reset_immediately();
+                    if rng.percent(50) {
+                        engine.turn();
+                    }
+                    assert_eq!(
+                        interval.poll_tick(cx),
+                        Poll::Ready(now),
+                        "{policy:?} {round}"
+                    );
+                    assert!(interval.poll_tick(cx).is_pending());
+                    continue;
+                }
+                let late = ms(rng.range(0, 40));
+                let due = now - late;
+                interval.reset_at(due);
+                if rng.percent(50) {
+                    engine.turn();
+                }
+                assert_eq!(
+                    interval.poll_tick(cx),
+                    Poll::Ready(due),
+                    "{policy:?} {round}"
+                );
+                let mut expected = Vec::new();
+                let missed = late > ms(5);
+                let mut next = match (missed, policy) {
+                    (false, _) | (true, MissedTicks::Burst) => due + period,
+                    (true, MissedTicks::Delay) => now + period,
+                    (true, MissedTicks::Skip) => {
+                        let into = (late.as_nanos() % period.as_nanos()) as u64;
+                        now + period - Duration::from_nanos(into)
+                    }
+                };
+                // Burst catches up at once, one tick a poll.
+                while next <= now {
+                    expected.push(next);
+                    next += period;
+                }
+                for at in expected {
+                    assert_eq!(
+                        interval.poll_tick(cx),
+                        Poll::Ready(at),
+                        "{policy:?} {round}"
+                    );
+                }
+                assert!(interval.poll_tick(cx).is_pending(), "{policy:?} {round}");
+                clock.advance_to(next - NS);
+                engine.turn();
+                assert!(
+                    interval.poll_tick(cx).is_pending(),
+                    "{policy:?} {round}: early"
+                );
+                clock.advance_to(next);
+                engine.turn();
+                assert_eq!(
+                    interval.poll_tick(cx),
+                    Poll::Ready(next),
+                    "{policy:?} {round}"
+                );
+            }
+        }
+        engine.shutdown(PendingTimers::Drop);
+        assert_eq!(engine.nodes_in_use(), 0);
+    }
+
+    /// A deadline reset to the current instant (or just before it) while the manual clock
+    /// is inside a tick: rounded up, it is the next tick boundary, so an armed interval's
+    /// tick waits for it (never early by the tick rule), while an unarmed one, reading the
+    /// instants, ticks at once. Both then carry on a period after the instant asked for.
+    #[test]
+    fn interval_reset_to_now_inside_a_tick_armed_waits_for_the_boundary_unarmed_does_not() {
+        let (engine, clock) = manual(1);
+        let (_wakes, waker) = Wakes::waker();
+        let cx = &mut Context::from_waker(&waker);
+        let period = ms(10);
+        let mut armed = engine.interval(period);
+        let mut unarmed = engine.interval(period);
+        let start = engine.now();
+        assert_eq!(armed.poll_tick(cx), Poll::Ready(start));
+        assert_eq!(unarmed.poll_tick(cx), Poll::Ready(start));
+        assert!(armed.poll_tick(cx).is_pending());
+        clock.advance(ms(2) + MS / 2);
+        let now = engine.now();
+        armed.reset_immediately();
+        unarmed.reset_immediately();
+        assert_eq!(unarmed.poll_tick(cx), Poll::Ready(now), "unarmed: at once");
+        // Armed: the timer moves to the boundary (2.5 ms rounds up to 3 ms) and the tick
+        // waits for it, though `now` is the deadline asked for.
+        assert!(
+            armed.poll_tick(cx).is_pending(),
+            "armed: rounded up to the boundary"
+        );
+        engine.turn();
+        assert!(armed.poll_tick(cx).is_pending(), "before the boundary");
+        clock.advance(MS / 2 - NS);
+        engine.turn();
+        assert!(armed.poll_tick(cx).is_pending(), "1 ns before the boundary");
+        clock.advance(NS);
+        engine.turn();
+        assert_eq!(armed.poll_tick(cx), Poll::Ready(now), "at the boundary");
+        // The next tick, a period after the instant asked for, is inside a tick again:
+        // the armed interval waits for the boundary, the unarmed one does not.
+        clock.advance_to(now + period);
+        engine.turn();
+        assert!(armed.poll_tick(cx).is_pending(), "armed: rounded up again");
+        assert_eq!(unarmed.poll_tick(cx), Poll::Ready(now + period));
+        clock.advance(MS / 2);
+        engine.turn();
+        assert_eq!(armed.poll_tick(cx), Poll::Ready(now + period));
+        drop((armed, unarmed));
+        engine.shutdown(PendingTimers::Drop);
+        assert_eq!(engine.nodes_in_use(), 0);
+    }
+
+    /// `timeout_at` a past instant around a future that is ready at once yields the
+    /// future's output, not `Elapsed` (the future is polled first), as tokio's does; around
+    /// one that is pending it elapses at the first poll; neither arms a timer. Checked side
+    /// by side with tokio's `timeout_at`.
+    #[test]
+    fn timeout_at_past_around_a_ready_future_yields_its_output_as_tokio_does() {
+        let (engine, _clock) = manual(1);
+        let (wakes, waker) = Wakes::waker();
+        let past = engine.now() - ms(5);
+        let mut ready = engine.timeout_at(past, std::future::ready(7));
+        assert_eq!(poll(&mut ready, &waker), Poll::Ready(Ok(7)));
+        let mut pending = engine.timeout_at(past, std::future::pending::<u8>());
+        assert_eq!(poll(&mut pending, &waker), Poll::Ready(Err(Elapsed)));
+        // Ready on its second poll: the first poll of the timeout elapses.
+        let mut polls = 0;
+        let second = std::future::poll_fn(move |_| {
+            polls += 1;
+            if polls >= 2 {
+                Poll::Ready(1)
+            } else {
+                Poll::Pending
+            }
+        });
+        let mut second = Box::pin(engine.timeout_at(past, second));
+        assert_eq!(
+            second.as_mut().poll(&mut Context::from_waker(&waker)),
+            Poll::Ready(Err(Elapsed))
+        );
+        assert_eq!(engine.nodes_in_use(), 0, "no timer for a past deadline");
+        assert_eq!(wakes.count(), 0);
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let (ready, pending, second) = runtime.block_on(async {
+            let past = tokio::time::Instant::now() - Duration::from_millis(5);
+            let ready = tokio::time::timeout_at(past, std::future::ready(7)).await;
+            let pending = tokio::time::timeout_at(past, std::future::pending::<u8>()).await;
+            let mut polls = 0;
+            let second = std::future::poll_fn(move |_| {
+                polls += 1;
+                if polls >= 2 {
+                    Poll::Ready(1)
+                } else {
+                    Poll::Pending
+                }
+            });
+            let second = tokio::time::timeout_at(past, second).await;
+            (ready.ok(), pending.ok(), second.ok())
+        });
+        assert_eq!(
+            (ready, pending, second),
+            (Some(7), None, None),
+            "tokio agrees"
+        );
+    }
+
+    /// On an engine already shut down: `sleep_until` a past or a future instant, `sleep`,
+    /// and a sleep reset to the past or to later after the shutdown all complete at their
+    /// next poll; `timeout_at` a past instant still yields a ready future's output, and
+    /// elapses around a pending one; an `Interval`, even one reset to the past, stays
+    /// pending (documented). Nothing is armed.
+    #[test]
+    fn shut_down_engine_then_past_and_future_deadlines_keep_shutdown_semantics() {
+        let (engine, clock) = manual(1);
+        let (_wakes, waker) = Wakes::waker();
+        let cx = &mut Context::from_waker(&waker);
+        let mut armed_before = engine.sleep_until(engine.now() + ms(50));
+        assert!(poll(&mut armed_before, &waker).is_pending());
+        let mut interval = engine.interval(ms(10));
+        assert!(interval.poll_tick(cx).is_ready());
+        assert!(interval.poll_tick(cx).is_pending());
+        engine.shutdown(PendingTimers::Drop);
+        let now = engine.now();
+        assert!(poll(&mut engine.sleep_until(now - ms(5)), &waker).is_ready());
+        assert!(poll(&mut engine.sleep_until(now + ms(5)), &waker).is_ready());
+        assert!(poll(&mut engine.sleep(ms(5)), &waker).is_ready());
+        armed_before.reset(now + ms(100));
+        assert!(
+            poll(&mut armed_before, &waker).is_ready(),
+            "reset later after shutdown"
+        );
+        armed_before.reset(now - ms(100));
+        assert!(
+            poll(&mut armed_before, &waker).is_ready(),
+            "reset past after shutdown"
+        );
+        let mut fresh = engine.sleep_until(now + ms(5));
+        fresh.reset(now - ms(1));
+        assert!(poll(&mut fresh, &waker).is_ready());
+        assert_eq!(
+            poll(
+                &mut engine.timeout_at(now - ms(1), std::future::ready(3)),
+                &waker
+            ),
+            Poll::Ready(Ok(3))
+        );
+        assert_eq!(
+            poll(
+                &mut engine.timeout_at(now - ms(1), std::future::pending::<()>()),
+                &waker
+            ),
+            Poll::Ready(Err(Elapsed))
+        );
+        assert_eq!(
+            poll(
+                &mut engine.timeout_at(now + ms(1), std::future::pending::<()>()),
+                &waker
+            ),
+            Poll::Ready(Err(Elapsed))
+        );
+        interval.reset_at(now - ms(30));
+        assert!(
+            interval.poll_tick(cx).is_pending(),
+            "no tick after shutdown"
+        );
+        interval.reset_immediately();
+        assert!(
+            interval.poll_tick(cx).is_pending(),
+            "no tick after shutdown"
+        );
+        let mut late = engine.interval_at(now - ms(30), ms(10));
+        assert!(late.poll_tick(cx).is_pending(), "no tick after shutdown");
+        clock.advance(ms(100));
+        engine.turn();
+        assert!(interval.poll_tick(cx).is_pending());
+        drop((armed_before, fresh, interval, late));
+        assert_eq!(engine.nodes_in_use(), 0);
+    }
+
+    /// `HyperTimer::reset` on a sleep it made: to the past completes at the next poll
+    /// (whether or not the sleep was armed), to later afterwards is pending until the new
+    /// deadline, and a past `sleep_until` completes at once.
+    #[test]
+    fn hyper_timer_reset_to_past_and_back_to_later() {
+        use hyper::rt::Timer;
+        let (engine, clock) = leaked_manual(1);
+        let timer = corewheel::HyperTimer::new(engine);
+        let (_wakes, waker) = Wakes::waker();
+        let cx = &mut Context::from_waker(&waker);
+        let mut sleep = timer.sleep_until(engine.now() + ms(50));
+        assert!(sleep.as_mut().poll(cx).is_pending());
+        timer.reset(&mut sleep, engine.now() - ms(2));
+        assert!(
+            sleep.as_mut().poll(cx).is_ready(),
+            "armed, reset to the past"
+        );
+        timer.reset(&mut sleep, engine.now() + ms(3));
+        assert!(
+            sleep.as_mut().poll(cx).is_pending(),
+            "reset to later after completing"
+        );
+        common::run_for(engine, &clock, 2);
+        assert!(sleep.as_mut().poll(cx).is_pending(), "early");
+        common::run_for(engine, &clock, 1);
+        assert!(sleep.as_mut().poll(cx).is_ready());
+        let mut unpolled = timer.sleep_until(engine.now() + ms(50));
+        timer.reset(&mut unpolled, engine.now() - ms(2));
+        assert!(
+            unpolled.as_mut().poll(cx).is_ready(),
+            "unarmed, reset to the past"
+        );
+        let mut past = timer.sleep_until(engine.now() - ms(1));
+        assert!(past.as_mut().poll(cx).is_ready());
+        drop((sleep, unpolled, past));
+        engine.shutdown(PendingTimers::Drop);
+        assert_eq!(engine.nodes_in_use(), 0);
+    }
+    /// Sleeps whose timers fired unpolled (their handles stale once the nodes go back
+    /// and are reused by other sleeps), then reset to an earlier (past) or later deadline
+    /// and polled: the move and the retire they bring name stale handles, and must not
+    /// cancel, move or complete the sleeps now on those nodes.
+    #[test]
+    fn reset_to_past_with_a_stale_handle_leaves_the_sleep_on_the_reused_node_alone() {
+        let (engine, clock) = manual(1);
+        let (wakes, waker) = Wakes::waker();
+        let (other_wakes, other) = Wakes::waker();
+        let start = engine.now();
+        let mut old: Vec<Sleep<'_>> = (0..64).map(|_| engine.sleep_until(start + MS)).collect();
+        for sleep in &mut old {
+            assert!(poll(sleep, &waker).is_pending());
+        }
+        common::run_for(&engine, &clock, 3);
+        assert_eq!(wakes.count(), 64);
+        let mut new: Vec<Sleep<'_>> = (0..64).map(|_| engine.sleep(ms(5))).collect();
+        for sleep in &mut new {
+            assert!(poll(sleep, &other).is_pending());
+        }
+        let now = engine.now();
+        for (i, sleep) in old.iter_mut().enumerate() {
+            if i % 2 == 0 {
+                sleep.reset(now - ms(2)); // later than +1 ms, and past
+                sleep.reset(start - ms(1)); // earlier: moves the (stale) timer
+                assert!(poll(sleep, &waker).is_ready(), "{i}: past");
+            } else {
+                sleep.reset(now + ms(2)); // later, ahead: a new timer
+                assert!(poll(sleep, &waker).is_pending(), "{i}: ahead");
+            }
+        }
+        for sleep in &mut new {
+            assert!(
+                poll(sleep, &other).is_pending(),
+                "a reused node's sleep completed"
+            );
+        }
+        common::run_for(&engine, &clock, 2);
+        for (i, sleep) in old.iter_mut().enumerate() {
+            assert!(poll(sleep, &waker).is_ready(), "{i}");
+        }
+        common::run_for(&engine, &clock, 2);
+        assert!(
+            new.iter_mut().all(|sleep| poll(sleep, &other).is_pending()),
+            "early"
+        );
+        common::run_for(&engine, &clock, 1);
+        assert_eq!(
+            other_wakes.count(),
+            64,
+            "a reused node's sleep was cancelled"
+        );
+        assert!(new.iter_mut().all(|sleep| poll(sleep, &other).is_ready()));
+        drop((old, new));
+        engine.shutdown(PendingTimers::Drop);
+        assert_eq!(engine.nodes_in_use(), 0);
+    }
+
+    /// Far-past deadlines (long before the engine's origin, and `Instant`s as early as
+    /// the platform allows) complete at the first poll, from `sleep_until`, `reset`,
+    /// `timeout_at` and `interval_at`, without overflow or a timer.
+    #[test]
+    fn far_past_deadlines_before_the_origin_complete_at_the_first_poll() {
+        let (engine, _clock) = manual(1);
+        let (_wakes, waker) = Wakes::waker();
+        let now = engine.now();
+        let mut pasts = vec![now - NS, now - MS];
+        for back in [1u64, 3_600, 86_400 * 365, u64::MAX / 4] {
+            if let Some(past) = now.checked_sub(Duration::from_secs(back)) {
+                pasts.push(past);
+            }
+        }
+        let mut earliest = now;
+        let mut step = Duration::from_secs(1 << 62);
+        while step > Duration::ZERO {
+            match earliest.checked_sub(step) {
+                Some(before) => earliest = before,
+                None => step /= 2,
+            }
+        }
+        pasts.push(earliest);
+        for past in pasts {
+            assert!(
+                poll(&mut engine.sleep_until(past), &waker).is_ready(),
+                "{past:?}"
+            );
+            let mut sleep = engine.sleep(ms(10));
+            assert!(poll(&mut sleep, &waker).is_pending());
+            sleep.reset(past);
+            assert!(poll(&mut sleep, &waker).is_ready(), "reset to {past:?}");
+            assert_eq!(
+                poll(
+                    &mut engine.timeout_at(past, std::future::pending::<()>()),
+                    &waker
+                ),
+                Poll::Ready(Err(Elapsed))
+            );
+            let mut interval = engine.interval_at(past, Duration::from_secs(u64::MAX / 2));
+            let cx = &mut Context::from_waker(&waker);
+            let tick = interval.poll_tick(cx);
+            assert!(tick.is_ready(), "interval_at {past:?}");
+            // Within 292 years of the origin the tick is the start asked for; beyond, see
+            // `interval_at_more_than_292_years_back_ticks_at_another_instant`.
+            if now.duration_since(past) < Duration::from_secs(292 * 365 * 86_400) {
+                assert_eq!(tick, Poll::Ready(past));
+            }
+        }
+        engine.shutdown(PendingTimers::Drop);
+        assert_eq!(engine.nodes_in_use(), 0);
+    }
+
+    /// Found here (not from bd0c557: a `Sleep` has kept its deadline as signed
+    /// nanoseconds since the origin for longer): `interval_at(start)` with a start more
+    /// than 292 years before the engine's origin (an `Instant` a caller can make with
+    /// `checked_sub`) returns a first tick at another instant, the start saturated to
+    /// about origin - 292 years, where `Interval`'s docs promise "the instants `tick`
+    /// returns are the exact ones" and tokio returns `start`. Harmless in practice (the
+    /// tick still comes at once, never early); reported, not fixed here.
+    #[test]
+    #[ignore = "fault (minor, pre-existing): interval_at(start > 292 y before the origin) ticks at a saturated instant, not start"]
+    fn interval_at_more_than_292_years_back_ticks_at_another_instant() {
+        let (engine, _clock) = manual(1);
+        let (_wakes, waker) = Wakes::waker();
+        let cx = &mut Context::from_waker(&waker);
+        let Some(start) = engine
+            .now()
+            .checked_sub(Duration::from_secs(300 * 365 * 86_400))
+        else {
+            return; // this platform's `Instant` does not reach that far back
+        };
+        let mut interval = engine.interval_at(start, ms(10));
+        assert_eq!(interval.poll_tick(cx), Poll::Ready(start));
+    }
+
+    /// Two threads on a real-clock engine, each 20 000 times: a deadline a tick back
+    /// completes at its first poll (the cycle-counter bound must not hold it back), one a
+    /// tick ahead does not (never early), and one at the current instant completes only
+    /// if the clock has passed it.
+    #[test]
+    fn real_clock_deadlines_a_tick_either_side_of_now_at_the_first_poll() {
+        let engine = leaked_unpinned(2);
+        within(LIMIT, "a tick either side of now", move || {
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    std::thread::spawn(move || {
+                        let (_wakes, waker) = Wakes::waker();
+                        let tick = engine.tick();
+                        for round in 0..20_000u32 {
+                            let past = Instant::now() - tick;
+                            let mut sleep = engine.sleep_until(past);
+                            assert!(poll(&mut sleep, &waker).is_ready(), "{round}: a tick back");
+                            let ahead = Instant::now() + tick;
+                            let mut sleep = engine.sleep_until(ahead);
+                            let ready = poll(&mut sleep, &waker).is_ready();
+                            assert!(!ready || Instant::now() >= ahead, "{round}: early");
+                            let at = Instant::now();
+                            let mut sleep = engine.sleep_until(at);
+                            let ready = poll(&mut sleep, &waker).is_ready();
+                            assert!(!ready || Instant::now() >= at, "{round}: early");
+                        }
+                    })
+                })
+                .collect();
+            for thread in threads {
+                thread.join().unwrap();
+            }
+            engine.shutdown(PendingTimers::Drop);
+            assert_eq!(engine.nodes_in_use(), 0);
+        });
+    }
+
+    /// Lanes now always hold pending timers back, and workers no longer sleep close: a
+    /// thread that arms a sleep (near, behind a far one, or moved earlier by a reset, to
+    /// the future or to the past, without polling after the reset) and then blocks must
+    /// still be woken by the worker, never before the deadline rounded up.
+    #[test]
+    fn a_thread_that_arms_or_resets_earlier_then_blocks_is_still_woken_never_early() {
+        let built_from = Instant::now();
+        let engine = TimerEngine::builder()
+            .workers(2)
+            .pin_workers(false)
+            .build()
+            .unwrap();
+        let built_to = Instant::now();
+        let engine: &'static TimerEngine = Box::leak(Box::new(engine));
+        let tick = engine.tick();
+        within(LIMIT, "woken while blocked", move || {
+            for round in 0..60u32 {
+                let (woke, woken) = mpsc::channel::<Instant>();
+                let (release, released) = mpsc::channel::<()>();
+                let case = round % 4;
+                let armer = std::thread::spawn(move || {
+                    struct Tell(Mutex<mpsc::Sender<Instant>>);
+                    impl Wake for Tell {
+                        fn wake(self: Arc<Self>) {
+                            let _ = self.0.lock().unwrap().send(Instant::now());
+                        }
+                    }
+                    let waker = Waker::from(Arc::new(Tell(Mutex::new(woke))));
+                    let mut far = engine.sleep(Duration::from_secs(30));
+                    let now = Instant::now();
+                    let (mut sleep, deadline) = match case {
+                        0 => (engine.sleep_until(now + ms(3)), now + ms(3)),
+                        1 => {
+                            assert!(poll(&mut far, &waker).is_pending());
+                            (engine.sleep_until(now + ms(3)), now + ms(3))
+                        }
+                        _ => (engine.sleep_until(now + ms(500)), now + ms(500)),
+                    };
+                    assert!(poll(&mut sleep, &waker).is_pending());
+                    let deadline = match case {
+                        2 => {
+                            let earlier = Instant::now() + ms(3);
+                            sleep.reset(earlier);
+                            earlier
+                        }
+                        3 => {
+                            let past = Instant::now() - ms(2);
+                            sleep.reset(past);
+                            past
+                        }
+                        _ => deadline,
+                    };
+                    // Blocked: no poll, no push, until told.
+                    let _ = released.recv();
+                    drop((sleep, far));
+                    deadline
+                });
+                let at = woken
+                    .recv_timeout(Duration::from_secs(20))
+                    .unwrap_or_else(|_| panic!("round {round} case {case}: never woken"));
+                let _ = release.send(());
+                let deadline = armer.join().unwrap();
+                let least = rounded_up_at_least(built_from, built_to, tick, deadline);
+                assert!(at >= least, "round {round} case {case}: woken early");
+            }
+            engine.shutdown(PendingTimers::Drop);
+            assert_eq!(engine.nodes_in_use(), 0);
+        });
+    }
+}
