@@ -2075,4 +2075,123 @@ mod past_deadlines {
             assert_eq!(engine.nodes_in_use(), 0);
         });
     }
+
+    /// On a real-clock engine with two workers, an `Interval` under a storm of
+    /// `reset_immediately`, `reset_at` a past instant and `reset_after`, each followed by
+    /// a wait for the tick (parking, no timeout: a lost wake hangs): every tick returns
+    /// the instant asked for (or the policy's next one after it), and never before the
+    /// clock has reached it.
+    #[test]
+    fn real_clock_interval_reset_storm_ticks_at_the_instants_asked_for_never_early() {
+        let engine = leaked_unpinned(2);
+        within(LIMIT, "interval reset storm", move || {
+            let waker = unparker();
+            let cx = &mut Context::from_waker(&waker);
+            let mut rng = Rng(11);
+            for policy in [MissedTicks::Burst, MissedTicks::Delay, MissedTicks::Skip] {
+                let mut interval = engine.interval(ms(2));
+                interval.set_missed_tick_behavior(policy);
+                for round in 0..150u32 {
+                    if rng.percent(50) {
+                        // Armed, perhaps about to fire on a worker.
+                        let _ = interval.poll_tick(cx);
+                        if rng.percent(50) {
+                            std::thread::sleep(Duration::from_micros(rng.range(0, 2_500)));
+                        }
+                    }
+                    let asked = match rng.below(3) {
+                        0 => {
+                            let now = Instant::now();
+                            interval.reset_immediately();
+                            // reset_immediately reads the engine's clock after `now`.
+                            (now, false)
+                        }
+                        1 => {
+                            let past = Instant::now() - Duration::from_micros(rng.range(0, 10_000));
+                            interval.reset_at(past);
+                            (past, true)
+                        }
+                        _ => {
+                            let now = Instant::now();
+                            interval.reset_after(Duration::from_micros(rng.range(0, 3_000)));
+                            (now, false)
+                        }
+                    };
+                    let tick = loop {
+                        match interval.poll_tick(cx) {
+                            Poll::Ready(at) => break at,
+                            Poll::Pending => std::thread::park(),
+                        }
+                    };
+                    let now = Instant::now();
+                    assert!(tick <= now, "{policy:?} {round}: ticked before its instant");
+                    match asked {
+                        (past, true) => assert_eq!(tick, past, "{policy:?} {round}"),
+                        (from, false) => assert!(tick >= from, "{policy:?} {round}"),
+                    }
+                }
+            }
+            engine.shutdown(PendingTimers::Drop);
+            assert_eq!(engine.nodes_in_use(), 0);
+        });
+    }
+
+    /// A shutdown lands while two threads make, reset (past, earlier, later) and wait for
+    /// sleeps on a real-clock engine: every sleep still completes (waits park with no
+    /// timeout, so a sleep left pending hangs), none before its deadline unless the
+    /// shutdown has begun, and once the threads are done and a second shutdown has swept
+    /// up, no node is held.
+    #[test]
+    fn shutdown_during_a_storm_of_past_and_future_resets_completes_every_sleep() {
+        let engine = leaked_unpinned(2);
+        let shutting = Arc::new(AtomicBool::new(false));
+        within(LIMIT, "shutdown during a reset storm", move || {
+            let threads: Vec<_> = (0..2u64)
+                .map(|me| {
+                    let shutting = Arc::clone(&shutting);
+                    std::thread::spawn(move || {
+                        let waker = unparker();
+                        let mut rng = Rng(40 + me);
+                        let offset = |rng: &mut Rng| Duration::from_micros(rng.range(0, 2_000));
+                        for round in 0..3_000u32 {
+                            let mut deadline = if rng.percent(50) {
+                                Instant::now() - offset(&mut rng)
+                            } else {
+                                Instant::now() + offset(&mut rng)
+                            };
+                            let mut sleep = engine.sleep_until(deadline);
+                            if poll(&mut sleep, &waker).is_pending() && rng.percent(70) {
+                                deadline = if rng.percent(50) {
+                                    Instant::now() - offset(&mut rng) - MS
+                                } else {
+                                    Instant::now() + offset(&mut rng)
+                                };
+                                sleep.reset(deadline);
+                            }
+                            if rng.percent(20) {
+                                continue; // dropped: a cancel
+                            }
+                            while poll(&mut sleep, &waker).is_pending() {
+                                std::thread::park();
+                            }
+                            if Instant::now() < deadline {
+                                assert!(
+                                    shutting.load(Ordering::SeqCst),
+                                    "thread {me} round {round}: early, with no shutdown"
+                                );
+                            }
+                        }
+                    })
+                })
+                .collect();
+            std::thread::sleep(ms(30));
+            shutting.store(true, Ordering::SeqCst);
+            engine.shutdown(PendingTimers::Drop);
+            for thread in threads {
+                thread.join().unwrap();
+            }
+            engine.shutdown(PendingTimers::Drop);
+            assert_eq!(engine.nodes_in_use(), 0, "nodes held after the shutdown");
+        });
+    }
 }
