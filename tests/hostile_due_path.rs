@@ -476,7 +476,7 @@ fn huge_jumps_from_mid_pre_cascade_fire_everything_due() {
     }
 }
 
-// Why: the engine now claims up to 64 due timers at a time, walking a due slot's lists in
+// Why: the engine now claims up to 64 due timers at a time, walking up to 16 due slots in
 // turn, and wakes early to move storms ahead of time. A burst across a level-2 and a
 // level-3 boundary, with cancels and resets (earlier and later) racing from other
 // threads while the manual clock crosses the boundaries: every timer fires once or is

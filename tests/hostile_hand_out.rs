@@ -795,8 +795,8 @@ fn an_owner_stuck_with_its_lists_out_is_rescued() {
 
 /// The owner is held in a callback for 80 ms while 60 ticks' worth of a burst come due
 /// behind it (rescue off, and on at one tick): when it looks again, far more than eight
-/// finest slots are due at once, handed out a slot's lists at a time (by the owner, or by
-/// stand-ins). Exactly once, never early.
+/// finest slots are due at once, more than 64 lists, handed out eight slots at a time (by
+/// the owner, or by stand-ins). Exactly once, never early.
 #[test]
 fn a_burst_over_many_due_slots_after_the_owner_was_held() {
     for rescue in [None, Some(1)] {

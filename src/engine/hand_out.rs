@@ -5,7 +5,7 @@
 //! cache misses: a core claiming a burst alone is bound by the misses it keeps in flight
 //! (about 25 ns a timer with sixteen chains, on this project's VMs), however many workers
 //! stand ready to run what it claims. So when a look finds more due than its run queue
-//! holds, the wheel's holder takes the due slot's lists whole, O(1) each
+//! holds, the wheel's holder takes the due slots' lists whole, O(1) each
 //! ([`WheelCore::detach_due`](crate::wheel::core::WheelCore::detach_due)), and hands them
 //! out here. The owner and idle workers each take a few lists at a time, walk them from
 //! both ends, claim each due timer as the wheel's holder would, and run what they claimed
@@ -43,8 +43,8 @@ use crate::sync::run_queue::MAX_RUN;
 use crate::sync::timer_state::Phase;
 use crate::wheel::location::NIL;
 
-/// Lists a shard can have out at once: a bit each in one word. A hand-out is one due
-/// finest slot's lists, eight in the engine's wheel.
+/// Lists a shard can have out at once: a bit each in one word. Eight due finest slots of
+/// the engine's wheel, at eight lists each.
 #[cfg(not(loom))]
 pub(crate) const LISTS: usize = 64;
 #[cfg(loom)]

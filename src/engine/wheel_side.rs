@@ -32,7 +32,7 @@ use crate::wheel::geometry::Geometry;
 use crate::wheel::location::NIL;
 
 /// Due timers taken off the wheel at a time: enough for [`WheelCore::poll_batch`] to walk
-/// a due slot's lists in turn.
+/// several due slots' lists in turn.
 const CLAIM_BATCH: usize = 64;
 
 /// How many nodes taking them off a lane or the inbox runs ahead of receiving them: enough

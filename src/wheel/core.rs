@@ -214,6 +214,14 @@ struct Expiration {
     tick: u64,
 }
 
+/// Finest slots due together (see [`WheelCore::due_finest_slots`]).
+struct DueSlots {
+    /// The first one's tick.
+    tick: u64,
+    slots: [usize; INTERLEAVE],
+    count: usize,
+}
+
 /// What an [`Expiration`] asks of the wheel.
 #[derive(Debug, Clone, Copy)]
 enum NextWork {
@@ -242,6 +250,10 @@ const LOOKAHEAD_BUDGET: usize = 1024;
 /// coarse slot of a million timers while a storm fired: the moves fell behind, and the
 /// boundary made the rest, 8-12 ms of them in one poll at a 250 us tick.
 const PRE_CASCADE_SLOTS: usize = 4;
+
+/// Due finest slots [`WheelCore::poll_batch`] takes from in turn: the cache misses it keeps
+/// in flight while walking their lists.
+const INTERLEAVE: usize = 16;
 
 /// The pace the wheel plans its moves ahead of time at: timers a tick. A coarse slot of
 /// `n` timers gets its first move `n / FILL_PER_TICK` ticks before it begins, or as early
@@ -475,11 +487,12 @@ impl WheelCore {
     }
 
     /// Up to `out.len()` due timers into `out`, unlinked; returns how many. What as many
-    /// calls to [`poll`](Self::poll) would hand out, in another order: from a due finest
-    /// slot it takes from each of the slot's lists in turn, and from both ends of each.
-    /// Walking one intrusive list is a chain of cache misses, each node's address known
-    /// only once the one before it has arrived; taking from several lists, and from both
-    /// ends, in turn keeps that many misses in flight.
+    /// calls to [`poll`](Self::poll) would hand out, in another order: when several finest
+    /// slots are due at once (a burst its caller has fallen behind on), it takes from up to
+    /// [`INTERLEAVE`] of them in turn, and from both ends of each. Walking one intrusive
+    /// list is a chain of cache misses, each node's address known only once the one before
+    /// it has arrived; taking from several lists, and from both ends, in turn keeps that
+    /// many misses in flight.
     pub(crate) fn poll_batch<N: Links>(
         &mut self,
         nodes: &mut N,
@@ -488,9 +501,9 @@ impl WheelCore {
     ) -> usize {
         let mut taken = 0;
         while taken < out.len() {
-            let from_slot = self.take_due_slot(nodes, now, &mut out[taken..]);
-            if from_slot > 0 {
-                taken += from_slot;
+            let interleaved = self.take_interleaved(nodes, now, &mut out[taken..]);
+            if interleaved > 0 {
+                taken += interleaved;
                 continue;
             }
             match self.poll(nodes, now) {
@@ -504,32 +517,54 @@ impl WheelCore {
         taken
     }
 
-    /// When a finest slot is due at `now` (and nothing comes before it): takes its due
-    /// timers into `out` from each of its lists in turn, from both ends of each, moving on
+    /// When finest slots are due at `now` (and nothing comes before them): takes their
+    /// due timers into `out` from each slot in turn, from both ends of its list, moving on
     /// those pushed back since they were filed; returns how many it took. 0 (for `poll` to
     /// go on) when something else comes first: the ready list, a coarse slot, the flip, or
     /// no due finest slot; also when every timer it met had been pushed back. A list
-    /// walked from both ends is two chains of misses in flight rather than one.
-    fn take_due_slot<N: Links>(&mut self, nodes: &mut N, now: Instant, out: &mut [u32]) -> usize {
+    /// walked from both ends is two chains of misses in flight rather than one: a burst is
+    /// mostly one due slot at a time, as each tick comes.
+    fn take_interleaved<N: Links>(
+        &mut self,
+        nodes: &mut N,
+        now: Instant,
+        out: &mut [u32],
+    ) -> usize {
         let (_, now) = self.catch_up(now);
-        let Some((tick, slot)) = self.due_finest_slot(now) else {
+        let Some(DueSlots {
+            tick,
+            mut slots,
+            mut count,
+        }) = self.due_finest_slots(now)
+        else {
             return 0;
         };
         self.elapsed = tick;
-        let location = Location::slot(self.lists.current0, slot);
         let mut taken = 0;
-        while taken < out.len() && !self.lists.levels[self.lists.current0].is_slot_empty(slot) {
-            for sub in 0..self.lists.lists_at(location) {
-                for end in [End::Head, End::Tail] {
-                    if taken == out.len() || self.lists.sub_list(location, sub).is_empty() {
-                        break;
-                    }
-                    if let Some(index) = self.take_due(nodes, (location, sub), end, tick) {
-                        out[taken] = index;
-                        taken += 1;
+        while taken < out.len() && count > 0 {
+            let mut kept = 0;
+            for turn in 0..count {
+                let slot = slots[turn];
+                if self.lists.levels[self.lists.current0].is_slot_empty(slot) {
+                    continue;
+                }
+                slots[kept] = slot;
+                kept += 1;
+                let location = Location::slot(self.lists.current0, slot);
+                let due_at = self.geometry.slot_start(self.elapsed, 0, slot);
+                for sub in 0..self.lists.lists_at(location) {
+                    for end in [End::Head, End::Tail] {
+                        if taken == out.len() || self.lists.sub_list(location, sub).is_empty() {
+                            break;
+                        }
+                        if let Some(index) = self.take_due(nodes, (location, sub), end, due_at) {
+                            out[taken] = index;
+                            taken += 1;
+                        }
                     }
                 }
             }
+            count = kept;
         }
         if taken > 0 {
             self.handed_out_at = now;
@@ -537,31 +572,52 @@ impl WheelCore {
         taken
     }
 
-    /// The finest slot due at `now` (the wheel's own tick), when nothing comes before it
-    /// (the ready list, a coarse slot, the flip): its tick and index. `None` when there is
-    /// none.
-    fn due_finest_slot(&self, now: u64) -> Option<(u64, usize)> {
+    /// The finest slots due at `now` (the wheel's own tick), when nothing comes before
+    /// them (the ready list, a coarse slot, the flip): up to [`INTERLEAVE`] of them, in
+    /// order, and the first one's tick. `None` when there are none.
+    fn due_finest_slots(&self, now: u64) -> Option<DueSlots> {
         if !self.lists.ready.is_empty() {
             return None;
         }
         let Some(Expiration {
-            kind: NextWork::Finest { slot },
+            kind: NextWork::Finest { slot: first },
             tick,
         }) = self.next_expiration()
         else {
             return None;
         };
+        if tick > now {
+            return None;
+        }
+        // Every finest slot is in the current block, after `elapsed`'s: the due ones are
+        // the occupied slots from the first on whose ticks have come.
+        let mut slots = [0_usize; INTERLEAVE];
+        let mut count = 0;
+        let mut occupied = self.lists.levels[self.lists.current0].occupied >> first;
+        let mut slot = first;
+        while occupied != 0 && count < INTERLEAVE {
+            let skip = occupied.trailing_zeros() as usize;
+            slot += skip;
+            if self.geometry.slot_start(self.elapsed, 0, slot) > now {
+                break;
+            }
+            slots[count] = slot;
+            count += 1;
+            occupied = (occupied >> skip) >> 1;
+            slot += 1;
+        }
         debug_assert!(tick >= self.elapsed, "time moved backwards");
-        (tick <= now).then_some((tick, slot))
+        (count > 0).then_some(DueSlots { tick, slots, count })
     }
 
-    /// Takes whole the lists of the finest slot due at `now` (when nothing comes before
-    /// it, as for [`take_due_slot`](Self::take_due_slot)) into `out` as (head, tail);
-    /// returns how many, 0 unless they hold `at_least` timers and `out` has room for all
-    /// of them. The wheel holds them no more: their timers keep the links they had, for
-    /// the caller to walk the lists by (both ways), and whatever of them is not due after
-    /// all must be filed again. `elapsed` moves to the slot's tick, as `take_due_slot`
-    /// leaves it.
+    /// Takes whole the lists of the finest slots due at `now` (when nothing comes before
+    /// them, as for [`take_interleaved`](Self::take_interleaved)), whole slots while `out`
+    /// has room, into `out` as (head, tail); returns how many, 0 unless they hold
+    /// `at_least` timers. The wheel holds them no more: their timers keep the links they
+    /// had, for the caller to walk the lists by (both ways), and whatever of them is not
+    /// due after all must be filed again. `elapsed` moves to the first slot's tick, as
+    /// `take_interleaved` leaves it: the later slots taken are empty now, so a timer filed
+    /// into one (once the caller is done with the lists) is found there as due.
     pub(crate) fn detach_due(
         &mut self,
         now: Instant,
@@ -569,29 +625,33 @@ impl WheelCore {
         at_least: u32,
     ) -> usize {
         let (_, now) = self.catch_up(now);
-        let Some((tick, slot)) = self.due_finest_slot(now) else {
+        let Some(DueSlots { tick, slots, count }) = self.due_finest_slots(now) else {
             return 0;
         };
         let current = self.lists.current0;
+        let per_slot = self.lists.levels[current].lists_per_slot();
+        let whole = count.min(out.len() / per_slot);
         let level = &self.lists.levels[current];
-        let per_slot = level.lists_per_slot();
-        let timers: u32 = (0..per_slot)
-            .map(|sub| level.sub_list(slot, sub).len())
+        let timers: u32 = slots[..whole]
+            .iter()
+            .flat_map(|&slot| (0..per_slot).map(move |sub| level.sub_list(slot, sub).len()))
             .sum();
-        if out.len() < per_slot || timers < at_least {
+        if whole == 0 || timers < at_least {
             return 0;
         }
         self.elapsed = tick;
         let mut taken = 0;
-        let level = &mut self.lists.levels[current];
-        for sub in 0..per_slot {
-            let list = level.sub_list_mut(slot, sub).take();
-            if !list.is_empty() {
-                out[taken] = (list.head(), list.tail());
-                taken += 1;
+        for &slot in &slots[..whole] {
+            let level = &mut self.lists.levels[current];
+            for sub in 0..per_slot {
+                let list = level.sub_list_mut(slot, sub).take();
+                if !list.is_empty() {
+                    out[taken] = (list.head(), list.tail());
+                    taken += 1;
+                }
             }
+            self.lists.mark_empty(current, slot);
         }
-        self.lists.mark_empty(current, slot);
         self.handed_out_at = now;
         taken
     }

@@ -643,8 +643,8 @@ mod tests {
         }
     }
 
-    /// `poll_batch` (the engine's claim) with many finest slots due at once: it takes them
-    /// one after another, and hands out exactly what `poll` would, once each: every timer due
+    /// `poll_batch` (the engine's claim) with many finest slots due at once: it takes from
+    /// several in turn, and hands out exactly what `poll` would, once each: every timer due
     /// by `now`, none pushed back past it (those are filed again and come out later, on
     /// time).
     #[test]
