@@ -88,10 +88,11 @@ pub mod shard_steps {
         let shared = engine.shared();
         let shard_ref = &shared.shards[shard];
         let mut ran = 0;
-        crate::engine::hand_out::walk(shard_ref, &shared.shutdown, 0, |batch, due| {
-            ran = crate::engine::runner::run(shard_ref, batch, due, false);
-        })
-        .then_some(ran)
+        shard_ref
+            .walk_hand_outs(&shared.shutdown, 0, |batch, due| {
+                ran = crate::engine::runner::run(shard_ref, batch, due, false);
+            })
+            .then_some(ran)
     }
 
     /// [`owner_look`] with a clock reading of the caller's, which may be older than

@@ -114,3 +114,58 @@ pub(crate) const LINGER_PERIODS: u64 = 64;
 /// How long a thread's cycle-counter anchor is extrapolated before the real clock is read
 /// again: long enough to save most reads, short enough that the rate's error stays tiny.
 pub(crate) const ANCHOR_LIFE_NS: u64 = 1_000_000;
+
+// ----- Claiming due timers, and bursts handed out to every worker -----
+
+/// Due timers a look claims off the wheel at a time: enough to walk several due slots'
+/// lists in turn.
+pub(crate) const CLAIM_BATCH: usize = 64;
+
+/// Nodes taken off a lane or the inbox ahead of filing them: enough for their cache
+/// misses to overlap.
+pub(crate) const RECEIVE_AHEAD: usize = 16;
+
+/// Due timers left once a look fills the run queue that make it hand their lists out
+/// rather than claim them itself: a few batches for each of a few walkers.
+pub(crate) const HAND_OUT_AT_LEAST: u32 = 1024;
+
+/// Lists a shard can have out at once, a bit each in one word: eight due finest slots at
+/// [`SPLIT`] lists each.
+#[cfg(not(loom))]
+pub(crate) const LISTS: usize = 64;
+#[cfg(loom)]
+pub(crate) const LISTS: usize = 8;
+
+/// Lists a walker takes at a time: walked from both ends, twice as many chains of cache
+/// misses in flight on its core.
+pub(crate) const WALK_LISTS: usize = 4;
+
+/// Timers a walker walks before it runs what it claimed: a run's worth, so that a blocked
+/// callback holds up no more timers claimed with it than a run's (the `rescue_after` bound).
+pub(crate) const WALK_BATCH: usize = MAX_RUN;
+
+// ----- The wheel -----
+
+/// Lists each finest slot of an engine's wheel keeps, so that walking a burst keeps this
+/// many chains of cache misses in flight (two under loom, so that a model's few timers
+/// share lists).
+#[cfg(not(loom))]
+pub(crate) const SPLIT: usize = 8;
+#[cfg(loom)]
+pub(crate) const SPLIT: usize = 2;
+
+/// Due finest slots a batch claim takes from in turn: the cache misses it keeps in flight.
+pub(crate) const INTERLEAVE: usize = 16;
+
+/// Timers a tick with nothing due moves into the lookahead at least: a few hundred
+/// microseconds of cache misses at most, so no tick is held up by a millisecond of moves.
+pub(crate) const LOOKAHEAD_BUDGET: usize = 1024;
+
+/// Slots of the level below in which the next coarse slot's timers are moved down before
+/// its boundary: enough for a slot of a million timers to move while a storm fires.
+pub(crate) const PRE_CASCADE_SLOTS: usize = 4;
+
+/// The pace of the moves ahead of time, in timers a tick: a coarse slot of `n` timers
+/// starts moving `n / FILL_PER_TICK` ticks before it begins, so that no due timer waits
+/// for a storm's worth of moves.
+pub(crate) const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;

@@ -36,7 +36,6 @@
 use std::time::Instant;
 
 use crate::engine::counters::add;
-use crate::engine::hand_out;
 use crate::engine::runner;
 use crate::engine::shard::Shard;
 use crate::engine::shard_parts::AWAKE;
@@ -318,7 +317,7 @@ impl Balance {
         now_tick: u64,
         helper: &Helper<'_>,
     ) -> bool {
-        hand_out::walk(shard, shutdown, helper.me, |batch, due| {
+        shard.walk_hand_outs(shutdown, helper.me, |batch, due| {
             add(&shard.counters.claimed_elsewhere, batch.len() as u64);
             if shard.hand_outs.is_open() {
                 self.wake_one(helper.shards);

@@ -19,7 +19,7 @@
 //!   so a callback that blocks holds no list.
 //! - A walker claims a due, pending timer (`try_fire`) and leaves a cancelled one to its
 //!   cancel's message (`keep_filed`, which clears `FILED`), as the wheel's holder does (see
-//!   [`claim_node`]); one that is locked (a reset mid-write) or no longer due (pushed back
+//!   [`TimerNode::claim`]); one that is locked (a reset mid-write) or no longer due (pushed back
 //!   since it was filed) goes on its list's returned chain, for the wheel's holder to file
 //!   again.
 //! - While any list is out, the wheel's holder takes nothing off the lanes or the inbox and
@@ -36,29 +36,10 @@
 use crossbeam_utils::CachePadded;
 
 use crate::engine::pool::Pool;
-use crate::engine::shard_parts::ShardParts;
-use crate::engine::timer_node::TimerNode;
-use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use crate::sync::run_queue::MAX_RUN;
-use crate::sync::timer_state::Phase;
+use crate::engine::timer_node::{Claim, TimerNode};
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub(crate) use crate::tuning::{LISTS, WALK_BATCH, WALK_LISTS};
 use crate::wheel::location::NIL;
-
-/// Lists a shard can have out at once: a bit each in one word. Eight due finest slots of
-/// the engine's wheel, at eight lists each.
-#[cfg(not(loom))]
-pub(crate) const LISTS: usize = 64;
-#[cfg(loom)]
-pub(crate) const LISTS: usize = 8;
-
-/// Lists a walker takes at a time. Walked from both ends, they are twice as many chains of
-/// misses in flight on its core.
-const WALK_LISTS: usize = 4;
-
-/// Timers a walker walks before it gives its lists back and runs what it claimed: a run's
-/// worth, as a thief takes off the run queue, so that a callback that blocks holds up no
-/// more timers claimed with it than a run's (the bound `EngineBuilder::rescue_after`'s
-/// users are told of). At 64, a hostile test saw 63 wait for one.
-pub(crate) const WALK_BATCH: usize = MAX_RUN;
 
 /// A shard's handed-out lists. See the module documentation.
 pub(crate) struct HandOuts {
@@ -83,48 +64,6 @@ struct HandedList {
     head: AtomicU32,
     tail: AtomicU32,
     returned: AtomicU32,
-}
-
-/// What a walker or the wheel's holder does with a due timer it took off a list.
-pub(crate) enum Claim {
-    /// Moved to firing: the taker holds it, to run.
-    Fired,
-    /// Cancelled, left to its cancel's message, which frees it.
-    Cancelled,
-    /// Not to fire yet: to be filed again at this tick (its deadline if pushed back, the
-    /// next tick if a reset holds it locked).
-    Refile(u64),
-}
-
-/// Claims a timer that was filed, just taken off a due list, as due by `now_tick`: the one
-/// judgement the wheel's holder and walkers share.
-pub(crate) fn claim_node(node: &TimerNode, now_tick: u64) -> Claim {
-    loop {
-        let seen = node.state.observe();
-        match seen.phase() {
-            Phase::Cancelled => {
-                node.state.keep_filed();
-                return Claim::Cancelled;
-            }
-            // A reset is mid-write: look again next tick.
-            Phase::Pending if seen.is_locked() => return Claim::Refile(now_tick + 1),
-            Phase::Pending => {
-                let deadline = node.deadline();
-                if deadline > now_tick {
-                    return Claim::Refile(deadline);
-                }
-                // Claimed now, so that whoever runs it holds it and a cancel from here on
-                // finds it firing.
-                if node.state.try_fire(seen) {
-                    return Claim::Fired;
-                }
-            }
-            phase => {
-                debug_assert!(false, "a {phase:?} timer in the wheel");
-                return Claim::Cancelled;
-            }
-        }
-    }
 }
 
 /// Which end of a list a walker takes from.
@@ -291,7 +230,7 @@ impl HandOuts {
     /// `out.len()` timers of them, claims the due ones into `out`, and gives the lists back.
     /// Returns how many it claimed and the tick they were due by; `None` if it found no
     /// open list.
-    fn walk(&self, pool: &Pool, out: &mut [u32], from: usize) -> Option<(usize, u64)> {
+    pub(crate) fn walk(&self, pool: &Pool, out: &mut [u32], from: usize) -> Option<(usize, u64)> {
         let mine = loop {
             let open = self.flags.open.load(Ordering::Relaxed);
             if open == 0 {
@@ -340,7 +279,7 @@ impl HandOuts {
                     let Some(node) = pool.node(index) else {
                         continue;
                     };
-                    match claim_node(node, due) {
+                    match node.claim(due) {
                         Claim::Fired => {
                             out[claimed] = index;
                             claimed += 1;
@@ -392,32 +331,6 @@ fn first_open(open: u64, from: usize) -> u64 {
     pick.rotate_left(turn)
 }
 
-/// Walks one batch of `shard`'s open lists, unless a shutdown has begun, and calls `run`
-/// with what it claimed and the tick it was due by, still in the shard's hands. `walker`
-/// (a worker's index) spreads walkers over the lists. Returns whether it found a list to
-/// walk.
-pub(crate) fn walk(
-    shard: &ShardParts,
-    shutdown: &AtomicBool,
-    walker: usize,
-    run: impl FnOnce(&[u32], u64),
-) -> bool {
-    if !shard.hand_outs.is_open() || !shard.enter_hands(shutdown) {
-        return false;
-    }
-    let mut batch = [0_u32; WALK_BATCH];
-    let walked = shard
-        .hand_outs
-        .walk(&shard.pool, &mut batch, walker * WALK_LISTS);
-    if let Some((claimed, due)) = walked
-        && claimed > 0
-    {
-        run(&batch[..claimed], due);
-    }
-    shard.leave_hands();
-    walked.is_some()
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use std::sync::Arc;
@@ -453,7 +366,7 @@ mod tests {
         let shared = engine.shared();
         let shard = &shared.shards[0];
         let mut ran = 0;
-        while super::walk(shard, &shared.shutdown, 0, |batch, due| {
+        while shard.walk_hand_outs(&shared.shutdown, 0, |batch, due| {
             ran += runner::run(shard, batch, due, false);
         }) {}
         ran

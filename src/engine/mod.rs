@@ -578,7 +578,7 @@ impl TimerEngine {
             // open, wait out a walker holding the rest. After a shutdown the last turn
             // takes them back.
             let walked = look.lists_out
-                && hand_out::walk(shard, &shared.shutdown, 0, |batch, due| {
+                && shard.walk_hand_outs(&shared.shutdown, 0, |batch, due| {
                     fired += runner::run(shard, batch, due, true);
                 });
             shard.set_running(false);

@@ -12,7 +12,7 @@ use std::ptr::NonNull;
 use std::task::Waker;
 
 use crate::engine::counters::ShardCounters;
-use crate::engine::hand_out::HandOuts;
+use crate::engine::hand_out::{HandOuts, WALK_BATCH, WALK_LISTS};
 use crate::engine::lane::Lane;
 use crate::engine::pool::Pool;
 use crate::engine::timer_node::TimerNode;
@@ -200,6 +200,32 @@ impl ShardParts {
 
     pub(crate) fn leave_hands(&self) {
         self.in_hands.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Walks one batch of this shard's handed-out lists, unless a shutdown has begun, and
+    /// calls `run` with what it claimed and the tick it was due by, still in the shard's
+    /// hands. `walker` (a worker's index) spreads walkers over the lists. Returns whether it
+    /// found a list to walk.
+    pub(crate) fn walk_hand_outs(
+        &self,
+        shutdown: &AtomicBool,
+        walker: usize,
+        run: impl FnOnce(&[u32], u64),
+    ) -> bool {
+        if !self.hand_outs.is_open() || !self.enter_hands(shutdown) {
+            return false;
+        }
+        let mut batch = [0_u32; WALK_BATCH];
+        let walked = self
+            .hand_outs
+            .walk(&self.pool, &mut batch, walker * WALK_LISTS);
+        if let Some((claimed, due)) = walked
+            && claimed > 0
+        {
+            run(&batch[..claimed], due);
+        }
+        self.leave_hands();
+        walked.is_some()
     }
 
     /// Waits until no other worker holds this shard's timers; the caller has set the

@@ -7,7 +7,7 @@ use crate::engine::callback::Callback;
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::mpsc::{Link, Linked};
-use crate::sync::timer_state::TimerState;
+use crate::sync::timer_state::{Phase, TimerState};
 use crate::wheel::location::{Location, NIL};
 
 /// A timer node. `#[repr(C)]` with the link first, so a link pointer is a node pointer;
@@ -174,6 +174,50 @@ unsafe impl Linked for TimerNode {
 
     unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self> {
         link.cast()
+    }
+}
+
+/// What a walker or the wheel's holder does with a due timer it took off a list.
+pub(crate) enum Claim {
+    /// Moved to firing: the taker holds it, to run.
+    Fired,
+    /// Cancelled, left to its cancel's message, which frees it.
+    Cancelled,
+    /// Not to fire yet: to be filed again at this tick (its deadline if pushed back, the
+    /// next tick if a reset holds it locked).
+    Refile(u64),
+}
+
+impl TimerNode {
+    /// Claims a timer that was filed, just taken off a due list, as due by `now_tick`: the
+    /// one judgement the wheel's holder and the walkers of handed-out lists share.
+    pub(crate) fn claim(&self, now_tick: u64) -> Claim {
+        loop {
+            let seen = self.state.observe();
+            match seen.phase() {
+                Phase::Cancelled => {
+                    self.state.keep_filed();
+                    return Claim::Cancelled;
+                }
+                // A reset is mid-write: look again next tick.
+                Phase::Pending if seen.is_locked() => return Claim::Refile(now_tick + 1),
+                Phase::Pending => {
+                    let deadline = self.deadline();
+                    if deadline > now_tick {
+                        return Claim::Refile(deadline);
+                    }
+                    // Claimed now, so that whoever runs it holds it and a cancel from here on
+                    // finds it firing.
+                    if self.state.try_fire(seen) {
+                        return Claim::Fired;
+                    }
+                }
+                phase => {
+                    debug_assert!(false, "a {phase:?} timer in the wheel");
+                    return Claim::Cancelled;
+                }
+            }
+        }
     }
 }
 

@@ -11,13 +11,14 @@ use std::time::Instant;
 
 use crate::engine::counters::add;
 use crate::engine::forward_ring::{CHUNK, RING};
-use crate::engine::hand_out::{self, Claim, claim_node};
+use crate::engine::hand_out;
 use crate::engine::lane::Lane;
 use crate::engine::pool::FiledNodes;
 use crate::engine::pool::Magazine;
 use crate::engine::runner;
 use crate::engine::shard_parts::ShardParts;
 use crate::engine::shutdown::PendingTimers;
+use crate::engine::timer_node::Claim;
 use crate::engine::timer_node::TimerNode;
 use crate::engine::unfreed::{Unfreed, UnfreedBuilder};
 use crate::engine::wakes::Planned;
@@ -27,22 +28,10 @@ use crate::sync::mpsc::Pop;
 use crate::sync::run_queue::{Filler, MAX_RUN};
 use crate::sync::timer_state::{Phase, Received};
 use crate::time::ticks::Ticks;
+use crate::tuning::{CLAIM_BATCH, HAND_OUT_AT_LEAST, RECEIVE_AHEAD};
 use crate::wheel::core::WheelCore;
 use crate::wheel::geometry::Geometry;
 use crate::wheel::location::NIL;
-
-/// Due timers taken off the wheel at a time: enough for [`WheelCore::poll_batch`] to walk
-/// several due slots' lists in turn.
-const CLAIM_BATCH: usize = 64;
-
-/// How many nodes taking them off a lane or the inbox runs ahead of receiving them: enough
-/// for their cache misses to overlap (see [`WheelSide::receive_all`]).
-const RECEIVE_AHEAD: usize = 16;
-
-/// Due timers left after a look fills the run queue that make it hand their lists out
-/// rather than claim them itself (see [`hand_out`]): a few batches for each of a few
-/// walkers. Fewer are claimed in the next looks at no more cost than the hand-over's.
-const HAND_OUT_AT_LEAST: u32 = 1024;
 
 /// The wheel side of one shard. See the module documentation.
 pub(crate) struct WheelSide {
@@ -424,7 +413,7 @@ impl WheelSide {
         let Some(node_ref) = shard.pool.node(index) else {
             return 0;
         };
-        match claim_node(node_ref, now_tick) {
+        match node_ref.claim(now_tick) {
             Claim::Fired => {
                 let pushed = filler.push(index);
                 debug_assert!(pushed, "the run queue had room");

@@ -2,7 +2,6 @@
 //! may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use crate::engine::balance::UserCode;
-use crate::engine::hand_out;
 use crate::engine::runner;
 use crate::engine::shard_parts::AWAKE;
 use crate::engine::shared::EngineShared;
@@ -62,7 +61,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         if look.lists_out {
             // Walks its lists with the helpers; the rest is being walked for a batch at
             // most, and the next look takes them back.
-            let walked = hand_out::walk(shard, &shared.shutdown, index, |batch, due| {
+            let walked = shard.walk_hand_outs(&shared.shutdown, index, |batch, due| {
                 run_own(batch, now_tick.max(due));
             });
             if !walked {

@@ -8,6 +8,7 @@ use std::mem::size_of;
 use std::time::Instant;
 
 use crate::time::ticks::{NEVER, Ticks};
+use crate::tuning::{FILL_PER_TICK, INTERLEAVE, LOOKAHEAD_BUDGET, PRE_CASCADE_SLOTS, SPLIT};
 use crate::wheel::geometry::Geometry;
 use crate::wheel::list::{Links, List};
 use crate::wheel::location::{Filed, Location, NIL};
@@ -104,22 +105,6 @@ struct Level {
     /// on the slot's own. Empty on every other array.
     more: Box<[[List; SPLIT - 1]]>,
 }
-
-/// Lists per finest slot in a split wheel (the engine's), a timer's index choosing its
-/// list. A due slot is walked from both ends of each, so that many chains of cache misses
-/// are in flight where an unsplit slot has two: a burst is mostly one due slot at a time,
-/// as each tick comes. Cancels and resets are untouched: a timer's list is found from its
-/// location and index alone. Eight, sixteen chains in flight: draining 1M timers due over
-/// 10 ticks on one thread (`cargo bench --bench engine -- engine_due_drain/corewheel/1M`,
-/// six runs of each build in turns on a 2-core VM) took 41-49 ms, median 45, against 49-59
-/// ms, median 52, with four lists, and 46-53 ms with sixteen (three runs): likely more
-/// chains than the core keeps misses in flight for, which was not profiled. Two under
-/// loom, so that a model's few timers share lists: handed-out lists of more than one timer
-/// are what make walkers read and write links.
-#[cfg(not(loom))]
-const SPLIT: usize = 8;
-#[cfg(loom)]
-const SPLIT: usize = 2;
 
 impl Level {
     fn new(slots: usize, split: bool) -> Self {
@@ -234,34 +219,6 @@ enum NextWork {
     /// The overflow list's next epoch begins.
     Overflow,
 }
-
-/// Timers moved from the next block's coarse slot into the lookahead a tick, at least, by
-/// the tick's polls that find nothing due: a few hundred microseconds of cache misses at
-/// most, so a tick is never delayed by as much as a millisecond of moves. A tick moves
-/// more when the block's start is near (see [`WheelCore::fill_budget`]), and a slot of no
-/// more than this is left to the flip, which moves it at as little cost.
-const LOOKAHEAD_BUDGET: usize = 1024;
-
-/// Slots of the level below, the last ones under the current coarse slot, in which
-/// [`WheelCore::pre_cascade`] moves the next coarse slot's timers down: those due in a slot
-/// of the level below that `elapsed` has passed can wait there (as its next rotation), so
-/// each slot of the window moves what is due before it, and a slot's timers are walked at
-/// most this many times. The last slot alone (64 ticks at level 2) was too short for a
-/// coarse slot of a million timers while a storm fired: the moves fell behind, and the
-/// boundary made the rest, 8-12 ms of them in one poll at a 250 us tick.
-const PRE_CASCADE_SLOTS: usize = 4;
-
-/// Due finest slots [`WheelCore::poll_batch`] takes from in turn: the cache misses it keeps
-/// in flight while walking their lists.
-const INTERLEAVE: usize = 16;
-
-/// The pace the wheel plans its moves ahead of time at: timers a tick. A coarse slot of
-/// `n` timers gets its first move `n / FILL_PER_TICK` ticks before it begins, or as early
-/// as the move can start if that is later (the block before, for the next block; the last
-/// [`PRE_CASCADE_SLOTS`] slots of the level below, for a level-2+ slot), and each later
-/// tick moves twice its share of what is left (however often it polls), so that moving a
-/// million timers due in the same second never holds up a due timer by much.
-const FILL_PER_TICK: u64 = 2 * LOOKAHEAD_BUDGET as u64;
 
 /// How many of `left` timers a tick moves ahead of time when `ticks_left` ticks remain
 /// before they must all have moved: twice its share, and never fewer than
