@@ -24,7 +24,7 @@ pub mod shard_steps {
         let shared = engine.shared();
         let (shard_ref, now) = (&shared.shards[shard], shared.clock.now());
         let look = shard_ref.owner_look(now, shared.ticks.floor(now));
-        look.unfreed.free(shard_ref);
+        look.deferred_drops.free(shard_ref);
         look.claimed
     }
 
@@ -74,7 +74,7 @@ pub mod shard_steps {
 
     /// The wheel's holder (waiting out another's hold) hands out the lists of shard
     /// `shard`'s due slots whole, however few timers they hold, as an owner's look does with
-    /// a burst (see `engine::hand_out`). Until every list is walked, the owner's looks do
+    /// a burst (see `engine::due_lists`). Until every list is walked, the owner's looks do
     /// nothing else. Returns whether it handed any out.
     pub fn hand_out(engine: &TimerEngine, shard: usize) -> bool {
         let shared = engine.shared();
@@ -101,7 +101,7 @@ pub mod shard_steps {
         let shared = engine.shared();
         let shard_ref = &shared.shards[shard];
         let look = shard_ref.owner_look(now, shared.ticks.floor(now));
-        look.unfreed.free(shard_ref);
+        look.deferred_drops.free(shard_ref);
         look.claimed
     }
 
@@ -164,7 +164,7 @@ pub mod shard_steps {
         pub fn wake(self, engine: &TimerEngine) {
             let shared = engine.shared();
             shared.balance.end_idle(self.idle);
-            shared.shards[self.shard].plan_wake(crate::engine::shard_parts::AWAKE);
+            shared.shards[self.shard].plan_wake(crate::engine::shard_state::AWAKE);
         }
     }
 
@@ -394,14 +394,14 @@ impl Lane {
 pub const FORWARD_RING: usize = crate::engine::forward_ring::RING;
 
 /// A shard's urgent tick, as resets of timers in transit ask for it and the worker takes
-/// it ([`crate::engine::shard_parts::ShardParts`]).
-pub struct Urgency(crate::engine::shard_parts::ShardParts);
+/// it ([`crate::engine::shard_state::ShardState`]).
+pub struct Urgency(crate::engine::shard_state::ShardState);
 
 impl Urgency {
     /// No urgency asked for.
     #[allow(clippy::new_without_default, reason = "test-only wrapper")]
     pub fn new() -> Self {
-        Self(crate::engine::shard_parts::ShardParts::new(1))
+        Self(crate::engine::shard_state::ShardState::new(1))
     }
 
     /// Asks the worker to take every lane by tick `need`.

@@ -239,7 +239,7 @@ fn schedules_from_two_threads_each_fire_once() {
 /// then the flag load) rests on `SeqCst` loads and stores, which loom models as `AcqRel`
 /// only (loom's README, "Unsupported features"). A `SeqCst` fence, which loom does model,
 /// stands in for what the `SeqCst` accesses promise. The library fences on both sides
-/// too: the last turn (`WheelSide::finish`) before it reads the lanes, and the schedule in
+/// too: the last turn (`HeldWheel::finish`) before it reads the lanes, and the schedule in
 /// `Shard::wake_for`, which it calls after pushing onto its empty lane. That thread's lane
 /// is empty again before it exits, so closing it races the checks harmlessly.
 ///

@@ -123,7 +123,7 @@ fn need_covers_every_index_published_before_it_is_read() {
 }
 
 /// The wake-up handshake: the consumer publishes the tick it plans to wake at, then reads
-/// the ring's need (as `Shard::plan_wake` then `WheelSide::must_turn_before`); the
+/// the ring's need (as `Shard::plan_wake` then `HeldWheel::must_turn_before`); the
 /// producer publishes and then reads the plan, and would wake the consumer for an earlier
 /// need (as `Shard::wake_for`). Both put a `SeqCst` fence between their write and their
 /// read, as the engine does. Either the producer would wake the consumer, or the consumer

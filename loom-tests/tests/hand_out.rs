@@ -1,4 +1,4 @@
-//! Handed-out lists of due timers (`engine::hand_out`), one shard driven by hand: the
+//! Handed-out lists of due timers (`engine::due_lists`), one shard driven by hand: the
 //! wheel's holder hands its due slots' lists out whole, and walkers on other threads claim
 //! and run their timers while a cancel, a reset, the owner's own turn or a shutdown races
 //! them. Each model checks that a timer runs exactly once unless a cancel returned `true`,

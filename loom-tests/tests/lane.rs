@@ -284,7 +284,7 @@ fn need_covers_every_node_parked_before_it_is_read() {
 
 /// The wake-up handshake that covers a park still under way when the worker reads the
 /// need. The worker publishes the tick it plans to wake at, then reads the lane's need
-/// (as `Shard::plan_wake` then `WheelSide::must_turn_before`); the producer pushes a node on
+/// (as `Shard::plan_wake` then `HeldWheel::must_turn_before`); the producer pushes a node on
 /// the young stack and parks one on the old stack, and after each that lowered the need
 /// reads the plan and would wake the worker for an earlier need (as `Shard::wake_for`).
 /// Both sides put a `SeqCst` fence between their write and their read, as the engine

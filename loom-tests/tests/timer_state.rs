@@ -24,7 +24,7 @@ enum Owner {
     Skipped,
 }
 
-/// The wheel holder's expiry step (`WheelSide::claim_due`, then the runner) for one timer, against the deadline
+/// The wheel holder's expiry step (`HeldWheel::claim_due`, then the runner) for one timer, against the deadline
 /// stored beside the state word.
 fn expire(state: &TimerState, deadline: &AtomicU64, now: u64) -> Owner {
     loop {

@@ -16,7 +16,7 @@
 //! sleeps only until within `rescue_after` ticks anyway and will see it then. Only a
 //! worker running user code can be stuck: an owner running its own callbacks, or dropping
 //! the captures of timers its look freed (after letting the wheel go, see
-//! [`unfreed`](crate::engine::unfreed)), or a worker doing either for another shard as it
+//! [`deferred_drops`](crate::engine::deferred_drops)), or a worker doing either for another shard as it
 //! helps, which marks its own shard running meanwhile (its wheel goes unlooked at too).
 //! At most one worker watches, so an idle engine costs no CPU at any worker count; while
 //! an owner is stuck, the watcher stands in when its timers come due and otherwise looks
@@ -38,7 +38,7 @@ use std::time::Instant;
 use crate::engine::counters::add;
 use crate::engine::runner;
 use crate::engine::shard::Shard;
-use crate::engine::shard_parts::AWAKE;
+use crate::engine::shard_state::AWAKE;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use crate::sync::run_queue::MAX_RUN;
 pub(crate) use crate::tuning::STEAL_MIN;
@@ -120,7 +120,7 @@ impl Balance {
     }
 
     /// An owner begins dropping the captures of timers its look freed (it has just marked
-    /// itself running; see [`Unfreed`](crate::engine::unfreed::Unfreed)): someone must
+    /// itself running; see [`DeferredDrops`](crate::engine::deferred_drops::DeferredDrops)): someone must
     /// watch, as in [`running`](Self::running), but it records no run, so a watcher woken
     /// for it does not linger. Lingering keeps owners that run timers now and then from
     /// waking each other at every run; a drop of cancelled captures rarely takes long,
@@ -446,9 +446,9 @@ pub(crate) fn stand_in(
     if let Some(look) = shard.with_wheel(|wheel| wheel.extract(shard, now)) {
         add(&shard.counters.rescued, look.claimed as u64);
         now_tick = look.now_tick;
-        if !look.unfreed.is_empty() {
+        if !look.deferred_drops.is_empty() {
             Helper::with_user_code(helper, now_tick, UserCode::Drops, || {
-                look.unfreed.free(shard);
+                look.deferred_drops.free(shard);
             });
         }
     }
@@ -559,7 +559,7 @@ mod tests {
         let shard = &shared.shards[home];
         let look = shard.with_wheel_waiting(|wheel| wheel.extract(shard, clock.now()));
         assert_eq!(look.claimed, timers);
-        look.unfreed.free(shard);
+        look.deferred_drops.free(shard);
         (engine, clock, home)
     }
 
@@ -611,7 +611,7 @@ mod tests {
         let shared = engine.shared();
         let shard = &shared.shards[home];
         let look = shard.with_wheel_waiting(|wheel| wheel.extract(shard, clock.now()));
-        look.unfreed.free(shard);
+        look.deferred_drops.free(shard);
         for handle in handles {
             assert!(engine.cancel(handle));
         }

@@ -136,7 +136,7 @@ impl Callback {
 
     /// Whether dropping the callback would run code of its own (a capture's or a waker's
     /// `Drop`), which may block: the wheel's holder leaves it until it lets the wheel go
-    /// ([`Unfreed`](crate::engine::unfreed::Unfreed)).
+    /// ([`DeferredDrops`](crate::engine::deferred_drops::DeferredDrops)).
     pub(crate) fn drops_anything(&self) -> bool {
         let Some(shim) = self.shim else {
             return false;

@@ -11,7 +11,7 @@
 //! tick it means to be polled at (`wake_at`), after storing its waker; a thread whose timer
 //! is due sooner swaps `wake_at` to awake and wakes the waker, exactly as it would unpark a
 //! worker. After publishing, the driver looks once more for anything that arrived before
-//! the plan ([`must_turn_before`](crate::engine::wheel_side::WheelSide::must_turn_before)).
+//! the plan ([`must_turn_before`](crate::engine::held_wheel::HeldWheel::must_turn_before)).
 
 use std::future::Future;
 use std::marker::PhantomPinned;
@@ -20,9 +20,9 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use crate::engine::TimerEngine;
-use crate::engine::shard_parts::AWAKE;
+use crate::engine::reentrancy::Turn;
+use crate::engine::shard_state::AWAKE;
 use crate::engine::shared::EngineShared;
-use crate::engine::thread_role::Turn;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 

@@ -41,7 +41,7 @@ impl ForwardRing {
     }
 
     /// Publishes `indices`, needed by tick `need`, or nothing (`None`) if they do not all
-    /// fit. Returns the ring's need for [`wake_for`](crate::engine::shard_parts::ShardParts::wake_for):
+    /// fit. Returns the ring's need for [`wake_for`](crate::engine::shard_state::ShardState::wake_for):
     /// at most the next tick from [`WAKE_AT`] entries, `now` from twice that, so a sleeping
     /// consumer empties it before it fills.
     ///

@@ -24,12 +24,12 @@
 //!    node indices on the lane's [`forward_ring`] (or, when it is full, as a chain on the
 //!    shard's inbox, [`mpsc`](crate::sync::mpsc)).
 //! 4. The shard's owner, a [`worker`] thread, looks at its wheel ([`shard`]'s `owner_look`,
-//!    [`wheel_side`]'s `extract`): it takes every lane whose need has come, the forward
+//!    [`held_wheel`]'s `extract`): it takes every lane whose need has come, the forward
 //!    rings and the inbox, and files each node in its wheel
 //!    ([`WheelCore`](crate::wheel::core::WheelCore)): *pending, filed*.
 //! 5. When the node's tick comes, the same look claims it (*firing*) onto the shard's run
 //!    queue ([`run_queue`](crate::sync::run_queue)); a burst too big for the queue is
-//!    handed out as whole lists instead ([`hand_out`]).
+//!    handed out as whole lists instead ([`due_lists`]).
 //! 6. The owner, or an idle worker that steals the run ([`balance`]), runs it: [`runner`]
 //!    calls the callback (a panic is caught, [`panics`]) and gives the node back to the pool,
 //!    or, for a repeating timer ([`periodic`]), sends it back to the owner to be filed again.
@@ -37,17 +37,17 @@
 //! A cancel or reset from any thread changes the node's state word; when the wheel must
 //! change, the node travels to the owner as a message on the canceller's lane, and the
 //! owner unlinks and frees it (captures with a `Drop` of their own are dropped after the
-//! look lets go of the wheel, [`unfreed`]). An owner stuck in a slow callback is stood in
+//! look lets go of the wheel, [`deferred_drops`]). An owner stuck in a slow callback is stood in
 //! for by another worker ([`balance`]). A [driven](EngineBuilder::driven) engine has no
 //! worker threads: a [`driver`] future per shard, on the application's runtime, takes the
 //! owner's part. Shutdown gives every shard a last turn that runs or drops what is
-//! pending ([`wheel_side`]'s `finish`).
+//! pending ([`held_wheel`]'s `finish`).
 //!
 //! # Ground rules
 //!
 //! Who may touch what, and when. Every `unsafe` block in this layer relies on one of these.
 //!
-//! 1. **A shard's wheel side** ([`wheel_side::WheelSide`]) is touched only by the thread
+//! 1. **A shard's held wheel** ([`held_wheel::HeldWheel`]) is touched only by the thread
 //!    holding the shard's `HELD` bit ([`shard::Shard::with_wheel`]): its owner, a worker
 //!    standing in for a stuck owner for one look, the thread turning an engine driven by
 //!    hand, or after the last turn a thread sweeping what it pushed.
@@ -59,9 +59,9 @@
 //!    thread at a time, as the phase says: *free*, whoever took it from the pool; *in
 //!    transit*, the arming thread, then whoever takes it off the one queue it is on;
 //!    *filed*, the wheel's holder, or the holder of the handed-out list it is on
-//!    ([`hand_out`]); *firing*, whoever claimed it, then whoever takes its run-queue entry;
+//!    ([`due_lists`]); *firing*, whoever claimed it, then whoever takes its run-queue entry;
 //!    *cancelled* or *done*, whoever holds it once no message names it (a look keeps
-//!    holding the nodes it leaves to [`unfreed`] until their captures are dropped). A
+//!    holding the nodes it leaves to [`deferred_drops`] until their captures are dropped). A
 //!    pending waker timer's `Sleep`, holding the reset lock, may replace the waker in the
 //!    callback cell ([`waker_timer`]).
 //! 3. **Queues have one producer.** A thread's lane, and its forward ring, are pushed only
@@ -77,34 +77,34 @@
 //!    Shutdown sets the flag, then each shard's last turn collects every queue, waits for
 //!    other hands and runs or drops what is pending; a push made after the flag checks it
 //!    again (sequentially consistent on both sides) and asks for a sweep, and a shutdown
-//!    or drop on a worker thread joins no worker ([`thread_role`]).
+//!    or drop on a worker thread joins no worker ([`reentrancy`]).
 
 pub(crate) mod balance;
 pub(crate) mod builder;
 pub(crate) mod callback;
 pub(crate) mod context;
 pub(crate) mod counters;
+pub(crate) mod deferred_drops;
 pub(crate) mod driver;
+pub(crate) mod due_lists;
 pub(crate) mod forward_ring;
-pub(crate) mod hand_out;
 pub(crate) mod handle;
+pub(crate) mod held_wheel;
 pub(crate) mod lane;
 pub(crate) mod panics;
 pub(crate) mod periodic;
 pub(crate) mod pool;
 pub(crate) mod producer;
+pub(crate) mod reentrancy;
 pub(crate) mod runner;
 pub(crate) mod shard;
-pub(crate) mod shard_parts;
+pub(crate) mod shard_state;
 pub(crate) mod shared;
 pub(crate) mod shutdown;
 pub(crate) mod stats;
-pub(crate) mod thread_role;
 pub(crate) mod timer_node;
-pub(crate) mod unfreed;
 pub(crate) mod waker_timer;
 pub(crate) mod wakes;
-pub(crate) mod wheel_side;
 // loom models drive engines by hand, without worker threads.
 #[cfg(not(loom))]
 mod worker;
@@ -118,11 +118,11 @@ use crate::engine::builder::EngineBuilder;
 use crate::engine::counters::read;
 use crate::engine::handle::TimerHandle;
 use crate::engine::periodic::{MissedTicks, Period};
+use crate::engine::reentrancy::Turn;
 use crate::engine::shard::Shard;
 use crate::engine::shared::{EngineShared, When};
 use crate::engine::shutdown::{PendingTimers, ShutdownReport};
 use crate::engine::stats::{ShardStats, Stats};
-use crate::engine::thread_role::Turn;
 use crate::engine::wakes::WakeCounters;
 use crate::error::{BuildError, ScheduleError};
 use crate::sync::Arc;
@@ -569,8 +569,8 @@ impl TimerEngine {
             let now_tick = shared.ticks.floor(now);
             let look = shard.owner_look(now, now_tick);
             shard.set_running(true);
-            // Captures' `Drop`s, outside the wheel, like callbacks (see `Unfreed`).
-            look.unfreed.free(shard);
+            // Captures' `Drop`s, outside the wheel, like callbacks (see `DeferredDrops`).
+            look.deferred_drops.free(shard);
             while let Some(run) = shard.run.take(MAX_RUN) {
                 fired += runner::run(shard, run.indices(), now_tick, true);
             }
@@ -682,10 +682,10 @@ impl TimerEngine {
             // nobody can be waiting for: not a worker, and inside no turn of any engine (two
             // callbacks on two threads may each be shutting down the other's engine).
             // Otherwise the threads turning those shards finish them when their turns end.
-            let wait = !thread_role::is_worker() && !thread_role::in_any_turn();
+            let wait = !reentrancy::is_worker() && !reentrancy::in_any_turn();
             let turn = match Turn::begin(self.shared.id.get()) {
                 // From inside a callback, the turn running it finishes instead, once over.
-                Err(thread_role::NoTurn::Inside) => return,
+                Err(reentrancy::NoTurn::Inside) => return,
                 // An exiting thread is inside no turn, and marks none: a nested `turn`
                 // there returns 0 anyway.
                 begun => begun.ok(),
@@ -704,7 +704,7 @@ impl TimerEngine {
         // one that drops the engine that worker belongs to). The workers finish by
         // themselves once their callbacks return, and their handles stay for a later call
         // from a thread that can wait.
-        if thread_role::is_worker() {
+        if reentrancy::is_worker() {
             return;
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));

@@ -13,8 +13,8 @@ use crate::engine::handle::TimerHandle;
 use crate::engine::lane::{CLAIM_EVERY, Chain, ChainBuilder, Lane, OLD_HORIZON};
 use crate::engine::pool::Magazine;
 use crate::engine::shard::Shard;
-use crate::engine::shard_parts::AWAKE;
-use crate::engine::shard_parts::ShardParts;
+use crate::engine::shard_state::AWAKE;
+use crate::engine::shard_state::ShardState;
 use crate::engine::shared::{EngineShared, When};
 use crate::engine::timer_node::TimerNode;
 use crate::error::ScheduleError;
@@ -598,7 +598,7 @@ impl ForwardBatch {
     /// The caller is `lane`'s producer.
     unsafe fn push(
         &mut self,
-        (lane, shard): (&Lane, &ShardParts),
+        (lane, shard): (&Lane, &ShardState),
         node: NonNull<TimerNode>,
         need: u64,
         now: u64,
@@ -616,7 +616,7 @@ impl ForwardBatch {
     ///
     /// # Safety
     /// The caller is `lane`'s producer.
-    unsafe fn flush(&mut self, lane: &Lane, shard: &ShardParts, now: u64) {
+    unsafe fn flush(&mut self, lane: &Lane, shard: &ShardState, now: u64) {
         let indices = &self.indices[..self.len];
         // SAFETY: the caller is the lane's producer.
         match unsafe { lane.forward.publish(indices, self.need, now) } {
@@ -636,7 +636,7 @@ impl ForwardBatch {
     ///
     /// # Safety
     /// The caller is `lane`'s producer, and holds every node of the batch.
-    unsafe fn send(mut self, lane: &Lane, shard: &ShardParts, now: u64) {
+    unsafe fn send(mut self, lane: &Lane, shard: &ShardState, now: u64) {
         // SAFETY: forwarded from the caller.
         unsafe { self.flush(lane, shard, now) };
         if let Some(need) = self.published {

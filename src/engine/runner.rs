@@ -10,7 +10,7 @@ use std::ptr::NonNull;
 
 use crate::engine::counters::add;
 use crate::engine::pool::{BATCH, Magazine};
-use crate::engine::shard_parts::ShardParts;
+use crate::engine::shard_state::ShardState;
 use crate::engine::timer_node::TimerNode;
 use crate::sync::atomic::Ordering;
 use crate::sync::timer_state::{AfterFire, Phase};
@@ -18,7 +18,7 @@ use crate::sync::timer_state::{AfterFire, Phase};
 /// Runs every timer of `run`, claimed from `shard`'s wheel (taken off its run queue, or
 /// claimed from a list it handed out), at `now_tick`; `by_owner` when the shard's own
 /// worker runs it. Returns the callbacks run.
-pub(crate) fn run(shard: &ShardParts, run: &[u32], now_tick: u64, by_owner: bool) -> usize {
+pub(crate) fn run(shard: &ShardState, run: &[u32], now_tick: u64, by_owner: bool) -> usize {
     let mut freed = Magazine::EMPTY;
     let (mut fired, mut late, mut completed) = (0_u64, 0_u64, 0_u64);
     // A run's nodes are independent lines, often last touched on another core: start all
@@ -76,7 +76,7 @@ pub(crate) fn run(shard: &ShardParts, run: &[u32], now_tick: u64, by_owner: bool
 }
 
 /// Runs a claimed timer's callback, catching and counting a panic and counting the run.
-pub(crate) fn run_callback(shard: &ShardParts, node: &TimerNode) {
+pub(crate) fn run_callback(shard: &ShardState, node: &TimerNode) {
     if run_claimed(shard, node) {
         add(&shard.counters.fired, 1);
     }
@@ -85,7 +85,7 @@ pub(crate) fn run_callback(shard: &ShardParts, node: &TimerNode) {
 /// Runs a claimed timer's callback unless it must not run any more: a repeating timer
 /// cancelled while it waited on the queue, or a waker timer whose `Sleep` was dropped
 /// before its wake began. Returns whether it ran.
-fn run_claimed(shard: &ShardParts, node: &TimerNode) -> bool {
+fn run_claimed(shard: &ShardState, node: &TimerNode) -> bool {
     let seen = node.state.observe();
     let run = if seen.is_waker() {
         node.state.begin_wake()
@@ -99,7 +99,7 @@ fn run_claimed(shard: &ShardParts, node: &TimerNode) -> bool {
 }
 
 /// Runs a claimed timer's callback, catching and counting a panic.
-fn run_callback_uncounted(shard: &ShardParts, node: &TimerNode) {
+fn run_callback_uncounted(shard: &ShardState, node: &TimerNode) {
     // SAFETY: the caller claimed the timer (its state says Firing), so this thread holds
     // the node until it settles it.
     let panicked = unsafe {
@@ -111,7 +111,7 @@ fn run_callback_uncounted(shard: &ShardParts, node: &TimerNode) {
 /// Gives a node the caller holds back: drops any callback, moves the generation on, and
 /// puts the node on `freed` for the shard's pool, handing `freed` to the pool once it
 /// holds a [`BATCH`].
-pub(crate) fn free_into(shard: &ShardParts, node: NonNull<TimerNode>, freed: &mut Magazine) {
+pub(crate) fn free_into(shard: &ShardState, node: NonNull<TimerNode>, freed: &mut Magazine) {
     // SAFETY: the caller holds the node exclusively (nothing else will touch it until the
     // generation moves on below).
     let node_ref = unsafe { node.as_ref() };

@@ -1,4 +1,4 @@
-//! One shard: its [`ShardParts`], and its wheel side behind a hand-over flag, so another
+//! One shard: its [`ShardState`], and its held wheel behind a hand-over flag, so another
 //! worker can stand in for a stuck owner. Ground rules: [`engine`](crate::engine).
 
 use std::ops::Deref;
@@ -6,24 +6,24 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use crate::engine::shard_parts::ShardParts;
+use crate::engine::held_wheel::{Extracted, HeldWheel};
+use crate::engine::shard_state::ShardState;
 use crate::engine::shutdown::PendingTimers;
-use crate::engine::wheel_side::{Extracted, WheelSide};
 use crate::sync::UnsafeCell;
 use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use crate::time::ticks::Ticks;
 
-/// In `wheel_hold`: a thread holds the wheel side.
+/// In `wheel_hold`: a thread holds the wheel.
 const HELD: u8 = 1;
 /// In `wheel_hold`, only with [`HELD`]: a sweep is asked of the holder.
 const SWEEP: u8 = 2;
 
-/// One shard, as seen from any thread: its parts, and its wheel side.
+/// One shard, as seen from any thread: its shared state, and its held wheel.
 pub(crate) struct Shard {
-    parts: ShardParts,
-    /// The wheel side, touched only by the thread whose [`HELD`] bit is in `wheel_hold`.
-    wheel: UnsafeCell<WheelSide>,
-    /// [`HELD`] while a thread holds the wheel side, with [`SWEEP`] when a thread that
+    parts: ShardState,
+    /// The held wheel, touched only by the thread whose [`HELD`] bit is in `wheel_hold`.
+    wheel: UnsafeCell<HeldWheel>,
+    /// [`HELD`] while a thread holds the wheel, with [`SWEEP`] when a thread that
     /// pushed late at shutdown asks the holder to sweep before letting go. One word,
     /// changed only by read-modify-writes, so a request and a release cannot miss each other.
     wheel_hold: CachePadded<AtomicU8>,
@@ -36,35 +36,35 @@ pub(crate) struct Shard {
 unsafe impl Sync for Shard {}
 
 impl Deref for Shard {
-    type Target = ShardParts;
+    type Target = ShardState;
 
     #[inline]
-    fn deref(&self) -> &ShardParts {
+    fn deref(&self) -> &ShardState {
         &self.parts
     }
 }
 
 impl Shard {
     /// `hands_out`: whether bursts' due lists go to other workers
-    /// ([`hand_out`](crate::engine::hand_out)).
+    /// ([`due_lists`](crate::engine::due_lists)).
     pub(crate) fn new(capacity: usize, ticks: Ticks, hands_out: bool) -> Self {
         Self {
-            parts: ShardParts::new(capacity),
-            wheel: UnsafeCell::new(WheelSide::new(ticks, hands_out)),
+            parts: ShardState::new(capacity),
+            wheel: UnsafeCell::new(HeldWheel::new(ticks, hands_out)),
             wheel_hold: CachePadded::new(AtomicU8::new(0)),
             finished: AtomicBool::new(false),
         }
     }
 
-    /// Runs `f` on the wheel side if no other thread holds it; `None` if one does. Nobody
+    /// Runs `f` on the held wheel if no other thread holds it; `None` if one does. Nobody
     /// waits long for the wheel, as a holder runs user code only in the last turn (ground
     /// rules 1 and 4 in [`engine`](crate::engine)).
-    pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> Option<R> {
+    pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut HeldWheel) -> R) -> Option<R> {
         self.try_hold_wheel().then(|| self.held_wheel(f))
     }
 
     /// [`with_wheel`](Self::with_wheel) for the owner, waiting out a stand-in's short hold.
-    pub(crate) fn with_wheel_waiting<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> R {
+    pub(crate) fn with_wheel_waiting<R>(&self, f: impl FnOnce(&mut HeldWheel) -> R) -> R {
         crate::sync::spin_until(|| self.try_hold_wheel().then_some(()));
         self.held_wheel(f)
     }
@@ -76,7 +76,7 @@ impl Shard {
     }
 
     /// Runs `f` on the wheel this thread has just come to hold, then lets it go.
-    fn held_wheel<R>(&self, f: impl FnOnce(&mut WheelSide) -> R) -> R {
+    fn held_wheel<R>(&self, f: impl FnOnce(&mut HeldWheel) -> R) -> R {
         // SAFETY: ground rule 1: `try_hold_wheel` succeeded, so this thread is the only
         // holder until `let_go_of_wheel`; its Acquire pairs with the last release.
         let result = self.wheel.with_mut(|wheel| f(unsafe { &mut *wheel }));
@@ -102,7 +102,7 @@ impl Shard {
     }
 
     /// By a thread that pushed onto this shard and then saw the engine shutting down: after
-    /// the last turn nobody takes what is pushed, so it sweeps the wheel side itself, or
+    /// the last turn nobody takes what is pushed, so it sweeps the held wheel itself, or
     /// leaves the sweep to the holder's release. Never waits.
     pub(crate) fn settle_after_shutdown(&self) {
         // Release: a holder seeing the request sees the push. Acquire: taking the wheel

@@ -1,11 +1,11 @@
-//! A worker thread: the owner of one shard's [`WheelSide`](crate::engine::wheel_side). Who
+//! A worker thread: the owner of one shard's [`HeldWheel`](crate::engine::held_wheel). Who
 //! may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use crate::engine::balance::UserCode;
+use crate::engine::reentrancy;
 use crate::engine::runner;
-use crate::engine::shard_parts::AWAKE;
+use crate::engine::shard_state::AWAKE;
 use crate::engine::shared::EngineShared;
-use crate::engine::thread_role;
 use crate::engine::wakes::{Planned, Woke};
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
@@ -14,7 +14,7 @@ use crate::sync::run_queue::MAX_RUN;
 /// A worker thread's life: look at the wheel, run what came due, help other shards when
 /// idle, sleep until the next deadline or a wake-up; at shutdown, one last turn.
 pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
-    thread_role::become_worker();
+    reentrancy::become_worker();
     crate::engine::context::set_home(shared, index);
     let shard = &shared.shards[index];
     let shards = &shared.shards[..];
@@ -29,10 +29,10 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         if let Some(woke) = woke_up.take() {
             shard.counters.wakes.count(woke, look.claimed);
         }
-        if !look.unfreed.is_empty() {
+        if !look.deferred_drops.is_empty() {
             // Captures' `Drop`s are user code: a watcher stands in if one blocks.
             balance.with_user_code((shards, shard), now_tick, UserCode::Drops, || {
-                look.unfreed.free(shard);
+                look.deferred_drops.free(shard);
             });
         }
         if shared.shutdown.load(Ordering::SeqCst) {

@@ -14,42 +14,42 @@ use std::ptr::NonNull;
 use crate::engine::lane::{Chain, ChainBuilder};
 use crate::engine::pool::Magazine;
 use crate::engine::runner;
-use crate::engine::shard_parts::ShardParts;
+use crate::engine::shard_state::ShardState;
 use crate::engine::timer_node::TimerNode;
 
 /// Nodes held by the thread that took them off a shard's wheel, their callbacks not yet
 /// dropped. Must be [`free`](Self::free)d, or the nodes never return to the pool.
 #[must_use = "the nodes return to the pool only through `free`"]
-pub(crate) struct Unfreed {
+pub(crate) struct DeferredDrops {
     chain: Option<Chain>,
 }
 
-/// Collects the nodes of one look (see [`Unfreed`]).
+/// Collects the nodes of one look (see [`DeferredDrops`]).
 #[derive(Default)]
-pub(crate) struct UnfreedBuilder {
+pub(crate) struct DeferredDropsBuilder {
     chain: ChainBuilder,
 }
 
 // SAFETY: ground rule 2: the chained nodes belong to the builder's holder (the wheel's);
 // moving the builder moves that hold.
-unsafe impl Send for UnfreedBuilder {}
+unsafe impl Send for DeferredDropsBuilder {}
 
-impl UnfreedBuilder {
+impl DeferredDropsBuilder {
     /// Adds a node the caller holds, on no list or queue, its generation not yet moved on.
     pub(crate) fn push(&mut self, node: NonNull<TimerNode>) {
         self.chain.push(node, 0);
     }
 
     /// What was collected, leaving the builder empty.
-    pub(crate) fn take(&mut self) -> Unfreed {
+    pub(crate) fn take(&mut self) -> DeferredDrops {
         let chain = std::mem::take(&mut self.chain);
-        Unfreed {
+        DeferredDrops {
             chain: (!chain.is_empty()).then(|| chain.into_chain()),
         }
     }
 }
 
-impl Unfreed {
+impl DeferredDrops {
     /// Nothing to free.
     pub(crate) const NONE: Self = Self { chain: None };
 
@@ -58,7 +58,7 @@ impl Unfreed {
     }
 
     /// Drops each node's callback (catching panics) and frees it; with the wheel let go.
-    pub(crate) fn free(mut self, shard: &ShardParts) {
+    pub(crate) fn free(mut self, shard: &ShardState) {
         let Some(chain) = self.chain.take() else {
             return;
         };
@@ -71,7 +71,7 @@ impl Unfreed {
     }
 }
 
-impl Drop for Unfreed {
+impl Drop for DeferredDrops {
     fn drop(&mut self) {
         debug_assert!(
             self.chain.is_none(),

@@ -1,8 +1,8 @@
-//! What every thread shares about one shard, but its wheel side: its node pool, its
+//! What every thread shares about one shard, but its held wheel: its node pool, its
 //! inbox, the lanes threads have opened into it, the handshake that wakes its worker, its
 //! run queue of claimed timers, and what its owner tells the workers that might stand in
-//! for it. The wheel side and the hand-over of it live in [`shard`](crate::engine::shard),
-//! which builds on this; the code that works on a shard's timers (its wheel side, the
+//! for it. The held wheel and the hand-over of it live in [`shard`](crate::engine::shard),
+//! which builds on this; the code that works on a shard's timers (its held wheel, the
 //! runner) takes these parts, so it needs no shard.
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
@@ -12,7 +12,7 @@ use std::ptr::NonNull;
 use std::task::Waker;
 
 use crate::engine::counters::ShardCounters;
-use crate::engine::hand_out::{HandOuts, WALK_BATCH, WALK_LISTS};
+use crate::engine::due_lists::{DueLists, WALK_BATCH, WALK_LISTS};
 use crate::engine::lane::Lane;
 use crate::engine::pool::Pool;
 use crate::engine::timer_node::TimerNode;
@@ -28,9 +28,9 @@ pub(crate) const AWAKE: u64 = 0;
 /// `last_run` of an owner that has not run a timer yet.
 const NEVER_RAN: u64 = u64::MAX;
 
-/// Everything of one shard but its wheel side: what producers, the owner and other
+/// Everything of one shard but its held wheel: what producers, the owner and other
 /// workers share.
-pub(crate) struct ShardParts {
+pub(crate) struct ShardState {
     pub(crate) pool: Pool,
     /// Batches forwarded from lanes, and single nodes from threads without a lane.
     pub(crate) inbox: Queue<TimerNode>,
@@ -65,7 +65,7 @@ pub(crate) struct ShardParts {
     /// Timers claimed from the wheel, waiting to run.
     pub(crate) run: RunQueue,
     /// Lists of due timers the wheel handed out, for any worker to claim and run.
-    pub(crate) hand_outs: HandOuts,
+    pub(crate) hand_outs: DueLists,
     signals: CachePadded<OwnerSignals>,
     /// Workers other than the owner that are running, or about to take, this shard's
     /// timers; the owner's last turn waits for them.
@@ -91,7 +91,7 @@ struct OwnerSignals {
     next_due: AtomicU64,
 }
 
-impl ShardParts {
+impl ShardState {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             pool: Pool::with_capacity(capacity),
@@ -107,7 +107,7 @@ impl ShardParts {
             has_driver: AtomicBool::new(false),
             counters: ShardCounters::default(),
             run: RunQueue::new(),
-            hand_outs: HandOuts::new(),
+            hand_outs: DueLists::new(),
             signals: CachePadded::new(OwnerSignals {
                 busy: AtomicBool::new(false),
                 heartbeat: AtomicU64::new(0),

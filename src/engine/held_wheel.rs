@@ -1,4 +1,4 @@
-//! A shard's wheel side: the wheel, the lanes it takes timers from, and what it has freed.
+//! A shard's held wheel: the wheel, the lanes it takes timers from, and what it has freed.
 //! Only the thread holding the shard's wheel touches it: its owner, or for a while a
 //! worker standing in for a stuck owner. Each look at the wheel takes what has come due on
 //! the lanes, drains the inbox, and claims due timers onto the shard's run queue, where
@@ -10,17 +10,17 @@ use std::ptr::NonNull;
 use std::time::Instant;
 
 use crate::engine::counters::add;
+use crate::engine::deferred_drops::{DeferredDrops, DeferredDropsBuilder};
+use crate::engine::due_lists;
 use crate::engine::forward_ring::{CHUNK, RING};
-use crate::engine::hand_out;
 use crate::engine::lane::Lane;
 use crate::engine::pool::FiledNodes;
 use crate::engine::pool::Magazine;
 use crate::engine::runner;
-use crate::engine::shard_parts::ShardParts;
+use crate::engine::shard_state::ShardState;
 use crate::engine::shutdown::PendingTimers;
 use crate::engine::timer_node::Claim;
 use crate::engine::timer_node::TimerNode;
-use crate::engine::unfreed::{Unfreed, UnfreedBuilder};
 use crate::engine::wakes::Planned;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
@@ -33,24 +33,24 @@ use crate::wheel::core::WheelCore;
 use crate::wheel::geometry::Geometry;
 use crate::wheel::location::NIL;
 
-/// The wheel side of one shard. See the module documentation.
-pub(crate) struct WheelSide {
+/// The held wheel of one shard. See the module documentation.
+pub(crate) struct HeldWheel {
     wheel: WheelCore,
     /// Nodes freed during this look, on their way back to the pool.
     freed: Magazine,
     /// Nodes taken off for good during this look whose callbacks' drop runs code of its
-    /// own: dropped once the wheel is let go (see [`Unfreed`]).
-    unfreed: UnfreedBuilder,
+    /// own: dropped once the wheel is let go (see [`DeferredDrops`]).
+    deferred_drops: DeferredDropsBuilder,
     lanes: Vec<Arc<Lane>>,
     lanes_version: u64,
     /// The shard's last turn has run, with what it did to pending timers: nothing is filed
     /// or claimed any more.
     finished: Option<PendingTimers>,
-    /// Whether a burst's due lists are handed out to other workers (see [`hand_out`]):
+    /// Whether a burst's due lists are handed out to other workers (see [`due_lists`]):
     /// on an engine with worker threads, stealing, and more than one worker.
     hands_out: bool,
     /// The bits of the lists handed out and not yet taken back: while any is out, a look
-    /// receives and files nothing (see [`hand_out`]).
+    /// receives and files nothing (see [`due_lists`]).
     handed: u64,
 }
 
@@ -72,8 +72,8 @@ pub(crate) struct Extracted {
     pub(crate) next_for: Planned,
     /// Timers the look took off for good whose callbacks are still to be dropped, by the
     /// caller once it has let the wheel go.
-    pub(crate) unfreed: Unfreed,
-    /// Lists of due timers are out (see [`hand_out`]): the look did nothing else, and the
+    pub(crate) deferred_drops: DeferredDrops,
+    /// Lists of due timers are out (see [`due_lists`]): the look did nothing else, and the
     /// wheel waits for walkers to walk them to the end before its next look does more.
     pub(crate) lists_out: bool,
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
@@ -91,20 +91,20 @@ impl Extracted {
             more_due: false,
             next,
             next_for: Planned::Wheel,
-            unfreed: Unfreed::NONE,
+            deferred_drops: DeferredDrops::NONE,
             lists_out,
             handed_out: false,
         }
     }
 }
 
-impl WheelSide {
+impl HeldWheel {
     /// `hands_out`: whether bursts' due lists are handed out to other workers.
     pub(crate) fn new(ticks: Ticks, hands_out: bool) -> Self {
         Self {
             wheel: WheelCore::new(ticks, Geometry::DEFAULT, true),
             freed: Magazine::EMPTY,
-            unfreed: UnfreedBuilder::default(),
+            deferred_drops: DeferredDropsBuilder::default(),
             lanes: Vec::new(),
             lanes_version: u64::MAX,
             finished: None,
@@ -115,7 +115,7 @@ impl WheelSide {
 
     /// One look at `now`: takes what is due on the lanes and the whole inbox, files it, and
     /// claims due timers onto the run queue while it has room.
-    pub(crate) fn extract(&mut self, shard: &ShardParts, now: Instant) -> Extracted {
+    pub(crate) fn extract(&mut self, shard: &ShardState, now: Instant) -> Extracted {
         if self.finished.is_some() {
             return Extracted::idle(self.wheel.elapsed(), None, false);
         }
@@ -168,7 +168,7 @@ impl WheelSide {
             more_due,
             next: next.filter(|&tick| tick != u64::MAX),
             next_for,
-            unfreed: self.unfreed.take(),
+            deferred_drops: self.deferred_drops.take(),
             lists_out: handed_out,
             handed_out,
         }
@@ -178,7 +178,7 @@ impl WheelSide {
     /// Whether anything arrived that the owner must see before `plan`: called after
     /// publishing the plan, so that a producer who missed it has been seen here. Also
     /// catches a timer a rescuer filed after the owner's last look.
-    pub(crate) fn must_turn_before(&self, shard: &ShardParts, plan: u64) -> bool {
+    pub(crate) fn must_turn_before(&self, shard: &ShardState, plan: u64) -> bool {
         // SAFETY: only the wheel's holder (the inbox's single consumer) calls this.
         let inbox = unsafe { shard.inbox.has_pending() };
         // Lists a stand-in handed out just before the owner got here: they are due work,
@@ -199,7 +199,7 @@ impl WheelSide {
         self.lanes.iter().filter_map(|lane| lane.need()).min()
     }
 
-    fn refresh_lanes(&mut self, shard: &ShardParts) {
+    fn refresh_lanes(&mut self, shard: &ShardState) {
         let version = shard.lanes_version.load(Ordering::Acquire);
         if version == self.lanes_version {
             return;
@@ -231,7 +231,7 @@ impl WheelSide {
 
     /// Takes the lanes whose need has come (every lane when `all`), and everything
     /// forwarded: the lanes' forward rings and the inbox.
-    fn collect(&mut self, shard: &ShardParts, now_tick: u64, all: bool) {
+    fn collect(&mut self, shard: &ShardState, now_tick: u64, all: bool) {
         let mut forwarded = [0_u32; CHUNK];
         for lane_index in 0..self.lanes.len() {
             // No more than a full ring's worth: a producer forwarding as fast as this
@@ -276,7 +276,7 @@ impl WheelSide {
     /// received only after the next few have been taken, so the misses overlap. Taking a
     /// node before receiving the ones ahead of it changes nothing: a node in transit is
     /// pushed nowhere else until it is received.
-    fn receive_all(&mut self, shard: &ShardParts, nodes: impl Iterator<Item = NonNull<TimerNode>>) {
+    fn receive_all(&mut self, shard: &ShardState, nodes: impl Iterator<Item = NonNull<TimerNode>>) {
         let mut ahead = [NonNull::<TimerNode>::dangling(); RECEIVE_AHEAD];
         let mut taken = 0_usize;
         for node in nodes {
@@ -301,7 +301,7 @@ impl WheelSide {
     /// Receives the nodes at `indices`, in order. Unlike a chain's, their misses need not
     /// wait for one another: each node is asked for [`RECEIVE_AHEAD`] nodes before
     /// [`receive_all`](Self::receive_all) takes it (and asks for its neighbours).
-    fn receive_indices(&mut self, shard: &ShardParts, indices: &[u32]) {
+    fn receive_indices(&mut self, shard: &ShardState, indices: &[u32]) {
         let pool = &shard.pool;
         let nodes = indices.iter().enumerate().filter_map(|(position, &index)| {
             if let Some(ahead) = indices.get(position + RECEIVE_AHEAD)
@@ -316,7 +316,7 @@ impl WheelSide {
         self.receive_all(shard, nodes);
     }
 
-    fn receive(&mut self, shard: &ShardParts, node: NonNull<TimerNode>) {
+    fn receive(&mut self, shard: &ShardState, node: NonNull<TimerNode>) {
         // SAFETY: nodes on lanes and the inbox are live pool nodes.
         let node_ref = unsafe { node.as_ref() };
         let received = node_ref.state.receive();
@@ -354,22 +354,22 @@ impl WheelSide {
     }
 
     /// Files a node that is marked `FILED` at `deadline` (due at once if already past).
-    fn file(&mut self, shard: &ShardParts, node: &TimerNode, deadline: u64) {
+    fn file(&mut self, shard: &ShardState, node: &TimerNode, deadline: u64) {
         let index = shard.pool.index_of(NonNull::from(node));
         self.wheel
             .file(&mut FiledNodes(&shard.pool), index, deadline, false);
     }
 
     /// Gives a node back: drops any callback, moves the generation on, batches the node. A
-    /// callback whose drop runs code of its own waits on `unfreed` instead, node and all,
-    /// for its drop outside the wheel (see [`Unfreed`]).
-    fn free(&mut self, shard: &ShardParts, node: NonNull<TimerNode>) {
+    /// callback whose drop runs code of its own waits on `deferred_drops` instead, node and all,
+    /// for its drop outside the wheel (see [`DeferredDrops`]).
+    fn free(&mut self, shard: &ShardState, node: NonNull<TimerNode>) {
         // SAFETY: the caller holds the node exclusively: it is off every list and queue.
         if unsafe {
             node.as_ref()
                 .with_callback(|callback| callback.drops_anything())
         } {
-            self.unfreed.push(node);
+            self.deferred_drops.push(node);
             return;
         }
         runner::free_into(shard, node, &mut self.freed);
@@ -377,7 +377,7 @@ impl WheelSide {
 
     /// Claims due timers onto the run queue while it has room; `true` beside the count if
     /// it filled up with timers still due.
-    fn claim_due(&mut self, shard: &ShardParts, now: Instant, now_tick: u64) -> (usize, bool) {
+    fn claim_due(&mut self, shard: &ShardState, now: Instant, now_tick: u64) -> (usize, bool) {
         let mut filler = shard.run.filler();
         let mut claimed = 0;
         let mut batch = [0_u32; CLAIM_BATCH];
@@ -405,7 +405,7 @@ impl WheelSide {
     /// its cancel's message, or files it again where it now belongs (0).
     fn claim(
         &mut self,
-        shard: &ShardParts,
+        shard: &ShardState,
         filler: &mut Filler<'_>,
         index: u32,
         now_tick: u64,
@@ -427,15 +427,15 @@ impl WheelSide {
         }
     }
 
-    /// Hands out the lists of the finest slots due at `now` (see [`hand_out`]) when they
+    /// Hands out the lists of the finest slots due at `now` (see [`due_lists`]) when they
     /// hold `at_least` timers, enough to be worth the hand-over. Returns whether it did.
     fn hand_out(
         &mut self,
-        shard: &ShardParts,
+        shard: &ShardState,
         (now, now_tick): (Instant, u64),
         at_least: u32,
     ) -> bool {
-        let mut lists = [(NIL, NIL); hand_out::LISTS];
+        let mut lists = [(NIL, NIL); due_lists::LISTS];
         let count = self.wheel.detach_due(now, &mut lists, at_least);
         if count == 0 {
             return false;
@@ -446,7 +446,7 @@ impl WheelSide {
 
     /// Hands out the due lists at once, whatever they hold, for a model or a test to walk.
     #[cfg(any(test, loom))]
-    pub(crate) fn hand_out_now(&mut self, shard: &ShardParts, now: Instant) -> bool {
+    pub(crate) fn hand_out_now(&mut self, shard: &ShardState, now: Instant) -> bool {
         if self.handed != 0 || self.finished.is_some() {
             return false;
         }
@@ -457,7 +457,7 @@ impl WheelSide {
     /// Takes back the lists handed out, filing what is left on them and what walkers sent
     /// back, once every one has been walked to the end, or, with `now`, at once: in the
     /// last turn, when no walker is in the shard's hands. Returns whether it took them.
-    fn take_back(&mut self, shard: &ShardParts, now: bool) -> bool {
+    fn take_back(&mut self, shard: &ShardState, now: bool) -> bool {
         if !now && !shard.hand_outs.all_back(self.handed) {
             return false;
         }
@@ -474,7 +474,7 @@ impl WheelSide {
     /// The last turn: runs what is already claimed, takes everything in transit, then runs
     /// or drops every pending timer. The caller has made sure no other worker still holds
     /// or can take this shard's timers.
-    pub(crate) fn finish(&mut self, shard: &ShardParts, pending: PendingTimers, now: Instant) {
+    pub(crate) fn finish(&mut self, shard: &ShardState, pending: PendingTimers, now: Instant) {
         if self.finished.is_some() {
             return;
         }
@@ -522,7 +522,7 @@ impl WheelSide {
         add(&shard.counters.dropped_at_shutdown, dropped);
         // Under the wheel: the last turn has run callbacks under it anyway, and nobody
         // stands in after it.
-        self.unfreed.take().free(shard);
+        self.deferred_drops.take().free(shard);
         self.freed.give_back(&shard.pool);
         self.finished = Some(pending);
     }
@@ -532,7 +532,7 @@ impl WheelSide {
     /// arrival frees it). The timer is in no wheel list. Returns the runs and drops.
     fn settle_at_shutdown(
         &mut self,
-        shard: &ShardParts,
+        shard: &ShardState,
         node_ref: &TimerNode,
         pending: PendingTimers,
     ) -> (u64, u64) {
@@ -590,7 +590,7 @@ impl WheelSide {
     /// settles it: a cancelled or finished timer's node is freed, dropping its callback
     /// (see `receive` for a timer that arrives new). It never runs a callback. Before the
     /// last turn it does nothing: that turn takes everything pushed before it.
-    pub(crate) fn sweep(&mut self, shard: &ShardParts) {
+    pub(crate) fn sweep(&mut self, shard: &ShardState) {
         if self.finished.is_none() {
             return;
         }
@@ -602,7 +602,7 @@ impl WheelSide {
             }
         }
         // Under the wheel, as in the last turn: nobody stands in any more.
-        self.unfreed.take().free(shard);
+        self.deferred_drops.take().free(shard);
         self.freed.give_back(&shard.pool);
     }
 

@@ -42,7 +42,7 @@ pub(crate) use crate::tuning::{LISTS, WALK_BATCH, WALK_LISTS};
 use crate::wheel::location::NIL;
 
 /// A shard's handed-out lists. See the module documentation.
-pub(crate) struct HandOuts {
+pub(crate) struct DueLists {
     flags: CachePadded<Flags>,
     lists: Box<[HandedList]>,
 }
@@ -140,7 +140,7 @@ fn links_of(pool: &Pool, index: u32) -> (crate::wheel::location::Location, u32, 
     }
 }
 
-impl HandOuts {
+impl DueLists {
     pub(crate) fn new() -> Self {
         Self {
             flags: CachePadded::new(Flags {
