@@ -30,7 +30,5 @@ pub use idle_io::{Activity, IdleIo, idle_watch};
 pub use runtime::run_blocking;
 pub use server::{Proxy, listen};
 pub use stats::{Lateness, LatenessSummary, Stats};
-pub use timer::{
-    CorewheelDrivenTimer, CorewheelTimer, ProxyTimer, TimedOut, TokioTimer, driven_engine,
-};
+pub use timer::{CorewheelTimer, ProxyTimer, TimedOut, TokioTimer, driven_engine};
 pub use upstream::{Upstream, UpstreamError};

@@ -13,7 +13,7 @@ use crate::config::{Config, TimerKind};
 use crate::forward::forward;
 use crate::idle_io::{Activity, IdleIo, idle_watch};
 use crate::stats::Stats;
-use crate::timer::{CorewheelDrivenTimer, CorewheelTimer, ProxyTimer, TokioTimer};
+use crate::timer::{CorewheelTimer, ProxyTimer, TokioTimer};
 use crate::upstream::Upstream;
 
 /// How long the accept loop pauses after `accept` fails (out of file descriptors, most
@@ -74,9 +74,9 @@ impl Proxy {
     pub async fn run(self) {
         let (listener, config, stats) = (self.listener, Arc::new(self.config), self.stats);
         match config.timer {
-            TimerKind::Corewheel => serve(listener, config, stats, CorewheelTimer).await,
+            TimerKind::Corewheel => serve(listener, config, stats, CorewheelTimer::default()).await,
             TimerKind::CorewheelDriven => {
-                let timer = CorewheelDrivenTimer::drive_here();
+                let timer = CorewheelTimer::drive_here();
                 serve(listener, config, stats, timer).await
             }
             TimerKind::Tokio => serve(listener, config, stats, TokioTimer).await,

@@ -63,44 +63,6 @@ pub trait ProxyTimer: Clone + Send + Sync + Unpin + 'static {
     fn hyper_timer(&self) -> Self::Hyper;
 }
 
-/// corewheel's timer: every sleep and timeout on the process-wide
-/// [`corewheel::default_engine`], and hyper's timeouts through [`corewheel::HyperTimer`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CorewheelTimer;
-
-impl ProxyTimer for CorewheelTimer {
-    type Sleep = corewheel::Sleep<'static>;
-    type Hyper = corewheel::HyperTimer;
-
-    fn now(&self) -> Instant {
-        corewheel::default_engine().now()
-    }
-
-    fn sleep_until(&self, deadline: Instant) -> Self::Sleep {
-        corewheel::sleep_until(deadline)
-    }
-
-    fn reset(&self, sleep: &mut Self::Sleep, deadline: Instant) {
-        sleep.reset(deadline);
-    }
-
-    fn timeout<F>(
-        &self,
-        limit: Duration,
-        future: F,
-    ) -> impl Future<Output = Result<F::Output, TimedOut>> + Send
-    where
-        F: Future + Send,
-    {
-        let guarded = corewheel::timeout(limit, future);
-        async move { guarded.await.map_err(|_| TimedOut) }
-    }
-
-    fn hyper_timer(&self) -> Self::Hyper {
-        corewheel::HyperTimer::default()
-    }
-}
-
 /// How often a driven proxy looks for shards of [`driven_engine`] that have lost their
 /// driver (the runtime that ran it has ended) and spawns new drivers for them on its own
 /// runtime. A process with one runtime (the proxy binary) never finds any.
@@ -108,10 +70,10 @@ const RECLAIM_EVERY: Duration = Duration::from_millis(250);
 
 static DRIVEN: OnceLock<TimerEngine> = OnceLock::new();
 
-/// The process-wide driven engine of [`CorewheelDrivenTimer`]: no worker threads, 1 ms tick,
+/// The process-wide driven engine of [`CorewheelTimer::drive_here`]: no worker threads, 1 ms tick,
 /// one shard per worker thread of the tokio runtime that first asks for it (one per CPU
 /// outside a runtime). Its timers run only while its drivers are polled; see
-/// [`CorewheelDrivenTimer::drive_here`].
+/// [`CorewheelTimer::drive_here`].
 ///
 /// # Panics
 /// If corewheel refuses the engine (more than its most shards).
@@ -129,17 +91,25 @@ pub fn driven_engine() -> &'static TimerEngine {
     })
 }
 
-/// corewheel's timer on [`driven_engine`]: the same sleeps and timeouts as
-/// [`CorewheelTimer`], but the engine has no threads of its own: its shards are turned by
-/// driver futures on the proxy's tokio runtime, each sleeping on tokio's timer until its
-/// shard's next deadline. hyper's timeouts go through [`corewheel::HyperTimer::new`] on the
-/// same engine.
+/// corewheel's timer: every sleep and timeout on one engine, and hyper's timeouts through
+/// [`corewheel::HyperTimer`] on the same engine. By default the process-wide
+/// [`corewheel::default_engine`], with worker threads of its own; [`drive_here`](Self::drive_here)
+/// puts them on [`driven_engine`], whose shards are turned by driver futures on the proxy's
+/// tokio runtime instead.
 #[derive(Clone, Copy, Debug)]
-pub struct CorewheelDrivenTimer {
+pub struct CorewheelTimer {
     engine: &'static TimerEngine,
 }
 
-impl CorewheelDrivenTimer {
+impl Default for CorewheelTimer {
+    fn default() -> Self {
+        Self {
+            engine: corewheel::default_engine(),
+        }
+    }
+}
+
+impl CorewheelTimer {
     /// The timer, with [`driven_engine`]'s drivers spawned on the current tokio runtime
     /// (which must have time enabled), plus a task that spawns new ones every 250 ms
     /// (`RECLAIM_EVERY`) for shards whose driver went away with another runtime (tests run
@@ -165,7 +135,7 @@ impl CorewheelDrivenTimer {
     }
 }
 
-impl ProxyTimer for CorewheelDrivenTimer {
+impl ProxyTimer for CorewheelTimer {
     type Sleep = corewheel::Sleep<'static>;
     type Hyper = corewheel::HyperTimer;
 
