@@ -67,7 +67,9 @@ fn rounded(origin: Instant, tick: Duration, deadline: Instant) -> Instant {
 
 /// Turns `engine` until nothing is left to free, advancing a tick at a time.
 fn settle(engine: &TimerEngine, clock: &ManualClock) {
-    for _ in 0..4 {
+    // A cancel's message waits on an idle thread's lane for up to the lane's idle horizon
+    // (32 ticks) before the owner frees the node: twice that.
+    for _ in 0..64 {
         clock.advance(engine.tick());
         engine.turn();
     }
