@@ -1,7 +1,7 @@
 //! A worker whose planned wake-up keeps being undercut by new timers is not woken for
 //! each of them. A thread arming request timeouts with varied delays, each cancelled at
 //! once (a proxy's request answered in time), arms many timers due before the tick the
-//! worker planned to wake at; the lane holds them back, and the worker wakes about once a
+//! worker planned to wake at; the lane holds them back, and the worker wakes a few times a
 //! tick at most, not once per timer.
 //!
 //! Counted in the worker's voluntary context switches, so the bounds hold on a loaded
@@ -50,10 +50,12 @@ fn a_stream_of_timers_due_before_the_plan_does_not_wake_the_worker_for_each() {
     }
     let (timers, wakes, elapsed) = undercut_for(&engine, Duration::from_millis(500));
     assert_eq!(engine.shutdown(PendingTimers::Drop).dropped, 0);
-    // Woken for every timer due before its plan (about one in 1,200 here), the worker
-    // would wake more than once a tick; it wakes about once every one to two ticks. So the
-    // bound is a wake-up a tick.
-    let bound = elapsed + 40;
+    // Quiet, the worker wakes about once every one to two ticks (300-450 wake-ups in the
+    // 500 ms); beside other work its forward rings fill sooner and it wakes up to about
+    // twice a tick. Woken for each timer it would wake hundreds of thousands of times. The
+    // bound, four a tick, tells the two apart on a loaded machine; what the wake-ups cost
+    // is measured by the harness (perf/results/ablation/wake-closeness).
+    let bound = 4 * elapsed + 40;
     eprintln!("{wakes} wake-ups of the worker in {elapsed} ms for {timers} timers");
     assert!(
         wakes <= bound,
