@@ -1,7 +1,8 @@
 //! Counts kept for one shard by the workers that run its timers, added a whole run at a
 //! time: one shared read-modify-write per run, never per timer.
 
-use crate::engine::wakes::WakeCounters;
+use crate::engine::stats::WorkerWakes;
+use crate::engine::wakes::{Planned, Woke};
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// The workers' counts for one shard.
@@ -41,4 +42,46 @@ pub(crate) fn add(counter: &AtomicU64, n: u64) {
 #[inline]
 pub(crate) fn read(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
+}
+
+/// Why the owner's sleeps ended, written by the owner alone.
+#[derive(Default)]
+pub(crate) struct WakeCounters {
+    due: AtomicU64,
+    wheel: AtomicU64,
+    lane: AtomicU64,
+    watch: AtomicU64,
+    woken: AtomicU64,
+}
+
+impl WakeCounters {
+    /// The owner's sleep ended as `woke` says, and the look after it claimed `claimed`.
+    #[cfg_attr(
+        loom,
+        allow(
+            dead_code,
+            reason = "loom models drive engines by hand, without worker threads"
+        )
+    )]
+    pub(crate) fn count(&self, woke: Woke, claimed: usize) {
+        let counter = match woke.planned {
+            _ if woke.early => &self.woken,
+            Planned::Watch => &self.watch,
+            _ if claimed > 0 => &self.due,
+            Planned::Wheel => &self.wheel,
+            Planned::Lane => &self.lane,
+        };
+        // One writer: a plain store, no read-modify-write.
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn read(wakes: &WakeCounters) -> WorkerWakes {
+        WorkerWakes {
+            due: read(&wakes.due),
+            wheel: read(&wakes.wheel),
+            lane: read(&wakes.lane),
+            watch: read(&wakes.watch),
+            woken: read(&wakes.woken),
+        }
+    }
 }

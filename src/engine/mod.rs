@@ -115,7 +115,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::balance::{Balance, stand_in};
 use crate::engine::builder::EngineBuilder;
-use crate::engine::counters::read;
+use crate::engine::counters::{WakeCounters, read};
 use crate::engine::handle::TimerHandle;
 use crate::engine::periodic::{MissedTicks, Period};
 use crate::engine::reentrancy::Turn;
@@ -123,7 +123,6 @@ use crate::engine::shard::Shard;
 use crate::engine::shared::{EngineShared, When};
 use crate::engine::shutdown::{PendingTimers, ShutdownReport};
 use crate::engine::stats::{ShardStats, Stats};
-use crate::engine::wakes::WakeCounters;
 use crate::error::{BuildError, ScheduleError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
