@@ -47,7 +47,7 @@ pub mod shard_steps {
         let backlog = most.saturating_mul(2);
         let now_tick = shared.now_tick();
         shared
-            .balance
+            .idle_workers
             .steal(
                 &shared.shards,
                 &shared.shards[shard],
@@ -63,7 +63,7 @@ pub mod shard_steps {
     /// owner is not holding the wheel, then runs the queue. Returns the callbacks run.
     pub fn stand_in(engine: &TimerEngine, shard: usize) -> usize {
         let shared = engine.shared();
-        crate::engine::balance::stand_in(
+        crate::engine::idle_workers::IdleWorkers::stand_in(
             &shared.shards[shard],
             &shared.shutdown,
             shared.now_at(shared.clock.now()),
@@ -109,7 +109,7 @@ pub mod shard_steps {
     /// another thread already looked with.
     pub fn stand_in_at(engine: &TimerEngine, shard: usize, now: std::time::Instant) -> usize {
         let shared = engine.shared();
-        crate::engine::balance::stand_in(
+        crate::engine::idle_workers::IdleWorkers::stand_in(
             &shared.shards[shard],
             &shared.shutdown,
             shared.now_at(now),
@@ -132,7 +132,7 @@ pub mod shard_steps {
         let shard_ref = &shared.shards[shard];
         shard_ref.set_running(true);
         shared
-            .balance
+            .idle_workers
             .running(&shared.shards, shard_ref, shared.now_tick())
     }
 
@@ -143,14 +143,14 @@ pub mod shard_steps {
         let shared = engine.shared();
         shared.shards[shard].plan_wake(plan);
         let idle = shared
-            .balance
+            .idle_workers
             .begin_idle(&shared.shards, shard, shared.now_tick())?;
         Some(Sleeper { idle, shard })
     }
 
     /// A worker asleep in a model: see [`worker_sleeps_until`].
     pub struct Sleeper {
-        idle: crate::engine::balance::Idle,
+        idle: crate::engine::idle_workers::Idle,
         shard: usize,
     }
 
@@ -163,7 +163,7 @@ pub mod shard_steps {
         /// It wakes, as its worker does when its park ends.
         pub fn wake(self, engine: &TimerEngine) {
             let shared = engine.shared();
-            shared.balance.end_idle(self.idle);
+            shared.idle_workers.end_idle(self.idle);
             shared.shards[self.shard].plan_wake(crate::engine::shard_state::AWAKE);
         }
     }

@@ -4,7 +4,7 @@
 //!
 //! Why not at once: a `Drop` is user code and may block, and under the wheel nobody could
 //! stand in (a stand-in needs the wheel). After, it is like a blocking callback: a watcher
-//! notices and stands in ([`balance`](crate::engine::balance)). Captures without drop glue
+//! notices and stands in ([`stuck_owners`](crate::engine::stuck_owners)). Captures without drop glue
 //! are freed at once (nothing can block, and a second visit would cost), as are those of
 //! the last turn and its sweeps, which run callbacks under the wheel anyway.
 //! Ground rules: [`engine`](crate::engine).

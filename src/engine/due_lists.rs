@@ -179,7 +179,7 @@ impl DueLists {
         self.flags.due.store(due, Ordering::Relaxed);
         // Release: a walker taking a list sees its ends and the links of its timers, filed
         // by this thread. SeqCst: against a worker going to sleep, either it sees the list
-        // or this thread's wake-up sees its idle bit (see `Balance::begin_idle`).
+        // or this thread's wake-up sees its idle bit (see `IdleWorkers::begin_idle`).
         self.flags.open.fetch_or(bits, Ordering::SeqCst);
         bits
     }

@@ -30,7 +30,7 @@
 //! 5. When the node's tick comes, the same look claims it (*firing*) onto the shard's run
 //!    queue ([`run_queue`](crate::sync::run_queue)); a burst too big for the queue is
 //!    handed out as whole lists instead ([`due_lists`]).
-//! 6. The owner, or an idle worker that steals the run ([`balance`]), runs it: [`runner`]
+//! 6. The owner, or an idle worker that steals the run ([`stealing`]), runs it: [`runner`]
 //!    calls the callback (a panic is caught, [`panics`]) and gives the node back to the pool,
 //!    or, for a repeating timer ([`periodic`]), sends it back to the owner to be filed again.
 //!
@@ -38,7 +38,7 @@
 //! change, the node travels to the owner as a message on the canceller's lane, and the
 //! owner unlinks and frees it (captures with a `Drop` of their own are dropped after the
 //! look lets go of the wheel, [`deferred_drops`]). An owner stuck in a slow callback is stood in
-//! for by another worker ([`balance`]). A [driven](EngineBuilder::driven) engine has no
+//! for by another worker ([`stuck_owners`]). A [driven](EngineBuilder::driven) engine has no
 //! worker threads: a [`driver`] future per shard, on the application's runtime, takes the
 //! owner's part. Shutdown gives every shard a last turn that runs or drops what is
 //! pending ([`held_wheel`]'s `finish`).
@@ -79,7 +79,6 @@
 //!    again (sequentially consistent on both sides) and asks for a sweep, and a shutdown
 //!    or drop on a worker thread joins no worker ([`reentrancy`]).
 
-pub(crate) mod balance;
 pub(crate) mod builder;
 pub(crate) mod callback;
 pub(crate) mod context;
@@ -90,6 +89,7 @@ pub(crate) mod due_lists;
 pub(crate) mod forward_ring;
 pub(crate) mod handle;
 pub(crate) mod held_wheel;
+pub(crate) mod idle_workers;
 pub(crate) mod lane;
 pub(crate) mod panics;
 pub(crate) mod periodic;
@@ -102,6 +102,8 @@ pub(crate) mod shard_state;
 pub(crate) mod shared;
 pub(crate) mod shutdown;
 pub(crate) mod stats;
+pub(crate) mod stealing;
+pub(crate) mod stuck_owners;
 pub(crate) mod timer_node;
 pub(crate) mod waker_timer;
 pub(crate) mod wakes;
@@ -113,10 +115,10 @@ use std::num::NonZeroU32;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::engine::balance::{Balance, stand_in};
 use crate::engine::builder::EngineBuilder;
 use crate::engine::counters::{WakeCounters, read};
 use crate::engine::handle::TimerHandle;
+use crate::engine::idle_workers::IdleWorkers;
 use crate::engine::periodic::{MissedTicks, Period};
 use crate::engine::reentrancy::Turn;
 use crate::engine::shard::Shard;
@@ -246,7 +248,7 @@ impl TimerEngine {
             shutdown: AtomicBool::new(false),
             pending_mode: AtomicU8::new(0),
             next_home: AtomicU64::new(0),
-            balance: Balance::new(
+            idle_workers: IdleWorkers::new(
                 workers,
                 builder.stealing,
                 builder.rescue_after.map(u64::from),
@@ -530,11 +532,12 @@ impl TimerEngine {
                 fired += Self::turn_owned(shared, shard).0;
                 self.disown(shard);
             } else if shared
-                .balance
+                .idle_workers
                 .rescue_after
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
             {
-                fired += stand_in(shard, &shared.shutdown, shared.now_at(now), None, None);
+                fired +=
+                    IdleWorkers::stand_in(shard, &shared.shutdown, shared.now_at(now), None, None);
             }
         }
         if shared.shutdown.load(Ordering::SeqCst) {

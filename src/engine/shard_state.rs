@@ -51,7 +51,7 @@ pub(crate) struct ShardState {
     /// Nanoseconds a callback of this shard has taken lately, an average over the owner's
     /// runs (0 until it has run some): what a backlog is worth in time, to decide whether
     /// it pays to wake a parked worker to help (see
-    /// [`Balance::offer`](crate::engine::balance::Balance::offer)). Written by the owner
+    /// [`IdleWorkers::offer`](crate::engine::idle_workers::IdleWorkers::offer)). Written by the owner
     /// alone.
     callback_ns: AtomicU64,
     /// The worker thread, once it runs (engines driven by hand have none).
@@ -394,7 +394,7 @@ impl ShardState {
     }
 
     /// When the worker means to wake next, or [`AWAKE`], ordered with the other workers'
-    /// running marks (see [`Balance::running`](crate::engine::balance::Balance::running)).
+    /// running marks (see [`IdleWorkers::running`](crate::engine::idle_workers::IdleWorkers::running)).
     pub(crate) fn wake_plan(&self) -> u64 {
         self.wake_at.load(Ordering::SeqCst)
     }

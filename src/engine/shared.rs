@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::engine::balance::Balance;
 use crate::engine::handle::TimerHandle;
+use crate::engine::idle_workers::IdleWorkers;
 use crate::engine::shard::Shard;
 use crate::engine::shutdown::PendingTimers;
 use crate::engine::timer_node::TimerNode;
@@ -36,7 +36,7 @@ pub(crate) struct EngineShared {
     /// What the workers' last turn does with pending timers: a [`PendingTimers`] as a byte.
     pub(crate) pending_mode: AtomicU8,
     pub(crate) next_home: AtomicU64,
-    pub(crate) balance: Balance,
+    pub(crate) idle_workers: IdleWorkers,
 }
 
 impl EngineShared {

@@ -1,7 +1,7 @@
 //! A worker thread: the owner of one shard's [`HeldWheel`](crate::engine::held_wheel). Who
 //! may touch what, and when: the ground rules in [`engine`](crate::engine).
 
-use crate::engine::balance::UserCode;
+use crate::engine::idle_workers::UserCode;
 use crate::engine::reentrancy;
 use crate::engine::runner;
 use crate::engine::shard_state::AWAKE;
@@ -18,7 +18,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
     crate::engine::context::set_home(shared, index);
     let shard = &shared.shards[index];
     let shards = &shared.shards[..];
-    let balance = &shared.balance;
+    let idle_workers = &shared.idle_workers;
     shard.beat(shared.now_tick());
     // The last wake-up, counted once the look after it shows whether timers were due.
     let mut woke_up: Option<Woke> = None;
@@ -31,7 +31,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         }
         if !look.deferred_drops.is_empty() {
             // Captures' `Drop`s are user code: a watcher stands in if one blocks.
-            balance.with_user_code((shards, shard), now_tick, UserCode::Drops, || {
+            idle_workers.with_user_code((shards, shard), now_tick, UserCode::Drops, || {
                 look.deferred_drops.free(shard);
             });
         }
@@ -40,15 +40,15 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             return;
         }
         if look.handed_out {
-            balance.wake_one(shards);
+            idle_workers.wake_one(shards);
         } else if look.claimed > 0 {
-            balance.offer(shards, shard, look.more_due);
+            idle_workers.offer(shards, shard, look.more_due);
         }
         // Timed, for the owner's cost per callback.
         let run_own = |claimed: &[u32], now_tick: u64| {
             let started = std::time::Instant::now();
             let ran =
-                balance.with_user_code((shards, shard), now_tick, UserCode::Callbacks, || {
+                idle_workers.with_user_code((shards, shard), now_tick, UserCode::Callbacks, || {
                     runner::run(shard, claimed, now_tick, true)
                 });
             shard.note_run(ran, started.elapsed());
@@ -69,7 +69,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             }
             continue;
         }
-        if look.more_due || balance.help(shards, &shared.shutdown, index, (now, now_tick)) {
+        if look.more_due || idle_workers.help(shards, &shared.shutdown, index, (now, now_tick)) {
             continue;
         }
         let plan = look.next.unwrap_or(u64::MAX);
@@ -78,7 +78,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
         }
         let mut planned_for = look.next_for;
         shard.plan_wake(plan);
-        let idle = balance.begin_idle(shards, index, now_tick);
+        let idle = idle_workers.begin_idle(shards, index, now_tick);
         let must_turn = shard.with_wheel_waiting(|wheel| wheel.must_turn_before(shard, plan));
         let wake = match &idle {
             Some(idle) if !must_turn && !shared.shutdown.load(Ordering::SeqCst) => {
@@ -106,7 +106,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             });
         }
         if let Some(idle) = idle {
-            balance.end_idle(idle);
+            idle_workers.end_idle(idle);
         }
         shard.plan_wake(AWAKE);
         shard.beat(shared.now_tick());

@@ -1,27 +1,13 @@
-//! Expiry balancing: idle workers take part of another shard's burst of due timers
-//! (stealing), and stand in for an owner stuck in a slow callback (rescue).
+//! Idle workers: a parked worker may be woken to help another shard, by stealing part of
+//! a backlog ([`stealing`](crate::engine::stealing)) or by standing in for an owner stuck in
+//! user code ([`stuck_owners`](crate::engine::stuck_owners)). This file keeps the record of
+//! who is parked, the wake-ups, and the one place a worker with nothing of its own looks
+//! for help to give.
 //!
 //! Balancing happens at expiry, never at insert: a timer stays on the shard that armed it
-//! until it is due. The owner claims due timers onto its shard's run queue; an idle worker
-//! takes runs from a queue with a backlog. An owner that is awake but has not looked at its
-//! wheel for more than `rescue_after` ticks is stuck, and an idle worker takes its wheel
-//! for a moment to claim what has come due, then runs it.
-//!
-//! Waking helpers costs system calls, so they are woken only when there is something to
-//! do: an owner with a backlog wakes one parked worker, which wakes the next if a backlog
-//! remains. For rescue, someone must notice a stuck owner while every other worker sleeps:
-//! one worker that goes to sleep while another owner is running callbacks (or ran some
-//! lately) sleeps no longer than `rescue_after` ticks, and an owner that starts running
-//! callbacks while nobody watches wakes a parked worker to watch, unless another worker
-//! sleeps only until within `rescue_after` ticks anyway and will see it then. Only a
-//! worker running user code can be stuck: an owner running its own callbacks, or dropping
-//! the captures of timers its look freed (after letting the wheel go, see
-//! [`deferred_drops`](crate::engine::deferred_drops)), or a worker doing either for another shard as it
-//! helps, which marks its own shard running meanwhile (its wheel goes unlooked at too).
-//! At most one worker watches, so an idle engine costs no CPU at any worker count; while
-//! an owner is stuck, the watcher stands in when its timers come due and otherwise looks
-//! once every `rescue_after` ticks, so a long-blocked callback costs a few wake-ups a
-//! second rather than a core.
+//! until it is due. Waking helpers costs system calls, so they are woken only when there is
+//! something to do: an owner with a backlog wakes one parked worker, which wakes the next
+//! if a backlog remains.
 //!
 //! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
@@ -35,17 +21,12 @@
 
 use std::time::Instant;
 
-use crate::engine::counters::add;
-use crate::engine::runner;
 use crate::engine::shard::Shard;
-use crate::engine::shard_state::AWAKE;
-use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
-use crate::sync::run_queue::MAX_RUN;
-pub(crate) use crate::tuning::STEAL_MIN;
-use crate::tuning::{LINGER_PERIODS, WAKE_FOR_TICK_PARTS};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::tuning::{STEAL_MIN, WAKE_FOR_TICK_PARTS};
 
 /// The engine's balancing settings and its record of parked workers.
-pub(crate) struct Balance {
+pub(crate) struct IdleWorkers {
     pub(crate) stealing: bool,
     /// Ticks an awake owner may go without looking at its wheel before another worker
     /// stands in; `None`: never.
@@ -54,13 +35,13 @@ pub(crate) struct Balance {
     idle: Box<[AtomicU64]>,
     /// 1 while a parked worker's sleep is bounded so that it looks for stuck owners (at
     /// most one does), 0 otherwise.
-    watching: AtomicU64,
+    pub(super) watching: AtomicU64,
     /// Nanoseconds of callbacks a backlog must hold before a parked worker is woken for it
     /// (see [`WAKE_FOR_TICK_PARTS`]).
-    wake_for_ns: u64,
+    pub(super) wake_for_ns: u64,
 }
 
-impl Balance {
+impl IdleWorkers {
     /// `tick_ns`: the engine's tick, in nanoseconds.
     pub(crate) fn new(
         workers: usize,
@@ -96,92 +77,6 @@ impl Balance {
                 bits = before & !bit;
             }
         }
-    }
-
-    /// An owner with a fresh backlog on its run queue wakes a helper, if the backlog is worth
-    /// it (see [`worth_waking`](Self::worth_waking)); `more_due`: its queue filled with
-    /// timers still due.
-    pub(crate) fn offer(&self, shards: &[Shard], shard: &Shard, more_due: bool) {
-        if self.stealing && self.worth_waking(shard, shard.run.len(), more_due) {
-            self.wake_one(shards);
-        }
-    }
-
-    /// An owner begins running timers at `now_tick` (it has just marked itself running):
-    /// if nobody watches for stuck owners, and no other worker will go to sleep within
-    /// `rescue_after` ticks anyway (and then see it running), it wakes a parked worker to
-    /// watch. Returns whether it did.
-    pub(crate) fn running(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
-        if self.rescue_after.is_none() {
-            return false;
-        }
-        shard.mark_run(now_tick);
-        self.watched(shards, shard, now_tick)
-    }
-
-    /// An owner begins dropping the captures of timers its look freed (it has just marked
-    /// itself running; see [`DeferredDrops`](crate::engine::deferred_drops::DeferredDrops)): someone must
-    /// watch, as in [`running`](Self::running), but it records no run, so a watcher woken
-    /// for it does not linger. Lingering keeps owners that run timers now and then from
-    /// waking each other at every run; a drop of cancelled captures rarely takes long,
-    /// and a watcher lingering after each one cost an otherwise idle engine a wake-up
-    /// every `rescue_after` ticks for half a second (dropped `Sleep`s, captured `Arc`s).
-    /// Returns whether it woke one.
-    pub(crate) fn dropping(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
-        self.watched(shards, shard, now_tick)
-    }
-
-    /// Does `work`, user code a worker runs for `shard` (its callbacks, or the drops of
-    /// captures its look freed), with `shard` marked running meanwhile, having first seen
-    /// to a watcher as [`running`](Self::running) or [`dropping`](Self::dropping) does:
-    /// user code may block, and then `shard`'s timers must be rescued.
-    pub(crate) fn with_user_code<R>(
-        &self,
-        (shards, shard): (&[Shard], &Shard),
-        now_tick: u64,
-        code: UserCode,
-        work: impl FnOnce() -> R,
-    ) -> R {
-        shard.set_running(true);
-        match code {
-            UserCode::Callbacks => self.running(shards, shard, now_tick),
-            UserCode::Drops => self.dropping(shards, shard, now_tick),
-        };
-        let done = work();
-        shard.set_running(false);
-        done
-    }
-
-    /// Whether `backlog` callbacks queued on `shard` (with more still due in its wheel when
-    /// `more_due`: a burst) are worth waking a parked worker for: [`STEAL_MIN`] at least,
-    /// and a share of a tick's work at the shard's recent cost per callback (unknown before
-    /// its owner's first run: then [`STEAL_MIN`] alone, as for callbacks that take long).
-    fn worth_waking(&self, shard: &Shard, backlog: usize, more_due: bool) -> bool {
-        if backlog < STEAL_MIN {
-            return false;
-        }
-        let per_callback = shard.callback_ns();
-        more_due
-            || per_callback == 0
-            || (backlog as u64).saturating_mul(per_callback) >= self.wake_for_ns
-    }
-
-    /// Wakes a parked worker to watch `shard`, marked running, unless someone watches or
-    /// another worker will look by `rescue_after` ticks on anyway. Returns whether it did.
-    fn watched(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
-        let Some(after) = self.rescue_after else {
-            return false;
-        };
-        if self.watching.load(Ordering::SeqCst) != 0 {
-            return false;
-        }
-        // Orders the running mark before the other workers' plans (see `another_looks_by`).
-        fence(Ordering::SeqCst);
-        if another_looks_by(shards, shard, now_tick.saturating_add(after)) {
-            return false;
-        }
-        self.wake_one(shards);
-        true
     }
 
     /// Worker `me` is about to park: it becomes wakeable for help, and learns until which
@@ -226,35 +121,6 @@ impl Balance {
         }
     }
 
-    /// The tick by which a worker going to sleep must look for stuck owners again.
-    fn watch_until(&self, shards: &[Shard], me: usize, now_tick: u64) -> Option<u64> {
-        let after = self.rescue_after?;
-        let mut until: Option<u64> = None;
-        let mut recent = false;
-        for (index, shard) in shards.iter().enumerate() {
-            if index == me {
-                continue;
-            }
-            recent |= shard.ran_within(LINGER_PERIODS * after, now_tick);
-            if !shard.is_running() {
-                continue;
-            }
-            let tick = if shard.is_stuck(now_tick, after) {
-                // A timer armed on the stuck shard after the last stand-in is on a lane,
-                // not in the published deadline: look again within `after` ticks for it.
-                shard
-                    .next_due()
-                    .min(now_tick.saturating_add(after))
-                    .max(now_tick + 1)
-            } else {
-                shard.heartbeat().saturating_add(after + 1)
-            };
-            until = Some(until.map_or(tick, |until| until.min(tick)));
-        }
-        // At least a tick on: a watch of `now` (with `rescue_after` 0) would never park.
-        until.or_else(|| recent.then(|| now_tick.saturating_add(after.max(1))))
-    }
-
     /// Whether some other shard has a backlog to steal or lists to walk, or a stuck owner
     /// with timers due to stand in for. A stuck owner with nothing due is left to the watch (see
     /// [`watch_until`](Self::watch_until)): standing in for it again and again until its
@@ -281,7 +147,7 @@ impl Balance {
         (now, now_tick): (Instant, u64),
     ) -> bool {
         let helper = Helper {
-            balance: self,
+            idle_workers: self,
             shards,
             me,
         };
@@ -296,7 +162,8 @@ impl Balance {
                 .rescue_after
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
             {
-                return stand_in(shard, shutdown, (now, now_tick), Some(1), Some(&helper)) > 0;
+                return Self::stand_in(shard, shutdown, (now, now_tick), Some(1), Some(&helper))
+                    > 0;
             }
             let backlog = shard.run.len();
             self.stealing
@@ -306,78 +173,34 @@ impl Balance {
                     .is_some()
         })
     }
+}
 
-    /// Walks a batch of the lists `shard` handed out, as `helper`, and runs what it claimed;
-    /// wakes another parked worker first if lists are left open. Returns whether it found a
-    /// list to walk.
-    fn walk(
-        &self,
-        shard: &Shard,
-        shutdown: &AtomicBool,
-        now_tick: u64,
-        helper: &Helper<'_>,
-    ) -> bool {
-        shard.walk_hand_outs(shutdown, helper.me, |batch, due| {
-            add(&shard.counters.claimed_elsewhere, batch.len() as u64);
-            if shard.hand_outs.is_open() {
-                self.wake_one(helper.shards);
-            }
-            // Its own reading, for the runs' lateness and repeating timers' next deadlines,
-            // unless the owner's at the hand-out was later.
-            let now_tick = now_tick.max(due);
-            Helper::with_user_code(Some(helper), now_tick, UserCode::Callbacks, || {
-                runner::run(shard, batch, now_tick, false)
-            });
-        })
-    }
-
-    /// Takes about half of `shard`'s backlog (at most a run) and runs it, as `helper` if
-    /// a worker. Returns the callbacks run, `None` if it took nothing.
-    pub(crate) fn steal(
-        &self,
-        shards: &[Shard],
-        shard: &Shard,
-        shutdown: &AtomicBool,
-        now_tick: u64,
-        backlog: usize,
-        helper: Option<&Helper<'_>>,
-    ) -> Option<usize> {
-        if !shard.enter_hands(shutdown) {
-            return None;
-        }
-        let run = shard.run.take(backlog.div_ceil(2));
-        if run.is_some() && self.worth_waking(shard, shard.run.len(), false) {
-            // Enough left for one more helper.
-            self.wake_one(shards);
-        }
-        let ran = run.map(|run| {
-            Helper::with_user_code(helper, now_tick, UserCode::Callbacks, || {
-                runner::run(shard, run.indices(), now_tick, false)
-            })
-        });
-        shard.leave_hands();
-        ran
-    }
+/// A worker's idle spell: see [`IdleWorkers::begin_idle`].
+#[must_use]
+pub(crate) struct Idle {
+    /// Sleep no later than this tick, to watch for stuck owners.
+    pub(crate) watch: Option<u64>,
+    me: usize,
 }
 
 /// A worker, `me`, running another shard's timers (stolen, or standing in for a stuck
 /// owner).
 pub(crate) struct Helper<'a> {
-    balance: &'a Balance,
-    shards: &'a [Shard],
-    me: usize,
+    pub(super) idle_workers: &'a IdleWorkers,
+    pub(super) shards: &'a [Shard],
+    pub(super) me: usize,
 }
 
 impl Helper<'_> {
     /// Does `work`, user code for another shard (its timers' callbacks, taken from its run
     /// queue, or the drops of captures a stand-in's look freed), with the helper's own
     /// shard counted as running meanwhile, as when it runs its own (see
-    /// [`Balance::with_user_code`]): a callback there may block like any other, and then its
+    /// [`IdleWorkers::with_user_code`]): a callback there may block like any other, and then its
     /// own shard's timers must be rescued (its wheel goes unlooked at), and an owner that
     /// begins running must not count on it to watch. Only around work actually taken: a
     /// stand-in that finds nothing to run marks nothing, or every look at a stuck owner
     /// would wake another worker to watch.
-    fn with_user_code<R>(
+    pub(super) fn with_user_code<R>(
         helper: Option<&Self>,
         now_tick: u64,
         code: UserCode,
@@ -386,7 +209,7 @@ impl Helper<'_> {
         match helper.and_then(|h| Some((h, h.shards.get(h.me)?))) {
             Some((helper, mine)) => {
                 helper
-                    .balance
+                    .idle_workers
                     .with_user_code((helper.shards, mine), now_tick, code, work)
             }
             None => work(),
@@ -400,71 +223,8 @@ pub(crate) enum UserCode {
     /// Timers' callbacks: a run, recorded, so that a watcher lingers after it.
     Callbacks,
     /// The drops of captures a look freed: no run is recorded, so that a watcher woken for
-    /// them does not linger (see [`Balance::dropping`]).
+    /// them does not linger (see [`IdleWorkers::dropping`]).
     Drops,
-}
-
-/// Whether a worker other than `shard`'s owner sleeps, not running timers, until `tick` at
-/// the latest: on its way back to sleep then, [`Balance::begin_idle`] looks at every
-/// running owner, `shard`'s included, so it watches `shard` from then on. A worker that is
-/// awake does not count: it may be about to run callbacks that block, of its shard or
-/// (helping) of another.
-///
-/// Without this, two owners with timers due now and then wake each other at every run:
-/// the one that watched stops watching when its own timers wake it, and its run then
-/// finds nobody watching. The caller stores its running mark, then fences (`SeqCst`), then
-/// this loads the plans; a worker going to sleep stores its plan, fences, then loads the
-/// marks. So either this sees the plan, or that worker sees the mark and watches.
-fn another_looks_by(shards: &[Shard], shard: &Shard, tick: u64) -> bool {
-    shards.iter().any(|other| {
-        let plan = other.wake_plan();
-        !std::ptr::eq(other, shard) && plan != AWAKE && plan <= tick && !other.is_running()
-    })
-}
-
-/// A worker's idle spell: see [`Balance::begin_idle`].
-#[must_use]
-pub(crate) struct Idle {
-    /// Sleep no later than this tick, to watch for stuck owners.
-    pub(crate) watch: Option<u64>,
-    me: usize,
-}
-
-/// Stands in for `shard`'s owner at `now` (tick `now_tick`): claims what has come due in
-/// its wheel (if the owner is not holding it), then runs up to `runs` runs of its queue
-/// (`None`: until it is empty), as `helper` if a worker. Returns the callbacks run.
-pub(crate) fn stand_in(
-    shard: &Shard,
-    shutdown: &AtomicBool,
-    (now, mut now_tick): (Instant, u64),
-    runs: Option<usize>,
-    helper: Option<&Helper<'_>>,
-) -> usize {
-    if !shard.enter_hands(shutdown) {
-        return 0;
-    }
-    if let Some(look) = shard.with_wheel(|wheel| wheel.extract(shard, now)) {
-        add(&shard.counters.rescued, look.claimed as u64);
-        now_tick = look.now_tick;
-        if !look.deferred_drops.is_empty() {
-            Helper::with_user_code(helper, now_tick, UserCode::Drops, || {
-                look.deferred_drops.free(shard);
-            });
-        }
-    }
-    let mut fired = 0;
-    let mut left = runs.unwrap_or(usize::MAX);
-    while left > 0 {
-        let Some(run) = shard.run.take(MAX_RUN) else {
-            break;
-        };
-        fired += Helper::with_user_code(helper, now_tick, UserCode::Callbacks, || {
-            runner::run(shard, run.indices(), now_tick, false)
-        });
-        left -= 1;
-    }
-    shard.leave_hands();
-    fired
 }
 
 #[cfg(all(test, not(loom)))]
@@ -484,29 +244,29 @@ mod tests {
     fn a_parked_worker_is_woken_only_for_a_backlog_worth_a_share_of_a_tick() {
         let (engine, _clock) = hand_driven(true);
         let shared = engine.shared();
-        let (balance, shard) = (&shared.balance, &shared.shards[0]);
+        let (idle_workers, shard) = (&shared.idle_workers, &shared.shards[0]);
         // 1 ms tick: the bar is 31.25 us of callbacks.
-        assert!(!balance.worth_waking(shard, STEAL_MIN - 1, true));
+        assert!(!idle_workers.worth_waking(shard, STEAL_MIN - 1, true));
         assert!(
-            balance.worth_waking(shard, STEAL_MIN, false),
+            idle_workers.worth_waking(shard, STEAL_MIN, false),
             "no run timed yet: the old bar"
         );
         shard.note_run(1_000, Duration::from_micros(40));
         assert!(
-            !balance.worth_waking(shard, 50, false),
+            !idle_workers.worth_waking(shard, 50, false),
             "steady-mix's 50 due a tick at 40 ns"
         );
         assert!(
-            balance.worth_waking(shard, 50, true),
+            idle_workers.worth_waking(shard, 50, true),
             "a burst behind a full queue"
         );
-        assert!(!balance.worth_waking(shard, 750, false), "30 us");
-        assert!(balance.worth_waking(shard, 800, false), "32 us");
+        assert!(!idle_workers.worth_waking(shard, 750, false), "30 us");
+        assert!(idle_workers.worth_waking(shard, 800, false), "32 us");
         // Slow callbacks: a backlog of STEAL_MIN is worth it again.
         for _ in 0..64 {
             shard.note_run(10, Duration::from_micros(100));
         }
-        assert!(balance.worth_waking(shard, STEAL_MIN, false));
+        assert!(idle_workers.worth_waking(shard, STEAL_MIN, false));
     }
 
     /// A two-shard engine on a manual clock, which tests drive by hand.
@@ -548,7 +308,7 @@ mod tests {
         clock.advance(Duration::from_millis(1));
         let shared = engine.shared();
         assert!(
-            !shared.balance.help(
+            !shared.idle_workers.help(
                 &shared.shards,
                 &shared.shutdown,
                 1 - home,
@@ -576,11 +336,12 @@ mod tests {
         let (shared, now) = (engine.shared(), clock.now());
         let thief = 1 - home;
         assert!(timers >= STEAL_MIN);
-        assert!(
-            shared
-                .balance
-                .help(&shared.shards, &shared.shutdown, thief, shared.now_at(now))
-        );
+        assert!(shared.idle_workers.help(
+            &shared.shards,
+            &shared.shutdown,
+            thief,
+            shared.now_at(now)
+        ));
         assert_eq!(fired.load(Ordering::Relaxed), MAX_RUN);
         assert_eq!(engine.stats().shards[home].stolen, MAX_RUN as u64);
         assert_eq!(engine.turn(), timers - MAX_RUN);
@@ -621,7 +382,7 @@ mod tests {
         let helper = 1 - home;
         assert!(shard.is_stuck(now_tick, 8));
         shared
-            .balance
+            .idle_workers
             .help(&shared.shards, &shared.shutdown, helper, (now, now_tick));
         assert_eq!(Arc::strong_count(&capture), 1, "the stand-in dropped them");
         assert!(
@@ -636,7 +397,7 @@ mod tests {
     fn with_stealing_off_nobody_takes_a_backlog() {
         let (engine, clock, home) = claimed_backlog(false, 2 * STEAL_MIN, || {});
         let shared = engine.shared();
-        assert!(!shared.balance.help(
+        assert!(!shared.idle_workers.help(
             &shared.shards,
             &shared.shutdown,
             1 - home,
