@@ -7,7 +7,7 @@
 # 127.0.0.1:$NGINX_PORT), then for ROUNDS rounds (default 4) and, within each round, for
 # each timer in $TIMERS (default: corewheel corewheel-driven tokio) in turns (round r starts
 # at the r-th timer, so that each takes each place in the order; ROTATE=0 keeps the order
-# fixed), starts the
+# fixed; an entry LABEL=BINARY:TIMER runs another build of the proxy under LABEL), starts the
 # release proxy in front of nginx (default threads), runs a short warm-up, then
 #   wrk -t1 -c256 -d8s --latency http://127.0.0.1:$PROXY_PORT/
 # and records requests/s, latency p99 and the proxy's CPU (utime+stime from
@@ -141,10 +141,18 @@ for round in $(seq "$ROUNDS"); do
         shift_by=$(( ${ROTATE:-1} == 0 ? 0 : round - 1 ))
         order+=("${TIMER_LIST[$(( (i + shift_by) % ${#TIMER_LIST[@]} ))]}")
     done
-    for timer in "${order[@]}"; do
+    for entry in "${order[@]}"; do
+        # An entry is a timer name, or LABEL=BINARY:TIMER to A/B two builds of the proxy.
+        timer=$entry binary=$PROXY
+        if [[ $entry == *=*:* ]]; then
+            binary=${entry#*=} && timer=${binary##*:} && binary=${binary%:*}
+            timer_flag=$timer timer=${entry%%=*}
+        else
+            timer_flag=$timer
+        fi
         tag="r${round}-${timer}"
-        "$PROXY" --upstream "127.0.0.1:$NGINX_PORT" --listen "127.0.0.1:$PROXY_PORT" \
-            --timer "$timer" > "$OUT/$tag.proxy.log" 2>&1 &
+        "$binary" --upstream "127.0.0.1:$NGINX_PORT" --listen "127.0.0.1:$PROXY_PORT" \
+            --timer "$timer_flag" > "$OUT/$tag.proxy.log" 2>&1 &
         PROXY_PID=$!
         wait_port "$PROXY_PORT"
         wrk -t"$WTHREADS" -c"$CONNS" -d"$WARMUP" "http://127.0.0.1:$PROXY_PORT/" \

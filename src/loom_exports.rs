@@ -343,8 +343,9 @@ impl Lane {
             builder.push(node.node, need);
         }
         let (first, last, earliest) = builder.finish().expect("a parked chain has a node");
+        let quiet = now.saturating_add(2 * OLD_HORIZON + 1);
         // SAFETY: forwarded from the caller; the builder linked the chain first to last.
-        unsafe { self.0.park(first, last, earliest, now) }
+        unsafe { self.0.park(first, last, earliest, quiet) }
     }
 
     /// The producer takes the old stack back if its timers have waited

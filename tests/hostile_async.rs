@@ -304,8 +304,11 @@ fn cross_dropping_child() {
                 std::thread::spawn(move || {
                     let waker = Waker::from(Arc::new(Inline(i)));
                     let mut sleep = engine.sleep_until(deadline);
-                    assert!(poll(&mut sleep, &waker).is_pending());
-                    *SLOTS[i].lock().unwrap() = Some(sleep);
+                    // A thread that starts after the deadline (a loaded machine) finds
+                    // its sleep complete at this poll: nothing to race in that round.
+                    if poll(&mut sleep, &waker).is_pending() {
+                        *SLOTS[i].lock().unwrap() = Some(sleep);
+                    }
                 })
             })
             .collect();

@@ -597,14 +597,24 @@ fn destructors_reclaim_onto_the_ring_being_taken() {
         for &carrier in &carriers {
             assert!(engine.cancel(carrier));
         }
-        // The carriers' messages are taken at the fifth tick (their lazy need), and the
-        // victims' cancels, sent from the destructors after that look, at the sixth.
-        run_for(&engine, &clock, 6);
-        let cancelled = (0..VICTIMS)
-            .filter(|&id| book.cancelled[id].load(Ordering::SeqCst))
-            .count();
+        // The carriers wait on this thread's old generation, which the owner takes back
+        // within `IDLE_LANE_HORIZON` (32) ticks of their parking now that this thread is
+        // quiet; freeing them runs the destructors inside the take loop, and their cancels
+        // are taken at the next look, which frees the victims.
+        let mut ticks = 0;
+        let cancelled = loop {
+            run_for(&engine, &clock, 1);
+            ticks += 1;
+            let cancelled = (0..VICTIMS)
+                .filter(|&id| book.cancelled[id].load(Ordering::SeqCst))
+                .count();
+            if cancelled == 15_000 || ticks == 40 {
+                break cancelled;
+            }
+        };
         assert_eq!(cancelled, 15_000, "every destructor cancelled its victims");
-        // Freed by the next look: only the 5000 left alone stay.
+        run_for(&engine, &clock, 2);
+        // Only the 5000 left alone stay.
         assert!(
             engine.nodes_in_use() <= VICTIMS - 15_000 + 64,
             "cancelled victims freed: {} in use",

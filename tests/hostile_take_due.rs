@@ -1,7 +1,7 @@
 //! Hostile review of `7bd3192`: a shard's worker takes only the lane stacks (the young
 //! stack and the two old generations) whose own need has come (`Lane::take_due`), instead
 //! of all three once any one was due. Parked timers now stay on their thread's lane until
-//! their generation's need (at most `2 * OLD_HORIZON + 1` ticks after its first park),
+//! their generation's need (at most `IDLE_LANE_HORIZON` ticks after its first park),
 //! unless a reset makes the shard urgent (then every stack of every lane is taken).
 //!
 //! The attacks, from the public API: threads that arm enough long timers to park them and
@@ -35,9 +35,8 @@ use corewheel::{Clock, ManualClock, PendingTimers, TimerEngine, TimerHandle};
 
 /// The most ticks a cancelled timer's captures may outlive its cancel on an engine turned
 /// every tick, whatever its thread does next: a lane's young stack is taken by
-/// `IDLE_LANE_HORIZON` (32) ticks after it was started, an old generation by
-/// `2 * OLD_HORIZON + 1` (9) after its first park, a forward ring and the inbox at every
-/// look.
+/// `IDLE_LANE_HORIZON` (32) ticks after it was started, an old generation by as many
+/// after its first park, a forward ring and the inbox at every look.
 const DROP_BOUND: u64 = 32;
 
 // ---------------------------------------------------------------------------------------
@@ -275,7 +274,7 @@ fn delay(rng: &mut Rng) -> u64 {
 }
 
 // Deterministic shape: 200 long timers armed at one tick, then nothing from the thread. The
-// first 128 go through two claims and sit on one old generation (needed 9 ms later), the
+// first 128 go through two claims and sit on one old generation (needed 9-32 ms later), the
 // rest on the young stack (needed 32 ms later). Parked timers must fire at their own tick, parked
 // and young cancelled ones must be dropped by their stack's need, not when the thread next
 // arms (it never does).
@@ -312,7 +311,8 @@ fn a_quiet_threads_parked_timers_fire_and_drop_on_time() {
         }
         model.settle(&engine, 40);
         // Cancelled at 0 ms while parked (ids below 128): taken with their generation by
-        // its need, 9 ms, though the thread never arms again.
+        // its need, though the thread never arms again: by the worker's planned wake-up,
+        // at most `IDLE_LANE_HORIZON` (32) ticks after the parking tick.
         let parked_drops: Vec<(usize, u64)> = model
             .book
             .dropped
@@ -325,7 +325,7 @@ fn a_quiet_threads_parked_timers_fire_and_drop_on_time() {
         let parked_cancelled = (0..128).filter(|id| id % 3 == 0 && id % 5 != 4).count();
         assert_eq!(parked_drops.len(), parked_cancelled);
         assert!(
-            parked_drops.iter().all(|&(_, at)| at <= 9),
+            parked_drops.iter().all(|&(_, at)| at <= 33),
             "parked cancelled timers dropped late: {parked_drops:?}"
         );
     }

@@ -285,7 +285,8 @@ impl Lane {
     }
 
     /// Moves a chain of pending timers, due no sooner than `earliest`, onto the current old
-    /// generation. Returns its need if this lowered it.
+    /// generation; `quiet` is by when the worker takes it back should the producer go quiet
+    /// (see [`quiet_need`](crate::engine::producer)). Returns its need if this lowered it.
     ///
     /// # Safety
     /// As for [`requeue`](Self::requeue).
@@ -294,7 +295,7 @@ impl Lane {
         first: NonNull<TimerNode>,
         last: NonNull<TimerNode>,
         earliest: u64,
-        now: u64,
+        quiet: u64,
     ) -> Option<u64> {
         // SAFETY: the caller is the producer thread.
         let current = unsafe { self.with_producer(|side| side.old_current) };
@@ -304,10 +305,8 @@ impl Lane {
         // SAFETY: the caller is the producer thread.
         unsafe {
             self.with_producer(|side| {
-                // The producer takes it back within two horizons; the worker only if the
-                // producer has gone quiet by then.
                 let need = if was_empty {
-                    earliest.min(now.saturating_add(2 * OLD_HORIZON + 1))
+                    earliest.min(quiet)
                 } else {
                     side.old_need[current].min(earliest)
                 };

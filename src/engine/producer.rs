@@ -364,8 +364,9 @@ impl EngineShared {
         now: u64,
     ) {
         if let Some((first, last, earliest)) = park.finish() {
+            let quiet = quiet_need(shard.planned_wake(), now);
             // SAFETY: forwarded from the caller.
-            if let Some(need) = unsafe { lane.park(first, last, earliest, now) } {
+            if let Some(need) = unsafe { lane.park(first, last, earliest, quiet) } {
                 shard.wake_for(need);
             }
         }
@@ -559,6 +560,20 @@ fn fresh_need(shard: &Shard, now: u64) -> u64 {
     match shard.planned_wake() {
         AWAKE => latest,
         planned => planned.clamp(now.saturating_add(LANE_HORIZON), latest),
+    }
+}
+
+/// By when the worker takes back an old generation parked at tick `now` if its producer
+/// goes quiet: the producer takes it back itself within two horizons while it is busy, so
+/// the worker's fallback rides its own planned wake-up (`planned`, or [`AWAKE`]: it will
+/// plan by then) within two horizons and [`IDLE_LANE_HORIZON`]. Sooner, and a busy
+/// producer's every park would wake the worker for a generation it then finds taken.
+#[inline]
+fn quiet_need(planned: u64, now: u64) -> u64 {
+    let latest = now.saturating_add(IDLE_LANE_HORIZON);
+    match planned {
+        AWAKE => latest,
+        planned => planned.clamp(now.saturating_add(2 * OLD_HORIZON + 1), latest),
     }
 }
 
