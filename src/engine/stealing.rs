@@ -2,13 +2,7 @@
 //! about half of a backlog worth waking for, or walks a batch of the lists an owner handed
 //! out for a burst ([`due_lists`](crate::engine::due_lists)), and runs what it took.
 
-#![cfg_attr(
-    loom,
-    allow(
-        dead_code,
-        reason = "loom models drive engines by hand, without worker threads"
-    )
-)]
+#![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 
 use crate::sync::atomic::AtomicBool;
 
