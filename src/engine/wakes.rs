@@ -1,6 +1,5 @@
-//! Why a worker's sleep ended: what it planned to wake for, and whether another thread
-//! woke it sooner. Counted per shard ([`WakeCounters`](crate::engine::counters::WakeCounters))
-//! for [`Stats`](crate::Stats): at a light load, wake-ups are most of the engine's cost.
+//! Why a worker's sleep ended, counted per shard
+//! ([`WakeCounters`](crate::engine::counters::WakeCounters)) for [`Stats`](crate::Stats).
 
 #![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 

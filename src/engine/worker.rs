@@ -1,5 +1,4 @@
-//! A worker thread: the owner of one shard's [`HeldWheel`](crate::engine::held_wheel). Who
-//! may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! A worker thread: the owner of one shard's [`HeldWheel`](crate::engine::held_wheel).
 
 use crate::engine::idle_workers::UserCode;
 use crate::engine::reentrancy;
@@ -59,8 +58,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             continue;
         }
         if look.lists_out {
-            // Walks its lists with the helpers; the rest is being walked for a batch at
-            // most, and the next look takes them back.
+            // Walks its lists with the helpers; the next look takes them back.
             let walked = shard.walk_hand_outs(&shared.shutdown, index, |batch, due| {
                 run_own(batch, now_tick.max(due));
             });
