@@ -78,14 +78,12 @@ impl EngineBuilder {
     }
 
     /// The most timer nodes one shard's pool holds (default 4 × 2^20, rounded up to a
-    /// multiple of 1024, at most 2^26 - 1024); beyond, scheduling on that shard is a
-    /// [`ScheduleError::Capacity`](crate::ScheduleError::Capacity). Nodes in use include
-    /// free ones each thread keeps at hand (a few hundred per thread and shard) and
-    /// cancelled ones on their way back.
-    ///
+    /// multiple of 1024, at most 2^26 - 1024); beyond, scheduling there is a
+    /// [`ScheduleError::Capacity`](crate::ScheduleError::Capacity). Nodes in use include a
+    /// few hundred free ones per thread and shard, and cancelled ones on their way back.
     /// Address space for this many 64-byte nodes is reserved at build; memory is used as
-    /// timers are scheduled, and the high-water mark (up to about 8/7 of the most nodes in
-    /// use at once, plus 1,024) stays until the engine is dropped.
+    /// timers are scheduled, up to a high-water mark of about 8/7 of the most nodes in use
+    /// at once, plus 1,024.
     pub fn capacity(mut self, timers_per_shard: usize) -> Self {
         self.capacity = timers_per_shard;
         self
@@ -120,11 +118,8 @@ impl EngineBuilder {
     }
 
     /// Starts no worker threads: the application's runtime spawns the shards' futures,
-    /// [`TimerEngine::drivers`](crate::TimerEngine::drivers), each sleeping on the
-    /// runtime's timer, so the engine rides the runtime's own wake-ups.
-    /// [`workers`](Self::workers) still sets the number of shards.
-    ///
-    /// What it gives up, against worker threads:
+    /// [`TimerEngine::drivers`](crate::TimerEngine::drivers), which ride the runtime's own
+    /// wake-ups; [`workers`](Self::workers) still sets the number of shards. It gives up:
     /// - A callback that blocks holds up its runtime thread and its shard's other timers
     ///   ([`rescue_after`](Self::rescue_after) and [`stealing`](Self::stealing) apply to
     ///   worker threads only, though a [`turn`](crate::TimerEngine::turn) stands in).

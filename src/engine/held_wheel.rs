@@ -125,11 +125,7 @@ impl HeldWheel {
         self.freed.give_back(&shard.pool);
         let wheel_next = self.wheel.next_tick();
         // With lists out, what is due now is on them (see above).
-        let next_due = if handed_out {
-            Some(now_tick)
-        } else {
-            wheel_next
-        };
+        let next_due = handed_out.then_some(now_tick).or(wheel_next);
         shard.publish_next_due(next_due.unwrap_or(u64::MAX));
         let for_wheel = [
             more_due.then_some(now_tick),
