@@ -187,10 +187,7 @@ impl HeldWheel {
         if version == self.lanes_version {
             return;
         }
-        let mut lanes = shard
-            .lanes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut lanes = shard.lanes.lock().unwrap_or_else(|p| p.into_inner());
         lanes.retain(|lane| {
             if !lane.is_finished() {
                 return true;

@@ -498,8 +498,7 @@ impl TimerEngine {
         let Ok(turn) = Turn::begin(shared.id.get()) else {
             return 0;
         };
-        let now = shared.clock.now();
-        let now_tick = shared.ticks.floor(now);
+        let (now, now_tick) = shared.now_at(shared.clock.now());
         let mut fired = 0;
         for shard in shared.shards.iter() {
             if shared.shutdown.load(Ordering::SeqCst) {
@@ -516,7 +515,7 @@ impl TimerEngine {
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
             {
                 fired +=
-                    IdleWorkers::stand_in(shard, &shared.shutdown, shared.now_at(now), None, None);
+                    IdleWorkers::stand_in(shard, &shared.shutdown, (now, now_tick), None, None);
             }
         }
         if shared.shutdown.load(Ordering::SeqCst) {
@@ -543,8 +542,7 @@ impl TimerEngine {
     fn turn_owned(shared: &EngineShared, shard: &Shard) -> (usize, Option<u64>) {
         let mut fired = 0;
         loop {
-            let now = shared.clock.now();
-            let now_tick = shared.ticks.floor(now);
+            let (now, now_tick) = shared.now_at(shared.clock.now());
             let look = shard.owner_look(now, now_tick);
             shard.set_running(true);
             // Captures' `Drop`s, outside the wheel, like callbacks (see `DeferredDrops`).

@@ -227,7 +227,7 @@ impl ShardState {
         let lane = Arc::new(Lane::new());
         self.lanes
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|p| p.into_inner())
             .push(Arc::clone(&lane));
         self.lanes_version.fetch_add(1, Ordering::AcqRel);
         lane
@@ -258,10 +258,7 @@ impl ShardState {
     /// A driven shard's driver stores the waker of its current poll, before it publishes
     /// its plan (see [`driver`](crate::engine::driver)).
     pub(crate) fn register_driver(&self, waker: &Waker) {
-        let mut driver = self
-            .driver
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut driver = self.driver.lock().unwrap_or_else(|p| p.into_inner());
         if !driver
             .as_ref()
             .is_some_and(|stored| stored.will_wake(waker))
@@ -286,7 +283,7 @@ impl ShardState {
         let waker = self
             .driver
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(waker) = waker {
             waker.wake();

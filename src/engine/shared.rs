@@ -56,6 +56,7 @@ impl EngineShared {
         self.ticks.floor(self.clock.now())
     }
 
+    /// `now` with its tick.
     #[inline]
     pub(crate) fn now_at(&self, now: Instant) -> (Instant, u64) {
         (now, self.ticks.floor(now))

@@ -22,8 +22,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
     // The last wake-up, counted once the look after it shows whether timers were due.
     let mut woke_up: Option<Woke> = None;
     loop {
-        let now = shared.clock.now();
-        let now_tick = shared.ticks.floor(now);
+        let (now, now_tick) = shared.now_at(shared.clock.now());
         let look = shard.owner_look(now, now_tick);
         if let Some(woke) = woke_up.take() {
             shard.counters.wakes.count(woke, look.claimed);
