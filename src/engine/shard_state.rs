@@ -38,9 +38,8 @@ pub(crate) struct ShardState {
     /// The earliest tick by which the worker must take every lane, lowered by a reset that
     /// brings forward a timer still in transit (the lane it sits on does not know).
     urgent: CachePadded<AtomicU64>,
-    /// How many times the urgent tick has been asked for, compared across a reclaim (see
-    /// [`ask_again_if_asked_since`](Self::ask_again_if_asked_since)); rarely written, so
-    /// producers reading it at each reclaim seldom miss.
+    /// How often the urgent tick was asked for, compared across a reclaim
+    /// ([`ask_again_if_asked_since`](Self::ask_again_if_asked_since)); rarely written.
     urgent_asked: CachePadded<AtomicU64>,
     /// Nanoseconds a callback of this shard has taken lately (0 before any run; owner
     /// only): what a backlog is worth in time, for

@@ -10,7 +10,7 @@
 //! ([`deferred_drops`](crate::engine::deferred_drops)), or either run for another shard by a
 //! helper, which marks its own shard running meanwhile. At most one worker watches, so an
 //! idle engine costs no CPU; while an owner is stuck, the watcher stands in when its timers
-//! come due and otherwise looks every `rescue_after` ticks.
+//! come due and otherwise looks every `rescue_after` ticks, not spinning a core.
 
 #![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 
