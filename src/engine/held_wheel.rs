@@ -296,10 +296,11 @@ impl HeldWheel {
         let received = node_ref.state.receive();
         if self.finished.is_some() {
             // Swept up after the last turn: the wheel's lists are gone, so nothing is filed or
-            // unlinked, and nothing is run (any pushing thread may sweep). A new timer was pushed after the last turn's collection, so
-            // its scheduler sees the shutdown and withdraws it: it stays marked filed, on no
-            // list, until that cancel's message comes back here. No repeating re-arm can
-            // arrive: every run ended before the last turn (it waits for other hands).
+            // unlinked, and nothing is run (any pushing thread may sweep). A new timer was
+            // pushed after the last turn's collection, so its scheduler sees the shutdown and
+            // withdraws it: it stays marked filed, on no list, until that cancel's message
+            // comes back here. No repeating re-arm can arrive: every run ended before the
+            // last turn (it waits for other hands).
             match received {
                 Received::File | Received::Refile | Received::Ignore => {}
                 Received::UnlinkAndFree | Received::Free => self.free(shard, node),

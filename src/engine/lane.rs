@@ -344,9 +344,9 @@ impl Lane {
         Chain([self.young.take(), self.old[0].take(), self.old[1].take()])
     }
 
-    /// The worker's take: each stack whose need has come (all when `all`), lest parked
-    /// timers reach the wheel before their thread could cancel them. A stale need makes a
-    /// take early (harmless) or late (covered by the push's wake-up handshake).
+    /// The worker's take: only the stacks whose need has come (all when `all`), as taking
+    /// all would bring parked timers to the wheel before their thread could cancel them. A
+    /// stale need makes a take early (harmless) or late (covered by the push's handshake).
     pub(crate) fn take_due(&self, now: u64, all: bool) -> Chain {
         if all {
             return self.take();

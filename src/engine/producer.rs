@@ -432,11 +432,7 @@ impl EngineShared {
                 let count = counter.load(Ordering::Relaxed).wrapping_add(by);
                 counter.store(count, Ordering::Relaxed);
             }
-            None => {
-                _ = what
-                    .retired(&this.shards[shard])
-                    .fetch_add(by, Ordering::Relaxed)
-            }
+            None => add(what.retired(&this.shards[shard]), by),
         });
     }
 

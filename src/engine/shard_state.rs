@@ -175,7 +175,8 @@ impl ShardState {
         self.in_hands.fetch_add(1, Ordering::SeqCst);
         // Pairs with the fence in `wait_for_hands`: either the last turn sees this worker in
         // its hands, or this worker sees the shutdown. The SeqCst accesses alone do not give
-        // that order (a walker could walk lists the last turn is taking back).
+        // that order (a walker could walk lists the last turn is taking back; the loom model
+        // `a_shutdown_against_a_walker_runs_or_drops_each_timer_once` checks it).
         fence(Ordering::SeqCst);
         if shutdown.load(Ordering::SeqCst) {
             self.leave_hands();
