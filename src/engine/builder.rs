@@ -5,9 +5,8 @@ use std::time::Duration;
 use crate::engine::pool::DEFAULT_CAPACITY;
 use crate::time::clock::ManualClock;
 
-/// The most workers (shards) an engine may have; more is a [`BuildError::TooManyWorkers`](crate::BuildError::TooManyWorkers).
-/// Each is a thread, a pool's address space and a shard for idle workers to look over, so
-/// far more workers than CPUs only costs more.
+/// The most workers (shards) an engine may have; more is a
+/// [`BuildError::TooManyWorkers`](crate::BuildError::TooManyWorkers).
 pub const MAX_WORKERS: usize = 1024;
 
 /// Builds a [`TimerEngine`](crate::TimerEngine). Made by [`TimerEngine::builder`](crate::TimerEngine::builder).
@@ -56,89 +55,77 @@ impl Default for EngineBuilder {
 
 impl EngineBuilder {
     /// How many shards, each with its own worker thread. Default: one per CPU the process
-    /// may use ([`std::thread::available_parallelism`]), at most [`MAX_WORKERS`]. Zero is a
-    /// [`BuildError::NoWorkers`](crate::BuildError::NoWorkers), more than [`MAX_WORKERS`] a [`BuildError::TooManyWorkers`](crate::BuildError::TooManyWorkers).
+    /// may use, at most [`MAX_WORKERS`]. Zero is a
+    /// [`BuildError::NoWorkers`](crate::BuildError::NoWorkers).
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = Some(workers);
         self
     }
 
-    /// The timing granularity. Default 1 ms. Deadlines round up to a tick boundary, so a
-    /// timer never fires early and fires at most about a tick late when the engine keeps
-    /// up. Zero is a [`BuildError::ZeroTick`](crate::BuildError::ZeroTick).
+    /// The timing granularity (default 1 ms). Deadlines round up to a tick, so a timer
+    /// never fires early. Zero is a [`BuildError::ZeroTick`](crate::BuildError::ZeroTick).
     pub fn tick(mut self, tick: Duration) -> Self {
         self.tick = tick;
         self
     }
 
-    /// Whether to pin worker `i` to CPU `i` (modulo the CPU count). Default `true`. A refused
-    /// pin leaves that worker unpinned, as [`Stats::pinned_workers`](crate::Stats::pinned_workers)
-    /// shows; the library prints nothing.
+    /// Whether to pin worker `i` to CPU `i` modulo the CPU count (default `true`). A refused
+    /// pin leaves the worker unpinned, as [`Stats::pinned_workers`](crate::Stats::pinned_workers)
+    /// shows.
     pub fn pin_workers(mut self, pin: bool) -> Self {
         self.pin_workers = pin;
         self
     }
 
-    /// The most timer nodes one shard's pool holds; when they are all in use, scheduling on
-    /// that shard is a [`ScheduleError::Capacity`](crate::ScheduleError::Capacity).
-    /// Default: 4 × 2^20. Rounded up to a multiple of 1024, at most 2^26 - 1024. Nodes in
-    /// use include, besides live timers, free ones each thread keeps at hand (a few hundred
-    /// per thread and shard) and cancelled ones on their way back to the pool.
-    ///
-    /// Each shard reserves address space for this many 64-byte nodes at build; memory is
-    /// used only as timers are scheduled, and the high-water mark (up to about 8/7 of the
-    /// most nodes in use at once, plus 1,024, as the pool keeps spare free pages) stays
-    /// until the engine is dropped.
+    /// The most timer nodes one shard's pool holds (default 4 × 2^20, rounded up to a
+    /// multiple of 1024, at most 2^26 - 1024); beyond, scheduling there is a
+    /// [`ScheduleError::Capacity`](crate::ScheduleError::Capacity). Nodes in use include a
+    /// few hundred free ones per thread and shard, and cancelled ones on their way back.
+    /// Address space for this many 64-byte nodes is reserved at build; memory is used as
+    /// timers are scheduled, up to a high-water mark of about 8/7 of the most nodes in use
+    /// at once, plus 1,024.
     pub fn capacity(mut self, timers_per_shard: usize) -> Self {
         self.capacity = timers_per_shard;
         self
     }
 
-    /// Whether idle workers take part of another shard's burst of due timers (default `true`).
-    ///
-    /// Timers stay on the shard that armed them until due; when more than a few dozen are
-    /// due at once, a sleeping worker is woken to run some, so a burst armed from one thread
-    /// fires on every worker. Off, each shard's timers run on its own worker only (but for
+    /// Whether idle workers take part of another shard's burst of due timers (default
+    /// `true`): when more than a few dozen are due at once, a sleeping worker is woken to
+    /// run some. Off, a shard's timers run on its own worker only (but for
     /// [`rescue_after`](Self::rescue_after)).
     pub fn stealing(mut self, stealing: bool) -> Self {
         self.stealing = stealing;
         self
     }
 
-    /// How many ticks a shard's owner may go without looking at its wheel, while awake
-    /// (stuck in a slow callback or a `Drop`), before another worker stands in until it is
-    /// back. `None` turns this off: a slow callback then delays its shard's other timers.
-    /// `Some(0)` is taken as `Some(1)`. Default: `Some(8)` ([`DEFAULT_RESCUE_AFTER`]).
+    /// How many ticks a shard's owner may spend in a slow callback or `Drop` without
+    /// looking at its wheel before another worker stands in until it is back (default
+    /// [`DEFAULT_RESCUE_AFTER`]; `Some(0)` is `Some(1)`). `None` turns this off.
     ///
-    /// With it on, while any owner is running timers (and for a while after), one otherwise
-    /// idle worker wakes every this many ticks (at least every tick) to look. Timers claimed
-    /// in the same run as the slow callback (at most 32) still wait for it.
+    /// While any owner is running timers (and a while after), one idle worker wakes every
+    /// this many ticks to look. Timers claimed in the slow callback's run (at most 32)
+    /// still wait for it.
     pub fn rescue_after(mut self, ticks: Option<u32>) -> Self {
         self.rescue_after = ticks;
         self
     }
 
     /// Drives the engine by hand, for deterministic tests: no worker threads, time from
-    /// `clock`, and each [`TimerEngine::turn`](crate::TimerEngine::turn) runs every shard's due work on its caller.
+    /// `clock`, and [`TimerEngine::turn`](crate::TimerEngine::turn) runs the due work.
     pub fn manual_clock(mut self, clock: ManualClock) -> Self {
         self.manual_clock = Some(clock);
         self
     }
 
-    /// Starts no worker threads: the application's async runtime spawns and turns the
-    /// shards' futures, [`TimerEngine::drivers`](crate::TimerEngine::drivers), each sleeping on the runtime's timer until
-    /// its next deadline or a sooner timer is armed, so the engine rides the runtime's own
-    /// wake-ups. [`workers`](Self::workers) still sets the number of shards.
-    ///
-    /// What it gives up, against worker threads:
-    /// - Callbacks run inside a driver's poll; one that blocks holds up that runtime thread
-    ///   and its shard's other timers ([`rescue_after`](Self::rescue_after) and
-    ///   [`stealing`](Self::stealing) apply to worker threads only, though a
-    ///   [`TimerEngine::turn`](crate::TimerEngine::turn) from another thread stands in after `rescue_after`).
-    /// - Timers fire when the runtime polls their driver: a busy runtime delays them (never
-    ///   early). A burst due at once on one shard runs on one runtime thread.
+    /// Starts no worker threads: the application's runtime spawns the shards' futures,
+    /// [`TimerEngine::drivers`](crate::TimerEngine::drivers), which ride the runtime's own
+    /// wake-ups; [`workers`](Self::workers) still sets the number of shards. It gives up:
+    /// - A callback that blocks holds up its runtime thread and its shard's other timers
+    ///   ([`rescue_after`](Self::rescue_after) and [`stealing`](Self::stealing) apply to
+    ///   worker threads only, though a [`turn`](crate::TimerEngine::turn) stands in).
+    /// - Timers fire when the runtime polls their driver: a busy runtime delays them.
     /// - Nothing fires until the drivers are spawned; a shard whose driver is dropped is
-    ///   turned only by [`TimerEngine::turn`](crate::TimerEngine::turn) calls.
+    ///   turned only by [`turn`](crate::TimerEngine::turn) calls.
     pub fn driven(mut self) -> Self {
         self.driven = true;
         self

@@ -59,16 +59,22 @@ impl Callback {
 
     /// Stores a one-shot callback. The slot must be empty.
     pub(crate) fn set_once<F: FnOnce() + Send + 'static>(&mut self, f: F) {
+        self.store(f, INLINE_BYTES, (once_inline::<F>, once_boxed::<F>));
+    }
+
+    /// Stores `f` in place if it fits in `bytes`, else boxed, with the shim for each way.
+    #[inline]
+    fn store<F>(&mut self, f: F, bytes: usize, (inline, boxed): (Shim, Shim)) {
         debug_assert!(self.shim.is_none());
-        if fits_inline::<F>(INLINE_BYTES) {
+        let slot = self.storage.0.as_mut_ptr();
+        if fits_inline::<F>(bytes) {
             // SAFETY: `fits_inline` checked size and alignment; the slot is empty.
-            unsafe { self.storage.0.as_mut_ptr().cast::<F>().write(f) };
-            self.shim = Some(once_inline::<F>);
+            unsafe { slot.cast::<F>().write(f) };
+            self.shim = Some(inline);
         } else {
-            let boxed = Box::into_raw(Box::new(f));
             // SAFETY: a pointer fits in the storage's first word, and the slot is empty.
-            unsafe { self.storage.0.as_mut_ptr().cast::<*mut F>().write(boxed) };
-            self.shim = Some(once_boxed::<F>);
+            unsafe { slot.cast::<*mut F>().write(Box::into_raw(Box::new(f))) };
+            self.shim = Some(boxed);
         }
     }
 
@@ -96,16 +102,8 @@ impl Callback {
         debug_assert!(self.shim.is_none());
         // The third word holds the period, whichever way the closure is stored.
         self.storage.0[2] = MaybeUninit::new(period.to_word() as usize);
-        if fits_inline::<F>(INLINE_REPEATING_BYTES) {
-            // SAFETY: as in `set_once`.
-            unsafe { self.storage.0.as_mut_ptr().cast::<F>().write(f) };
-            self.shim = Some(repeating_inline::<F>);
-        } else {
-            let boxed = Box::into_raw(Box::new(f));
-            // SAFETY: as in `set_once`.
-            unsafe { self.storage.0.as_mut_ptr().cast::<*mut F>().write(boxed) };
-            self.shim = Some(repeating_boxed::<F>);
-        }
+        let shims: (Shim, Shim) = (repeating_inline::<F>, repeating_boxed::<F>);
+        self.store(f, INLINE_REPEATING_BYTES, shims);
     }
 
     /// Runs the callback; a one-shot one is consumed, even if it panics.

@@ -1,9 +1,8 @@
 //! Each thread's view of each engine it uses: its home shard and its lanes, found through a
 //! thread-local so that the hot path touches no shared structure to pick a shard.
 //!
-//! A context does not keep its engine alive: a dropped engine's context is pruned by the
-//! thread's next lookup. Contexts are found by the engine's id, never by its address, which
-//! a later engine may reuse. Ground rules: [`engine`](crate::engine).
+//! A context does not keep its engine alive (the thread's next lookup prunes a dropped
+//! engine's), and is found by the engine's id, never its address, which may be reused.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::num::NonZeroU32;
@@ -118,13 +117,7 @@ pub(crate) fn with<R>(engine: &Arc<EngineShared>, f: impl FnOnce(Option<&Context
 }
 
 /// Makes `home` the calling thread's home shard for `engine` (for worker threads).
-#[cfg_attr(
-    loom,
-    allow(
-        dead_code,
-        reason = "loom models drive engines by hand, without worker threads"
-    )
-)]
+#[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 pub(crate) fn set_home(engine: &Arc<EngineShared>, home: usize) {
     let _ = lookup(engine, Some(home));
 }

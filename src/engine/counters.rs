@@ -56,13 +56,7 @@ pub(crate) struct WakeCounters {
 
 impl WakeCounters {
     /// The owner's sleep ended as `woke` says, and the look after it claimed `claimed`.
-    #[cfg_attr(
-        loom,
-        allow(
-            dead_code,
-            reason = "loom models drive engines by hand, without worker threads"
-        )
-    )]
+    #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     pub(crate) fn count(&self, woke: Woke, claimed: usize) {
         let counter = match woke.planned {
             _ if woke.early => &self.woken,

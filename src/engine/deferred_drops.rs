@@ -1,13 +1,11 @@
-//! Timers a look at a shard's wheel took off for good, whose callbacks' captures have a
-//! `Drop`: the look chains them here, and drops them once it has let the wheel go, marked
-//! as running callbacks.
+//! Timers a look took off the wheel for good whose captures have a `Drop`: the look chains
+//! them here, and they are dropped once the wheel is let go, marked as running callbacks.
 //!
-//! Why not at once: a `Drop` is user code and may block, and under the wheel nobody could
-//! stand in (a stand-in needs the wheel). After, it is like a blocking callback: a watcher
-//! notices and stands in ([`stuck_owners`](crate::engine::stuck_owners)). Captures without drop glue
-//! are freed at once (nothing can block, and a second visit would cost), as are those of
-//! the last turn and its sweeps, which run callbacks under the wheel anyway.
-//! Ground rules: [`engine`](crate::engine).
+//! Why: a `Drop` is user code and may block, and under the wheel nobody could stand in.
+//! After, it is like a blocking callback: a watcher stands in
+//! ([`stuck_owners`](crate::engine::stuck_owners)). Captures without drop glue are freed at
+//! once, as are those of the last turn and its sweeps (which run callbacks under the wheel
+//! anyway).
 
 use std::ptr::NonNull;
 
@@ -17,8 +15,8 @@ use crate::engine::runner;
 use crate::engine::shard_state::ShardState;
 use crate::engine::timer_node::TimerNode;
 
-/// Nodes held by the thread that took them off a shard's wheel, their callbacks not yet
-/// dropped. Must be [`free`](Self::free)d, or the nodes never return to the pool.
+/// Nodes held by the thread that took them off a wheel, callbacks not yet dropped; must be
+/// [`free`](Self::free)d.
 #[must_use = "the nodes return to the pool only through `free`"]
 pub(crate) struct DeferredDrops {
     chain: Option<Chain>,

@@ -1,17 +1,13 @@
 //! The futures that turn a driven engine's shards on the application's async runtime
 //! ([`EngineBuilder::driven`](crate::EngineBuilder::driven)), in place of worker threads.
 //!
-//! Why: a worker thread that sleeps until its shard's next deadline costs a wake-up of its
-//! own for every tick with something due, whatever call it sleeps in. A runtime that wakes anyway (its tasks' own
-//! timers and I/O) can carry that work for nearly nothing: each driver sleeps on the
-//! runtime's own timer until its shard's next deadline, so the runtime's one wake-up
-//! serves its timers and ours.
+//! Why: a worker thread costs a wake-up of its own for every tick with something due; a
+//! driver sleeps on the runtime's own timer, so the runtime's one wake-up serves both.
 //!
-//! The handshake with threads that arm timers is the worker's: the driver publishes the
-//! tick it means to be polled at (`wake_at`), after storing its waker; a thread whose timer
-//! is due sooner swaps `wake_at` to awake and wakes the waker, exactly as it would unpark a
-//! worker. After publishing, the driver looks once more for anything that arrived before
-//! the plan ([`must_turn_before`](crate::engine::held_wheel::HeldWheel::must_turn_before)).
+//! The handshake with arming threads is the worker's: the driver stores its waker, then
+//! publishes the tick it means to be polled at (`wake_at`); a thread whose timer is due
+//! sooner swaps `wake_at` to awake and wakes the waker. After publishing, the driver looks
+//! once more ([`must_turn_before`](crate::engine::held_wheel::HeldWheel::must_turn_before)).
 
 use std::future::Future;
 use std::marker::PhantomPinned;
@@ -26,15 +22,12 @@ use crate::engine::shared::EngineShared;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 
-/// Turns one shard of a driven engine: spawn it on the runtime, and it runs the shard's
-/// timers as they come due, on the runtime's threads, until the engine shuts down. Made by
-/// [`TimerEngine::drivers`], one per shard.
+/// Turns one shard of a driven engine on the runtime it is spawned on, until the shard's
+/// last turn is over. Made by [`TimerEngine::drivers`], one per shard.
 ///
-/// Between turns it waits on the sleep future that its `sleep_until` function makes for the
-/// shard's next deadline (the runtime's own timer), or until a thread arms a timer due
-/// sooner, which wakes it. It completes once the engine has shut down and the shard's last
-/// turn is over. Dropped before that, it leaves its shard to [`TimerEngine::turn`] calls
-/// until [`TimerEngine::drivers`] makes another.
+/// Between turns it waits on the sleep `sleep_until` makes for the shard's next deadline,
+/// or until a thread arms a timer due sooner. Dropped early, it leaves its shard to
+/// [`TimerEngine::turn`] until [`TimerEngine::drivers`] makes another.
 #[must_use = "a driver does nothing unless it is spawned or polled"]
 pub struct Driver<F, S> {
     shared: Arc<EngineShared>,
@@ -42,8 +35,8 @@ pub struct Driver<F, S> {
     sleep_until: F,
     /// The sleep for `planned`, if there is one.
     sleep: Option<S>,
-    /// The tick the driver has published as its plan, and sleeps until; `None` before its
-    /// first turn and after a wake-up.
+    /// The tick published as the plan and slept until; `None` before the first turn and
+    /// after a wake-up.
     planned: Option<u64>,
     /// `sleep` is pinned in place (see `poll`).
     _pinned: PhantomPinned,
@@ -60,14 +53,12 @@ impl<F, S> std::fmt::Debug for Driver<F, S> {
 
 impl TimerEngine {
     /// The futures that run a [driven](crate::EngineBuilder::driven) engine's timers, one
-    /// per shard, for the application to spawn on its runtime. `sleep_until` makes the
-    /// runtime's sleep future for an instant of the engine's clock; each driver keeps one
-    /// at a time, and makes a new one only when its shard's next deadline changes.
+    /// per shard, to spawn on the application's runtime. `sleep_until` makes the runtime's
+    /// sleep for an instant of the engine's clock (anew only when the next deadline changes).
     ///
-    /// A shard has at most one driver at a time: while one lives (spawned or not), another
-    /// call makes none for that shard. Once the drivers are dropped (their runtime shut
-    /// down, say), a call makes new ones, and those take over where they stopped. Empty
-    /// for an engine with worker threads, whose workers turn it.
+    /// A shard has at most one driver at a time: while one lives, another call makes none
+    /// for it; once dropped, a call makes a new one that takes over. Empty for an engine
+    /// with worker threads.
     ///
     /// ```
     /// # #[cfg(not(miri))] {
@@ -151,9 +142,7 @@ where
                             return Poll::Pending;
                         }
                         // Slept, yet by the engine's clock the tick has not come: a
-                        // sleep on another clock, or one that rounds down. (tokio's timer
-                        // and the engine's own clock both read the monotonic clock, and
-                        // tokio rounds up, so not with those.)
+                        // sleep on another clock, or one that rounds down.
                         return yield_now(cx);
                     };
                     // SAFETY: `sleep` is pinned structurally (see above).
@@ -175,9 +164,8 @@ where
                 return yield_now(cx);
             };
             if !shard.try_own() {
-                // A thread calling `TimerEngine::turn` has the shard: it wakes this driver
-                // once it gives the shard back, and the waker stored above is the one it
-                // finds, or the shard is free again by the time this looked.
+                // A `turn` caller has the shard: it wakes the waker stored above once it
+                // gives the shard back.
                 return Poll::Pending;
             }
             shard.plan_wake(AWAKE);
@@ -203,8 +191,8 @@ where
     }
 }
 
-/// Lets the runtime run its other tasks before it polls the driver again, which it asks
-/// for at once: the driver has more to do, but nothing to wait for.
+/// Asks to be polled again at once, after the runtime's other tasks: more to do, nothing
+/// to wait for.
 fn yield_now(cx: &mut Context<'_>) -> Poll<()> {
     cx.waker().wake_by_ref();
     Poll::Pending
@@ -226,13 +214,11 @@ impl<F, S> Driver<F, S> {
             return Poll::Ready(());
         }
         let Ok(turn) = Turn::begin(self.shared.id.get()) else {
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
+            return yield_now(cx);
         };
         if !shard.try_own() {
-            // Whoever has it (a shutdown making the last turn, or a `turn` caller, which
-            // makes it once its turn ends) finishes it, and then wakes this driver, whose
-            // waker `poll` stored before looking at the shutdown flag.
+            // Whoever has it (a shutdown's last turn, or a `turn` caller once its turn ends)
+            // finishes it, then wakes the waker `poll` stored.
             return Poll::Pending;
         }
         shard.finish(self.shared.pending_mode(), self.shared.clock.now());

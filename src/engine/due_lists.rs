@@ -1,37 +1,26 @@
 //! Lists of due timers a shard's wheel hands out, for any worker to claim and run: how a
 //! burst's due timers are claimed on several cores at once.
 //!
-//! A due slot's lists are chains through the timers' nodes, and walking one is a chain of
-//! cache misses: a core claiming a burst alone is bound by the misses it keeps in flight
-//! (about 25 ns a timer with sixteen chains, on this project's VMs), however many workers
-//! stand ready to run what it claims. So when a look finds more due than its run queue
-//! holds, the wheel's holder takes the due slots' lists whole, O(1) each
-//! ([`WheelCore::detach_due`](crate::wheel::core::WheelCore::detach_due)), and hands them
-//! out here. The owner and idle workers each take a few lists at a time, walk them from
-//! both ends, claim each due timer as the wheel's holder would, and run what they claimed
-//! on their own core.
+//! Walking a due slot's list is a chain of cache misses, so a core claiming a burst alone
+//! is bound by the misses it keeps in flight, however many workers stand ready. When a
+//! look finds more due than its run queue holds, the wheel's holder takes the due slots'
+//! lists whole ([`WheelCore::detach_due`](crate::wheel::core::WheelCore::detach_due)) and
+//! hands them out here; the owner and idle workers each take a few lists, walk them from
+//! both ends, claim each due timer and run what they claimed on their own core.
 //!
 //! The protocol:
 //! - A handed-out list belongs to whoever holds its bit in `open`: the wheel's holder sets
-//!   it as it hands the list out, a walker takes it with a `fetch_and`. A walker walks at
-//!   most [`WALK_BATCH`] timers of its lists, then gives each back: its bit in `open` again
-//!   if timers are left on it, in `done` if not. It runs what it claimed only after that,
-//!   so a callback that blocks holds no list.
-//! - A walker claims a due, pending timer (`try_fire`) and leaves a cancelled one to its
-//!   cancel's message (`keep_filed`, which clears `FILED`), as the wheel's holder does (see
-//!   [`TimerNode::claim`]); one that is locked (a reset mid-write) or no longer due (pushed back
-//!   since it was filed) goes on its list's returned chain, for the wheel's holder to file
-//!   again.
+//!   it, a walker takes it with a `fetch_and`. A walker walks at most [`WALK_BATCH`] timers,
+//!   then gives each list back (its bit in `open` if timers are left, in `done` if not),
+//!   and only then runs what it claimed, so a blocking callback holds no list.
+//! - A walker claims as the wheel's holder does ([`TimerNode::claim`]); a timer locked by a
+//!   reset or no longer due goes on its list's returned chain, for the holder to refile.
 //! - While any list is out, the wheel's holder takes nothing off the lanes or the inbox and
-//!   files nothing: a cancel's or a reset's message received now would unlink a timer from
-//!   a list the wheel no longer holds. Its looks wait until every list it handed out is in
-//!   `done`, file the returned chains, and go on. Messages wait on their queues meanwhile,
-//!   as they do while an owner runs callbacks: to the state word they are in transit.
+//!   files nothing: a cancel's or reset's message received now would unlink a timer from a
+//!   list the wheel no longer holds. Its looks wait until every list is `done`, refile the
+//!   returned chains and go on; messages wait on their queues, in transit.
 //! - A walker is in the shard's hands (`enter_hands`) from taking lists to running what it
-//!   claimed, so the last turn waits for it; that turn then takes back every list, walked
-//!   to the end or not, and files what is left on it before it settles the wheel's timers.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//!   claimed, so the last turn waits for it, then takes back every list, walked or not.
 
 use crossbeam_utils::CachePadded;
 
@@ -90,29 +79,24 @@ impl Walk {
     /// Takes the timer at `end`, which exists, and asks for the line of the one after the
     /// new end, so that each end keeps two misses in flight.
     fn take(&mut self, pool: &Pool, end: End) -> u32 {
-        let index = match end {
-            End::Head => self.head,
-            End::Tail => self.tail,
+        // Of a (prev, next) pair, the one that points inwards from `end`.
+        let inward = |prev, next| match end {
+            End::Head => next,
+            End::Tail => prev,
         };
+        let index = inward(self.tail, self.head);
         if self.head == self.tail {
             (self.head, self.tail) = (NIL, NIL);
             return index;
         }
         let (_, prev, next) = links_of(pool, index);
-        let new_end = match end {
-            End::Head => next,
-            End::Tail => prev,
-        };
+        let new_end = inward(prev, next);
         match end {
             End::Head => self.head = new_end,
             End::Tail => self.tail = new_end,
         }
         let (_, before, after) = links_of(pool, new_end);
-        let beyond = match end {
-            End::Head => after,
-            End::Tail => before,
-        };
-        if let Some(node) = pool.node(beyond) {
+        if let Some(node) = pool.node(inward(before, after)) {
             TimerNode::prefetch_for_write(std::ptr::NonNull::from(node));
         }
         index
@@ -167,15 +151,12 @@ impl DueLists {
     /// [`LISTS`]), due by `due`, while none is out. Returns the lists' bits.
     pub(crate) fn hand_out(&self, lists: &[(u32, u32)], due: u64) -> u64 {
         debug_assert!(lists.len() <= LISTS && !lists.is_empty());
-        let mut bits = 0;
         for (list, &(head, tail)) in self.lists.iter().zip(lists) {
             list.head.store(head, Ordering::Relaxed);
             list.tail.store(tail, Ordering::Relaxed);
             list.returned.store(NIL, Ordering::Relaxed);
         }
-        for position in 0..lists.len() {
-            bits |= 1 << position;
-        }
+        let bits = u64::MAX >> (u64::BITS as usize - lists.len());
         self.flags.due.store(due, Ordering::Relaxed);
         // Release: a walker taking a list sees its ends and the links of its timers, filed
         // by this thread. SeqCst: against a worker going to sleep, either it sees the list
@@ -191,10 +172,9 @@ impl DueLists {
     }
 
     /// The wheel's holder takes back the lists of `handed`, calling `refile` on every timer
-    /// left on them or sent back. Each list is walked to the end ([`all_back`](Self::all_back)),
-    /// or, in the last turn, nobody holds it: no walker is in the shard's hands.
-    /// In the last turn, the wait for the shard's hands ordered every walker's writes
-    /// before this.
+    /// left on them or sent back. Each is walked to the end ([`all_back`](Self::all_back)),
+    /// or it is the last turn, whose wait for the shard's hands ordered every walker's
+    /// writes before this.
     pub(crate) fn take_back(&self, handed: u64, pool: &Pool, mut refile: impl FnMut(u32)) {
         for (position, list) in self.lists.iter().enumerate() {
             if handed & (1 << position) == 0 {
@@ -226,10 +206,9 @@ impl DueLists {
         self.flags.done.fetch_and(!handed, Ordering::Relaxed);
     }
 
-    /// Takes up to [`WALK_LISTS`] open lists, the first from list `from` on, walks up to
-    /// `out.len()` timers of them, claims the due ones into `out`, and gives the lists back.
-    /// Returns how many it claimed and the tick they were due by; `None` if it found no
-    /// open list.
+    /// Takes up to [`WALK_LISTS`] open lists from list `from` on, walks up to `out.len()`
+    /// timers, claims the due ones into `out`, and gives the lists back. Returns how many it
+    /// claimed and the tick they were due by; `None` if no list was open.
     pub(crate) fn walk(&self, pool: &Pool, out: &mut [u32], from: usize) -> Option<(usize, u64)> {
         let mine = loop {
             let open = self.flags.open.load(Ordering::Relaxed);

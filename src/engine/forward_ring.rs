@@ -1,11 +1,9 @@
-//! A lane's forward ring: the node indices a producer forwards to its shard's owner, in a
-//! dense array rather than a chain through the nodes, whose walk would pay each node's
-//! cross-core miss in turn; from an array the owner's misses overlap.
+//! A lane's forward ring: the node indices a producer forwards to its shard's owner, in an
+//! array rather than a chain through the nodes, so the owner's cache misses overlap.
 //!
-//! One producer (the lane's thread) publishes whole batches with their need, as the lane's
-//! stacks do; one consumer at a time (the wheel's holder) takes everything published. A
-//! batch that does not fit goes as a chain on the inbox, so a producer never waits. Ground
-//! rules: [`engine`](crate::engine).
+//! One producer (the lane's thread) publishes whole batches with their need; one consumer
+//! at a time (the wheel's holder) takes them. A batch that does not fit goes as a chain on
+//! the inbox, so a producer never waits.
 
 use crossbeam_utils::CachePadded;
 
@@ -19,8 +17,7 @@ pub(crate) struct ForwardRing {
     tail: CachePadded<AtomicU64>,
     /// Entries before it have been taken; written by the consumer.
     head: CachePadded<AtomicU64>,
-    /// The earliest need among the entries published and not yet taken; meaningful while
-    /// `head != tail`. Written by the producer only.
+    /// The earliest need of the entries not yet taken (while `head != tail`); producer only.
     need: AtomicU64,
     /// The slots, from the lane's opening until the engine's last turn releases them.
     slots: UnsafeCell<Option<Box<[AtomicU32]>>>,
@@ -42,7 +39,7 @@ impl ForwardRing {
 
     /// Publishes `indices`, needed by tick `need`, or nothing (`None`) if they do not all
     /// fit. Returns the ring's need for [`wake_for`](crate::engine::shard_state::ShardState::wake_for):
-    /// at most the next tick from [`WAKE_AT`] entries, `now` from twice that, so a sleeping
+    /// at most the next tick from [`WAKE_AT`] entries, `now` from twice that, so the
     /// consumer empties it before it fills.
     ///
     /// # Safety
@@ -71,13 +68,11 @@ impl ForwardRing {
         if filled >= 2 * WAKE_AT {
             need = need.min(now);
         } else if filled >= WAKE_AT {
-            // By the next tick, not at once: an owner that wakes every tick anyway then
-            // costs no wake-up of its own.
+            // By the next tick, not at once: an owner waking every tick anyway costs nothing.
             need = need.min(now.saturating_add(1));
         }
         // SeqCst, need before tail: a consumer that sees the entries sees a need covering
-        // them, and with the caller's `wake_for` this is the handshake that keeps a
-        // sleeping consumer from missing them.
+        // them; with the caller's `wake_for`, the handshake that wakes a sleeping consumer.
         self.need.store(need, Ordering::SeqCst);
         self.tail.store(tail + count, Ordering::SeqCst);
         Some(need)
@@ -96,8 +91,7 @@ impl ForwardRing {
         Some(unsafe { &*slots })
     }
 
-    /// Frees the slots of a ring nobody will publish on again, so a thread that outlives
-    /// its engine keeps only the lane.
+    /// Frees the slots for good, so a thread that outlives its engine keeps only the lane.
     ///
     /// # Safety
     /// The caller is the consumer, the ring is empty, and the last turn has run (no publish

@@ -3,11 +3,10 @@
 /// Names a timer scheduled on a [`TimerEngine`](crate::TimerEngine): 16 bytes, `Copy`, and
 /// safe to send to and use from any thread.
 ///
-/// A handle carries its engine, shard, node and the node's generation. Once its timer has
-/// fired (a one-shot timer), been cancelled or been dropped by shutdown, the node's
-/// generation moves on, and the handle goes stale: `cancel`, `reset` and `is_pending` then
-/// return `false` and never touch the timer that reuses the node. A handle given to another
-/// engine is stale there too.
+/// A handle carries its engine, shard, node and the node's generation. Once its timer is
+/// over (fired once, cancelled, or ended by shutdown) the generation moves on and the handle
+/// is stale: `cancel`, `reset` and `is_pending` return `false` and never touch the node's
+/// next timer. A handle is stale on any other engine too.
 ///
 /// ```
 /// use corewheel::{ManualClock, TimerEngine};

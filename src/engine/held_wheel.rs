@@ -1,10 +1,6 @@
-//! A shard's held wheel: the wheel, the lanes it takes timers from, and what it has freed.
-//! Only the thread holding the shard's wheel touches it: its owner, or for a while a
-//! worker standing in for a stuck owner. Each look at the wheel takes what has come due on
-//! the lanes, drains the inbox, and claims due timers onto the shard's run queue, where
-//! the owner and idle workers take them to run (see [`runner`]).
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! A shard's held wheel: the wheel, the lanes it takes timers from, and what it has freed;
+//! touched only by the wheel's holder (ground rule 1). Each look takes what has come due on
+//! the lanes, drains the inbox, and claims due timers onto the shard's run queue ([`runner`]).
 
 use std::ptr::NonNull;
 use std::time::Instant;
@@ -38,19 +34,16 @@ pub(crate) struct HeldWheel {
     wheel: WheelCore,
     /// Nodes freed during this look, on their way back to the pool.
     freed: Magazine,
-    /// Nodes taken off for good during this look whose callbacks' drop runs code of its
-    /// own: dropped once the wheel is let go (see [`DeferredDrops`]).
+    /// Nodes freed during this look whose captures' drop runs user code ([`DeferredDrops`]).
     deferred_drops: DeferredDropsBuilder,
     lanes: Vec<Arc<Lane>>,
     lanes_version: u64,
-    /// The shard's last turn has run, with what it did to pending timers: nothing is filed
-    /// or claimed any more.
+    /// The shard's last turn has run (with its mode): nothing is filed or claimed any more.
     finished: Option<PendingTimers>,
-    /// Whether a burst's due lists are handed out to other workers (see [`due_lists`]):
-    /// on an engine with worker threads, stealing, and more than one worker.
+    /// Whether a burst's due lists are handed out to other workers ([`due_lists`]).
     hands_out: bool,
     /// The bits of the lists handed out and not yet taken back: while any is out, a look
-    /// receives and files nothing (see [`due_lists`]).
+    /// receives and files nothing.
     handed: u64,
 }
 
@@ -58,32 +51,29 @@ pub(crate) struct HeldWheel {
 pub(crate) struct Extracted {
     /// Timers claimed onto the run queue.
     pub(crate) claimed: usize,
-    /// The tick the look judged due timers by: the caller's reading, or the wheel's latest
-    /// if that was later. Whoever runs what it claimed runs it as of this tick.
+    /// The tick the look judged due timers by (the caller's reading, or the wheel's latest
+    /// if later); what it claimed runs as of this tick.
     pub(crate) now_tick: u64,
     /// The run queue filled up while timers were still due: look again once it drains.
     pub(crate) more_due: bool,
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
-    /// The tick by which the owner must look again: the wheel's next deadline, or a lane's
-    /// need; `None` when nothing will ever be due.
+    /// The tick by which the owner must look again; `None` when nothing will ever be due.
     pub(crate) next: Option<u64>,
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     /// What `next` is for: the wheel's work, or a lane's need.
     pub(crate) next_for: Planned,
-    /// Timers the look took off for good whose callbacks are still to be dropped, by the
-    /// caller once it has let the wheel go.
+    /// Captures for the caller to drop once it has let the wheel go.
     pub(crate) deferred_drops: DeferredDrops,
-    /// Lists of due timers are out (see [`due_lists`]): the look did nothing else, and the
-    /// wheel waits for walkers to walk them to the end before its next look does more.
+    /// Lists of due timers are out: the look did nothing else, and the next does nothing
+    /// more until walkers have walked them to the end.
     pub(crate) lists_out: bool,
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
-    /// This look handed lists out: workers should be woken to walk them.
+    /// This look handed lists out: wake workers to walk them.
     pub(crate) handed_out: bool,
 }
 
 impl Extracted {
-    /// A look that found nothing to do at `now_tick` and has nothing planned: `next` as
-    /// given.
+    /// A look that did nothing at `now_tick`, to look again at `next`.
     fn idle(now_tick: u64, next: Option<u64>, lists_out: bool) -> Self {
         Self {
             claimed: 0,
@@ -99,7 +89,6 @@ impl Extracted {
 }
 
 impl HeldWheel {
-    /// `hands_out`: whether bursts' due lists are handed out to other workers.
     pub(crate) fn new(ticks: Ticks, hands_out: bool) -> Self {
         Self {
             wheel: WheelCore::new(ticks, Geometry::DEFAULT, true),
@@ -122,8 +111,7 @@ impl HeldWheel {
         // A stand-in's or a late owner's reading may be older than the last look's.
         let (now, now_tick) = self.wheel.catch_up(now);
         if self.handed != 0 && !self.take_back(shard, false) {
-            // Due work is out: a worker standing in for a stuck owner must see it, to take
-            // the lists back once walked.
+            // Due work is out: a stand-in must see it, to take the lists back once walked.
             shard.publish_next_due(now_tick);
             // Look again at once: the lists come back within a batch's walk.
             return Extracted::idle(now_tick, Some(now_tick), true);
@@ -137,17 +125,12 @@ impl HeldWheel {
         self.freed.give_back(&shard.pool);
         let wheel_next = self.wheel.next_tick();
         // With lists out, what is due now is on them (see above).
-        let next_due = if handed_out {
-            Some(now_tick)
-        } else {
-            wheel_next
-        };
+        let next_due = handed_out.then_some(now_tick).or(wheel_next);
         shard.publish_next_due(next_due.unwrap_or(u64::MAX));
         let for_wheel = [
             more_due.then_some(now_tick),
             wheel_next,
-            // Before the next deadline when the wheel has timers to move down ahead of
-            // time (a coarse slot with many timers coming up).
+            // Earlier when a coarse slot with many timers is to be moved down ahead of time.
             self.wheel.move_ahead_tick(),
         ]
         .into_iter()
@@ -176,8 +159,8 @@ impl HeldWheel {
 
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     /// Whether anything arrived that the owner must see before `plan`: called after
-    /// publishing the plan, so that a producer who missed it has been seen here. Also
-    /// catches a timer a rescuer filed after the owner's last look.
+    /// publishing the plan, so a producer who missed it is seen here (as is a timer a
+    /// stand-in filed after the owner's last look).
     pub(crate) fn must_turn_before(&self, shard: &ShardState, plan: u64) -> bool {
         // SAFETY: only the wheel's holder (the inbox's single consumer) calls this.
         let inbox = unsafe { shard.inbox.has_pending() };
@@ -204,25 +187,20 @@ impl HeldWheel {
         if version == self.lanes_version {
             return;
         }
-        let mut lanes = shard
-            .lanes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut lanes = shard.lanes.lock().unwrap_or_else(|p| p.into_inner());
         lanes.retain(|lane| {
             if !lane.is_finished() {
                 return true;
             }
             let counters = &shard.counters;
-            add(
-                &counters.retired_scheduled,
-                lane.scheduled.load(Ordering::Relaxed),
-            );
-            add(
-                &counters.retired_cancelled,
-                lane.cancelled.load(Ordering::Relaxed),
-            );
-            add(&counters.retired_reset, lane.reset.load(Ordering::Relaxed));
-            add(&counters.panicked, lane.panicked.load(Ordering::Relaxed));
+            for (retired, count) in [
+                (&counters.retired_scheduled, &lane.scheduled),
+                (&counters.retired_cancelled, &lane.cancelled),
+                (&counters.retired_reset, &lane.reset),
+                (&counters.panicked, &lane.panicked),
+            ] {
+                add(retired, count.load(Ordering::Relaxed));
+            }
             false
         });
         self.lanes.clone_from(&lanes);
@@ -247,8 +225,7 @@ impl HeldWheel {
                 self.receive_indices(shard, &forwarded[..taken]);
             }
             if took && self.lanes[lane_index].is_finished() {
-                // Its thread closed it with a batch still on the ring: now that the ring is
-                // empty, the next look may drop the lane.
+                // Closed with a batch still on the ring, now empty: the next look drops it.
                 shard.lanes_version.fetch_add(1, Ordering::AcqRel);
             }
             // Only the stacks whose need has come: an old generation taken with the young
@@ -268,14 +245,11 @@ impl HeldWheel {
         self.receive_all(shard, inbox);
     }
 
-    /// Receives every node `nodes` yields, in order, [`RECEIVE_AHEAD`] behind taking them.
-    /// A cancelled timer's unlink writes both of its neighbours in the wheel, lines nobody
-    /// has touched since they were filed, and taking the next node off its chain or the
-    /// inbox reads a line the producer just wrote: a node-at-a-time loop pays those misses
-    /// in turn. Here each node's neighbours are asked for as it is taken, and it is
-    /// received only after the next few have been taken, so the misses overlap. Taking a
-    /// node before receiving the ones ahead of it changes nothing: a node in transit is
-    /// pushed nowhere else until it is received.
+    /// Receives every node `nodes` yields, in order, [`RECEIVE_AHEAD`] behind taking them:
+    /// an unlink writes both wheel neighbours, lines untouched since filing, and taking the
+    /// next node reads a line the producer just wrote. Asking for each node's neighbours as
+    /// it is taken and receiving it a few nodes later overlaps those misses. Taking ahead
+    /// changes nothing: a node in transit is pushed nowhere else until received.
     fn receive_all(&mut self, shard: &ShardState, nodes: impl Iterator<Item = NonNull<TimerNode>>) {
         let mut ahead = [NonNull::<TimerNode>::dangling(); RECEIVE_AHEAD];
         let mut taken = 0_usize;
@@ -298,9 +272,9 @@ impl HeldWheel {
         }
     }
 
-    /// Receives the nodes at `indices`, in order. Unlike a chain's, their misses need not
-    /// wait for one another: each node is asked for [`RECEIVE_AHEAD`] nodes before
-    /// [`receive_all`](Self::receive_all) takes it (and asks for its neighbours).
+    /// Receives the nodes at `indices`, in order, asking for each [`RECEIVE_AHEAD`] nodes
+    /// before [`receive_all`](Self::receive_all) takes it (unlike a chain's, these misses
+    /// need not wait for one another).
     fn receive_indices(&mut self, shard: &ShardState, indices: &[u32]) {
         let pool = &shard.pool;
         let nodes = indices.iter().enumerate().filter_map(|(position, &index)| {
@@ -321,15 +295,12 @@ impl HeldWheel {
         let node_ref = unsafe { node.as_ref() };
         let received = node_ref.state.receive();
         if self.finished.is_some() {
-            // Swept up after the last turn: the wheel's lists are gone, so nothing is filed
-            // or unlinked, and nothing is run (a sweep may be made by any thread that
-            // pushed, and callbacks run on workers). A timer that arrives new, one-shot or
-            // repeating, was pushed after the last turn's collection, so its scheduler sees
-            // the shutdown and cancels it (and `schedule` returns `Err(Shutdown)`): it
-            // stays marked filed, on no list, until that cancel's message comes back here.
-            // No re-arm of a repeating timer can arrive now: every run of this shard's
-            // timers ended before the last turn (it waits for other hands, and runs what
-            // was claimed first).
+            // Swept up after the last turn: the wheel's lists are gone, so nothing is filed or
+            // unlinked, and nothing is run (any pushing thread may sweep). A new timer was
+            // pushed after the last turn's collection, so its scheduler sees the shutdown and
+            // withdraws it: it stays marked filed, on no list, until that cancel's message
+            // comes back here. No repeating re-arm can arrive: every run ended before the
+            // last turn (it waits for other hands).
             match received {
                 Received::File | Received::Refile | Received::Ignore => {}
                 Received::UnlinkAndFree | Received::Free => self.free(shard, node),
@@ -360,9 +331,8 @@ impl HeldWheel {
             .file(&mut FiledNodes(&shard.pool), index, deadline, false);
     }
 
-    /// Gives a node back: drops any callback, moves the generation on, batches the node. A
-    /// callback whose drop runs code of its own waits on `deferred_drops` instead, node and all,
-    /// for its drop outside the wheel (see [`DeferredDrops`]).
+    /// Gives a node back, or leaves it on `deferred_drops` if dropping its callback runs
+    /// user code ([`DeferredDrops`]).
     fn free(&mut self, shard: &ShardState, node: NonNull<TimerNode>) {
         // SAFETY: the caller holds the node exclusively: it is off every list and queue.
         if unsafe {
@@ -401,8 +371,8 @@ impl HeldWheel {
         )
     }
 
-    /// Claims one due timer taken off the wheel onto the run queue (1), or leaves it to
-    /// its cancel's message, or files it again where it now belongs (0).
+    /// Claims a due timer taken off the wheel onto the run queue (1), or leaves it to its
+    /// cancel's message or refiles it (0).
     fn claim(
         &mut self,
         shard: &ShardState,
@@ -427,8 +397,8 @@ impl HeldWheel {
         }
     }
 
-    /// Hands out the lists of the finest slots due at `now` (see [`due_lists`]) when they
-    /// hold `at_least` timers, enough to be worth the hand-over. Returns whether it did.
+    /// Hands out the due slots' lists ([`due_lists`]) if they hold `at_least` timers.
+    /// Returns whether it did.
     fn hand_out(
         &mut self,
         shard: &ShardState,
@@ -454,9 +424,9 @@ impl HeldWheel {
         self.hand_out(shard, now, 1)
     }
 
-    /// Takes back the lists handed out, filing what is left on them and what walkers sent
-    /// back, once every one has been walked to the end, or, with `now`, at once: in the
-    /// last turn, when no walker is in the shard's hands. Returns whether it took them.
+    /// Takes back the lists handed out, refiling what is left and what walkers sent back,
+    /// once all are walked, or with `now` at once (the last turn, no walker in the shard's
+    /// hands). Returns whether it took them.
     fn take_back(&mut self, shard: &ShardState, now: bool) -> bool {
         if !now && !shard.hand_outs.all_back(self.handed) {
             return false;
@@ -471,9 +441,8 @@ impl HeldWheel {
         true
     }
 
-    /// The last turn: runs what is already claimed, takes everything in transit, then runs
-    /// or drops every pending timer. The caller has made sure no other worker still holds
-    /// or can take this shard's timers.
+    /// The last turn: runs what is claimed, takes everything in transit, then runs or drops
+    /// every pending timer. No other worker holds or can take this shard's timers.
     pub(crate) fn finish(&mut self, shard: &ShardState, pending: PendingTimers, now: Instant) {
         if self.finished.is_some() {
             return;
@@ -482,9 +451,8 @@ impl HeldWheel {
         // below, against a scheduler's push-then-flag-check: either this turn sees its
         // timer, or the scheduler sees the flag and takes the timer back.
         crate::sync::atomic::fence(crate::sync::atomic::Ordering::SeqCst);
-        // Lists still out go back into the wheel, walked or not: their timers were not
-        // claimed, so `pending` decides for them as for the rest. No walker is in the
-        // shard's hands any more.
+        // Lists still out go back into the wheel: their timers were not claimed, so
+        // `pending` decides for them as for the rest.
         if self.handed != 0 {
             self.take_back(shard, true);
         }
@@ -527,9 +495,8 @@ impl HeldWheel {
         self.finished = Some(pending);
     }
 
-    /// Runs or drops (as `pending` says) a timer of this shard at shutdown, or frees it if
-    /// it was cancelled; leaves it if a message in transit still names it (that message's
-    /// arrival frees it). The timer is in no wheel list. Returns the runs and drops.
+    /// Runs or drops (as `pending` says) a timer drained from the wheel, or frees it if
+    /// cancelled; leaves it to a message in transit that names it. Returns runs and drops.
     fn settle_at_shutdown(
         &mut self,
         shard: &ShardState,
@@ -583,13 +550,10 @@ impl HeldWheel {
         }
     }
 
-    /// After the last turn, nobody else takes what threads push onto this shard's lanes
-    /// and inbox: a cancel's message that raced the shutdown, or a timer scheduled as it
-    /// began. Whoever pushes one then asks for a sweep (see
-    /// [`Shard::settle_after_shutdown`](crate::engine::shard::Shard::settle_after_shutdown)), and this takes everything pushed so far and
-    /// settles it: a cancelled or finished timer's node is freed, dropping its callback
-    /// (see `receive` for a timer that arrives new). It never runs a callback. Before the
-    /// last turn it does nothing: that turn takes everything pushed before it.
+    /// After the last turn, takes what threads pushed since (a cancel's message that raced
+    /// the shutdown, a timer scheduled as it began; see
+    /// [`Shard::settle_after_shutdown`](crate::engine::shard::Shard::settle_after_shutdown))
+    /// and frees what is over, running no callback. Before the last turn, nothing.
     pub(crate) fn sweep(&mut self, shard: &ShardState) {
         if self.finished.is_none() {
             return;

@@ -1,23 +1,12 @@
-//! Idle workers: a parked worker may be woken to help another shard, by stealing part of
-//! a backlog ([`stealing`](crate::engine::stealing)) or by standing in for an owner stuck in
-//! user code ([`stuck_owners`](crate::engine::stuck_owners)). This file keeps the record of
-//! who is parked, the wake-ups, and the one place a worker with nothing of its own looks
-//! for help to give.
+//! Idle workers: who is parked, the wake-ups, and where a worker with nothing of its own
+//! looks for help to give: stealing part of a backlog ([`stealing`](crate::engine::stealing))
+//! or standing in for a stuck owner ([`stuck_owners`](crate::engine::stuck_owners)).
 //!
-//! Balancing happens at expiry, never at insert: a timer stays on the shard that armed it
-//! until it is due. Waking helpers costs system calls, so they are woken only when there is
-//! something to do: an owner with a backlog wakes one parked worker, which wakes the next
-//! if a backlog remains.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! Balancing happens at expiry, never at insert. Waking costs system calls, so a helper is
+//! woken only for something to do: an owner with a backlog wakes one parked worker, which
+//! wakes the next if a backlog remains.
 
-#![cfg_attr(
-    loom,
-    allow(
-        dead_code,
-        reason = "loom models drive engines by hand, without worker threads"
-    )
-)]
+#![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 
 use std::time::Instant;
 
@@ -33,8 +22,7 @@ pub(crate) struct IdleWorkers {
     pub(crate) rescue_after: Option<u64>,
     /// Bit `i % 64` of word `i / 64`: worker `i` is parked and may be woken to help.
     idle: Box<[AtomicU64]>,
-    /// 1 while a parked worker's sleep is bounded so that it looks for stuck owners (at
-    /// most one does), 0 otherwise.
+    /// 1 while a parked worker's sleep is bounded to watch for stuck owners (at most one).
     pub(super) watching: AtomicU64,
     /// Nanoseconds of callbacks a backlog must hold before a parked worker is woken for it
     /// (see [`WAKE_FOR_TICK_PARTS`]).
@@ -79,13 +67,12 @@ impl IdleWorkers {
         }
     }
 
-    /// Worker `me` is about to park: it becomes wakeable for help, and learns until which
-    /// tick at most it should sleep to watch for stuck owners. `None` if helpers' work is
-    /// already waiting: then it must not park (and has nothing to end).
+    /// Worker `me` is about to park: it becomes wakeable, and learns until which tick to
+    /// sleep at most to watch for stuck owners. `None` if work is already waiting: then it
+    /// must not park.
     pub(crate) fn begin_idle(&self, shards: &[Shard], me: usize, now_tick: u64) -> Option<Idle> {
         self.set_idle(me, true);
-        // One watcher at a time is enough, and keeps the wake-ups it costs from growing
-        // with the worker count.
+        // One watcher at a time: its wake-ups do not grow with the worker count.
         let watch = self.watch_until(shards, me, now_tick).filter(|_| {
             self.watching
                 .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
@@ -121,10 +108,9 @@ impl IdleWorkers {
         }
     }
 
-    /// Whether some other shard has a backlog to steal or lists to walk, or a stuck owner
-    /// with timers due to stand in for. A stuck owner with nothing due is left to the watch (see
-    /// [`watch_until`](Self::watch_until)): standing in for it again and again until its
-    /// callback returns kept a core busy for nothing.
+    /// Whether another shard has a backlog to steal, lists to walk, or a stuck owner with
+    /// timers due. One with nothing due is left to the watch
+    /// ([`watch_until`](Self::watch_until)): standing in again and again would busy a core.
     fn work_waiting(&self, shards: &[Shard], me: usize, now_tick: u64) -> bool {
         shards.iter().enumerate().any(|(index, shard)| {
             index != me
@@ -136,9 +122,8 @@ impl IdleWorkers {
         })
     }
 
-    /// Worker `me`, with nothing of its own to do, helps one other shard once: walks a batch
-    /// of the lists it handed out, stands in for a stuck owner, or steals a run from a
-    /// backlog. Returns whether it did anything.
+    /// Worker `me`, with nothing of its own to do, helps one other shard once: walks its
+    /// lists, stands in for its stuck owner, or steals a run. Returns whether it did.
     pub(crate) fn help(
         &self,
         shards: &[Shard],
@@ -183,8 +168,7 @@ pub(crate) struct Idle {
     me: usize,
 }
 
-/// A worker, `me`, running another shard's timers (stolen, or standing in for a stuck
-/// owner).
+/// A worker, `me`, running another shard's timers.
 pub(crate) struct Helper<'a> {
     pub(super) idle_workers: &'a IdleWorkers,
     pub(super) shards: &'a [Shard],
@@ -192,14 +176,10 @@ pub(crate) struct Helper<'a> {
 }
 
 impl Helper<'_> {
-    /// Does `work`, user code for another shard (its timers' callbacks, taken from its run
-    /// queue, or the drops of captures a stand-in's look freed), with the helper's own
-    /// shard counted as running meanwhile, as when it runs its own (see
-    /// [`IdleWorkers::with_user_code`]): a callback there may block like any other, and then its
-    /// own shard's timers must be rescued (its wheel goes unlooked at), and an owner that
-    /// begins running must not count on it to watch. Only around work actually taken: a
-    /// stand-in that finds nothing to run marks nothing, or every look at a stuck owner
-    /// would wake another worker to watch.
+    /// Does `work`, user code for another shard, with the helper's own shard marked running
+    /// ([`IdleWorkers::with_user_code`]): it may block, and then the helper's own timers must
+    /// be rescued, and no owner may count on it to watch. Only around work actually taken,
+    /// or every look at a stuck owner would wake another worker to watch.
     pub(super) fn with_user_code<R>(
         helper: Option<&Self>,
         now_tick: u64,
@@ -222,8 +202,9 @@ impl Helper<'_> {
 pub(crate) enum UserCode {
     /// Timers' callbacks: a run, recorded, so that a watcher lingers after it.
     Callbacks,
-    /// The drops of captures a look freed: no run is recorded, so that a watcher woken for
-    /// them does not linger (see [`IdleWorkers::dropping`]).
+    /// The drops of captures a look freed: no run is recorded, so a watcher woken for them
+    /// does not linger (drops rarely take long, and lingering after each would cost an idle
+    /// engine wake-ups).
     Drops,
 }
 

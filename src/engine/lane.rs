@@ -1,18 +1,16 @@
 //! A lane: where one thread stages what it sends to one shard, so that a timer armed and
 //! cancelled in quick succession never crosses to another core.
 //!
-//! A lane has three lock-free stacks, each emptied whole with one swap: by the producer
-//! every [`CLAIM_EVERY`] pushes (to recycle what it cancelled and forward the rest on the
-//! lane's [`forward_ring`](crate::engine::forward_ring)), or by the worker once its `need`
-//! tick comes. Only the producer pushes, so the line stays in its core; a push that lowers
-//! `need` below the worker's planned wake-up wakes the worker.
+//! Three lock-free stacks, each emptied whole with one swap: by the producer every
+//! [`CLAIM_EVERY`] pushes (recycling what it cancelled, forwarding the rest on the
+//! [`forward_ring`](crate::engine::forward_ring)), or by the worker once the stack's `need`
+//! tick comes. Only the producer pushes, so the line stays in its core.
 //!
 //! New timers go on the young stack; a claim keeps pending ones there one more claim, then
 //! parks those not due soon on the current old generation. Every [`OLD_HORIZON`] ticks the
-//! two generations rotate and the producer takes back the one closed a whole horizon, so a
-//! timer cancelled within one to two horizons is recycled by its own thread, never costing
-//! the worker anything; each timer is walked at most three times. Ground rules:
-//! [`engine`](crate::engine).
+//! generations rotate and the producer takes back the one closed a whole horizon, so a
+//! timer cancelled within one to two horizons is recycled by its own thread; each timer is
+//! walked at most three times.
 
 use std::ptr::NonNull;
 
@@ -209,8 +207,8 @@ impl Lane {
         self.producer.with_mut(|side| f(unsafe { &mut *side }))
     }
 
-    /// Whether [`CLAIM_EVERY`] pushes have passed since the last claim. Claiming before a
-    /// push, not after, gives the latest timer until the next push to be cancelled locally.
+    /// Whether [`CLAIM_EVERY`] pushes have passed since the last claim (checked before a
+    /// push, so the latest timer has until the next push to be cancelled locally).
     ///
     /// # Safety
     /// Only the producer thread may call this.
@@ -345,10 +343,9 @@ impl Lane {
         Chain([self.young.take(), self.old[0].take(), self.old[1].take()])
     }
 
-    /// The worker's take: each stack whose need has come (every one when `all`), not all
-    /// once one is due, as the young stack is due nearly every tick under load and parked
-    /// timers would reach the wheel before their thread could cancel them. A stale need
-    /// makes a take early (harmless) or late (covered by the push's wake-up handshake).
+    /// The worker's take: only the stacks whose need has come (all when `all`), as taking
+    /// all would bring parked timers to the wheel before their thread could cancel them. A
+    /// stale need makes a take early (harmless) or late (covered by the push's handshake).
     pub(crate) fn take_due(&self, now: u64, all: bool) -> Chain {
         if all {
             return self.take();
@@ -376,9 +373,9 @@ impl Lane {
         .min()
     }
 
-    /// The producer is about to take nodes off the lane. `false`, marking nothing, when
-    /// shutting down (the nodes stay for the last turn). Pairs with the shutdown's flag store
-    /// and the last turn's fenced wait for no lane busy: one of the two sees the other.
+    /// The producer is about to take nodes off the lane; `false`, marking nothing, when
+    /// shutting down (the nodes stay for the last turn). Pairs with the shutdown's flag
+    /// store and the last turn's fenced wait for no lane busy: one sees the other.
     pub(crate) fn enter(&self, shutdown: &AtomicBool) -> bool {
         self.busy.store(true, Ordering::SeqCst);
         crate::sync::atomic::fence(Ordering::SeqCst);

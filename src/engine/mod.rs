@@ -1,56 +1,50 @@
 //! The multi-core timer engine: one wheel per shard, each owned by one worker thread, fed
-//! by lock-free lanes and inboxes from every other thread.
-//!
-//! This layer builds on [`wheel`](crate::wheel) (each shard runs a
-//! [`WheelCore`](crate::wheel::core::WheelCore) over its pooled nodes),
-//! [`sync`](crate::sync) (the queue, the per-timer state word, the run queue and the
-//! std/loom shim) and [`time`](crate::time).
+//! by lock-free lanes from every other thread. Built on [`wheel`](crate::wheel),
+//! [`sync`](crate::sync) (queues, the per-timer state word, the run queue, the std/loom
+//! shim) and [`time`](crate::time).
 //!
 //! # The journey of a timer
 //!
-//! Open the files in this order to follow one timer from `schedule` to its callback and
-//! back to the pool.
+//! Open the files in this order to follow one timer from `schedule` back to the pool.
 //!
-//! 1. [`TimerEngine::schedule`] calls [`producer`]'s `arm`: the thread's [`context`]
-//!    names its home shard and its [`lane`] into it, and the deadline comes from the
-//!    thread's cycle-counter bound on now ([`cycle_clock`](crate::time::cycle_clock)).
-//! 2. A node comes from the thread's magazine of the shard's [`pool`]. The [`callback`] is
-//!    stored inline in the [`timer_node`], and its state word
+//! 1. [`TimerEngine::schedule`] calls [`producer`]'s `arm`: the thread's [`context`] names
+//!    its home shard and its [`lane`] into it; the deadline comes from the thread's
+//!    cycle-counter bound on now ([`cycle_clock`](crate::time::cycle_clock)).
+//! 2. A node comes from the thread's magazine of the shard's [`pool`]; the [`callback`] is
+//!    stored inline in the [`timer_node`], whose state word
 //!    ([`timer_state`](crate::sync::timer_state)) says *pending, in transit*.
-//! 3. The node goes onto the thread's [`lane`]: a stack only this thread pushes. Every
-//!    64 pushes the thread takes the lane back ([`producer`]'s `reclaim`): timers it has
-//!    cancelled meanwhile go straight back to its magazine, pending ones are held back a
-//!    few ticks in case they are cancelled too, and the rest are forwarded to the owner as
-//!    node indices on the lane's [`forward_ring`] (or, when it is full, as a chain on the
-//!    shard's inbox, [`mpsc`](crate::sync::mpsc)).
-//! 4. The shard's owner, a [`worker`] thread, looks at its wheel ([`shard`]'s `owner_look`,
-//!    [`held_wheel`]'s `extract`): it takes every lane whose need has come, the forward
-//!    rings and the inbox, and files each node in its wheel
-//!    ([`WheelCore`](crate::wheel::core::WheelCore)): *pending, filed*.
-//! 5. When the node's tick comes, the same look claims it (*firing*) onto the shard's run
-//!    queue ([`run_queue`](crate::sync::run_queue)); a burst too big for the queue is
-//!    handed out as whole lists instead ([`due_lists`]).
+//! 3. The node goes onto the thread's [`lane`], a stack only this thread pushes. Every 64
+//!    pushes the thread takes the lane back ([`producer`]'s `reclaim`): timers it has
+//!    cancelled go straight back to its magazine, pending ones are held back a few ticks in
+//!    case they are cancelled too, and the rest go to the owner as indices on the lane's
+//!    [`forward_ring`] (when full, as a chain on the shard's inbox, [`mpsc`](crate::sync::mpsc)).
+//! 4. The shard's owner, a [`worker`], looks at its wheel ([`shard`]'s `owner_look`,
+//!    [`held_wheel`]'s `extract`): it takes every lane whose need has come, the rings and
+//!    the inbox, and files each node in its [`WheelCore`](crate::wheel::core::WheelCore):
+//!    *pending, filed*.
+//! 5. When the node's tick comes, a look claims it (*firing*) onto the shard's
+//!    [`run_queue`](crate::sync::run_queue); a burst too big for the queue is handed out as
+//!    whole lists ([`due_lists`]).
 //! 6. The owner, or an idle worker that steals the run ([`stealing`]), runs it: [`runner`]
-//!    calls the callback (a panic is caught, [`panics`]) and gives the node back to the pool,
-//!    or, for a repeating timer ([`periodic`]), sends it back to the owner to be filed again.
+//!    calls the callback (catching a panic, [`panics`]) and gives the node back to the
+//!    pool, or sends a repeating timer ([`periodic`]) back to the owner to be filed again.
 //!
-//! A cancel or reset from any thread changes the node's state word; when the wheel must
-//! change, the node travels to the owner as a message on the canceller's lane, and the
-//! owner unlinks and frees it (captures with a `Drop` of their own are dropped after the
-//! look lets go of the wheel, [`deferred_drops`]). An owner stuck in a slow callback is stood in
-//! for by another worker ([`stuck_owners`]). A [driven](EngineBuilder::driven) engine has no
-//! worker threads: a [`driver`] future per shard, on the application's runtime, takes the
-//! owner's part. Shutdown gives every shard a last turn that runs or drops what is
-//! pending ([`held_wheel`]'s `finish`).
+//! A cancel or reset changes the node's state word; when the wheel must change, the node
+//! travels to the owner as a message on the canceller's lane, and the owner unlinks and
+//! frees it (captures with a `Drop` are dropped after the look lets go of the wheel,
+//! [`deferred_drops`]). Another worker stands in for an owner stuck in a slow callback
+//! ([`stuck_owners`]). A [driven](EngineBuilder::driven) engine has no worker threads: a
+//! [`driver`] future per shard takes the owner's part. Shutdown gives every shard a last
+//! turn that runs or drops what is pending ([`held_wheel`]'s `finish`).
 //!
 //! # Ground rules
 //!
-//! Who may touch what, and when. Every `unsafe` block in this layer relies on one of these.
+//! Every `unsafe` block in this layer relies on one of these.
 //!
 //! 1. **A shard's held wheel** ([`held_wheel::HeldWheel`]) is touched only by the thread
 //!    holding the shard's `HELD` bit ([`shard::Shard::with_wheel`]): its owner, a worker
-//!    standing in for a stuck owner for one look, the thread turning an engine driven by
-//!    hand, or after the last turn a thread sweeping what it pushed.
+//!    standing in for a stuck owner for one look, a thread turning a hand-driven engine,
+//!    or after the last turn a thread sweeping what it pushed.
 //! 2. **A node** has a state word ([`TimerState`](crate::sync::timer_state::TimerState))
 //!    that anyone may read and that changes only by compare-and-swaps checking the
 //!    generation, so a stale handle changes nothing; its `deadline` is written by the arming
@@ -64,20 +58,19 @@
 //!    holding the nodes it leaves to [`deferred_drops`] until their captures are dropped). A
 //!    pending waker timer's `Sleep`, holding the reset lock, may replace the waker in the
 //!    callback cell ([`waker_timer`]).
-//! 3. **Queues have one producer.** A thread's lane, and its forward ring, are pushed only
-//!    by that thread and taken only by it or the wheel's holder; a producer holding nodes
-//!    it took back marks the lane busy. The run queue is appended to only by the wheel's
-//!    holder; an entry belongs to whoever takes it, and a worker other than the owner
-//!    registers in `in_hands` first. The owner's last turn waits for busy lanes and
-//!    `in_hands` to clear.
-//! 4. **User code** (callbacks, and the `Drop` of their captures) runs holding no wheel
-//!    and no busy lane, except in a shard's last turn or a sweep after it, and may call
-//!    back into any engine, drop it or shut it down: nothing the engine does then waits
-//!    for what its own thread holds. On an engine with workers only workers run callbacks.
-//!    Shutdown sets the flag, then each shard's last turn collects every queue, waits for
-//!    other hands and runs or drops what is pending; a push made after the flag checks it
-//!    again (sequentially consistent on both sides) and asks for a sweep, and a shutdown
-//!    or drop on a worker thread joins no worker ([`reentrancy`]).
+//! 3. **Queues have one producer.** A thread's lane and its forward ring are pushed only by
+//!    that thread and taken only by it or the wheel's holder; a producer holding nodes it
+//!    took back marks the lane busy. Only the wheel's holder appends to the run queue; an
+//!    entry belongs to whoever takes it, and a worker other than the owner registers in
+//!    `in_hands` first. The owner's last turn waits for busy lanes and `in_hands` to clear.
+//! 4. **User code** (callbacks, and the `Drop` of their captures) runs holding no wheel and
+//!    no busy lane, except in a shard's last turn or a sweep after it, and may call back
+//!    into any engine, drop it or shut it down: nothing the engine does then waits for what
+//!    its own thread holds. On an engine with workers only workers run callbacks. Shutdown
+//!    sets the flag, then each shard's last turn collects every queue, waits for other
+//!    hands and runs or drops what is pending; a push made after the flag checks it again
+//!    (SeqCst on both sides) and asks for a sweep, and a shutdown or drop on a worker
+//!    thread joins no worker ([`reentrancy`]).
 
 pub(crate) mod builder;
 pub(crate) mod callback;
@@ -142,12 +135,10 @@ static ENGINES: AtomicU32 = AtomicU32::new(1);
 /// A multi-core timer engine.
 ///
 /// Each shard has a hierarchical timing wheel owned by one worker thread (pinned to a CPU by
-/// default), which sleeps until its next deadline. A thread that schedules a timer takes a
-/// node from its own magazine of the shard's pool, stores the callback in it and pushes it
-/// onto its own lane into the shard: no lock, no allocation, and no atomic operation on
-/// memory another core writes. The worker takes lanes when something on them is about to
-/// come due, and the thread hands batches over every 64 timers, after freeing the ones it
-/// has already cancelled itself. Cancels and resets work from any thread.
+/// default) that sleeps until its next deadline. Scheduling takes a node from the thread's
+/// own magazine and pushes it onto the thread's own lane into the shard: no lock, no
+/// allocation, no atomic operation on memory another core writes. Cancels and resets work
+/// from any thread.
 ///
 /// Guarantees:
 /// - **Never early.** A callback runs at or after its deadline, rounded up to the tick.
@@ -160,9 +151,8 @@ static ENGINES: AtomicU32 = AtomicU32::new(1);
 ///   cancelled or reset); a repeating period shorter than a tick is one tick; anything
 ///   after shutdown is an error or `false`.
 ///
-/// Callbacks run on the shard's worker thread. A panic in one is caught and counted in
-/// [`Stats`], and the worker goes on. A callback should be short: while it runs, the
-/// shard's other timers wait.
+/// Callbacks run on the shard's worker thread; a panic is caught and counted in [`Stats`].
+/// Keep callbacks short: while one runs, the shard's other timers wait.
 ///
 /// ```
 /// use corewheel::{ManualClock, TimerEngine};
@@ -270,8 +260,8 @@ impl TimerEngine {
         Ok(engine)
     }
 
-    /// Starts the workers and returns how many were pinned to a CPU, once each has tried,
-    /// so that what `build` reports is already true when it returns.
+    /// Starts the workers; returns how many were pinned, once each has tried, so that
+    /// `build` reports what is already true.
     #[cfg(not(loom))]
     fn spawn_workers(&self, workers: usize, pin: bool) -> Result<usize, BuildError> {
         let cores = if pin {
@@ -323,15 +313,13 @@ impl TimerEngine {
 
     /// Schedules `f` to run once, `delay` from now.
     ///
-    /// A zero delay runs on the next tick. A delay so long that the deadline passes the end
-    /// of the engine's time range (about 584 million years at 1 ms) never fires by itself.
-    /// "Now" is never underestimated: on x86-64 Linux with an invariant time-stamp counter
-    /// that the kernel keeps time with, each thread reads the real clock at most once a
-    /// millisecond and extrapolates from the counter, rounding up, which can make a
-    /// deadline a few microseconds later (and so, rarely, one tick later), never earlier.
-    /// Closures capturing at most [`INLINE_CALLBACK_BYTES`](crate::INLINE_CALLBACK_BYTES)
-    /// bytes (three machine words), word-aligned, are stored in the timer's pooled node;
-    /// larger ones are boxed.
+    /// A zero delay runs on the next tick; a deadline past the end of the engine's time
+    /// range never fires by itself. "Now" is never underestimated: where the kernel keeps
+    /// time with an invariant time-stamp counter (x86-64 Linux), a thread reads the clock at
+    /// most once a millisecond and extrapolates from the counter, rounding up (a deadline
+    /// may be a few microseconds later, never earlier). Closures of at most
+    /// [`INLINE_CALLBACK_BYTES`](crate::INLINE_CALLBACK_BYTES), word-aligned, are stored in
+    /// the timer's node; larger ones are boxed.
     #[inline]
     pub fn schedule(
         &self,
@@ -363,10 +351,8 @@ impl TimerEngine {
         )
     }
 
-    /// Schedules `f` to run every `period`, first `period` from now, skipping ticks it
-    /// missed ([`MissedTicks::Skip`]). The period is rounded up to whole ticks (at least
-    /// one); see [`schedule_repeating_with`](Self::schedule_repeating_with) for periods
-    /// too long to keep.
+    /// Schedules `f` to run every `period`, first `period` from now, skipping missed ticks:
+    /// [`schedule_repeating_with`](Self::schedule_repeating_with) with [`MissedTicks::Skip`].
     pub fn schedule_repeating(
         &self,
         period: Duration,
@@ -377,10 +363,9 @@ impl TimerEngine {
 
     /// Schedules `f` to run every `period`, choosing what happens to missed ticks.
     ///
-    /// The period is rounded up to whole ticks (at least one). A period longer than
-    /// 2^62 - 2 ticks (about 146 years at a 1 ns tick, 146 million years at 1 ms) is more
-    /// than a timer can keep: such a timer runs once, `period` from now, and then never
-    /// again by itself (it stays pending until cancelled). It is never run early.
+    /// The period is rounded up to whole ticks (at least one). A period over 2^62 - 2 ticks
+    /// is more than a timer can keep: it runs once, `period` from now, then stays pending
+    /// until cancelled. It is never run early.
     ///
     /// ```
     /// use corewheel::{ManualClock, MissedTicks, TimerEngine};
@@ -417,12 +402,10 @@ impl TimerEngine {
         })
     }
 
-    /// Stops the timer. `true` if and only if this call stopped it from running (for a
-    /// repeating timer, from running again, even mid-callback); `false` if it already ran,
-    /// was already cancelled, or the handle is stale. O(1) from any thread. The timer's
-    /// node, and its callback's captures, go back within a few ticks while the calling
-    /// thread keeps using the engine; a thread that falls quiet right after cancelling may
-    /// leave them on its lane for up to 32 ticks, when its shard's worker takes them.
+    /// Stops the timer: `true` if and only if this call stopped it from running (for a
+    /// repeating timer, from running again, even mid-callback). O(1) from any thread. The
+    /// node and its captures go back within a few ticks, or up to 32 ticks if the thread
+    /// falls quiet right after cancelling.
     #[inline]
     pub fn cancel(&self, handle: TimerHandle) -> bool {
         EngineShared::cancel(&self.shared, handle)
@@ -431,10 +414,10 @@ impl TimerEngine {
     /// Moves a pending timer's deadline to `delay` from now. `false` if the timer already
     /// fired or started firing, was cancelled, or the handle is stale.
     ///
-    /// A later deadline is a few atomic operations on the timer's own node: the worker moves
-    /// the timer only when its old deadline comes round. An earlier one is sent to the
-    /// worker to re-file at once. A repeating timer's next run moves, and later runs keep
-    /// the period from there; it cannot be reset while its callback runs.
+    /// A later deadline is a few atomic operations on the node (the worker moves the timer
+    /// when its old deadline comes round); an earlier one is sent to the worker at once. A
+    /// repeating timer's next run moves, keeping the period from there; it cannot be reset
+    /// while its callback runs.
     #[inline]
     pub fn reset(&self, handle: TimerHandle, delay: Duration) -> bool {
         let tick = EngineShared::deadline_after(&self.shared, delay);
@@ -447,8 +430,7 @@ impl TimerEngine {
         EngineShared::reset(&self.shared, handle, self.shared.ticks.ceil(deadline))
     }
 
-    /// Whether the timer will still run: pending, or a repeating timer that has not been
-    /// cancelled.
+    /// Whether the timer will still run (pending, or repeating and not cancelled).
     #[inline]
     pub fn is_pending(&self, handle: TimerHandle) -> bool {
         self.shared.is_pending(handle)
@@ -498,17 +480,14 @@ impl TimerEngine {
         stats
     }
 
-    /// Runs every shard's due work once on the calling thread, at the engine clock's time
-    /// (the manual clock's, for an engine built with one), and returns how many callbacks
-    /// ran. Only for engines with no worker threads: built with
-    /// [`EngineBuilder::manual_clock`] or [`EngineBuilder::driven`] (whose drivers skip a
-    /// shard while a `turn` has it, and take it back after). Elsewhere, or when called
-    /// from inside a callback it is running, it does nothing and returns 0.
+    /// Runs every shard's due work once on the calling thread, at the engine clock's time,
+    /// and returns how many callbacks ran. Only for engines without worker threads
+    /// ([`EngineBuilder::manual_clock`], [`EngineBuilder::driven`], whose drivers skip a
+    /// shard while a `turn` has it); elsewhere, or from inside a callback it runs, returns 0.
     ///
     /// Several threads may turn at once. A shard another thread is turning is skipped,
     /// unless that thread has been in its callbacks for more than
-    /// [`rescue_after`](EngineBuilder::rescue_after) ticks of the manual clock: then this
-    /// call stands in for it, as a worker thread would, and runs that shard's due timers.
+    /// [`rescue_after`](EngineBuilder::rescue_after) ticks: then this call stands in for it.
     pub fn turn(&self) -> usize {
         if !self.hand_driven {
             return 0;
@@ -519,8 +498,7 @@ impl TimerEngine {
         let Ok(turn) = Turn::begin(shared.id.get()) else {
             return 0;
         };
-        let now = shared.clock.now();
-        let now_tick = shared.ticks.floor(now);
+        let (now, now_tick) = shared.now_at(shared.clock.now());
         let mut fired = 0;
         for shard in shared.shards.iter() {
             if shared.shutdown.load(Ordering::SeqCst) {
@@ -537,7 +515,7 @@ impl TimerEngine {
                 .is_some_and(|after| shard.is_stuck(now_tick, after))
             {
                 fired +=
-                    IdleWorkers::stand_in(shard, &shared.shutdown, shared.now_at(now), None, None);
+                    IdleWorkers::stand_in(shard, &shared.shutdown, (now, now_tick), None, None);
             }
         }
         if shared.shutdown.load(Ordering::SeqCst) {
@@ -549,8 +527,7 @@ impl TimerEngine {
         fired
     }
 
-    /// Gives back the owner's part of a shard this thread turned by hand. A driven shard's
-    /// driver that found it taken waits for this wake-up.
+    /// Gives back a shard turned by hand, waking its driver (which waits for this).
     fn disown(&self, shard: &Shard) {
         shard.disown();
         if self.driven {
@@ -558,17 +535,14 @@ impl TimerEngine {
         }
     }
 
-    /// A hand-driven owner's turn: looks at the wheel and runs what it claimed, until a
-    /// look claims nothing (a repeating timer that missed several ticks may come due again
-    /// at once). Each look reads the clock, as a worker thread does, so a turn that ran a
-    /// slow callback also runs what came due meanwhile. Returns how many callbacks ran, and
-    /// the tick by which the shard must be turned again (the last look's), `None` when
-    /// nothing will ever be due.
+    /// A hand-driven owner's turn: looks and runs what it claimed until a look claims
+    /// nothing (a repeating timer that missed ticks may come due again at once), reading
+    /// the clock each look as a worker does. Returns the callbacks run and the last look's
+    /// next tick (`None`: nothing will ever be due).
     fn turn_owned(shared: &EngineShared, shard: &Shard) -> (usize, Option<u64>) {
         let mut fired = 0;
         loop {
-            let now = shared.clock.now();
-            let now_tick = shared.ticks.floor(now);
+            let (now, now_tick) = shared.now_at(shared.clock.now());
             let look = shard.owner_look(now, now_tick);
             shard.set_running(true);
             // Captures' `Drop`s, outside the wheel, like callbacks (see `DeferredDrops`).
@@ -596,12 +570,11 @@ impl TimerEngine {
         }
     }
 
-    /// The last turn of every hand-driven shard not finished yet. With `wait`, waits for
-    /// each shard's current turn to end first; without, leaves a shard another thread is
-    /// turning to that thread, which finishes it when its turn ends (a turn looks at the
-    /// shutdown flag after giving its shards back). The caller is inside a [`Turn`] of this
-    /// engine, so a callback the last turn runs, or a capture it drops, that turns the
-    /// engine gets 0 rather than waiting for a wheel its own thread holds.
+    /// The last turn of every hand-driven shard not finished yet. With `wait`, waits for a
+    /// shard's current turn to end; without, leaves it to the thread turning it, which
+    /// checks the shutdown flag after giving its shards back. The caller is inside a
+    /// [`Turn`], so a nested `turn` from user code gets 0 rather than waiting for a wheel
+    /// its own thread holds.
     fn finish_manual(&self, wait: bool) {
         let shared = &*self.shared;
         let (pending, now) = (shared.pending_mode(), shared.clock.now());
@@ -623,27 +596,20 @@ impl TimerEngine {
     }
 
     /// Stops the engine: new schedules fail with [`ScheduleError::Shutdown`], and every
-    /// timer still pending is run now or dropped, as `pending` says. Waits for the workers
-    /// to finish, and reports how many timers each way. A later call changes nothing and
-    /// reports the figures as they stand then.
-    ///
+    /// pending timer is run now or dropped, as `pending` says. Waits for the workers and
+    /// reports how many timers went each way; a later call reports the figures then.
     /// Dropping the engine shuts it down with [`PendingTimers::Drop`].
     ///
-    /// Called on a worker thread (from inside a callback, of this engine or of another),
-    /// it waits for no worker, and neither does a drop there: the worker running the
-    /// callback cannot finish until it returns, and another engine's worker may be waiting
-    /// for this one. The workers then finish by themselves once their callbacks return.
-    /// Likewise, inside a callback of a hand-driven engine's turn, the turn finishes the
-    /// engine when it ends; and a call made while another is still in progress returns at
-    /// once. Either way the report counts what had been settled by then, and always agrees
-    /// with [`stats`](Self::stats)' `ran_at_shutdown` and `dropped_at_shutdown`. A later
-    /// call from a thread that can wait (not a worker, not inside a turn) waits for what
-    /// the first could not, and reports the final figures.
+    /// On a worker thread (inside a callback of any engine) it waits for no worker, nor
+    /// does a drop there: the workers finish once their callbacks return. Inside a callback
+    /// of a hand-driven engine's turn, that turn finishes the engine when it ends; a call
+    /// made while another is in progress returns at once. The report counts what was
+    /// settled by then and agrees with [`stats`](Self::stats); a later call from a thread
+    /// that can wait reports the final figures.
     ///
-    /// Callbacks that a shutdown runs ([`PendingTimers::Run`]) run on the workers (on the
-    /// calling thread for a hand-driven engine); a [`turn`](Self::turn) from inside one
-    /// returns 0. After shutdown, `turn` makes the last turns nobody else is making and
-    /// returns 0, waiting for nothing.
+    /// Callbacks a shutdown runs ([`PendingTimers::Run`]) run on the workers (the calling
+    /// thread, hand-driven); a [`turn`](Self::turn) inside one returns 0. After shutdown,
+    /// `turn` makes the last turns nobody else is making and returns 0.
     pub fn shutdown(&self, pending: PendingTimers) -> ShutdownReport {
         // Another shutdown in progress (perhaps waiting for the worker this call runs on)
         // must not be waited for: that could deadlock two callbacks shutting down at once.
@@ -672,18 +638,16 @@ impl TimerEngine {
     /// Makes or waits for every shard's last turn, where the calling thread may wait.
     fn finish_workers(&self) {
         if self.hand_driven {
-            // Drivers see the shutdown and make their shards' last turns, or end once
-            // another thread has: woken first, so that a shutdown from inside a callback,
-            // which returns below without finishing anything, still ends them.
+            // Drivers make their shards' last turns, or end once another thread has: woken
+            // first, so that a shutdown from inside a callback (returning below) ends them.
             if self.driven {
                 for shard in self.shared.shards.iter() {
                     shard.wake_driver();
                 }
             }
-            // Waiting for a shard another thread is turning is safe only for a thread that
-            // nobody can be waiting for: not a worker, and inside no turn of any engine (two
-            // callbacks on two threads may each be shutting down the other's engine).
-            // Otherwise the threads turning those shards finish them when their turns end.
+            // Only a thread nobody can be waiting for may wait for another's turn: not a
+            // worker, inside no turn of any engine (two callbacks on two threads may each be
+            // shutting down the other's engine). Else the turning threads finish them.
             let wait = !reentrancy::is_worker() && !reentrancy::in_any_turn();
             let turn = match Turn::begin(self.shared.id.get()) {
                 // From inside a callback, the turn running it finishes instead, once over.
@@ -701,11 +665,8 @@ impl TimerEngine {
                 thread.unpark();
             }
         }
-        // A worker thread, of this engine or any other, waits for no worker: the callback
-        // it is running may be one the awaited worker is waiting for (its own shard's, or
-        // one that drops the engine that worker belongs to). The workers finish by
-        // themselves once their callbacks return, and their handles stay for a later call
-        // from a thread that can wait.
+        // A worker of any engine waits for no worker: the awaited worker may be waiting for
+        // the callback this one runs. Handles stay for a later call from a thread that can.
         if reentrancy::is_worker() {
             return;
         }
@@ -731,15 +692,14 @@ impl TimerEngine {
         self.shared.ticks.tick()
     }
 
-    /// The engine's clock: the manual clock's time for an engine built with one, the
-    /// monotonic clock's otherwise. Deadlines given to this engine are read against it.
+    /// The engine's clock (the manual clock, if built with one), which deadlines are read
+    /// against.
     pub fn now(&self) -> Instant {
         self.shared.clock.now()
     }
 
-    /// Pool nodes holding a timer, counted by walking every node (a leak check for tests:
-    /// O(nodes)). After a shutdown with no schedules racing it, every node is back in its
-    /// pool and this is 0. Only with the `test-util` feature.
+    /// Pool nodes holding a timer, counted in O(nodes) (a leak check: 0 after a shutdown
+    /// with no schedules racing it). Only with the `test-util` feature.
     #[cfg(any(test, feature = "test-util"))]
     pub fn nodes_in_use(&self) -> usize {
         self.shared

@@ -2,9 +2,8 @@
 
 /// What a repeating timer does when it ran late enough to miss whole periods.
 ///
-/// Ticks stay phase-aligned to the first deadline with `Burst` and `Skip`; `Delay` starts a
-/// new phase from the late run. A timer due at 10, 20, 30, ... whose run due at 20 ran at
-/// 35 runs next:
+/// `Burst` and `Skip` keep the phase of the first deadline; `Delay` starts a new phase
+/// from the late run. A timer due at 10, 20, 30, ... whose run due at 20 ran at 35 runs next:
 ///
 /// - with `Burst`, at 30, which is already due, so at once;
 /// - with `Skip`, at 40, the next aligned tick;
@@ -61,9 +60,8 @@ impl Period {
         self.ticks != 0
     }
 
-    /// Packs into one word: the period above the policy. A period longer than
-    /// [`MAX_PERIOD_TICKS`] is packed as [`BEYOND_RANGE`], which unpacks as `u64::MAX`
-    /// ticks, so the timer's next run is never: shortening it instead would run it early.
+    /// Packs into one word, the period above the policy. A period over [`MAX_PERIOD_TICKS`]
+    /// unpacks as `u64::MAX` ticks (never again): shortening it would run it early.
     pub(crate) const fn to_word(self) -> u64 {
         let ticks = if self.ticks > MAX_PERIOD_TICKS {
             BEYOND_RANGE

@@ -1,15 +1,13 @@
 //! A shard's pool of timer nodes: one region reserved up front, carved a chunk at a time as
 //! demand grows, and a bitmap of free nodes shared by every thread.
 //!
-//! A thread takes free nodes a bitmap word (up to 64) at a time, in address order; freeing
-//! sets bits again, one atomic OR per word. Words are taken in turn from a shared cursor,
-//! reusing the region like a ring, so timers armed in turn get neighbouring nodes and later
-//! walks go forwards through memory, where prefetch hides misses (a free stack would
-//! scramble that order a little more each round).
+//! A thread takes free nodes a bitmap word (up to 64) at a time; freeing sets bits again,
+//! one atomic OR per word. Words are taken in turn from a shared cursor, reusing the region
+//! like a ring, so timers armed in turn get neighbouring nodes and later walks go forwards
+//! through memory, where prefetch hides misses (a free stack would scramble that order).
 //!
 //! Memory is first written when carved, so resident memory follows the peak number of
-//! timers, not the capacity. A node's index is its offset in the region. Who may touch what,
-//! and when: the ground rules in [`engine`](crate::engine).
+//! timers, not the capacity. A node's index is its offset in the region.
 
 use std::ptr::NonNull;
 
@@ -105,8 +103,8 @@ pub(crate) struct Pool {
     free_count: CachePadded<Hint>,
 }
 
-/// The cursor and counts are hints: the bitmap's swaps and ORs alone decide who holds a
-/// node, so loom leaves them unmodelled and its search goes to the bits.
+/// The cursor and counts are hints (the bitmap alone decides who holds a node), so loom
+/// leaves them unmodelled.
 #[cfg(not(loom))]
 type Hint = AtomicU64;
 #[cfg(loom)]
@@ -182,7 +180,7 @@ impl FreeBits {
 }
 
 /// Free nodes held by one thread: a bitmap word taken whole, and a chain of nodes put in
-/// one at a time, handed out first as this thread just freed them (their lines are warm).
+/// one at a time, handed out first (just freed here, their lines are warm).
 pub(crate) struct Magazine {
     first: Option<NonNull<TimerNode>>,
     chained: u32,
@@ -363,13 +361,11 @@ impl Pool {
         (self.ready.load(Ordering::Acquire) as usize).div_ceil(BATCH as usize)
     }
 
-    /// The free nodes of the next word at least half free, within [`LOOK_WORDS`]: a word
-    /// whose other timers are still ending would split a page between threads.
-    ///
-    /// With none, `None` (grow, keeping a free band ahead of the cursor) while under a
-    /// [`SPARE_SHARE`]th is free and the pool can grow; else the first thin word seen, or
-    /// with [`PLENTY_FREE`] any word in the region, so a stretch of long-lived timers longer
-    /// than a look does not grow the pool on every lap.
+    /// The free nodes of the next word at least half free within [`LOOK_WORDS`] (a word
+    /// whose other timers are still ending would split a page between threads). With none,
+    /// `None` (grow, keeping a free band ahead of the cursor) while under a [`SPARE_SHARE`]th
+    /// is free and the pool can grow; else the first thin word seen, or with [`PLENTY_FREE`]
+    /// any word, so a stretch of long-lived timers does not grow the pool on every lap.
     fn take_next_word(&self) -> Option<(usize, u64)> {
         let words = self.carved_words();
         if words == 0 {
@@ -399,8 +395,8 @@ impl Pool {
             }
         }
         let free = self.free_count();
-        // At the size limit growing fails, and the fallback looks from the region's first
-        // word on each refill: there the thin word near the cursor is the better take.
+        // At the size limit the fallback looks from the first word on each refill: the
+        // thin word near the cursor is the better take.
         if free < self.carved.load(Ordering::Relaxed) / SPARE_SHARE && self.can_grow() {
             return None;
         }
@@ -454,7 +450,7 @@ impl Pool {
     }
 
     /// The free nodes of any word, for a pool at its size limit. Waits for a chunk still
-    /// being carved (never user code), not to report full a pool about to gain nodes.
+    /// being carved (never user code) rather than report full a pool about to gain nodes.
     fn take_any_word(&self) -> Option<(usize, u64)> {
         let chunks = (self.capacity / CHUNK_NODES) as u64;
         loop {

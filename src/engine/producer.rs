@@ -1,6 +1,5 @@
 //! The producer side, for any thread: arming a node and sending it on the thread's lane,
 //! taking the lane back to recycle what it already cancelled, cancelling and resetting.
-//! Who holds a node at each step: the ground rules in [`engine`](crate::engine).
 
 use std::ptr::NonNull;
 use std::time::Duration;
@@ -42,17 +41,8 @@ impl Counted {
         }
     }
 
-    /// Counts the operation of a thread with no lane (a thread-local destructor's) with
-    /// the retired lanes', a shared read-modify-write only this rare path pays.
-    fn without_lane(self, shard: &Shard) {
-        add(self.retired(shard), 1);
-    }
-
-    fn take_back_without_lane(self, shard: &Shard) {
-        self.retired(shard).fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// The shard's count of this operation for threads without a lane (and retired lanes).
+    /// The count for threads with no lane (a thread-local destructor's), with the retired
+    /// lanes': a shared read-modify-write only this rare path pays.
     fn retired(self, shard: &Shard) -> &AtomicU64 {
         let counters = &shard.counters;
         match self {
@@ -70,8 +60,8 @@ impl EngineShared {
         context::with(this, |context| this.deadline_in(context, delay))
     }
 
-    /// An upper bound on now, in nanoseconds since the origin, from this thread's anchor on
-    /// the cycle counter; `None` without a counter or context (the caller reads the clock).
+    /// An upper bound on now in nanoseconds since the origin, from the thread's cycle-counter
+    /// anchor; `None` without a counter or context (the caller reads the clock).
     #[inline]
     fn nanos_at_most(&self, context: Option<&Context>) -> Option<u64> {
         let (scale, context) = self.cycles.zip(context)?;
@@ -80,8 +70,8 @@ impl EngineShared {
             .now_at_most(scale, || self.ticks.nanos_since_origin(self.clock.now()))
     }
 
-    /// Whether now has certainly reached `tick`, so a deadline there may complete without
-    /// a timer; the clock is read only if the cycle-counter bound does not show it ahead.
+    /// Whether now has certainly reached `tick` (the clock is read only if the
+    /// cycle-counter bound does not show it ahead).
     pub(crate) fn has_reached(this: &Arc<Self>, tick: u64) -> bool {
         let ahead = context::with(this, |context| {
             this.nanos_at_most(context)
@@ -99,8 +89,7 @@ impl EngineShared {
     }
 
     /// The deadline `delay` from now, never earlier, in signed nanoseconds since the origin
-    /// (as a [`Sleep`](crate::Sleep) keeps it), from the cycle-counter anchor or the clock;
-    /// `None` on overflow.
+    /// (as a [`Sleep`](crate::Sleep) keeps it); `None` on overflow.
     #[inline]
     pub(crate) fn nanos_after(this: &Arc<Self>, delay: Duration) -> Option<i64> {
         context::with(this, |context| {
@@ -136,7 +125,7 @@ impl EngineShared {
         // SeqCst: see `pushed`.
         if this.shutdown.load(Ordering::SeqCst) && Self::withdraw(this, handle) {
             // Refused: to the caller, and so to the counts, this timer never existed.
-            Self::uncount(this, handle.shard() as usize, Counted::Schedule);
+            Self::count(this, handle.shard() as usize, Counted::Schedule, u64::MAX);
             return Err(ScheduleError::Shutdown);
         }
         Ok(handle)
@@ -172,7 +161,7 @@ impl EngineShared {
     }
 
     /// Arms a node straight from the pool onto the inbox, for a thread whose locals are
-    /// gone (a destructor scheduling a timer during thread exit).
+    /// gone (a destructor during thread exit).
     #[cold]
     fn arm_direct(
         &self,
@@ -188,7 +177,7 @@ impl EngineShared {
         let node = magazine.take().ok_or(ScheduleError::Capacity)?;
         magazine.give_back(&shard.pool);
         let handle = self.prepare(0, node, tick, kind, store);
-        Counted::Schedule.without_lane(shard);
+        add(Counted::Schedule.retired(shard), 1);
         // SAFETY: `node` is armed, in transit, and held by this thread until pushed.
         unsafe { shard.send_direct(node, tick) };
         self.pushed(shard);
@@ -223,9 +212,9 @@ impl EngineShared {
     }
 
     /// Pushes a node this thread holds (in transit) onto its lane into `shard`, waking the
-    /// worker if needed sooner than it means to wake; reclaims the lane first when due.
-    /// `need` is the node's deadline, or `u64::MAX` for a message, which travels with the
-    /// lane's staging (so only starting a staging, by [`fresh_need`], reads the clock).
+    /// worker if needed sooner than it plans; reclaims the lane first when due. `need` is
+    /// the deadline, or `u64::MAX` for a message, which travels with the lane's staging
+    /// (only starting one, by [`fresh_need`], reads the clock).
     #[inline]
     fn send(&self, lane: &Lane, shard: &Shard, node: NonNull<TimerNode>, need: u64) {
         // SAFETY: this thread is the lane's producer.
@@ -241,7 +230,7 @@ impl EngineShared {
     }
 
     /// After a push onto `shard`: once the last turn is over, only a sweep takes the node.
-    /// `SeqCst`: pairs with the shutdown's flag store then the last turn's collection, so
+    /// SeqCst: pairs with the shutdown's flag store and the last turn's collection, so
     /// either that collection takes the node or this sees the flag.
     #[inline]
     fn pushed(&self, shard: &Shard) {
@@ -265,8 +254,7 @@ impl EngineShared {
         }
     }
 
-    /// The body of [`reclaim`](Self::reclaim) while the lane is busy; returns the timers
-    /// to recycle, chained.
+    /// [`reclaim`](Self::reclaim) while the lane is busy; returns the timers to recycle.
     fn reclaim_entered(&self, lane: &Lane, shard: &Shard) -> Chain {
         let now = self.now_tick();
         // Before any node is taken: see `look_again`.
@@ -289,19 +277,17 @@ impl EngineShared {
                 unseen = true;
             }
         };
-        // SAFETY: this thread is the lane's producer.
-        let young = unsafe { lane.claim() };
-        for node in young {
+        // Sorts a node taken off the young stack, or (`young` false) the old one.
+        let mut sort = |node: NonNull<TimerNode>, young: bool| {
             // SAFETY: nodes on a lane are live pool nodes, held by whoever takes them.
             let node_ref = unsafe { node.as_ref() };
             let seen = node_ref.state.observe();
             if recyclable(seen) {
-                recycled.push(node, 0);
-                continue;
+                return recycled.push(node, 0);
             }
             let need = forward_need(node_ref, seen, now, shard);
             // A filed node is a message: its links are the wheel's, so it goes on to the owner.
-            if !seen.is_filed() && need > park_after {
+            if young && !seen.is_filed() && need > park_after {
                 // A first claim keeps a timer young for one more: most are cancelled soon,
                 // and never need the old stack's longer wait.
                 // SAFETY: held by this thread, taken off its lane, not filed.
@@ -318,23 +304,11 @@ impl EngineShared {
                 // SAFETY: this thread is the lane's producer.
                 unsafe { forward.push((lane, shard), node, need, now) };
             }
-        }
+        };
         // SAFETY: this thread is the lane's producer.
-        for node in unsafe { lane.claim_old_if_due(now) } {
-            // SAFETY: as above.
-            let node_ref = unsafe { node.as_ref() };
-            let seen = node_ref.state.observe();
-            if recyclable(seen) {
-                recycled.push(node, 0);
-            } else {
-                let need = forward_need(node_ref, seen, now, shard);
-                if seen.phase() == Phase::Pending {
-                    look_again_at(node, need);
-                }
-                // SAFETY: this thread is the lane's producer.
-                unsafe { forward.push((lane, shard), node, need, now) };
-            }
-        }
+        unsafe { lane.claim() }.for_each(|node| sort(node, true));
+        // SAFETY: as above.
+        unsafe { lane.claim_old_if_due(now) }.for_each(|node| sort(node, false));
         // SAFETY: this thread is the lane's producer (for each step).
         unsafe {
             Self::hold_back(lane, shard, park, keep, now);
@@ -351,7 +325,7 @@ impl EngineShared {
     }
 
     /// A reclaim's step: puts held-back timers on the old stack (past their first claim)
-    /// or the young one, waking the worker if one is needed sooner than it plans.
+    /// or the young one, waking the worker if needed sooner than it plans.
     ///
     /// # Safety
     /// The caller is the lane's producer, and the chains are its own.
@@ -380,9 +354,8 @@ impl EngineShared {
     }
 
     /// A reclaim's step, once its timers are published: a reset that brought one forward
-    /// meanwhile missed the need it went with, so look at the deadlines again. Past what
-    /// `published` holds (`unseen`), re-ask any urgency asked since the reclaim began
-    /// (`asked`), so the worker takes everything at once rather than fire late.
+    /// meanwhile missed the need it went with, so look at the deadlines again; past what
+    /// `published` holds (`unseen`), re-ask any urgency asked since the reclaim began.
     #[inline]
     fn look_again(
         shard: &Shard,
@@ -451,28 +424,21 @@ impl EngineShared {
         });
     }
 
-    /// Counts a cancel or reset against this thread's lane into `shard`.
-    fn count(this: &Arc<Self>, shard: usize, what: Counted) {
-        context::with(this, |context| match context {
-            Some(context) => Lane::count(what.on_lane(context.lane(this, shard))),
-            None => what.without_lane(&this.shards[shard]),
-        });
-    }
-
-    /// Takes back a [`count`](Self::count) of a schedule the shutdown refused.
-    #[cold]
-    fn uncount(this: &Arc<Self>, shard: usize, what: Counted) {
+    /// Adds `by` to this thread's count of `what` into `shard`: 1, or `u64::MAX` (wrapping)
+    /// to take back a schedule the shutdown refused.
+    fn count(this: &Arc<Self>, shard: usize, what: Counted, by: u64) {
         context::with(this, |context| match context {
             Some(context) => {
                 let counter = what.on_lane(context.lane(this, shard));
-                counter.store(counter.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+                let count = counter.load(Ordering::Relaxed).wrapping_add(by);
+                counter.store(count, Ordering::Relaxed);
             }
-            None => what.take_back_without_lane(&this.shards[shard]),
+            None => add(what.retired(&this.shards[shard]), by),
         });
     }
 
-    /// Takes back a timer just armed into a shutdown, unless the last turn ran or is
-    /// running it (then the schedule stands). Counts no cancel.
+    /// Takes back a timer armed into a shutdown, unless the last turn ran or is running it
+    /// (then the schedule stands). Counts no cancel.
     #[cold]
     fn withdraw(this: &Arc<Self>, handle: TimerHandle) -> bool {
         Self::stop(this, handle, TimerState::try_withdraw).is_some()
@@ -482,12 +448,12 @@ impl EngineShared {
         let Some(shard) = Self::stop(this, handle, TimerState::try_cancel) else {
             return false;
         };
-        Self::count(this, shard, Counted::Cancel);
+        Self::count(this, shard, Counted::Cancel, 1);
         true
     }
 
-    /// Stops `handle`'s timer with `how` (cancel or withdrawal), messaging its owner where
-    /// it is filed; its shard if this did it.
+    /// Stops `handle`'s timer with `how`, messaging its owner where it is filed; returns
+    /// its shard if this did it.
     #[inline]
     fn stop(
         this: &Arc<Self>,
@@ -516,7 +482,7 @@ impl EngineShared {
             // In transit on a lane whose need may be later than the new deadline.
             this.shards[shard].make_urgent(tick);
         }
-        Self::count(this, shard, Counted::Reset);
+        Self::count(this, shard, Counted::Reset, 1);
         true
     }
 
@@ -553,7 +519,7 @@ fn forward_need(node: &TimerNode, seen: Observed, now: u64, shard: &Shard) -> u6
 }
 
 /// By when the worker must take what a thread starts sending: its planned wake-up within
-/// [`LANE_HORIZON`]..[`IDLE_LANE_HORIZON`] (the latter while awake: it will plan with it).
+/// [`LANE_HORIZON`]..[`IDLE_LANE_HORIZON`] (the latter while it is awake).
 #[inline]
 fn fresh_need(shard: &Shard, now: u64) -> u64 {
     let latest = now.saturating_add(IDLE_LANE_HORIZON);
@@ -577,8 +543,8 @@ fn quiet_need(planned: u64, now: u64) -> u64 {
     }
 }
 
-/// Whether a node off this thread's lane was cancelled before ever filed: then nobody
-/// else can reach it, and this thread frees it.
+/// Whether a node off this thread's lane was cancelled before ever filed: nobody else can
+/// reach it, so this thread frees it.
 fn recyclable(seen: Observed) -> bool {
     seen.phase() == Phase::Cancelled && !seen.is_filed()
 }
@@ -607,7 +573,7 @@ impl ForwardBatch {
         }
     }
 
-    /// Adds a node of `shard` the caller holds, in transit, on no chain, needed by `need`.
+    /// Adds a node the caller holds, in transit, on no chain, needed by `need`.
     ///
     /// # Safety
     /// The caller is `lane`'s producer.

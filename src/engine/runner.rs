@@ -1,10 +1,7 @@
-//! Running claimed timers: a run taken off a shard's run queue, by its owner or by any
-//! other worker. Claiming a timer (moving it to `Firing`) gave whoever took it off the
-//! queue the node, so a run needs no wheel: it calls each callback, settles each node
-//! (freed to the shard's pool, or sent back to the owner to be filed again), and adds the
-//! counts once per run.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! Running claimed timers, by the owner or any other worker. Claiming a timer gave whoever
+//! took it off the queue the node, so a run needs no wheel: it calls each callback, settles
+//! each node (freed, or sent back to the owner to be filed again), and adds the counts once
+//! per run.
 
 use std::ptr::NonNull;
 
@@ -15,9 +12,8 @@ use crate::engine::timer_node::TimerNode;
 use crate::sync::atomic::Ordering;
 use crate::sync::timer_state::{AfterFire, Phase};
 
-/// Runs every timer of `run`, claimed from `shard`'s wheel (taken off its run queue, or
-/// claimed from a list it handed out), at `now_tick`; `by_owner` when the shard's own
-/// worker runs it. Returns the callbacks run.
+/// Runs every timer of `run`, claimed from `shard`'s wheel, at `now_tick`; `by_owner` when
+/// the shard's own worker runs it. Returns the callbacks run.
 pub(crate) fn run(shard: &ShardState, run: &[u32], now_tick: u64, by_owner: bool) -> usize {
     let mut freed = Magazine::EMPTY;
     let (mut fired, mut late, mut completed) = (0_u64, 0_u64, 0_u64);
@@ -82,9 +78,9 @@ pub(crate) fn run_callback(shard: &ShardState, node: &TimerNode) {
     }
 }
 
-/// Runs a claimed timer's callback unless it must not run any more: a repeating timer
-/// cancelled while it waited on the queue, or a waker timer whose `Sleep` was dropped
-/// before its wake began. Returns whether it ran.
+/// Runs a claimed timer's callback, catching and counting a panic, unless it must not run
+/// any more: a repeating timer cancelled while queued, or a waker timer whose `Sleep` was
+/// dropped before its wake began. Returns whether it ran.
 fn run_claimed(shard: &ShardState, node: &TimerNode) -> bool {
     let seen = node.state.observe();
     let run = if seen.is_waker() {
@@ -93,24 +89,18 @@ fn run_claimed(shard: &ShardState, node: &TimerNode) -> bool {
         seen.phase() != Phase::FiringCancelled
     };
     if run {
-        run_callback_uncounted(shard, node);
+        // SAFETY: the caller claimed the timer (Firing), so this thread holds the node
+        // until it settles it.
+        let panicked = unsafe {
+            node.with_callback(|callback| crate::engine::panics::contain(|| callback.call()))
+        };
+        add(&shard.counters.panicked, u64::from(panicked));
     }
     run
 }
 
-/// Runs a claimed timer's callback, catching and counting a panic.
-fn run_callback_uncounted(shard: &ShardState, node: &TimerNode) {
-    // SAFETY: the caller claimed the timer (its state says Firing), so this thread holds
-    // the node until it settles it.
-    let panicked = unsafe {
-        node.with_callback(|callback| crate::engine::panics::contain(|| callback.call()))
-    };
-    add(&shard.counters.panicked, u64::from(panicked));
-}
-
-/// Gives a node the caller holds back: drops any callback, moves the generation on, and
-/// puts the node on `freed` for the shard's pool, handing `freed` to the pool once it
-/// holds a [`BATCH`].
+/// Gives back a node the caller holds: drops any callback, moves the generation on, and
+/// puts it on `freed`, handed to the pool once it holds a [`BATCH`].
 pub(crate) fn free_into(shard: &ShardState, node: NonNull<TimerNode>, freed: &mut Magazine) {
     // SAFETY: the caller holds the node exclusively (nothing else will touch it until the
     // generation moves on below).

@@ -1,5 +1,5 @@
 //! One shard: its [`ShardState`], and its held wheel behind a hand-over flag, so another
-//! worker can stand in for a stuck owner. Ground rules: [`engine`](crate::engine).
+//! worker can stand in for a stuck owner.
 
 use std::ops::Deref;
 use std::time::Instant;
@@ -23,9 +23,9 @@ pub(crate) struct Shard {
     parts: ShardState,
     /// The held wheel, touched only by the thread whose [`HELD`] bit is in `wheel_hold`.
     wheel: UnsafeCell<HeldWheel>,
-    /// [`HELD`] while a thread holds the wheel, with [`SWEEP`] when a thread that
-    /// pushed late at shutdown asks the holder to sweep before letting go. One word,
-    /// changed only by read-modify-writes, so a request and a release cannot miss each other.
+    /// [`HELD`] while a thread holds the wheel, with [`SWEEP`] when a late pusher at
+    /// shutdown asks the holder to sweep before letting go. One word, changed only by
+    /// read-modify-writes, so a request and a release cannot miss each other.
     wheel_hold: CachePadded<AtomicU8>,
     /// The last turn is over: a later finish must not wait for the wheel (a sweep holds it).
     finished: AtomicBool,
@@ -45,8 +45,6 @@ impl Deref for Shard {
 }
 
 impl Shard {
-    /// `hands_out`: whether bursts' due lists go to other workers
-    /// ([`due_lists`](crate::engine::due_lists)).
     pub(crate) fn new(capacity: usize, ticks: Ticks, hands_out: bool) -> Self {
         Self {
             parts: ShardState::new(capacity),
@@ -56,9 +54,8 @@ impl Shard {
         }
     }
 
-    /// Runs `f` on the held wheel if no other thread holds it; `None` if one does. Nobody
-    /// waits long for the wheel, as a holder runs user code only in the last turn (ground
-    /// rules 1 and 4 in [`engine`](crate::engine)).
+    /// Runs `f` on the held wheel unless another thread holds it (`None`). Nobody waits
+    /// long for it: a holder runs user code only in the last turn (ground rules 1 and 4).
     pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut HeldWheel) -> R) -> Option<R> {
         self.try_hold_wheel().then(|| self.held_wheel(f))
     }
@@ -101,9 +98,8 @@ impl Shard {
         }
     }
 
-    /// By a thread that pushed onto this shard and then saw the engine shutting down: after
-    /// the last turn nobody takes what is pushed, so it sweeps the held wheel itself, or
-    /// leaves the sweep to the holder's release. Never waits.
+    /// By a thread that pushed onto this shard, then saw the shutdown: after the last turn
+    /// nobody takes what is pushed, so it sweeps itself, or asks the holder to. Never waits.
     pub(crate) fn settle_after_shutdown(&self) {
         // Release: a holder seeing the request sees the push. Acquire: taking the wheel
         // here follows the last holder's release.

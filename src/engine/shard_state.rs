@@ -1,11 +1,7 @@
-//! What every thread shares about one shard, but its held wheel: its node pool, its
-//! inbox, the lanes threads have opened into it, the handshake that wakes its worker, its
-//! run queue of claimed timers, and what its owner tells the workers that might stand in
-//! for it. The held wheel and the hand-over of it live in [`shard`](crate::engine::shard),
-//! which builds on this; the code that works on a shard's timers (its held wheel, the
-//! runner) takes these parts, so it needs no shard.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! What every thread shares about one shard but its held wheel (which lives in
+//! [`shard`](crate::engine::shard), built on this): the pool, the inbox, the lanes, the
+//! handshake that wakes the worker, the run queue, and what the owner tells workers that
+//! might stand in for it. Code working on a shard's timers takes this, not a shard.
 
 use crossbeam_utils::CachePadded;
 use std::ptr::NonNull;
@@ -28,8 +24,7 @@ pub(crate) const AWAKE: u64 = 0;
 /// `last_run` of an owner that has not run a timer yet.
 const NEVER_RAN: u64 = u64::MAX;
 
-/// Everything of one shard but its held wheel: what producers, the owner and other
-/// workers share.
+/// Everything of one shard but its held wheel. See the module documentation.
 pub(crate) struct ShardState {
     pub(crate) pool: Pool,
     /// Batches forwarded from lanes, and single nodes from threads without a lane.
@@ -43,21 +38,16 @@ pub(crate) struct ShardState {
     /// The earliest tick by which the worker must take every lane, lowered by a reset that
     /// brings forward a timer still in transit (the lane it sits on does not know).
     urgent: CachePadded<AtomicU64>,
-    /// How many times the urgent tick has been asked for: a producer that published more
-    /// pending timers than it can look at again compares it across its reclaim (see
-    /// `look_again` in the producer). Written only by resets of timers in transit and by
-    /// those looks, so producers reading it at each reclaim seldom miss.
+    /// How often the urgent tick was asked for, compared across a reclaim
+    /// ([`ask_again_if_asked_since`](Self::ask_again_if_asked_since)); rarely written.
     urgent_asked: CachePadded<AtomicU64>,
-    /// Nanoseconds a callback of this shard has taken lately, an average over the owner's
-    /// runs (0 until it has run some): what a backlog is worth in time, to decide whether
-    /// it pays to wake a parked worker to help (see
-    /// [`IdleWorkers::offer`](crate::engine::idle_workers::IdleWorkers::offer)). Written by the owner
-    /// alone.
+    /// Nanoseconds a callback of this shard has taken lately (0 before any run; owner
+    /// only): what a backlog is worth in time, for
+    /// [`IdleWorkers::offer`](crate::engine::idle_workers::IdleWorkers::offer).
     callback_ns: AtomicU64,
     /// The worker thread, once it runs (engines driven by hand have none).
     pub(crate) thread: OnceLock<std::thread::Thread>,
-    /// A driven engine's driver for this shard, while it waits: what a thread that needs
-    /// the shard turned sooner wakes instead of a worker thread.
+    /// A driven engine's waiting driver: woken in place of a worker thread.
     driver: Mutex<Option<Waker>>,
     /// A driver for this shard exists (see [`claim_driver`](Self::claim_driver)).
     has_driver: AtomicBool,
@@ -79,10 +69,9 @@ struct OwnerSignals {
     busy: AtomicBool,
     /// The tick of the owner's latest look at its wheel.
     heartbeat: AtomicU64,
-    /// The owner is running its timers' callbacks: only then can it be stuck in one. An
-    /// owner that is merely awake looks at its wheel again within moments, unless the
-    /// operating system has not scheduled it; standing in for such owners made hundreds of
-    /// workers on a few cores wake each other without end.
+    /// The owner is running callbacks: only then can it be stuck in one. An owner merely
+    /// awake looks again within moments unless the OS has not scheduled it, and standing in
+    /// for such owners lets many workers on few cores wake each other without end.
     running: AtomicBool,
     /// The tick at which the owner last began running timers ([`NEVER_RAN`]: never).
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
@@ -175,8 +164,7 @@ impl ShardState {
     }
 
     /// Whether the owner is running callbacks and has not looked at its wheel for more
-    /// than `after` ticks: it is stuck in a callback, and another worker may stand in for
-    /// it.
+    /// than `after` ticks: stuck, so another worker may stand in.
     pub(crate) fn is_stuck(&self, now_tick: u64, after: u64) -> bool {
         self.is_running() && now_tick > self.heartbeat().saturating_add(after)
     }
@@ -186,10 +174,9 @@ impl ShardState {
     pub(crate) fn enter_hands(&self, shutdown: &AtomicBool) -> bool {
         self.in_hands.fetch_add(1, Ordering::SeqCst);
         // Pairs with the fence in `wait_for_hands`: either the last turn sees this worker in
-        // its hands, or this worker sees the shutdown. Without the two fences, loom let a
-        // walker through that walked lists the last turn was taking back (the model
-        // `a_shutdown_against_a_walker_runs_or_drops_each_timer_once`): it does not give
-        // the SeqCst accesses alone their single total order.
+        // its hands, or this worker sees the shutdown. The SeqCst accesses alone do not give
+        // that order (a walker could walk lists the last turn is taking back; the loom model
+        // `a_shutdown_against_a_walker_runs_or_drops_each_timer_once` checks it).
         fence(Ordering::SeqCst);
         if shutdown.load(Ordering::SeqCst) {
             self.leave_hands();
@@ -202,10 +189,9 @@ impl ShardState {
         self.in_hands.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Walks one batch of this shard's handed-out lists, unless a shutdown has begun, and
-    /// calls `run` with what it claimed and the tick it was due by, still in the shard's
-    /// hands. `walker` (a worker's index) spreads walkers over the lists. Returns whether it
-    /// found a list to walk.
+    /// Walks one batch of the handed-out lists (not after shutdown) and, still in the
+    /// shard's hands, calls `run` with what it claimed and the tick it was due by. `walker`
+    /// spreads walkers over the lists. Returns whether it found a list to walk.
     pub(crate) fn walk_hand_outs(
         &self,
         shutdown: &AtomicBool,
@@ -228,12 +214,10 @@ impl ShardState {
         walked.is_some()
     }
 
-    /// Waits until no other worker holds this shard's timers; the caller has set the
-    /// shutdown flag, so none will take more. A worker holding them may be running one of
-    /// their callbacks, blocked for as long as it likes.
+    /// Waits until no other worker holds this shard's timers (perhaps blocked in a
+    /// callback); the caller has set the shutdown flag, so none will take more.
     pub(crate) fn wait_for_hands(&self) {
-        // Orders the caller's shutdown flag before the reads of `in_hands` (see
-        // `enter_hands`).
+        // Orders the shutdown flag before the reads of `in_hands` (see `enter_hands`).
         fence(Ordering::SeqCst);
         crate::sync::wait_until(|| (self.in_hands.load(Ordering::SeqCst) == 0).then_some(()));
     }
@@ -243,7 +227,7 @@ impl ShardState {
         let lane = Arc::new(Lane::new());
         self.lanes
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|p| p.into_inner())
             .push(Arc::clone(&lane));
         self.lanes_version.fetch_add(1, Ordering::AcqRel);
         lane
@@ -260,11 +244,6 @@ impl ShardState {
     /// the caller published before this call, or the caller sees the worker's plan.
     #[inline]
     pub(crate) fn wake_for(&self, need: u64) {
-        self.wake(need);
-    }
-
-    #[inline]
-    fn wake(&self, need: u64) {
         fence(Ordering::SeqCst);
         if need < self.wake_at.load(Ordering::SeqCst)
             && self.wake_at.swap(AWAKE, Ordering::SeqCst) != AWAKE
@@ -279,10 +258,7 @@ impl ShardState {
     /// A driven shard's driver stores the waker of its current poll, before it publishes
     /// its plan (see [`driver`](crate::engine::driver)).
     pub(crate) fn register_driver(&self, waker: &Waker) {
-        let mut driver = self
-            .driver
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut driver = self.driver.lock().unwrap_or_else(|p| p.into_inner());
         if !driver
             .as_ref()
             .is_some_and(|stored| stored.will_wake(waker))
@@ -291,8 +267,7 @@ impl ShardState {
         }
     }
 
-    /// Makes this shard's driver, unless one exists: one driver at a time, so that every
-    /// wake-up reaches the one waiting (the waker it stored is the only one kept).
+    /// Makes this shard's driver unless one exists: one at a time, as only one waker is kept.
     pub(crate) fn claim_driver(&self) -> bool {
         !self.has_driver.swap(true, Ordering::AcqRel)
     }
@@ -308,7 +283,7 @@ impl ShardState {
         let waker = self
             .driver
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(waker) = waker {
             waker.wake();
@@ -322,8 +297,7 @@ impl ShardState {
         self.wake_for(need);
     }
 
-    /// The owner ran `callbacks` callbacks in `took`: folds them into
-    /// [`callback_ns`](Self::callback_ns), an average that follows the last few runs.
+    /// Folds `callbacks` run in `took` into [`callback_ns`](Self::callback_ns)' average.
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     pub(crate) fn note_run(&self, callbacks: usize, took: std::time::Duration) {
         if callbacks == 0 {
@@ -348,16 +322,13 @@ impl ShardState {
         self.urgent_asked.load(Ordering::SeqCst)
     }
 
-    /// A producer has published pending timers it cannot look at again, having read
-    /// [`urgent_asked`](Self::urgent_asked) as `asked` before it took them off its lane:
-    /// if urgency was asked for since (a reset that brought one of them forward while the
-    /// producer held it, whose urgent tick the worker may already have spent), this asks
-    /// again at `now`, so that the worker takes everything and files each timer by its
-    /// deadline as it stands.
+    /// A producer published pending timers it cannot look at again, having read
+    /// [`urgent_asked`](Self::urgent_asked) as `asked` before taking them: if urgency was
+    /// asked since (a reset that brought one forward, whose urgent tick the worker may
+    /// have spent), ask again at `now` so the worker takes everything.
     pub(crate) fn ask_again_if_asked_since(&self, asked: u64, now: u64) {
         // Pairs with the fence in `take_urgent`: if no ask is seen here, the ask comes
-        // after this thread published, and the take that answers it sees what it
-        // published.
+        // after this thread published, and the take answering it sees what it published.
         fence(Ordering::SeqCst);
         if self.urgent_asked() != asked {
             self.make_urgent(now);
@@ -373,10 +344,9 @@ impl ShardState {
             }
             return false;
         }
-        // Pairs with the fence of a producer's `look_again`: a producer that published
-        // timers and then found no new ask for urgency is ordered before the ask this
-        // take answers, so what it published is seen by the take of the lanes that
-        // follows (forward rings are read with acquire loads only).
+        // Pairs with the fence in `ask_again_if_asked_since`: what a producer published
+        // before finding no new ask is seen by the take of the lanes that follows (forward
+        // rings are read with acquire loads only).
         fence(Ordering::SeqCst);
         true
     }
@@ -386,8 +356,8 @@ impl ShardState {
         self.urgent.load(Ordering::SeqCst)
     }
 
-    /// When the worker means to wake next, or [`AWAKE`]: a hint for producers, which lean
-    /// their lanes' needs on it (no timer's timing depends on it).
+    /// When the worker means to wake next, or [`AWAKE`]: a hint for lanes' needs (no
+    /// timer's timing depends on it).
     #[inline]
     pub(crate) fn planned_wake(&self) -> u64 {
         self.wake_at.load(Ordering::Relaxed)

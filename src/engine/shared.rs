@@ -1,6 +1,5 @@
 //! The engine state every thread shares; what producers do with it is in
-//! [`producer`](crate::engine::producer). Who may touch what, and when: the ground rules in
-//! [`engine`](crate::engine).
+//! [`producer`](crate::engine::producer).
 
 use std::time::{Duration, Instant};
 
@@ -29,8 +28,7 @@ pub(crate) struct EngineShared {
     pub(crate) shards: Box<[Shard]>,
     pub(crate) ticks: Ticks,
     pub(crate) clock: Box<dyn Clock>,
-    /// How to extrapolate `clock` from the cycle counter: only for the monotonic clock, and
-    /// only where the counter can be trusted.
+    /// How to extrapolate `clock` from the cycle counter (monotonic clock, trusted counter).
     pub(crate) cycles: Option<&'static CycleScale>,
     pub(crate) shutdown: AtomicBool,
     /// What the workers' last turn does with pending timers: a [`PendingTimers`] as a byte.
@@ -58,6 +56,7 @@ impl EngineShared {
         self.ticks.floor(self.clock.now())
     }
 
+    /// `now` with its tick.
     #[inline]
     pub(crate) fn now_at(&self, now: Instant) -> (Instant, u64) {
         (now, self.ticks.floor(now))

@@ -2,13 +2,7 @@
 //! about half of a backlog worth waking for, or walks a batch of the lists an owner handed
 //! out for a burst ([`due_lists`](crate::engine::due_lists)), and runs what it took.
 
-#![cfg_attr(
-    loom,
-    allow(
-        dead_code,
-        reason = "loom models drive engines by hand, without worker threads"
-    )
-)]
+#![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 
 use crate::sync::atomic::AtomicBool;
 
@@ -19,19 +13,17 @@ use crate::engine::shard::Shard;
 pub(crate) use crate::tuning::STEAL_MIN;
 
 impl IdleWorkers {
-    /// An owner with a fresh backlog on its run queue wakes a helper, if the backlog is worth
-    /// it (see [`worth_waking`](Self::worth_waking)); `more_due`: its queue filled with
-    /// timers still due.
+    /// An owner with a fresh backlog wakes a helper if [`worth_waking`](Self::worth_waking);
+    /// `more_due`: its queue filled with timers still due.
     pub(crate) fn offer(&self, shards: &[Shard], shard: &Shard, more_due: bool) {
         if self.stealing && self.worth_waking(shard, shard.run.len(), more_due) {
             self.wake_one(shards);
         }
     }
 
-    /// Whether `backlog` callbacks queued on `shard` (with more still due in its wheel when
-    /// `more_due`: a burst) are worth waking a parked worker for: [`STEAL_MIN`] at least,
-    /// and a share of a tick's work at the shard's recent cost per callback (unknown before
-    /// its owner's first run: then [`STEAL_MIN`] alone, as for callbacks that take long).
+    /// Whether `backlog` callbacks queued on `shard` (a burst when `more_due`) are worth
+    /// waking a parked worker for: [`STEAL_MIN`] at least, and a share of a tick's work at
+    /// the shard's recent cost per callback (before any run, [`STEAL_MIN`] alone).
     pub(super) fn worth_waking(&self, shard: &Shard, backlog: usize, more_due: bool) -> bool {
         if backlog < STEAL_MIN {
             return false;
@@ -42,9 +34,8 @@ impl IdleWorkers {
             || (backlog as u64).saturating_mul(per_callback) >= self.wake_for_ns
     }
 
-    /// Walks a batch of the lists `shard` handed out, as `helper`, and runs what it claimed;
-    /// wakes another parked worker first if lists are left open. Returns whether it found a
-    /// list to walk.
+    /// Walks a batch of `shard`'s handed-out lists as `helper` and runs what it claimed,
+    /// waking another worker first if lists are left open. Returns whether it walked one.
     pub(super) fn walk(
         &self,
         shard: &Shard,

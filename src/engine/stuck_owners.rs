@@ -1,27 +1,18 @@
-//! Stuck owners: an owner that is awake but has not looked at its wheel for more than
-//! `rescue_after` ticks is stuck in user code, and an idle worker takes its wheel for a
-//! moment to claim what has come due, then runs it (it stands in).
+//! Stuck owners: an owner running user code that has not looked at its wheel for more
+//! than `rescue_after` ticks is stuck, and an idle worker stands in: it takes the wheel for
+//! a moment to claim what has come due, then runs it.
 //!
-//! Someone must notice a stuck owner while every other worker sleeps: one worker that goes
-//! to sleep while another owner is running callbacks (or ran some lately) sleeps no longer
-//! than `rescue_after` ticks, and an owner that starts running callbacks while nobody
-//! watches wakes a parked worker to watch, unless another worker sleeps only until within
-//! `rescue_after` ticks anyway and will see it then. Only a worker running user code can be
-//! stuck: an owner running its own callbacks, or dropping the captures of timers its look
-//! freed (after letting the wheel go, see [`deferred_drops`](crate::engine::deferred_drops)),
-//! or a worker doing either for another shard as it helps, which marks its own shard
-//! running meanwhile (its wheel goes unlooked at too). At most one worker watches, so an
-//! idle engine costs no CPU at any worker count; while an owner is stuck, the watcher
-//! stands in when its timers come due and otherwise looks once every `rescue_after` ticks,
-//! so a long-blocked callback costs a few wake-ups a second rather than a core.
+//! Someone must notice while every other worker sleeps: a worker going to sleep while
+//! another owner runs callbacks (or ran some lately) sleeps at most `rescue_after` ticks,
+//! and an owner that starts running callbacks while nobody watches wakes a parked worker to
+//! watch, unless another will look within `rescue_after` ticks anyway. User code is an
+//! owner's callbacks or the captures its look freed
+//! ([`deferred_drops`](crate::engine::deferred_drops)), or either run for another shard by a
+//! helper, which marks its own shard running meanwhile. At most one worker watches, so an
+//! idle engine costs no CPU; while an owner is stuck, the watcher stands in when its timers
+//! come due and otherwise looks every `rescue_after` ticks, not spinning a core.
 
-#![cfg_attr(
-    loom,
-    allow(
-        dead_code,
-        reason = "loom models drive engines by hand, without worker threads"
-    )
-)]
+#![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 
 use std::time::Instant;
 
@@ -35,10 +26,8 @@ use crate::sync::run_queue::MAX_RUN;
 use crate::tuning::LINGER_PERIODS;
 
 impl IdleWorkers {
-    /// An owner begins running timers at `now_tick` (it has just marked itself running):
-    /// if nobody watches for stuck owners, and no other worker will go to sleep within
-    /// `rescue_after` ticks anyway (and then see it running), it wakes a parked worker to
-    /// watch. Returns whether it did.
+    /// An owner, just marked running, begins running timers at `now_tick`: records the run
+    /// and sees to a watcher ([`watched`](Self::watched)). Returns whether it woke one.
     pub(crate) fn running(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
         if self.rescue_after.is_none() {
             return false;
@@ -47,22 +36,8 @@ impl IdleWorkers {
         self.watched(shards, shard, now_tick)
     }
 
-    /// An owner begins dropping the captures of timers its look freed (it has just marked
-    /// itself running; see [`DeferredDrops`](crate::engine::deferred_drops::DeferredDrops)): someone must
-    /// watch, as in [`running`](Self::running), but it records no run, so a watcher woken
-    /// for it does not linger. Lingering keeps owners that run timers now and then from
-    /// waking each other at every run; a drop of cancelled captures rarely takes long,
-    /// and a watcher lingering after each one cost an otherwise idle engine a wake-up
-    /// every `rescue_after` ticks for half a second (dropped `Sleep`s, captured `Arc`s).
-    /// Returns whether it woke one.
-    pub(crate) fn dropping(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
-        self.watched(shards, shard, now_tick)
-    }
-
-    /// Does `work`, user code a worker runs for `shard` (its callbacks, or the drops of
-    /// captures its look freed), with `shard` marked running meanwhile, having first seen
-    /// to a watcher as [`running`](Self::running) or [`dropping`](Self::dropping) does:
-    /// user code may block, and then `shard`'s timers must be rescued.
+    /// Does `work`, user code a worker runs for `shard`, with `shard` marked running and a
+    /// watcher seen to: user code may block, and then `shard`'s timers must be rescued.
     pub(crate) fn with_user_code<R>(
         &self,
         (shards, shard): (&[Shard], &Shard),
@@ -73,7 +48,7 @@ impl IdleWorkers {
         shard.set_running(true);
         match code {
             UserCode::Callbacks => self.running(shards, shard, now_tick),
-            UserCode::Drops => self.dropping(shards, shard, now_tick),
+            UserCode::Drops => self.watched(shards, shard, now_tick),
         };
         let done = work();
         shard.set_running(false);
@@ -129,16 +104,12 @@ impl IdleWorkers {
 }
 
 /// Whether a worker other than `shard`'s owner sleeps, not running timers, until `tick` at
-/// the latest: on its way back to sleep then, [`IdleWorkers::begin_idle`] looks at every
-/// running owner, `shard`'s included, so it watches `shard` from then on. A worker that is
-/// awake does not count: it may be about to run callbacks that block, of its shard or
-/// (helping) of another.
+/// the latest: going back to sleep then, [`IdleWorkers::begin_idle`] sees `shard` running
+/// and watches it. An awake worker does not count: it may be about to block in callbacks.
+/// Without this, two owners with timers due now and then wake each other at every run.
 ///
-/// Without this, two owners with timers due now and then wake each other at every run:
-/// the one that watched stops watching when its own timers wake it, and its run then
-/// finds nobody watching. The caller stores its running mark, then fences (`SeqCst`), then
-/// this loads the plans; a worker going to sleep stores its plan, fences, then loads the
-/// marks. So either this sees the plan, or that worker sees the mark and watches.
+/// The caller stores its running mark, fences (SeqCst), then loads the plans; a worker
+/// going to sleep stores its plan, fences, then loads the marks: one sees the other.
 fn another_looks_by(shards: &[Shard], shard: &Shard, tick: u64) -> bool {
     shards.iter().any(|other| {
         let plan = other.wake_plan();
@@ -147,9 +118,9 @@ fn another_looks_by(shards: &[Shard], shard: &Shard, tick: u64) -> bool {
 }
 
 impl IdleWorkers {
-    /// Stands in for `shard`'s owner at `now` (tick `now_tick`): claims what has come due in
-    /// its wheel (if the owner is not holding it), then runs up to `runs` runs of its queue
-    /// (`None`: until it is empty), as `helper` if a worker. Returns the callbacks run.
+    /// Stands in for `shard`'s owner: claims what has come due in its wheel (unless the
+    /// owner holds it), then runs up to `runs` runs of its queue (`None`: until empty), as
+    /// `helper` if a worker. Returns the callbacks run.
     pub(crate) fn stand_in(
         shard: &Shard,
         shutdown: &AtomicBool,

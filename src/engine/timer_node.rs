@@ -1,5 +1,4 @@
-//! One pooled timer, the node a handle names. Who may touch what, and when: the ground
-//! rules in [`engine`](crate::engine).
+//! One pooled timer, the node a handle names.
 
 use std::ptr::NonNull;
 
@@ -22,7 +21,7 @@ pub(crate) struct TimerNode {
     /// Touched only by the node's holder (ground rule 2).
     links: UnsafeCell<Links>,
     /// Touched by the node's holder, and by a waker timer's `Sleep` under the reset lock
-    /// (ground rule 2): apart from the links, which the wheel's holder may be changing.
+    /// (ground rule 2): so apart from the links, which the wheel's holder may be changing.
     callback: UnsafeCell<Callback>,
 }
 
@@ -183,8 +182,8 @@ pub(crate) enum Claim {
     Fired,
     /// Cancelled, left to its cancel's message, which frees it.
     Cancelled,
-    /// Not to fire yet: to be filed again at this tick (its deadline if pushed back, the
-    /// next tick if a reset holds it locked).
+    /// Not yet: to be filed again at this tick (its new deadline, or the next tick while
+    /// a reset holds it locked).
     Refile(u64),
 }
 
@@ -206,8 +205,7 @@ impl TimerNode {
                     if deadline > now_tick {
                         return Claim::Refile(deadline);
                     }
-                    // Claimed now, so that whoever runs it holds it and a cancel from here on
-                    // finds it firing.
+                    // Claimed now: whoever runs it holds it, and a later cancel finds it firing.
                     if self.state.try_fire(seen) {
                         return Claim::Fired;
                     }

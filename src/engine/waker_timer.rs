@@ -1,7 +1,7 @@
 //! Timers that wake a future's task: the engine's side of a [`Sleep`](crate::Sleep).
 //!
-//! The waker lives in the node's callback slot, so a sleep allocates nothing. Its `Sleep`
-//! alone holds the handle, so it alone resets, re-wakers or cancels it:
+//! The waker lives in the node's callback slot, so a sleep allocates nothing. Only its
+//! `Sleep` holds the handle, to reset, re-waker or cancel it:
 //!
 //! - **A new waker** is written under the reset lock, which keeps the timer from firing or
 //!   being freed meanwhile. If the lock cannot be had, the timer has fired.
@@ -12,8 +12,6 @@
 //!   that polled (maybe not the resetter) to poll again.
 //! - **At shutdown** a pending waker timer is woken whatever the pending mode, so no task
 //!   waits forever.
-//!
-//! Who may touch what, and when: the ground rules in [`engine`](crate::engine).
 
 use std::task::Waker;
 
@@ -46,8 +44,8 @@ impl EngineShared {
             return None;
         }
         // SAFETY: ground rule 2: the reset lock on a pending waker timer makes this thread
-        // the slot's only user, and it holds `arm_waker`'s waker (only a run or a free
-        // empties it, and neither happens to a pending, locked timer).
+        // the slot's only user, and the slot holds `arm_waker`'s waker (only a run or a
+        // free empties it, neither possible while pending and locked).
         let old =
             unsafe { node.with_callback(|callback| std::mem::replace(callback.waker_mut(), new)) };
         node.state.unlock_reset(false);

@@ -1,14 +1,7 @@
-//! Why a worker's sleep ended: what it planned to wake for, and whether another thread
-//! woke it sooner. Counted per shard ([`WakeCounters`](crate::engine::counters::WakeCounters))
-//! for [`Stats`](crate::Stats): at a light load, wake-ups are most of the engine's cost.
+//! Why a worker's sleep ended, counted per shard
+//! ([`WakeCounters`](crate::engine::counters::WakeCounters)) for [`Stats`](crate::Stats).
 
-#![cfg_attr(
-    loom,
-    allow(
-        dead_code,
-        reason = "loom models drive engines by hand, without worker threads"
-    )
-)]
+#![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 
 /// What a worker slept until, and so what its wake-up was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,4 @@
-//! A worker thread: the owner of one shard's [`HeldWheel`](crate::engine::held_wheel). Who
-//! may touch what, and when: the ground rules in [`engine`](crate::engine).
+//! A worker thread: the owner of one shard's [`HeldWheel`](crate::engine::held_wheel).
 
 use crate::engine::idle_workers::UserCode;
 use crate::engine::reentrancy;
@@ -23,8 +22,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
     // The last wake-up, counted once the look after it shows whether timers were due.
     let mut woke_up: Option<Woke> = None;
     loop {
-        let now = shared.clock.now();
-        let now_tick = shared.ticks.floor(now);
+        let (now, now_tick) = shared.now_at(shared.clock.now());
         let look = shard.owner_look(now, now_tick);
         if let Some(woke) = woke_up.take() {
             shard.counters.wakes.count(woke, look.claimed);
@@ -59,8 +57,7 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             continue;
         }
         if look.lists_out {
-            // Walks its lists with the helpers; the rest is being walked for a batch at
-            // most, and the next look takes them back.
+            // Walks its lists with the helpers; the next look takes them back.
             let walked = shard.walk_hand_outs(&shared.shutdown, index, |batch, due| {
                 run_own(batch, now_tick.max(due));
             });
