@@ -3,9 +3,7 @@
 //!
 //! - corewheel-async: `corewheel::sleep`, `corewheel::timeout`, `Sleep::reset`, on the
 //!   process-wide default engine (one unpinned worker per CPU, 1 ms tick);
-//! - tokio and tokio-alt: `tokio::time::sleep`, `tokio::time::timeout`, `Sleep::reset` (the
-//!   same futures; the subjects differ in the runtime: tokio's default timer, or its
-//!   per-worker alternative timer from `Builder::enable_alt_timer`);
+//! - tokio: `tokio::time::sleep`, `tokio::time::timeout`, `Sleep::reset`;
 //! - async-io (smol's timer): `Timer::after`, `Timer::set_at`, and for a timeout the way
 //!   smol's documentation writes one, `future.or(async { Timer::after(d).await; ... })`;
 //! - pingora-timeout: `pingora_timeout::sleep` and `pingora_timeout::timeout` (the crate's
@@ -20,47 +18,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use tokio::runtime::{Builder, Runtime};
-
 pub use super::timeouts::PendingRead;
 use super::timeouts::{pingora_timeout, tokio_timeout};
-
-/// Which tokio timer a runtime has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokioTimer {
-    /// The default: one timer wheel, sharded, each shard behind a lock.
-    Default,
-    /// `Builder::enable_alt_timer()`: a wheel per worker (tokio 1.49+, `--cfg tokio_unstable`).
-    Alt,
-}
-
-/// Whether this build of the harness has tokio's alternative timer: it was compiled with
-/// `--cfg tokio_unstable`.
-pub const HAS_ALT_TIMER: bool = cfg!(tokio_unstable);
-
-/// A multi-thread runtime with `workers` worker threads and the chosen timer.
-pub fn runtime(workers: usize, timer: TokioTimer) -> Result<Runtime, String> {
-    let mut builder = Builder::new_multi_thread();
-    builder.worker_threads(workers.max(1));
-    match timer {
-        TokioTimer::Default => {
-            builder.enable_time();
-        }
-        #[cfg(tokio_unstable)]
-        TokioTimer::Alt => {
-            builder.enable_alt_timer();
-        }
-        #[cfg(not(tokio_unstable))]
-        TokioTimer::Alt => {
-            return Err(
-                "tokio's alternative timer needs a build with --cfg tokio_unstable".to_string(),
-            );
-        }
-    }
-    builder
-        .build()
-        .map_err(|error| format!("could not start a tokio runtime: {error}"))
-}
 
 /// How an idle timer is pushed back to a new deadline.
 pub enum Reset<F> {
@@ -92,7 +51,7 @@ pub fn settle_corewheel() -> Result<(), String> {
     super::engine::settle(corewheel::default_engine()).map(|_| ())
 }
 
-/// tokio's `sleep` (either timer: the runtime decides).
+/// tokio's `sleep`.
 pub fn tokio_sleep(delay: Duration) -> tokio::time::Sleep {
     tokio::time::sleep(delay)
 }
@@ -140,13 +99,13 @@ pub fn pingora_timeout_read(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::tokio_sleep::{register, with_context};
+    use crate::peers::tokio_sleep::{register, runtime, with_context};
 
     /// Every subject's sleep and timeout is armed by its first poll (not done at once), and
     /// fires once its short delay has passed; every in-place reset moves the deadline.
     #[test]
     fn each_timer_arms_on_its_first_poll_and_fires() {
-        let rt = runtime(1, TokioTimer::Default).expect("a runtime");
+        let rt = runtime(1).expect("a runtime");
         rt.block_on(async {
             // Long enough that none can pass between a future's creation (where tokio's,
             // async-io's and pingora's take their deadlines) and its first poll, even on a
@@ -188,7 +147,7 @@ mod tests {
 
     #[test]
     fn in_place_resets_move_the_deadline() {
-        let rt = runtime(1, TokioTimer::Default).expect("a runtime");
+        let rt = runtime(1).expect("a runtime");
         rt.block_on(async {
             let mut corewheel = Box::pin(corewheel_sleep(Duration::from_secs(30)));
             let mut tokio = Box::pin(tokio_sleep(Duration::from_secs(30)));
@@ -212,11 +171,5 @@ mod tests {
             .await;
             assert!(fired.is_ok(), "the reset timers fired");
         });
-    }
-
-    #[test]
-    fn the_alt_timer_needs_tokio_unstable() {
-        let alt = runtime(1, TokioTimer::Alt);
-        assert_eq!(alt.is_ok(), HAS_ALT_TIMER);
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use corewheel::{ManualClock, Stats, TimerEngine, TimerHandle};
 
 use super::SharedTimers;
-use crate::cpu_time;
+use crate::sys as cpu_time;
 
 /// The prefix of the engine's worker thread names (`corewheel-0`, `corewheel-1`, ...).
 pub const WORKER_PREFIX: &str = "corewheel-";

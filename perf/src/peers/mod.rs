@@ -38,8 +38,6 @@ pub enum Subject {
     CorewheelAsync,
     /// tokio's `sleep` and `timeout` on its default timer (the async-* workloads).
     Tokio,
-    /// The same on tokio's per-worker alternative timer.
-    TokioAlt,
     /// async-io's `Timer`: smol's timer.
     AsyncIo,
     /// corewheel's `KeyedTimers` (the keyed-* workloads).
@@ -49,13 +47,13 @@ pub enum Subject {
     /// tokio-util's `DelayQueue` with a key map, behind one lock.
     DelayQueueMap,
     /// dashmap alone, doing `KeyedTimers`' map operations without timers.
-    DashMapOnly,
+    Dashmap,
     /// scc's `HashMap` alone, the same.
-    SccOnly,
+    Scc,
 }
 
 impl Subject {
-    pub const ALL: [Subject; 18] = [
+    pub const ALL: [Subject; 17] = [
         Subject::Corewheel,
         Subject::DelayQueue,
         Subject::BinaryHeap,
@@ -67,13 +65,12 @@ impl Subject {
         Subject::MutexHeap,
         Subject::CorewheelAsync,
         Subject::Tokio,
-        Subject::TokioAlt,
         Subject::AsyncIo,
         Subject::Keyed,
         Subject::MutexMap,
         Subject::DelayQueueMap,
-        Subject::DashMapOnly,
-        Subject::SccOnly,
+        Subject::Dashmap,
+        Subject::Scc,
     ];
 
     pub fn name(self) -> &'static str {
@@ -89,13 +86,12 @@ impl Subject {
             Subject::MutexHeap => "mutex-heap",
             Subject::CorewheelAsync => "corewheel-async",
             Subject::Tokio => "tokio",
-            Subject::TokioAlt => "tokio-alt",
             Subject::AsyncIo => "async-io",
             Subject::Keyed => "keyed",
             Subject::MutexMap => "mutex-map",
             Subject::DelayQueueMap => "delay-queue-map",
-            Subject::DashMapOnly => "dashmap",
-            Subject::SccOnly => "scc",
+            Subject::Dashmap => "dashmap",
+            Subject::Scc => "scc",
         }
     }
 
@@ -118,12 +114,11 @@ impl Subject {
             Subject::PingoraTimeout => Some("vs_pingora_timeout"),
             Subject::MutexHeap => Some("vs_mutex_heap"),
             Subject::Tokio => Some("vs_tokio"),
-            Subject::TokioAlt => Some("vs_tokio_alt"),
             Subject::AsyncIo => Some("vs_async_io"),
             Subject::MutexMap => Some("vs_mutex_map"),
             Subject::DelayQueueMap => Some("vs_delay_queue_map"),
-            Subject::DashMapOnly => Some("vs_dashmap"),
-            Subject::SccOnly => Some("vs_scc"),
+            Subject::Dashmap => Some("vs_dashmap"),
+            Subject::Scc => Some("vs_scc"),
             Subject::Corewheel
             | Subject::Engine
             | Subject::EngineDriven
@@ -142,10 +137,6 @@ impl Subject {
                 | Subject::CorewheelAsync
                 | Subject::Keyed
         )
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|subject| subject.name() == name)
     }
 
     /// How the subject is built and driven, for the header.
@@ -184,9 +175,6 @@ impl Subject {
             Subject::Tokio => {
                 "tokio 1 time::sleep, time::timeout, Sleep::reset on the default timer, in a rt-multi-thread runtime of T workers, one task per worker"
             }
-            Subject::TokioAlt => {
-                "the same on tokio's alternative timer (Builder::enable_alt_timer, a wheel per worker; needs --cfg tokio_unstable, so it runs in a copy of the harness built with it)"
-            }
             Subject::AsyncIo => {
                 "async-io 2 Timer (smol's timer: after, set_at; a timeout as smol writes one, read.or(timer)), polled in the same tokio runtime as the others"
             }
@@ -199,13 +187,25 @@ impl Subject {
             Subject::DelayQueueMap => {
                 "tokio-util 0.7 DelayQueue<(key, value)> and a HashMap<key, delay_queue::Key>, both behind one Mutex shared by the threads"
             }
-            Subject::DashMapOnly => {
-                "dashmap 6 alone: the map operations KeyedTimers does, no timer"
-            }
-            Subject::SccOnly => {
-                "scc 3 HashMap alone: the map operations KeyedTimers does, no timer"
-            }
+            Subject::Dashmap => "dashmap 6 alone: the map operations KeyedTimers does, no timer",
+            Subject::Scc => "scc 3 HashMap alone: the map operations KeyedTimers does, no timer",
         }
+    }
+}
+
+impl std::fmt::Display for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl clap::ValueEnum for Subject {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()).help(self.describe()))
     }
 }
 
@@ -302,13 +302,12 @@ pub fn measure_fresh<T, M: Measure<T>>(
         | Subject::MutexHeap
         | Subject::CorewheelAsync
         | Subject::Tokio
-        | Subject::TokioAlt
         | Subject::AsyncIo
         | Subject::Keyed
         | Subject::MutexMap
         | Subject::DelayQueueMap
-        | Subject::DashMapOnly
-        | Subject::SccOnly => Err(format!(
+        | Subject::Dashmap
+        | Subject::Scc => Err(format!(
             "{} is driven from several threads, not as a single-owner structure",
             subject.name()
         )),

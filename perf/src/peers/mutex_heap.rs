@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::SharedTimers;
 use super::binary_heap::{HeapKey, TombstoneHeap};
-use crate::cpu_time;
+use crate::sys as cpu_time;
 
 /// The timer thread's name; `cpu_time` finds it by this prefix.
 pub const TIMER_THREAD_PREFIX: &str = "mutex-heap-";

@@ -6,13 +6,12 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use crate::peers::{Measure, Subject, TimerQueue, measure_fresh};
-use crate::repeat::in_turns;
-use crate::report::{Csv, thousands};
-use crate::rng::XorShift64;
-use crate::workloads::{TimingTable, ns_per, request_timeout};
+use crate::peers::{Measure, TimerQueue, measure_fresh};
+use crate::report::thousands;
+use crate::runner::{Plan, in_turns};
+use crate::workloads::{Out, cost_sheet, ns_per, request_timeout, rng};
 
-pub const NAME: &str = "arm-cancel";
+/// Timers each operation keeps between its arm and its cancel.
 pub const WINDOW: usize = 10_000;
 
 struct ArmCancel {
@@ -23,7 +22,7 @@ impl Measure<u64> for ArmCancel {
     type Output = Duration;
 
     fn measure<Q: TimerQueue<u64>>(self, queue: &mut Q) -> Result<Duration, String> {
-        let mut rng = XorShift64::new(XorShift64::SEED);
+        let mut rng = rng(0);
         let base = Instant::now();
         let mut window = Vec::with_capacity(WINDOW);
         for i in 0..WINDOW as u64 {
@@ -79,37 +78,25 @@ impl TimerQueue<u64> for Nothing {
     }
 }
 
-pub fn run(subjects: &[Subject], ops: u64, csv: &mut Csv) {
-    let runs = in_turns(subjects, |subject, run| {
-        crate::progress::step(format!("{NAME}/{} (run {})", subject.name(), run + 1));
-        measure_fresh(subject, ArmCancel { ops }).map(|elapsed| ns_per(elapsed, ops))
+/// Runs `plan`'s subjects and prints the table.
+pub fn run(plan: &Plan, ops: u64, out: &mut Out) {
+    let runs = in_turns(plan, |cell| {
+        measure_fresh(cell.subject, ArmCancel { ops }).map(|elapsed| ns_per(elapsed, ops))
     });
     let overhead = ArmCancel { ops }.measure(&mut Nothing);
-
-    let mut table = TimingTable {
-        workload: NAME,
-        title: format!(
-            "{NAME} (1 thread, {} ops, window {})",
-            thousands(ops),
-            thousands(WINDOW as u64)
-        ),
-        cost: "ns/op",
-        rate: "Mops/s",
-        cost_metric: "ns_per_op",
-        rate_metric: "mops_per_s",
-        timers: ops,
-        operation: "op = arm one timer (delay uniform in 1 ms..30 s) + cancel the one armed 10,000 ops earlier; nothing fires",
-    }
-    .build(subjects, &runs, csv);
+    let title = format!(
+        "arm-cancel (1 thread, {} ops, window {})",
+        thousands(ops),
+        thousands(WINDOW as u64)
+    );
+    let mut sheet = cost_sheet(plan, title, "op", ("ns_per_op", "mops_per_s"), ops, &runs);
+    sheet.note("op = arm one timer (delay uniform in 1 ms..30 s) + cancel the one armed 10,000 ops earlier; nothing fires");
     if let Ok(elapsed) = overhead {
-        table.note(format!(
+        sheet.note(format!(
             "every row includes the harness's own {:.1} ns/op (drawing the delay, computing the deadline)",
             ns_per(elapsed, ops)
         ));
     }
-    table.note(format!(
-        "from several threads: see {}, corewheel's TimerEngine against tokio's sleep",
-        crate::workloads::engine_arm_cancel::NAME
-    ));
-    table.print();
+    sheet.note("from several threads: see engine-arm-cancel, corewheel's TimerEngine against tokio's sleep");
+    sheet.finish(&mut out.csv);
 }

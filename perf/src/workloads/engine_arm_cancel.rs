@@ -22,28 +22,16 @@ use crate::peers::engine;
 use crate::peers::timeouts;
 use crate::peers::tokio_sleep::{self, register};
 use crate::peers::{SharedTimers, Subject};
-use crate::report::{Csv, thousands};
-use crate::rng::XorShift64;
-use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
-use crate::workloads::request_timeout;
-
-pub const NAME: &str = "engine-arm-cancel";
-
-/// The default windows: a handful of requests in flight per thread (most timers are
-/// cancelled while still on the thread's lane, which the thread hands over every 64
-/// pushes, so they never reach a worker), and as many as the single-thread arm-cancel
-/// keeps (every timer is filed in a worker's wheel before its cancel).
-pub const DEFAULT_WINDOWS: [usize; 2] = [16, 10_000];
+use crate::report::thousands;
+use crate::runner::{Cell, Plan};
+use crate::workloads::parallel::{self, Gate, Run, Share, ThreadsTable, share_of};
+use crate::workloads::{Out, request_timeout, rng};
 
 #[derive(Debug, Clone, Copy)]
 struct Config {
     threads: usize,
     window: usize,
     timers: u64,
-}
-
-fn seed(index: usize) -> u64 {
-    XorShift64::SEED ^ (index as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
 }
 
 fn thread_share<S: SharedTimers>(
@@ -53,7 +41,7 @@ fn thread_share<S: SharedTimers>(
     config: Config,
 ) -> Result<Share, String> {
     let ops = share_of(config.timers, config.threads, index);
-    let mut rng = XorShift64::new(seed(index));
+    let mut rng = rng(index as u64 + 1);
     let mut share = Share::new(std::thread::current().id());
     let mut window = Vec::with_capacity(config.window);
     let mut failure = None;
@@ -135,7 +123,7 @@ async fn tokio_share<F: Future + Send + 'static>(
     // oldest, which drops (cancels) it, so no allocation happens per timer.
     let mut window: Vec<Pin<Box<Option<F>>>> = (0..config.window).map(|_| Box::pin(None)).collect();
     tokio_sleep::with_context(|cx| {
-        let mut rng = XorShift64::new(seed(index));
+        let mut rng = rng(index as u64 + 1);
         let mut share = Share::new(std::thread::current().id());
         for slot in &mut window {
             slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
@@ -198,62 +186,60 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     }
 }
 
-pub fn run(subjects: &[Subject], threads: &[usize], windows: &[usize], timers: u64, csv: &mut Csv) {
-    for &window in windows {
-        let measured: Vec<Measured> = threads
+/// Runs `plan`'s cells and prints a table per window.
+pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
+    let results = parallel::measure(
+        plan,
+        |_| timers,
+        |cell: &Cell| {
+            let config = Config {
+                threads: cell.threads,
+                window: cell.param as usize,
+                timers,
+            };
+            measure(cell.subject, config)
+        },
+    );
+    let mut windows: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
+    windows.dedup();
+    let most_threads = plan
+        .cells
+        .iter()
+        .map(|cell| cell.threads)
+        .max()
+        .unwrap_or(1) as u64;
+    for window in windows {
+        let cells: Vec<_> = plan
+            .cells
             .iter()
-            .map(|&t| {
-                let config = Config {
-                    threads: t,
-                    window,
-                    timers,
-                };
-                Measured::take(subjects, t, timers, |subject, run| {
-                    crate::progress::step(format!(
-                        "{NAME}/{} ({t} threads, window {window}, run {})",
-                        subject.name(),
-                        run + 1
-                    ));
-                    measure(subject, config)
-                })
-            })
+            .zip(&results)
+            .filter(|(cell, _)| cell.param == window)
             .collect();
-        let mut table = ThreadsTable {
-            workload: format!("{NAME}-w{window}"),
+        let mut sheet = ThreadsTable {
+            workload: format!("engine-arm-cancel-w{window}"),
             title: format!(
-                "{NAME} (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
-                thousands(window as u64),
+                "engine-arm-cancel (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
+                thousands(window),
                 thousands(timers)
             ),
             unit: "timer",
             units: timers,
-            live_nodes: engine::node_bytes().map(|bytes| {
-                let threads = threads.iter().copied().max().unwrap_or(1) as u64;
-                (threads * window.max(1) as u64, bytes)
-            }),
+            live_nodes: engine::node_bytes().map(|bytes| (most_threads * window.max(1), bytes)),
+            too_late: "fired before their cancel (the cancel then returns false)",
         }
-        .build(subjects, &measured, csv);
-        table.note(if window == 0 {
-            "timer = arm one (delay uniform in 1 ms..30 s) and cancel it at once".to_string()
-        } else {
-            format!(
-                "timer = arm one (delay uniform in 1 ms..30 s) and cancel the one this thread armed {} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)",
-                thousands(window as u64)
-            )
+        .sheet(&cells);
+        sheet.note(match window {
+            0 => "timer = arm one (delay uniform in 1 ms..30 s) and cancel it at once".to_string(),
+            _ => format!(
+                "timer = arm one and cancel the one this thread armed {} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)",
+                thousands(window)
+            ),
         });
-        table.note("ns/timer = wall time / timers, all threads together: from the moment every thread has its window armed to the end; for the engine the end is when stats() shows every timer cancelled or fired and every pool node is free, so its workers' share is inside");
-        table.note(format!(
+        sheet.note("ns/timer = wall time / timers, all threads together, from the moment every thread has its window armed to the end; for the engine the end is when stats() shows every timer cancelled or fired and every pool node is free, so its workers' share is inside");
+        sheet.note(format!(
             "engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending; mutex-heap: T plain threads sharing one locked heap",
             engine::cpus()
         ));
-        for note in measured.iter().flat_map(|m| {
-            m.notes(
-                subjects,
-                "fired before their cancel (the cancel then returns false)",
-            )
-        }) {
-            table.note(note);
-        }
-        table.print();
+        sheet.finish(&mut out.csv);
     }
 }

@@ -16,22 +16,20 @@ use tokio::time::Sleep;
 use crate::peers::engine;
 use crate::peers::tokio_sleep::{self, register};
 use crate::peers::{SharedTimers, Subject};
-use crate::report::{Csv, thousands};
-use crate::rng::XorShift64;
-use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
+use crate::report::thousands;
+use crate::runner::{Cell, Plan};
+use crate::workloads::parallel::{self, Gate, Run, Share, ThreadsTable, share_of};
+use crate::workloads::{Out, rng};
 
-pub const NAME: &str = "engine-reset";
-pub const CONNECTIONS: u64 = 100_000;
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections over all threads, each with one idle timer.
+const CONNECTIONS: u64 = 100_000;
+/// How long a connection may stay idle.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy)]
 struct Config {
     threads: usize,
     resets: u64,
-}
-
-fn seed(index: usize) -> u64 {
-    XorShift64::SEED ^ (index as u64 + 7).wrapping_mul(0xA076_1D64_78BD_642F)
 }
 
 fn thread_share<S: SharedTimers>(
@@ -42,7 +40,7 @@ fn thread_share<S: SharedTimers>(
 ) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.threads, index);
     let resets = share_of(config.resets, config.threads, index);
-    let mut rng = XorShift64::new(seed(index));
+    let mut rng = rng(index as u64 + 7);
     let mut share = Share::new(std::thread::current().id());
     let timers: Result<Vec<S::Handle>, String> = (0..connections)
         .map(|connection| subject.arm(IDLE_TIMEOUT, connection))
@@ -51,7 +49,7 @@ fn thread_share<S: SharedTimers>(
     let mut timers = timers?;
     share.scheduled = connections;
     for _ in 0..resets {
-        let connection = rng.below(connections) as usize;
+        let connection = rng.u64(..connections) as usize;
         match subject.reset(timers[connection], IDLE_TIMEOUT) {
             Some(moved) => timers[connection] = moved,
             None => share.too_late += 1,
@@ -96,7 +94,7 @@ async fn tokio_share(
         .map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)))
         .collect();
     tokio_sleep::with_context(|cx| {
-        let mut rng = XorShift64::new(seed(index));
+        let mut rng = rng(index as u64 + 7);
         let mut share = Share::new(std::thread::current().id());
         for timer in &mut timers {
             share.due_at_once += u64::from(register(timer.as_mut(), cx));
@@ -106,7 +104,7 @@ async fn tokio_share(
             return Err("the run was called off".to_string());
         }
         for _ in 0..resets {
-            let connection = rng.below(connections) as usize;
+            let connection = rng.u64(..connections) as usize;
             timers[connection]
                 .as_mut()
                 .reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
@@ -137,40 +135,36 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     }
 }
 
-pub fn run(subjects: &[Subject], threads: &[usize], resets: u64, csv: &mut Csv) {
-    let measured: Vec<Measured> = threads
-        .iter()
-        .map(|&t| {
-            let config = Config { threads: t, resets };
-            Measured::take(subjects, t, resets, |subject, run| {
-                crate::progress::step(format!(
-                    "{NAME}/{} ({t} threads, run {})",
-                    subject.name(),
-                    run + 1
-                ));
-                measure(subject, config)
-            })
-        })
-        .collect();
-    let mut table = ThreadsTable {
-        workload: NAME.to_string(),
+/// Runs `plan`'s cells and prints the table.
+pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
+    let results = parallel::measure(
+        plan,
+        |_| resets,
+        |cell: &Cell| {
+            measure(
+                cell.subject,
+                Config {
+                    threads: cell.threads,
+                    resets,
+                },
+            )
+        },
+    );
+    let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
+    let mut sheet = ThreadsTable {
+        workload: "engine-reset".to_string(),
         title: format!(
-            "{NAME} ({} connections over the threads, {} resets per run, idle timeout 30 s)",
+            "engine-reset ({} connections over the threads, {} resets per run, idle timeout 30 s)",
             thousands(CONNECTIONS),
             thousands(resets)
         ),
         unit: "reset",
         units: resets,
         live_nodes: engine::node_bytes().map(|bytes| (CONNECTIONS, bytes)),
+        too_late: "found already fired by a reset",
     }
-    .build(subjects, &measured, csv);
-    table.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s) / a tombstone and a new entry in the locked heap; each new deadline is later, so neither wheel moves the timer yet");
-    table.note("ns/reset = wall time / resets, all threads together, from the moment every thread has its connections' timers armed (untimed); nothing is due during a run, so the engine's workers have nothing to settle");
-    for note in measured
-        .iter()
-        .flat_map(|m| m.notes(subjects, "found already fired by a reset"))
-    {
-        table.note(note);
-    }
-    table.print();
+    .sheet(&cells);
+    sheet.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s) / a tombstone and a new entry in the locked heap; each new deadline is later, so neither wheel moves the timer yet");
+    sheet.note("ns/reset = wall time / resets, all threads together, from the moment every thread has its connections' timers armed (untimed); nothing is due during a run, so the engine's workers have nothing to settle");
+    sheet.finish(&mut out.csv);
 }

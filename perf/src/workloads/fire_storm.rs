@@ -12,17 +12,15 @@ use tokio_util::time::DelayQueue;
 
 use corewheel::TimerEngine;
 
-use crate::cpu_time::{cpu_between, process_cpu_time, thread_cpu_time};
 use crate::peers::binary_heap::TombstoneHeap;
 use crate::peers::{PolledQueue, Subject, TimerQueue, delay_queue, engine, wheel};
-use crate::plots::Plots;
-use crate::report::{Csv, RATIO_LEGEND, Table, ratio_cells, thousands};
-use crate::rng::XorShift64;
+use crate::report::{Col, Csv, Row, Sheet, Table, thousands};
+use crate::runner::{self, Cell, Plan};
+use crate::sys::{cpu_between, process_cpu_time, thread_cpu_time};
 use crate::workloads::lateness::{Lateness, LatenessSummary, worker_records};
-use crate::workloads::wake_floor;
-use crate::workloads::{ns_per, ratio_columns, ratio_headers};
+use crate::workloads::{Out, ns_per, rng, wake_floor};
 
-pub const NAME: &str = "fire-storm";
+const NAME: &str = "fire-storm";
 const FIRST_DUE: Duration = Duration::from_secs(1);
 const SPREAD_NS: u64 = 1_000_000_000;
 /// The longest one sleep of the driving loops. An event loop bounds its wait so that it
@@ -55,12 +53,12 @@ fn arm_with<E>(
     timers: u64,
     mut put: impl FnMut(Instant) -> Result<(), E>,
 ) -> Result<(Duration, Instant), E> {
-    let mut rng = XorShift64::new(XorShift64::SEED);
+    let mut rng = rng(0);
     let start = Instant::now();
     let mut first = start + FIRST_DUE + Duration::from_nanos(SPREAD_NS);
     let started = Instant::now();
     for _ in 0..timers {
-        let deadline = start + FIRST_DUE + Duration::from_nanos(rng.below(SPREAD_NS));
+        let deadline = start + FIRST_DUE + Duration::from_nanos(rng.u64(..SPREAD_NS));
         first = first.min(deadline);
         put(deadline)?;
     }
@@ -73,8 +71,8 @@ const ENGINE_WORKERS: usize = 2;
 
 /// Arms the storm on a [`TimerEngine`] from this thread, so all on one shard, and lets its
 /// workers fire it: each callback records its lateness on the worker that runs it.
-fn storm_engine(timers: u64, capacity: usize, tick: Duration) -> Result<Storm, String> {
-    worker_records::prepare(ENGINE_WORKERS, capacity);
+fn storm_engine(timers: u64, tick: Duration) -> Result<Storm, String> {
+    worker_records::prepare(ENGINE_WORKERS);
     let engine = TimerEngine::builder()
         .workers(ENGINE_WORKERS)
         .tick(tick)
@@ -91,7 +89,7 @@ fn storm_engine(timers: u64, capacity: usize, tick: Duration) -> Result<Storm, S
     engine::wait_until_fired(&engine, timers, Duration::from_millis(5), GIVE_UP)?;
     let fire_cpu = cpu_between(cpu, process_cpu_time());
     drop(engine);
-    let (all, _) = worker_records::take(capacity);
+    let (all, _) = worker_records::take();
     Ok(Storm {
         insert,
         first_deadline,
@@ -117,12 +115,8 @@ fn cpu_since(start: Option<Duration>) -> Option<Duration> {
 
 /// Arms the storm on a queue its owner polls, then sleeps until each next deadline and
 /// drains what is due, as an event loop does.
-fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
-    mut queue: Q,
-    timers: u64,
-    capacity: usize,
-) -> Storm {
-    let mut lateness = Lateness::with_capacity(capacity);
+fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(mut queue: Q, timers: u64) -> Storm {
+    let mut lateness = Lateness::default();
     let (insert, first_deadline) = arm(&mut queue, timers);
     let armed_at = Instant::now();
     let cpu = thread_cpu_time();
@@ -142,10 +136,10 @@ fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
     }
 }
 
-fn storm_delay_queue(timers: u64, capacity: usize) -> Result<Storm, String> {
+fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
     let runtime = delay_queue::runtime()?;
     Ok(runtime.block_on(async {
-        let mut lateness = Lateness::with_capacity(capacity);
+        let mut lateness = Lateness::default();
         let mut queue: DelayQueue<Instant> = DelayQueue::new();
         let (insert, first_deadline) = arm(&mut queue, timers);
         let armed_at = Instant::now();
@@ -167,20 +161,14 @@ fn storm_delay_queue(timers: u64, capacity: usize) -> Result<Storm, String> {
 }
 
 fn storm(subject: Subject, timers: u64, tick: Duration) -> Result<Storm, String> {
-    let capacity = usize::try_from(timers).map_err(|_| "too many timers for this machine")?;
     match subject {
         Subject::Corewheel => Ok(storm_polled(
             wheel::new_wheel_ticking::<Instant>(tick),
             timers,
-            capacity,
         )),
-        Subject::DelayQueue => storm_delay_queue(timers, capacity),
-        Subject::BinaryHeap => Ok(storm_polled(
-            TombstoneHeap::<Instant>::new(),
-            timers,
-            capacity,
-        )),
-        Subject::Engine => storm_engine(timers, capacity, tick),
+        Subject::DelayQueue => storm_delay_queue(timers),
+        Subject::BinaryHeap => Ok(storm_polled(TombstoneHeap::<Instant>::new(), timers)),
+        Subject::Engine => storm_engine(timers, tick),
         _ => Err(format!("{} is not a fire-storm subject", subject.name())),
     }
 }
@@ -196,199 +184,131 @@ fn micros(duration: Duration) -> String {
 /// s at 1 ms), with most of the storm in the slot after it.
 pub const FINE_TICKS: [Duration; 2] = [Duration::from_micros(500), Duration::from_micros(250)];
 
-/// One storm to run: a subject at a tick.
-#[derive(Clone, Copy)]
-struct Case {
-    subject: Subject,
-    tick: Duration,
-}
-
-impl Case {
-    /// The row's and the CSV's name: the subject's, with the tick when it is not the
-    /// default.
-    fn name(self) -> String {
-        if self.tick == wheel::TICK {
-            self.subject.name().to_string()
-        } else {
-            format!("{}-{}us", self.subject.name(), self.tick.as_micros())
-        }
-    }
-}
-
-pub fn run(subjects: &[Subject], timers: u64, csv: &mut Csv, plots: &mut Plots) {
-    let cases: Vec<Case> = subjects
+/// The storms to run: every subject at the default tick, then the engine and the wheel at
+/// each finer tick; a cell's setting is its tick in microseconds.
+pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
+    let default = wheel::TICK.as_micros() as u64;
+    let mut cells: Vec<Cell> = subjects
         .iter()
-        .map(|&subject| Case {
+        .map(|&subject| Cell {
             subject,
-            tick: wheel::TICK,
+            threads: 1,
+            param: default,
         })
         .collect();
-    let mut errors = table_of(
-        &cases,
-        subjects,
-        timers,
-        format!(
-            "{NAME} (1 thread, {} timers due within 1 s, real clock)",
-            thousands(timers)
-        ),
-        csv,
-        plots,
-    );
-    let fine: Vec<Case> = FINE_TICKS
-        .iter()
-        .flat_map(|&tick| {
-            subjects
-                .iter()
-                .filter(|subject| matches!(subject, Subject::Engine | Subject::Corewheel))
-                .map(move |&subject| Case { subject, tick })
-        })
-        .collect();
-    if !fine.is_empty() {
-        errors.extend(table_of(
-            &fine,
-            &[],
-            timers,
-            format!("{NAME} at finer ticks (the same storm; the tick is the only change)"),
-            csv,
-            plots,
-        ));
+    for tick in FINE_TICKS {
+        let fine = subjects
+            .iter()
+            .filter(|s| matches!(s, Subject::Engine | Subject::Corewheel));
+        cells.extend(fine.map(|&subject| Cell {
+            subject,
+            threads: 1,
+            param: tick.as_micros() as u64,
+        }));
     }
-    floor_table(timers, csv);
-    for error in &errors {
-        crate::progress::print(error);
-    }
-    if !errors.is_empty() {
-        crate::progress::print("");
+    cells
+}
+
+/// The row's and the CSV's name: the subject's, with the tick when it is not the default.
+fn case_name(cell: &Cell) -> String {
+    match cell.param == wheel::TICK.as_micros() as u64 {
+        true => cell.subject.name().to_string(),
+        false => format!("{}-{}us", cell.subject.name(), cell.param),
     }
 }
 
-/// Runs `cases`, prints their table (with ratios against `ratio_subjects`, the cases'
-/// own subjects in the same order, or none), and returns the errors found.
-fn table_of(
-    cases: &[Case],
-    ratio_subjects: &[Subject],
-    timers: u64,
-    title: String,
-    csv: &mut Csv,
-    plots: &mut Plots,
-) -> Vec<String> {
-    let results: Vec<Result<(Storm, Option<Duration>), String>> = cases
-        .iter()
-        .map(|&case| {
-            crate::progress::step(format!("{NAME}/{} (about 2 s of real time)", case.name()));
-            let witness = witness();
-            let storm = storm(case.subject, timers, case.tick);
-            let witnessed = witness.join().ok().flatten();
-            storm.map(|storm| (storm, witnessed))
-        })
-        .collect();
-
-    let costs: Vec<Option<f64>> = results
-        .iter()
-        .map(|result| {
-            let (storm, _) = result.as_ref().ok()?;
-            Some(ns_per(storm.fire_cpu?, storm.lateness.fired))
-        })
-        .collect();
-    let columns = ratio_columns(ratio_subjects);
-    let mut table = Table::new(
-        title,
-        &[
-            "subject",
-            "ns/insert",
-            "fire CPU ns/timer",
-            "M fired/CPU-s",
-            "first due..last fired ms",
-            "p50 late us",
-            "p99 late us",
-            "max late us",
-            "witness max us",
-            "early",
-        ],
-    );
-    ratio_headers(&mut table, ratio_subjects, &columns);
+/// Runs `plan`'s storms, each beside its witnesses, and prints the default tick's table,
+/// the finer ticks' and the machine's floor.
+pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
+    let results = runner::in_turns(plan, |cell| {
+        let witness = witness();
+        let storm = storm(cell.subject, timers, Duration::from_micros(cell.param));
+        let witnessed = witness.join().ok().flatten();
+        storm.map(|storm| (storm, witnessed))
+    });
+    let default = wheel::TICK.as_micros() as u64;
     let mut errors = Vec::new();
-    for (row, (case, result)) in cases.iter().zip(&results).enumerate() {
-        let name = case.name();
-        let name = name.as_str();
-        let (storm, witnessed) = match result {
-            Ok((storm, witnessed)) => (storm, *witnessed),
-            Err(error) => {
-                table.row(vec![name.to_string(), "error".to_string()]);
-                table.note(format!("{name}: {error}"));
-                continue;
-            }
-        };
-        let late = &storm.lateness;
-        plots.add_lateness(name, late.cdf.clone());
-        let span = late
-            .last_fire
-            .map(|last| last.saturating_duration_since(storm.first_deadline));
-        let insert_ns = ns_per(storm.insert, timers);
-        let show = |value: Option<String>| value.unwrap_or_else(|| "n/a".to_string());
-        let mut cells = vec![
-            name.to_string(),
-            format!("{insert_ns:.1}"),
-            show(costs[row].map(|ns| format!("{ns:.1}"))),
-            show(costs[row].map(|ns| format!("{:.2}", 1e3 / ns))),
-            show(span.map(|span| format!("{:.1}", span.as_secs_f64() * 1e3))),
-            micros(late.p50),
-            micros(late.p99),
-            micros(late.max),
-            show(witnessed.map(micros)),
-            thousands(late.early),
-        ];
-        cells.extend(ratio_cells(&costs, row, &columns));
-        table.row(cells);
-
-        if late.early > 0 {
-            errors.push(format!(
-                "ERROR: {name} fired {} of {} timers EARLY, before their deadline",
-                thousands(late.early),
-                thousands(late.fired)
-            ));
-        }
-        if late.fired != timers {
-            errors.push(format!(
-                "ERROR: {name} fired {} timers, not {}",
-                thousands(late.fired),
+    for fine in [false, true] {
+        let title = match fine {
+            false => format!(
+                "{NAME} (1 thread, {} timers due within 1 s, real clock)",
                 thousands(timers)
-            ));
-        }
-        if storm.armed_at > storm.first_deadline {
-            table.note(format!(
-                "{name}: inserting took past the first deadline, so early timers' lateness includes the rest of the inserting"
-            ));
-        }
-
-        let mut metrics = vec![
-            ("ns_per_insert", insert_ns, "ns"),
-            ("lateness_p50", late.p50.as_secs_f64() * 1e6, "us"),
-            ("lateness_p99", late.p99.as_secs_f64() * 1e6, "us"),
-            ("lateness_max", late.max.as_secs_f64() * 1e6, "us"),
-            ("early_fires", late.early as f64, "count"),
-            ("fired", late.fired as f64, "count"),
+            ),
+            true => format!("{NAME} at finer ticks (the same storm; the tick is the only change)"),
+        };
+        let cols = vec![
+            Col::new("ns/insert", "ns_per_insert", "ns", 1),
+            Col::new("fire CPU ns/timer", "fire_cpu_ns_per_timer", "ns", 1).ratios(),
+            Col::new("M fired/CPU-s", "m_fired_per_cpu_s", "M/s", 2).rate(),
+            Col::new(
+                "first due..last fired ms",
+                "first_due_to_last_fired",
+                "ms",
+                1,
+            ),
+            Col::new("p50 late us", "lateness_p50", "us", 0),
+            Col::new("p99 late us", "lateness_p99", "us", 0),
+            Col::new("max late us", "lateness_max", "us", 0),
+            Col::new("witness max us", "witness_oversleep_max", "us", 0),
+            Col::new("early", "early_fires", "count", 0),
         ];
-        if let Some(ns) = costs[row] {
-            metrics.push(("fire_cpu_ns_per_timer", ns, "ns"));
+        let mut sheet = Sheet::new(NAME, title, timers, cols);
+        for (cell, result) in plan
+            .cells
+            .iter()
+            .zip(&results)
+            .filter(|(c, _)| (c.param != default) == fine)
+        {
+            let name = case_name(cell);
+            let values = result.as_ref().map_err(Clone::clone).map(|runs| {
+                let (storm, witnessed) = &runs[0];
+                let late = &storm.lateness;
+                out.plots.add_lateness(&name, late.cdf.clone());
+                if late.early > 0 || late.fired != timers {
+                    errors.push(format!(
+                        "ERROR: {name} fired {} of {} timers, {} of them EARLY, before their deadline",
+                        thousands(late.fired),
+                        thousands(timers),
+                        thousands(late.early)
+                    ));
+                }
+                if storm.armed_at > storm.first_deadline {
+                    sheet.note(format!("{name}: inserting took past the first deadline, so early timers' lateness includes the rest of the inserting"));
+                }
+                let cost = storm.fire_cpu.map(|cpu| ns_per(cpu, late.fired));
+                let span = late.last_fire.map(|last| last.saturating_duration_since(storm.first_deadline));
+                let us = |d: Duration| Some(d.as_secs_f64() * 1e6);
+                vec![
+                    Some(ns_per(storm.insert, timers)),
+                    cost,
+                    cost.map(|ns| 1e3 / ns),
+                    span.map(|span| span.as_secs_f64() * 1e3),
+                    us(late.p50),
+                    us(late.p99),
+                    us(late.max),
+                    witnessed.and_then(us),
+                    Some(late.early as f64),
+                ]
+            });
+            sheet.rows.push(Row {
+                name,
+                subject: cell.subject,
+                threads: 1,
+                values,
+            });
         }
-        if let Some(witnessed) = witnessed {
-            metrics.push(("witness_oversleep_max", witnessed.as_secs_f64() * 1e6, "us"));
+        if sheet.rows.is_empty() {
+            continue;
         }
-        if let Some(span) = span {
-            metrics.push(("first_due_to_last_fired", span.as_secs_f64() * 1e3, "ms"));
-        }
-        csv.push_metrics(NAME, name, timers, &metrics);
+        sheet.note("fire CPU: this thread's CPU time from the last insert to the last fire (the sleeps cost none), per timer fired; engine: the process's CPU time (its 2 workers, which run the callbacks, and this thread waiting)");
+        sheet.note("late: fire instant (clock read as the value reaches the loop, or in the engine's callback) - deadline; corewheel, the engine and DelayQueue round deadlines up to their tick, never down (at 1 ms, p99 is at least 0.99 ms by that alone), the heap fires at the exact instant; early: fire instant or the poll's `now` before the deadline, must be 0");
+        sheet.note("witness max: the latest wake-up of threads that only slept until each millisecond over the storm's second, one pinned to each core (see the floor table below): a storm whose worst lateness is more than its tick plus this lost that time itself");
+        sheet.finish(&mut out.csv);
     }
-    table.note("fire CPU: this thread's CPU time from the last insert to the last fire (the sleeps cost none), per timer fired; engine: the process's CPU time (its 2 workers, which run the callbacks, and this thread waiting)");
-    table.note("late: fire instant (clock read as the value reaches the loop, or in the engine's callback) - deadline; corewheel, the engine and DelayQueue round deadlines up to their tick, never down (at 1 ms, p99 is at least 0.99 ms by that alone), the heap fires at the exact instant");
-    table.note("witness max: the latest wake-up of threads that only slept until each millisecond over the storm's second, beside it, one pinned to each core (see the floor table below): a storm whose worst lateness is more than its tick plus this lost that time itself; the witnesses also wait for the storm's own threads, which share their cores");
-    table.note("early: fire instant or the poll's `now` before the deadline; must be 0");
-    if !columns.is_empty() {
-        table.note(format!("{RATIO_LEGEND}; on fire CPU"));
+    floor_table(timers, &mut out.csv);
+    for error in &errors {
+        runner::print(error);
     }
-    table.print();
-    errors
 }
 
 /// How often the storm's witnesses wake: often enough to catch any stall of a millisecond,
@@ -448,7 +368,6 @@ fn floor_table(timers: u64, csv: &mut Csv) {
         ],
     );
     for tick in std::iter::once(wheel::TICK).chain(FINE_TICKS) {
-        crate::progress::step(format!("{NAME}/floor at {} us (1 s)", tick.as_micros()));
         let sleeper = wake_floor::sleep_through(tick, Duration::from_nanos(SPREAD_NS));
         let over = sleeper.oversleep_summary();
         let floor = sleeper.storm_floor(tick, timers);

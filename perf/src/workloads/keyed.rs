@@ -17,13 +17,10 @@ use std::time::{Duration, Instant};
 use crate::peers::Subject;
 use crate::peers::engine;
 use crate::peers::keyed::{self, DashMapOnly, DelayQueueMap, Keyed, MutexMap, SccOnly};
-use crate::report::{Csv, thousands};
-use crate::rng::XorShift64;
-use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
-
-pub const SET_REMOVE: &str = "keyed-set-remove";
-pub const SET_OVER: &str = "keyed-set-over";
-pub const MOVE: &str = "keyed-move";
+use crate::report::thousands;
+use crate::runner::{Cell, Plan};
+use crate::workloads::parallel::{self, Gate, Run, Share, ThreadsTable, share_of};
+use crate::workloads::{Out, Workload, rng};
 
 /// Keys each thread sets before keyed-set-over and keyed-move begin.
 pub const KEYS_PER_THREAD: u64 = 10_000;
@@ -33,21 +30,13 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Which keyed workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+enum Kind {
     SetRemove,
     SetOver,
     Move,
 }
 
 impl Kind {
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::SetRemove => SET_REMOVE,
-            Kind::SetOver => SET_OVER,
-            Kind::Move => MOVE,
-        }
-    }
-
     /// What one operation is, for the table's unit and first note.
     fn operation(self) -> (&'static str, &'static str) {
         match self {
@@ -74,10 +63,6 @@ struct Config {
     ops: u64,
 }
 
-fn seed(index: usize) -> u64 {
-    XorShift64::SEED ^ (index as u64 + 29).wrapping_mul(0xD6E8_FEB8_6659_FD93)
-}
-
 /// One thread's share: sets up its keys, waits at the gate, then does its operations.
 fn thread_share(
     subject: &dyn Keyed,
@@ -88,7 +73,7 @@ fn thread_share(
     let base = (index as u64) << 40;
     let ops = share_of(config.ops, config.threads, index);
     let mut share = Share::new(std::thread::current().id());
-    let mut rng = XorShift64::new(seed(index));
+    let mut rng = rng(index as u64 + 29);
     let setup: Result<(), String> = if config.kind == Kind::SetRemove {
         Ok(())
     } else {
@@ -112,12 +97,12 @@ fn thread_share(
         }
         Kind::SetOver => {
             for op in 0..ops {
-                subject.set(base + rng.below(KEYS_PER_THREAD), op, DEADLINE)?;
+                subject.set(base + rng.u64(..KEYS_PER_THREAD), op, DEADLINE)?;
             }
         }
         Kind::Move => {
             for _ in 0..ops {
-                if !subject.move_to(base + rng.below(KEYS_PER_THREAD), DEADLINE) {
+                if !subject.move_to(base + rng.u64(..KEYS_PER_THREAD), DEADLINE) {
                     share.too_late += 1;
                 }
             }
@@ -173,34 +158,37 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             })?;
             Ok(timed.finish(None, no_workers))
         }
-        Subject::DashMapOnly => run_on(&DashMapOnly::default(), false, config),
-        Subject::SccOnly => run_on(&SccOnly::default(), false, config),
+        Subject::Dashmap => run_on(&DashMapOnly::default(), false, config),
+        Subject::Scc => run_on(&SccOnly::default(), false, config),
         _ => Err(format!("{} is not a keyed subject", subject.name())),
     }
 }
 
-pub fn run(kind: Kind, subjects: &[Subject], threads: &[usize], ops: u64, csv: &mut Csv) {
-    let name = kind.name();
-    let measured: Vec<Measured> = threads
-        .iter()
-        .map(|&t| {
-            let config = Config {
-                kind,
-                threads: t,
-                ops,
-            };
-            Measured::take(subjects, t, ops, |subject, run| {
-                crate::progress::step(format!(
-                    "{name}/{} ({t} threads, run {})",
-                    subject.name(),
-                    run + 1
-                ));
-                measure(subject, config)
-            })
-        })
-        .collect();
+/// Runs `plan`'s cells of keyed `workload` and prints the table.
+pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
+    let kind = match workload {
+        Workload::KeyedSetOver => Kind::SetOver,
+        Workload::KeyedMove => Kind::Move,
+        _ => Kind::SetRemove,
+    };
+    let results = parallel::measure(
+        plan,
+        |_| ops,
+        |cell: &Cell| {
+            measure(
+                cell.subject,
+                Config {
+                    kind,
+                    threads: cell.threads,
+                    ops,
+                },
+            )
+        },
+    );
+    let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
     let (unit, operation) = kind.operation();
-    let mut table = ThreadsTable {
+    let name = workload.name();
+    let mut sheet = ThreadsTable {
         workload: name.to_string(),
         title: format!(
             "{name} ({} operations per run over the threads; deadlines 30 s out, nothing due)",
@@ -209,16 +197,11 @@ pub fn run(kind: Kind, subjects: &[Subject], threads: &[usize], ops: u64, csv: &
         unit,
         units: ops,
         live_nodes: None,
+        too_late: "not pending when came back to",
     }
-    .build(subjects, &measured, csv);
-    table.note(operation);
-    table.note("keyed: corewheel::KeyedTimers<u64, u64> on a TimerEngine (dashmap underneath); mutex-map: a Mutex<HashMap<key, (value, TimerHandle)>> over the same engine, its callbacks removing their key under the lock; delay-queue-map: tokio-util's DelayQueue with a HashMap<key, delay_queue::Key>, both behind one Mutex (a new value is a remove and an insert: the queue cannot replace one in place)");
-    table.note("dashmap, scc: the map operations KeyedTimers does (entry upsert, get_mut, remove) on a 24-byte slot, with no timer: to choose the map, and to show what the timers add over it (dashmap with KeyedTimers' 16 shards per CPU)");
-    for note in measured
-        .iter()
-        .flat_map(|m| m.notes(subjects, "not pending when came back to"))
-    {
-        table.note(note);
-    }
-    table.print();
+    .sheet(&cells);
+    sheet.note(operation);
+    sheet.note("keyed: corewheel::KeyedTimers<u64, u64> on a TimerEngine (dashmap underneath); mutex-map: a Mutex<HashMap<key, (value, TimerHandle)>> over the same engine, its callbacks removing their key under the lock; delay-queue-map: tokio-util's DelayQueue with a HashMap<key, delay_queue::Key>, both behind one Mutex (a new value is a remove and an insert: the queue cannot replace one in place)");
+    sheet.note("dashmap, scc: the map operations KeyedTimers does (entry upsert, get_mut, remove) on a 24-byte slot, with no timer: to choose the map, and to show what the timers add over it (dashmap with KeyedTimers' 16 shards per CPU)");
+    sheet.finish(&mut out.csv);
 }

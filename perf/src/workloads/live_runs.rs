@@ -1,14 +1,77 @@
 //! What the two live-1m workloads (the single-owner `live-1m` and the engine's
-//! `engine-live-1m`) share: each subject measured in a fresh child process, run after run;
-//! a run's readings as named values, which a child prints and its parent reads back, and
-//! whose median over runs the tables show; and a harness vector whose pages are touched
-//! before the first RSS reading.
+//! `engine-live-1m`) share: each run of a subject is made in a fresh child process of this
+//! binary, so that its RSS delta is its own (in one process, a subject measured after
+//! another would reuse the pages the first one freed, and the allocator's retention would
+//! decide the comparison). A run's readings are named values, which the child prints as
+//! `name value` lines and the parent reads back; tables show each reading's median.
 
+use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
+use std::process::{Command, ExitCode, Stdio};
 
-use crate::child;
 use crate::peers::Subject;
-use crate::repeat::{in_turns, median};
+use crate::runner::{self, Plan, median, spread};
+use crate::workloads::Workload;
+
+/// Set in a child's environment to the measurement it is to make: `workload subject timers`.
+pub const ENV: &str = "COREWHEEL_PERF_CHILD";
+
+/// A run's readings by name; a reading the platform or the subject lacks is absent.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Readings(BTreeMap<String, f64>);
+
+impl Readings {
+    /// Sets reading `name`, if there is one.
+    pub fn set(&mut self, name: &str, value: Option<f64>) {
+        if let Some(value) = value {
+            self.0.insert(name.to_string(), value);
+        }
+    }
+
+    /// Reading `name`, if there is one.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.0.get(name).copied()
+    }
+
+    /// Reading `name` less the reading `base`.
+    pub fn above(&self, name: &str, base: &str) -> Option<f64> {
+        Some(self.get(name)? - self.get(base)?)
+    }
+
+    fn encode(&self) -> String {
+        self.0
+            .iter()
+            .map(|(name, value)| format!("{name} {value}\n"))
+            .collect()
+    }
+
+    fn decode(text: &str) -> Result<Self, String> {
+        let mut readings = Self::default();
+        for line in text.lines() {
+            let (name, value) = line
+                .split_once(' ')
+                .ok_or_else(|| format!("the child printed {line:?}"))?;
+            let value = value
+                .parse()
+                .map_err(|_| format!("the child printed {line:?}"))?;
+            readings.0.insert(name.to_string(), value);
+        }
+        Ok(readings)
+    }
+
+    /// Each reading's median over runs (absent if any run lacks it).
+    fn median_of(runs: &[Readings]) -> Self {
+        let Some(first) = runs.first() else {
+            return Self::default();
+        };
+        let mut out = Self::default();
+        for name in first.0.keys() {
+            let values: Option<Vec<f64>> = runs.iter().map(|run| run.get(name)).collect();
+            out.set(name, values.map(median));
+        }
+        out
+    }
+}
 
 /// A vector for `n` of the harness's own values (keys, handles, sleeps) with its pages
 /// touched, so that an RSS delta read afterwards is the structure's alone.
@@ -21,107 +84,93 @@ pub fn touched_vec<T>(n: usize) -> Vec<T> {
     values
 }
 
-/// Where no child process can be started, what a workload does instead: measure in this
-/// process (`Some`), or give up on that subject (`None`).
-pub type InProcess<R> = Option<fn(Subject, u64) -> Result<R, String>>;
-
-/// Measures workload `name` for every subject, each run in a child process of its own, the
-/// subjects taking turns; `decode` reads what a child printed. Returns each subject's runs,
-/// and the subjects that were measured in this process instead.
-pub fn in_children<R>(
-    name: &str,
-    subjects: &[Subject],
+/// Measures every cell of `plan`, each run in a child process of its own, through the
+/// runner. Returns each cell's median readings, and the range of `key` over its runs.
+pub fn in_children(
+    plan: &Plan,
     timers: u64,
-    decode: fn(&str) -> Result<R, String>,
-    in_process: InProcess<R>,
-) -> (Vec<Result<Vec<R>, String>>, Vec<Subject>) {
-    let mut measured_here = Vec::new();
-    let runs = in_turns(subjects, |subject, run| {
-        crate::progress::step(format!(
-            "{name}/{} (run {}, own process)",
-            subject.name(),
-            run + 1
-        ));
-        match child::run(name, subject, timers) {
-            Ok(out) => decode(&out),
-            Err(child::Error::Failed(error)) => Err(error),
-            Err(child::Error::Spawn(error)) => match in_process {
-                Some(measure) => {
-                    if !measured_here.contains(&subject) {
-                        eprintln!("could not start a child process ({error}); measuring here");
-                        measured_here.push(subject);
-                    }
-                    measure(subject, timers)
-                }
-                None => Err(format!(
-                    "could not start a child process ({error}); this workload measures only in one"
-                )),
-            },
+    keys: [&str; 2],
+) -> Vec<Result<(Readings, String), String>> {
+    let exe = std::env::current_exe().map_err(|error| format!("no harness executable: {error}"));
+    let runs = runner::in_turns(plan, |cell| {
+        let exe = exe.as_ref().map_err(Clone::clone)?;
+        let output = Command::new(exe)
+            .env(
+                ENV,
+                format!("{} {} {timers}", plan.workload.name(), cell.subject.name()),
+            )
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|error| format!("could not start a child process: {error}"))?;
+        if !output.status.success() {
+            return Err(format!("the child process failed ({})", output.status));
         }
+        Readings::decode(&String::from_utf8_lossy(&output.stdout))
     });
-    (runs, measured_here)
-}
-
-/// A run's readings as named values, `None` where a reading is missing; required fields
-/// refuse `None` when read back.
-pub trait Readings: Sized {
-    /// The readings' names, in the order of [`values`](Self::values).
-    const FIELDS: &'static [&'static str];
-
-    fn values(&self) -> Vec<Option<f64>>;
-
-    fn from_values(values: &[Option<f64>]) -> Result<Self, String>;
-}
-
-/// The value of `values[index]`, which the reading named `FIELDS[index]` must have.
-pub fn required<R: Readings>(values: &[Option<f64>], index: usize) -> Result<f64, String> {
-    values
-        .get(index)
-        .copied()
-        .flatten()
-        .ok_or_else(|| format!("the child reported no {}", R::FIELDS[index]))
-}
-
-/// One `name value` line per reading, `-` for a missing one: what a child prints.
-pub fn encode<R: Readings>(readings: &R) -> String {
-    R::FIELDS
-        .iter()
-        .zip(readings.values())
-        .map(|(name, value)| match value {
-            Some(value) => format!("{name} {value}\n"),
-            None => format!("{name} -\n"),
+    runs.into_iter()
+        .map(|runs| {
+            let runs = runs?;
+            let range = |key: &str| spread(runs.iter().filter_map(|run| run.get(key)));
+            Ok((
+                Readings::median_of(&runs),
+                format!("{} / {}", range(keys[0]), range(keys[1])),
+            ))
         })
         .collect()
 }
 
-/// Reads back what [`encode`] printed.
-pub fn decode<R: Readings>(text: &str) -> Result<R, String> {
-    let mut values = Vec::with_capacity(R::FIELDS.len());
-    for name in R::FIELDS {
-        let value = text
-            .lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .ok_or_else(|| format!("the child process reported no {name}"))?;
-        values.push(match value {
-            "-" => None,
-            value => Some(
-                value
-                    .parse()
-                    .map_err(|_| format!("the child process reported a bad {name}"))?,
-            ),
-        });
+/// The child's side: makes the measurement `spec` names and prints its readings.
+pub fn child_main(spec: &str) -> ExitCode {
+    let words: Vec<&str> = spec.split_whitespace().collect();
+    let parsed = match words[..] {
+        [workload, subject, timers] => Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == workload)
+            .zip(Subject::ALL.into_iter().find(|s| s.name() == subject))
+            .zip(timers.parse::<u64>().ok()),
+        _ => None,
+    };
+    let result = match parsed {
+        Some(((Workload::Live1m, subject), timers)) => {
+            super::live_1m::measure_here(subject, timers)
+        }
+        Some(((Workload::EngineLive1m, subject), timers)) => {
+            super::engine_live_1m::measure_here(subject, timers)
+        }
+        _ => Err(format!("{ENV}={spec:?} names no measurement")),
+    };
+    match result {
+        Ok(readings) => {
+            print!("{}", readings.encode());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("corewheel-perf: {spec}: {error}");
+            ExitCode::FAILURE
+        }
     }
-    R::from_values(&values)
 }
 
-/// Each reading's median over several runs (missing if any run misses it).
-pub fn median_of<R: Readings>(runs: &[R]) -> Result<R, String> {
-    let columns: Vec<Vec<Option<f64>>> = runs.iter().map(Readings::values).collect();
-    let values: Vec<Option<f64>> = (0..R::FIELDS.len())
-        .map(|i| {
-            let column: Option<Vec<f64>> = columns.iter().map(|run| run[i]).collect();
-            column.filter(|column| !column.is_empty()).map(median)
-        })
-        .collect();
-    R::from_values(&values)
+#[cfg(test)]
+mod tests {
+    use super::Readings;
+
+    #[test]
+    fn readings_round_trip_and_take_medians() {
+        let mut one = Readings::default();
+        one.set("ns_per_insert", Some(12.5));
+        one.set("rss_live", Some(52_428_800.0));
+        one.set("missing", None);
+        assert_eq!(Readings::decode(&one.encode()), Ok(one.clone()));
+        assert!(Readings::decode("ns_per_insert x\n").is_err());
+        let mut two = one.clone();
+        two.set("ns_per_insert", Some(10.5));
+        let mut three = one.clone();
+        three.set("ns_per_insert", Some(20.0));
+        three.0.remove("rss_live");
+        let median = Readings::median_of(&[one, two, three]);
+        assert_eq!(median.get("ns_per_insert"), Some(12.5));
+        assert_eq!(median.get("rss_live"), None);
+    }
 }

@@ -10,13 +10,12 @@ use std::time::{Duration, Instant};
 
 use corewheel::TimerEngine;
 
-use crate::cpu_time::{cpu_between, process_cpu_time};
-use crate::peers::Subject;
 use crate::peers::engine::{self, Settled};
 use crate::peers::mutex_heap::SharedHeap;
 use crate::peers::tokio_sleep::{self, StartLine};
-use crate::repeat::{self, in_turns, median};
-use crate::report::{Csv, CsvRow, RATIO_LEGEND, Table, thousands};
+use crate::report::{Col, Sheet, thousands};
+use crate::runner::{self, Cell, Plan, median};
+use crate::sys::{cpu_between, process_cpu_time};
 
 /// What one application thread or task did.
 #[derive(Debug, Clone, Copy)]
@@ -285,229 +284,145 @@ pub fn share_of(total: u64, parts: usize, index: usize) -> u64 {
     total / parts + u64::from((index as u64) < total % parts)
 }
 
-/// What one thread count measured, per subject, over several runs.
+/// A cell's runs, summed up: the medians per unit of work, and the timers that fired (or
+/// were due) before the workload meant to cancel or move them, over all runs.
 pub struct Measured {
-    pub threads: usize,
-    pub results: Vec<Result<PerUnit, String>>,
-    /// Per subject, over all runs: timers that fired (or were due) before the workload
-    /// meant to cancel or move them.
-    pub too_late: Vec<u64>,
+    pub per: PerUnit,
+    pub too_late: u64,
 }
 
-impl Measured {
-    /// Measures every subject `repeat::RUNS` times in turns at `threads` threads.
-    pub fn take(
-        subjects: &[Subject],
-        threads: usize,
-        units: u64,
-        measure: impl FnMut(Subject, usize) -> Result<Run, String>,
-    ) -> Self {
-        let runs = in_turns(subjects, measure);
-        let too_late = runs
-            .iter()
-            .map(|runs| {
-                runs.as_ref().map_or(0, |runs| {
-                    runs.iter().map(|run| run.too_late + run.due_at_once).sum()
-                })
+/// Measures every cell of `plan` through the runner; `units` is a cell's units of work per
+/// run.
+pub fn measure(
+    plan: &Plan,
+    units: impl Fn(&Cell) -> u64,
+    measure: impl FnMut(&Cell) -> Result<Run, String>,
+) -> Vec<Result<Measured, String>> {
+    let runs = runner::in_turns(plan, measure);
+    plan.cells
+        .iter()
+        .zip(runs)
+        .map(|(cell, runs)| {
+            let runs = runs?;
+            let too_late = runs.iter().map(|run| run.too_late + run.due_at_once).sum();
+            Ok(Measured {
+                per: PerUnit::of(&runs, units(cell)),
+                too_late,
             })
-            .collect();
-        Self {
-            threads,
-            results: runs
-                .into_iter()
-                .map(|runs| runs.map(|runs| PerUnit::of(&runs, units)))
-                .collect(),
-            too_late,
-        }
-    }
-
-    /// Notes on timers that fired before the workload got to them, and errors.
-    pub fn notes(&self, subjects: &[Subject], what: &str) -> Vec<String> {
-        let mut notes = Vec::new();
-        for (row, subject) in subjects.iter().enumerate() {
-            let name = format!("{}, {} threads", subject.name(), self.threads);
-            if let Err(error) = &self.results[row] {
-                notes.push(format!("ERROR: {name}: {error}"));
-            } else if self.too_late[row] > 0 {
-                notes.push(format!(
-                    "{name}: {} timers {what}, over {} runs",
-                    thousands(self.too_late[row]),
-                    repeat::RUNS
-                ));
-            }
-        }
-        notes
-    }
+        })
+        .collect()
 }
 
-/// The CSV metric names for a unit of work: ns, rate, application ns, CPU ns, worker CPU ns.
-fn metric_names(unit: &str) -> [&'static str; 5] {
-    match unit {
-        "reset" => [
-            "ns_per_reset",
-            "mresets_per_s",
-            "app_ns_per_reset",
-            "cpu_ns_per_reset",
-            "worker_cpu_ns_per_reset",
-        ],
-        _ => [
-            "ns_per_timer",
-            "mtimers_per_s",
-            "app_ns_per_timer",
-            "cpu_ns_per_timer",
-            "worker_cpu_ns_per_timer",
-        ],
-    }
-}
-
-/// The table of an engine workload: a row per thread count and subject, with ratios against
-/// tokio and against the subject's own 1-thread figure.
-pub struct ThreadsTable {
-    /// The CSV's workload column.
+/// What a multi-thread workload's table says about itself.
+pub struct ThreadsTable<'a> {
     pub workload: String,
     pub title: String,
     /// What one unit of work is, as the headers name it: `timer`, `reset`.
     pub unit: &'static str,
-    /// Units of work per run.
+    /// Units of work per run, the CSV's `timers` column.
     pub units: u64,
     /// The most timers live at once at the most threads, and the measured bytes of one
     /// engine node, where known: what the engine's pools need at least.
     pub live_nodes: Option<(u64, f64)>,
+    /// What a timer counted in [`Measured::too_late`] did, for the notes.
+    pub too_late: &'a str,
 }
 
-impl ThreadsTable {
-    pub fn build(self, subjects: &[Subject], measured: &[Measured], csv: &mut Csv) -> Table {
+impl ThreadsTable<'_> {
+    /// The sheet of `cells` (a row each, by thread count) with their results, ratios against
+    /// the peers and against each subject's own 1-thread figure.
+    pub fn sheet(self, cells: &[(&Cell, &Result<Measured, String>)]) -> Sheet {
         let unit = self.unit;
-        // Every subject that is not corewheel's is a peer, with a ratio column of its own.
-        let peers: Vec<usize> = (0..subjects.len())
-            .filter(|&i| !subjects[i].is_corewheel())
-            .collect();
-        let settles = measured.iter().any(|m| {
-            m.results
-                .iter()
-                .any(|r| r.as_ref().is_ok_and(|per| per.settle_us.is_some()))
-        });
-        let mut header = vec![
-            "subject, threads".to_string(),
-            format!("ns/{unit}"),
-            format!("M{unit}s/s"),
-            format!("CPU ns/{unit}"),
-            format!("worker CPU ns/{unit}"),
+        let settles = cells
+            .iter()
+            .any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
+        let (ns, rate, app, cpu, worker) = match unit {
+            "reset" => (
+                "ns_per_reset",
+                "mresets_per_s",
+                "app_ns_per_reset",
+                "cpu_ns_per_reset",
+                "worker_cpu_ns_per_reset",
+            ),
+            _ => (
+                "ns_per_timer",
+                "mtimers_per_s",
+                "app_ns_per_timer",
+                "cpu_ns_per_timer",
+                "worker_cpu_ns_per_timer",
+            ),
+        };
+        let mut cols = vec![
+            Col::new(format!("ns/{unit}"), ns, "ns", 1).ratios(),
+            Col::new(format!("M{unit}s/s"), rate, "M/s", 2).rate(),
+            Col::new(format!("CPU ns/{unit}"), cpu, "ns", 1),
+            Col::new(format!("worker CPU ns/{unit}"), worker, "ns", 1),
+            Col::new(format!("app ns/{unit}"), app, "ns", 1),
         ];
         if settles {
-            header.push(format!("app ns/{unit}"));
-            header.push("settle us".to_string());
+            cols.push(Col::new("settle us", "settle_wait", "us", 0));
         }
-        header.push("pool MiB".to_string());
-        header.extend(peers.iter().map(|&p| format!("vs {}", subjects[p].name())));
-        header.push("vs own 1 thread".to_string());
-        let header: Vec<&str> = header.iter().map(String::as_str).collect();
-        let mut table = Table::new(self.title, &header);
-        let show = |value: Option<f64>, digits: usize| {
-            value.map_or_else(|| "n/a".to_string(), |v| format!("{v:.digits$}"))
-        };
+        cols.push(Col::new("pool MiB", "engine_pool_mib_max", "MiB", 1));
+        let mut sheet = Sheet::new(self.workload, self.title, self.units, cols);
+        sheet.scaling = Some(0);
         let mut spreads = Vec::new();
-        let one_thread = measured.iter().find(|m| m.threads == 1);
-        for m in measured {
-            for (row, subject) in subjects.iter().enumerate() {
-                let name = format!("{}, {}", subject.name(), m.threads);
-                let Ok(per) = &m.results[row] else {
-                    table.row(vec![name, "error".to_string()]);
-                    continue;
-                };
-                // How many times faster this row is than each peer: on corewheel's rows only.
-                let ratios: Vec<(Subject, Option<f64>)> = peers
-                    .iter()
-                    .map(|&p| {
-                        let ratio = match &m.results[p] {
-                            Ok(peer) if subject.is_corewheel() => Some(peer.wall / per.wall),
-                            _ => None,
-                        };
-                        (subjects[p], ratio)
-                    })
-                    .collect();
-                let scaling = match one_thread.map(|one| &one.results[row]) {
-                    _ if m.threads == 1 => "-".to_string(),
-                    Some(Ok(one)) => format!("{:.2}x", one.wall / per.wall),
-                    _ => "n/a".to_string(),
-                };
-                let mut cells = vec![
-                    name.clone(),
-                    format!("{:.1}", per.wall),
-                    format!("{:.2}", 1e3 / per.wall),
-                    show(per.cpu, 1),
-                    show(per.worker_cpu, 1),
+        let mut notes = Vec::new();
+        for &(cell, result) in cells {
+            let values = result.as_ref().map(|m| {
+                let per = &m.per;
+                let name = format!("{}, {}", cell.subject.name(), cell.threads);
+                spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
+                if m.too_late > 0 {
+                    notes.push(format!(
+                        "{name}: {} timers {}, over {} runs",
+                        thousands(m.too_late),
+                        self.too_late,
+                        runner::RUNS
+                    ));
+                }
+                let mut row = vec![
+                    Some(per.wall),
+                    Some(1e3 / per.wall),
+                    per.cpu,
+                    per.worker_cpu,
+                    Some(per.app),
                 ];
                 if settles {
-                    cells.push(format!("{:.1}", per.app));
-                    cells.push(show(per.settle_us, 0));
+                    row.push(per.settle_us);
                 }
-                cells.push(show(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)), 1));
-                cells.extend(ratios.iter().map(|(_, ratio)| match ratio {
-                    _ if !subject.is_corewheel() => "-".to_string(),
-                    Some(ratio) => format!("{ratio:.2}x"),
-                    None => "n/a".to_string(),
-                }));
-                cells.push(scaling);
-                table.row(cells);
-                spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
-
-                let [ns, rate, app, cpu, worker] = metric_names(unit);
-                let mut metrics = vec![
-                    (ns, per.wall, "ns"),
-                    (rate, 1e3 / per.wall, "M/s"),
-                    (app, per.app, "ns"),
-                ];
-                metrics.extend(per.cpu.map(|value| (cpu, value, "ns")));
-                metrics.extend(per.worker_cpu.map(|value| (worker, value, "ns")));
-                metrics.extend(per.settle_us.map(|us| ("settle_wait", us, "us")));
-                metrics.extend(
-                    per.pool_max
-                        .map(|b| ("engine_pool_bytes_max", b as f64, "B")),
-                );
-                metrics.extend(
-                    ratios
-                        .iter()
-                        .filter_map(|&(peer, ratio)| Some((peer.ratio_metric()?, ratio?, "x"))),
-                );
-                for (metric, value, unit) in metrics {
-                    csv.push(CsvRow {
-                        workload: self.workload.clone(),
-                        subject: subject.name().to_string(),
-                        threads: m.threads as u32,
-                        timers: self.units,
-                        metric,
-                        value,
-                        unit,
-                    });
-                }
-            }
+                row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
+                row
+            });
+            sheet.add(
+                cell.subject,
+                cell.threads,
+                true,
+                values.map_err(Clone::clone),
+            );
         }
-        table.note(format!(
-            "CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread)"
+        sheet.note(format!(
+            "CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread); app ns/{unit}: start to the last application thread's end"
         ));
         if settles {
-            table.note(format!(
-                "app ns/{unit}: start to the last application thread's end; settle us: the wait after that until the engine was seen settled (median)"
-            ));
+            sheet.note("settle us: the wait after the last application thread's end until the engine was seen settled (median)");
         }
-        table.note(format!(
-            "pool MiB: the engine's stats().pool_bytes at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped; it grows whenever threads schedule faster than the workers hand nodes back{}",
+        sheet.note(format!(
+            "pool MiB: the engine's stats().pool_bytes at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped{}",
             self.live_nodes.map_or_else(String::new, |(nodes, bytes)| format!(
                 " (this workload's live timers need {} nodes at {bytes:.0} B, {:.1} MiB)",
                 thousands(nodes),
                 nodes as f64 * bytes / (1024.0 * 1024.0)
             ))
         ));
-        table.note(format!(
+        sheet.note(format!(
             "median of {} runs per subject, taken in turns; ns/{unit} range: {}",
-            repeat::RUNS,
+            runner::RUNS,
             spreads.join(", ")
         ));
-        table.note(format!(
-            "{RATIO_LEGEND}; vs own 1 thread = the subject's 1-thread ns/{unit} / this row's: above 1 means more threads got more done"
-        ));
-        table
+        for note in notes {
+            sheet.note(note);
+        }
+        sheet
     }
 }
 

@@ -5,15 +5,15 @@
 
 use std::time::{Duration, Instant};
 
-use crate::peers::{Measure, Subject, TimerQueue, measure_fresh};
-use crate::repeat::in_turns;
-use crate::report::{Csv, thousands};
-use crate::rng::XorShift64;
-use crate::workloads::{TimingTable, ns_per};
+use crate::peers::{Measure, TimerQueue, measure_fresh};
+use crate::report::thousands;
+use crate::runner::{Plan, in_turns};
+use crate::workloads::{Out, cost_sheet, ns_per, rng};
 
-pub const NAME: &str = "reset-heavy";
-pub const CONNECTIONS: usize = 100_000;
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections, each with one idle timer.
+const CONNECTIONS: usize = 100_000;
+/// How long a connection may stay idle.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 const STEP: Duration = Duration::from_micros(1);
 
 struct ResetHeavy {
@@ -24,7 +24,7 @@ impl Measure<u64> for ResetHeavy {
     type Output = Duration;
 
     fn measure<Q: TimerQueue<u64>>(self, queue: &mut Q) -> Result<Duration, String> {
-        let mut rng = XorShift64::new(XorShift64::SEED);
+        let mut rng = rng(0);
         let base = Instant::now();
         let mut timers: Vec<Q::Key> = (0..CONNECTIONS as u64)
             .map(|connection| queue.arm(base + IDLE_TIMEOUT, connection))
@@ -35,7 +35,7 @@ impl Measure<u64> for ResetHeavy {
         let started = Instant::now();
         for _ in 0..self.resets {
             now += STEP;
-            let connection = rng.below(CONNECTIONS as u64) as usize;
+            let connection = rng.usize(..CONNECTIONS);
             timers[connection] = queue.reset(timers[connection], now + IDLE_TIMEOUT);
         }
         let elapsed = started.elapsed();
@@ -52,30 +52,28 @@ impl Measure<u64> for ResetHeavy {
     }
 }
 
-pub fn run(subjects: &[Subject], resets: u64, csv: &mut Csv) {
-    let runs = in_turns(subjects, |subject, run| {
-        crate::progress::step(format!("{NAME}/{} (run {})", subject.name(), run + 1));
-        measure_fresh(subject, ResetHeavy { resets }).map(|elapsed| ns_per(elapsed, resets))
+/// Runs `plan`'s subjects and prints the table.
+pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
+    let runs = in_turns(plan, |cell| {
+        measure_fresh(cell.subject, ResetHeavy { resets }).map(|elapsed| ns_per(elapsed, resets))
     });
-    let mut table = TimingTable {
-        workload: NAME,
-        title: format!(
-            "{NAME} (1 thread, {} connections, {} resets)",
-            thousands(CONNECTIONS as u64),
-            thousands(resets)
-        ),
-        cost: "ns/reset",
-        rate: "Mresets/s",
-        cost_metric: "ns_per_reset",
-        rate_metric: "mresets_per_s",
-        timers: CONNECTIONS as u64,
-        operation: "reset = move a random connection's idle timer to now + 30 s; corewheel Wheel::reset, DelayQueue::reset_at, binary-heap tombstone + push",
-    }
-    .build(subjects, &runs, csv);
-    table.note("every new deadline is the latest yet (now + a constant), a binary heap's best case: its push never sifts up");
-    table.note(format!(
-        "from several threads: see {}, corewheel's TimerEngine against tokio's sleep",
-        crate::workloads::engine_reset::NAME
-    ));
-    table.print();
+    let title = format!(
+        "reset-heavy (1 thread, {} connections, {} resets)",
+        thousands(CONNECTIONS as u64),
+        thousands(resets)
+    );
+    let mut sheet = cost_sheet(
+        plan,
+        title,
+        "reset",
+        ("ns_per_reset", "mresets_per_s"),
+        CONNECTIONS as u64,
+        &runs,
+    );
+    sheet.note("reset = move a random connection's idle timer to now + 30 s; corewheel Wheel::reset, DelayQueue::reset_at, binary-heap tombstone + push");
+    sheet.note("every new deadline is the latest yet (now + a constant), a binary heap's best case: its push never sifts up");
+    sheet.note(
+        "from several threads: see engine-reset, corewheel's TimerEngine against tokio's sleep",
+    );
+    sheet.finish(&mut out.csv);
 }

@@ -24,33 +24,20 @@ use std::time::{Duration, Instant};
 use corewheel::WorkerWakes;
 use tokio::time::Sleep;
 
-use crate::cpu_time::{cpu_between, process_context_switches, process_cpu_time};
 use crate::peers::engine;
 use crate::peers::mutex_heap::SharedHeap;
 use crate::peers::tokio_sleep::{self, StartLine, register};
 use crate::peers::{SharedTimers, Subject};
-use crate::repeat;
-use crate::report::{Csv, CsvRow, RATIO_LEGEND, Table, ratio_cells, thousands};
-use crate::rng::XorShift64;
+use crate::report::{Col, Sheet, thousands};
+use crate::runner::{self, Cell, Plan};
+use crate::sys::{cpu_between, process_context_switches, process_cpu_time};
 use crate::workloads::parallel::share_of;
-use crate::workloads::wake_floor;
-use crate::workloads::{ratio_columns, ratio_headers};
+use crate::workloads::{Out, Workload, rng, wake_floor};
 
-pub const NAME: &str = "steady-mix";
-
-/// The same mix at light load: a thousand and ten thousand timers a second, each rate
-/// with about a second's worth of timers live, to show what the timers cost a process
-/// that has little for them to do.
-pub const LIGHT_NAME: &str = "light-load";
-
-/// light-load's rates, timers armed per second.
+/// light-load's rates, timers armed per second: the same mix at light load, each rate with
+/// about a second's worth of timers live, to show what the timers cost a process that has
+/// little for them to do.
 pub const LIGHT_RATES: [u64; 2] = [1_000, 10_000];
-
-/// Timers armed per second, all threads together, unless `--mix-rate` says otherwise.
-pub const DEFAULT_RATE: u64 = 1_000_000;
-
-/// How long the mix runs, unless `--mix-seconds` says otherwise.
-pub const DEFAULT_SECONDS: u64 = 10;
 
 /// One in this many timers is left to fire.
 const FIRE_ONE_IN: u64 = 10;
@@ -89,7 +76,7 @@ impl Config {
 
 /// One thread's part of a run: its ring, its rate, and what happened at its slots' turns.
 struct Ring {
-    rng: XorShift64,
+    rng: fastrand::Rng,
     /// Whether each slot's timer is meant to fire (else to be cancelled).
     fires: Vec<bool>,
     /// Each firing timer's deadline, on the ring's schedule: the time since the run's start
@@ -168,7 +155,7 @@ impl Ring {
         let slots = config.ring_slots(index);
         let rate = (share_of(config.rate, config.threads, index).max(1)) as f64;
         Self {
-            rng: XorShift64::new(XorShift64::SEED ^ (index as u64 + 11).wrapping_mul(0x9E37_79B9)),
+            rng: rng(index as u64 + 11),
             fires: vec![false; slots],
             due: vec![Duration::ZERO; slots],
             rate,
@@ -180,13 +167,13 @@ impl Ring {
     /// A new timer's fate and delay.
     fn draw(&mut self) -> (bool, Duration) {
         let period = self.period.as_nanos() as u64;
-        if self.rng.below(FIRE_ONE_IN) == 0 {
+        if self.rng.u64(..FIRE_ONE_IN) == 0 {
             (
                 true,
-                Duration::from_nanos(self.rng.between(1_000_000, period / 2 + 1_000_001)),
+                Duration::from_nanos(self.rng.u64(1_000_000..period / 2 + 1_000_001)),
             )
         } else {
-            let extra = self.rng.between(1_000_000_000, 30_000_000_000);
+            let extra = self.rng.u64(1_000_000_000..30_000_000_000);
             (false, Duration::from_nanos(period + extra))
         }
     }
@@ -199,7 +186,7 @@ impl Ring {
             let (fires, delay) = self.draw();
             let first_turn = self.turn_time(slot as u64);
             let delay = if fires {
-                first_turn.mul_f64(self.rng.below(1 << 20) as f64 / (1 << 20) as f64)
+                first_turn.mul_f64(self.rng.f64())
             } else {
                 first_turn + delay
             };
@@ -334,6 +321,8 @@ struct Run {
     /// The engine's worker wake-ups over the same span, by cause (the engine only).
     wakes: Option<WorkerWakes>,
     counts: Counts,
+    /// light-load: CPU ns per timer over the subject's runs, on its median run.
+    spread: Option<String>,
 }
 
 /// What the main thread reads over a run's timed part.
@@ -493,6 +482,7 @@ fn on_plain_threads(
             switches,
             wakes,
             counts,
+            spread: None,
         })
     })
 }
@@ -648,6 +638,7 @@ where
         switches,
         wakes,
         counts,
+        spread: None,
     })
 }
 
@@ -753,56 +744,82 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     }
 }
 
-pub fn run(subjects: &[Subject], config: Config, csv: &mut Csv) {
-    let plan = Plan {
-        measure,
-        wake_cost: bare_wake_cost(subjects),
-        in_turns: false,
+/// steady-mix: `plan`'s subjects once each for `seconds`, with `live` timers live.
+pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
+    let config = |cell: &Cell| Config {
+        threads: cell.threads,
+        live,
+        rate: cell.param,
+        duration: Duration::from_secs(seconds),
     };
-    run_as(NAME, subjects, config, plan, csv);
+    let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
+    let wake_cost = bare_wake_cost(plan);
+    if let Some(cell) = plan.cells.first() {
+        table(
+            plan,
+            config(cell),
+            &plan.cells.iter().zip(&results).collect::<Vec<_>>(),
+            wake_cost,
+            out,
+        );
+    }
 }
 
 /// What one wake-up of a thread that does nothing else costs in CPU here, measured when an
-/// engine with worker threads is among `subjects` (see [`wake_floor`]): a thread sleeping
-/// until each millisecond for two seconds.
-fn bare_wake_cost(subjects: &[Subject]) -> Option<Duration> {
-    if !subjects.contains(&Subject::Engine) {
+/// engine with worker threads is among the subjects (see [`wake_floor`]): a thread sleeping
+/// until each millisecond for two seconds, after the subjects' runs.
+fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
+    if !plan
+        .cells
+        .iter()
+        .any(|cell| cell.subject == Subject::Engine)
+    {
         return None;
     }
-    crate::progress::step("a bare thread's wake-ups, 1,000 a second (2 s)".to_string());
     wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)).cpu_per_wake
 }
 
 /// light-load: the mix at each of [`LIGHT_RATES`] with about a second's worth of timers
-/// live, on `threads` threads; a table per rate.
-pub fn run_light(subjects: &[Subject], threads: usize, duration: Duration, csv: &mut Csv) {
-    // In turns: the subjects' differences here are a few thousandths of a core, inside what
-    // one run moves by from the next on these VMs.
-    let plan = Plan {
-        measure: measure_light,
-        wake_cost: bare_wake_cost(subjects),
-        in_turns: true,
+/// live, each subject's runs a third of `seconds` (at least 1 s), in turns; a table per
+/// rate, each row its subject's median run by CPU per timer.
+pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
+    let duration =
+        (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
+    let config = |cell: &Cell| Config {
+        threads: cell.threads,
+        live: cell.param,
+        rate: cell.param,
+        duration,
     };
+    let results = runner::in_turns(plan, |cell| measure_light(cell.subject, config(cell)));
+    let medians: Vec<Result<Vec<Run>, String>> = results
+        .into_iter()
+        .map(|runs| {
+            let mut runs = runs?;
+            runs.sort_by(|a, b| {
+                cpu_per_timer_of(a)
+                    .unwrap_or(f64::NAN)
+                    .total_cmp(&cpu_per_timer_of(b).unwrap_or(f64::NAN))
+            });
+            let middle = runs.len() / 2;
+            let spread = runner::spread(runs.iter().filter_map(cpu_per_timer_of));
+            let mut median = runs.swap_remove(middle);
+            median.spread = Some(spread);
+            Ok(vec![median])
+        })
+        .collect();
+    let wake_cost = bare_wake_cost(plan);
     for rate in LIGHT_RATES {
-        let config = Config {
-            threads,
-            live: rate,
-            rate,
-            duration,
-        };
-        run_as(LIGHT_NAME, subjects, config, plan, csv);
+        let cells: Vec<_> = plan
+            .cells
+            .iter()
+            .zip(&medians)
+            .filter(|(cell, _)| cell.param == rate)
+            .collect();
+        if let Some((cell, _)) = cells.first() {
+            table(plan, config(cell), &cells, wake_cost, out);
+        }
     }
-}
-
-/// How a table's workload measures its subjects.
-#[derive(Clone, Copy)]
-struct Plan {
-    measure: fn(Subject, Config) -> Result<Run, String>,
-    /// A bare thread's CPU per wake-up, when measured (see [`bare_wake_cost`]).
-    wake_cost: Option<Duration>,
-    /// Whether each subject runs [`repeat::RUNS`] times in turns, each run a share of the
-    /// duration, and the table shows its median run; otherwise once for the whole duration.
-    in_turns: bool,
 }
 
 /// The process's CPU time per timer over a run.
@@ -810,253 +827,109 @@ fn cpu_per_timer_of(run: &Run) -> Option<f64> {
     Some(run.cpu?.as_nanos() as f64 / run.counts.turns.max(1) as f64)
 }
 
-/// The process's CPU time over a run's wall time: the cores it kept busy.
-fn cores_busy_of(run: &Run) -> Option<f64> {
-    Some(run.cpu?.as_secs_f64() / run.wall.as_secs_f64())
-}
-
-/// Each subject's run, or its median run by CPU per timer with the runs' spread, as `plan`
-/// says.
-fn measure_all(
-    name: &str,
-    subjects: &[Subject],
+/// Prints the table of `cells`' runs (one each) at `config`.
+fn table(
+    plan: &Plan,
     config: Config,
-    plan: Plan,
-) -> Vec<Result<(Run, Option<String>), String>> {
-    let step = |subject: Subject, config: Config| {
-        crate::progress::step(format!(
-            "{name}/{} ({} threads, {} timers/s, {:.1} s)",
-            subject.name(),
-            config.threads,
-            thousands(config.rate),
-            config.duration.as_secs_f64()
-        ));
-        (plan.measure)(subject, config)
+    cells: &[(&Cell, &Result<Vec<Run>, String>)],
+    wake_cost: Option<Duration>,
+    out: &mut Out,
+) {
+    let name = plan.workload.name();
+    let runs = if plan.runs > 1 {
+        format!(", {} runs in turns", plan.runs)
+    } else {
+        String::new()
     };
-    if !plan.in_turns {
-        return subjects
-            .iter()
-            .map(|&subject| step(subject, config).map(|run| (run, None)))
-            .collect();
-    }
-    repeat::in_turns(subjects, |subject, _| step(subject, config))
-        .into_iter()
-        .map(|runs| {
-            let mut runs = runs?;
-            let costs: Vec<f64> = runs.iter().filter_map(cpu_per_timer_of).collect();
-            let spread = (costs.len() == runs.len()).then(|| repeat::spread(costs));
-            runs.sort_by(|a, b| {
-                cpu_per_timer_of(a)
-                    .unwrap_or(f64::NAN)
-                    .total_cmp(&cpu_per_timer_of(b).unwrap_or(f64::NAN))
-            });
-            let middle = runs.len() / 2;
-            Ok((runs.swap_remove(middle), spread))
-        })
-        .collect()
-}
-
-fn run_as(name: &str, subjects: &[Subject], mut config: Config, plan: Plan, csv: &mut Csv) {
-    if plan.in_turns {
-        config.duration = (config.duration / repeat::RUNS as u32).max(Duration::from_secs(1));
-    }
-    let (results, spreads): (Vec<Result<Run, String>>, Vec<Option<String>>) =
-        measure_all(name, subjects, config, plan)
-            .into_iter()
-            .map(|result| match result {
-                Ok((run, spread)) => (Ok(run), spread),
-                Err(error) => (Err(error), None),
-            })
-            .unzip();
-    let cpu_per_timer: Vec<Option<f64>> = results
-        .iter()
-        .map(|run| cpu_per_timer_of(run.as_ref().ok()?))
-        .collect();
-    let cores_busy: Vec<Option<f64>> = results
-        .iter()
-        .map(|run| cores_busy_of(run.as_ref().ok()?))
-        .collect();
-    let columns = ratio_columns(subjects);
-    let mut table = Table::new(
-        format!(
-            "{name} ({} threads, {} timers live, {} timers/s offered for {} s{}: 90% cancelled, 10% fired)",
-            config.threads,
-            thousands(config.live),
-            thousands(config.rate),
-            format_seconds(config.duration),
-            if plan.in_turns {
-                format!(", {} runs in turns", repeat::RUNS)
-            } else {
-                String::new()
-            }
-        ),
-        &[
-            "subject",
-            "timers/s",
-            "CPU ns/timer",
-            "CPU cores busy",
-            "wakes/s",
-            "fired",
-            "late",
-            "pending at turn",
-            "fired before cancel",
-        ],
+    let seconds = config.duration.as_secs_f64();
+    let title = format!(
+        "{name} ({} threads, {} timers live, {} timers/s offered for {seconds} s{runs}: 90% cancelled, 10% fired)",
+        config.threads,
+        thousands(config.live),
+        thousands(config.rate),
     );
-    ratio_headers(&mut table, subjects, &columns);
-    for (row, (subject, result)) in subjects.iter().zip(&results).enumerate() {
-        let subject_name = subject.name();
-        let run = match result {
-            Ok(run) => run,
-            Err(error) => {
-                table.row(vec![subject_name.to_string(), "error".to_string()]);
-                table.note(format!("ERROR: {subject_name}: {error}"));
-                continue;
-            }
-        };
-        let counts = &run.counts;
-        let achieved = counts.turns as f64 / run.wall.as_secs_f64();
-        let busy = cores_busy[row];
-        let wakes = run
-            .switches
-            .map(|switches| switches as f64 / run.wall.as_secs_f64());
-        let mut cells = vec![
-            subject_name.to_string(),
-            thousands(achieved as u64),
-            cpu_per_timer[row].map_or_else(|| "n/a".to_string(), |ns| format!("{ns:.1}")),
-            busy.map_or_else(|| "n/a".to_string(), |busy| format!("{busy:.3}")),
-            wakes.map_or_else(|| "n/a".to_string(), |wakes| thousands(wakes as u64)),
-            thousands(counts.fired),
-            thousands(counts.late),
-            thousands(counts.not_yet_fired),
-            thousands(counts.fired_before_cancel),
-        ];
-        cells.extend(ratio_cells(&cpu_per_timer, row, &columns));
-        table.row(cells);
-        let mut metrics = vec![
-            ("timers_per_s", achieved, "1/s"),
-            ("offered_timers_per_s", config.rate as f64, "1/s"),
-            ("fired", counts.fired as f64, "count"),
-            ("fired_late", counts.late as f64, "count"),
-            ("pending_at_turn", counts.not_yet_fired as f64, "count"),
-            (
-                "fired_before_cancel",
-                counts.fired_before_cancel as f64,
-                "count",
-            ),
-        ];
-        metrics.extend(cpu_per_timer[row].map(|ns| ("cpu_ns_per_timer", ns, "ns")));
-        metrics.extend(busy.map(|busy| ("cpu_cores_busy", busy, "cores")));
-        metrics.extend(wakes.map(|wakes| ("context_switches_per_s", wakes, "1/s")));
-        if let Some(worker) = run.wakes {
+    let cols = vec![
+        Col::new("timers/s", "timers_per_s", "1/s", 0).rate(),
+        Col::new("CPU ns/timer", "cpu_ns_per_timer", "ns", 1).ratios(),
+        Col::new("CPU cores busy", "cpu_cores_busy", "cores", 3),
+        Col::new("wakes/s", "context_switches_per_s", "1/s", 0),
+        Col::new("fired", "fired", "count", 0),
+        Col::new("late", "fired_late", "count", 0),
+        Col::new("pending at turn", "pending_at_turn", "count", 0),
+        Col::new("fired before cancel", "fired_before_cancel", "count", 0),
+    ];
+    let mut sheet = Sheet::new(name, title, config.live, cols);
+    let mut spreads = Vec::new();
+    let mut engine_busy = None;
+    let mut tokio_busy = None;
+    for &(cell, result) in cells {
+        let subject = cell.subject;
+        let values = result.as_ref().map_err(Clone::clone).map(|runs| {
+            let run = &runs[0];
             let per_s = |count: u64| count as f64 / run.wall.as_secs_f64();
-            let shown = |count: u64| thousands(per_s(count) as u64);
-            table.note(format!(
-                "{subject_name}: its workers woke {} times a second (stats().total.wakes): {} with timers due, and with none: {} for the wheel, {} for a lane's need, {} to watch for stuck owners, {} woken early by another thread",
-                shown(worker.total()),
-                shown(worker.due),
-                shown(worker.wheel),
-                shown(worker.lane),
-                shown(worker.watch),
-                shown(worker.woken),
-            ));
-            metrics.extend(
-                [
-                    ("worker_wakes_per_s", worker.total()),
-                    ("worker_wakes_due_per_s", worker.due),
-                    ("worker_wakes_wheel_per_s", worker.wheel),
-                    ("worker_wakes_lane_per_s", worker.lane),
-                    ("worker_wakes_watch_per_s", worker.watch),
-                    ("worker_wakes_woken_per_s", worker.woken),
-                ]
-                .map(|(metric, count)| (metric, per_s(count), "1/s")),
-            );
-        }
-        for (metric, value, unit) in metrics {
-            csv.push(CsvRow {
-                workload: name.to_string(),
-                subject: subject_name.to_string(),
-                threads: config.threads as u32,
-                timers: config.live,
-                metric,
-                value,
-                unit,
-            });
-        }
+            let counts = &run.counts;
+            let busy = run.cpu.map(|cpu| cpu.as_secs_f64() / run.wall.as_secs_f64());
+            match subject {
+                Subject::Engine => engine_busy = busy.zip(run.wakes.map(|w| per_s(w.total()))),
+                Subject::TokioSleep => tokio_busy = busy,
+                _ => {}
+            }
+            if let Some(spread) = &run.spread {
+                spreads.push(format!("{} {spread}", subject.name()));
+            }
+            if let Some(w) = run.wakes {
+                let shown = |count: u64| thousands(per_s(count) as u64);
+                sheet.note(format!(
+                    "{}: its workers woke {} times a second (stats().total.wakes): {} with timers due, and with none: {} for the wheel, {} for a lane's need, {} to watch for stuck owners, {} woken early by another thread",
+                    subject.name(), shown(w.total()), shown(w.due), shown(w.wheel), shown(w.lane), shown(w.watch), shown(w.woken),
+                ));
+                let wakes = [("worker_wakes_per_s", w.total()), ("worker_wakes_due_per_s", w.due), ("worker_wakes_wheel_per_s", w.wheel), ("worker_wakes_lane_per_s", w.lane), ("worker_wakes_watch_per_s", w.watch), ("worker_wakes_woken_per_s", w.woken)];
+                let wakes = wakes.map(|(metric, count)| (metric, per_s(count), "1/s"));
+                out.csv.push_metrics(name, subject.name(), config.live, &wakes);
+            }
+            out.csv.push_metrics(name, subject.name(), config.live, &[("offered_timers_per_s", config.rate as f64, "1/s")]);
+            vec![
+                Some(per_s(counts.turns)),
+                cpu_per_timer_of(run),
+                busy,
+                run.switches.map(per_s),
+                Some(counts.fired as f64),
+                Some(counts.late as f64),
+                Some(counts.not_yet_fired as f64),
+                Some(counts.fired_before_cancel as f64),
+            ]
+        });
+        sheet.add(subject, cell.threads, false, values);
     }
-    if plan.in_turns {
-        let spreads: Vec<String> = subjects
-            .iter()
-            .zip(&spreads)
-            .filter_map(|(subject, spread)| {
-                Some(format!("{} {}", subject.name(), spread.as_ref()?))
-            })
-            .collect();
-        table.note(format!(
+    if !spreads.is_empty() {
+        sheet.note(format!(
             "each row is its subject's median run of {} by CPU ns/timer, the subjects taking turns; CPU ns/timer over the runs: {}",
-            repeat::RUNS,
+            plan.runs,
             spreads.join(", ")
         ));
     }
-    if let Some(cost) = plan.wake_cost {
-        note_wake_floor(&mut table, subjects, (&results, &cores_busy), cost);
+    if let (Some(cost), Some((busy, wakes_per_s))) = (wake_cost, engine_busy) {
+        let tokio =
+            tokio_busy.map_or_else(String::new, |tokio| format!(" (tokio-sleep's: {tokio:.3})"));
+        sheet.note(format!(
+            "engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond for 2 s, this run, on an idle core: the dearest kind); at that, its workers' {} wake-ups a second cost up to {:.3} cores of its {busy:.3}{tokio}",
+            cost.as_secs_f64() * 1e6,
+            thousands(wakes_per_s as u64),
+            wakes_per_s * cost.as_secs_f64(),
+        ));
     }
-    let period = Ring::new(0, config).period;
-    table.note(format!(
+    sheet.note(format!(
         "timer = one turn of a ring slot: its timer retired (cancelled, or found fired) and a new one armed; each thread turns its slots at its share of the offered rate, in 1 ms steps, so each slot comes round every P = {:.2} s",
-        period.as_secs_f64()
+        Ring::new(0, config).period.as_secs_f64()
     ));
-    table.note("90% of the timers are request timeouts (delay P + 1..30 s), cancelled at their slot's next turn; 10% fire (delay 1 ms..P/2), and must have fired by that turn");
-    table.note("CPU ns/timer: process CPU time over the timed part (every thread: application, engine workers, tokio's workers and driver, the heap's timer thread) / timers; CPU cores busy: the same over wall time; wakes/s: the process's context switches per second over the same part, mostly its threads going to sleep and waking (the application threads' own 1 ms steps included)");
-    table.note(format!("late: firing timers still pending at their slot's turn, {} ms or more after their deadline; pending at turn: less than that (only first-lap timers can be); fired before cancel: request timeouts that fired before their turn (the thread fell a period behind); late and fired before cancel should be 0", LATE.as_millis()));
-    table.note("one run per subject, each with a fresh structure and its first fill untimed; engine: its stats() must match the rings' counts timer for timer; mutex-heap: its timer thread's count of fires must");
-    if name == LIGHT_NAME {
-        table.note("every subject is driven from tokio tasks on a runtime of as many workers as threads, paced by tokio's sleep, as a service on tokio would arm its timers: the application's own wake-ups cost every subject the same, and the difference is the timers' (the engine's and the heap's own threads included)");
+    sheet.note("90% of the timers are request timeouts (delay P + 1..30 s), cancelled at their slot's next turn; 10% fire (delay 1 ms..P/2), and must have fired by that turn");
+    sheet.note("CPU ns/timer: process CPU time over the timed part (every thread: application, engine workers, tokio's workers and driver, the heap's timer thread) / timers; CPU cores busy: the same over wall time; wakes/s: the process's context switches per second");
+    sheet.note(format!("late: firing timers still pending at their slot's turn, {} ms or more after their deadline; pending at turn: less than that; fired before cancel: request timeouts that fired before their turn (the thread fell a period behind); late and fired before cancel should be 0", LATE.as_millis()));
+    sheet.note("engine: its stats() must match the rings' counts timer for timer; mutex-heap: its timer thread's count of fires must");
+    if plan.workload == Workload::LightLoad {
+        sheet.note("every subject is driven from tokio tasks on a runtime of as many workers as threads, paced by tokio's sleep, as a service on tokio would arm its timers: the difference is the timers' (the engine's and the heap's own threads included)");
     }
-    if !columns.is_empty() {
-        table.note(format!("{RATIO_LEGEND}; on CPU ns/timer"));
-    }
-    table.print();
-}
-
-/// Seconds, with a decimal only where the duration has a fraction of one.
-fn format_seconds(duration: Duration) -> String {
-    if duration.subsec_nanos() == 0 {
-        duration.as_secs().to_string()
-    } else {
-        format!("{:.1}", duration.as_secs_f64())
-    }
-}
-
-/// Notes what the engine's worker wake-ups cost at a bare thread's `cost` a wake-up, beside
-/// the engine's CPU and tokio-sleep's, whose timers fire inside wake-ups its runtime makes
-/// anyway. An upper bound: the bare thread wakes an idle core, the dearest wake-up on these
-/// VMs, and a worker woken while the application keeps the cores busy costs less.
-fn note_wake_floor(
-    table: &mut Table,
-    subjects: &[Subject],
-    (results, cores_busy): (&[Result<Run, String>], &[Option<f64>]),
-    cost: Duration,
-) {
-    let row = |subject: Subject| subjects.iter().position(|&s| s == subject);
-    let busy = |subject: Subject| cores_busy[row(subject)?];
-    let Some(engine) = row(Subject::Engine) else {
-        return;
-    };
-    let (Ok(run), Some(engine_busy)) = (&results[engine], cores_busy[engine]) else {
-        return;
-    };
-    let Some(wakes) = run.wakes else {
-        return;
-    };
-    let wakes_per_s = wakes.total() as f64 / run.wall.as_secs_f64();
-    let in_wakes = wakes_per_s * cost.as_secs_f64();
-    let tokio = busy(Subject::TokioSleep)
-        .map_or_else(String::new, |tokio| format!(" (tokio-sleep's: {tokio:.3})"));
-    table.note(format!(
-        "engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond for 2 s, this run, on an idle core: the dearest kind); at that, its workers' {} wake-ups a second cost up to {in_wakes:.3} cores of its {engine_busy:.3}{tokio}",
-        cost.as_secs_f64() * 1e6,
-        thousands(wakes_per_s as u64),
-    ));
+    sheet.finish(&mut out.csv);
 }
 
 #[cfg(test)]

@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cpu_time::{cpu_between, process_cpu_time};
-use crate::rng::XorShift64;
+use crate::sys::{cpu_between, process_cpu_time};
 use crate::workloads::lateness::{Lateness, LatenessSummary};
+use crate::workloads::rng;
 
 /// What a thread that only sleeps saw.
 pub struct Sleeper {
@@ -65,15 +65,14 @@ impl Sleeper {
     /// rounded up to its tick boundary and fired the moment the sleeper woke there, at no
     /// cost: the best a structure that rounds to `tick` could have done over this sleep.
     pub fn storm_floor(&self, tick: Duration, timers: u64) -> LatenessSummary {
-        let capacity = usize::try_from(timers).unwrap_or(usize::MAX);
-        let mut lateness = Lateness::with_capacity(capacity);
+        let mut lateness = Lateness::default();
         let tick_ns = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
         let span_ns = tick_ns.saturating_mul(self.oversleeps.len() as u64);
         let origin = Instant::now();
-        let mut rng = XorShift64::new(XorShift64::SEED);
-        for _ in 0..timers.min(capacity as u64) {
+        let mut rng = rng(0);
+        for _ in 0..timers {
             // Strictly inside the span, so that every deadline has a boundary at or after it.
-            let offset = rng.below(span_ns.max(1));
+            let offset = rng.u64(..span_ns.max(1));
             let boundary = offset.div_ceil(tick_ns).max(1);
             let Some(&over) = usize::try_from(boundary - 1)
                 .ok()
@@ -91,7 +90,7 @@ impl Sleeper {
     /// The oversleeps as a lateness summary: the floor of a structure that fires at the
     /// exact instant.
     pub fn oversleep_summary(&self) -> LatenessSummary {
-        let mut lateness = Lateness::with_capacity(self.oversleeps.len());
+        let mut lateness = Lateness::default();
         let origin = Instant::now();
         for &over in &self.oversleeps {
             lateness.record(origin, origin + over, origin + over);

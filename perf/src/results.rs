@@ -7,10 +7,10 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The file names a run writes, by extension: everything a save replaces in its folder.
-const RESULT_EXTENSIONS: [&str; 2] = ["csv", "svg"];
+use crate::plots::Plots;
+use crate::report::Csv;
 
 /// The run's summary: its command line, machine and tables.
 pub const SUMMARY: &str = "summary.md";
@@ -25,16 +25,13 @@ pub fn create() -> io::Result<PathBuf> {
     fs::create_dir_all(&runs)?;
     let stamp = utc_stamp(SystemTime::now());
     for attempt in 1..=1000 {
-        let name = if attempt == 1 {
-            stamp.clone()
-        } else {
-            format!("{stamp}-{attempt}")
+        let dir = match attempt {
+            1 => runs.join(&stamp),
+            _ => runs.join(format!("{stamp}-{attempt}")),
         };
-        let dir = runs.join(name);
         match fs::create_dir(&dir) {
-            Ok(()) => return Ok(dir),
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(error) => return Err(error),
+            done => return done.map(|()| dir),
         }
     }
     Err(io::Error::new(
@@ -44,18 +41,70 @@ pub fn create() -> io::Result<PathBuf> {
 }
 
 /// The target directory this binary was built into (`<target>/<profile>/corewheel-perf`),
-/// so that `CARGO_TARGET_DIR` is respected; the workspace's `target/` if that cannot be told.
-pub fn target_dir() -> PathBuf {
+/// so that `CARGO_TARGET_DIR` is respected.
+fn target_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }
 
+/// Writes the run's CSV, plots and summary into `run_dir`, then over `save` when asked,
+/// and says where each went.
+pub fn write(
+    csv: &Csv,
+    plots: &Plots,
+    run_dir: &Path,
+    save: Option<&Path>,
+    took: Duration,
+) -> Result<(), String> {
+    csv.write(&run_dir.join(CSV))?;
+    let machine = crate::plots::machine();
+    plots.write(csv, run_dir, &machine)?;
+    let summary = run_dir.join(SUMMARY);
+    fs::write(&summary, summary_text(run_dir, &machine, took))
+        .map_err(|error| format!("could not write {}: {error}", summary.display()))?;
+    println!("\nresults of this run: {}", run_dir.display());
+    println!("  (results.csv, summary.md and the plots; nothing in the source tree changed)");
+    if let Some(dest) = save {
+        let written = copy_set(run_dir, dest)
+            .map_err(|error| format!("could not save to {}: {error}", dest.display()))?;
+        println!(
+            "saved as the reference set: {} ({written} files)",
+            dest.display()
+        );
+    }
+    Ok(())
+}
+
+/// The run's `summary.md`: its command line, machine, duration and every table it printed.
+fn summary_text(run_dir: &Path, machine: &str, took: Duration) -> String {
+    let name = run_dir
+        .file_name()
+        .map_or_else(String::new, |name| name.to_string_lossy().into_owned());
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let command = match args.is_empty() {
+        true => "cargo run --release -p corewheel-perf".to_string(),
+        false => format!(
+            "cargo run --release -p corewheel-perf -- {}",
+            args.join(" ")
+        ),
+    };
+    format!(
+        "# corewheel-perf run {name}\n\n- command: `{command}`\n- machine: {machine}, mimalloc\n- took: {:.0} s\n\n\
+         Every figure is in `results.csv` beside this file; the tables as printed:\n\n```text\n{}```\n",
+        took.as_secs_f64(),
+        crate::runner::transcript()
+    )
+}
+
 /// Replaces the results in `dest` (its CSV, SVG and summary files; subfolders and other
 /// files are left alone) with the ones in `run`, so that `dest` holds one run's set.
-/// Returns the files written.
-pub fn save(run: &Path, dest: &Path) -> io::Result<Vec<PathBuf>> {
+/// Returns how many files were written.
+fn copy_set(run: &Path, dest: &Path) -> io::Result<usize> {
     fs::create_dir_all(dest)?;
     for entry in fs::read_dir(dest)? {
         let path = entry?.path();
@@ -63,16 +112,12 @@ pub fn save(run: &Path, dest: &Path) -> io::Result<Vec<PathBuf>> {
             fs::remove_file(&path)?;
         }
     }
-    let mut written = Vec::new();
-    let mut files: Vec<PathBuf> = fs::read_dir(run)?
-        .map(|entry| entry.map(|entry| entry.path()))
-        .collect::<io::Result<_>>()?;
-    files.sort();
-    for path in files.into_iter().filter(|path| is_result_file(path)) {
-        if let Some(name) = path.file_name() {
-            let to = dest.join(name);
-            fs::copy(&path, &to)?;
-            written.push(to);
+    let mut written = 0;
+    for entry in fs::read_dir(run)? {
+        let path = entry?.path();
+        if let (true, Some(name)) = (is_result_file(&path), path.file_name()) {
+            fs::copy(&path, dest.join(name))?;
+            written += 1;
         }
     }
     Ok(written)
@@ -82,8 +127,7 @@ fn is_result_file(path: &Path) -> bool {
     path.file_name().is_some_and(|name| name == SUMMARY)
         || path
             .extension()
-            .and_then(|extension| extension.to_str())
-            .is_some_and(|extension| RESULT_EXTENSIONS.contains(&extension))
+            .is_some_and(|extension| extension == "csv" || extension == "svg")
 }
 
 /// `2026-11-24T18-05-09Z`: sortable, and valid as a file name everywhere.
@@ -91,7 +135,15 @@ pub fn utc_stamp(time: SystemTime) -> String {
     let seconds = time
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_secs());
-    let (year, month, day) = civil_from_days((seconds / 86_400) as i64);
+    // Howard Hinnant's civil_from_days: the proleptic Gregorian date of a day count.
+    let z = (seconds / 86_400) as i64 + 719_468;
+    let (era, doe) = (z.div_euclid(146_097), z.rem_euclid(146_097));
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
     let of_day = seconds % 86_400;
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}-{:02}-{:02}Z",
@@ -101,31 +153,15 @@ pub fn utc_stamp(time: SystemTime) -> String {
     )
 }
 
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
-    use super::{save, utc_stamp};
+    use super::{copy_set, utc_stamp};
 
     #[test]
     fn stamps_read_as_utc_dates() {
         assert_eq!(utc_stamp(UNIX_EPOCH), "1970-01-01T00-00-00Z");
-        // 2000-02-29 (a leap day) 12:34:56 UTC.
         let leap = UNIX_EPOCH + Duration::from_secs(951_827_696);
         assert_eq!(utc_stamp(leap), "2000-02-29T12-34-56Z");
         let later = UNIX_EPOCH + Duration::from_secs(1_795_478_400);
@@ -138,22 +174,16 @@ mod tests {
         let (run, dest) = (root.join("run"), root.join("dest"));
         std::fs::create_dir_all(&run).unwrap();
         std::fs::create_dir_all(dest.join("other-machine")).unwrap();
-        for (name, text) in [
-            ("results.csv", "new"),
-            ("a.svg", "new"),
-            ("summary.md", "new"),
-        ] {
-            std::fs::write(run.join(name), text).unwrap();
+        for name in ["results.csv", "a.svg", "summary.md"] {
+            std::fs::write(run.join(name), "new").unwrap();
         }
         for name in ["results.csv", "stale.svg", "summary.md", "README.txt"] {
             std::fs::write(dest.join(name), "old").unwrap();
         }
-        let written = save(&run, &dest).unwrap();
-        assert_eq!(written.len(), 3);
+        assert_eq!(copy_set(&run, &dest).unwrap(), 3);
         let read = |name: &str| std::fs::read_to_string(dest.join(name)).ok();
         assert_eq!(read("results.csv").as_deref(), Some("new"));
         assert_eq!(read("a.svg").as_deref(), Some("new"));
-        assert_eq!(read("summary.md").as_deref(), Some("new"));
         assert_eq!(
             read("stale.svg"),
             None,
