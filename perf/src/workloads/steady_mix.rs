@@ -1,32 +1,36 @@
-//! steady-mix: a proxy's timers at a sustained rate. A million timers live, and for a fixed
-//! time (10 s by default) T application threads keep arming new ones at an offered rate,
-//! 90% of them request timeouts that are cancelled when the response comes and 10% that
-//! fire. The figure that matters is the CPU each subject spends per timer at the same load,
-//! every thread of the process included (the engine's workers, tokio's workers and driver,
-//! the heap's timer thread); the achieved rate shows whether it kept up.
+//! steady-mix and light-load: a proxy's timers at a sustained rate. A million timers live
+//! (light-load: a second's worth), and for a fixed time T tasks keep arming new ones at an
+//! offered rate, 90% of them request timeouts that are cancelled when the response comes
+//! and 10% that fire. The figure that matters is the CPU each subject spends per timer at
+//! the same load, every thread of the process included (the engine's workers, tokio's
+//! workers and driver, the heap's timer thread); the achieved rate shows whether it kept up.
 //!
-//! Each thread owns a ring of slots, one live timer each, and visits the slots in turn at
-//! its share of the rate, so that every slot comes round once a ring period (about 1 s at
-//! the defaults). At its turn a slot's timer is retired and a new one armed in its place:
-//! - a timer meant to be cancelled (delay a ring period plus 1..30 s) is cancelled, as its
-//!   response has arrived; finding it fired means the thread fell a whole period behind;
-//! - a timer meant to fire (delay 1 ms..half a ring period) must have fired by then; one
-//!   still pending 50 ms or more after its deadline is late, and counted.
+//! Each task owns a ring of slots, one live timer each, and visits the slots in turn at its
+//! share of the rate, so that every slot comes round once a ring period (about 1 s at the
+//! defaults). At its turn a slot's timer is retired and a new one armed in its place: a
+//! timer meant to be cancelled (delay a ring period plus 1..30 s) is cancelled, as its
+//! response has arrived, and finding it fired means the task fell a whole period behind; a
+//! timer meant to fire (delay 1 ms..half a ring period) must have fired by then, and one
+//! still pending 50 ms or more after its deadline is late.
 //!
-//! Threads pace themselves in steps of 1 ms, sleeping in between (a thread sleep, or
-//! tokio's `sleep` for tokio's tasks), and catch up on what a late wake-up left.
+//! Every subject is driven the same way, from one task per thread on a tokio runtime of as
+//! many workers, each pacing itself in 1 ms steps with tokio's `sleep` and catching up on
+//! what a late wake-up left, as a service on tokio would arm its timers: the application's
+//! own wake-ups cost every subject the same, and the difference is the timers'.
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Context;
 use std::time::{Duration, Instant};
 
-use corewheel::WorkerWakes;
+use corewheel::{TimerEngine, WorkerWakes};
+use tokio::runtime::Runtime;
 use tokio::time::Sleep;
 
 use crate::peers::engine;
 use crate::peers::mutex_heap::SharedHeap;
-use crate::peers::tokio_sleep::{self, StartLine, register};
+use crate::peers::tokio_sleep::{self, StartLine, register, with_context};
 use crate::peers::{SharedTimers, Subject};
 use crate::report::{Col, Sheet, thousands};
 use crate::runner::{self, Cell, Plan};
@@ -34,15 +38,14 @@ use crate::sys::{cpu_between, process_context_switches, process_cpu_time};
 use crate::workloads::parallel::share_of;
 use crate::workloads::{Out, Workload, rng, wake_floor};
 
-/// light-load's rates, timers armed per second: the same mix at light load, each rate with
-/// about a second's worth of timers live, to show what the timers cost a process that has
-/// little for them to do.
+/// light-load's rates, timers armed per second, each with about a second's worth of timers
+/// live: what the timers cost a process that has little for them to do.
 pub const LIGHT_RATES: [u64; 2] = [1_000, 10_000];
 
 /// One in this many timers is left to fire.
 const FIRE_ONE_IN: u64 = 10;
 
-/// How often a thread wakes to arm what its share of the rate asks for.
+/// How often a task wakes to arm what its share of the rate asks for.
 const STEP: Duration = Duration::from_millis(1);
 
 /// A firing timer still pending this long after its deadline, at its slot's turn, is late.
@@ -50,52 +53,29 @@ const LATE: Duration = Duration::from_millis(50);
 
 /// The shape of one run.
 #[derive(Debug, Clone, Copy)]
-pub struct Config {
-    pub threads: usize,
-    /// Timers live at once, all threads together.
-    pub live: u64,
-    /// Timers armed per second, all threads together.
-    pub rate: u64,
-    pub duration: Duration,
+struct Config {
+    threads: usize,
+    /// Timers live at once, all tasks together.
+    live: u64,
+    /// Timers armed per second, all tasks together.
+    rate: u64,
+    duration: Duration,
 }
 
 impl Config {
-    /// Slots per ring, all threads together, so that about `live` timers are pending: every
-    /// slot but those whose firing timer has already fired. A firing timer lives a quarter
-    /// of the ring period on average, so a slot is pending 90% + 10% / 4 of the time.
-    fn slots(self) -> u64 {
-        let pending_share = 1.0 - 0.75 / FIRE_ONE_IN as f64;
-        (self.live as f64 / pending_share).round() as u64
-    }
-
-    /// The slots of thread `index`'s ring.
+    /// The slots of task `index`'s ring, so that about `live` timers are pending over all
+    /// rings: a firing timer lives a quarter of the ring period on average, so a slot is
+    /// pending 90% + 10% / 4 of the time.
     fn ring_slots(self, index: usize) -> usize {
-        share_of(self.slots(), self.threads, index).max(1) as usize
+        let slots = (self.live as f64 / (1.0 - 0.75 / FIRE_ONE_IN as f64)).round() as u64;
+        share_of(slots, self.threads, index).max(1) as usize
     }
 }
 
-/// One thread's part of a run: its ring, its rate, and what happened at its slots' turns.
-struct Ring {
-    rng: fastrand::Rng,
-    /// Whether each slot's timer is meant to fire (else to be cancelled).
-    fires: Vec<bool>,
-    /// Each firing timer's deadline, on the ring's schedule: the time since the run's start
-    /// at which its turn was due, plus its delay (kept for firing timers only, the ones
-    /// judged late or not). The thread arms no earlier than its schedule,
-    /// so the real deadline is no earlier either, and lateness judged by this is never
-    /// overstated.
-    due: Vec<Duration>,
-    /// Slot visits per second.
-    rate: f64,
-    /// How long a slot takes to come round.
-    period: Duration,
-    counts: Counts,
-}
-
-/// What a thread's slots' turns found, summed over the threads.
+/// What the slots' turns found, summed over the tasks.
 #[derive(Debug, Default, Clone, Copy)]
 struct Counts {
-    /// Timers armed, the ring's first fill included.
+    /// Timers armed, the rings' first fill included.
     armed: u64,
     /// Timed turns: a timer retired and a new one armed.
     turns: u64,
@@ -106,9 +86,8 @@ struct Counts {
     /// Timers meant to fire that had fired by their turn.
     fired: u64,
     /// Timers meant to fire still pending at their turn (cancelled then), `LATE` or more
-    /// after their deadline...
+    /// after their deadline, or less.
     late: u64,
-    /// ... or less.
     not_yet_fired: u64,
     /// After the run, the timers still in the rings: cancelled, or found fired.
     left_cancelled: u64,
@@ -116,16 +95,16 @@ struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, other: &Counts) {
-        self.armed += other.armed;
-        self.turns += other.turns;
-        self.cancelled += other.cancelled;
-        self.fired_before_cancel += other.fired_before_cancel;
-        self.fired += other.fired;
-        self.late += other.late;
-        self.not_yet_fired += other.not_yet_fired;
-        self.left_cancelled += other.left_cancelled;
-        self.left_fired += other.left_fired;
+    fn add(&mut self, o: &Counts) {
+        self.armed += o.armed;
+        self.turns += o.turns;
+        self.cancelled += o.cancelled;
+        self.fired_before_cancel += o.fired_before_cancel;
+        self.fired += o.fired;
+        self.late += o.late;
+        self.not_yet_fired += o.not_yet_fired;
+        self.left_cancelled += o.left_cancelled;
+        self.left_fired += o.left_fired;
     }
 
     /// Every cancel that stopped a timer, and every timer that fired.
@@ -137,23 +116,38 @@ impl Counts {
     }
 }
 
-/// One slot-holding subject, as a ring drives it.
-trait Slots {
-    /// Arms a timer in the empty `slot`.
-    fn arm(&mut self, slot: usize, delay: Duration, id: u64) -> Result<(), String>;
+/// A subject's timers as a ring holds them: a slot each.
+trait Slots: Send + 'static {
+    /// Arms a timer in the empty `slot`, polled with `cx` where the subject is a future.
+    fn arm(&mut self, slot: usize, delay: Duration, cx: &mut Context<'_>) -> Result<(), String>;
 
     /// Cancels the slot's timer: `true` if it was pending and is now stopped, `false` if it
     /// had fired. The slot is empty afterwards.
     fn cancel(&mut self, slot: usize) -> bool;
 
-    /// Number of slots.
     fn len(&self) -> usize;
+}
+
+/// One task's ring: its rate, and each slot's fate and deadline.
+struct Ring {
+    rng: fastrand::Rng,
+    /// Whether each slot's timer is meant to fire (else to be cancelled).
+    fires: Vec<bool>,
+    /// Each firing timer's deadline on the ring's schedule (the time since the run's start
+    /// its turn was due, plus its delay): the task arms no earlier than its schedule, so
+    /// lateness judged by this is never overstated.
+    due: Vec<Duration>,
+    /// Slot visits per second.
+    rate: f64,
+    /// How long a slot takes to come round.
+    period: Duration,
+    counts: Counts,
 }
 
 impl Ring {
     fn new(index: usize, config: Config) -> Self {
         let slots = config.ring_slots(index);
-        let rate = (share_of(config.rate, config.threads, index).max(1)) as f64;
+        let rate = share_of(config.rate, config.threads, index).max(1) as f64;
         Self {
             rng: rng(index as u64 + 11),
             fires: vec![false; slots],
@@ -167,35 +161,10 @@ impl Ring {
     /// A new timer's fate and delay.
     fn draw(&mut self) -> (bool, Duration) {
         let period = self.period.as_nanos() as u64;
-        if self.rng.u64(..FIRE_ONE_IN) == 0 {
-            (
-                true,
-                Duration::from_nanos(self.rng.u64(1_000_000..period / 2 + 1_000_001)),
-            )
-        } else {
-            let extra = self.rng.u64(1_000_000_000..30_000_000_000);
-            (false, Duration::from_nanos(period + extra))
+        match self.rng.u64(..FIRE_ONE_IN) {
+            0 => (true, Duration::from_nanos(self.rng.u64(1_000_000..period / 2 + 1_000_001))),
+            _ => (false, Duration::from_nanos(period + self.rng.u64(1_000_000_000..30_000_000_000))),
         }
-    }
-
-    /// Arms every slot before the run, so that it starts in its steady state: a request
-    /// timeout is due after its slot's first turn as usual, and a firing timer somewhere
-    /// between the start and that turn.
-    fn fill<S: Slots>(&mut self, slots: &mut S) -> Result<(), String> {
-        for slot in 0..slots.len() {
-            let (fires, delay) = self.draw();
-            let first_turn = self.turn_time(slot as u64);
-            let delay = if fires {
-                first_turn.mul_f64(self.rng.f64())
-            } else {
-                first_turn + delay
-            };
-            slots.arm(slot, delay, slot as u64)?;
-            self.fires[slot] = fires;
-            self.due[slot] = delay;
-            self.counts.armed += 1;
-        }
-        Ok(())
     }
 
     /// When turn `turn` is due, counted from the run's start.
@@ -203,31 +172,39 @@ impl Ring {
         Duration::from_secs_f64(turn as f64 / self.rate)
     }
 
+    /// Arms every slot before the run, so that it starts in its steady state: a request
+    /// timeout is due after its slot's first turn, a firing timer before it.
+    fn fill(&mut self, slots: &mut impl Slots, cx: &mut Context<'_>) -> Result<(), String> {
+        for slot in 0..slots.len() {
+            let (fires, delay) = self.draw();
+            let first_turn = self.turn_time(slot as u64);
+            let delay = if fires { first_turn.mul_f64(self.rng.f64()) } else { first_turn + delay };
+            slots.arm(slot, delay, cx)?;
+            (self.fires[slot], self.due[slot]) = (fires, delay);
+            self.counts.armed += 1;
+        }
+        Ok(())
+    }
+
     /// Takes turns until `elapsed` of the run's time has had its share of them.
-    fn catch_up<S: Slots>(&mut self, slots: &mut S, elapsed: Duration) -> Result<(), String> {
+    fn catch_up(&mut self, slots: &mut impl Slots, elapsed: Duration, cx: &mut Context<'_>) -> Result<(), String> {
         let due = (elapsed.as_secs_f64() * self.rate) as u64;
-        let len = slots.len() as u64;
         while self.counts.turns < due {
-            let slot = (self.counts.turns % len) as usize;
             let turn = self.counts.turns;
+            let slot = (turn % slots.len() as u64) as usize;
             let pending = slots.cancel(slot);
-            // Only a firing timer still pending needs its turn's time.
-            let is_late =
-                self.fires[slot] && pending && self.turn_time(turn) >= self.due[slot] + LATE;
+            let late = self.turn_time(turn) >= self.due[slot] + LATE;
             let counts = &mut self.counts;
             match (self.fires[slot], pending) {
-                (true, true) if is_late => counts.late += 1,
+                (true, true) if late => counts.late += 1,
                 (true, true) => counts.not_yet_fired += 1,
                 (true, false) => counts.fired += 1,
                 (false, true) => counts.cancelled += 1,
                 (false, false) => counts.fired_before_cancel += 1,
             }
             let (fires, delay) = self.draw();
-            slots.arm(slot, delay, self.counts.armed)?;
-            self.fires[slot] = fires;
-            if fires {
-                self.due[slot] = self.turn_time(turn) + delay;
-            }
+            slots.arm(slot, delay, cx)?;
+            (self.fires[slot], self.due[slot]) = (fires, self.turn_time(turn) + delay);
             self.counts.armed += 1;
             self.counts.turns += 1;
         }
@@ -235,42 +212,33 @@ impl Ring {
     }
 
     /// Cancels what the ring still holds, after the timed part.
-    fn empty<S: Slots>(&mut self, slots: &mut S) {
+    fn empty(&mut self, slots: &mut impl Slots) {
         for slot in 0..slots.len() {
-            if slots.cancel(slot) {
-                self.counts.left_cancelled += 1;
-            } else {
-                self.counts.left_fired += 1;
+            match slots.cancel(slot) {
+                true => self.counts.left_cancelled += 1,
+                false => self.counts.left_fired += 1,
             }
         }
     }
 }
 
-/// The slots of a structure the threads share: a handle each, `None` while empty.
-struct SharedSlots<'a, S: SharedTimers> {
-    subject: &'a S,
+/// The slots of a structure the tasks share (the engine, the locked heap): a handle each.
+struct SharedSlots<S: SharedTimers> {
+    subject: Arc<S>,
     handles: Vec<Option<S::Handle>>,
 }
 
-impl<'a, S: SharedTimers> SharedSlots<'a, S> {
-    fn new(subject: &'a S, slots: usize) -> Self {
-        Self {
-            subject,
-            handles: vec![None; slots],
-        }
-    }
-}
-
-impl<S: SharedTimers> Slots for SharedSlots<'_, S> {
-    fn arm(&mut self, slot: usize, delay: Duration, id: u64) -> Result<(), String> {
-        self.handles[slot] = Some(self.subject.arm(delay, id)?);
+impl<S: SharedTimers + Send + 'static> Slots for SharedSlots<S>
+where
+    S::Handle: Send,
+{
+    fn arm(&mut self, slot: usize, delay: Duration, _: &mut Context<'_>) -> Result<(), String> {
+        self.handles[slot] = Some(self.subject.arm(delay, slot as u64)?);
         Ok(())
     }
 
     fn cancel(&mut self, slot: usize) -> bool {
-        self.handles[slot]
-            .take()
-            .is_some_and(|handle| self.subject.cancel(handle))
+        self.handles[slot].take().is_some_and(|handle| self.subject.cancel(handle))
     }
 
     fn len(&self) -> usize {
@@ -279,387 +247,64 @@ impl<S: SharedTimers> Slots for SharedSlots<'_, S> {
 }
 
 /// tokio's slots: a pinned `Option<Sleep>` each, reused, so that arming writes a new
-/// `Sleep` over the empty slot without an allocation. Lives for one poll of its task.
-struct TokioSlots<'a, 'b, 'c> {
-    sleeps: &'a mut [Pin<Box<Option<Sleep>>>],
-    cx: &'b mut Context<'c>,
-}
+/// `Sleep` over the empty slot without an allocation, and polls it with the task's waker.
+struct TokioSlots(Vec<Pin<Box<Option<Sleep>>>>);
 
-impl Slots for TokioSlots<'_, '_, '_> {
-    fn arm(&mut self, slot: usize, delay: Duration, _id: u64) -> Result<(), String> {
-        let sleep = &mut self.sleeps[slot];
+impl Slots for TokioSlots {
+    fn arm(&mut self, slot: usize, delay: Duration, cx: &mut Context<'_>) -> Result<(), String> {
+        let sleep = &mut self.0[slot];
         sleep.as_mut().set(Some(tokio::time::sleep(delay)));
         if let Some(timer) = sleep.as_mut().as_pin_mut() {
-            register(timer, self.cx);
+            register(timer, cx);
         }
         Ok(())
     }
 
     fn cancel(&mut self, slot: usize) -> bool {
-        let sleep = &mut self.sleeps[slot];
-        let pending = sleep
-            .as_ref()
-            .get_ref()
-            .as_ref()
-            .is_some_and(|s| !s.is_elapsed());
+        let sleep = &mut self.0[slot];
+        let pending = sleep.as_ref().get_ref().as_ref().is_some_and(|s| !s.is_elapsed());
         sleep.as_mut().set(None);
         pending
     }
 
     fn len(&self) -> usize {
-        self.sleeps.len()
+        self.0.len()
     }
 }
 
 /// One run's figures.
 struct Run {
-    /// From the start line to the last thread's end of its timed part.
+    /// From the start line to the last task's end of its timed part.
     wall: Duration,
     cpu: Option<Duration>,
     /// The process's context switches over the same span.
     switches: Option<u64>,
-    /// The engine's worker wake-ups over the same span, by cause (the engine only).
+    /// The engine's worker wake-ups over the same span, by cause (the threaded engine only).
     wakes: Option<WorkerWakes>,
     counts: Counts,
     /// light-load: CPU ns per timer over the subject's runs, on its median run.
     spread: Option<String>,
 }
 
-/// What the main thread reads over a run's timed part.
-struct Timed {
-    wall: Duration,
-    cpu: Option<Duration>,
-    switches: Option<u64>,
-    wakes: Option<WorkerWakes>,
-}
-
-/// Reads a subject's own count of its threads' wake-ups, where it keeps one.
-type WakesReader<'a> = &'a (dyn Fn() -> Option<WorkerWakes> + Sync);
-
-/// For subjects that keep no count of their wake-ups.
-const NO_WAKES: WakesReader<'static> = &|| None;
-
-/// The engine's count of its workers' wake-ups.
-fn engine_wakes(engine: &corewheel::TimerEngine) -> Option<WorkerWakes> {
-    Some(engine.stats().total.wakes)
-}
-
-/// `after - before`, cause by cause.
-fn wakes_between(before: WorkerWakes, after: WorkerWakes) -> WorkerWakes {
-    WorkerWakes {
-        due: after.due - before.due,
-        wheel: after.wheel - before.wheel,
-        lane: after.lane - before.lane,
-        watch: after.watch - before.watch,
-        woken: after.woken - before.woken,
-    }
-}
-
-/// The start and end lines of a run, and the readings the main thread takes at them.
+/// The start and end lines of a run.
 #[derive(Default)]
 struct Lines {
     start: StartLine,
     end: StartLine,
 }
 
-impl Lines {
-    /// Called by the main thread: starts the run, waits out its time, and reads the CPU
-    /// the process used from the start to the moment every thread has finished.
-    fn time_run(
-        &self,
-        threads: usize,
-        duration: Duration,
-        wakes: WakesReader,
-    ) -> Result<Timed, String> {
-        self.start.gather(threads)?;
-        let cpu_before = process_cpu_time();
-        let switches_before = process_context_switches();
-        let wakes_before = wakes();
-        let start = self.start.go();
-        std::thread::sleep(duration);
-        self.end.gather(threads)?;
-        let cpu = cpu_between(cpu_before, process_cpu_time());
-        let switches = process_context_switches()
-            .zip(switches_before)
-            .map(|(after, before)| after.saturating_sub(before));
-        let wakes = wakes()
-            .zip(wakes_before)
-            .map(|(after, before)| wakes_between(before, after));
-        let end = self.end.go();
-        Ok(Timed {
-            wall: end - start,
-            cpu,
-            switches,
-            wakes,
-        })
-    }
-}
-
-/// A plain thread's part on a subject shared by plain threads.
-fn thread_part<S: Slots>(
-    slots: &mut S,
-    index: usize,
-    config: Config,
-    lines: &Lines,
-) -> Result<Counts, String> {
+/// One task's part: its ring, filled untimed, turned in 1 ms steps for the run's duration.
+async fn part(mut slots: impl Slots, index: usize, config: Config, lines: Arc<Lines>) -> Result<Counts, String> {
     let mut ring = Ring::new(index, config);
-    let start = ring.start(slots, lines)?;
-    while ring.step(slots, start, config.duration)? {
-        std::thread::sleep(STEP);
-    }
-    ring.finish(slots, lines)
-}
-
-impl Ring {
-    /// Fills the ring, then waits at the start line: the timed part begins as this returns,
-    /// at the instant it returns.
-    fn start<S: Slots>(&mut self, slots: &mut S, lines: &Lines) -> Result<Instant, String> {
-        let filled = self.fill(slots);
-        if !lines.start.arrive_and_wait() {
-            return Err("the run was called off".to_string());
-        }
-        filled?;
-        Ok(Instant::now())
-    }
-
-    /// One step of the timed part: the turns the schedule asks for by now. `false` once
-    /// the run's time is up.
-    fn step<S: Slots>(
-        &mut self,
-        slots: &mut S,
-        start: Instant,
-        duration: Duration,
-    ) -> Result<bool, String> {
-        let elapsed = start.elapsed();
-        if elapsed >= duration {
-            return Ok(false);
-        }
-        self.catch_up(slots, elapsed)?;
-        Ok(true)
-    }
-
-    /// Waits at the end line, then retires what is left.
-    fn finish<S: Slots>(mut self, slots: &mut S, lines: &Lines) -> Result<Counts, String> {
-        if !lines.end.arrive_and_wait() {
-            return Err("the run was called off".to_string());
-        }
-        self.empty(slots);
-        Ok(self.counts)
-    }
-}
-
-/// Runs `part(index, lines)` on `threads` plain threads and times the run.
-fn on_plain_threads(
-    config: Config,
-    wakes: WakesReader,
-    part: impl Fn(usize, &Lines) -> Result<Counts, String> + Sync,
-) -> Result<Run, String> {
-    let lines = Lines::default();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..config.threads)
-            .map(|index| {
-                let (part, lines) = (&part, &lines);
-                scope.spawn(move || part(index, lines))
-            })
-            .collect();
-        let timed = lines.time_run(config.threads, config.duration, wakes);
-        let mut counts = Counts::default();
-        for handle in handles {
-            let part = handle
-                .join()
-                .unwrap_or_else(|_| Err("an application thread panicked".to_string()))?;
-            counts.add(&part);
-        }
-        let Timed {
-            wall,
-            cpu,
-            switches,
-            wakes,
-        } = timed?;
-        Ok(Run {
-            wall,
-            cpu,
-            switches,
-            wakes,
-            counts,
-            spread: None,
-        })
-    })
-}
-
-fn run_engine(config: Config) -> Result<Run, String> {
-    let engine = engine::build()?;
-    let run = on_plain_threads(config, &|| engine_wakes(&engine), |index, lines| {
-        let mut slots = SharedSlots::new(&engine, config.ring_slots(index));
-        thread_part(&mut slots, index, config, lines)
-    })?;
-    engine_saw(&engine, run)
-}
-
-/// The run, once the engine has settled, if its counts match what the rings saw, timer
-/// for timer: exactly once.
-fn engine_saw(engine: &corewheel::TimerEngine, run: Run) -> Result<Run, String> {
-    let settled = engine::settle(engine)?;
-    let (stopped, fired) = run.counts.stopped_and_fired();
-    engine::check_counts(&settled.stats, run.counts.armed, stopped, fired)?;
-    Ok(run)
-}
-
-fn run_mutex_heap(config: Config) -> Result<Run, String> {
-    let heap = SharedHeap::start()?;
-    let run = on_plain_threads(config, NO_WAKES, |index, lines| {
-        let mut slots = SharedSlots::new(&heap, config.ring_slots(index));
-        thread_part(&mut slots, index, config, lines)
-    })?;
-    heap_saw(&heap, run)
-}
-
-/// The run, if the heap's timer thread fired exactly the timers the rings saw fire.
-fn heap_saw(heap: &SharedHeap, run: Run) -> Result<Run, String> {
-    let (_, fired) = run.counts.stopped_and_fired();
-    if heap.fired() != fired {
-        return Err(format!(
-            "the heap fired {} timers, the rings saw {fired} fire",
-            heap.fired()
-        ));
-    }
-    Ok(run)
-}
-
-/// One tokio task's part: the same ring, its turns taken in one poll per step.
-async fn tokio_part(index: usize, config: Config, lines: Arc<Lines>) -> Result<Counts, String> {
-    let mut ring = Ring::new(index, config);
-    let mut sleeps: Vec<Pin<Box<Option<Sleep>>>> = (0..config.ring_slots(index))
-        .map(|_| Box::pin(None))
-        .collect();
-    let filled = tokio_sleep::with_context(|cx| {
-        ring.fill(&mut TokioSlots {
-            sleeps: &mut sleeps,
-            cx,
-        })
-    })
-    .await;
+    let filled = with_context(|cx| ring.fill(&mut slots, cx)).await;
     if !lines.start.arrive_and_wait_yielding().await {
         return Err("the run was called off".to_string());
     }
     filled?;
     let start = Instant::now();
-    loop {
+    while start.elapsed() < config.duration {
         let elapsed = start.elapsed();
-        if elapsed >= config.duration {
-            break;
-        }
-        tokio_sleep::with_context(|cx| {
-            ring.catch_up(
-                &mut TokioSlots {
-                    sleeps: &mut sleeps,
-                    cx,
-                },
-                elapsed,
-            )
-        })
-        .await?;
-        tokio::time::sleep(STEP).await;
-    }
-    if !lines.end.arrive_and_wait_yielding().await {
-        return Err("the run was called off".to_string());
-    }
-    tokio_sleep::with_context(|cx| {
-        ring.empty(&mut TokioSlots {
-            sleeps: &mut sleeps,
-            cx,
-        })
-    })
-    .await;
-    Ok(ring.counts)
-}
-
-fn run_tokio(config: Config) -> Result<Run, String> {
-    on_tokio(config, NO_WAKES, |index, lines| {
-        tokio_part(index, config, lines)
-    })
-}
-
-/// Runs `part(index, lines)` as one task per thread on a tokio runtime of `threads`
-/// workers, and times the run.
-fn on_tokio<F>(
-    config: Config,
-    wakes: WakesReader,
-    part: impl Fn(usize, Arc<Lines>) -> F,
-) -> Result<Run, String>
-where
-    F: std::future::Future<Output = Result<Counts, String>> + Send + 'static,
-{
-    on_runtime(tokio_sleep::runtime(config.threads)?, config, wakes, part)
-}
-
-/// [`on_tokio`] on a runtime the caller made (and spawned its own tasks on).
-fn on_runtime<F>(
-    runtime: tokio::runtime::Runtime,
-    config: Config,
-    wakes: WakesReader,
-    part: impl Fn(usize, Arc<Lines>) -> F,
-) -> Result<Run, String>
-where
-    F: std::future::Future<Output = Result<Counts, String>> + Send + 'static,
-{
-    let lines = Arc::new(Lines::default());
-    // One task at a time, each once the one before waits at the start line, so that each
-    // starts on a worker of its own: spawned together, two could land on one worker, and
-    // the other, back asleep, might not steal the second while the first spins (runs were
-    // called off so). The tasks yield now and then at the lines, so that even then they
-    // all arrive.
-    let mut handles = Vec::with_capacity(config.threads);
-    let mut spawned = Ok(());
-    for index in 0..config.threads {
-        handles.push(runtime.spawn(part(index, Arc::clone(&lines))));
-        spawned = lines.start.gather(index + 1);
-        if spawned.is_err() {
-            break;
-        }
-    }
-    let timed = spawned.and_then(|()| lines.time_run(config.threads, config.duration, wakes));
-    let parts = runtime.block_on(join_all(handles));
-    // The main thread's failure first: the tasks' are then only that it called them off.
-    let Timed {
-        wall,
-        cpu,
-        switches,
-        wakes,
-    } = timed?;
-    let mut counts = Counts::default();
-    for part in parts {
-        counts.add(&part?);
-    }
-    drop(runtime);
-    Ok(Run {
-        wall,
-        cpu,
-        switches,
-        wakes,
-        counts,
-        spread: None,
-    })
-}
-
-/// A tokio task's part on a subject shared by the tasks (the engine, the locked heap):
-/// [`thread_part`]'s ring, paced by tokio's `sleep` as [`tokio_part`] is, so that the
-/// pacing costs every subject the same.
-async fn task_part<S: SharedTimers + Send + Sync>(
-    subject: Arc<S>,
-    index: usize,
-    config: Config,
-    lines: Arc<Lines>,
-) -> Result<Counts, String> {
-    let mut slots = SharedSlots::new(&*subject, config.ring_slots(index));
-    let mut ring = Ring::new(index, config);
-    let filled = ring.fill(&mut slots);
-    if !lines.start.arrive_and_wait_yielding().await {
-        return Err("the run was called off".to_string());
-    }
-    filled?;
-    let start = Instant::now();
-    while ring.step(&mut slots, start, config.duration)? {
+        with_context(|cx| ring.catch_up(&mut slots, elapsed, cx)).await?;
         tokio::time::sleep(STEP).await;
     }
     if !lines.end.arrive_and_wait_yielding().await {
@@ -669,153 +314,156 @@ async fn task_part<S: SharedTimers + Send + Sync>(
     Ok(ring.counts)
 }
 
-/// light-load's runs: every subject driven from tokio tasks paced by tokio's `sleep`, as a
-/// service on tokio would arm them, so that the application's own wake-ups are the same
-/// for all and the difference is the timers'.
-fn measure_light(subject: Subject, config: Config) -> Result<Run, String> {
+/// Runs a ring per task on `runtime` (one worker per task) over `slots(index)`, and times
+/// the run from the start line to the end line; `engine` is read for its workers' wakes.
+fn on_runtime<S: Slots>(runtime: Runtime, config: Config, engine: Option<&TimerEngine>, slots: impl Fn(usize) -> S) -> Result<Run, String> {
+    let lines = Arc::new(Lines::default());
+    // One task at a time, each once the one before waits at the start line, so that each
+    // starts on a worker of its own: spawned together, two could land on one worker.
+    let mut handles = Vec::with_capacity(config.threads);
+    let mut spawned = Ok(());
+    for index in 0..config.threads {
+        handles.push(runtime.spawn(part(slots(index), index, config, Arc::clone(&lines))));
+        spawned = lines.start.gather(index + 1);
+        if spawned.is_err() {
+            break;
+        }
+    }
+    let wakes = || engine.map(|engine| engine.stats().total.wakes);
+    let timed = spawned.and_then(|()| {
+        let (cpu, switches, woke) = (process_cpu_time(), process_context_switches(), wakes());
+        let start = lines.start.go();
+        std::thread::sleep(config.duration);
+        lines.end.gather(config.threads)?;
+        let cpu = cpu_between(cpu, process_cpu_time());
+        let switches = process_context_switches().zip(switches).map(|(a, b)| a.saturating_sub(b));
+        let wakes = wakes().zip(woke).map(|(a, b)| WorkerWakes {
+            due: a.due - b.due,
+            wheel: a.wheel - b.wheel,
+            lane: a.lane - b.lane,
+            watch: a.watch - b.watch,
+            woken: a.woken - b.woken,
+        });
+        Ok(Run { wall: lines.end.go() - start, cpu, switches, wakes, counts: Counts::default(), spread: None })
+    });
+    let parts: Vec<Result<Counts, String>> = runtime.block_on(async {
+        let mut parts = Vec::with_capacity(handles.len());
+        for handle in handles {
+            parts.push(handle.await.unwrap_or_else(|error| Err(format!("a task failed: {error}"))));
+        }
+        parts
+    });
+    drop(runtime);
+    // The main thread's failure first: the tasks' are then only that it called them off.
+    let mut run = timed?;
+    for part in parts {
+        run.counts.add(&part?);
+    }
+    Ok(run)
+}
+
+/// The run, once the engine has settled, if its counts match what the rings saw, timer
+/// for timer.
+fn engine_saw(engine: &TimerEngine, run: Run) -> Result<Run, String> {
+    let settled = engine::settle(engine)?;
+    let (stopped, fired) = run.counts.stopped_and_fired();
+    engine::check_counts(&settled.stats, run.counts.armed, stopped, fired)?;
+    Ok(run)
+}
+
+/// Each task's slots on a structure the tasks share.
+fn shared<S: SharedTimers>(subject: &Arc<S>, config: Config) -> impl Fn(usize) -> SharedSlots<S> {
+    move |index| SharedSlots { subject: Arc::clone(subject), handles: vec![None; config.ring_slots(index)] }
+}
+
+/// One run of `subject` at `config`.
+fn measure(subject: Subject, config: Config) -> Result<Run, String> {
+    let runtime = tokio_sleep::runtime(config.threads)?;
     match subject {
         Subject::Engine => {
             let engine = Arc::new(engine::build()?);
-            let shared = Arc::clone(&engine);
-            let run = on_tokio(config, &|| engine_wakes(&engine), move |index, lines| {
-                task_part(Arc::clone(&shared), index, config, lines)
-            })?;
+            let run = on_runtime(runtime, config, Some(&engine), shared(&engine, config))?;
             engine_saw(&engine, run)
         }
         Subject::EngineDriven => {
             let engine = Arc::new(engine::build_driven()?);
-            let runtime = tokio_sleep::runtime(config.threads)?;
             for driver in engine.drivers(|at| tokio::time::sleep_until(at.into())) {
                 runtime.spawn(driver);
             }
-            let shared = Arc::clone(&engine);
-            let run = on_runtime(runtime, config, NO_WAKES, move |index, lines| {
-                task_part(Arc::clone(&shared), index, config, lines)
-            });
+            let run = on_runtime(runtime, config, None, shared(&engine, config));
             // The runtime, and the drivers with it, are gone: what is left to settle (the
             // last cancels' messages) is turned here.
-            let turning = std::sync::atomic::AtomicBool::new(true);
+            let turning = AtomicBool::new(true);
             std::thread::scope(|scope| {
                 scope.spawn(|| {
-                    while turning.load(std::sync::atomic::Ordering::Relaxed) {
+                    while turning.load(Ordering::Relaxed) {
                         engine.turn();
                         std::thread::sleep(Duration::from_millis(1));
                     }
                 });
                 let saw = run.and_then(|run| engine_saw(&engine, run));
-                turning.store(false, std::sync::atomic::Ordering::Relaxed);
+                turning.store(false, Ordering::Relaxed);
                 saw
             })
         }
-        Subject::TokioSleep => run_tokio(config),
+        Subject::TokioSleep => on_runtime(runtime, config, None, |index| {
+            TokioSlots((0..config.ring_slots(index)).map(|_| Box::pin(None)).collect())
+        }),
         Subject::MutexHeap => {
             let heap = Arc::new(SharedHeap::start()?);
-            let shared = Arc::clone(&heap);
-            let run = on_tokio(config, NO_WAKES, move |index, lines| {
-                task_part(Arc::clone(&shared), index, config, lines)
-            })?;
-            heap_saw(&heap, run)
+            let run = on_runtime(runtime, config, None, shared(&heap, config))?;
+            let (_, fired) = run.counts.stopped_and_fired();
+            match heap.fired() == fired {
+                true => Ok(run),
+                false => Err(format!("the heap fired {} timers, the rings saw {fired} fire", heap.fired())),
+            }
         }
-        _ => Err(format!("{} is not a light-load subject", subject.name())),
-    }
-}
-
-/// Awaits every task, in order.
-async fn join_all(
-    handles: Vec<tokio::task::JoinHandle<Result<Counts, String>>>,
-) -> Vec<Result<Counts, String>> {
-    let mut parts = Vec::with_capacity(handles.len());
-    for handle in handles {
-        parts.push(
-            handle
-                .await
-                .unwrap_or_else(|error| Err(format!("a task failed: {error}"))),
-        );
-    }
-    parts
-}
-
-fn measure(subject: Subject, config: Config) -> Result<Run, String> {
-    match subject {
-        Subject::Engine => run_engine(config),
-        Subject::TokioSleep => run_tokio(config),
-        Subject::MutexHeap => run_mutex_heap(config),
         _ => Err(format!("{} is not a steady-mix subject", subject.name())),
     }
 }
 
 /// steady-mix: `plan`'s subjects once each for `seconds`, with `live` timers live.
 pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
-    let config = |cell: &Cell| Config {
-        threads: cell.threads,
-        live,
-        rate: cell.param,
-        duration: Duration::from_secs(seconds),
-    };
+    let config = |cell: &Cell| Config { threads: cell.threads, live, rate: cell.param, duration: Duration::from_secs(seconds) };
     let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
     let wake_cost = bare_wake_cost(plan);
     if let Some(cell) = plan.cells.first() {
-        table(
-            plan,
-            config(cell),
-            &plan.cells.iter().zip(&results).collect::<Vec<_>>(),
-            wake_cost,
-            out,
-        );
+        table(plan, config(cell), &plan.cells.iter().zip(&results).collect::<Vec<_>>(), wake_cost, out);
     }
 }
 
-/// What one wake-up of a thread that does nothing else costs in CPU here, measured when an
-/// engine with worker threads is among the subjects (see [`wake_floor`]): a thread sleeping
-/// until each millisecond for two seconds, after the subjects' runs.
+/// What one wake-up of a thread that does nothing else costs in CPU here, when an engine
+/// with worker threads is among the subjects (see [`wake_floor`]): a thread sleeping until
+/// each millisecond for two seconds, after the subjects' runs.
 fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
-    if !plan
-        .cells
-        .iter()
-        .any(|cell| cell.subject == Subject::Engine)
-    {
+    if !plan.cells.iter().any(|cell| cell.subject == Subject::Engine) {
         return None;
     }
     wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)).cpu_per_wake
 }
 
-/// light-load: the mix at each of [`LIGHT_RATES`] with about a second's worth of timers
-/// live, each subject's runs a third of `seconds` (at least 1 s), in turns; a table per
-/// rate, each row its subject's median run by CPU per timer.
+/// light-load: the mix at each of [`LIGHT_RATES`], each subject's runs a third of
+/// `seconds` (at least 1 s), in turns; a table per rate, each row its subject's median run
+/// by CPU per timer.
 pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
-    let duration =
-        (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
-    let config = |cell: &Cell| Config {
-        threads: cell.threads,
-        live: cell.param,
-        rate: cell.param,
-        duration,
-    };
-    let results = runner::in_turns(plan, |cell| measure_light(cell.subject, config(cell)));
+    let duration = (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
+    let config = |cell: &Cell| Config { threads: cell.threads, live: cell.param, rate: cell.param, duration };
+    let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
+    let cost = |run: &Run| cpu_per_timer_of(run).unwrap_or(f64::NAN);
     let medians: Vec<Result<Vec<Run>, String>> = results
         .into_iter()
         .map(|runs| {
             let mut runs = runs?;
-            runs.sort_by(|a, b| {
-                cpu_per_timer_of(a)
-                    .unwrap_or(f64::NAN)
-                    .total_cmp(&cpu_per_timer_of(b).unwrap_or(f64::NAN))
-            });
-            let middle = runs.len() / 2;
-            let spread = runner::spread(runs.iter().filter_map(cpu_per_timer_of));
-            let mut median = runs.swap_remove(middle);
+            runs.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
+            let spread = runner::spread(runs.iter().map(cost));
+            let mut median = runs.swap_remove(runs.len() / 2);
             median.spread = Some(spread);
             Ok(vec![median])
         })
         .collect();
     let wake_cost = bare_wake_cost(plan);
     for rate in LIGHT_RATES {
-        let cells: Vec<_> = plan
-            .cells
-            .iter()
-            .zip(&medians)
-            .filter(|(cell, _)| cell.param == rate)
-            .collect();
+        let cells: Vec<_> = plan.cells.iter().zip(&medians).filter(|(cell, _)| cell.param == rate).collect();
         if let Some((cell, _)) = cells.first() {
             table(plan, config(cell), &cells, wake_cost, out);
         }
@@ -935,35 +583,28 @@ fn table(
 #[cfg(test)]
 mod tests {
     use super::{Config, Ring, Slots};
+    use std::task::{Context, Waker};
     use std::time::Duration;
 
     /// Slots on a virtual clock: every turn is on schedule, and a timer fires exactly at
     /// its deadline.
     struct Recorder {
-        rate: f64,
         turns: u64,
         due: Vec<Option<Duration>>,
     }
 
-    impl Recorder {
-        fn now(&self) -> Duration {
-            Duration::from_secs_f64(self.turns as f64 / self.rate)
-        }
-    }
-
     impl Slots for Recorder {
-        fn arm(&mut self, slot: usize, delay: Duration, _id: u64) -> Result<(), String> {
+        fn arm(&mut self, slot: usize, delay: Duration, _: &mut Context<'_>) -> Result<(), String> {
             assert!(self.due[slot].is_none(), "armed over a live timer");
-            self.due[slot] = Some(self.now() + delay);
+            self.due[slot] = Some(Duration::from_millis(self.turns) + delay);
             Ok(())
         }
 
         /// Called once per turn, before that turn's arm.
         fn cancel(&mut self, slot: usize) -> bool {
             let due = self.due[slot].take().expect("a timer in the slot");
-            let pending = due > self.now();
             self.turns += 1;
-            pending
+            due > Duration::from_millis(self.turns - 1)
         }
 
         fn len(&self) -> usize {
@@ -975,25 +616,15 @@ mod tests {
     /// 2,000, about a tenth of them on firing timers, each armed before its turn.
     #[test]
     fn ring_turns_at_its_rate_with_a_tenth_firing() {
-        let config = Config {
-            threads: 1,
-            live: 900,
-            rate: 1_000,
-            duration: Duration::from_secs(2),
-        };
+        let config = Config { threads: 1, live: 900, rate: 1_000, duration: Duration::from_secs(2) };
         let mut ring = Ring::new(0, config);
-        let mut slots = Recorder {
-            rate: 1_000.0,
-            turns: 0,
-            due: vec![None; config.slots() as usize],
-        };
-        ring.fill(&mut slots).expect("filled");
-        ring.catch_up(&mut slots, Duration::from_secs(2))
-            .expect("turns");
+        let mut slots = Recorder { turns: 0, due: vec![None; config.ring_slots(0)] };
+        let mut cx = Context::from_waker(Waker::noop());
+        ring.fill(&mut slots, &mut cx).expect("filled");
+        ring.catch_up(&mut slots, Duration::from_secs(2), &mut cx).expect("turns");
         let counts = ring.counts;
         assert_eq!(counts.turns, 2_000);
-        assert_eq!(counts.late + counts.not_yet_fired, 0, "{counts:?}");
-        assert_eq!(counts.fired_before_cancel, 0);
+        assert_eq!(counts.late + counts.not_yet_fired + counts.fired_before_cancel, 0, "{counts:?}");
         assert!((100..300).contains(&counts.fired), "{counts:?}");
         assert_eq!(counts.cancelled + counts.fired, 2_000);
         assert_eq!(counts.armed, 2_000 + slots.len() as u64);
