@@ -73,7 +73,7 @@ fn main() -> ExitCode {
                 subject: "machine".to_string(),
                 threads: 0,
                 timers: 0,
-                metric: "other_processes_cpu_share",
+                metric: "other_processes_cpu_share".to_string(),
                 value: share * 100.0,
                 unit: "%",
             });

@@ -17,9 +17,10 @@ pub struct Table {
 impl Table {
     /// An empty table with these headers.
     pub fn new(title: impl Into<String>, header: &[&str]) -> Self {
+        let header = header.iter().map(|cell| cell.to_string()).collect();
         Self {
             title: title.into(),
-            header: header.iter().map(|cell| cell.to_string()).collect(),
+            header,
             rows: Vec::new(),
             notes: Vec::new(),
         }
@@ -37,14 +38,9 @@ impl Table {
 
     /// The first column left-aligned (names), the rest right-aligned (numbers).
     pub fn render(&self) -> String {
-        let columns = self
-            .rows
-            .iter()
-            .map(Vec::len)
-            .chain([self.header.len()])
-            .max();
-        let mut widths = vec![0; columns.unwrap_or(0)];
+        let mut widths: Vec<usize> = Vec::new();
         for row in self.rows.iter().chain([&self.header]) {
+            widths.resize(widths.len().max(row.len()), 0);
             for (width, cell) in widths.iter_mut().zip(row) {
                 *width = (*width).max(cell.chars().count());
             }
@@ -54,9 +50,10 @@ impl Table {
             let mut line = String::new();
             for (i, width) in widths.iter().enumerate() {
                 let cell = row.get(i).map_or("", String::as_str);
-                let _ = match i {
-                    0 => write!(line, "{cell:<width$}"),
-                    _ => write!(line, "  {cell:>width$}"),
+                let _ = if i == 0 {
+                    write!(line, "{cell:<width$}")
+                } else {
+                    write!(line, "  {cell:>width$}")
                 };
             }
             let _ = writeln!(out, "{}", line.trim_end());
@@ -79,14 +76,13 @@ pub const RATIO_LEGEND: &str = "vs X = how many times better this row is than X'
 /// `1234567` as `1,234,567`.
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
+    let groups: Vec<&str> = digits
+        .as_bytes()
+        .rchunks(3)
+        .rev()
+        .map(|g| std::str::from_utf8(g).unwrap_or(""))
+        .collect();
+    groups.join(",")
 }
 
 /// A figure with `digits` decimals; whole numbers grouped by thousands; `n/a` for none.
@@ -98,8 +94,9 @@ pub fn figure(value: Option<f64>, digits: usize) -> String {
     }
 }
 
-/// A column of a [`Sheet`]: its header, its CSV metric and unit, its decimals, and whether
-/// rows get ratios against the peers on it.
+/// A column of a [`Sheet`]: its header, its CSV metric and unit, its decimals, whether
+/// higher is better (a rate) or lower (a cost), and whether rows get ratios against the
+/// peers on it.
 pub struct Col {
     header: String,
     metric: &'static str,
@@ -110,15 +107,16 @@ pub struct Col {
 }
 
 impl Col {
-    /// A figure where lower is better (a cost), without ratio columns.
+    /// A cost column, without ratios.
     pub fn new(
         header: impl Into<String>,
         metric: &'static str,
         unit: &'static str,
         digits: usize,
     ) -> Self {
+        let header = header.into();
         Self {
-            header: header.into(),
+            header,
             metric,
             unit,
             digits,
@@ -128,15 +126,19 @@ impl Col {
     }
 
     /// The same column, for a figure where higher is better (a rate).
-    pub fn rate(mut self) -> Self {
-        self.higher_is_better = true;
-        self
+    pub fn rate(self) -> Self {
+        Self {
+            higher_is_better: true,
+            ..self
+        }
     }
 
     /// The same column, with a ratio column against each peer.
-    pub fn ratios(mut self) -> Self {
-        self.ratios = true;
-        self
+    pub fn ratios(self) -> Self {
+        Self {
+            ratios: true,
+            ..self
+        }
     }
 }
 
@@ -172,9 +174,10 @@ impl Sheet {
         timers: u64,
         cols: Vec<Col>,
     ) -> Self {
+        let (workload, title) = (workload.into(), title.into());
         Self {
-            workload: workload.into(),
-            title: title.into(),
+            workload,
+            title,
             timers,
             cols,
             rows: Vec::new(),
@@ -191,10 +194,9 @@ impl Sheet {
         with_threads: bool,
         values: Result<Vec<Option<f64>>, String>,
     ) {
-        let name = if with_threads {
-            format!("{}, {threads}", subject.name())
-        } else {
-            subject.name().to_string()
+        let name = match with_threads {
+            true => format!("{}, {threads}", subject.name()),
+            false => subject.name().to_string(),
         };
         self.rows.push(Row {
             name,
@@ -209,30 +211,10 @@ impl Sheet {
         self.notes.push(line.into());
     }
 
-    fn peers(&self) -> Vec<Subject> {
-        let mut peers: Vec<Subject> = Vec::new();
-        for row in &self.rows {
-            if !row.subject.is_corewheel() && !peers.contains(&row.subject) {
-                peers.push(row.subject);
-            }
-        }
-        if self
-            .rows
-            .iter()
-            .all(|row| row.subject == self.rows[0].subject)
-        {
-            peers.clear();
-        }
-        peers
-    }
-
-    fn value(&self, row: &Row, col: usize) -> Option<f64> {
-        row.values.as_ref().ok()?.get(col).copied().flatten()
-    }
-
     /// How many times better `row` is than `other` on `col`.
     fn ratio(&self, row: &Row, other: &Row, col: usize) -> Option<f64> {
-        let (this, that) = (self.value(row, col)?, self.value(other, col)?);
+        let value = |row: &Row| row.values.as_ref().ok()?.get(col).copied().flatten();
+        let (this, that) = (value(row)?, value(other)?);
         let ratio = if self.cols[col].higher_is_better {
             this / that
         } else {
@@ -248,53 +230,67 @@ impl Sheet {
     }
 
     /// Prints the table and adds every figure, ratio and scaling to `csv`.
-    pub fn finish(self, csv: &mut Csv) {
-        let peers = self.peers();
+    pub fn finish(mut self, csv: &mut Csv) {
+        let mut peers: Vec<Subject> = Vec::new();
+        for row in self.rows.iter().filter(|row| !row.subject.is_corewheel()) {
+            if !peers.contains(&row.subject) {
+                peers.push(row.subject);
+            }
+        }
+        if self
+            .rows
+            .iter()
+            .all(|row| row.subject == self.rows[0].subject)
+        {
+            peers.clear();
+        }
         let ratio_cols: Vec<usize> = (0..self.cols.len())
             .filter(|&c| self.cols[c].ratios)
             .collect();
-        let mut header: Vec<String> = vec![if self.rows.iter().any(|r| r.name.contains(", ")) {
-            "subject, threads".to_string()
-        } else {
-            "subject".to_string()
-        }];
+        let threads = self.rows.iter().any(|r| r.name.contains(", "));
+        let mut header = vec![
+            if threads {
+                "subject, threads"
+            } else {
+                "subject"
+            }
+            .to_string(),
+        ];
         header.extend(self.cols.iter().map(|col| col.header.clone()));
         for &col in &ratio_cols {
-            for peer in &peers {
-                header.push(match ratio_cols.len() {
-                    1 => format!("vs {}", peer.name()),
-                    _ => format!("vs {} {}", peer.name(), self.cols[col].header),
-                });
-            }
+            header.extend(peers.iter().map(|peer| match ratio_cols.len() {
+                1 => format!("vs {}", peer.name()),
+                _ => format!("vs {} {}", peer.name(), self.cols[col].header),
+            }));
         }
-        if self.scaling.is_some() {
-            header.push("vs own 1 thread".to_string());
-        }
-        let header: Vec<&str> = header.iter().map(String::as_str).collect();
-        let mut table = Table::new(&self.title, &header);
+        header.extend(self.scaling.map(|_| "vs own 1 thread".to_string()));
+        let mut table = Table {
+            title: self.title.clone(),
+            header,
+            rows: Vec::new(),
+            notes: Vec::new(),
+        };
         let mut errors = Vec::new();
+        let show =
+            |ratio: Option<f64>| ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
         for row in &self.rows {
-            let Ok(values) = &row.values else {
-                table.row(vec![row.name.clone(), "error".to_string()]);
-                errors.push(format!(
-                    "ERROR: {}: {}",
-                    row.name,
-                    row.values.as_ref().err().map_or("", String::as_str)
-                ));
-                continue;
+            let values = match &row.values {
+                Ok(values) => values,
+                Err(error) => {
+                    table.row(vec![row.name.clone(), "error".to_string()]);
+                    errors.push(format!("ERROR: {}: {error}", row.name));
+                    continue;
+                }
             };
             let mut cells = vec![row.name.clone()];
-            cells.extend(
-                self.cols
-                    .iter()
-                    .zip(values)
-                    .map(|(col, &v)| figure(v, col.digits)),
-            );
-            let mut put = |metric: &'static str, value: f64, unit: &'static str| {
+            let mut put = |metric: &str, value: f64, unit: &'static str| {
+                let (workload, subject, threads) =
+                    (self.workload.clone(), row.name.clone(), row.threads as u32);
+                let metric = metric.to_string();
                 csv.push(CsvRow {
-                    workload: self.workload.clone(),
-                    subject: row.name.clone(),
-                    threads: row.threads as u32,
+                    workload,
+                    subject,
+                    threads,
                     timers: self.timers,
                     metric,
                     value,
@@ -302,6 +298,7 @@ impl Sheet {
                 });
             };
             for (col, value) in self.cols.iter().zip(values) {
+                cells.push(figure(*value, col.digits));
                 if let Some(value) = value {
                     put(col.metric, *value, col.unit);
                 }
@@ -311,25 +308,25 @@ impl Sheet {
                     let ratio = self
                         .find(*peer, row.threads)
                         .and_then(|other| self.ratio(row, other, col));
-                    cells.push(match ratio {
-                        _ if row.subject == *peer => "-".to_string(),
-                        Some(ratio) => format!("{ratio:.2}x"),
-                        None => "n/a".to_string(),
+                    cells.push(if row.subject == *peer {
+                        "-".to_string()
+                    } else {
+                        show(ratio)
                     });
                     if let (0, true, Some(ratio), Some(metric)) =
                         (i, row.subject.is_corewheel(), ratio, peer.ratio_metric())
                     {
-                        put(metric, ratio, "x");
+                        put(&metric, ratio, "x");
                     }
                 }
             }
             if let Some(col) = self.scaling {
                 let one = self.find(row.subject, 1).filter(|_| row.threads > 1);
                 let scaling = one.and_then(|one| self.ratio(row, one, col));
-                cells.push(match scaling {
-                    _ if row.threads == 1 => "-".to_string(),
-                    Some(s) => format!("{s:.2}x"),
-                    None => "n/a".to_string(),
+                cells.push(if row.threads == 1 {
+                    "-".to_string()
+                } else {
+                    show(scaling)
                 });
                 if let Some(scaling) = scaling {
                     put("scaling_vs_1_thread", scaling, "x");
@@ -337,26 +334,26 @@ impl Sheet {
             }
             table.row(cells);
         }
-        for note in self.notes.iter().chain(&errors) {
-            table.note(note.clone());
-        }
+        self.notes.extend(errors);
         if !peers.is_empty() && !ratio_cols.is_empty() {
-            table.note(RATIO_LEGEND);
+            self.notes.push(RATIO_LEGEND.to_string());
         }
         if self.scaling.is_some() {
-            table.note("vs own 1 thread = the subject's 1-thread figure / this row's: above 1 means more threads got more done");
+            self.notes.push("vs own 1 thread = the subject's 1-thread figure / this row's: above 1 means more threads got more done".to_string());
         }
+        table.notes = self.notes;
         table.print();
     }
 }
 
 /// One CSV row: `workload,subject,threads,timers,metric,value,unit`.
+#[derive(serde::Serialize)]
 pub struct CsvRow {
     pub workload: String,
     pub subject: String,
     pub threads: u32,
     pub timers: u64,
-    pub metric: &'static str,
+    pub metric: String,
     pub value: f64,
     pub unit: &'static str,
 }
@@ -378,19 +375,24 @@ impl Csv {
         &self.rows
     }
 
-    /// Several metrics of one subject in one workload, on one thread.
+    /// Several metrics of one subject in one workload, at `threads` and `timers`.
     pub fn push_metrics(
         &mut self,
         workload: &str,
         subject: &str,
-        timers: u64,
-        metrics: &[(&'static str, f64, &'static str)],
+        (threads, timers): (usize, u64),
+        metrics: &[(&str, f64, &'static str)],
     ) {
         for &(metric, value, unit) in metrics {
+            let (workload, subject, metric) = (
+                workload.to_string(),
+                subject.to_string(),
+                metric.to_string(),
+            );
             self.push(CsvRow {
-                workload: workload.to_string(),
-                subject: subject.to_string(),
-                threads: 1,
+                workload,
+                subject,
+                threads: threads as u32,
                 timers,
                 metric,
                 value,
@@ -403,32 +405,18 @@ impl Csv {
     /// never leaves a truncated file where scripts expect a complete one.
     pub fn write(&self, path: &Path) -> Result<(), String> {
         let partial = path.with_extension("csv.tmp");
-        let failed =
-            |error: &dyn std::fmt::Display| format!("could not write {}: {error}", path.display());
-        let mut out = csv::Writer::from_path(&partial).map_err(|e| failed(&e))?;
-        out.write_record([
-            "workload", "subject", "threads", "timers", "metric", "value", "unit",
-        ])
-        .map_err(|e| failed(&e))?;
-        for row in &self.rows {
-            let (threads, timers, value) = (
-                row.threads.to_string(),
-                row.timers.to_string(),
-                row.value.to_string(),
-            );
-            out.write_record([
-                &row.workload,
-                &row.subject,
-                &threads,
-                &timers,
-                row.metric,
-                &value,
-                row.unit,
-            ])
-            .map_err(|e| failed(&e))?;
-        }
-        out.flush().map_err(|e| failed(&e))?;
-        std::fs::rename(&partial, path).map_err(|e| failed(&e))
+        let written = csv::Writer::from_path(&partial)
+            .map_err(|e| e.to_string())
+            .and_then(|mut out| {
+                self.rows
+                    .iter()
+                    .try_for_each(|row| out.serialize(row))
+                    .map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())
+            });
+        written
+            .and_then(|()| std::fs::rename(&partial, path).map_err(|e| e.to_string()))
+            .map_err(|error| format!("could not write {}: {error}", path.display()))
     }
 }
 
@@ -438,17 +426,15 @@ mod tests {
     use crate::peers::Subject;
 
     #[test]
-    fn thousands_groups_digits() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1_000), "1,000");
-        assert_eq!(thousands(20_000_000), "20,000,000");
-        assert_eq!(figure(Some(1234.4), 0), "1,234");
-        assert_eq!(figure(None, 1), "n/a");
-    }
-
-    #[test]
-    fn table_aligns_columns() {
+    fn numbers_and_tables_read_as_printed() {
+        assert_eq!(
+            (thousands(0), thousands(999), thousands(20_000_000)),
+            ("0".into(), "999".into(), "20,000,000".into())
+        );
+        assert_eq!(
+            (figure(Some(1234.4), 0), figure(None, 1)),
+            ("1,234".into(), "n/a".into())
+        );
         let mut table = Table::new("t", &["subject", "ns/op"]);
         table.row(vec!["corewheel".into(), "1.5".into()]);
         table.row(vec!["x".into(), "100.25".into()]);
@@ -469,19 +455,24 @@ mod tests {
         let mut sheet = Sheet::new("w", "title", 10, cols);
         sheet.scaling = Some(0);
         sheet.add(Subject::Engine, 1, true, Ok(vec![Some(10.0), Some(100.0)]));
-        sheet.add(Subject::TokioSleep, 1, true, Ok(vec![Some(30.0), None]));
+        sheet.add(
+            Subject::TokioSleep,
+            1,
+            true,
+            Ok(vec![Some(30.0), Some(20.0)]),
+        );
         sheet.add(Subject::Engine, 2, true, Ok(vec![Some(5.0), Some(200.0)]));
         sheet.add(Subject::TokioSleep, 2, true, Err("broke".into()));
-        assert_eq!(sheet.ratio(&sheet.rows[0], &sheet.rows[1], 0), Some(3.0));
+        assert_eq!(sheet.ratio(&sheet.rows[0], &sheet.rows[1], 1), Some(5.0));
         let mut csv = Csv::default();
         sheet.finish(&mut csv);
-        let metrics: Vec<(&str, &str, u32, f64)> = csv
+        let rows: Vec<_> = csv
             .rows()
             .iter()
-            .map(|r| (r.subject.as_str(), r.metric, r.threads, r.value))
+            .map(|r| (r.subject.as_str(), r.metric.as_str(), r.value))
             .collect();
-        assert!(metrics.contains(&("engine, 1", "vs_tokio_sleep", 1, 3.0)));
-        assert!(metrics.contains(&("engine, 2", "scaling_vs_1_thread", 2, 2.0)));
-        assert!(!metrics.iter().any(|m| m.0 == "tokio-sleep, 2"));
+        assert!(rows.contains(&("engine, 1", "vs_tokio_sleep", 3.0)));
+        assert!(rows.contains(&("engine, 2", "scaling_vs_1_thread", 2.0)));
+        assert!(!rows.iter().any(|m| m.0 == "tokio-sleep, 2"));
     }
 }

@@ -34,8 +34,8 @@ pub struct Plan {
     pub workload: Workload,
     pub cells: Vec<Cell>,
     pub runs: usize,
-    /// How a cell's setting reads in progress lines (`window 16`), `None` where it has none.
-    pub param: Option<fn(u64) -> String>,
+    /// What a cell's setting is, for progress lines (`window`), empty where it has none.
+    pub param: &'static str,
 }
 
 impl Plan {
@@ -45,9 +45,10 @@ impl Plan {
     }
 
     fn label(&self, cell: &Cell, run: usize) -> String {
-        let param = self
-            .param
-            .map_or_else(String::new, |f| format!(", {}", f(cell.param)));
+        let param = match self.param {
+            "" => String::new(),
+            name => format!(", {name} {}", cell.param),
+        };
         format!(
             "{}/{} ({} threads{param}, run {})",
             self.workload.name(),
@@ -249,7 +250,7 @@ mod tests {
             workload: Workload::ArmCancel,
             cells: vec![cell(Subject::Corewheel), cell(Subject::BinaryHeap)],
             runs: 3,
-            param: None,
+            param: "",
         };
         assert_eq!(plan.steps(), 6);
         let mut order = Vec::new();

@@ -101,75 +101,71 @@ mod tests {
     use super::*;
     use crate::peers::tokio_sleep::{register, runtime, with_context};
 
-    /// Every subject's sleep and timeout is armed by its first poll (not done at once), and
-    /// fires once its short delay has passed; every in-place reset moves the deadline.
+    /// Every subject's sleep and timeout is armed by its first poll (not done at once, 250
+    /// ms out) and fires once its delay has passed; every in-place reset moves a 30 s
+    /// deadline to 5 ms.
     #[test]
-    fn each_timer_arms_on_its_first_poll_and_fires() {
+    fn each_timer_arms_on_its_first_poll_fires_and_resets() {
         let rt = runtime(1).expect("a runtime");
         rt.block_on(async {
-            // Long enough that none can pass between a future's creation (where tokio's,
-            // async-io's and pingora's take their deadlines) and its first poll, even on a
-            // loaded machine: at 5 ms, a full test run with a build beside it found three
-            // done at once.
             let delay = Duration::from_millis(250);
-            let mut corewheel = Box::pin(corewheel_sleep(delay));
-            let mut corewheel_t = Box::pin(corewheel_timeout_read(delay));
-            let mut tokio = Box::pin(tokio_sleep(delay));
-            let mut tokio_t = Box::pin(tokio_timeout_read(delay));
-            let mut smol = Box::pin(async_io_sleep(delay));
-            let mut smol_t = Box::pin(async_io_timeout_read(delay));
-            let mut pingora = Box::pin(pingora_sleep(delay));
-            let mut pingora_t = Box::pin(pingora_timeout_read(delay));
+            let (mut cw, mut cw_t) = (
+                Box::pin(corewheel_sleep(delay)),
+                Box::pin(corewheel_timeout_read(delay)),
+            );
+            let (mut tokio, mut tokio_t) = (
+                Box::pin(tokio_sleep(delay)),
+                Box::pin(tokio_timeout_read(delay)),
+            );
+            let (mut smol, mut smol_t) = (
+                Box::pin(async_io_sleep(delay)),
+                Box::pin(async_io_timeout_read(delay)),
+            );
+            let (mut pg, mut pg_t) = (
+                Box::pin(pingora_sleep(delay)),
+                Box::pin(pingora_timeout_read(delay)),
+            );
             let done = with_context(|cx| {
                 [
-                    register(corewheel.as_mut(), cx),
-                    register(corewheel_t.as_mut(), cx),
-                    register(tokio.as_mut(), cx),
-                    register(tokio_t.as_mut(), cx),
-                    register(smol.as_mut(), cx),
-                    register(smol_t.as_mut(), cx),
-                    register(pingora.as_mut(), cx),
-                    register(pingora_t.as_mut(), cx),
+                    register(cw.as_mut(), cx) || register(cw_t.as_mut(), cx),
+                    register(tokio.as_mut(), cx) || register(tokio_t.as_mut(), cx),
+                    register(smol.as_mut(), cx) || register(smol_t.as_mut(), cx),
+                    register(pg.as_mut(), cx) || register(pg_t.as_mut(), cx),
                 ]
             })
             .await;
-            assert_eq!(done, [false; 8], "none was done at once");
-            corewheel.await;
-            assert!(corewheel_t.await.is_err());
-            tokio.await;
-            assert!(tokio_t.await.is_err());
-            smol.await;
-            smol_t.await;
-            pingora.await;
-            assert!(pingora_t.await.is_err());
-        });
-    }
-
-    #[test]
-    fn in_place_resets_move_the_deadline() {
-        let rt = runtime(1).expect("a runtime");
-        rt.block_on(async {
-            let mut corewheel = Box::pin(corewheel_sleep(Duration::from_secs(30)));
-            let mut tokio = Box::pin(tokio_sleep(Duration::from_secs(30)));
-            let mut smol = Box::pin(async_io_sleep(Duration::from_secs(30)));
+            assert_eq!(done, [false; 4], "none was done at once");
+            let long = Duration::from_secs(30);
+            let (mut cw_r, mut tokio_r, mut smol_r) = (
+                Box::pin(corewheel_sleep(long)),
+                Box::pin(tokio_sleep(long)),
+                Box::pin(async_io_sleep(long)),
+            );
             with_context(|cx| {
-                assert!(!register(corewheel.as_mut(), cx));
-                assert!(!register(tokio.as_mut(), cx));
-                assert!(!register(smol.as_mut(), cx));
+                register(cw_r.as_mut(), cx)
+                    || register(tokio_r.as_mut(), cx)
+                    || register(smol_r.as_mut(), cx)
             })
             .await;
             let soon = Instant::now() + Duration::from_millis(5);
-            corewheel_reset(corewheel.as_mut(), soon);
-            tokio_reset(tokio.as_mut(), soon);
-            async_io_reset(smol.as_mut(), soon);
-            // Each fires at the new deadline, not 30 s out.
-            let fired = tokio::time::timeout(Duration::from_secs(10), async {
-                corewheel.await;
+            corewheel_reset(cw_r.as_mut(), soon);
+            tokio_reset(tokio_r.as_mut(), soon);
+            async_io_reset(smol_r.as_mut(), soon);
+            let all = async {
+                cw.await;
                 tokio.await;
                 smol.await;
-            })
-            .await;
-            assert!(fired.is_ok(), "the reset timers fired");
+                pg.await;
+                assert!(cw_t.await.is_err() && tokio_t.await.is_err() && pg_t.await.is_err());
+                smol_t.await;
+                (cw_r.await, tokio_r.await, smol_r.await)
+            };
+            assert!(
+                tokio::time::timeout(Duration::from_secs(10), all)
+                    .await
+                    .is_ok(),
+                "all fired"
+            );
         });
     }
 }

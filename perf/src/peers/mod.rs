@@ -22,25 +22,30 @@ use binary_heap::TombstoneHeap;
 pub enum Subject {
     /// corewheel's single-owner `Wheel`.
     Corewheel,
+    /// tokio-util's `DelayQueue`.
     DelayQueue,
+    /// `std::collections::BinaryHeap` with tombstones for cancels.
     BinaryHeap,
     /// corewheel's multi-core `TimerEngine`.
     Engine,
     /// The same engine built `driven()`: no worker threads, its shards turned by driver
-    /// tasks on the application's tokio runtime (light-load).
+    /// tasks on the application's tokio runtime.
     EngineDriven,
+    /// tokio's `sleep`, from tasks of a multi-thread runtime.
     TokioSleep,
+    /// tokio's `timeout()` around a pending read.
     TokioTimeout,
+    /// pingora-timeout's `timeout()` (and `sleep` in the async workloads).
     PingoraTimeout,
     /// One `BinaryHeap` behind a `Mutex`, shared by every thread, with a timer thread.
     MutexHeap,
     /// corewheel's async layer: `corewheel::sleep`, `timeout`, `Sleep::reset`.
     CorewheelAsync,
-    /// tokio's `sleep` and `timeout` on its default timer (the async-* workloads).
+    /// tokio's `sleep` and `timeout` (the async workloads).
     Tokio,
     /// async-io's `Timer`: smol's timer.
     AsyncIo,
-    /// corewheel's `KeyedTimers` (the keyed-* workloads).
+    /// corewheel's `KeyedTimers`.
     Keyed,
     /// A `Mutex<HashMap>` of engine timer handles, as users write a timer per key.
     MutexMap,
@@ -53,6 +58,7 @@ pub enum Subject {
 }
 
 impl Subject {
+    /// Every subject, in the order the tables list them.
     pub const ALL: [Subject; 17] = [
         Subject::Corewheel,
         Subject::DelayQueue,
@@ -73,6 +79,7 @@ impl Subject {
         Subject::Scc,
     ];
 
+    /// The name the command line and the output use.
     pub fn name(self) -> &'static str {
         match self {
             Subject::Corewheel => "corewheel",
@@ -95,8 +102,53 @@ impl Subject {
         }
     }
 
+    /// How the subject is built and driven, for the header (the tables' notes say more).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Subject::Corewheel => {
+                "corewheel::Wheel, 1 ms tick, owned by one thread (an event loop)"
+            }
+            Subject::DelayQueue => {
+                "tokio-util 0.7 DelayQueue, owned by one task on a current_thread runtime"
+            }
+            Subject::BinaryHeap => {
+                "std BinaryHeap, a tombstone per cancel, rebuilt once they outnumber live"
+            }
+            Subject::Engine => {
+                "corewheel::TimerEngine, a pinned worker per CPU, 1 ms tick, from threads"
+            }
+            Subject::EngineDriven => {
+                "the same engine built driven(): its shards turned by tokio tasks"
+            }
+            Subject::TokioSleep => {
+                "tokio 1 time::sleep, one task per thread, polled once, dropped to cancel"
+            }
+            Subject::TokioTimeout => {
+                "tokio 1 time::timeout around a pending read, polled once and dropped"
+            }
+            Subject::PingoraTimeout => {
+                "pingora-timeout 0.9 timeout and sleep (10 ms ticks), no reset"
+            }
+            Subject::MutexHeap => {
+                "one BinaryHeap behind a Mutex shared by all threads, a timer thread"
+            }
+            Subject::CorewheelAsync => {
+                "corewheel::sleep, timeout, Sleep::reset on the default engine"
+            }
+            Subject::Tokio => "tokio 1 time::sleep, timeout, Sleep::reset, one task per worker",
+            Subject::AsyncIo => "async-io 2 Timer (smol's): after, set_at, read.or(timer)",
+            Subject::Keyed => {
+                "corewheel::KeyedTimers<u64, u64> (set, move_to, remove) on an engine"
+            }
+            Subject::MutexMap => "a Mutex<HashMap<key, (value, TimerHandle)>> over the engine",
+            Subject::DelayQueueMap => "DelayQueue<(key, value)> and a key map behind one Mutex",
+            Subject::Dashmap => "dashmap 6 alone: KeyedTimers' map operations, no timer",
+            Subject::Scc => "scc 3 HashMap alone: KeyedTimers' map operations, no timer",
+        }
+    }
+
     /// A structure one thread owns, driven through [`TimerQueue`] by the single-thread
-    /// workloads; the others are driven from several threads by the engine workloads.
+    /// workloads; the others are driven from several threads.
     pub fn is_single_owner(self) -> bool {
         matches!(
             self,
@@ -104,92 +156,18 @@ impl Subject {
         )
     }
 
-    /// The CSV metric of corewheel's ratio against this subject; `None` for corewheel's own.
-    pub fn ratio_metric(self) -> Option<&'static str> {
-        match self {
-            Subject::DelayQueue => Some("vs_delay_queue"),
-            Subject::BinaryHeap => Some("vs_binary_heap"),
-            Subject::TokioSleep => Some("vs_tokio_sleep"),
-            Subject::TokioTimeout => Some("vs_tokio_timeout"),
-            Subject::PingoraTimeout => Some("vs_pingora_timeout"),
-            Subject::MutexHeap => Some("vs_mutex_heap"),
-            Subject::Tokio => Some("vs_tokio"),
-            Subject::AsyncIo => Some("vs_async_io"),
-            Subject::MutexMap => Some("vs_mutex_map"),
-            Subject::DelayQueueMap => Some("vs_delay_queue_map"),
-            Subject::Dashmap => Some("vs_dashmap"),
-            Subject::Scc => Some("vs_scc"),
-            Subject::Corewheel
-            | Subject::Engine
-            | Subject::EngineDriven
-            | Subject::CorewheelAsync
-            | Subject::Keyed => None,
-        }
-    }
-
     /// corewheel's own subjects, whose rows get the "vs peer" ratio columns.
     pub fn is_corewheel(self) -> bool {
+        use Subject::*;
         matches!(
             self,
-            Subject::Corewheel
-                | Subject::Engine
-                | Subject::EngineDriven
-                | Subject::CorewheelAsync
-                | Subject::Keyed
+            Corewheel | Engine | EngineDriven | CorewheelAsync | Keyed
         )
     }
 
-    /// How the subject is built and driven, for the header.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Subject::Corewheel => {
-                "corewheel::Wheel, 1 ms tick, owned by one thread as an event loop embeds it"
-            }
-            Subject::DelayQueue => {
-                "tokio-util 0.7 DelayQueue, owned by one task in a current_thread runtime with the time driver"
-            }
-            Subject::BinaryHeap => {
-                "std BinaryHeap, lazy cancellation: a tombstone per cancelled timer, dropped at the top or in a rebuild once tombstones outnumber live timers"
-            }
-            Subject::Engine => {
-                "corewheel::TimerEngine, one pinned worker per CPU, 1 ms tick; application threads call schedule(delay, closure) / cancel(handle) / reset(handle, delay)"
-            }
-            Subject::EngineDriven => {
-                "the same engine built driven(): no worker threads, one driver task per shard on the application's tokio runtime, each sleeping on tokio's timer (sleep_until) until its shard's next deadline"
-            }
-            Subject::TokioSleep => {
-                "tokio 1 time::sleep in a rt-multi-thread runtime, one task per application thread: each Sleep pinned and polled once with its task's waker (registered in tokio's timer wheel), dropped to cancel, Sleep::reset to push back"
-            }
-            Subject::TokioTimeout => {
-                "tokio 1 time::timeout around a read that is pending, in the same runtime: polled once (which arms it), dropped to cancel"
-            }
-            Subject::PingoraTimeout => {
-                "pingora-timeout 0.9 timeout (fast_timeout: 10 ms ticks, one timer shared per tick) around a pending read, in the same runtime: polled once, dropped to cancel; in the async-* workloads its sleep (fast_sleep) and timeout, re-created to reset (it has no reset)"
-            }
-            Subject::MutexHeap => {
-                "the naive baseline: one std BinaryHeap (tombstone cancel) behind one Mutex shared by every application thread, and a timer thread waiting on a Condvar for the earliest deadline"
-            }
-            Subject::CorewheelAsync => {
-                "corewheel's async layer (corewheel::sleep, timeout, Sleep::reset on the default engine), in a tokio rt-multi-thread runtime of T workers like tokio's, one task per worker: each future polled once with the task's waker, dropped to cancel"
-            }
-            Subject::Tokio => {
-                "tokio 1 time::sleep, time::timeout, Sleep::reset on the default timer, in a rt-multi-thread runtime of T workers, one task per worker"
-            }
-            Subject::AsyncIo => {
-                "async-io 2 Timer (smol's timer: after, set_at; a timeout as smol writes one, read.or(timer)), polled in the same tokio runtime as the others"
-            }
-            Subject::Keyed => {
-                "corewheel::KeyedTimers<u64, u64> (set, move_to, remove) on a TimerEngine of one pinned worker per CPU, dashmap underneath"
-            }
-            Subject::MutexMap => {
-                "a timer per key as users write it over the engine: one Mutex<HashMap<key, (value, TimerHandle)>>, reset or schedule under the lock"
-            }
-            Subject::DelayQueueMap => {
-                "tokio-util 0.7 DelayQueue<(key, value)> and a HashMap<key, delay_queue::Key>, both behind one Mutex shared by the threads"
-            }
-            Subject::Dashmap => "dashmap 6 alone: the map operations KeyedTimers does, no timer",
-            Subject::Scc => "scc 3 HashMap alone: the map operations KeyedTimers does, no timer",
-        }
+    /// The CSV metric of corewheel's ratio against this subject; `None` for corewheel's own.
+    pub fn ratio_metric(self) -> Option<String> {
+        (!self.is_corewheel()).then(|| format!("vs_{}", self.name().replace('-', "_")))
     }
 }
 
@@ -265,9 +243,6 @@ pub trait TimerQueue<T> {
     }
 }
 
-/// A measurement that runs the same code on any subject's structure.
-///
-/// A trait rather than a closure because the measurement is generic over the structure.
 /// A queue that its owner drives by polling with the current time, the way an event loop
 /// drives its timers; DelayQueue is driven by its runtime instead.
 pub trait PolledQueue<T> {
@@ -278,14 +253,18 @@ pub trait PolledQueue<T> {
     fn pop_expired(&mut self, now: Instant) -> Option<T>;
 }
 
+/// A measurement that runs the same code on any single-owner structure: a trait rather
+/// than a closure because the measurement is generic over the structure.
 pub trait Measure<T> {
+    /// What the measurement finds.
     type Output;
 
+    /// Measures `queue`.
     fn measure<Q: TimerQueue<T>>(self, queue: &mut Q) -> Result<Self::Output, String>;
 }
 
 /// Runs `measurement` on a fresh, empty structure of `subject`'s kind, inside a runtime for
-/// DelayQueue. The multi-thread subjects have no single-owner structure to give.
+/// DelayQueue.
 pub fn measure_fresh<T, M: Measure<T>>(
     subject: Subject,
     measurement: M,
@@ -294,21 +273,8 @@ pub fn measure_fresh<T, M: Measure<T>>(
         Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),
         Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,
         Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
-        Subject::Engine
-        | Subject::EngineDriven
-        | Subject::TokioSleep
-        | Subject::TokioTimeout
-        | Subject::PingoraTimeout
-        | Subject::MutexHeap
-        | Subject::CorewheelAsync
-        | Subject::Tokio
-        | Subject::AsyncIo
-        | Subject::Keyed
-        | Subject::MutexMap
-        | Subject::DelayQueueMap
-        | Subject::Dashmap
-        | Subject::Scc => Err(format!(
-            "{} is driven from several threads, not as a single-owner structure",
+        _ => Err(format!(
+            "{} is not a single-owner structure",
             subject.name()
         )),
     }

@@ -27,11 +27,12 @@
 
 use std::future::Future;
 use std::pin::{Pin, pin};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use crate::peers::Subject;
-use crate::peers::async_timers::{self as timers, Reset};
+use crate::peers::async_timers::{self as timers, Reset as Move};
 use crate::peers::tokio_sleep::{StartLine, check_spread, register, runtime, with_context};
 use crate::report::{Col, Sheet, thousands};
 use crate::runner::{Cell, Plan, RUNS};
@@ -48,75 +49,6 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// waiting (and measures anyway).
 const QUIET_LIMIT: Duration = Duration::from_secs(2);
 
-/// How long the tasks of a run may take to finish their set-up.
-const SET_UP_LIMIT: Duration = Duration::from_secs(60);
-
-/// Where the tasks of a run wait, blocked (each holding its worker thread), once their
-/// untimed set-up is done, while the main thread lets that set-up's deferred work finish
-/// (the engine's workers filing timers, a reactor draining its queue), so that none of it
-/// falls inside the timed run.
-#[derive(Default)]
-struct SetUpLine {
-    /// Arrived tasks; released; called off.
-    state: Mutex<(usize, bool, bool)>,
-    changed: Condvar,
-}
-
-impl SetUpLine {
-    /// Called by each task when set up: blocks until released; `false` if called off.
-    fn arrive_and_block(&self) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.0 += 1;
-        self.changed.notify_all();
-        while !state.1 && !state.2 {
-            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
-        }
-        !state.2
-    }
-
-    /// Waits until `tasks` tasks are set up; calls the run off if they take too long.
-    fn gather(&self, tasks: usize) -> Result<(), String> {
-        let started = Instant::now();
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        while state.0 < tasks {
-            if started.elapsed() > SET_UP_LIMIT {
-                state.2 = true;
-                self.changed.notify_all();
-                return Err(format!(
-                    "only {} of {tasks} tasks were set up after {SET_UP_LIMIT:?}",
-                    state.0
-                ));
-            }
-            state = self
-                .changed
-                .wait_timeout(state, Duration::from_millis(10))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        Ok(())
-    }
-
-    fn release(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.1 = true;
-        self.changed.notify_all();
-    }
-}
-
-/// The two lines the tasks of a run pass: set up, then the start.
-#[derive(Default)]
-struct Lines {
-    set_up: SetUpLine,
-    start: StartLine,
-}
-
-impl Lines {
-    /// A task's way from its set-up to the start: `false` if the run was called off.
-    fn set_up_then_start(&self) -> bool {
-        self.set_up.arrive_and_block() && self.start.arrive_and_wait()
-    }
-}
-
 /// Which of the three workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -125,75 +57,63 @@ enum Kind {
     Reset,
 }
 
-/// One measurement's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Config {
-    threads: usize,
-    /// Operations per thread.
-    ops: u64,
+/// The lines the tasks of a run pass: set up, where they block (each holding its worker
+/// thread) while the main thread lets that set-up's deferred work finish (the engine's
+/// workers filing timers, a reactor draining its queue) so that none of it falls inside
+/// the timed run; then the start.
+struct Lines {
+    set_up: Barrier,
+    released: Barrier,
+    start: StartLine,
 }
 
-/// One task's share of async-sleep or async-timeout: `arm(delay)` makes the future, which
-/// the task polls once and drops.
-async fn once_share<F: Future + Send + 'static>(
+impl Lines {
+    /// A task's way from its set-up to the start: `false` if the run was called off.
+    fn set_up_then_start(&self) -> bool {
+        self.set_up.wait();
+        self.released.wait();
+        self.start.arrive_and_wait()
+    }
+}
+
+/// One task's share: `ops` timers made by `arm`, each polled once and dropped; or, with
+/// `reset`, `ops` resets of its connections' idle timers, which it hands back still armed,
+/// so that their drop is not in the run.
+async fn share<F: Future + Send + 'static>(
     index: usize,
     lines: Arc<Lines>,
     ops: u64,
     arm: fn(Duration) -> F,
-) -> Result<(Share, ()), String> {
-    with_context(|cx| {
-        let mut rng = rng(index as u64 + 13);
-        let mut share = Share::new(std::thread::current().id());
-        // One timer before the run, as a server has had many before any one: whatever the
-        // subject starts on its first use (a process-wide engine or reactor, a thread's
-        // state) is started untimed.
-        let _ = register(pin!(arm(IDLE_TIMEOUT)), cx);
-        if !lines.set_up_then_start() {
-            return Err("the run was called off".to_string());
-        }
-        for _ in 0..ops {
-            let timer = pin!(arm(request_timeout(&mut rng)));
-            share.due_at_once += u64::from(register(timer, cx));
-        }
-        share.scheduled = ops;
-        share.cancelled = ops;
-        share.done = Instant::now();
-        Ok((share, ()))
-    })
-    .await
-}
-
-/// One task's share of async-reset. Hands its connections' timers back, still armed, so
-/// that their drop is not in the run.
-async fn reset_share<F: Future + Send + 'static>(
-    index: usize,
-    lines: Arc<Lines>,
-    ops: u64,
-    arm: fn(Duration) -> F,
-    reset: Reset<F>,
+    reset: Option<Move<F>>,
 ) -> Result<(Share, Vec<Pin<Box<F>>>), String> {
-    let mut idle: Vec<Pin<Box<F>>> = (0..CONNECTIONS)
+    let connections = if reset.is_some() { CONNECTIONS } else { 0 };
+    let mut idle: Vec<Pin<Box<F>>> = (0..connections)
         .map(|_| Box::pin(arm(IDLE_TIMEOUT)))
         .collect();
     with_context(move |cx| {
         let mut rng = rng(index as u64 + 13);
-        let mut share = Share::new(std::thread::current().id());
+        let mut share = Share::new();
+        // One timer before the run, as a server has had many before any one: whatever the
+        // subject starts on its first use (a process-wide engine or reactor, a thread's
+        // state) is started untimed.
+        let _ = register(pin!(arm(IDLE_TIMEOUT)), cx);
         for timer in &mut idle {
             share.due_at_once += u64::from(register(timer.as_mut(), cx));
         }
-        share.scheduled = CONNECTIONS;
         if !lines.set_up_then_start() {
             return Err("the run was called off".to_string());
         }
-        match reset {
-            Reset::InPlace(reset) => {
-                for _ in 0..ops {
-                    let timer = idle[rng.u64(..CONNECTIONS) as usize].as_mut();
-                    reset(timer, Instant::now() + IDLE_TIMEOUT);
+        for _ in 0..ops {
+            match &reset {
+                None => {
+                    share.due_at_once +=
+                        u64::from(register(pin!(arm(request_timeout(&mut rng))), cx))
                 }
-            }
-            Reset::Recreate => {
-                for _ in 0..ops {
+                Some(Move::InPlace(reset)) => reset(
+                    idle[rng.u64(..CONNECTIONS) as usize].as_mut(),
+                    Instant::now() + IDLE_TIMEOUT,
+                ),
+                Some(Move::Recreate) => {
                     let mut timer = idle[rng.u64(..CONNECTIONS) as usize].as_mut();
                     timer.set(arm(IDLE_TIMEOUT));
                     share.due_at_once += u64::from(register(timer, cx));
@@ -223,157 +143,118 @@ fn wait_until_quiet() -> Option<Duration> {
     }
 }
 
-/// What the runner does once the tasks are done, before the CPU reading: waits for the
-/// subject's deferred work where it can see it (corewheel: the default engine settled).
-type Settle = Option<fn() -> Result<(), String>>;
-
-/// Runs `body` as `tasks` tasks of a fresh runtime with as many workers and the chosen
-/// timer. Once every task is set up (and blocked), waits for the process to go idle; then
-/// lets them to the start line. Timed from the start to the last task's end (wall), and to
-/// the end of the deferred work (CPU). Each task's leftovers are checked by `check` and
-/// dropped after the readings, inside the runtime.
-fn on_runtime<B, Fut, L>(
-    tasks: usize,
-    settle: Settle,
-    check: fn(&mut [L]) -> Result<(), String>,
-    body: B,
-) -> Result<Run, String>
-where
-    B: Fn(usize, Arc<Lines>) -> Fut,
-    Fut: Future<Output = Result<(Share, L), String>> + Send + 'static,
-    L: Send + 'static,
-{
+/// Runs a [`share`] per task on a fresh runtime of `config.threads` workers. Once every
+/// task is set up (and blocked), waits for the process to go idle; then lets them to the
+/// start line. Timed from the start to the last task's end (wall), and to the end of the
+/// deferred work (CPU): `settle`'s wait for it where the subject shows it, then the process
+/// idle. The connections' timers must all still be pending afterwards, or a reset lost one.
+fn on_runtime<F: Future + Send + 'static>(
+    config: Config,
+    settle: Option<fn() -> Result<(), String>>,
+    arm: fn(Duration) -> F,
+    reset: Option<fn() -> Move<F>>,
+) -> Result<Run, String> {
+    let tasks = config.threads;
     let runtime = runtime(tasks)?;
-    let lines = Arc::new(Lines::default());
-    let handles: Vec<_> = (0..tasks)
-        .map(|index| runtime.spawn(body(index, Arc::clone(&lines))))
-        .collect();
-    lines.set_up.gather(tasks)?;
-    wait_until_quiet();
-    lines.set_up.release();
-    lines.start.gather(tasks)?;
-    let cpu_before = process_cpu_time();
-    let start = lines.start.go();
-    let results: Vec<Result<(Share, L), String>> = runtime.block_on(async {
-        let mut results = Vec::with_capacity(handles.len());
-        for handle in handles {
-            results.push(
-                handle
-                    .await
-                    .unwrap_or_else(|error| Err(format!("a task failed: {error}"))),
-            );
-        }
-        results
+    let lines = Arc::new(Lines {
+        set_up: Barrier::new(tasks + 1),
+        released: Barrier::new(tasks + 1),
+        start: StartLine::default(),
     });
+    let handles: Vec<_> = (0..tasks)
+        .map(|index| {
+            runtime.spawn(share(
+                index,
+                Arc::clone(&lines),
+                config.ops,
+                arm,
+                reset.map(|reset| reset()),
+            ))
+        })
+        .collect();
+    lines.set_up.wait();
+    wait_until_quiet();
+    lines.released.wait();
+    lines.start.gather(tasks)?;
+    let cpu = process_cpu_time();
+    let start = lines.start.go();
+    let results = runtime.block_on(parallel::join_all(handles));
     let settled = settle.map_or(Ok(()), |settle| settle());
-    let cpu_after = wait_until_quiet();
+    let cpu = cpu_between(cpu, wait_until_quiet());
     settled?;
-    let (shares, mut leftovers): (Vec<Share>, Vec<L>) = results
+    let (shares, mut idle): (Vec<Share>, Vec<_>) = results
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .unzip();
     check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
-    let checked = runtime.block_on(async { check(&mut leftovers) });
+    let mut cx = Context::from_waker(Waker::noop());
+    let fired = runtime.block_on(async {
+        idle.iter_mut()
+            .flatten()
+            .map(|timer| usize::from(timer.as_mut().poll(&mut cx).is_ready()))
+            .sum::<usize>()
+    });
     {
         let _guard = runtime.enter();
-        drop(leftovers);
+        drop(idle);
     }
-    drop(runtime);
-    checked?;
-    let end = shares.iter().map(|share| share.done).max().unwrap_or(start);
-    Ok(Run {
-        wall: end - start,
-        app: end - start,
-        cpu: cpu_between(cpu_before, cpu_after),
-        worker_cpu: None,
-        settle: None,
-        too_late: shares.iter().map(|share| share.too_late).sum(),
-        due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
-        pool_bytes: None,
-    })
-}
-
-fn nothing_to_check(_: &mut [()]) -> Result<(), String> {
-    Ok(())
-}
-
-/// After async-reset: every connection's timer must still be waiting (polled once more,
-/// with a waker that does nothing), or a reset lost it.
-fn all_pending<F: Future>(idle: &mut [Vec<Pin<Box<F>>>]) -> Result<(), String> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let fired = idle
-        .iter_mut()
-        .flatten()
-        .map(|timer| usize::from(timer.as_mut().poll(&mut cx).is_ready()))
-        .sum::<usize>();
     if fired > 0 {
         return Err(format!("{fired} connections' idle timers fired"));
     }
-    Ok(())
-}
-
-fn once<F: Future + Send + 'static>(
-    config: Config,
-    settle: Settle,
-    arm: fn(Duration) -> F,
-) -> Result<Run, String> {
-    on_runtime(config.threads, settle, nothing_to_check, |index, lines| {
-        once_share(index, lines, config.ops, arm)
+    Ok(Run {
+        cpu,
+        ..Run::of(start, &shares)
     })
 }
 
-fn resets<F: Future + Send + 'static>(
-    config: Config,
-    settle: Settle,
-    arm: fn(Duration) -> F,
-    reset: fn() -> Reset<F>,
-) -> Result<Run, String> {
-    on_runtime(config.threads, settle, all_pending, |index, lines| {
-        reset_share(index, lines, config.ops, arm, reset())
-    })
+/// One measurement's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Config {
+    threads: usize,
+    /// Operations per thread.
+    ops: u64,
 }
 
-/// One run of `kind` for `subject`.
+/// One run of `kind` for `subject`. corewheel's runs wait for the default engine to settle
+/// (every timer's cancel done by its workers) before the CPU reading; the idle sleeps of
+/// async-reset stay pending, so there the wait for the process to go idle stands for it.
 fn measure(kind: Kind, subject: Subject, config: Config) -> Result<Run, String> {
+    use Kind::*;
+    use Subject::*;
+    let settle = Some(timers::settle_corewheel as fn() -> Result<(), String>);
     match (subject, kind) {
-        (Subject::Tokio, Kind::Sleep) => once(config, None, timers::tokio_sleep),
-        (Subject::Tokio, Kind::Timeout) => once(config, None, timers::tokio_timeout_read),
-        (Subject::Tokio, Kind::Reset) => resets(config, None, timers::tokio_sleep, || {
-            Reset::InPlace(timers::tokio_reset)
-        }),
-        (Subject::AsyncIo, Kind::Sleep) => once(config, None, timers::async_io_sleep),
-        (Subject::AsyncIo, Kind::Timeout) => once(config, None, timers::async_io_timeout_read),
-        (Subject::AsyncIo, Kind::Reset) => resets(config, None, timers::async_io_sleep, || {
-            Reset::InPlace(timers::async_io_reset)
-        }),
-        (Subject::PingoraTimeout, Kind::Sleep) => once(config, None, timers::pingora_sleep),
-        (Subject::PingoraTimeout, Kind::Timeout) => {
-            once(config, None, timers::pingora_timeout_read)
-        }
-        (Subject::PingoraTimeout, Kind::Reset) => {
-            resets(config, None, timers::pingora_sleep, || Reset::Recreate)
-        }
-        // corewheel's async layer, in the same runtime as tokio's timer. After the sleeps
-        // and timeouts, the run waits for the default engine to settle (every timer's
-        // cancel done by its workers) before its CPU reading; the idle sleeps of
-        // async-reset stay pending, so there the wait for the process to go idle stands for
-        // it.
-        (Subject::CorewheelAsync, Kind::Sleep) => once(
+        (Tokio, Sleep) => on_runtime(config, None, timers::tokio_sleep, None),
+        (Tokio, Timeout) => on_runtime(config, None, timers::tokio_timeout_read, None),
+        (Tokio, Reset) => on_runtime(
             config,
-            Some(timers::settle_corewheel),
+            None,
+            timers::tokio_sleep,
+            Some(|| Move::InPlace(timers::tokio_reset)),
+        ),
+        (AsyncIo, Sleep) => on_runtime(config, None, timers::async_io_sleep, None),
+        (AsyncIo, Timeout) => on_runtime(config, None, timers::async_io_timeout_read, None),
+        (AsyncIo, Reset) => on_runtime(
+            config,
+            None,
+            timers::async_io_sleep,
+            Some(|| Move::InPlace(timers::async_io_reset)),
+        ),
+        (PingoraTimeout, Sleep) => on_runtime(config, None, timers::pingora_sleep, None),
+        (PingoraTimeout, Timeout) => on_runtime(config, None, timers::pingora_timeout_read, None),
+        (PingoraTimeout, Reset) => {
+            on_runtime(config, None, timers::pingora_sleep, Some(|| Move::Recreate))
+        }
+        (CorewheelAsync, Sleep) => on_runtime(config, settle, timers::corewheel_sleep, None),
+        (CorewheelAsync, Timeout) => {
+            on_runtime(config, settle, timers::corewheel_timeout_read, None)
+        }
+        (CorewheelAsync, Reset) => on_runtime(
+            config,
+            None,
             timers::corewheel_sleep,
+            Some(|| Move::InPlace(timers::corewheel_reset)),
         ),
-        (Subject::CorewheelAsync, Kind::Timeout) => once(
-            config,
-            Some(timers::settle_corewheel),
-            timers::corewheel_timeout_read,
-        ),
-        (Subject::CorewheelAsync, Kind::Reset) => {
-            resets(config, None, timers::corewheel_sleep, || {
-                Reset::InPlace(timers::corewheel_reset)
-            })
-        }
         _ => Err(format!("{} is not an async subject", subject.name())),
     }
 }

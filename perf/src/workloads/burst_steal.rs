@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use corewheel::TimerEngine;
 
 use crate::peers::engine;
-use crate::report::{CsvRow, Table, thousands};
+use crate::report::{Table, thousands};
 use crate::runner::{self, Plan, RUNS, median, spread};
 use crate::workloads::lateness::{LatenessSummary, worker_records};
 use crate::workloads::{Out, rng};
@@ -179,7 +179,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             "{workers} workers, stealing {on_off}: last fire {} ms over the runs",
             spread(runs.iter().map(|b| ms(b.last_fire)))
         ));
-        for (metric, value, unit) in [
+        let metrics = [
             ("last_fire_after_first_deadline", last_fire, "ms"),
             ("lateness_p50", p50, "ms"),
             ("lateness_p99", p99, "ms"),
@@ -187,18 +187,9 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             ("run_by_other_workers", elsewhere, "%"),
             ("claimed_by_other_workers", claimed, "%"),
             ("early_fires", early as f64, "count"),
-        ] {
-            let (workload, subject) = (NAME.to_string(), subject.to_string());
-            out.csv.push(CsvRow {
-                workload,
-                subject,
-                threads: workers as u32,
-                timers,
-                metric,
-                value,
-                unit,
-            });
-        }
+        ];
+        out.csv
+            .push_metrics(NAME, subject, (workers, timers), &metrics);
     }
     table.note("last fire: from the first deadline to the last callback; the deadlines span 10 ms; late: callback start - deadline (deadlines round up to the 1 ms tick)");
     table.note("run elsewhere: share of the timers run by a worker other than their shard's owner (Stats::stolen); claimed elsewhere: share claimed off the owner's handed-out due lists by another worker (Stats::claimed_elsewhere)");

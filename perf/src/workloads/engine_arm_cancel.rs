@@ -8,20 +8,17 @@
 //! thread cancels what it still has in flight. The engine's threads are plain threads
 //! calling `schedule` and `cancel`; tokio's are the T workers of a runtime, each running one
 //! task that registers a `Sleep` (or polls a `timeout()` around a pending read) per request
-//! and drops it to cancel.
-//!
-//! A run is timed from the moment every thread has its window armed until the work is done:
-//! for the engine, until its counts show every timer cancelled or fired and every pool
-//! node is free again, so the workers' share of the work is inside the time.
+//! and drops it to cancel. A run is timed from the moment every thread has its window armed
+//! until the work is done: for the engine, until it has settled, so that the workers'
+//! share of the work is inside the time.
 
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::peers::engine;
-use crate::peers::timeouts;
-use crate::peers::tokio_sleep::{self, register};
-use crate::peers::{SharedTimers, Subject};
+use crate::peers::tokio_sleep::{StartLine, register, with_context};
+use crate::peers::{SharedTimers, Subject, engine, timeouts};
 use crate::report::thousands;
 use crate::runner::{Cell, Plan};
 use crate::workloads::parallel::{self, Gate, Run, Share, ThreadsTable, share_of};
@@ -34,130 +31,80 @@ struct Config {
     timers: u64,
 }
 
+/// A plain thread's share on a structure the threads share.
 fn thread_share<S: SharedTimers>(
     subject: &S,
     index: usize,
     gate: &Gate,
     config: Config,
 ) -> Result<Share, String> {
-    let ops = share_of(config.timers, config.threads, index);
     let mut rng = rng(index as u64 + 1);
-    let mut share = Share::new(std::thread::current().id());
-    let mut window = Vec::with_capacity(config.window);
-    let mut failure = None;
-    for i in 0..config.window as u64 {
-        match subject.arm(request_timeout(&mut rng), i) {
-            Ok(handle) => window.push(handle),
-            Err(error) => {
-                failure = Some(error);
-                break;
-            }
-        }
-    }
+    let mut share = Share::new();
+    let window: Result<Vec<S::Handle>, String> = (0..config.window as u64)
+        .map(|i| subject.arm(request_timeout(&mut rng), i))
+        .collect();
     gate.wait();
-    if let Some(failure) = failure {
-        return Err(failure);
-    }
-    share.scheduled = window.len() as u64;
-    let mut oldest = 0;
+    let mut window = window?;
+    let ops = share_of(config.timers, config.threads, index);
+    share.scheduled = window.len() as u64 + ops;
+    let mut count = |cancelled: bool| match cancelled {
+        true => share.cancelled += 1,
+        false => share.too_late += 1,
+    };
     for op in 0..ops {
         let fresh = subject.arm(request_timeout(&mut rng), op)?;
-        let old = if window.is_empty() {
-            fresh
-        } else {
-            let old = std::mem::replace(&mut window[oldest], fresh);
-            oldest += 1;
-            if oldest == window.len() {
-                oldest = 0;
-            }
-            old
+        let old = match window.len() {
+            0 => fresh,
+            len => std::mem::replace(&mut window[op as usize % len], fresh),
         };
-        if subject.cancel(old) {
-            share.cancelled += 1;
-        } else {
-            share.too_late += 1;
-        }
+        count(subject.cancel(old));
     }
     for handle in window {
-        if subject.cancel(handle) {
-            share.cancelled += 1;
-        } else {
-            share.too_late += 1;
-        }
+        count(subject.cancel(handle));
     }
-    share.scheduled += ops;
     share.done = Instant::now();
     Ok(share)
 }
 
-fn run_mutex_heap(config: Config) -> Result<Run, String> {
-    let (run, _) = parallel::on_mutex_heap(config.threads, |heap, index, gate| {
-        thread_share(heap, index, gate, config)
-    })?;
-    Ok(run)
-}
-
-fn run_engine(config: Config) -> Result<Run, String> {
-    let (run, settled, shares) =
-        parallel::on_engine(config.threads, true, |engine, index, gate| {
-            thread_share(engine, index, gate, config)
-        })?;
-    let scheduled = shares.iter().map(|share| share.scheduled).sum();
-    let cancelled = shares.iter().map(|share| share.cancelled).sum();
-    if let Some(settled) = settled {
-        engine::check_counts(&settled.stats, scheduled, cancelled, run.too_late)?;
-    }
-    Ok(run)
-}
-
 /// One task's share on tokio: `arm(delay)` makes a request's timer future (a `Sleep`, or a
-/// `timeout()` around a pending read), which the task polls once to arm and drops to cancel.
+/// `timeout()` around a pending read), which the task polls once to arm and drops to
+/// cancel. One pinned slot per request in flight, reused: each new timer is written over
+/// the oldest, which drops (cancels) it, so no allocation happens per timer.
 async fn tokio_share<F: Future + Send + 'static>(
     index: usize,
-    line: std::sync::Arc<tokio_sleep::StartLine>,
+    line: Arc<StartLine>,
     config: Config,
     arm: fn(Duration) -> F,
 ) -> Result<Share, String> {
     let ops = share_of(config.timers, config.threads, index);
-    // One pinned slot per request in flight, reused: each new timer is written over the
-    // oldest, which drops (cancels) it, so no allocation happens per timer.
-    let mut window: Vec<Pin<Box<Option<F>>>> = (0..config.window).map(|_| Box::pin(None)).collect();
-    tokio_sleep::with_context(|cx| {
+    let mut window: Vec<Pin<Box<Option<F>>>> =
+        (0..config.window.max(1)).map(|_| Box::pin(None)).collect();
+    with_context(|cx| {
         let mut rng = rng(index as u64 + 1);
-        let mut share = Share::new(std::thread::current().id());
-        for slot in &mut window {
+        let mut share = Share::new();
+        let mut put = |slot: &mut Pin<Box<Option<F>>>, share: &mut Share| {
             slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
             if let Some(timer) = slot.as_mut().as_pin_mut() {
                 share.due_at_once += u64::from(register(timer, cx));
             }
+        };
+        for slot in window.iter_mut().take(config.window) {
+            put(slot, &mut share);
         }
-        share.scheduled = window.len() as u64;
         if !line.arrive_and_wait() {
             return Err("the run was called off".to_string());
         }
-        if window.is_empty() {
-            for _ in 0..ops {
-                let timer = pin!(arm(request_timeout(&mut rng)));
-                share.due_at_once += u64::from(register(timer, cx));
-            }
-        } else {
-            let mut oldest = 0;
-            for _ in 0..ops {
-                let slot = &mut window[oldest];
-                slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
-                if let Some(timer) = slot.as_mut().as_pin_mut() {
-                    share.due_at_once += u64::from(register(timer, cx));
-                }
-                oldest += 1;
-                if oldest == window.len() {
-                    oldest = 0;
-                }
-            }
-            for slot in &mut window {
-                slot.as_mut().set(None);
+        let len = window.len();
+        for op in 0..ops as usize {
+            put(&mut window[op % len], &mut share);
+            if config.window == 0 {
+                window[0].as_mut().set(None);
             }
         }
-        share.scheduled += ops;
+        for slot in &mut window {
+            slot.as_mut().set(None);
+        }
+        share.scheduled = config.window as u64 + ops;
         share.cancelled = share.scheduled;
         share.done = Instant::now();
         Ok(share)
@@ -165,23 +112,23 @@ async fn tokio_share<F: Future + Send + 'static>(
     .await
 }
 
-fn run_tokio<F: Future + Send + 'static>(
-    config: Config,
-    arm: fn(Duration) -> F,
-) -> Result<Run, String> {
-    let (run, _) = parallel::on_tokio(config.threads, |index, line| {
-        tokio_share(index, line, config, arm)
-    })?;
-    Ok(run)
-}
-
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Engine => run_engine(config),
-        Subject::TokioSleep => run_tokio(config, tokio::time::sleep),
-        Subject::TokioTimeout => run_tokio(config, timeouts::tokio_timeout),
-        Subject::PingoraTimeout => run_tokio(config, timeouts::pingora_timeout),
-        Subject::MutexHeap => run_mutex_heap(config),
+        Subject::Engine => parallel::on_engine(config.threads, true, |e, i, gate| {
+            thread_share(e, i, gate, config)
+        }),
+        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| {
+            thread_share(h, i, gate, config)
+        }),
+        Subject::TokioSleep => parallel::on_tokio(config.threads, |i, line| {
+            tokio_share(i, line, config, tokio::time::sleep)
+        }),
+        Subject::TokioTimeout => parallel::on_tokio(config.threads, |i, line| {
+            tokio_share(i, line, config, timeouts::tokio_timeout)
+        }),
+        Subject::PingoraTimeout => parallel::on_tokio(config.threads, |i, line| {
+            tokio_share(i, line, config, timeouts::pingora_timeout)
+        }),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }

@@ -6,16 +6,17 @@
 //! real clock: each thread picks one of its own connections at random and resets its timer,
 //! `engine.reset(handle, 30 s)` or `sleep.as_mut().reset(Instant::now() + 30 s)`. Nothing
 //! comes due during a run, so both take their "later deadline" path: a few atomic
-//! operations on the timer's own entry, the move deferred until the old deadline comes round.
+//! operations on the timer's own entry, the move deferred until the old deadline comes
+//! round. So the engine's workers have nothing to settle, and it is dropped untimed.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::time::Sleep;
 
-use crate::peers::engine;
-use crate::peers::tokio_sleep::{self, register};
-use crate::peers::{SharedTimers, Subject};
+use crate::peers::tokio_sleep::{StartLine, register, with_context};
+use crate::peers::{SharedTimers, Subject, engine};
 use crate::report::thousands;
 use crate::runner::{Cell, Plan};
 use crate::workloads::parallel::{self, Gate, Run, Share, ThreadsTable, share_of};
@@ -32,6 +33,7 @@ struct Config {
     resets: u64,
 }
 
+/// A plain thread's share on a structure the threads share.
 fn thread_share<S: SharedTimers>(
     subject: &S,
     index: usize,
@@ -39,16 +41,15 @@ fn thread_share<S: SharedTimers>(
     config: Config,
 ) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.threads, index);
-    let resets = share_of(config.resets, config.threads, index);
     let mut rng = rng(index as u64 + 7);
-    let mut share = Share::new(std::thread::current().id());
+    let mut share = Share::new();
     let timers: Result<Vec<S::Handle>, String> = (0..connections)
-        .map(|connection| subject.arm(IDLE_TIMEOUT, connection))
+        .map(|c| subject.arm(IDLE_TIMEOUT, c))
         .collect();
     gate.wait();
     let mut timers = timers?;
     share.scheduled = connections;
-    for _ in 0..resets {
+    for _ in 0..share_of(config.resets, config.threads, index) {
         let connection = rng.u64(..connections) as usize;
         match subject.reset(timers[connection], IDLE_TIMEOUT) {
             Some(moved) => timers[connection] = moved,
@@ -57,45 +58,25 @@ fn thread_share<S: SharedTimers>(
     }
     share.done = Instant::now();
     // Every connection's timer must still be pending, or a reset lost it.
-    let lost = timers
+    match timers
         .iter()
         .filter(|&&handle| !subject.is_pending(handle))
-        .count();
-    if lost > 0 {
-        return Err(format!("{lost} connections lost their idle timer"));
+        .count()
+    {
+        0 => Ok(share),
+        lost => Err(format!("{lost} connections lost their idle timer")),
     }
-    Ok(share)
 }
 
-fn run_mutex_heap(config: Config) -> Result<Run, String> {
-    let (run, _) = parallel::on_mutex_heap(config.threads, |heap, index, gate| {
-        thread_share(heap, index, gate, config)
-    })?;
-    Ok(run)
-}
-
-fn run_engine(config: Config) -> Result<Run, String> {
-    // Nothing is due for 30 s and every reset is to a later deadline, so the workers have
-    // nothing to do for this run: the engine is dropped with its timers pending, untimed.
-    let (run, _, _) = parallel::on_engine(config.threads, false, |engine, index, gate| {
-        thread_share(engine, index, gate, config)
-    })?;
-    Ok(run)
-}
-
-async fn tokio_share(
-    index: usize,
-    line: std::sync::Arc<tokio_sleep::StartLine>,
-    config: Config,
-) -> Result<Share, String> {
+/// One task's share on tokio: its connections' sleeps, pushed back with `Sleep::reset`.
+async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.threads, index);
-    let resets = share_of(config.resets, config.threads, index);
     let mut timers: Vec<Pin<Box<Sleep>>> = (0..connections)
         .map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)))
         .collect();
-    tokio_sleep::with_context(|cx| {
+    with_context(|cx| {
         let mut rng = rng(index as u64 + 7);
-        let mut share = Share::new(std::thread::current().id());
+        let mut share = Share::new();
         for timer in &mut timers {
             share.due_at_once += u64::from(register(timer.as_mut(), cx));
         }
@@ -103,34 +84,32 @@ async fn tokio_share(
         if !line.arrive_and_wait() {
             return Err("the run was called off".to_string());
         }
-        for _ in 0..resets {
-            let connection = rng.u64(..connections) as usize;
-            timers[connection]
+        for _ in 0..share_of(config.resets, config.threads, index) {
+            let deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
+            timers[rng.u64(..connections) as usize]
                 .as_mut()
-                .reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
+                .reset(deadline);
         }
         share.done = Instant::now();
-        let lost = timers.iter().filter(|timer| timer.is_elapsed()).count();
-        if lost > 0 {
-            return Err(format!("{lost} connections' idle timers fired"));
+        match timers.iter().filter(|timer| timer.is_elapsed()).count() {
+            0 => Ok(share),
+            lost => Err(format!("{lost} connections' idle timers fired")),
         }
-        Ok(share)
     })
     .await
 }
 
-fn run_tokio(config: Config) -> Result<Run, String> {
-    let (run, _) = parallel::on_tokio(config.threads, |index, line| {
-        tokio_share(index, line, config)
-    })?;
-    Ok(run)
-}
-
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Engine => run_engine(config),
-        Subject::TokioSleep => run_tokio(config),
-        Subject::MutexHeap => run_mutex_heap(config),
+        Subject::Engine => parallel::on_engine(config.threads, false, |e, i, gate| {
+            thread_share(e, i, gate, config)
+        }),
+        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| {
+            thread_share(h, i, gate, config)
+        }),
+        Subject::TokioSleep => parallel::on_tokio(config.threads, |index, line| {
+            tokio_share(index, line, config)
+        }),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }

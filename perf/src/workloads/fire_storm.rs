@@ -385,7 +385,7 @@ fn floor_table(timers: u64, csv: &mut Csv) {
         csv.push_metrics(
             NAME,
             &format!("floor-{}us", tick.as_micros()),
-            timers,
+            (1, timers),
             &[
                 ("oversleep_p50", us(over.p50), "us"),
                 ("oversleep_p99", us(over.p99), "us"),

@@ -72,7 +72,7 @@ fn thread_share(
 ) -> Result<Share, String> {
     let base = (index as u64) << 40;
     let ops = share_of(config.ops, config.threads, index);
-    let mut share = Share::new(std::thread::current().id());
+    let mut share = Share::new();
     let mut rng = rng(index as u64 + 29);
     let setup: Result<(), String> = if config.kind == Kind::SetRemove {
         Ok(())
@@ -129,34 +129,28 @@ fn run_on(subject: &dyn Keyed, on_engine: bool, config: Config) -> Result<Run, S
     } else {
         no_workers
     };
-    let timed = parallel::on_threads(config.threads, workers_cpu, |index, gate| {
-        thread_share(subject, index, gate, config)
-    })?;
-    Ok(timed.finish(None, workers_cpu))
+    parallel::on_threads(
+        config.threads,
+        workers_cpu,
+        |i, gate| thread_share(subject, i, gate, config),
+        |_| Ok(None),
+    )
 }
 
+/// One run of `subject`; the keys left pending are dropped with it, untimed.
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Keyed | Subject::MutexMap => {
-            // The keys left pending are dropped with the subject and the engine, untimed.
-            let engine = engine::build()?;
-            if subject == Subject::Keyed {
-                run_on(&keyed::keyed_timers(&engine), true, config)
-            } else {
-                run_on(&MutexMap::new(&engine), true, config)
-            }
-        }
+        Subject::Keyed => run_on(&keyed::keyed_timers(&engine::build()?), true, config),
+        Subject::MutexMap => run_on(&MutexMap::new(&engine::build()?), true, config),
         Subject::DelayQueueMap => {
             let runtime = crate::peers::delay_queue::runtime()?;
-            let _context = runtime.enter();
             let queue = DelayQueueMap::default();
-            let handle = runtime.handle().clone();
-            let timed = parallel::on_threads(config.threads, no_workers, |index, gate| {
-                // Every thread inserts into the queue, which needs the runtime's context.
-                let _context = handle.enter();
+            // Every thread inserts into the queue, which needs the runtime's context.
+            let body = |index, gate: &Gate| {
+                let _context = runtime.enter();
                 thread_share(&queue, index, gate, config)
-            })?;
-            Ok(timed.finish(None, no_workers))
+            };
+            parallel::on_threads(config.threads, no_workers, body, |_| Ok(None))
         }
         Subject::Dashmap => run_on(&DashMapOnly::default(), false, config),
         Subject::Scc => run_on(&SccOnly::default(), false, config),

@@ -113,55 +113,47 @@ impl Workload {
         }
     }
 
-    /// What the workload does, for the header and `--help`.
+    /// What the workload does, for the header and `--help` (the tables' notes say more).
     pub fn summary(self) -> &'static str {
         match self {
             Workload::ArmCancel => {
                 "request timeouts: arm one, cancel the one armed 10,000 ops earlier"
             }
             Workload::EngineArmCancel => {
-                "request timeouts from 1..N threads: TimerEngine vs tokio sleep and timeout(), pingora-timeout and a shared Mutex<BinaryHeap>, a window of requests in flight per thread"
+                "request timeouts from 1..N threads, a window in flight per thread"
             }
             Workload::Live1m => "insert a million timers, measure RSS, cancel them in random order",
             Workload::EngineLive1m => {
-                "a million live timers on the TimerEngine vs tokio sleep: insert, RSS, cancel"
+                "a million live timers on the TimerEngine: insert, RSS, cancel"
             }
             Workload::ResetHeavy => {
                 "idle timeouts: 100,000 connections pushing their deadlines back"
             }
-            Workload::EngineReset => {
-                "idle timeouts from 1..N threads: TimerEngine reset vs tokio Sleep::reset and a shared Mutex<BinaryHeap>, 100,000 connections"
-            }
-            Workload::FireStorm => {
-                "a million timers all due within one second, fired on the real clock"
-            }
+            Workload::EngineReset => "idle timeouts from 1..N threads, 100,000 connections",
+            Workload::FireStorm => "a million timers all due within one second, on the real clock",
             Workload::BurstSteal => {
-                "a million timers from one thread, due within 10 ms, on a TimerEngine with stealing on and off: last fire and lateness"
+                "a million timers due within 10 ms on one shard, stealing on and off"
             }
             Workload::SteadyMix => {
-                "a proxy's steady load: a million live timers, new ones armed at a fixed rate for 10 s, 90% cancelled and 10% fired: CPU per timer"
+                "a proxy's steady load: 1M live, 1M armed/s, 90% cancelled: CPU/timer"
             }
-            Workload::LightLoad => {
-                "the same mix at light load, 1,000 and 10,000 timers/s with a second's worth live: CPU cores busy and wakes per second"
-            }
+            Workload::LightLoad => "the same mix at 1,000 and 10,000 timers/s: cores busy, wakes/s",
             Workload::AsyncSleep => {
-                "request timeouts as futures from 1..N threads: a sleep polled once and dropped; corewheel-async vs tokio, async-io and pingora-timeout, CPU per timer"
+                "request timeouts as futures from 1..N threads: a sleep polled once"
             }
-            Workload::AsyncTimeout => {
-                "the same with timeout() around a pending read, polled once and dropped"
-            }
+            Workload::AsyncTimeout => "the same with timeout() around a pending read",
             Workload::AsyncReset => {
-                "idle timeouts as futures from 1..N threads: 10,000 connections per thread, each read pushing its sleep back"
+                "idle timeouts as futures: 10,000 connections per thread, reset"
             }
             Workload::KeyedSetRemove => {
-                "a timer per key from 1..N threads: set a new key, remove the one set 16 earlier; KeyedTimers vs a Mutex<HashMap> over the engine and a locked DelayQueue with a key map"
+                "a timer per key: set a new key, remove the one set 16 earlier"
             }
             Workload::KeyedSetOver => {
-                "the same subjects: set over one of 10,000 pending keys per thread"
+                "a timer per key: set over one of 10,000 pending keys per thread"
             }
-            Workload::KeyedMove => "the same subjects: move one of 10,000 pending keys per thread",
+            Workload::KeyedMove => "a timer per key: move one of 10,000 pending keys per thread",
             Workload::Proxy => {
-                "corewheel-proxy on loopback in its own process, each timer back-end in turns under wrk (256 connections): req/s, p99, proxy CPU per request (needs wrk)"
+                "corewheel-proxy under wrk, each timer back-end in turns (needs wrk)"
             }
         }
     }
@@ -200,6 +192,7 @@ impl Workload {
 
     /// What this workload will measure under `options`: its cells and runs.
     pub fn plan(self, options: &Options) -> Plan {
+        use Workload::*;
         let mut subjects: Vec<Subject> = options
             .peers
             .iter()
@@ -208,68 +201,34 @@ impl Workload {
             .collect();
         // corewheel's rows first, then the peers in the order given.
         subjects.sort_by_key(|subject| !subject.is_corewheel());
-        let threads = options.thread_counts();
-        let cells = |threads: &[usize], params: &[u64]| -> Vec<Cell> {
-            let mut cells = Vec::new();
-            for &param in params {
-                for &threads in threads {
-                    cells.extend(subjects.iter().map(|&subject| Cell {
-                        subject,
-                        threads,
-                        param,
-                    }));
-                }
-            }
-            cells
+        let (all, most) = (options.thread_counts(), [options.max_threads()]);
+        let workers: Vec<usize> = all.iter().copied().filter(|&n| n > 1).collect();
+        let windows: Vec<u64> = options.windows.iter().map(|&w| u64::from(w)).collect();
+        let rate = [options.mix_rate];
+        let (threads, params, runs, param): (&[usize], &[u64], usize, &str) = match self {
+            ArmCancel | Live1m | EngineLive1m | ResetHeavy => (&[1], &[0], RUNS, ""),
+            EngineArmCancel => (&all, &windows, RUNS, "window"),
+            FireStorm => (&[1], &[0], 1, "tick us"),
+            BurstSteal => (&workers, &[1, 0], RUNS, "stealing"),
+            SteadyMix => (&most, &rate, 1, ""),
+            LightLoad => (&most, &steady_mix::LIGHT_RATES, RUNS, "timers/s"),
+            Proxy if proxy::wrk_missing() => (&[], &[0], RUNS, ""),
+            Proxy => (&[1], &[0], RUNS, ""),
+            _ => (&all, &[0], RUNS, ""),
         };
-        let (cells, runs, param): (Vec<Cell>, usize, Option<fn(u64) -> String>) = match self {
-            Workload::ArmCancel
-            | Workload::Live1m
-            | Workload::EngineLive1m
-            | Workload::ResetHeavy => (cells(&[1], &[0]), RUNS, None),
-            Workload::EngineArmCancel => {
-                let windows: Vec<u64> = options.windows.iter().map(|&w| u64::from(w)).collect();
-                (
-                    cells(&threads, &windows),
-                    RUNS,
-                    Some(|w| format!("window {w}")),
-                )
+        let mut cells = Vec::new();
+        for &param in params {
+            for &threads in threads {
+                cells.extend(subjects.iter().map(|&subject| Cell {
+                    subject,
+                    threads,
+                    param,
+                }));
             }
-            Workload::EngineReset
-            | Workload::AsyncSleep
-            | Workload::AsyncTimeout
-            | Workload::AsyncReset
-            | Workload::KeyedSetRemove
-            | Workload::KeyedSetOver
-            | Workload::KeyedMove => (cells(&threads, &[0]), RUNS, None),
-            Workload::FireStorm => (
-                fire_storm::cells(&subjects),
-                1,
-                Some(|us| format!("tick {us} us")),
-            ),
-            Workload::BurstSteal => {
-                let workers: Vec<usize> = threads.iter().copied().filter(|&n| n > 1).collect();
-                (
-                    cells(&workers, &[1, 0]),
-                    RUNS,
-                    Some(|on| format!("stealing {}", if on == 1 { "on" } else { "off" })),
-                )
-            }
-            Workload::SteadyMix => (
-                cells(&[options.max_threads()], &[options.mix_rate]),
-                1,
-                None,
-            ),
-            Workload::LightLoad => (
-                cells(&[options.max_threads()], &steady_mix::LIGHT_RATES),
-                RUNS,
-                Some(|r| format!("{r} timers/s")),
-            ),
-            Workload::Proxy => match proxy::wrk_missing() {
-                true => (Vec::new(), RUNS, None),
-                false => (cells(&[1], &[0]), RUNS, None),
-            },
-        };
+        }
+        if self == FireStorm {
+            cells = fire_storm::cells(&subjects);
+        }
         Plan {
             workload: self,
             cells,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use corewheel::TimerEngine;
 
-use crate::peers::engine::{self, Settled};
+use crate::peers::engine;
 use crate::peers::mutex_heap::SharedHeap;
 use crate::peers::tokio_sleep::{self, StartLine};
 use crate::report::{Col, Sheet, thousands};
@@ -34,7 +34,9 @@ pub struct Share {
 }
 
 impl Share {
-    pub fn new(thread: ThreadId) -> Self {
+    /// An empty share of the calling thread.
+    pub fn new() -> Self {
+        let thread = std::thread::current().id();
         Self {
             done: Instant::now(),
             thread,
@@ -47,7 +49,7 @@ impl Share {
 }
 
 /// One timed run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Run {
     /// Start to end, the engine's settling included.
     pub wall: Duration,
@@ -55,7 +57,7 @@ pub struct Run {
     pub app: Duration,
     /// Process CPU time over the run, every thread's.
     pub cpu: Option<Duration>,
-    /// The engine's workers' CPU time over the run.
+    /// The subject's own threads' CPU time over the run (engine workers, the heap's timer).
     pub worker_cpu: Option<Duration>,
     /// From the last application thread's end until the engine was seen settled.
     pub settle: Option<Duration>,
@@ -63,6 +65,20 @@ pub struct Run {
     pub due_at_once: u64,
     /// The engine's node pools at the end of the run (they never shrink while it lives).
     pub pool_bytes: Option<u64>,
+}
+
+impl Run {
+    /// A run from `start` to the last share's end, with its shares' counts.
+    pub fn of(start: Instant, shares: &[Share]) -> Self {
+        let end = shares.iter().map(|share| share.done).max().unwrap_or(start);
+        Self {
+            wall: end - start,
+            app: end - start,
+            too_late: shares.iter().map(|share| share.too_late).sum(),
+            due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
+            ..Self::default()
+        }
+    }
 }
 
 /// The medians of several runs' figures, each in ns per unit of work.
@@ -81,23 +97,20 @@ pub struct PerUnit {
 }
 
 impl PerUnit {
+    /// The medians of `runs`, each made of `units` units of work.
     pub fn of(runs: &[Run], units: u64) -> Self {
         let per = |d: Duration| d.as_nanos() as f64 / units.max(1) as f64;
-        let optional = |field: fn(&Run) -> Option<Duration>| -> Option<f64> {
-            let values: Option<Vec<f64>> = runs.iter().map(|run| field(run).map(per)).collect();
+        let optional = |field: &dyn Fn(&Run) -> Option<f64>| {
+            let values: Option<Vec<f64>> = runs.iter().map(field).collect();
             values.filter(|v| !v.is_empty()).map(median)
         };
         let walls: Vec<f64> = runs.iter().map(|run| per(run.wall)).collect();
-        let settles: Option<Vec<f64>> = runs
-            .iter()
-            .map(|run| run.settle.map(|d| d.as_secs_f64() * 1e6))
-            .collect();
         Self {
             wall: median(walls.iter().copied()),
             app: median(runs.iter().map(|run| per(run.app))),
-            cpu: optional(|run| run.cpu),
-            worker_cpu: optional(|run| run.worker_cpu),
-            settle_us: settles.filter(|v| !v.is_empty()).map(median),
+            cpu: optional(&|run| run.cpu.map(per)),
+            worker_cpu: optional(&|run| run.worker_cpu.map(per)),
+            settle_us: optional(&|run| run.settle.map(|d| d.as_secs_f64() * 1e6)),
             wall_min: walls.iter().copied().fold(f64::INFINITY, f64::min),
             wall_max: walls.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             pool_max: runs.iter().filter_map(|run| run.pool_bytes).max(),
@@ -106,137 +119,108 @@ impl PerUnit {
 }
 
 /// The point between an application thread's untimed set-up and its timed work.
-pub struct Gate<'a> {
-    barrier: &'a Barrier,
-}
+pub struct Gate<'a>(&'a Barrier);
 
 impl Gate<'_> {
     /// Waits until every thread is set up and the main thread has taken its readings.
     pub fn wait(&self) {
-        self.barrier.wait();
-        self.barrier.wait();
+        self.0.wait();
+        self.0.wait();
     }
 }
 
-/// What `on_threads` hands back: when the timed work began, each thread's share, and the
-/// CPU readings taken just before it.
-pub struct ThreadsRun {
-    start: Instant,
-    shares: Vec<Share>,
-    cpu_before: Option<Duration>,
-    workers_before: Option<Duration>,
-}
-
-/// Runs `body(index, gate)` on `threads` fresh threads: each sets up, calls `gate.wait()`,
-/// does the timed work and reports its share; it must reach the gate even when its set-up
-/// fails. `workers_cpu` reads the CPU time of the subject's own threads (the engine's
-/// workers, the heap's timer thread).
+/// Runs `body(index, gate)` on `threads` fresh threads: each sets up, calls `gate.wait()`
+/// (also when its set-up failed), does the timed work and reports its share. Times the run
+/// from the gate to the last share's end, or to the end of `settle`'s wait for the
+/// subject's deferred work (`None`: none); `workers_cpu` reads the CPU time of the
+/// subject's own threads.
 pub fn on_threads(
     threads: usize,
     workers_cpu: fn() -> Option<Duration>,
     body: impl Fn(usize, &Gate) -> Result<Share, String> + Sync,
-) -> Result<ThreadsRun, String> {
+    settle: impl FnOnce(&[Share]) -> Result<Option<Duration>, String>,
+) -> Result<Run, String> {
     let barrier = Barrier::new(threads + 1);
-    let (start, shares, cpu_before, workers_before) = std::thread::scope(|scope| {
+    let (start, shares, cpu, workers) = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|index| {
-                let body = &body;
-                let gate = Gate { barrier: &barrier };
+                let (body, gate) = (&body, Gate(&barrier));
                 scope.spawn(move || body(index, &gate))
             })
             .collect();
         barrier.wait();
-        let cpu_before = process_cpu_time();
-        let workers_before = workers_cpu();
+        let (cpu, workers) = (process_cpu_time(), workers_cpu());
         barrier.wait();
         let start = Instant::now();
-        let shares: Vec<Result<Share, String>> = handles
-            .into_iter()
-            .map(|handle| {
-                handle
-                    .join()
-                    .unwrap_or_else(|_| Err("an application thread panicked".to_string()))
-            })
-            .collect();
-        (start, shares, cpu_before, workers_before)
+        let shares: Vec<_> = handles.into_iter().map(|handle| handle.join()).collect();
+        (start, shares, cpu, workers)
     });
-    Ok(ThreadsRun {
-        start,
-        shares: shares.into_iter().collect::<Result<_, _>>()?,
-        cpu_before,
-        workers_before,
-    })
-}
-
-impl ThreadsRun {
-    /// The run, ended at `end` (`None`: when the last thread's work ended).
-    pub fn finish(&self, end: Option<Instant>, workers_cpu: fn() -> Option<Duration>) -> Run {
-        let shares = &self.shares;
-        let app_end = shares
-            .iter()
-            .map(|share| share.done)
-            .max()
-            .unwrap_or(self.start);
-        let wall_end = end.unwrap_or(app_end);
-        Run {
-            wall: wall_end - self.start,
-            app: app_end - self.start,
-            cpu: cpu_between(self.cpu_before, process_cpu_time()),
-            worker_cpu: cpu_between(self.workers_before, workers_cpu()),
-            settle: end.map(|end| end.saturating_duration_since(app_end)),
-            too_late: shares.iter().map(|share| share.too_late).sum(),
-            due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
-            pool_bytes: None,
-        }
+    let panicked = || Err("an application thread panicked".to_string());
+    let shares = shares
+        .into_iter()
+        .map(|share| share.unwrap_or_else(|_| panicked()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut run = Run::of(start, &shares);
+    if let Some(waited) = settle(&shares)? {
+        (run.settle, run.wall) = (Some(waited), run.app + waited);
     }
+    run.cpu = cpu_between(cpu, process_cpu_time());
+    run.worker_cpu = cpu_between(workers, workers_cpu());
+    Ok(run)
 }
 
-/// Runs `body` on `threads` fresh threads against a fresh engine, then, if `settle`, waits
-/// for the engine to settle (every timer cancelled or fired, every node free) and counts
-/// that wait in the run. `body(engine, thread index, gate)` is as for [`on_threads`].
-/// Without `settle`, the engine is dropped with whatever timers are left, untimed.
+/// [`on_threads`] against a fresh engine, `body(engine, index, gate)`. With `settle`, the
+/// run lasts until the engine has settled (every timer cancelled or fired, every node free),
+/// and its counts must match the shares' (a cancel that found its timer fired counted as a
+/// fire); without it the engine is dropped with whatever timers are left, untimed.
 pub fn on_engine(
     threads: usize,
     settle: bool,
     body: impl Fn(&TimerEngine, usize, &Gate) -> Result<Share, String> + Sync,
-) -> Result<(Run, Option<Settled>, Vec<Share>), String> {
+) -> Result<Run, String> {
     let engine = engine::build()?;
-    let timed = on_threads(threads, engine::workers_cpu_time, |index, gate| {
-        body(&engine, index, gate)
-    })?;
-    let joined = Instant::now();
-    let settled = if settle {
-        Some(engine::settle(&engine)?)
-    } else {
-        None
-    };
-    let end = settled.as_ref().map(|settled| joined + settled.waited);
-    let mut run = timed.finish(end, engine::workers_cpu_time);
+    let mut run = on_threads(
+        threads,
+        engine::workers_cpu_time,
+        |i, gate| body(&engine, i, gate),
+        |shares| {
+            if !settle {
+                return Ok(None);
+            }
+            let settled = engine::settle(&engine)?;
+            let sum = |count: fn(&Share) -> u64| shares.iter().map(count).sum();
+            engine::check_counts(
+                &settled.stats,
+                sum(|s| s.scheduled),
+                sum(|s| s.cancelled),
+                sum(|s| s.too_late),
+            )?;
+            Ok(Some(settled.waited))
+        },
+    )?;
     run.pool_bytes = Some(engine.stats().pool_bytes as u64);
-    drop(engine);
-    Ok((run, settled, timed.shares))
+    Ok(run)
 }
 
-/// Runs `body(heap, thread index, gate)` on `threads` fresh threads sharing one fresh
-/// `Mutex<BinaryHeap>`, as [`on_threads`] does. The heap is dropped with whatever timers
-/// are left, untimed.
+/// [`on_threads`] on a fresh `Mutex<BinaryHeap>` the threads share, `body(heap, index,
+/// gate)`; the heap is dropped with whatever timers are left, untimed.
 pub fn on_mutex_heap(
     threads: usize,
     body: impl Fn(&SharedHeap, usize, &Gate) -> Result<Share, String> + Sync,
-) -> Result<(Run, Vec<Share>), String> {
+) -> Result<Run, String> {
     let heap = SharedHeap::start()?;
-    let timed = on_threads(threads, SharedHeap::timer_thread_cpu_time, |index, gate| {
-        body(&heap, index, gate)
-    })?;
-    let run = timed.finish(None, SharedHeap::timer_thread_cpu_time);
-    drop(heap);
-    Ok((run, timed.shares))
+    on_threads(
+        threads,
+        SharedHeap::timer_thread_cpu_time,
+        |i, gate| body(&heap, i, gate),
+        |_| Ok(None),
+    )
 }
 
-/// Runs `body` as `tasks` tasks of a fresh runtime with as many worker threads, each task
-/// spawned as a plain task (see `peers::tokio_sleep` on the cooperative budget). `body(task index,
-/// start line)` sets up, calls `line.arrive_and_wait()`, does the timed work and reports.
-pub fn on_tokio<F, Fut>(tasks: usize, body: F) -> Result<(Run, Vec<Share>), String>
+/// Runs `body(index, line)` as `tasks` tasks of a fresh runtime with as many worker
+/// threads: each sets up, calls `line.arrive_and_wait()`, does the timed work and reports.
+/// Every task must have run on a worker of its own.
+pub fn on_tokio<F, Fut>(tasks: usize, body: F) -> Result<Run, String>
 where
     F: Fn(usize, Arc<StartLine>) -> Fut,
     Fut: Future<Output = Result<Share, String>> + Send + 'static,
@@ -247,35 +231,33 @@ where
         .map(|index| runtime.spawn(body(index, Arc::clone(&line))))
         .collect();
     line.gather(tasks)?;
-    let cpu_before = process_cpu_time();
+    let cpu = process_cpu_time();
     let start = line.go();
-    let shares: Vec<Result<Share, String>> = runtime.block_on(async {
-        let mut shares = Vec::with_capacity(handles.len());
-        for handle in handles {
-            shares.push(
-                handle
-                    .await
-                    .unwrap_or_else(|error| Err(format!("a task failed: {error}"))),
-            );
-        }
-        shares
-    });
-    let cpu = cpu_between(cpu_before, process_cpu_time());
-    let shares: Vec<Share> = shares.into_iter().collect::<Result<_, _>>()?;
+    let shares = runtime
+        .block_on(join_all(handles))
+        .into_iter()
+        .collect::<Result<Vec<Share>, String>>()?;
+    let cpu = cpu_between(cpu, process_cpu_time());
     tokio_sleep::check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
-    let end = shares.iter().map(|share| share.done).max().unwrap_or(start);
-    let run = Run {
-        wall: end - start,
-        app: end - start,
+    Ok(Run {
         cpu,
-        worker_cpu: None,
-        settle: None,
-        too_late: shares.iter().map(|share| share.too_late).sum(),
-        due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
-        pool_bytes: None,
-    };
-    drop(runtime);
-    Ok((run, shares))
+        ..Run::of(start, &shares)
+    })
+}
+
+/// Awaits every task, in order; a task that panicked is an error.
+pub async fn join_all<T>(
+    handles: Vec<tokio::task::JoinHandle<Result<T, String>>>,
+) -> Vec<Result<T, String>> {
+    let mut results = Vec::with_capacity(handles.len());
+    for handle in handles {
+        results.push(
+            handle
+                .await
+                .unwrap_or_else(|error| Err(format!("a task failed: {error}"))),
+        );
+    }
+    results
 }
 
 /// Splits `total` units of work over `parts` as evenly as can be.
