@@ -192,10 +192,7 @@ mod tests {
             "--async-ops=5,000",
         ])
         .expect("valid");
-        assert_eq!(
-            options.workloads,
-            [Workload::FireStorm, Workload::ArmCancel]
-        );
+        assert_eq!(options.workloads, [Workload::FireStorm, Workload::ArmCancel]);
         assert_eq!(options.peers, [Subject::Corewheel]);
         assert_eq!(options.timers, Some(100_000));
         assert_eq!(options.threads, [1, 2, 4]);

@@ -81,13 +81,7 @@ fn main() -> ExitCode {
         runner::workload(&format!("finished workload {name}"));
     }
     runner::finish();
-    match results::write(
-        &out.csv,
-        &out.plots,
-        &run_dir,
-        options.save.as_deref(),
-        began.elapsed(),
-    ) {
+    match results::write(&out.csv, &out.plots, &run_dir, options.save.as_deref(), began.elapsed()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("corewheel-perf: {error}");
@@ -98,13 +92,7 @@ fn main() -> ExitCode {
 
 /// The run's header: what it runs, on what, and where its results go.
 fn header(options: &Options, run_dir: &std::path::Path) -> String {
-    let list = |items: &[u64]| {
-        items
-            .iter()
-            .map(|&n| thousands(n))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let list = |items: &[u64]| items.iter().map(|&n| thousands(n)).collect::<Vec<_>>().join(", ");
     let threads: Vec<u64> = options.threads.iter().map(|&t| u64::from(t)).collect();
     let windows: Vec<u64> = options.windows.iter().map(|&w| u64::from(w)).collect();
     let mut out = format!(
@@ -129,11 +117,7 @@ fn header(options: &Options, run_dir: &std::path::Path) -> String {
     }
     out.push_str("workloads:\n");
     for workload in &options.workloads {
-        out.push_str(&format!(
-            "  {:<19}{}\n",
-            workload.name(),
-            workload.summary()
-        ));
+        out.push_str(&format!("  {:<19}{}\n", workload.name(), workload.summary()));
     }
     out
 }

@@ -10,10 +10,8 @@ use plotters::prelude::*;
 use crate::report::Csv;
 
 /// The CSV metrics that are a throughput, in millions of units a second.
-const THROUGHPUT_METRICS: [(&str, &str); 2] = [
-    ("mtimers_per_s", "million timers / s"),
-    ("mresets_per_s", "million resets / s"),
-];
+const THROUGHPUT_METRICS: [(&str, &str); 2] =
+    [("mtimers_per_s", "million timers / s"), ("mresets_per_s", "million resets / s")];
 
 const SIZE: (u32, u32) = (760, 460);
 
@@ -85,9 +83,7 @@ type PointsBySubject<'a> = BTreeMap<&'a str, Vec<(f64, f64)>>;
 fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
     let mut by_workload: BTreeMap<&str, (&'static str, PointsBySubject)> = BTreeMap::new();
     for row in csv.rows() {
-        let Some(&(_, label)) = THROUGHPUT_METRICS
-            .iter()
-            .find(|(metric, _)| *metric == row.metric)
+        let Some(&(_, label)) = THROUGHPUT_METRICS.iter().find(|(metric, _)| *metric == row.metric)
         else {
             continue;
         };
@@ -113,10 +109,7 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
                 .into_iter()
                 .map(|(name, mut points)| {
                     points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    Series {
-                        name: name.to_string(),
-                        points,
-                    }
+                    Series { name: name.to_string(), points }
                 })
                 .collect();
             (workload.to_string(), label, series)
@@ -136,18 +129,15 @@ fn line_chart(
 ) -> Result<(), String> {
     let failed = |error: &dyn std::fmt::Display| format!("plot {}: {error}", path.display());
     let points = series.iter().flat_map(|s| s.points.iter());
-    let (x_min, x_max, y_max) = points.fold(
-        (f64::INFINITY, f64::NEG_INFINITY, 0.0_f64),
-        |(x_min, x_max, y_max), &(x, y)| (x_min.min(x), x_max.max(x), y_max.max(y)),
-    );
+    let (x_min, x_max, y_max) = points
+        .fold((f64::INFINITY, f64::NEG_INFINITY, 0.0_f64), |(x_min, x_max, y_max), &(x, y)| {
+            (x_min.min(x), x_max.max(x), y_max.max(y))
+        });
     if !x_min.is_finite() {
         return Ok(());
     }
-    let x_range = if marks {
-        (x_min - 0.25).max(0.0)..x_max + 0.25
-    } else {
-        0.0..x_max.max(1e-3) * 1.02
-    };
+    let x_range =
+        if marks { (x_min - 0.25).max(0.0)..x_max + 0.25 } else { 0.0..x_max.max(1e-3) * 1.02 };
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(&e))?;
     let mut chart = ChartBuilder::on(&root)
@@ -161,8 +151,7 @@ fn line_chart(
     mesh.x_desc(x_label).y_desc(y_label);
     if marks {
         // Thread counts are whole numbers: one label per count, none in between.
-        mesh.x_labels((x_max - x_min) as usize + 1)
-            .x_label_formatter(&|x| format!("{x:.0}"));
+        mesh.x_labels((x_max - x_min) as usize + 1).x_label_formatter(&|x| format!("{x:.0}"));
     }
     mesh.draw().map_err(|e| failed(&e))?;
     for (index, line) in series.iter().enumerate() {
@@ -175,11 +164,7 @@ fn line_chart(
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         if marks {
             chart
-                .draw_series(
-                    line.points
-                        .iter()
-                        .map(|&point| Circle::new(point, 4, color.filled())),
-                )
+                .draw_series(line.points.iter().map(|&point| Circle::new(point, 4, color.filled())))
                 .map_err(|e| failed(&e))?;
         }
     }
@@ -201,14 +186,12 @@ fn line_chart(
 /// the CPUs this process may use.
 pub fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|line| line.starts_with("model name"))
-                .and_then(|line| line.split_once(':'))
-                .map(|(_, model)| model.trim().to_string())
-        });
+    let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
+        info.lines()
+            .find(|line| line.starts_with("model name"))
+            .and_then(|line| line.split_once(':'))
+            .map(|(_, model)| model.trim().to_string())
+    });
     match model {
         Some(model) => format!("{cpus} CPUs, {model}"),
         None => format!("{cpus} CPUs"),

@@ -18,12 +18,7 @@ impl Table {
     /// An empty table with these headers.
     pub fn new(title: impl Into<String>, header: &[&str]) -> Self {
         let header = header.iter().map(|cell| cell.to_string()).collect();
-        Self {
-            title: title.into(),
-            header,
-            rows: Vec::new(),
-            notes: Vec::new(),
-        }
+        Self { title: title.into(), header, rows: Vec::new(), notes: Vec::new() }
     }
 
     /// Adds a row of cells.
@@ -76,12 +71,8 @@ pub const RATIO_LEGEND: &str = "vs X = how many times better this row is than X'
 /// `1234567` as `1,234,567`.
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
-    let groups: Vec<&str> = digits
-        .as_bytes()
-        .rchunks(3)
-        .rev()
-        .map(|g| std::str::from_utf8(g).unwrap_or(""))
-        .collect();
+    let groups: Vec<&str> =
+        digits.as_bytes().rchunks(3).rev().map(|g| std::str::from_utf8(g).unwrap_or("")).collect();
     groups.join(",")
 }
 
@@ -115,30 +106,17 @@ impl Col {
         digits: usize,
     ) -> Self {
         let header = header.into();
-        Self {
-            header,
-            metric,
-            unit,
-            digits,
-            higher_is_better: false,
-            ratios: false,
-        }
+        Self { header, metric, unit, digits, higher_is_better: false, ratios: false }
     }
 
     /// The same column, for a figure where higher is better (a rate).
     pub fn rate(self) -> Self {
-        Self {
-            higher_is_better: true,
-            ..self
-        }
+        Self { higher_is_better: true, ..self }
     }
 
     /// The same column, with a ratio column against each peer.
     pub fn ratios(self) -> Self {
-        Self {
-            ratios: true,
-            ..self
-        }
+        Self { ratios: true, ..self }
     }
 }
 
@@ -175,15 +153,7 @@ impl Sheet {
         cols: Vec<Col>,
     ) -> Self {
         let (workload, title) = (workload.into(), title.into());
-        Self {
-            workload,
-            title,
-            timers,
-            cols,
-            rows: Vec::new(),
-            notes: Vec::new(),
-            scaling: None,
-        }
+        Self { workload, title, timers, cols, rows: Vec::new(), notes: Vec::new(), scaling: None }
     }
 
     /// Adds a row named after its subject (with the thread count when `with_threads`).
@@ -198,12 +168,7 @@ impl Sheet {
             true => format!("{}, {threads}", subject.name()),
             false => subject.name().to_string(),
         };
-        self.rows.push(Row {
-            name,
-            subject,
-            threads,
-            values,
-        });
+        self.rows.push(Row { name, subject, threads, values });
     }
 
     /// Adds a note under the table.
@@ -215,18 +180,12 @@ impl Sheet {
     fn ratio(&self, row: &Row, other: &Row, col: usize) -> Option<f64> {
         let value = |row: &Row| row.values.as_ref().ok()?.get(col).copied().flatten();
         let (this, that) = (value(row)?, value(other)?);
-        let ratio = if self.cols[col].higher_is_better {
-            this / that
-        } else {
-            that / this
-        };
+        let ratio = if self.cols[col].higher_is_better { this / that } else { that / this };
         ratio.is_finite().then_some(ratio)
     }
 
     fn find(&self, subject: Subject, threads: usize) -> Option<&Row> {
-        self.rows
-            .iter()
-            .find(|row| row.subject == subject && row.threads == threads)
+        self.rows.iter().find(|row| row.subject == subject && row.threads == threads)
     }
 
     /// Prints the table and adds every figure, ratio and scaling to `csv`.
@@ -237,25 +196,13 @@ impl Sheet {
                 peers.push(row.subject);
             }
         }
-        if self
-            .rows
-            .iter()
-            .all(|row| row.subject == self.rows[0].subject)
-        {
+        if self.rows.iter().all(|row| row.subject == self.rows[0].subject) {
             peers.clear();
         }
-        let ratio_cols: Vec<usize> = (0..self.cols.len())
-            .filter(|&c| self.cols[c].ratios)
-            .collect();
+        let ratio_cols: Vec<usize> =
+            (0..self.cols.len()).filter(|&c| self.cols[c].ratios).collect();
         let threads = self.rows.iter().any(|r| r.name.contains(", "));
-        let mut header = vec![
-            if threads {
-                "subject, threads"
-            } else {
-                "subject"
-            }
-            .to_string(),
-        ];
+        let mut header = vec![if threads { "subject, threads" } else { "subject" }.to_string()];
         header.extend(self.cols.iter().map(|col| col.header.clone()));
         for &col in &ratio_cols {
             header.extend(peers.iter().map(|peer| match ratio_cols.len() {
@@ -264,12 +211,8 @@ impl Sheet {
             }));
         }
         header.extend(self.scaling.map(|_| "vs own 1 thread".to_string()));
-        let mut table = Table {
-            title: self.title.clone(),
-            header,
-            rows: Vec::new(),
-            notes: Vec::new(),
-        };
+        let mut table =
+            Table { title: self.title.clone(), header, rows: Vec::new(), notes: Vec::new() };
         let mut errors = Vec::new();
         let show =
             |ratio: Option<f64>| ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
@@ -305,14 +248,9 @@ impl Sheet {
             }
             for (i, &col) in ratio_cols.iter().enumerate() {
                 for peer in &peers {
-                    let ratio = self
-                        .find(*peer, row.threads)
-                        .and_then(|other| self.ratio(row, other, col));
-                    cells.push(if row.subject == *peer {
-                        "-".to_string()
-                    } else {
-                        show(ratio)
-                    });
+                    let ratio =
+                        self.find(*peer, row.threads).and_then(|other| self.ratio(row, other, col));
+                    cells.push(if row.subject == *peer { "-".to_string() } else { show(ratio) });
                     if let (0, true, Some(ratio), Some(metric)) =
                         (i, row.subject.is_corewheel(), ratio, peer.ratio_metric())
                     {
@@ -323,11 +261,7 @@ impl Sheet {
             if let Some(col) = self.scaling {
                 let one = self.find(row.subject, 1).filter(|_| row.threads > 1);
                 let scaling = one.and_then(|one| self.ratio(row, one, col));
-                cells.push(if row.threads == 1 {
-                    "-".to_string()
-                } else {
-                    show(scaling)
-                });
+                cells.push(if row.threads == 1 { "-".to_string() } else { show(scaling) });
                 if let Some(scaling) = scaling {
                     put("scaling_vs_1_thread", scaling, "x");
                 }
@@ -384,11 +318,8 @@ impl Csv {
         metrics: &[(&str, f64, &'static str)],
     ) {
         for &(metric, value, unit) in metrics {
-            let (workload, subject, metric) = (
-                workload.to_string(),
-                subject.to_string(),
-                metric.to_string(),
-            );
+            let (workload, subject, metric) =
+                (workload.to_string(), subject.to_string(), metric.to_string());
             self.push(CsvRow {
                 workload,
                 subject,
@@ -405,9 +336,8 @@ impl Csv {
     /// never leaves a truncated file where scripts expect a complete one.
     pub fn write(&self, path: &Path) -> Result<(), String> {
         let partial = path.with_extension("csv.tmp");
-        let written = csv::Writer::from_path(&partial)
-            .map_err(|e| e.to_string())
-            .and_then(|mut out| {
+        let written =
+            csv::Writer::from_path(&partial).map_err(|e| e.to_string()).and_then(|mut out| {
                 self.rows
                     .iter()
                     .try_for_each(|row| out.serialize(row))
@@ -431,17 +361,11 @@ mod tests {
             (thousands(0), thousands(999), thousands(20_000_000)),
             ("0".into(), "999".into(), "20,000,000".into())
         );
-        assert_eq!(
-            (figure(Some(1234.4), 0), figure(None, 1)),
-            ("1,234".into(), "n/a".into())
-        );
+        assert_eq!((figure(Some(1234.4), 0), figure(None, 1)), ("1,234".into(), "n/a".into()));
         let mut table = Table::new("t", &["subject", "ns/op"]);
         table.row(vec!["corewheel".into(), "1.5".into()]);
         table.row(vec!["x".into(), "100.25".into()]);
-        assert_eq!(
-            table.render(),
-            "t\nsubject     ns/op\ncorewheel     1.5\nx          100.25\n"
-        );
+        assert_eq!(table.render(), "t\nsubject     ns/op\ncorewheel     1.5\nx          100.25\n");
     }
 
     /// Ratios read as how many times better the row is, for costs and rates alike; the
@@ -455,22 +379,14 @@ mod tests {
         let mut sheet = Sheet::new("w", "title", 10, cols);
         sheet.scaling = Some(0);
         sheet.add(Subject::Engine, 1, true, Ok(vec![Some(10.0), Some(100.0)]));
-        sheet.add(
-            Subject::TokioSleep,
-            1,
-            true,
-            Ok(vec![Some(30.0), Some(20.0)]),
-        );
+        sheet.add(Subject::TokioSleep, 1, true, Ok(vec![Some(30.0), Some(20.0)]));
         sheet.add(Subject::Engine, 2, true, Ok(vec![Some(5.0), Some(200.0)]));
         sheet.add(Subject::TokioSleep, 2, true, Err("broke".into()));
         assert_eq!(sheet.ratio(&sheet.rows[0], &sheet.rows[1], 1), Some(5.0));
         let mut csv = Csv::default();
         sheet.finish(&mut csv);
-        let rows: Vec<_> = csv
-            .rows()
-            .iter()
-            .map(|r| (r.subject.as_str(), r.metric.as_str(), r.value))
-            .collect();
+        let rows: Vec<_> =
+            csv.rows().iter().map(|r| (r.subject.as_str(), r.metric.as_str(), r.value)).collect();
         assert!(rows.contains(&("engine, 1", "vs_tokio_sleep", 3.0)));
         assert!(rows.contains(&("engine, 2", "scaling_vs_1_thread", 2.0)));
         assert!(!rows.iter().any(|m| m.0 == "tokio-sleep, 2"));

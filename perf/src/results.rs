@@ -69,29 +69,20 @@ pub fn write(
     if let Some(dest) = save {
         let written = copy_set(run_dir, dest)
             .map_err(|error| format!("could not save to {}: {error}", dest.display()))?;
-        println!(
-            "saved as the reference set: {} ({written} files)",
-            dest.display()
-        );
+        println!("saved as the reference set: {} ({written} files)", dest.display());
     }
     Ok(())
 }
 
 /// The run's `summary.md`: its command line, machine, duration and every table it printed.
 fn summary_text(run_dir: &Path, machine: &str, took: Duration) -> String {
-    let name = run_dir
-        .file_name()
-        .map_or_else(String::new, |name| name.to_string_lossy().into_owned());
-    let args: Vec<String> = std::env::args_os()
-        .skip(1)
-        .map(|arg| arg.to_string_lossy().into_owned())
-        .collect();
+    let name =
+        run_dir.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned());
+    let args: Vec<String> =
+        std::env::args_os().skip(1).map(|arg| arg.to_string_lossy().into_owned()).collect();
     let command = match args.is_empty() {
         true => "cargo run --release -p corewheel-perf".to_string(),
-        false => format!(
-            "cargo run --release -p corewheel-perf -- {}",
-            args.join(" ")
-        ),
+        false => format!("cargo run --release -p corewheel-perf -- {}", args.join(" ")),
     };
     format!(
         "# corewheel-perf run {name}\n\n- command: `{command}`\n- machine: {machine}, mimalloc\n- took: {:.0} s\n\n\
@@ -125,16 +116,12 @@ fn copy_set(run: &Path, dest: &Path) -> io::Result<usize> {
 
 fn is_result_file(path: &Path) -> bool {
     path.file_name().is_some_and(|name| name == SUMMARY)
-        || path
-            .extension()
-            .is_some_and(|extension| extension == "csv" || extension == "svg")
+        || path.extension().is_some_and(|extension| extension == "csv" || extension == "svg")
 }
 
 /// `2026-11-24T18-05-09Z`: sortable, and valid as a file name everywhere.
 pub fn utc_stamp(time: SystemTime) -> String {
-    let seconds = time
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs());
+    let seconds = time.duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
     // Howard Hinnant's civil_from_days: the proleptic Gregorian date of a day count.
     let z = (seconds / 86_400) as i64 + 719_468;
     let (era, doe) = (z.div_euclid(146_097), z.rem_euclid(146_097));
@@ -184,11 +171,7 @@ mod tests {
         let read = |name: &str| std::fs::read_to_string(dest.join(name)).ok();
         assert_eq!(read("results.csv").as_deref(), Some("new"));
         assert_eq!(read("a.svg").as_deref(), Some("new"));
-        assert_eq!(
-            read("stale.svg"),
-            None,
-            "a previous run's plot outlived the save"
-        );
+        assert_eq!(read("stale.svg"), None, "a previous run's plot outlived the save");
         assert_eq!(read("README.txt").as_deref(), Some("old"));
         assert!(dest.join("other-machine").is_dir());
         std::fs::remove_dir_all(&root).unwrap();

@@ -87,13 +87,7 @@ pub fn start(total: u64) {
     });
     let mut guard = state();
     let transcript = guard.take().map(|s| s.transcript).unwrap_or_default();
-    *guard = Some(State {
-        bar,
-        began: Instant::now(),
-        total,
-        done: 0,
-        transcript,
-    });
+    *guard = Some(State { bar, began: Instant::now(), total, done: 0, transcript });
 }
 
 /// Prints `text` and a newline to stdout, with the bar out of the way, and keeps it for the
@@ -117,9 +111,7 @@ pub fn print(text: &str) {
 
 /// Everything printed through [`print`] so far.
 pub fn transcript() -> String {
-    state()
-        .as_ref()
-        .map_or_else(String::new, |s| s.transcript.clone())
+    state().as_ref().map_or_else(String::new, |s| s.transcript.clone())
 }
 
 /// A line on stderr in lines mode, stamped with the time since the start.
@@ -149,10 +141,7 @@ fn step(what: &str, ran: Option<Instant>) {
         }
         (None, Some(began)) => line(
             state,
-            &format!(
-                "{done}/{total} done     {what} in {:.1} s",
-                began.elapsed().as_secs_f64()
-            ),
+            &format!("{done}/{total} done     {what} in {:.1} s", began.elapsed().as_secs_f64()),
         ),
         (None, None) => line(state, &format!("{done}/{total} skipped  {what}")),
     }
@@ -164,10 +153,7 @@ pub fn finish() {
         if let Some(bar) = &state.bar {
             bar.finish_and_clear();
         }
-        line(
-            state,
-            &format!("finished: {}/{} runs", state.done, state.total),
-        );
+        line(state, &format!("finished: {}/{} runs", state.done, state.total));
     }
 }
 
@@ -178,11 +164,8 @@ pub fn in_turns<R>(
     plan: &Plan,
     mut measure: impl FnMut(&Cell) -> Result<R, String>,
 ) -> Vec<Result<Vec<R>, String>> {
-    let mut results: Vec<Result<Vec<R>, String>> = plan
-        .cells
-        .iter()
-        .map(|_| Ok(Vec::with_capacity(plan.runs)))
-        .collect();
+    let mut results: Vec<Result<Vec<R>, String>> =
+        plan.cells.iter().map(|_| Ok(Vec::with_capacity(plan.runs))).collect();
     for run in 0..plan.runs {
         for (cell, result) in plan.cells.iter().zip(results.iter_mut()) {
             let label = plan.label(cell, run);
@@ -217,9 +200,7 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
 pub fn spread(values: impl IntoIterator<Item = f64>) -> String {
     let (min, max) = values
         .into_iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-            (lo.min(v), hi.max(v))
-        });
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     format!("{min:.1}-{max:.1}")
 }
 
@@ -241,11 +222,7 @@ mod tests {
     /// its other runs are still counted.
     #[test]
     fn cells_take_turns_and_failures_stop_their_cell() {
-        let cell = |subject| Cell {
-            subject,
-            threads: 1,
-            param: 0,
-        };
+        let cell = |subject| Cell { subject, threads: 1, param: 0 };
         let plan = Plan {
             workload: Workload::ArmCancel,
             cells: vec![cell(Subject::Corewheel), cell(Subject::BinaryHeap)],
@@ -263,12 +240,7 @@ mod tests {
         });
         assert_eq!(
             order,
-            [
-                Subject::Corewheel,
-                Subject::BinaryHeap,
-                Subject::Corewheel,
-                Subject::Corewheel
-            ]
+            [Subject::Corewheel, Subject::BinaryHeap, Subject::Corewheel, Subject::Corewheel]
         );
         assert_eq!(results[0], Ok(vec![1, 3, 4]));
         assert_eq!(results[1], Err("broke".to_string()));

@@ -10,10 +10,7 @@
 use std::time::{Duration, Instant};
 
 fn clock(id: libc::clockid_t) -> Option<Duration> {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `now` is a valid, writable timespec for the whole call.
     let rc = unsafe { libc::clock_gettime(id, &mut now) };
     (rc == 0).then(|| Duration::new(now.tv_sec as u64, now.tv_nsec as u32))
@@ -99,9 +96,7 @@ pub fn resident_bytes() -> Option<u64> {
 /// times over, and the kernel decides it, so the output reports it.
 pub fn huge_page_bytes() -> Option<u64> {
     let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
-    let line = rollup
-        .lines()
-        .find_map(|line| line.strip_prefix("AnonHugePages:"))?;
+    let line = rollup.lines().find_map(|line| line.strip_prefix("AnonHugePages:"))?;
     Some(line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? * 1024)
 }
 
@@ -124,9 +119,7 @@ fn machine_busy() -> Option<Duration> {
         .filter(|(i, _)| *i != 3 && *i != 4)
         .map(|(_, ticks)| ticks.parse::<u64>().ok())
         .sum::<Option<u64>>()?;
-    Some(Duration::from_nanos(
-        busy * (1_000_000_000 / clock_ticks()?),
-    ))
+    Some(Duration::from_nanos(busy * (1_000_000_000 / clock_ticks()?)))
 }
 
 /// CPU time of this process and of its children that have been waited for.
@@ -156,11 +149,7 @@ pub struct LoadMeter {
 impl LoadMeter {
     /// Takes the readings at the start of a workload.
     pub fn start() -> Self {
-        Self {
-            started: Instant::now(),
-            busy: machine_busy(),
-            own: own_cpu(),
-        }
+        Self { started: Instant::now(), busy: machine_busy(), own: own_cpu() }
     }
 
     /// CPU time other processes used since `start`, as a share of all the CPUs (0 to 1).
@@ -204,8 +193,7 @@ mod tests {
                 std::thread::park();
             })
             .expect("a thread");
-        spun.recv_timeout(Duration::from_secs(60))
-            .expect("20 ms of CPU within a minute");
+        spun.recv_timeout(Duration::from_secs(60)).expect("20 ms of CPU within a minute");
         let named = named_threads_cpu_time("cpu-time-test-").expect("the named thread");
         assert!(named >= Duration::from_millis(5), "{named:?}");
         assert!(named_threads_cpu_time("no-such-thread-name").is_none());

@@ -54,12 +54,7 @@ impl<T> Default for TombstoneHeap<T> {
 
 impl<T> TombstoneHeap<T> {
     pub fn new() -> Self {
-        Self {
-            heap: BinaryHeap::new(),
-            slots: Vec::new(),
-            free: Vec::new(),
-            live: 0,
-        }
+        Self { heap: BinaryHeap::new(), slots: Vec::new(), free: Vec::new(), live: 0 }
     }
 
     pub fn insert(&mut self, deadline: Instant, value: T) -> HeapKey {
@@ -70,19 +65,12 @@ impl<T> TombstoneHeap<T> {
             }
             None => {
                 let slot = u32::try_from(self.slots.len()).expect("more than 2^32 heap timers");
-                self.slots.push(Slot {
-                    generation: 0,
-                    value: Some(value),
-                });
+                self.slots.push(Slot { generation: 0, value: Some(value) });
                 slot
             }
         };
         let generation = self.slots[slot as usize].generation;
-        self.heap.push(Reverse(Entry {
-            deadline,
-            slot,
-            generation,
-        }));
+        self.heap.push(Reverse(Entry { deadline, slot, generation }));
         self.live += 1;
         HeapKey { slot, generation }
     }
@@ -117,16 +105,9 @@ impl<T> TombstoneHeap<T> {
         }
         slot.generation = slot.generation.wrapping_add(1);
         let generation = slot.generation;
-        self.heap.push(Reverse(Entry {
-            deadline,
-            slot: key.slot,
-            generation,
-        }));
+        self.heap.push(Reverse(Entry { deadline, slot: key.slot, generation }));
         self.rebuild_if_mostly_tombstones();
-        Some(HeapKey {
-            slot: key.slot,
-            generation,
-        })
+        Some(HeapKey { slot: key.slot, generation })
     }
 
     /// The earliest live deadline, dropping tombstones that have reached the top.
@@ -166,8 +147,7 @@ impl<T> TombstoneHeap<T> {
         let tombstones = self.heap.len() - self.live;
         if tombstones > self.live && tombstones > MIN_TOMBSTONES_TO_REBUILD {
             let slots = &self.slots;
-            self.heap
-                .retain(|Reverse(entry)| Self::is_live(slots, entry));
+            self.heap.retain(|Reverse(entry)| Self::is_live(slots, entry));
         }
     }
 
@@ -242,9 +222,8 @@ mod tests {
     fn rebuild_keeps_live_timers() {
         let t0 = Instant::now();
         let mut heap = TombstoneHeap::new();
-        let keys: Vec<_> = (0..10_000u64)
-            .map(|i| heap.insert(t0 + Duration::from_nanos(i), i))
-            .collect();
+        let keys: Vec<_> =
+            (0..10_000u64).map(|i| heap.insert(t0 + Duration::from_nanos(i), i)).collect();
         for key in &keys[..9_000] {
             assert!(heap.cancel(*key).is_some());
         }

@@ -41,8 +41,7 @@ impl SharedTimers for TimerEngine {
 
     #[inline]
     fn arm(&self, delay: Duration, id: u64) -> Result<TimerHandle, String> {
-        self.schedule(delay, on_timeout(id))
-            .map_err(|error| format!("schedule failed: {error}"))
+        self.schedule(delay, on_timeout(id)).map_err(|error| format!("schedule failed: {error}"))
     }
 
     #[inline]
@@ -94,11 +93,7 @@ pub fn node_bytes() -> Option<f64> {
 }
 
 fn node_bytes_here() -> Option<f64> {
-    let engine = TimerEngine::builder()
-        .workers(1)
-        .manual_clock(ManualClock::new())
-        .build()
-        .ok()?;
+    let engine = TimerEngine::builder().workers(1).manual_clock(ManualClock::new()).build().ok()?;
     let empty = engine.stats().pool_bytes;
     let mut handles = vec![engine.schedule(Duration::from_secs(1), || {}).ok()?];
     let one_chunk = engine.stats().pool_bytes;
@@ -165,12 +160,7 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
             let workers_cpu = workers_cpu_time();
             let walk = Instant::now();
             if engine.nodes_in_use() == 0 {
-                return Ok(Settled {
-                    waited,
-                    stats: engine.stats(),
-                    process_cpu,
-                    workers_cpu,
-                });
+                return Ok(Settled { waited, stats: engine.stats(), process_cpu, workers_cpu });
             }
             last_walk = walk.elapsed();
             walk_after = Instant::now() + last_walk * 4;

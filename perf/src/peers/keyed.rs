@@ -27,9 +27,7 @@ pub trait Keyed: Sync {
 
 impl Keyed for KeyedTimers<'_, u64, u64> {
     fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
-        KeyedTimers::set(self, key, value, delay)
-            .map(drop)
-            .map_err(|error| error.to_string())
+        KeyedTimers::set(self, key, value, delay).map(drop).map_err(|error| error.to_string())
     }
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
@@ -55,10 +53,7 @@ pub struct MutexMap<'e> {
 
 impl<'e> MutexMap<'e> {
     pub fn new(engine: &'e TimerEngine) -> Self {
-        Self {
-            engine,
-            map: Arc::default(),
-        }
+        Self { engine, map: Arc::default() }
     }
 }
 
@@ -75,10 +70,7 @@ impl Keyed for MutexMap<'_> {
         let timer = self
             .engine
             .schedule(delay, move || {
-                let _expired = shared
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&key);
+                let _expired = shared.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
             })
             .map_err(|error| error.to_string())?;
         map.insert(key, (value, timer));
@@ -87,16 +79,11 @@ impl Keyed for MutexMap<'_> {
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
         let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        map.get(&key)
-            .is_some_and(|&(_, timer)| self.engine.reset(timer, delay))
+        map.get(&key).is_some_and(|&(_, timer)| self.engine.reset(timer, delay))
     }
 
     fn remove(&self, key: u64) -> bool {
-        let taken = self
-            .map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
+        let taken = self.map.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
         taken.is_some_and(|(_, timer)| self.engine.cancel(timer))
     }
 }
@@ -154,9 +141,7 @@ pub struct DashMapOnly(dashmap::DashMap<u64, Slot>);
 impl Default for DashMapOnly {
     fn default() -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        Self(dashmap::DashMap::with_shard_amount(
-            (cpus * 16).next_power_of_two(),
-        ))
+        Self(dashmap::DashMap::with_shard_amount((cpus * 16).next_power_of_two()))
     }
 }
 

@@ -150,19 +150,13 @@ impl Subject {
     /// A structure one thread owns, driven through [`TimerQueue`] by the single-thread
     /// workloads; the others are driven from several threads.
     pub fn is_single_owner(self) -> bool {
-        matches!(
-            self,
-            Subject::Corewheel | Subject::DelayQueue | Subject::BinaryHeap
-        )
+        matches!(self, Subject::Corewheel | Subject::DelayQueue | Subject::BinaryHeap)
     }
 
     /// corewheel's own subjects, whose rows get the "vs peer" ratio columns.
     pub fn is_corewheel(self) -> bool {
         use Subject::*;
-        matches!(
-            self,
-            Corewheel | Engine | EngineDriven | CorewheelAsync | Keyed
-        )
+        matches!(self, Corewheel | Engine | EngineDriven | CorewheelAsync | Keyed)
     }
 
     /// The CSV metric of corewheel's ratio against this subject; `None` for corewheel's own.
@@ -273,9 +267,6 @@ pub fn measure_fresh<T, M: Measure<T>>(
         Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),
         Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,
         Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
-        _ => Err(format!(
-            "{} is not a single-owner structure",
-            subject.name()
-        )),
+        _ => Err(format!("{} is not a single-owner structure", subject.name())),
     }
 }

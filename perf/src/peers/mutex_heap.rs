@@ -49,10 +49,7 @@ pub struct SharedHeap {
 impl SharedHeap {
     pub fn start() -> Result<Self, String> {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                heap: TombstoneHeap::new(),
-                stop: false,
-            }),
+            state: Mutex::new(State { heap: TombstoneHeap::new(), stop: false }),
             wake: Condvar::new(),
             fired: AtomicU64::new(0),
         });
@@ -61,10 +58,7 @@ impl SharedHeap {
             .name(format!("{TIMER_THREAD_PREFIX}0"))
             .spawn(move || fire_loop(&for_thread))
             .map_err(|error| format!("could not start the heap's timer thread: {error}"))?;
-        Ok(Self {
-            shared,
-            timer_thread: Some(timer_thread),
-        })
+        Ok(Self { shared, timer_thread: Some(timer_thread) })
     }
 
     /// Timers the timer thread has fired so far.
@@ -147,16 +141,9 @@ fn fire_loop(shared: &Shared) {
         state = match state.heap.next_deadline() {
             Some(next) => {
                 let wait = next.saturating_duration_since(Instant::now());
-                shared
-                    .wake
-                    .wait_timeout(state, wait)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0
+                shared.wake.wait_timeout(state, wait).unwrap_or_else(PoisonError::into_inner).0
             }
-            None => shared
-                .wake
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner),
+            None => shared.wake.wait(state).unwrap_or_else(PoisonError::into_inner),
         };
     }
 }
@@ -202,10 +189,7 @@ mod tests {
                     })
                 })
                 .collect();
-            threads
-                .into_iter()
-                .map(|t| t.join().expect("no panic"))
-                .sum()
+            threads.into_iter().map(|t| t.join().expect("no panic")).sum()
         });
         let kept = heap.arm(Duration::from_secs(3600), 9).expect("armed");
         let moved = heap.reset(kept, Duration::from_millis(2)).expect("pending");

@@ -50,10 +50,8 @@ mod tests {
         let rt = runtime(1).expect("a runtime");
         rt.block_on(async {
             let delay = Duration::from_millis(250);
-            let (mut tokio, mut pingora) = (
-                Box::pin(tokio_timeout(delay)),
-                Box::pin(pingora_timeout(delay)),
-            );
+            let (mut tokio, mut pingora) =
+                (Box::pin(tokio_timeout(delay)), Box::pin(pingora_timeout(delay)));
             let mut read = Box::pin(PendingRead);
             let done = with_context(|cx| {
                 [
@@ -64,10 +62,7 @@ mod tests {
             })
             .await;
             assert_eq!(done, [false; 3]);
-            assert!(
-                tokio.await.is_err() && pingora.await.is_err(),
-                "both elapsed"
-            );
+            assert!(tokio.await.is_err() && pingora.await.is_err(), "both elapsed");
         });
     }
 }

@@ -160,15 +160,11 @@ mod tests {
         let waker = Waker::from(Arc::clone(&counter));
         let at = Instant::now() + Duration::from_secs(1);
         let (ready, sleeps) = rt.block_on(async move {
-            let mut sleeps: Vec<_> = (0..SLEEPS)
-                .map(|_| Box::pin(tokio::time::sleep_until(at.into())))
-                .collect();
+            let mut sleeps: Vec<_> =
+                (0..SLEEPS).map(|_| Box::pin(tokio::time::sleep_until(at.into()))).collect();
             let mut cx = Context::from_waker(&waker);
             let ready = with_context(|_| {
-                sleeps
-                    .iter_mut()
-                    .filter(|s| register(s.as_mut(), &mut cx))
-                    .count()
+                sleeps.iter_mut().filter(|s| register(s.as_mut(), &mut cx)).count()
             })
             .await;
             (ready, sleeps)
@@ -186,11 +182,7 @@ mod tests {
         {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(
-            counter.0.load(Ordering::SeqCst) + ready,
-            SLEEPS,
-            "each fired once"
-        );
+        assert_eq!(counter.0.load(Ordering::SeqCst) + ready, SLEEPS, "each fired once");
         drop(sleeps);
     }
 }

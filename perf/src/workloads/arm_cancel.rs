@@ -49,9 +49,7 @@ impl Measure<u64> for ArmCancel {
         let elapsed = started.elapsed();
 
         if missing > 0 {
-            return Err(format!(
-                "{missing} cancels found no timer: the structure lost timers"
-            ));
+            return Err(format!("{missing} cancels found no timer: the structure lost timers"));
         }
         Ok(elapsed)
     }

@@ -87,9 +87,8 @@ async fn share<F: Future + Send + 'static>(
     reset: Option<Move<F>>,
 ) -> Result<(Share, Vec<Pin<Box<F>>>), String> {
     let connections = if reset.is_some() { CONNECTIONS } else { 0 };
-    let mut idle: Vec<Pin<Box<F>>> = (0..connections)
-        .map(|_| Box::pin(arm(IDLE_TIMEOUT)))
-        .collect();
+    let mut idle: Vec<Pin<Box<F>>> =
+        (0..connections).map(|_| Box::pin(arm(IDLE_TIMEOUT))).collect();
     with_context(move |cx| {
         let mut rng = rng(index as u64 + 13);
         let mut share = Share::new();
@@ -182,11 +181,8 @@ fn on_runtime<F: Future + Send + 'static>(
     let settled = settle.map_or(Ok(()), |settle| settle());
     let cpu = cpu_between(cpu, wait_until_quiet());
     settled?;
-    let (shares, mut idle): (Vec<Share>, Vec<_>) = results
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .unzip();
+    let (shares, mut idle): (Vec<Share>, Vec<_>) =
+        results.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
     check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
     let mut cx = Context::from_waker(Waker::noop());
     let fired = runtime.block_on(async {
@@ -202,10 +198,7 @@ fn on_runtime<F: Future + Send + 'static>(
     if fired > 0 {
         return Err(format!("{fired} connections' idle timers fired"));
     }
-    Ok(Run {
-        cpu,
-        ..Run::of(start, &shares)
-    })
+    Ok(Run { cpu, ..Run::of(start, &shares) })
 }
 
 /// One measurement's shape.
@@ -269,22 +262,9 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,
         |cell| ops * cell.threads as u64,
-        |cell: &Cell| {
-            measure(
-                kind,
-                cell.subject,
-                Config {
-                    threads: cell.threads,
-                    ops,
-                },
-            )
-        },
+        |cell: &Cell| measure(kind, cell.subject, Config { threads: cell.threads, ops }),
     );
-    let unit = if kind == Kind::Reset {
-        "reset"
-    } else {
-        "timer"
-    };
+    let unit = if kind == Kind::Reset { "reset" } else { "timer" };
     let name = workload.name();
     let title = match kind {
         Kind::Sleep => format!(
@@ -304,32 +284,20 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     let cols = vec![
         Col::new(
             format!("CPU ns/{unit}"),
-            if unit == "reset" {
-                "cpu_ns_per_reset"
-            } else {
-                "cpu_ns_per_timer"
-            },
+            if unit == "reset" { "cpu_ns_per_reset" } else { "cpu_ns_per_timer" },
             "ns",
             1,
         )
         .ratios(),
         Col::new(
             format!("ns/{unit}"),
-            if unit == "reset" {
-                "ns_per_reset"
-            } else {
-                "ns_per_timer"
-            },
+            if unit == "reset" { "ns_per_reset" } else { "ns_per_timer" },
             "ns",
             1,
         ),
         Col::new(
             format!("M{unit}s/s"),
-            if unit == "reset" {
-                "mresets_per_s"
-            } else {
-                "mtimers_per_s"
-            },
+            if unit == "reset" { "mresets_per_s" } else { "mtimers_per_s" },
             "M/s",
             2,
         )
@@ -342,10 +310,7 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     for (cell, result) in plan.cells.iter().zip(&results) {
         let values = result.as_ref().map(|m| {
             let label = format!("{}, {}", cell.subject.name(), cell.threads);
-            spreads.push(format!(
-                "{label}: {:.1}-{:.1}",
-                m.per.wall_min, m.per.wall_max
-            ));
+            spreads.push(format!("{label}: {:.1}-{:.1}", m.per.wall_min, m.per.wall_max));
             if m.too_late > 0 {
                 notes.push(format!(
                     "{label}: {} timers were due at once when polled, over {RUNS} runs",
@@ -354,12 +319,7 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
             }
             vec![m.per.cpu, Some(m.per.wall), Some(1e3 / m.per.wall)]
         });
-        sheet.add(
-            cell.subject,
-            cell.threads,
-            true,
-            values.map_err(Clone::clone),
-        );
+        sheet.add(cell.subject, cell.threads, true, values.map_err(Clone::clone));
     }
     sheet.note(match kind {
         Kind::Sleep => "timer = make a sleep, poll it once (which arms it with the task's waker), drop it (which cancels it)",

@@ -40,9 +40,8 @@ fn thread_share<S: SharedTimers>(
 ) -> Result<Share, String> {
     let mut rng = rng(index as u64 + 1);
     let mut share = Share::new();
-    let window: Result<Vec<S::Handle>, String> = (0..config.window as u64)
-        .map(|i| subject.arm(request_timeout(&mut rng), i))
-        .collect();
+    let window: Result<Vec<S::Handle>, String> =
+        (0..config.window as u64).map(|i| subject.arm(request_timeout(&mut rng), i)).collect();
     gate.wait();
     let mut window = window?;
     let ops = share_of(config.timers, config.threads, index);
@@ -114,12 +113,12 @@ async fn tokio_share<F: Future + Send + 'static>(
 
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Engine => parallel::on_engine(config.threads, true, |e, i, gate| {
-            thread_share(e, i, gate, config)
-        }),
-        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| {
-            thread_share(h, i, gate, config)
-        }),
+        Subject::Engine => {
+            parallel::on_engine(config.threads, true, |e, i, gate| thread_share(e, i, gate, config))
+        }
+        Subject::MutexHeap => {
+            parallel::on_mutex_heap(config.threads, |h, i, gate| thread_share(h, i, gate, config))
+        }
         Subject::TokioSleep => parallel::on_tokio(config.threads, |i, line| {
             tokio_share(i, line, config, tokio::time::sleep)
         }),
@@ -139,29 +138,16 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         plan,
         |_| timers,
         |cell: &Cell| {
-            let config = Config {
-                threads: cell.threads,
-                window: cell.param as usize,
-                timers,
-            };
+            let config = Config { threads: cell.threads, window: cell.param as usize, timers };
             measure(cell.subject, config)
         },
     );
     let mut windows: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
     windows.dedup();
-    let most_threads = plan
-        .cells
-        .iter()
-        .map(|cell| cell.threads)
-        .max()
-        .unwrap_or(1) as u64;
+    let most_threads = plan.cells.iter().map(|cell| cell.threads).max().unwrap_or(1) as u64;
     for window in windows {
-        let cells: Vec<_> = plan
-            .cells
-            .iter()
-            .zip(&results)
-            .filter(|(cell, _)| cell.param == window)
-            .collect();
+        let cells: Vec<_> =
+            plan.cells.iter().zip(&results).filter(|(cell, _)| cell.param == window).collect();
         let mut sheet = ThreadsTable {
             workload: format!("engine-arm-cancel-w{window}"),
             title: format!(

@@ -45,10 +45,7 @@ pub fn measure_here(subject: Subject, timers: u64) -> Result<Readings, String> {
     match subject {
         Subject::Engine => measure_engine(timers),
         Subject::TokioSleep => measure_tokio(timers),
-        _ => Err(format!(
-            "{} is not an engine-live-1m subject",
-            subject.name()
-        )),
+        _ => Err(format!("{} is not an engine-live-1m subject", subject.name())),
     }
 }
 
@@ -99,22 +96,10 @@ fn measure_engine(timers: u64) -> Result<Readings, String> {
     let mut r = Readings::default();
     r.set("ns_per_insert", Some(ns_per(inserted, timers)));
     r.set("ns_per_cancel", Some(ns_per(cancelled, timers)));
-    r.set(
-        "cpu_insert",
-        cpu_per(cpu_between(cpu_start, cpu_filed), timers),
-    );
-    r.set(
-        "cpu_cancel",
-        cpu_per(cpu_between(cpu_cancel_start, cpu_settled), timers),
-    );
-    r.set(
-        "worker_insert",
-        cpu_per(cpu_between(workers_start, workers_filed), timers),
-    );
-    r.set(
-        "worker_cancel",
-        cpu_per(cpu_between(workers_cancel_start, workers_settled), timers),
-    );
+    r.set("cpu_insert", cpu_per(cpu_between(cpu_start, cpu_filed), timers));
+    r.set("cpu_cancel", cpu_per(cpu_between(cpu_cancel_start, cpu_settled), timers));
+    r.set("worker_insert", cpu_per(cpu_between(workers_start, workers_filed), timers));
+    r.set("worker_cancel", cpu_per(cpu_between(workers_cancel_start, workers_settled), timers));
     r.set("settle_us", Some(settled.waited.as_secs_f64() * 1e6));
     r.set("fired", Some(fired as f64));
     for (name, value) in [
@@ -167,14 +152,8 @@ fn measure_tokio(timers: u64) -> Result<Readings, String> {
         let mut r = Readings::default();
         r.set("ns_per_insert", Some(ns_per(inserted, timers)));
         r.set("ns_per_cancel", Some(ns_per(cancelled, timers)));
-        r.set(
-            "cpu_insert",
-            cpu_per(cpu_between(cpu_start, cpu_inserted), timers),
-        );
-        r.set(
-            "cpu_cancel",
-            cpu_per(cpu_between(cpu_cancel_start, cpu_cancelled), timers),
-        );
+        r.set("cpu_insert", cpu_per(cpu_between(cpu_start, cpu_inserted), timers));
+        r.set("cpu_cancel", cpu_per(cpu_between(cpu_cancel_start, cpu_cancelled), timers));
         r.set("fired", Some(fired as f64));
         for (name, value) in [
             ("rss_before", rss_before),
@@ -186,9 +165,7 @@ fn measure_tokio(timers: u64) -> Result<Readings, String> {
         }
         r
     });
-    let mut result = runtime
-        .block_on(task)
-        .map_err(|error| format!("the task failed: {error}"))?;
+    let mut result = runtime.block_on(task).map_err(|error| format!("the task failed: {error}"))?;
     drop(runtime);
     result.set("rss_dropped", bytes(sys::resident_bytes()));
     Ok(result)
@@ -239,9 +216,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             row
         });
         speed.add(cell.subject, 1, false, speeds.map_err(Clone::clone));
-        let memories = result
-            .as_ref()
-            .map(|(r, _)| memory_row(r, timers, "rss_dropped"));
+        let memories = result.as_ref().map(|(r, _)| memory_row(r, timers, "rss_dropped"));
         memory.add(cell.subject, 1, false, memories.map_err(Clone::clone));
     }
     speed.note(format!(

@@ -43,9 +43,8 @@ fn thread_share<S: SharedTimers>(
     let connections = share_of(CONNECTIONS, config.threads, index);
     let mut rng = rng(index as u64 + 7);
     let mut share = Share::new();
-    let timers: Result<Vec<S::Handle>, String> = (0..connections)
-        .map(|c| subject.arm(IDLE_TIMEOUT, c))
-        .collect();
+    let timers: Result<Vec<S::Handle>, String> =
+        (0..connections).map(|c| subject.arm(IDLE_TIMEOUT, c)).collect();
     gate.wait();
     let mut timers = timers?;
     share.scheduled = connections;
@@ -58,11 +57,7 @@ fn thread_share<S: SharedTimers>(
     }
     share.done = Instant::now();
     // Every connection's timer must still be pending, or a reset lost it.
-    match timers
-        .iter()
-        .filter(|&&handle| !subject.is_pending(handle))
-        .count()
-    {
+    match timers.iter().filter(|&&handle| !subject.is_pending(handle)).count() {
         0 => Ok(share),
         lost => Err(format!("{lost} connections lost their idle timer")),
     }
@@ -71,9 +66,8 @@ fn thread_share<S: SharedTimers>(
 /// One task's share on tokio: its connections' sleeps, pushed back with `Sleep::reset`.
 async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.threads, index);
-    let mut timers: Vec<Pin<Box<Sleep>>> = (0..connections)
-        .map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)))
-        .collect();
+    let mut timers: Vec<Pin<Box<Sleep>>> =
+        (0..connections).map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT))).collect();
     with_context(|cx| {
         let mut rng = rng(index as u64 + 7);
         let mut share = Share::new();
@@ -86,9 +80,7 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
         }
         for _ in 0..share_of(config.resets, config.threads, index) {
             let deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
-            timers[rng.u64(..connections) as usize]
-                .as_mut()
-                .reset(deadline);
+            timers[rng.u64(..connections) as usize].as_mut().reset(deadline);
         }
         share.done = Instant::now();
         match timers.iter().filter(|timer| timer.is_elapsed()).count() {
@@ -104,12 +96,12 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
         Subject::Engine => parallel::on_engine(config.threads, false, |e, i, gate| {
             thread_share(e, i, gate, config)
         }),
-        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| {
-            thread_share(h, i, gate, config)
-        }),
-        Subject::TokioSleep => parallel::on_tokio(config.threads, |index, line| {
-            tokio_share(index, line, config)
-        }),
+        Subject::MutexHeap => {
+            parallel::on_mutex_heap(config.threads, |h, i, gate| thread_share(h, i, gate, config))
+        }
+        Subject::TokioSleep => {
+            parallel::on_tokio(config.threads, |index, line| tokio_share(index, line, config))
+        }
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
@@ -119,15 +111,7 @@ pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,
         |_| resets,
-        |cell: &Cell| {
-            measure(
-                cell.subject,
-                Config {
-                    threads: cell.threads,
-                    resets,
-                },
-            )
-        },
+        |cell: &Cell| measure(cell.subject, Config { threads: cell.threads, resets }),
     );
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
     let mut sheet = ThreadsTable {

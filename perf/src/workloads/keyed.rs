@@ -124,11 +124,7 @@ fn no_workers() -> Option<Duration> {
 
 /// Runs the threads against `subject`, counting the engine's workers' CPU if `on_engine`.
 fn run_on(subject: &dyn Keyed, on_engine: bool, config: Config) -> Result<Run, String> {
-    let workers_cpu = if on_engine {
-        engine::workers_cpu_time
-    } else {
-        no_workers
-    };
+    let workers_cpu = if on_engine { engine::workers_cpu_time } else { no_workers };
     parallel::on_threads(
         config.threads,
         workers_cpu,
@@ -168,16 +164,7 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,
         |_| ops,
-        |cell: &Cell| {
-            measure(
-                cell.subject,
-                Config {
-                    kind,
-                    threads: cell.threads,
-                    ops,
-                },
-            )
-        },
+        |cell: &Cell| measure(cell.subject, Config { kind, threads: cell.threads, ops }),
     );
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
     let (unit, operation) = kind.operation();

@@ -38,12 +38,7 @@ impl Default for Lateness {
     fn default() -> Self {
         let histogram =
             Histogram::new_with_bounds(1, MAX_LATE_NS, 3).expect("valid histogram bounds");
-        Self {
-            histogram,
-            max_ns: 0,
-            early: 0,
-            last_fire: None,
-        }
+        Self { histogram, max_ns: 0, early: 0, last_fire: None }
     }
 }
 
@@ -80,17 +75,11 @@ impl Lateness {
     /// The percentiles and the distribution.
     pub fn summarize(self) -> LatenessSummary {
         let at = |q: f64| Duration::from_nanos(self.histogram.value_at_quantile(q));
-        let mut shares: Vec<f64> = (0..=200)
-            .map(|i| f64::from(i) / 200.0)
-            .chain([0.999])
-            .collect();
+        let mut shares: Vec<f64> = (0..=200).map(|i| f64::from(i) / 200.0).chain([0.999]).collect();
         shares.sort_by(f64::total_cmp);
         let cdf = match self.histogram.is_empty() {
             true => Vec::new(),
-            false => shares
-                .into_iter()
-                .map(|q| (at(q).as_secs_f64() * 1e6, q))
-                .collect(),
+            false => shares.into_iter().map(|q| (at(q).as_secs_f64() * 1e6, q)).collect(),
         };
         LatenessSummary {
             cdf,
@@ -126,12 +115,7 @@ mod tests {
         assert_eq!(summary.max, us(100));
         let last = summary.cdf.last().copied().expect("a CDF");
         assert_eq!(last.1, 1.0, "the CDF ends at every timer");
-        assert!(
-            summary
-                .cdf
-                .windows(2)
-                .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1)
-        );
+        assert!(summary.cdf.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
     }
 }
 
@@ -161,13 +145,9 @@ pub mod worker_records {
 
     /// Before a run: clears the records and makes one per worker.
     pub fn prepare(workers: usize) {
-        RECORDS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-        *SPARE.lock().unwrap_or_else(PoisonError::into_inner) = (0..workers)
-            .map(|_| Arc::new(Mutex::new(Lateness::default())))
-            .collect();
+        RECORDS.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        *SPARE.lock().unwrap_or_else(PoisonError::into_inner) =
+            (0..workers).map(|_| Arc::new(Mutex::new(Lateness::default()))).collect();
     }
 
     /// Records one fire on the calling worker thread: the callback's whole work.
@@ -178,10 +158,7 @@ pub mod worker_records {
             let record = record.get_or_insert_with(|| {
                 let spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner).pop();
                 let fresh = spare.unwrap_or_default();
-                RECORDS
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(Arc::clone(&fresh));
+                RECORDS.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::clone(&fresh));
                 fresh
             });
             record

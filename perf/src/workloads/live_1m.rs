@@ -36,24 +36,15 @@ impl Measure<u64> for Live1m {
                 queue.settle()?;
             }
         }
-        r.set(
-            "ns_per_insert",
-            Some(ns_per(started.elapsed(), self.timers)),
-        );
+        r.set("ns_per_insert", Some(ns_per(started.elapsed(), self.timers)));
         r.set("rss_live", bytes(sys::resident_bytes()));
         r.set("own_live", own(queue));
         r.set("huge_live", bytes(sys::huge_page_bytes()));
 
         rng.shuffle(&mut keys);
         let started = Instant::now();
-        let missing = keys
-            .iter()
-            .filter(|&&key| black_box(queue.cancel(key)).is_none())
-            .count();
-        r.set(
-            "ns_per_cancel",
-            Some(ns_per(started.elapsed(), self.timers)),
-        );
+        let missing = keys.iter().filter(|&&key| black_box(queue.cancel(key)).is_none()).count();
+        r.set("ns_per_cancel", Some(ns_per(started.elapsed(), self.timers)));
         r.set("rss_cancelled", bytes(sys::resident_bytes()));
         r.set("own_cancelled", own(queue));
         if queue.release_spare_memory() {
@@ -96,9 +87,7 @@ pub fn memory_row(r: &Readings, timers: u64, last: &str) -> Vec<Option<f64>> {
         per_timer(r.above("rss_live", "rss_before")),
         per_timer(r.get("own_live")),
         mib(r.above("rss_live", "rss_before")),
-        r.get("huge_live")
-            .zip(r.get("rss_live"))
-            .map(|(h, l)| h / l.max(1.0) * 100.0),
+        r.get("huge_live").zip(r.get("rss_live")).map(|(h, l)| h / l.max(1.0) * 100.0),
         mib(r.above("rss_cancelled", "rss_before")),
         mib(r.get("own_cancelled")),
         mib(r.above(last, "rss_before")),
@@ -116,12 +105,8 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         Col::new("ns/cancel", "ns_per_cancel", "ns", 1).ratios(),
         Col::new("Mcancels/s", "mcancels_per_s", "M/s", 2).rate(),
     ];
-    let mut speed = Sheet::new(
-        name,
-        format!("{name} (1 thread, {} timers)", thousands(timers)),
-        timers,
-        cols,
-    );
+    let mut speed =
+        Sheet::new(name, format!("{name} (1 thread, {} timers)", thousands(timers)), timers, cols);
     let mut memory = Sheet::new(
         name,
         format!(
@@ -135,17 +120,10 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let speeds = result.as_ref().map(|(r, range)| {
             spreads.push(format!("{} {range}", cell.subject.name()));
             let (insert, cancel) = (r.get("ns_per_insert"), r.get("ns_per_cancel"));
-            vec![
-                insert,
-                insert.map(|ns| 1e3 / ns),
-                cancel,
-                cancel.map(|ns| 1e3 / ns),
-            ]
+            vec![insert, insert.map(|ns| 1e3 / ns), cancel, cancel.map(|ns| 1e3 / ns)]
         });
         speed.add(cell.subject, 1, false, speeds.map_err(Clone::clone));
-        let memories = result
-            .as_ref()
-            .map(|(r, _)| memory_row(r, timers, "rss_shrunk"));
+        let memories = result.as_ref().map(|(r, _)| memory_row(r, timers, "rss_shrunk"));
         memory.add(cell.subject, 1, false, memories.map_err(Clone::clone));
     }
     speed.note(format!(

@@ -39,21 +39,15 @@ impl Readings {
     }
 
     fn encode(&self) -> String {
-        self.0
-            .iter()
-            .map(|(name, value)| format!("{name} {value}\n"))
-            .collect()
+        self.0.iter().map(|(name, value)| format!("{name} {value}\n")).collect()
     }
 
     fn decode(text: &str) -> Result<Self, String> {
         let mut readings = Self::default();
         for line in text.lines() {
-            let (name, value) = line
-                .split_once(' ')
-                .ok_or_else(|| format!("the child printed {line:?}"))?;
-            let value = value
-                .parse()
-                .map_err(|_| format!("the child printed {line:?}"))?;
+            let (name, value) =
+                line.split_once(' ').ok_or_else(|| format!("the child printed {line:?}"))?;
+            let value = value.parse().map_err(|_| format!("the child printed {line:?}"))?;
             readings.0.insert(name.to_string(), value);
         }
         Ok(readings)
@@ -95,10 +89,7 @@ pub fn in_children(
     let runs = runner::in_turns(plan, |cell| {
         let exe = exe.as_ref().map_err(Clone::clone)?;
         let output = Command::new(exe)
-            .env(
-                ENV,
-                format!("{} {} {timers}", plan.workload.name(), cell.subject.name()),
-            )
+            .env(ENV, format!("{} {} {timers}", plan.workload.name(), cell.subject.name()))
             .stdin(Stdio::null())
             .stderr(Stdio::inherit())
             .output()
@@ -112,10 +103,7 @@ pub fn in_children(
         .map(|runs| {
             let runs = runs?;
             let range = |key: &str| spread(runs.iter().filter_map(|run| run.get(key)));
-            Ok((
-                Readings::median_of(&runs),
-                format!("{} / {}", range(keys[0]), range(keys[1])),
-            ))
+            Ok((Readings::median_of(&runs), format!("{} / {}", range(keys[0]), range(keys[1]))))
         })
         .collect()
 }

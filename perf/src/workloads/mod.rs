@@ -84,10 +84,7 @@ impl Workload {
     /// What a run without `--workloads` runs: all but the proxy, which needs wrk, opens
     /// hundreds of sockets and starts processes.
     pub fn defaults() -> Vec<Workload> {
-        Self::ALL
-            .into_iter()
-            .filter(|&w| w != Workload::Proxy)
-            .collect()
+        Self::ALL.into_iter().filter(|&w| w != Workload::Proxy).collect()
     }
 
     /// The name the command line and the output use.
@@ -167,10 +164,7 @@ impl Workload {
             }
             Workload::FireStorm => subject.is_single_owner() || subject == Engine,
             Workload::EngineArmCancel => {
-                matches!(
-                    subject,
-                    Engine | TokioSleep | TokioTimeout | PingoraTimeout | MutexHeap
-                )
+                matches!(subject, Engine | TokioSleep | TokioTimeout | PingoraTimeout | MutexHeap)
             }
             Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
                 matches!(subject, CorewheelAsync | Tokio | AsyncIo | PingoraTimeout)
@@ -193,12 +187,8 @@ impl Workload {
     /// What this workload will measure under `options`: its cells and runs.
     pub fn plan(self, options: &Options) -> Plan {
         use Workload::*;
-        let mut subjects: Vec<Subject> = options
-            .peers
-            .iter()
-            .copied()
-            .filter(|&s| self.drives(s))
-            .collect();
+        let mut subjects: Vec<Subject> =
+            options.peers.iter().copied().filter(|&s| self.drives(s)).collect();
         // corewheel's rows first, then the peers in the order given.
         subjects.sort_by_key(|subject| !subject.is_corewheel());
         let (all, most) = (options.thread_counts(), [options.max_threads()]);
@@ -219,22 +209,13 @@ impl Workload {
         let mut cells = Vec::new();
         for &param in params {
             for &threads in threads {
-                cells.extend(subjects.iter().map(|&subject| Cell {
-                    subject,
-                    threads,
-                    param,
-                }));
+                cells.extend(subjects.iter().map(|&subject| Cell { subject, threads, param }));
             }
         }
         if self == FireStorm {
             cells = fire_storm::cells(&subjects);
         }
-        Plan {
-            workload: self,
-            cells,
-            runs,
-            param,
-        }
+        Plan { workload: self, cells, runs, param }
     }
 
     /// Runs `plan` (this workload's) and prints its tables.
@@ -316,19 +297,10 @@ pub fn cost_sheet(
     for (cell, runs) in plan.cells.iter().zip(runs) {
         let values = runs.as_ref().map(|runs| {
             let ns = median(runs.iter().copied());
-            spreads.push(format!(
-                "{} {}",
-                cell.subject.name(),
-                spread(runs.iter().copied())
-            ));
+            spreads.push(format!("{} {}", cell.subject.name(), spread(runs.iter().copied())));
             vec![Some(ns), Some(1e3 / ns)]
         });
-        sheet.add(
-            cell.subject,
-            cell.threads,
-            false,
-            values.map_err(Clone::clone),
-        );
+        sheet.add(cell.subject, cell.threads, false, values.map_err(Clone::clone));
     }
     sheet.note(format!(
         "median of {} runs per subject, taken in turns; ns/{unit} range: {}",

@@ -227,22 +227,16 @@ where
 {
     let runtime = tokio_sleep::runtime(tasks)?;
     let line = Arc::new(StartLine::default());
-    let handles: Vec<_> = (0..tasks)
-        .map(|index| runtime.spawn(body(index, Arc::clone(&line))))
-        .collect();
+    let handles: Vec<_> =
+        (0..tasks).map(|index| runtime.spawn(body(index, Arc::clone(&line)))).collect();
     line.gather(tasks)?;
     let cpu = process_cpu_time();
     let start = line.go();
-    let shares = runtime
-        .block_on(join_all(handles))
-        .into_iter()
-        .collect::<Result<Vec<Share>, String>>()?;
+    let shares =
+        runtime.block_on(join_all(handles)).into_iter().collect::<Result<Vec<Share>, String>>()?;
     let cpu = cpu_between(cpu, process_cpu_time());
     tokio_sleep::check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
-    Ok(Run {
-        cpu,
-        ..Run::of(start, &shares)
-    })
+    Ok(Run { cpu, ..Run::of(start, &shares) })
 }
 
 /// Awaits every task, in order; a task that panicked is an error.
@@ -251,11 +245,7 @@ pub async fn join_all<T>(
 ) -> Vec<Result<T, String>> {
     let mut results = Vec::with_capacity(handles.len());
     for handle in handles {
-        results.push(
-            handle
-                .await
-                .unwrap_or_else(|error| Err(format!("a task failed: {error}"))),
-        );
+        results.push(handle.await.unwrap_or_else(|error| Err(format!("a task failed: {error}"))));
     }
     results
 }
@@ -287,10 +277,7 @@ pub fn measure(
         .map(|(cell, runs)| {
             let runs = runs?;
             let too_late = runs.iter().map(|run| run.too_late + run.due_at_once).sum();
-            Ok(Measured {
-                per: PerUnit::of(&runs, units(cell)),
-                too_late,
-            })
+            Ok(Measured { per: PerUnit::of(&runs, units(cell)), too_late })
         })
         .collect()
 }
@@ -315,9 +302,8 @@ impl ThreadsTable<'_> {
     /// the peers and against each subject's own 1-thread figure.
     pub fn sheet(self, cells: &[(&Cell, &Result<Measured, String>)]) -> Sheet {
         let unit = self.unit;
-        let settles = cells
-            .iter()
-            .any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
+        let settles =
+            cells.iter().any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
         let (ns, rate, app, cpu, worker) = match unit {
             "reset" => (
                 "ns_per_reset",
@@ -375,12 +361,7 @@ impl ThreadsTable<'_> {
                 row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
                 row
             });
-            sheet.add(
-                cell.subject,
-                cell.threads,
-                true,
-                values.map_err(Clone::clone),
-            );
+            sheet.add(cell.subject, cell.threads, true, values.map_err(Clone::clone));
         }
         sheet.note(format!(
             "CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread); app ns/{unit}: start to the last application thread's end"

@@ -90,14 +90,10 @@ fn millis(text: &str) -> Option<f64> {
 /// its request count and any errors.
 fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> {
     let field = |prefix: &str| {
-        report
-            .lines()
-            .find_map(|line| line.trim().strip_prefix(prefix).map(str::trim))
+        report.lines().find_map(|line| line.trim().strip_prefix(prefix).map(str::trim))
     };
     let missing = || format!("wrk's report lacks a figure: {report:?}");
-    let rate = field("Requests/sec:")
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(missing)?;
+    let rate = field("Requests/sec:").and_then(|v| v.parse().ok()).ok_or_else(missing)?;
     let p50 = field("50%").and_then(millis).ok_or_else(missing)?;
     let p99 = field("99%").and_then(millis).ok_or_else(missing)?;
     let requests = report
@@ -114,12 +110,7 @@ fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> 
 /// Runs wrk against `addr` for `seconds`, and returns its report.
 fn wrk(addr: SocketAddr, seconds: u64) -> Result<String, String> {
     let output = Process::new("wrk")
-        .args([
-            "-t1",
-            &format!("-c{CONNECTIONS}"),
-            &format!("-d{seconds}s"),
-            "--latency",
-        ])
+        .args(["-t1", &format!("-c{CONNECTIONS}"), &format!("-d{seconds}s"), "--latency"])
         .arg(format!("http://{addr}/"))
         .stdin(Stdio::null())
         .output()
@@ -138,10 +129,7 @@ fn wrk(addr: SocketAddr, seconds: u64) -> Result<String, String> {
 /// measured under wrk.
 fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun, String> {
     let exe = std::env::current_exe().map_err(|error| format!("no harness executable: {error}"))?;
-    let args = format!(
-        "--listen 127.0.0.1:0 --upstream {backend} --timer {}",
-        timer(subject)
-    );
+    let args = format!("--listen 127.0.0.1:0 --upstream {backend} --timer {}", timer(subject));
     let mut child = Process::new(exe)
         .env(ENV, args)
         .stdin(Stdio::null())
@@ -151,9 +139,7 @@ fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
     let measured = (|| {
         let mut line = String::new();
         let stdout = child.stdout.take().ok_or("the proxy has no stdout")?;
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .map_err(|error| error.to_string())?;
+        BufReader::new(stdout).read_line(&mut line).map_err(|error| error.to_string())?;
         let addr: SocketAddr = line
             .trim()
             .parse()
@@ -170,15 +156,7 @@ fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
             .map(|(a, b)| a.saturating_sub(b))
             .ok_or("no CPU time for the proxy")?;
         let (requests_per_s, p50_ms, p99_ms, requests, errors) = parse_wrk(&report)?;
-        Ok(WrkRun {
-            requests_per_s,
-            p50_ms,
-            p99_ms,
-            requests,
-            errors,
-            proxy_cpu,
-            wall,
-        })
+        Ok(WrkRun { requests_per_s, p50_ms, p99_ms, requests, errors, proxy_cpu, wall })
     })();
     let _ = child.kill();
     let _ = child.wait();
@@ -199,18 +177,14 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
     let backend = match Backend::start() {
         Ok(backend) => backend,
         Err(error) => {
-            runner::print(&format!(
-                "proxy: ERROR: could not start the backend: {error}\n"
-            ));
+            runner::print(&format!("proxy: ERROR: could not start the backend: {error}\n"));
             return;
         }
     };
     let results = runner::in_turns(plan, |cell| one_run(cell.subject, backend.addr, seconds));
     drop(backend);
     let cols = vec![
-        Col::new("req/s", "requests_per_s", "1/s", 0)
-            .rate()
-            .ratios(),
+        Col::new("req/s", "requests_per_s", "1/s", 0).rate().ratios(),
         Col::new("p50 ms", "latency_p50", "ms", 2),
         Col::new("p99 ms", "latency_p99", "ms", 2).ratios(),
         Col::new("proxy CPU us/req", "proxy_cpu_us_per_request", "us", 2).ratios(),
@@ -236,12 +210,7 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
                 mid(|r| r.proxy_cpu.as_secs_f64() / r.wall.as_secs_f64()),
             ]
         });
-        sheet.rows.push(Row {
-            name,
-            subject: cell.subject,
-            threads: 1,
-            values,
-        });
+        sheet.rows.push(Row { name, subject: cell.subject, threads: 1, values });
     }
     sheet.note(format!(
         "each run: a fresh proxy (its default threads: one per CPU) in a child process, 1 s of wrk to warm it up, then {seconds} s measured; req/s and latency as wrk reports them (p50/p99 of its latency distribution), {} connections kept alive",
@@ -268,18 +237,13 @@ impl Backend {
             .map_err(|error| error.to_string())?;
         let listener = TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
         let addr = listener.local_addr().map_err(|error| error.to_string())?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|error| error.to_string())?;
+        listener.set_nonblocking(true).map_err(|error| error.to_string())?;
         let listener = {
             let _context = runtime.enter();
             tokio::net::TcpListener::from_std(listener).map_err(|error| error.to_string())?
         };
         runtime.spawn(serve_backend(listener, Duration::ZERO));
-        Ok(Self {
-            runtime: Some(runtime),
-            addr,
-        })
+        Ok(Self { runtime: Some(runtime), addr })
     }
 }
 
@@ -301,10 +265,7 @@ mod tests {
         let (rate, p50, p99, requests, errors) = parse_wrk(report).expect("a report");
         assert_eq!((rate, requests), (31400.5, 251_234.0));
         assert!((p50 - 0.812).abs() < 1e-9 && (p99 - 1200.0).abs() < 1e-9);
-        assert_eq!(
-            errors,
-            ["Socket errors: connect 0, read 0, write 0, timeout 12"]
-        );
+        assert_eq!(errors, ["Socket errors: connect 0, read 0, write 0, timeout 12"]);
         assert!(parse_wrk("nothing").is_err());
         assert_eq!(millis("2ms"), Some(2.0));
         assert_eq!(millis("fast"), None);

@@ -41,10 +41,7 @@ impl Measure<u64> for ResetHeavy {
         let elapsed = started.elapsed();
 
         // Every connection's timer must still be there, or a reset lost it.
-        let missing = timers
-            .into_iter()
-            .filter(|&key| queue.cancel(key).is_none())
-            .count();
+        let missing = timers.into_iter().filter(|&key| queue.cancel(key).is_none()).count();
         if missing > 0 {
             return Err(format!("{missing} connections lost their idle timer"));
         }

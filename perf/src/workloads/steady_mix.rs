@@ -162,14 +162,10 @@ impl Ring {
     fn draw(&mut self) -> (bool, Duration) {
         let period = self.period.as_nanos() as u64;
         match self.rng.u64(..FIRE_ONE_IN) {
-            0 => (
-                true,
-                Duration::from_nanos(self.rng.u64(1_000_000..period / 2 + 1_000_001)),
-            ),
-            _ => (
-                false,
-                Duration::from_nanos(period + self.rng.u64(1_000_000_000..30_000_000_000)),
-            ),
+            0 => (true, Duration::from_nanos(self.rng.u64(1_000_000..period / 2 + 1_000_001))),
+            _ => {
+                (false, Duration::from_nanos(period + self.rng.u64(1_000_000_000..30_000_000_000)))
+            }
         }
     }
 
@@ -184,11 +180,7 @@ impl Ring {
         for slot in 0..slots.len() {
             let (fires, delay) = self.draw();
             let first_turn = self.turn_time(slot as u64);
-            let delay = if fires {
-                first_turn.mul_f64(self.rng.f64())
-            } else {
-                first_turn + delay
-            };
+            let delay = if fires { first_turn.mul_f64(self.rng.f64()) } else { first_turn + delay };
             slots.arm(slot, delay, cx)?;
             (self.fires[slot], self.due[slot]) = (fires, delay);
             self.counts.armed += 1;
@@ -253,9 +245,7 @@ where
     }
 
     fn cancel(&mut self, slot: usize) -> bool {
-        self.handles[slot]
-            .take()
-            .is_some_and(|handle| self.subject.cancel(handle))
+        self.handles[slot].take().is_some_and(|handle| self.subject.cancel(handle))
     }
 
     fn len(&self) -> usize {
@@ -279,11 +269,7 @@ impl Slots for TokioSlots {
 
     fn cancel(&mut self, slot: usize) -> bool {
         let sleep = &mut self.0[slot];
-        let pending = sleep
-            .as_ref()
-            .get_ref()
-            .as_ref()
-            .is_some_and(|s| !s.is_elapsed());
+        let pending = sleep.as_ref().get_ref().as_ref().is_some_and(|s| !s.is_elapsed());
         sleep.as_mut().set(None);
         pending
     }
@@ -367,9 +353,7 @@ fn on_runtime<S: Slots>(
         std::thread::sleep(config.duration);
         lines.end.gather(config.threads)?;
         let cpu = cpu_between(cpu, process_cpu_time());
-        let switches = process_context_switches()
-            .zip(switches)
-            .map(|(a, b)| a.saturating_sub(b));
+        let switches = process_context_switches().zip(switches).map(|(a, b)| a.saturating_sub(b));
         let wakes = wakes().zip(woke).map(|(a, b)| WorkerWakes {
             due: a.due - b.due,
             wheel: a.wheel - b.wheel,
@@ -389,11 +373,7 @@ fn on_runtime<S: Slots>(
     let parts: Vec<Result<Counts, String>> = runtime.block_on(async {
         let mut parts = Vec::with_capacity(handles.len());
         for handle in handles {
-            parts.push(
-                handle
-                    .await
-                    .unwrap_or_else(|error| Err(format!("a task failed: {error}"))),
-            );
+            parts.push(handle.await.unwrap_or_else(|error| Err(format!("a task failed: {error}"))));
         }
         parts
     });
@@ -454,11 +434,7 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             })
         }
         Subject::TokioSleep => on_runtime(runtime, config, None, |index| {
-            TokioSlots(
-                (0..config.ring_slots(index))
-                    .map(|_| Box::pin(None))
-                    .collect(),
-            )
+            TokioSlots((0..config.ring_slots(index)).map(|_| Box::pin(None)).collect())
         }),
         Subject::MutexHeap => {
             let heap = Arc::new(SharedHeap::start()?);
@@ -501,11 +477,7 @@ pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
 /// with worker threads is among the subjects (see [`wake_floor`]): a thread sleeping until
 /// each millisecond for two seconds, after the subjects' runs.
 fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
-    if !plan
-        .cells
-        .iter()
-        .any(|cell| cell.subject == Subject::Engine)
-    {
+    if !plan.cells.iter().any(|cell| cell.subject == Subject::Engine) {
         return None;
     }
     wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)).cpu_per_wake
@@ -538,12 +510,8 @@ pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
         .collect();
     let wake_cost = bare_wake_cost(plan);
     for rate in LIGHT_RATES {
-        let cells: Vec<_> = plan
-            .cells
-            .iter()
-            .zip(&medians)
-            .filter(|(cell, _)| cell.param == rate)
-            .collect();
+        let cells: Vec<_> =
+            plan.cells.iter().zip(&medians).filter(|(cell, _)| cell.param == rate).collect();
         if let Some((cell, _)) = cells.first() {
             table(plan, config(cell), &cells, wake_cost, out);
         }
@@ -564,11 +532,7 @@ fn table(
     out: &mut Out,
 ) {
     let name = plan.workload.name();
-    let runs = if plan.runs > 1 {
-        format!(", {} runs in turns", plan.runs)
-    } else {
-        String::new()
-    };
+    let runs = if plan.runs > 1 { format!(", {} runs in turns", plan.runs) } else { String::new() };
     let seconds = config.duration.as_secs_f64();
     let title = format!(
         "{name} ({} threads, {} timers live, {} timers/s offered for {seconds} s{runs}: 90% cancelled, 10% fired)",
@@ -696,21 +660,13 @@ mod tests {
     /// 2,000, about a tenth of them on firing timers, each armed before its turn.
     #[test]
     fn ring_turns_at_its_rate_with_a_tenth_firing() {
-        let config = Config {
-            threads: 1,
-            live: 900,
-            rate: 1_000,
-            duration: Duration::from_secs(2),
-        };
+        let config =
+            Config { threads: 1, live: 900, rate: 1_000, duration: Duration::from_secs(2) };
         let mut ring = Ring::new(0, config);
-        let mut slots = Recorder {
-            turns: 0,
-            due: vec![None; config.ring_slots(0)],
-        };
+        let mut slots = Recorder { turns: 0, due: vec![None; config.ring_slots(0)] };
         let mut cx = Context::from_waker(Waker::noop());
         ring.fill(&mut slots, &mut cx).expect("filled");
-        ring.catch_up(&mut slots, Duration::from_secs(2), &mut cx)
-            .expect("turns");
+        ring.catch_up(&mut slots, Duration::from_secs(2), &mut cx).expect("turns");
         let counts = ring.counts;
         assert_eq!(counts.turns, 2_000);
         assert_eq!(

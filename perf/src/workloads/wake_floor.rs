@@ -51,13 +51,9 @@ pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
             cpu = process_cpu_time();
         }
     }
-    let cpu_per_wake = cpu_between(cpu, process_cpu_time())
-        .filter(|_| boundaries > 0)
-        .map(|cpu| cpu / boundaries);
-    Sleeper {
-        oversleeps,
-        cpu_per_wake,
-    }
+    let cpu_per_wake =
+        cpu_between(cpu, process_cpu_time()).filter(|_| boundaries > 0).map(|cpu| cpu / boundaries);
+    Sleeper { oversleeps, cpu_per_wake }
 }
 
 impl Sleeper {
@@ -74,9 +70,8 @@ impl Sleeper {
             // Strictly inside the span, so that every deadline has a boundary at or after it.
             let offset = rng.u64(..span_ns.max(1));
             let boundary = offset.div_ceil(tick_ns).max(1);
-            let Some(&over) = usize::try_from(boundary - 1)
-                .ok()
-                .and_then(|index| self.oversleeps.get(index))
+            let Some(&over) =
+                usize::try_from(boundary - 1).ok().and_then(|index| self.oversleeps.get(index))
             else {
                 continue;
             };
@@ -110,21 +105,14 @@ mod tests {
     /// the median near half a tick and the worst just under one.
     #[test]
     fn a_punctual_sleeper_leaves_the_rounding_alone() {
-        let sleeper = Sleeper {
-            oversleeps: vec![Duration::ZERO; 1000],
-            cpu_per_wake: None,
-        };
+        let sleeper = Sleeper { oversleeps: vec![Duration::ZERO; 1000], cpu_per_wake: None };
         let floor = sleeper.storm_floor(TICK, 100_000);
         assert_eq!(floor.fired, 100_000);
         assert_eq!(floor.early, 0);
         assert!(floor.max < TICK, "{:?}", floor.max);
         assert!(floor.p99 > TICK * 98 / 100, "{:?}", floor.p99);
         let half = TICK / 2;
-        assert!(
-            floor.p50 > half * 9 / 10 && floor.p50 < half * 11 / 10,
-            "{:?}",
-            floor.p50
-        );
+        assert!(floor.p50 > half * 9 / 10 && floor.p50 < half * 11 / 10, "{:?}", floor.p50);
     }
 
     /// One late wake-up makes that tick's timers late by it, and so the storm's worst.
@@ -132,10 +120,7 @@ mod tests {
     fn a_late_wake_up_adds_to_its_ticks_timers() {
         let mut oversleeps = vec![Duration::ZERO; 1000];
         oversleeps[500] = Duration::from_millis(3);
-        let sleeper = Sleeper {
-            oversleeps,
-            cpu_per_wake: None,
-        };
+        let sleeper = Sleeper { oversleeps, cpu_per_wake: None };
         let floor = sleeper.storm_floor(TICK, 100_000);
         assert!(floor.max >= Duration::from_millis(3), "{:?}", floor.max);
         assert!(floor.max < Duration::from_millis(4), "{:?}", floor.max);
