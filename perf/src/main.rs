@@ -30,8 +30,8 @@ fn main() -> ExitCode {
     if let Ok(args) = std::env::var(proxy::ENV) {
         return proxy::serve(&args);
     }
-    if let Ok(spec) = std::env::var(workloads::live_runs::ENV) {
-        return workloads::live_runs::child_main(&spec);
+    if let Ok(spec) = std::env::var(workloads::live::ENV) {
+        return workloads::live::child_main(&spec);
     }
     let options = Options::from_args();
     let run_dir = match results::create() {

@@ -90,7 +90,7 @@ pub fn figure(value: Option<f64>, digits: usize) -> String {
 /// peers on it.
 pub struct Col {
     header: String,
-    metric: &'static str,
+    metric: String,
     unit: &'static str,
     digits: usize,
     higher_is_better: bool,
@@ -101,11 +101,11 @@ impl Col {
     /// A cost column, without ratios.
     pub fn new(
         header: impl Into<String>,
-        metric: &'static str,
+        metric: impl Into<String>,
         unit: &'static str,
         digits: usize,
     ) -> Self {
-        let header = header.into();
+        let (header, metric) = (header.into(), metric.into());
         Self { header, metric, unit, digits, higher_is_better: false, ratios: false }
     }
 
@@ -243,7 +243,7 @@ impl Sheet {
             for (col, value) in self.cols.iter().zip(values) {
                 cells.push(figure(*value, col.digits));
                 if let Some(value) = value {
-                    put(col.metric, *value, col.unit);
+                    put(&col.metric, *value, col.unit);
                 }
             }
             for (i, &col) in ratio_cols.iter().enumerate() {

@@ -100,6 +100,26 @@ pub fn huge_page_bytes() -> Option<u64> {
     Some(line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? * 1024)
 }
 
+/// Waits until the CPU clock `cpu` advances by less than 5% of `interval` over one
+/// `interval` (at most `limit`): the threads it counts have done what was left them, which
+/// no count shows. Returns its reading then.
+pub fn wait_until_quiet(
+    cpu: fn() -> Option<Duration>,
+    interval: Duration,
+    limit: Duration,
+) -> Option<Duration> {
+    let started = Instant::now();
+    let mut last = cpu()?;
+    loop {
+        std::thread::sleep(interval);
+        let now = cpu()?;
+        if now.saturating_sub(last) < interval / 20 || started.elapsed() > limit {
+            return Some(now);
+        }
+        last = now;
+    }
+}
+
 /// Clock ticks a second, as `/proc` counts CPU time.
 pub fn clock_ticks() -> Option<u64> {
     // SAFETY: sysconf reads a configuration value and touches no memory of ours.

@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use corewheel::{ManualClock, Stats, TimerEngine, TimerHandle};
+use corewheel::{Stats, TimerEngine, TimerHandle};
 
 use super::SharedTimers;
 use crate::sys as cpu_time;
@@ -66,11 +66,10 @@ pub fn cpus() -> usize {
 
 /// An engine as a service makes one: one worker per CPU, pinned.
 pub fn build() -> Result<TimerEngine, String> {
-    let engine = TimerEngine::builder()
+    TimerEngine::builder()
         .workers(cpus())
         .build()
-        .map_err(|error| format!("could not start the engine: {error}"))?;
-    Ok(engine)
+        .map_err(|error| format!("could not start the engine: {error}"))
 }
 
 /// The engine as a service on tokio builds it to ride the runtime's wake-ups: one shard
@@ -82,27 +81,6 @@ pub fn build_driven() -> Result<TimerEngine, String> {
         .driven()
         .build()
         .map_err(|error| format!("could not start the engine: {error}"))
-}
-
-/// Bytes of pool memory per timer node, measured: what one chunk of nodes adds to a
-/// hand-driven engine's `pool_bytes()`, over the nodes in a chunk (found by scheduling until
-/// a second chunk appears). On a thread of its own, which takes the engine's per-thread
-/// state with it when it exits.
-pub fn node_bytes() -> Option<f64> {
-    std::thread::scope(|scope| scope.spawn(node_bytes_here).join().ok().flatten())
-}
-
-fn node_bytes_here() -> Option<f64> {
-    let engine = TimerEngine::builder().workers(1).manual_clock(ManualClock::new()).build().ok()?;
-    let empty = engine.stats().pool_bytes;
-    let mut handles = vec![engine.schedule(Duration::from_secs(1), || {}).ok()?];
-    let one_chunk = engine.stats().pool_bytes;
-    while engine.stats().pool_bytes == one_chunk && handles.len() < 1 << 20 {
-        handles.push(engine.schedule(Duration::from_secs(1), || {}).ok()?);
-    }
-    // The schedule that found the first chunk full took a node from the second.
-    let per_chunk = handles.len() - 1;
-    (per_chunk > 0).then(|| (one_chunk - empty) as f64 / per_chunk as f64)
 }
 
 /// What a run's wait for the engine to settle found.
@@ -204,23 +182,6 @@ pub fn check_counts(
 /// CPU time the engine's worker threads have used so far.
 pub fn workers_cpu_time() -> Option<Duration> {
     cpu_time::named_threads_cpu_time(WORKER_PREFIX)
-}
-
-/// Waits until the workers stop using CPU (less than `quiet` in `interval`), at most
-/// `limit`: after a burst of schedules, the workers are still filing what the lanes
-/// forwarded, which no count shows. Returns the workers' CPU time then.
-pub fn wait_for_idle_workers(interval: Duration, limit: Duration) -> Option<Duration> {
-    let quiet = interval / 20;
-    let started = Instant::now();
-    let mut last = workers_cpu_time()?;
-    loop {
-        std::thread::sleep(interval);
-        let now = workers_cpu_time()?;
-        if now.saturating_sub(last) < quiet || started.elapsed() > limit {
-            return Some(now);
-        }
-        last = now;
-    }
 }
 
 /// Waits, polling the engine's stats every `every`, until `timers` have fired; an error

@@ -125,21 +125,10 @@ async fn share<F: Future + Send + 'static>(
     .await
 }
 
-/// Waits until this process has used less than 5% of one CPU over a millisecond (at most
-/// [`QUIET_LIMIT`]): the timers' own threads have done what the run left them. Returns the
-/// process CPU time then.
+/// Waits until this process has used less than 5% of one CPU over a millisecond: the
+/// timers' own threads have done what the run left them. Returns its CPU time then.
 fn wait_until_quiet() -> Option<Duration> {
-    let window = Duration::from_millis(1);
-    let started = Instant::now();
-    let mut last = process_cpu_time()?;
-    loop {
-        std::thread::sleep(window);
-        let now = process_cpu_time()?;
-        if now.saturating_sub(last) < window / 20 || started.elapsed() > QUIET_LIMIT {
-            return Some(now);
-        }
-        last = now;
-    }
+    crate::sys::wait_until_quiet(process_cpu_time, Duration::from_millis(1), QUIET_LIMIT)
 }
 
 /// Runs a [`share`] per task on a fresh runtime of `config.threads` workers. Once every

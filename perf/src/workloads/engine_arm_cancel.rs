@@ -21,7 +21,7 @@ use crate::peers::tokio_sleep::{StartLine, register, with_context};
 use crate::peers::{SharedTimers, Subject, engine, timeouts};
 use crate::report::thousands;
 use crate::runner::{Cell, Plan};
-use crate::workloads::parallel::{self, Gate, Run, Share, ThreadsTable, share_of};
+use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
 use crate::workloads::{Out, request_timeout, rng};
 
 #[derive(Debug, Clone, Copy)]
@@ -144,23 +144,17 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     );
     let mut windows: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
     windows.dedup();
-    let most_threads = plan.cells.iter().map(|cell| cell.threads).max().unwrap_or(1) as u64;
     for window in windows {
         let cells: Vec<_> =
             plan.cells.iter().zip(&results).filter(|(cell, _)| cell.param == window).collect();
-        let mut sheet = ThreadsTable {
-            workload: format!("engine-arm-cancel-w{window}"),
-            title: format!(
-                "engine-arm-cancel (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
-                thousands(window),
-                thousands(timers)
-            ),
-            unit: "timer",
-            units: timers,
-            live_nodes: engine::node_bytes().map(|bytes| (most_threads * window.max(1), bytes)),
-            too_late: "fired before their cancel (the cancel then returns false)",
-        }
-        .sheet(&cells);
+        let title = format!(
+            "engine-arm-cancel (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
+            thousands(window),
+            thousands(timers)
+        );
+        let too_late = "fired before their cancel (the cancel then returns false)";
+        let name = format!("engine-arm-cancel-w{window}");
+        let mut sheet = threads_sheet((name, title), ("timer", timers), too_late, &cells);
         sheet.note(match window {
             0 => "timer = arm one (delay uniform in 1 ms..30 s) and cancel it at once".to_string(),
             _ => format!(

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
 use crate::peers::tokio_sleep::{StartLine, register, with_context};
-use crate::peers::{SharedTimers, Subject, engine};
+use crate::peers::{SharedTimers, Subject};
 use crate::report::thousands;
 use crate::runner::{Cell, Plan};
-use crate::workloads::parallel::{self, Gate, Run, Share, ThreadsTable, share_of};
+use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
 use crate::workloads::{Out, rng};
 
 /// Connections over all threads, each with one idle timer.
@@ -114,19 +114,14 @@ pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
         |cell: &Cell| measure(cell.subject, Config { threads: cell.threads, resets }),
     );
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
-    let mut sheet = ThreadsTable {
-        workload: "engine-reset".to_string(),
-        title: format!(
-            "engine-reset ({} connections over the threads, {} resets per run, idle timeout 30 s)",
-            thousands(CONNECTIONS),
-            thousands(resets)
-        ),
-        unit: "reset",
-        units: resets,
-        live_nodes: engine::node_bytes().map(|bytes| (CONNECTIONS, bytes)),
-        too_late: "found already fired by a reset",
-    }
-    .sheet(&cells);
+    let title = format!(
+        "engine-reset ({} connections over the threads, {} resets per run, idle timeout 30 s)",
+        thousands(CONNECTIONS),
+        thousands(resets)
+    );
+    let too_late = "found already fired by a reset";
+    let mut sheet =
+        threads_sheet(("engine-reset".into(), title), ("reset", resets), too_late, &cells);
     sheet.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s) / a tombstone and a new entry in the locked heap; each new deadline is later, so neither wheel moves the timer yet");
     sheet.note("ns/reset = wall time / resets, all threads together, from the moment every thread has its connections' timers armed (untimed); nothing is due during a run, so the engine's workers have nothing to settle");
     sheet.finish(&mut out.csv);

@@ -19,7 +19,7 @@ use crate::peers::engine;
 use crate::peers::keyed::{self, DashMapOnly, DelayQueueMap, Keyed, MutexMap, SccOnly};
 use crate::report::thousands;
 use crate::runner::{Cell, Plan};
-use crate::workloads::parallel::{self, Gate, Run, Share, ThreadsTable, share_of};
+use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
 use crate::workloads::{Out, Workload, rng};
 
 /// Keys each thread sets before keyed-set-over and keyed-move begin.
@@ -169,18 +169,12 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
     let (unit, operation) = kind.operation();
     let name = workload.name();
-    let mut sheet = ThreadsTable {
-        workload: name.to_string(),
-        title: format!(
-            "{name} ({} operations per run over the threads; deadlines 30 s out, nothing due)",
-            thousands(ops)
-        ),
-        unit,
-        units: ops,
-        live_nodes: None,
-        too_late: "not pending when came back to",
-    }
-    .sheet(&cells);
+    let title = format!(
+        "{name} ({} operations per run over the threads; deadlines 30 s out, nothing due)",
+        thousands(ops)
+    );
+    let too_late = "not pending when came back to";
+    let mut sheet = threads_sheet((name.to_string(), title), (unit, ops), too_late, &cells);
     sheet.note(operation);
     sheet.note("keyed: corewheel::KeyedTimers<u64, u64> on a TimerEngine (dashmap underneath); mutex-map: a Mutex<HashMap<key, (value, TimerHandle)>> over the same engine, its callbacks removing their key under the lock; delay-queue-map: tokio-util's DelayQueue with a HashMap<key, delay_queue::Key>, both behind one Mutex (a new value is a remove and an insert: the queue cannot replace one in place)");
     sheet.note("dashmap, scc: the map operations KeyedTimers does (entry upsert, get_mut, remove) on a 24-byte slot, with no timer: to choose the map, and to show what the timers add over it (dashmap with KeyedTimers' 16 shards per CPU)");

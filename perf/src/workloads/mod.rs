@@ -6,13 +6,11 @@ pub mod arm_cancel;
 pub mod async_timers;
 pub mod burst_steal;
 pub mod engine_arm_cancel;
-pub mod engine_live_1m;
 pub mod engine_reset;
 pub mod fire_storm;
 pub mod keyed;
 pub mod lateness;
-pub mod live_1m;
-pub mod live_runs;
+pub mod live;
 pub mod parallel;
 pub mod proxy;
 pub mod reset_heavy;
@@ -224,8 +222,7 @@ impl Workload {
         match self {
             Workload::ArmCancel => arm_cancel::run(plan, sizes.arm_cancel_ops, out),
             Workload::EngineArmCancel => engine_arm_cancel::run(plan, sizes.arm_cancel_ops, out),
-            Workload::Live1m => live_1m::run(plan, sizes.live_timers, out),
-            Workload::EngineLive1m => engine_live_1m::run(plan, sizes.live_timers, out),
+            Workload::Live1m | Workload::EngineLive1m => live::run(plan, sizes.live_timers, out),
             Workload::ResetHeavy => reset_heavy::run(plan, sizes.reset_ops, out),
             Workload::EngineReset => engine_reset::run(plan, sizes.reset_ops, out),
             Workload::FireStorm => fire_storm::run(plan, sizes.storm_timers, out),

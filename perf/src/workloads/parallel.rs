@@ -282,111 +282,67 @@ pub fn measure(
         .collect()
 }
 
-/// What a multi-thread workload's table says about itself.
-pub struct ThreadsTable<'a> {
-    pub workload: String,
-    pub title: String,
-    /// What one unit of work is, as the headers name it: `timer`, `reset`.
-    pub unit: &'static str,
-    /// Units of work per run, the CSV's `timers` column.
-    pub units: u64,
-    /// The most timers live at once at the most threads, and the measured bytes of one
-    /// engine node, where known: what the engine's pools need at least.
-    pub live_nodes: Option<(u64, f64)>,
-    /// What a timer counted in [`Measured::too_late`] did, for the notes.
-    pub too_late: &'a str,
-}
-
-impl ThreadsTable<'_> {
-    /// The sheet of `cells` (a row each, by thread count) with their results, ratios against
-    /// the peers and against each subject's own 1-thread figure.
-    pub fn sheet(self, cells: &[(&Cell, &Result<Measured, String>)]) -> Sheet {
-        let unit = self.unit;
-        let settles =
-            cells.iter().any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
-        let (ns, rate, app, cpu, worker) = match unit {
-            "reset" => (
-                "ns_per_reset",
-                "mresets_per_s",
-                "app_ns_per_reset",
-                "cpu_ns_per_reset",
-                "worker_cpu_ns_per_reset",
-            ),
-            _ => (
-                "ns_per_timer",
-                "mtimers_per_s",
-                "app_ns_per_timer",
-                "cpu_ns_per_timer",
-                "worker_cpu_ns_per_timer",
-            ),
-        };
-        let mut cols = vec![
-            Col::new(format!("ns/{unit}"), ns, "ns", 1).ratios(),
-            Col::new(format!("M{unit}s/s"), rate, "M/s", 2).rate(),
-            Col::new(format!("CPU ns/{unit}"), cpu, "ns", 1),
-            Col::new(format!("worker CPU ns/{unit}"), worker, "ns", 1),
-            Col::new(format!("app ns/{unit}"), app, "ns", 1),
-        ];
-        if settles {
-            cols.push(Col::new("settle us", "settle_wait", "us", 0));
-        }
-        cols.push(Col::new("pool MiB", "engine_pool_mib_max", "MiB", 1));
-        let mut sheet = Sheet::new(self.workload, self.title, self.units, cols);
-        sheet.scaling = Some(0);
-        let mut spreads = Vec::new();
-        let mut notes = Vec::new();
-        for &(cell, result) in cells {
-            let values = result.as_ref().map(|m| {
-                let per = &m.per;
-                let name = format!("{}, {}", cell.subject.name(), cell.threads);
-                spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
-                if m.too_late > 0 {
-                    notes.push(format!(
-                        "{name}: {} timers {}, over {} runs",
-                        thousands(m.too_late),
-                        self.too_late,
-                        runner::RUNS
-                    ));
-                }
-                let mut row = vec![
-                    Some(per.wall),
-                    Some(1e3 / per.wall),
-                    per.cpu,
-                    per.worker_cpu,
-                    Some(per.app),
-                ];
-                if settles {
-                    row.push(per.settle_us);
-                }
-                row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
-                row
-            });
-            sheet.add(cell.subject, cell.threads, true, values.map_err(Clone::clone));
-        }
-        sheet.note(format!(
-            "CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread); app ns/{unit}: start to the last application thread's end"
-        ));
-        if settles {
-            sheet.note("settle us: the wait after the last application thread's end until the engine was seen settled (median)");
-        }
-        sheet.note(format!(
-            "pool MiB: the engine's stats().pool_bytes at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped{}",
-            self.live_nodes.map_or_else(String::new, |(nodes, bytes)| format!(
-                " (this workload's live timers need {} nodes at {bytes:.0} B, {:.1} MiB)",
-                thousands(nodes),
-                nodes as f64 * bytes / (1024.0 * 1024.0)
-            ))
-        ));
-        sheet.note(format!(
-            "median of {} runs per subject, taken in turns; ns/{unit} range: {}",
-            runner::RUNS,
-            spreads.join(", ")
-        ));
-        for note in notes {
-            sheet.note(note);
-        }
-        sheet
+/// The sheet of a multi-thread workload: a row per cell of `cells` (by thread count) with
+/// its medians per `unit` of work (`units` a run), ratios against the peers and against
+/// each subject's own 1-thread figure; `too_late` says what a timer counted in
+/// [`Measured::too_late`] did.
+pub fn threads_sheet(
+    (workload, title): (String, String),
+    (unit, units): (&str, u64),
+    too_late: &str,
+    cells: &[(&Cell, &Result<Measured, String>)],
+) -> Sheet {
+    let settles = cells.iter().any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
+    let metric = |name: &str| format!("{name}_{}", if unit == "reset" { "reset" } else { "timer" });
+    let mut cols = vec![
+        Col::new(format!("ns/{unit}"), metric("ns_per"), "ns", 1).ratios(),
+        Col::new(
+            format!("M{unit}s/s"),
+            if unit == "reset" { "mresets_per_s" } else { "mtimers_per_s" },
+            "M/s",
+            2,
+        )
+        .rate(),
+        Col::new(format!("CPU ns/{unit}"), metric("cpu_ns_per"), "ns", 1),
+        Col::new(format!("worker CPU ns/{unit}"), metric("worker_cpu_ns_per"), "ns", 1),
+        Col::new(format!("app ns/{unit}"), metric("app_ns_per"), "ns", 1),
+    ];
+    cols.extend(settles.then(|| Col::new("settle us", "settle_wait", "us", 0)));
+    cols.push(Col::new("pool MiB", "engine_pool_mib_max", "MiB", 1));
+    let mut sheet = Sheet::new(workload, title, units, cols);
+    sheet.scaling = Some(0);
+    let (mut spreads, mut notes) = (Vec::new(), Vec::new());
+    for &(cell, result) in cells {
+        let values = result.as_ref().map(|m| {
+            let (per, name) = (&m.per, format!("{}, {}", cell.subject.name(), cell.threads));
+            spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
+            if m.too_late > 0 {
+                notes.push(format!(
+                    "{name}: {} timers {too_late}, over {} runs",
+                    thousands(m.too_late),
+                    runner::RUNS
+                ));
+            }
+            let mut row =
+                vec![Some(per.wall), Some(1e3 / per.wall), per.cpu, per.worker_cpu, Some(per.app)];
+            row.extend(settles.then_some(per.settle_us));
+            row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
+            row
+        });
+        sheet.add(cell.subject, cell.threads, true, values.map_err(Clone::clone));
     }
+    sheet.note(format!("CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread); app ns/{unit}: start to the last application thread's end"));
+    if settles {
+        sheet.note("settle us: the wait after the last application thread's end until the engine was seen settled (median)");
+    }
+    sheet.note("pool MiB: the engine's stats().pool_bytes at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped");
+    sheet.note(format!(
+        "median of {} runs per subject, taken in turns; ns/{unit} range: {}",
+        runner::RUNS,
+        spreads.join(", ")
+    ));
+    sheet.notes.extend(notes);
+    sheet
 }
 
 #[cfg(test)]
