@@ -157,8 +157,7 @@ mod tests {
     use clap::Parser;
 
     fn parse(args: &[&str]) -> Result<Options, clap::Error> {
-        Options::try_parse_from(std::iter::once("corewheel-perf").chain(args.iter().copied()))
-            .map(Options::normalized)
+        Options::try_parse_from(std::iter::once("corewheel-perf").chain(args.iter().copied())).map(Options::normalized)
     }
 
     #[test]

@@ -49,9 +49,7 @@ fn main() -> ExitCode {
     for plan in &plans {
         let name = plan.workload.name();
         if plan.cells.is_empty() && plan.workload != workloads::Workload::Proxy {
-            runner::print(&format!(
-                "{name}: skipped: none of the chosen peers and thread counts is one it runs\n"
-            ));
+            runner::print(&format!("{name}: skipped: none of the chosen peers and thread counts is one it runs\n"));
             continue;
         }
         runner::workload(&format!("started  workload {name}"));
@@ -59,9 +57,7 @@ fn main() -> ExitCode {
         plan.workload.run(plan, &options, &mut out);
         if let Some(share) = meter.others_share() {
             let warning = match share > 0.1 {
-                true => {
-                    ": the machine was shared, so these figures are slower and noisier than on a quiet one"
-                }
+                true => ": the machine was shared, so these figures are slower and noisier than on a quiet one",
                 false => "",
             };
             runner::print(&format!(

@@ -83,8 +83,7 @@ type PointsBySubject<'a> = BTreeMap<&'a str, Vec<(f64, f64)>>;
 fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
     let mut by_workload: BTreeMap<&str, (&'static str, PointsBySubject)> = BTreeMap::new();
     for row in csv.rows() {
-        let Some(&(_, label)) = THROUGHPUT_METRICS.iter().find(|(metric, _)| *metric == row.metric)
-        else {
+        let Some(&(_, label)) = THROUGHPUT_METRICS.iter().find(|(metric, _)| *metric == row.metric) else {
             continue;
         };
         // The single-thread workloads run at one thread count only.
@@ -136,8 +135,7 @@ fn line_chart(
     if !x_min.is_finite() {
         return Ok(());
     }
-    let x_range =
-        if marks { (x_min - 0.25).max(0.0)..x_max + 0.25 } else { 0.0..x_max.max(1e-3) * 1.02 };
+    let x_range = if marks { (x_min - 0.25).max(0.0)..x_max + 0.25 } else { 0.0..x_max.max(1e-3) * 1.02 };
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(&e))?;
     let mut chart = ChartBuilder::on(&root)
@@ -170,11 +168,7 @@ fn line_chart(
     }
     chart
         .configure_series_labels()
-        .position(if marks {
-            SeriesLabelPosition::UpperLeft
-        } else {
-            SeriesLabelPosition::LowerRight
-        })
+        .position(if marks { SeriesLabelPosition::UpperLeft } else { SeriesLabelPosition::LowerRight })
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()
@@ -203,13 +197,7 @@ mod tests {
     use super::{Plots, throughput_series};
     use crate::report::{Csv, CsvRow};
 
-    fn row(
-        workload: &str,
-        subject: &str,
-        threads: u32,
-        metric: &'static str,
-        value: f64,
-    ) -> CsvRow {
+    fn row(workload: &str, subject: &str, threads: u32, metric: &'static str, value: f64) -> CsvRow {
         CsvRow {
             workload: workload.to_string(),
             subject: subject.to_string(),

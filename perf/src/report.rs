@@ -45,11 +45,7 @@ impl Table {
             let mut line = String::new();
             for (i, width) in widths.iter().enumerate() {
                 let cell = row.get(i).map_or("", String::as_str);
-                let _ = if i == 0 {
-                    write!(line, "{cell:<width$}")
-                } else {
-                    write!(line, "  {cell:>width$}")
-                };
+                let _ = if i == 0 { write!(line, "{cell:<width$}") } else { write!(line, "  {cell:>width$}") };
             }
             let _ = writeln!(out, "{}", line.trim_end());
         }
@@ -71,8 +67,7 @@ pub const RATIO_LEGEND: &str = "vs X = how many times better this row is than X'
 /// `1234567` as `1,234,567`.
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
-    let groups: Vec<&str> =
-        digits.as_bytes().rchunks(3).rev().map(|g| std::str::from_utf8(g).unwrap_or("")).collect();
+    let groups: Vec<&str> = digits.as_bytes().rchunks(3).rev().map(|g| std::str::from_utf8(g).unwrap_or("")).collect();
     groups.join(",")
 }
 
@@ -99,12 +94,7 @@ pub struct Col {
 
 impl Col {
     /// A cost column, without ratios.
-    pub fn new(
-        header: impl Into<String>,
-        metric: impl Into<String>,
-        unit: &'static str,
-        digits: usize,
-    ) -> Self {
+    pub fn new(header: impl Into<String>, metric: impl Into<String>, unit: &'static str, digits: usize) -> Self {
         let (header, metric) = (header.into(), metric.into());
         Self { header, metric, unit, digits, higher_is_better: false, ratios: false }
     }
@@ -146,12 +136,7 @@ pub struct Sheet {
 
 impl Sheet {
     /// An empty sheet.
-    pub fn new(
-        workload: impl Into<String>,
-        title: impl Into<String>,
-        timers: u64,
-        cols: Vec<Col>,
-    ) -> Self {
+    pub fn new(workload: impl Into<String>, title: impl Into<String>, timers: u64, cols: Vec<Col>) -> Self {
         let (workload, title) = (workload.into(), title.into());
         Self { workload, title, timers, cols, rows: Vec::new(), notes: Vec::new(), scaling: None }
     }
@@ -199,8 +184,7 @@ impl Sheet {
         if self.rows.iter().all(|row| row.subject == self.rows[0].subject) {
             peers.clear();
         }
-        let ratio_cols: Vec<usize> =
-            (0..self.cols.len()).filter(|&c| self.cols[c].ratios).collect();
+        let ratio_cols: Vec<usize> = (0..self.cols.len()).filter(|&c| self.cols[c].ratios).collect();
         let threads = self.rows.iter().any(|r| r.name.contains(", "));
         let mut header = vec![if threads { "subject, threads" } else { "subject" }.to_string()];
         header.extend(self.cols.iter().map(|col| col.header.clone()));
@@ -211,11 +195,9 @@ impl Sheet {
             }));
         }
         header.extend(self.scaling.map(|_| "vs own 1 thread".to_string()));
-        let mut table =
-            Table { title: self.title.clone(), header, rows: Vec::new(), notes: Vec::new() };
+        let mut table = Table { title: self.title.clone(), header, rows: Vec::new(), notes: Vec::new() };
         let mut errors = Vec::new();
-        let show =
-            |ratio: Option<f64>| ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
+        let show = |ratio: Option<f64>| ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
         for row in &self.rows {
             let values = match &row.values {
                 Ok(values) => values,
@@ -227,18 +209,9 @@ impl Sheet {
             };
             let mut cells = vec![row.name.clone()];
             let mut put = |metric: &str, value: f64, unit: &'static str| {
-                let (workload, subject, threads) =
-                    (self.workload.clone(), row.name.clone(), row.threads as u32);
+                let (workload, subject, threads) = (self.workload.clone(), row.name.clone(), row.threads as u32);
                 let metric = metric.to_string();
-                csv.push(CsvRow {
-                    workload,
-                    subject,
-                    threads,
-                    timers: self.timers,
-                    metric,
-                    value,
-                    unit,
-                });
+                csv.push(CsvRow { workload, subject, threads, timers: self.timers, metric, value, unit });
             };
             for (col, value) in self.cols.iter().zip(values) {
                 cells.push(figure(*value, col.digits));
@@ -248,8 +221,7 @@ impl Sheet {
             }
             for (i, &col) in ratio_cols.iter().enumerate() {
                 for peer in &peers {
-                    let ratio =
-                        self.find(*peer, row.threads).and_then(|other| self.ratio(row, other, col));
+                    let ratio = self.find(*peer, row.threads).and_then(|other| self.ratio(row, other, col));
                     cells.push(if row.subject == *peer { "-".to_string() } else { show(ratio) });
                     if let (0, true, Some(ratio), Some(metric)) =
                         (i, row.subject.is_corewheel(), ratio, peer.ratio_metric())
@@ -318,17 +290,8 @@ impl Csv {
         metrics: &[(&str, f64, &'static str)],
     ) {
         for &(metric, value, unit) in metrics {
-            let (workload, subject, metric) =
-                (workload.to_string(), subject.to_string(), metric.to_string());
-            self.push(CsvRow {
-                workload,
-                subject,
-                threads: threads as u32,
-                timers,
-                metric,
-                value,
-                unit,
-            });
+            let (workload, subject, metric) = (workload.to_string(), subject.to_string(), metric.to_string());
+            self.push(CsvRow { workload, subject, threads: threads as u32, timers, metric, value, unit });
         }
     }
 
@@ -336,14 +299,10 @@ impl Csv {
     /// never leaves a truncated file where scripts expect a complete one.
     pub fn write(&self, path: &Path) -> Result<(), String> {
         let partial = path.with_extension("csv.tmp");
-        let written =
-            csv::Writer::from_path(&partial).map_err(|e| e.to_string()).and_then(|mut out| {
-                self.rows
-                    .iter()
-                    .try_for_each(|row| out.serialize(row))
-                    .map_err(|e| e.to_string())?;
-                out.flush().map_err(|e| e.to_string())
-            });
+        let written = csv::Writer::from_path(&partial).map_err(|e| e.to_string()).and_then(|mut out| {
+            self.rows.iter().try_for_each(|row| out.serialize(row)).map_err(|e| e.to_string())?;
+            out.flush().map_err(|e| e.to_string())
+        });
         written
             .and_then(|()| std::fs::rename(&partial, path).map_err(|e| e.to_string()))
             .map_err(|error| format!("could not write {}: {error}", path.display()))
@@ -372,10 +331,7 @@ mod tests {
     /// CSV gets every figure and corewheel's ratios, and scaling against one thread.
     #[test]
     fn sheets_compute_ratios_and_csv_rows() {
-        let cols = vec![
-            Col::new("ns", "ns_per_op", "ns", 1).ratios(),
-            Col::new("M/s", "mops_per_s", "M/s", 2).rate(),
-        ];
+        let cols = vec![Col::new("ns", "ns_per_op", "ns", 1).ratios(), Col::new("M/s", "mops_per_s", "M/s", 2).rate()];
         let mut sheet = Sheet::new("w", "title", 10, cols);
         sheet.scaling = Some(0);
         sheet.add(Subject::Engine, 1, true, Ok(vec![Some(10.0), Some(100.0)]));
@@ -385,8 +341,7 @@ mod tests {
         assert_eq!(sheet.ratio(&sheet.rows[0], &sheet.rows[1], 1), Some(5.0));
         let mut csv = Csv::default();
         sheet.finish(&mut csv);
-        let rows: Vec<_> =
-            csv.rows().iter().map(|r| (r.subject.as_str(), r.metric.as_str(), r.value)).collect();
+        let rows: Vec<_> = csv.rows().iter().map(|r| (r.subject.as_str(), r.metric.as_str(), r.value)).collect();
         assert!(rows.contains(&("engine, 1", "vs_tokio_sleep", 3.0)));
         assert!(rows.contains(&("engine, 2", "scaling_vs_1_thread", 2.0)));
         assert!(!rows.iter().any(|m| m.0 == "tokio-sleep, 2"));

@@ -34,10 +34,7 @@ pub fn create() -> io::Result<PathBuf> {
             done => return done.map(|()| dir),
         }
     }
-    Err(io::Error::new(
-        io::ErrorKind::AlreadyExists,
-        format!("every run folder name for {stamp} is taken"),
-    ))
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("every run folder name for {stamp} is taken")))
 }
 
 /// The target directory this binary was built into (`<target>/<profile>/corewheel-perf`),
@@ -51,13 +48,7 @@ fn target_dir() -> PathBuf {
 
 /// Writes the run's CSV, plots and summary into `run_dir`, then over `save` when asked,
 /// and says where each went.
-pub fn write(
-    csv: &Csv,
-    plots: &Plots,
-    run_dir: &Path,
-    save: Option<&Path>,
-    took: Duration,
-) -> Result<(), String> {
+pub fn write(csv: &Csv, plots: &Plots, run_dir: &Path, save: Option<&Path>, took: Duration) -> Result<(), String> {
     csv.write(&run_dir.join(CSV))?;
     let machine = crate::plots::machine();
     plots.write(csv, run_dir, &machine)?;
@@ -67,8 +58,8 @@ pub fn write(
     println!("\nresults of this run: {}", run_dir.display());
     println!("  (results.csv, summary.md and the plots; nothing in the source tree changed)");
     if let Some(dest) = save {
-        let written = copy_set(run_dir, dest)
-            .map_err(|error| format!("could not save to {}: {error}", dest.display()))?;
+        let written =
+            copy_set(run_dir, dest).map_err(|error| format!("could not save to {}: {error}", dest.display()))?;
         println!("saved as the reference set: {} ({written} files)", dest.display());
     }
     Ok(())
@@ -76,10 +67,8 @@ pub fn write(
 
 /// The run's `summary.md`: its command line, machine, duration and every table it printed.
 fn summary_text(run_dir: &Path, machine: &str, took: Duration) -> String {
-    let name =
-        run_dir.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned());
-    let args: Vec<String> =
-        std::env::args_os().skip(1).map(|arg| arg.to_string_lossy().into_owned()).collect();
+    let name = run_dir.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned());
+    let args: Vec<String> = std::env::args_os().skip(1).map(|arg| arg.to_string_lossy().into_owned()).collect();
     let command = match args.is_empty() {
         true => "cargo run --release -p corewheel-perf".to_string(),
         false => format!("cargo run --release -p corewheel-perf -- {}", args.join(" ")),
@@ -132,12 +121,7 @@ pub fn utc_stamp(time: SystemTime) -> String {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     let of_day = seconds % 86_400;
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}-{:02}-{:02}Z",
-        of_day / 3600,
-        of_day / 60 % 60,
-        of_day % 60
-    )
+    format!("{year:04}-{month:02}-{day:02}T{:02}-{:02}-{:02}Z", of_day / 3600, of_day / 60 % 60, of_day % 60)
 }
 
 #[cfg(test)]

@@ -49,13 +49,7 @@ impl Plan {
             "" => String::new(),
             name => format!(", {name} {}", cell.param),
         };
-        format!(
-            "{}/{} ({} threads{param}, run {})",
-            self.workload.name(),
-            cell.subject.name(),
-            cell.threads,
-            run + 1
-        )
+        format!("{}/{} ({} threads{param}, run {})", self.workload.name(), cell.subject.name(), cell.threads, run + 1)
     }
 }
 
@@ -77,9 +71,9 @@ fn state() -> MutexGuard<'static, Option<State>> {
 pub fn start(total: u64) {
     let bar = ProgressBar::new(total);
     let bar = (!bar.is_hidden()).then(|| {
-        if let Ok(style) = ProgressStyle::with_template(
-            "{elapsed_precise:.dim} [{bar:32.cyan/blue}] {pos}/{len} runs  {msg}",
-        ) {
+        if let Ok(style) =
+            ProgressStyle::with_template("{elapsed_precise:.dim} [{bar:32.cyan/blue}] {pos}/{len} runs  {msg}")
+        {
             bar.set_style(style.progress_chars("=> "));
         }
         bar.enable_steady_tick(std::time::Duration::from_millis(200));
@@ -139,10 +133,9 @@ fn step(what: &str, ran: Option<Instant>) {
             bar.inc(1);
             bar.set_message(what.to_string());
         }
-        (None, Some(began)) => line(
-            state,
-            &format!("{done}/{total} done     {what} in {:.1} s", began.elapsed().as_secs_f64()),
-        ),
+        (None, Some(began)) => {
+            line(state, &format!("{done}/{total} done     {what} in {:.1} s", began.elapsed().as_secs_f64()))
+        }
         (None, None) => line(state, &format!("{done}/{total} skipped  {what}")),
     }
 }
@@ -160,10 +153,7 @@ pub fn finish() {
 /// Measures every cell of `plan` `plan.runs` times, in turns: every cell once, then every
 /// cell again. A cell whose measurement fails once counts as failed, and its later runs
 /// are counted as skipped.
-pub fn in_turns<R>(
-    plan: &Plan,
-    mut measure: impl FnMut(&Cell) -> Result<R, String>,
-) -> Vec<Result<Vec<R>, String>> {
+pub fn in_turns<R>(plan: &Plan, mut measure: impl FnMut(&Cell) -> Result<R, String>) -> Vec<Result<Vec<R>, String>> {
     let mut results: Vec<Result<Vec<R>, String>> =
         plan.cells.iter().map(|_| Ok(Vec::with_capacity(plan.runs))).collect();
     for run in 0..plan.runs {
@@ -198,9 +188,7 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
 
 /// `min-max` of the values, for the notes under a table.
 pub fn spread(values: impl IntoIterator<Item = f64>) -> String {
-    let (min, max) = values
-        .into_iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (min, max) = values.into_iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     format!("{min:.1}-{max:.1}")
 }
 
@@ -238,10 +226,7 @@ mod tests {
                 _ => Ok(order.len()),
             }
         });
-        assert_eq!(
-            order,
-            [Subject::Corewheel, Subject::BinaryHeap, Subject::Corewheel, Subject::Corewheel]
-        );
+        assert_eq!(order, [Subject::Corewheel, Subject::BinaryHeap, Subject::Corewheel, Subject::Corewheel]);
         assert_eq!(results[0], Ok(vec![1, 3, 4]));
         assert_eq!(results[1], Err("broke".to_string()));
     }

@@ -34,8 +34,7 @@ pub fn cpu_between(earlier: Option<Duration>, later: Option<Duration>) -> Option
 /// Whether a thread name is `prefix` followed by a number (`corewheel-0`), which the
 /// harness's own threads (`corewheel-perf`) are not.
 pub fn is_numbered(name: &str, prefix: &str) -> bool {
-    name.strip_prefix(prefix)
-        .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
+    name.strip_prefix(prefix).is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Each live thread of process `pid` (`self` for this one): its name and a file of its
@@ -103,11 +102,7 @@ pub fn huge_page_bytes() -> Option<u64> {
 /// Waits until the CPU clock `cpu` advances by less than 5% of `interval` over one
 /// `interval` (at most `limit`): the threads it counts have done what was left them, which
 /// no count shows. Returns its reading then.
-pub fn wait_until_quiet(
-    cpu: fn() -> Option<Duration>,
-    interval: Duration,
-    limit: Duration,
-) -> Option<Duration> {
+pub fn wait_until_quiet(cpu: fn() -> Option<Duration>, interval: Duration, limit: Duration) -> Option<Duration> {
     let started = Instant::now();
     let mut last = cpu()?;
     loop {
@@ -149,9 +144,7 @@ fn own_cpu() -> Option<Duration> {
         // valid and writable for the whole call.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         let rc = unsafe { libc::getrusage(who, &mut usage) };
-        let time = |t: libc::timeval| {
-            Duration::new(t.tv_sec as u64, 0) + Duration::from_micros(t.tv_usec as u64)
-        };
+        let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, 0) + Duration::from_micros(t.tv_usec as u64);
         (rc == 0).then(|| time(usage.ru_utime) + time(usage.ru_stime))
     };
     Some(usage(libc::RUSAGE_SELF)? + usage(libc::RUSAGE_CHILDREN)?)
@@ -184,9 +177,7 @@ impl LoadMeter {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        LoadMeter, is_numbered, named_threads_cpu_time, process_cpu_time, thread_cpu_time,
-    };
+    use super::{LoadMeter, is_numbered, named_threads_cpu_time, process_cpu_time, thread_cpu_time};
     use std::time::Duration;
 
     #[test]

@@ -92,9 +92,7 @@ impl<T> TombstoneHeap<T> {
 
     /// Whether `key` names a pending timer.
     pub fn contains(&self, key: HeapKey) -> bool {
-        self.slots
-            .get(key.slot as usize)
-            .is_some_and(|slot| slot.generation == key.generation && slot.value.is_some())
+        self.slots.get(key.slot as usize).is_some_and(|slot| slot.generation == key.generation && slot.value.is_some())
     }
 
     /// Tombstones the timer's entry and pushes a new one; the returned key names it.
@@ -222,14 +220,12 @@ mod tests {
     fn rebuild_keeps_live_timers() {
         let t0 = Instant::now();
         let mut heap = TombstoneHeap::new();
-        let keys: Vec<_> =
-            (0..10_000u64).map(|i| heap.insert(t0 + Duration::from_nanos(i), i)).collect();
+        let keys: Vec<_> = (0..10_000u64).map(|i| heap.insert(t0 + Duration::from_nanos(i), i)).collect();
         for key in &keys[..9_000] {
             assert!(heap.cancel(*key).is_some());
         }
         assert!(heap.heap.len() < 10_000, "the tombstones were rebuilt away");
-        let fired: Vec<u64> =
-            std::iter::from_fn(|| heap.pop_expired(t0 + Duration::from_secs(1))).collect();
+        let fired: Vec<u64> = std::iter::from_fn(|| heap.pop_expired(t0 + Duration::from_secs(1))).collect();
         assert_eq!(fired, (9_000..10_000).collect::<Vec<_>>());
     }
 }

@@ -59,10 +59,10 @@ impl<T> TimerQueue<T> for DelayQueue<T> {
         let mut context = Context::from_waker(Waker::noop());
         match self.poll_expired(&mut context) {
             Poll::Pending | Poll::Ready(None) => Ok(()),
-            Poll::Ready(Some(_)) => Err(
-                "a timer fired while the queue was being set up: the machine stalled for milliseconds; run again"
-                    .to_string(),
-            ),
+            Poll::Ready(Some(_)) => {
+                Err("a timer fired while the queue was being set up: the machine stalled for milliseconds; run again"
+                    .to_string())
+            }
         }
     }
 

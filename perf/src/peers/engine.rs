@@ -66,10 +66,7 @@ pub fn cpus() -> usize {
 
 /// An engine as a service makes one: one worker per CPU, pinned.
 pub fn build() -> Result<TimerEngine, String> {
-    TimerEngine::builder()
-        .workers(cpus())
-        .build()
-        .map_err(|error| format!("could not start the engine: {error}"))
+    TimerEngine::builder().workers(cpus()).build().map_err(|error| format!("could not start the engine: {error}"))
 }
 
 /// The engine as a service on tokio builds it to ride the runtime's wake-ups: one shard
@@ -129,10 +126,7 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
         // Quiet, or a while since the last walk: workers that never go quiet (a callback
         // spinning) must not make a settled engine look unsettled.
         let waited_enough = now >= walk_after + STILL_WALK;
-        if stats.total.pending == 0
-            && now >= walk_after
-            && (last_walk <= LONG_WALK || quiet || waited_enough)
-        {
+        if stats.total.pending == 0 && now >= walk_after && (last_walk <= LONG_WALK || quiet || waited_enough) {
             let waited = started.elapsed();
             let process_cpu = cpu_time::process_cpu_time();
             let workers_cpu = workers_cpu_time();
@@ -159,12 +153,7 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
 
 /// Checks the engine's counts at the end of a run: everything scheduled was cancelled or
 /// fired, and as many as the application threads were told.
-pub fn check_counts(
-    stats: &Stats,
-    scheduled: u64,
-    cancelled: u64,
-    not_cancelled: u64,
-) -> Result<(), String> {
+pub fn check_counts(stats: &Stats, scheduled: u64, cancelled: u64, not_cancelled: u64) -> Result<(), String> {
     let total = &stats.total;
     if total.scheduled != scheduled
         || total.cancelled != cancelled
@@ -186,19 +175,11 @@ pub fn workers_cpu_time() -> Option<Duration> {
 
 /// Waits, polling the engine's stats every `every`, until `timers` have fired; an error
 /// naming how many had if that takes longer than `give_up`.
-pub fn wait_until_fired(
-    engine: &TimerEngine,
-    timers: u64,
-    every: Duration,
-    give_up: Duration,
-) -> Result<(), String> {
+pub fn wait_until_fired(engine: &TimerEngine, timers: u64, every: Duration, give_up: Duration) -> Result<(), String> {
     let limit = Instant::now() + give_up;
     while engine.stats().total.fired < timers {
         if Instant::now() > limit {
-            return Err(format!(
-                "only {} of {timers} timers fired within {give_up:?}",
-                engine.stats().total.fired
-            ));
+            return Err(format!("only {} of {timers} timers fired within {give_up:?}", engine.stats().total.fired));
         }
         std::thread::sleep(every);
     }

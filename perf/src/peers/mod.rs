@@ -105,41 +105,19 @@ impl Subject {
     /// How the subject is built and driven, for the header (the tables' notes say more).
     pub fn describe(self) -> &'static str {
         match self {
-            Subject::Corewheel => {
-                "corewheel::Wheel, 1 ms tick, owned by one thread (an event loop)"
-            }
-            Subject::DelayQueue => {
-                "tokio-util 0.7 DelayQueue, owned by one task on a current_thread runtime"
-            }
-            Subject::BinaryHeap => {
-                "std BinaryHeap, a tombstone per cancel, rebuilt once they outnumber live"
-            }
-            Subject::Engine => {
-                "corewheel::TimerEngine, a pinned worker per CPU, 1 ms tick, from threads"
-            }
-            Subject::EngineDriven => {
-                "the same engine built driven(): its shards turned by tokio tasks"
-            }
-            Subject::TokioSleep => {
-                "tokio 1 time::sleep, one task per thread, polled once, dropped to cancel"
-            }
-            Subject::TokioTimeout => {
-                "tokio 1 time::timeout around a pending read, polled once and dropped"
-            }
-            Subject::PingoraTimeout => {
-                "pingora-timeout 0.9 timeout and sleep (10 ms ticks), no reset"
-            }
-            Subject::MutexHeap => {
-                "one BinaryHeap behind a Mutex shared by all threads, a timer thread"
-            }
-            Subject::CorewheelAsync => {
-                "corewheel::sleep, timeout, Sleep::reset on the default engine"
-            }
+            Subject::Corewheel => "corewheel::Wheel, 1 ms tick, owned by one thread (an event loop)",
+            Subject::DelayQueue => "tokio-util 0.7 DelayQueue, owned by one task on a current_thread runtime",
+            Subject::BinaryHeap => "std BinaryHeap, a tombstone per cancel, rebuilt once they outnumber live",
+            Subject::Engine => "corewheel::TimerEngine, a pinned worker per CPU, 1 ms tick, from threads",
+            Subject::EngineDriven => "the same engine built driven(): its shards turned by tokio tasks",
+            Subject::TokioSleep => "tokio 1 time::sleep, one task per thread, polled once, dropped to cancel",
+            Subject::TokioTimeout => "tokio 1 time::timeout around a pending read, polled once and dropped",
+            Subject::PingoraTimeout => "pingora-timeout 0.9 timeout and sleep (10 ms ticks), no reset",
+            Subject::MutexHeap => "one BinaryHeap behind a Mutex shared by all threads, a timer thread",
+            Subject::CorewheelAsync => "corewheel::sleep, timeout, Sleep::reset on the default engine",
             Subject::Tokio => "tokio 1 time::sleep, timeout, Sleep::reset, one task per worker",
             Subject::AsyncIo => "async-io 2 Timer (smol's): after, set_at, read.or(timer)",
-            Subject::Keyed => {
-                "corewheel::KeyedTimers<u64, u64> (set, move_to, remove) on an engine"
-            }
+            Subject::Keyed => "corewheel::KeyedTimers<u64, u64> (set, move_to, remove) on an engine",
             Subject::MutexMap => "a Mutex<HashMap<key, (value, TimerHandle)>> over the engine",
             Subject::DelayQueueMap => "DelayQueue<(key, value)> and a key map behind one Mutex",
             Subject::Dashmap => "dashmap 6 alone: KeyedTimers' map operations, no timer",
@@ -259,10 +237,7 @@ pub trait Measure<T> {
 
 /// Runs `measurement` on a fresh, empty structure of `subject`'s kind, inside a runtime for
 /// DelayQueue.
-pub fn measure_fresh<T, M: Measure<T>>(
-    subject: Subject,
-    measurement: M,
-) -> Result<M::Output, String> {
+pub fn measure_fresh<T, M: Measure<T>>(subject: Subject, measurement: M) -> Result<M::Output, String> {
     match subject {
         Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),
         Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,

@@ -198,11 +198,7 @@ mod tests {
         while heap.fired() < expected && started.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(
-            heap.fired(),
-            expected,
-            "100 uncancelled timers, {missed} cancelled too late, and the reset one"
-        );
+        assert_eq!(heap.fired(), expected, "100 uncancelled timers, {missed} cancelled too late, and the reset one");
         assert!(!heap.cancel(moved), "it fired");
         assert!(heap.is_pending(far) && !heap.is_pending(moved));
         assert!(heap.cancel(far), "the hour-long timer is still pending");

@@ -50,15 +50,10 @@ mod tests {
         let rt = runtime(1).expect("a runtime");
         rt.block_on(async {
             let delay = Duration::from_millis(250);
-            let (mut tokio, mut pingora) =
-                (Box::pin(tokio_timeout(delay)), Box::pin(pingora_timeout(delay)));
+            let (mut tokio, mut pingora) = (Box::pin(tokio_timeout(delay)), Box::pin(pingora_timeout(delay)));
             let mut read = Box::pin(PendingRead);
             let done = with_context(|cx| {
-                [
-                    register(tokio.as_mut(), cx),
-                    register(pingora.as_mut(), cx),
-                    register(read.as_mut(), cx),
-                ]
+                [register(tokio.as_mut(), cx), register(pingora.as_mut(), cx), register(read.as_mut(), cx)]
             })
             .await;
             assert_eq!(done, [false; 3]);

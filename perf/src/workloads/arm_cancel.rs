@@ -78,17 +78,14 @@ impl TimerQueue<u64> for Nothing {
 
 /// Runs `plan`'s subjects and prints the table.
 pub fn run(plan: &Plan, ops: u64, out: &mut Out) {
-    let runs = in_turns(plan, |cell| {
-        measure_fresh(cell.subject, ArmCancel { ops }).map(|elapsed| ns_per(elapsed, ops))
-    });
+    let runs =
+        in_turns(plan, |cell| measure_fresh(cell.subject, ArmCancel { ops }).map(|elapsed| ns_per(elapsed, ops)));
     let overhead = ArmCancel { ops }.measure(&mut Nothing);
-    let title = format!(
-        "arm-cancel (1 thread, {} ops, window {})",
-        thousands(ops),
-        thousands(WINDOW as u64)
-    );
+    let title = format!("arm-cancel (1 thread, {} ops, window {})", thousands(ops), thousands(WINDOW as u64));
     let mut sheet = cost_sheet(plan, title, "op", ("ns_per_op", "mops_per_s"), ops, &runs);
-    sheet.note("op = arm one timer (delay uniform in 1 ms..30 s) + cancel the one armed 10,000 ops earlier; nothing fires");
+    sheet.note(
+        "op = arm one timer (delay uniform in 1 ms..30 s) + cancel the one armed 10,000 ops earlier; nothing fires",
+    );
     if let Ok(elapsed) = overhead {
         sheet.note(format!(
             "every row includes the harness's own {:.1} ns/op (drawing the delay, computing the deadline)",

@@ -87,8 +87,7 @@ async fn share<F: Future + Send + 'static>(
     reset: Option<Move<F>>,
 ) -> Result<(Share, Vec<Pin<Box<F>>>), String> {
     let connections = if reset.is_some() { CONNECTIONS } else { 0 };
-    let mut idle: Vec<Pin<Box<F>>> =
-        (0..connections).map(|_| Box::pin(arm(IDLE_TIMEOUT))).collect();
+    let mut idle: Vec<Pin<Box<F>>> = (0..connections).map(|_| Box::pin(arm(IDLE_TIMEOUT))).collect();
     with_context(move |cx| {
         let mut rng = rng(index as u64 + 13);
         let mut share = Share::new();
@@ -104,14 +103,10 @@ async fn share<F: Future + Send + 'static>(
         }
         for _ in 0..ops {
             match &reset {
-                None => {
-                    share.due_at_once +=
-                        u64::from(register(pin!(arm(request_timeout(&mut rng))), cx))
+                None => share.due_at_once += u64::from(register(pin!(arm(request_timeout(&mut rng))), cx)),
+                Some(Move::InPlace(reset)) => {
+                    reset(idle[rng.u64(..CONNECTIONS) as usize].as_mut(), Instant::now() + IDLE_TIMEOUT)
                 }
-                Some(Move::InPlace(reset)) => reset(
-                    idle[rng.u64(..CONNECTIONS) as usize].as_mut(),
-                    Instant::now() + IDLE_TIMEOUT,
-                ),
                 Some(Move::Recreate) => {
                     let mut timer = idle[rng.u64(..CONNECTIONS) as usize].as_mut();
                     timer.set(arm(IDLE_TIMEOUT));
@@ -150,15 +145,7 @@ fn on_runtime<F: Future + Send + 'static>(
         start: StartLine::default(),
     });
     let handles: Vec<_> = (0..tasks)
-        .map(|index| {
-            runtime.spawn(share(
-                index,
-                Arc::clone(&lines),
-                config.ops,
-                arm,
-                reset.map(|reset| reset()),
-            ))
-        })
+        .map(|index| runtime.spawn(share(index, Arc::clone(&lines), config.ops, arm, reset.map(|reset| reset()))))
         .collect();
     lines.set_up.wait();
     wait_until_quiet();
@@ -175,10 +162,7 @@ fn on_runtime<F: Future + Send + 'static>(
     check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
     let mut cx = Context::from_waker(Waker::noop());
     let fired = runtime.block_on(async {
-        idle.iter_mut()
-            .flatten()
-            .map(|timer| usize::from(timer.as_mut().poll(&mut cx).is_ready()))
-            .sum::<usize>()
+        idle.iter_mut().flatten().map(|timer| usize::from(timer.as_mut().poll(&mut cx).is_ready())).sum::<usize>()
     });
     {
         let _guard = runtime.enter();
@@ -208,35 +192,20 @@ fn measure(kind: Kind, subject: Subject, config: Config) -> Result<Run, String> 
     match (subject, kind) {
         (Tokio, Sleep) => on_runtime(config, None, timers::tokio_sleep, None),
         (Tokio, Timeout) => on_runtime(config, None, timers::tokio_timeout_read, None),
-        (Tokio, Reset) => on_runtime(
-            config,
-            None,
-            timers::tokio_sleep,
-            Some(|| Move::InPlace(timers::tokio_reset)),
-        ),
+        (Tokio, Reset) => on_runtime(config, None, timers::tokio_sleep, Some(|| Move::InPlace(timers::tokio_reset))),
         (AsyncIo, Sleep) => on_runtime(config, None, timers::async_io_sleep, None),
         (AsyncIo, Timeout) => on_runtime(config, None, timers::async_io_timeout_read, None),
-        (AsyncIo, Reset) => on_runtime(
-            config,
-            None,
-            timers::async_io_sleep,
-            Some(|| Move::InPlace(timers::async_io_reset)),
-        ),
+        (AsyncIo, Reset) => {
+            on_runtime(config, None, timers::async_io_sleep, Some(|| Move::InPlace(timers::async_io_reset)))
+        }
         (PingoraTimeout, Sleep) => on_runtime(config, None, timers::pingora_sleep, None),
         (PingoraTimeout, Timeout) => on_runtime(config, None, timers::pingora_timeout_read, None),
-        (PingoraTimeout, Reset) => {
-            on_runtime(config, None, timers::pingora_sleep, Some(|| Move::Recreate))
-        }
+        (PingoraTimeout, Reset) => on_runtime(config, None, timers::pingora_sleep, Some(|| Move::Recreate)),
         (CorewheelAsync, Sleep) => on_runtime(config, settle, timers::corewheel_sleep, None),
-        (CorewheelAsync, Timeout) => {
-            on_runtime(config, settle, timers::corewheel_timeout_read, None)
+        (CorewheelAsync, Timeout) => on_runtime(config, settle, timers::corewheel_timeout_read, None),
+        (CorewheelAsync, Reset) => {
+            on_runtime(config, None, timers::corewheel_sleep, Some(|| Move::InPlace(timers::corewheel_reset)))
         }
-        (CorewheelAsync, Reset) => on_runtime(
-            config,
-            None,
-            timers::corewheel_sleep,
-            Some(|| Move::InPlace(timers::corewheel_reset)),
-        ),
         _ => Err(format!("{} is not an async subject", subject.name())),
     }
 }
@@ -278,19 +247,9 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
             1,
         )
         .ratios(),
-        Col::new(
-            format!("ns/{unit}"),
-            if unit == "reset" { "ns_per_reset" } else { "ns_per_timer" },
-            "ns",
-            1,
-        ),
-        Col::new(
-            format!("M{unit}s/s"),
-            if unit == "reset" { "mresets_per_s" } else { "mtimers_per_s" },
-            "M/s",
-            2,
-        )
-        .rate(),
+        Col::new(format!("ns/{unit}"), if unit == "reset" { "ns_per_reset" } else { "ns_per_timer" }, "ns", 1),
+        Col::new(format!("M{unit}s/s"), if unit == "reset" { "mresets_per_s" } else { "mtimers_per_s" }, "M/s", 2)
+            .rate(),
     ];
     let mut sheet = Sheet::new(name, title, ops, cols);
     sheet.scaling = Some(1);
@@ -319,10 +278,7 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
         "CPU ns/{unit} = process CPU time (every thread: the tasks', the timers' own threads) from the start line until the deferred work is done (corewheel: the engine settled; then, for every subject, the process idle) / {unit}s; ns/{unit} = wall time from the start line to the last task's end / {unit}s, all threads together"
     ));
     sheet.note("setup: a tokio rt-multi-thread runtime of T workers, one task per worker (held at a start line until all run at once), the same for every subject; corewheel-async and async-io run their runtime-agnostic futures in it");
-    sheet.note(format!(
-        "median of {RUNS} runs per subject, taken in turns; ns/{unit} range: {}",
-        spreads.join(", ")
-    ));
+    sheet.note(format!("median of {RUNS} runs per subject, taken in turns; ns/{unit} range: {}", spreads.join(", ")));
     for note in notes {
         sheet.note(note);
     }

@@ -61,8 +61,7 @@ fn burst(workers: usize, stealing: bool, timers: u64) -> Result<Burst, String> {
     drop(engine);
     let (all, per_worker) = worker_records::take();
     let lateness = all.summarize();
-    let last_fire =
-        lateness.last_fire.map_or(Duration::ZERO, |last| last.saturating_duration_since(first));
+    let last_fire = lateness.last_fire.map_or(Duration::ZERO, |last| last.saturating_duration_since(first));
     Ok(Burst { last_fire, lateness, per_worker, stolen, claimed_elsewhere })
 }
 
@@ -105,8 +104,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let runs = match runs {
             Ok(runs) => runs,
             Err(error) => {
-                errors
-                    .push(format!("ERROR: {NAME}: {workers} workers, stealing {on_off}: {error}"));
+                errors.push(format!("ERROR: {NAME}: {workers} workers, stealing {on_off}: {error}"));
                 continue;
             }
         };
@@ -120,25 +118,19 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let claimed = middle(&|b| 100.0 * b.claimed_elsewhere as f64 / timers as f64);
         let early: u64 = runs.iter().map(|b| b.lateness.early).sum();
         if early > 0 || runs.iter().any(|b| b.lateness.fired != timers) {
-            errors.push(format!(
-                "ERROR: {NAME}: {subject} fired {early} timers EARLY, or a wrong number of timers"
-            ));
+            errors.push(format!("ERROR: {NAME}: {subject} fired {early} timers EARLY, or a wrong number of timers"));
         }
         // The run whose last fire is the median's, for its split across workers.
-        let typical = runs.iter().min_by(|a, b| {
-            (ms(a.last_fire) - last_fire).abs().total_cmp(&(ms(b.last_fire) - last_fire).abs())
-        });
+        let typical = runs
+            .iter()
+            .min_by(|a, b| (ms(a.last_fire) - last_fire).abs().total_cmp(&(ms(b.last_fire) - last_fire).abs()));
         let split = typical.map_or(String::new(), |b| {
-            let shares: Vec<String> = b
-                .per_worker
-                .iter()
-                .map(|&n| format!("{:.0}%", 100.0 * n as f64 / timers as f64))
-                .collect();
+            let shares: Vec<String> =
+                b.per_worker.iter().map(|&n| format!("{:.0}%", 100.0 * n as f64 / timers as f64)).collect();
             shares.join("/")
         });
         // Stealing on is measured beside stealing off at the same worker count.
-        let off =
-            plan.cells.iter().zip(&results).find(|(c, _)| c.threads == workers && c.param == 0);
+        let off = plan.cells.iter().zip(&results).find(|(c, _)| c.threads == workers && c.param == 0);
         let ratio = match (stealing, off.and_then(|(_, r)| r.as_ref().ok())) {
             (true, Some(off)) => format!("{:.2}x", last(off) / last_fire),
             _ => String::new(),

@@ -32,12 +32,7 @@ struct Config {
 }
 
 /// A plain thread's share on a structure the threads share.
-fn thread_share<S: SharedTimers>(
-    subject: &S,
-    index: usize,
-    gate: &Gate,
-    config: Config,
-) -> Result<Share, String> {
+fn thread_share<S: SharedTimers>(subject: &S, index: usize, gate: &Gate, config: Config) -> Result<Share, String> {
     let mut rng = rng(index as u64 + 1);
     let mut share = Share::new();
     let window: Result<Vec<S::Handle>, String> =
@@ -76,8 +71,7 @@ async fn tokio_share<F: Future + Send + 'static>(
     arm: fn(Duration) -> F,
 ) -> Result<Share, String> {
     let ops = share_of(config.timers, config.threads, index);
-    let mut window: Vec<Pin<Box<Option<F>>>> =
-        (0..config.window.max(1)).map(|_| Box::pin(None)).collect();
+    let mut window: Vec<Pin<Box<Option<F>>>> = (0..config.window.max(1)).map(|_| Box::pin(None)).collect();
     with_context(|cx| {
         let mut rng = rng(index as u64 + 1);
         let mut share = Share::new();
@@ -113,21 +107,17 @@ async fn tokio_share<F: Future + Send + 'static>(
 
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Engine => {
-            parallel::on_engine(config.threads, true, |e, i, gate| thread_share(e, i, gate, config))
+        Subject::Engine => parallel::on_engine(config.threads, true, |e, i, gate| thread_share(e, i, gate, config)),
+        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| thread_share(h, i, gate, config)),
+        Subject::TokioSleep => {
+            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, tokio::time::sleep))
         }
-        Subject::MutexHeap => {
-            parallel::on_mutex_heap(config.threads, |h, i, gate| thread_share(h, i, gate, config))
+        Subject::TokioTimeout => {
+            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, timeouts::tokio_timeout))
         }
-        Subject::TokioSleep => parallel::on_tokio(config.threads, |i, line| {
-            tokio_share(i, line, config, tokio::time::sleep)
-        }),
-        Subject::TokioTimeout => parallel::on_tokio(config.threads, |i, line| {
-            tokio_share(i, line, config, timeouts::tokio_timeout)
-        }),
-        Subject::PingoraTimeout => parallel::on_tokio(config.threads, |i, line| {
-            tokio_share(i, line, config, timeouts::pingora_timeout)
-        }),
+        Subject::PingoraTimeout => {
+            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, timeouts::pingora_timeout))
+        }
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
@@ -145,8 +135,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     let mut windows: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
     windows.dedup();
     for window in windows {
-        let cells: Vec<_> =
-            plan.cells.iter().zip(&results).filter(|(cell, _)| cell.param == window).collect();
+        let cells: Vec<_> = plan.cells.iter().zip(&results).filter(|(cell, _)| cell.param == window).collect();
         let title = format!(
             "engine-arm-cancel (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
             thousands(window),

@@ -34,17 +34,11 @@ struct Config {
 }
 
 /// A plain thread's share on a structure the threads share.
-fn thread_share<S: SharedTimers>(
-    subject: &S,
-    index: usize,
-    gate: &Gate,
-    config: Config,
-) -> Result<Share, String> {
+fn thread_share<S: SharedTimers>(subject: &S, index: usize, gate: &Gate, config: Config) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.threads, index);
     let mut rng = rng(index as u64 + 7);
     let mut share = Share::new();
-    let timers: Result<Vec<S::Handle>, String> =
-        (0..connections).map(|c| subject.arm(IDLE_TIMEOUT, c)).collect();
+    let timers: Result<Vec<S::Handle>, String> = (0..connections).map(|c| subject.arm(IDLE_TIMEOUT, c)).collect();
     gate.wait();
     let mut timers = timers?;
     share.scheduled = connections;
@@ -93,15 +87,9 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
 
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Engine => parallel::on_engine(config.threads, false, |e, i, gate| {
-            thread_share(e, i, gate, config)
-        }),
-        Subject::MutexHeap => {
-            parallel::on_mutex_heap(config.threads, |h, i, gate| thread_share(h, i, gate, config))
-        }
-        Subject::TokioSleep => {
-            parallel::on_tokio(config.threads, |index, line| tokio_share(index, line, config))
-        }
+        Subject::Engine => parallel::on_engine(config.threads, false, |e, i, gate| thread_share(e, i, gate, config)),
+        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| thread_share(h, i, gate, config)),
+        Subject::TokioSleep => parallel::on_tokio(config.threads, |index, line| tokio_share(index, line, config)),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
@@ -120,8 +108,7 @@ pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
         thousands(resets)
     );
     let too_late = "found already fired by a reset";
-    let mut sheet =
-        threads_sheet(("engine-reset".into(), title), ("reset", resets), too_late, &cells);
+    let mut sheet = threads_sheet(("engine-reset".into(), title), ("reset", resets), too_late, &cells);
     sheet.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s) / a tombstone and a new entry in the locked heap; each new deadline is later, so neither wheel moves the timer yet");
     sheet.note("ns/reset = wall time / resets, all threads together, from the moment every thread has its connections' timers armed (untimed); nothing is due during a run, so the engine's workers have nothing to settle");
     sheet.finish(&mut out.csv);

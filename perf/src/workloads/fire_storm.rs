@@ -54,12 +54,7 @@ struct Storm {
 
 impl Storm {
     /// The storm armed as `armed` says, fired with `cpu` since `armed_at`.
-    fn new(
-        armed: (Duration, Instant),
-        armed_at: Instant,
-        cpu: Option<Duration>,
-        lateness: Lateness,
-    ) -> Self {
+    fn new(armed: (Duration, Instant), armed_at: Instant, cpu: Option<Duration>, lateness: Lateness) -> Self {
         Self { armed, armed_at, fire_cpu: cpu, lateness: lateness.summarize() }
     }
 }
@@ -67,10 +62,7 @@ impl Storm {
 /// Arms the storm's deadlines through `put`; returns how long that took and the first
 /// deadline. Each timer's value is its own deadline, so whoever fires it can tell how late
 /// it is.
-fn arm<E>(
-    timers: u64,
-    mut put: impl FnMut(Instant) -> Result<(), E>,
-) -> Result<(Duration, Instant), E> {
+fn arm<E>(timers: u64, mut put: impl FnMut(Instant) -> Result<(), E>) -> Result<(Duration, Instant), E> {
     let mut rng = rng(0);
     let start = Instant::now();
     let mut first = start + FIRST_DUE + Duration::from_nanos(SPREAD_NS);
@@ -84,10 +76,7 @@ fn arm<E>(
 
 /// Arms the storm on a queue its owner polls, then sleeps until each next deadline and
 /// drains what is due, as an event loop does.
-fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
-    mut queue: Q,
-    timers: u64,
-) -> Result<Storm, String> {
+fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(mut queue: Q, timers: u64) -> Result<Storm, String> {
     let mut lateness = Lateness::default();
     let armed = arm(timers, |deadline| {
         queue.arm(deadline, deadline);
@@ -176,33 +165,19 @@ fn witness() -> thread::JoinHandle<Option<Duration>> {
 /// No subject can do better on this machine over the same second; measured after the
 /// storms, in the same run, because the VM's stalls come and go.
 fn floor_table(timers: u64, csv: &mut Csv) {
-    let title = format!(
-        "{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)"
-    );
-    let header =
-        ["tick us", "wake-ups", "p50 oversleep us", "p99 oversleep us", "max oversleep us"];
-    let mut table = Table::new(
-        title,
-        &[&header[..], &["storm floor p50 late us", "p99 late us", "max late us"]].concat(),
-    );
+    let title = format!("{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)");
+    let header = ["tick us", "wake-ups", "p50 oversleep us", "p99 oversleep us", "max oversleep us"];
+    let mut table =
+        Table::new(title, &[&header[..], &["storm floor p50 late us", "p99 late us", "max late us"]].concat());
     for tick in std::iter::once(wheel::TICK).chain(FINE_TICKS) {
         let sleeper = wake_floor::sleep_through(tick, Duration::from_nanos(SPREAD_NS));
         let (over, floor) = (sleeper.oversleep_summary(), sleeper.storm_floor(tick, timers));
-        let figures = [over.p50, over.p99, over.max, floor.p50, floor.p99, floor.max]
-            .map(|d| d.as_secs_f64() * 1e6);
+        let figures = [over.p50, over.p99, over.max, floor.p50, floor.p99, floor.max].map(|d| d.as_secs_f64() * 1e6);
         let mut cells = vec![tick.as_micros().to_string(), thousands(over.fired)];
         cells.extend(figures.iter().map(|us| format!("{us:.0}")));
         table.row(cells);
-        let names = [
-            "oversleep_p50",
-            "oversleep_p99",
-            "oversleep_max",
-            "lateness_p50",
-            "lateness_p99",
-            "lateness_max",
-        ];
-        let metrics: Vec<_> =
-            names.into_iter().zip(figures).map(|(name, us)| (name, us, "us")).collect();
+        let names = ["oversleep_p50", "oversleep_p99", "oversleep_max", "lateness_p50", "lateness_p99", "lateness_max"];
+        let metrics: Vec<_> = names.into_iter().zip(figures).map(|(name, us)| (name, us, "us")).collect();
         csv.push_metrics(NAME, &format!("floor-{}us", tick.as_micros()), (1, timers), &metrics);
     }
     table.note("oversleep: how long after each boundary the thread woke (std::thread::park_timeout, as the engine's workers sleep); a wake-up more than a tick late makes the next boundaries late too");
@@ -214,15 +189,10 @@ fn floor_table(timers: u64, csv: &mut Csv) {
 /// each finer tick; a cell's setting is its tick in microseconds.
 pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
     let default = wheel::TICK.as_micros() as u64;
-    let mut cells: Vec<Cell> =
-        subjects.iter().map(|&subject| Cell { subject, threads: 1, param: default }).collect();
+    let mut cells: Vec<Cell> = subjects.iter().map(|&subject| Cell { subject, threads: 1, param: default }).collect();
     for tick in FINE_TICKS {
         let fine = subjects.iter().filter(|s| matches!(s, Subject::Engine | Subject::Corewheel));
-        cells.extend(fine.map(|&subject| Cell {
-            subject,
-            threads: 1,
-            param: tick.as_micros() as u64,
-        }));
+        cells.extend(fine.map(|&subject| Cell { subject, threads: 1, param: tick.as_micros() as u64 }));
     }
     cells
 }
@@ -248,10 +218,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     let mut errors = Vec::new();
     for fine in [false, true] {
         let title = match fine {
-            false => format!(
-                "{NAME} (1 thread, {} timers due within 1 s, real clock)",
-                thousands(timers)
-            ),
+            false => format!("{NAME} (1 thread, {} timers due within 1 s, real clock)", thousands(timers)),
             true => format!("{NAME} at finer ticks (the same storm; the tick is the only change)"),
         };
         let cols = vec![
@@ -266,9 +233,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             Col::new("early", "early_fires", "count", 0),
         ];
         let mut sheet = Sheet::new(NAME, title, timers, cols);
-        for (cell, result) in
-            plan.cells.iter().zip(&results).filter(|(c, _)| (c.param != default) == fine)
-        {
+        for (cell, result) in plan.cells.iter().zip(&results).filter(|(c, _)| (c.param != default) == fine) {
             let name = case_name(cell);
             let values = result.as_ref().map_err(Clone::clone).map(|runs| {
                 let (storm, witnessed) = &runs[0];

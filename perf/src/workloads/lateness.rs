@@ -36,8 +36,7 @@ impl Default for Lateness {
     /// An empty record, its histogram allocated in full now: a record made before a run
     /// never allocates while timers fire, where a page fault would show up as lateness.
     fn default() -> Self {
-        let histogram =
-            Histogram::new_with_bounds(1, MAX_LATE_NS, 3).expect("valid histogram bounds");
+        let histogram = Histogram::new_with_bounds(1, MAX_LATE_NS, 3).expect("valid histogram bounds");
         Self { histogram, max_ns: 0, early: 0, last_fire: None }
     }
 }
@@ -51,8 +50,7 @@ impl Lateness {
         if decided_at < deadline || fired_at < deadline {
             self.early += 1;
         }
-        let late = u64::try_from(fired_at.saturating_duration_since(deadline).as_nanos())
-            .unwrap_or(u64::MAX);
+        let late = u64::try_from(fired_at.saturating_duration_since(deadline).as_nanos()).unwrap_or(u64::MAX);
         self.histogram.saturating_record(late);
         self.max_ns = self.max_ns.max(late);
         self.last_fire = Some(self.last_fire.map_or(fired_at, |last| last.max(fired_at)));
@@ -161,10 +159,7 @@ pub mod worker_records {
                 RECORDS.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::clone(&fresh));
                 fresh
             });
-            record
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .record(deadline, fired_at, fired_at);
+            record.lock().unwrap_or_else(PoisonError::into_inner).record(deadline, fired_at, fired_at);
         });
     }
 
@@ -176,10 +171,8 @@ pub mod worker_records {
         let mut all = Lateness::default();
         let mut per_worker = Vec::new();
         for record in records {
-            let record = std::mem::replace(
-                &mut *record.lock().unwrap_or_else(PoisonError::into_inner),
-                Lateness::default(),
-            );
+            let record =
+                std::mem::replace(&mut *record.lock().unwrap_or_else(PoisonError::into_inner), Lateness::default());
             per_worker.push(record.len());
             all.absorb(record);
         }

@@ -146,11 +146,7 @@ fn measure_engine(timers: u64) -> Result<Readings, String> {
         handles.push(handle.map_err(|error| format!("schedule failed: {error}"))?);
     }
     r.per("ns_per_insert", Some(started.elapsed()), timers);
-    let filed = sys::wait_until_quiet(
-        engine::workers_cpu_time,
-        Duration::from_millis(5),
-        Duration::from_secs(5),
-    );
+    let filed = sys::wait_until_quiet(engine::workers_cpu_time, Duration::from_millis(5), Duration::from_secs(5));
     r.per("cpu_insert", cpu_between(cpu, process_cpu_time()), timers);
     r.per("worker_insert", cpu_between(workers, filed), timers);
     r.bytes("rss_live", sys::resident_bytes());
@@ -262,8 +258,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         Col::new("ns/cancel", "ns_per_cancel", "ns", 1).ratios(),
         Col::new("Mcancels/s", "mcancels_per_s", "M/s", 2).rate(),
     ];
-    let extra =
-        ["cpu_insert", "cpu_cancel", "worker_insert", "worker_cancel", "settle_ms", "fired"];
+    let extra = ["cpu_insert", "cpu_cancel", "worker_insert", "worker_cancel", "settle_ms", "fired"];
     if engine {
         cols.extend([
             Col::new("CPU ns/insert", "cpu_ns_per_insert", "ns", 1).ratios(),
@@ -274,10 +269,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             Col::new("fired before cancel", "fired_before_cancel", "count", 0),
         ]);
     }
-    let title = format!(
-        "{name} (1 application thread, {} timers, delays uniform in 1 ms..30 s)",
-        thousands(timers)
-    );
+    let title = format!("{name} (1 application thread, {} timers, delays uniform in 1 ms..30 s)", thousands(timers));
     let mut speed = Sheet::new(name, title, timers, cols);
     let last = if engine { "dropped" } else { "shrunk" };
     let memory_cols = vec![
@@ -289,26 +281,18 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         Col::new("own count cancelled MiB", "own_count_cancelled", "MiB", 1),
         Col::new(format!("{last} MiB"), format!("rss_{last}_above_baseline"), "MiB", 1),
     ];
-    let title = format!(
-        "{name} memory (process RSS with mimalloc; MiB above the RSS just before the first insert)"
-    );
+    let title = format!("{name} memory (process RSS with mimalloc; MiB above the RSS just before the first insert)");
     let mut memory = Sheet::new(name, title, timers, memory_cols);
     let mut spreads = Vec::new();
     for (cell, runs) in plan.cells.iter().zip(runs) {
         let r = runs.map(|runs| {
             let range = |key: &str| spread(runs.iter().filter_map(|run| run.get(key)));
-            spreads.push(format!(
-                "{} {} / {}",
-                cell.subject.name(),
-                range("ns_per_insert"),
-                range("ns_per_cancel")
-            ));
+            spreads.push(format!("{} {} / {}", cell.subject.name(), range("ns_per_insert"), range("ns_per_cancel")));
             Readings::median_of(&runs)
         });
         let speeds = r.as_ref().map(|r| {
             let (insert, cancel) = (r.get("ns_per_insert"), r.get("ns_per_cancel"));
-            let mut row =
-                vec![insert, insert.map(|ns| 1e3 / ns), cancel, cancel.map(|ns| 1e3 / ns)];
+            let mut row = vec![insert, insert.map(|ns| 1e3 / ns), cancel, cancel.map(|ns| 1e3 / ns)];
             row.extend(extra.iter().filter(|_| engine).map(|&key| r.get(key)));
             row
         });
@@ -316,27 +300,15 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let memories = r.map(|r| {
             let per_timer = |bytes: Option<f64>| bytes.map(|b| b / timers.max(1) as f64);
             let mib = |bytes: Option<f64>| bytes.map(|b| b / MIB);
-            let huge =
-                r.get("huge_live").zip(r.get("rss_live")).map(|(h, l)| h / l.max(1.0) * 100.0);
+            let huge = r.get("huge_live").zip(r.get("rss_live")).map(|(h, l)| h / l.max(1.0) * 100.0);
             let rss_per_timer = per_timer(r.mib_above("rss_live").map(|m| m * MIB));
             let (live, cancelled, after) =
                 (r.mib_above("rss_live"), r.mib_above("rss_cancelled"), r.mib_above("rss_after"));
-            vec![
-                rss_per_timer,
-                per_timer(r.get("own_live")),
-                live,
-                huge,
-                cancelled,
-                mib(r.get("own_cancelled")),
-                after,
-            ]
+            vec![rss_per_timer, per_timer(r.get("own_live")), live, huge, cancelled, mib(r.get("own_cancelled")), after]
         });
         memory.add(cell.subject, 1, false, memories);
     }
-    let runs = format!(
-        "median of {} runs per subject, taken in turns, each in a fresh process",
-        plan.runs
-    );
+    let runs = format!("median of {} runs per subject, taken in turns, each in a fresh process", plan.runs);
     speed.note(format!("{runs}; ns/insert / ns/cancel range: {}", spreads.join(", ")));
     speed.note(match engine {
         false => "insert: delay uniform in 1 ms..30 s, no capacity hint, into a fresh process (first-touch page faults included); cancel: every timer, in a random permutation; nothing fires".to_string(),

@@ -111,45 +111,23 @@ impl Workload {
     /// What the workload does, for the header and `--help` (the tables' notes say more).
     pub fn summary(self) -> &'static str {
         match self {
-            Workload::ArmCancel => {
-                "request timeouts: arm one, cancel the one armed 10,000 ops earlier"
-            }
-            Workload::EngineArmCancel => {
-                "request timeouts from 1..N threads, a window in flight per thread"
-            }
+            Workload::ArmCancel => "request timeouts: arm one, cancel the one armed 10,000 ops earlier",
+            Workload::EngineArmCancel => "request timeouts from 1..N threads, a window in flight per thread",
             Workload::Live1m => "insert a million timers, measure RSS, cancel them in random order",
-            Workload::EngineLive1m => {
-                "a million live timers on the TimerEngine: insert, RSS, cancel"
-            }
-            Workload::ResetHeavy => {
-                "idle timeouts: 100,000 connections pushing their deadlines back"
-            }
+            Workload::EngineLive1m => "a million live timers on the TimerEngine: insert, RSS, cancel",
+            Workload::ResetHeavy => "idle timeouts: 100,000 connections pushing their deadlines back",
             Workload::EngineReset => "idle timeouts from 1..N threads, 100,000 connections",
             Workload::FireStorm => "a million timers all due within one second, on the real clock",
-            Workload::BurstSteal => {
-                "a million timers due within 10 ms on one shard, stealing on and off"
-            }
-            Workload::SteadyMix => {
-                "a proxy's steady load: 1M live, 1M armed/s, 90% cancelled: CPU/timer"
-            }
+            Workload::BurstSteal => "a million timers due within 10 ms on one shard, stealing on and off",
+            Workload::SteadyMix => "a proxy's steady load: 1M live, 1M armed/s, 90% cancelled: CPU/timer",
             Workload::LightLoad => "the same mix at 1,000 and 10,000 timers/s: cores busy, wakes/s",
-            Workload::AsyncSleep => {
-                "request timeouts as futures from 1..N threads: a sleep polled once"
-            }
+            Workload::AsyncSleep => "request timeouts as futures from 1..N threads: a sleep polled once",
             Workload::AsyncTimeout => "the same with timeout() around a pending read",
-            Workload::AsyncReset => {
-                "idle timeouts as futures: 10,000 connections per thread, reset"
-            }
-            Workload::KeyedSetRemove => {
-                "a timer per key: set a new key, remove the one set 16 earlier"
-            }
-            Workload::KeyedSetOver => {
-                "a timer per key: set over one of 10,000 pending keys per thread"
-            }
+            Workload::AsyncReset => "idle timeouts as futures: 10,000 connections per thread, reset",
+            Workload::KeyedSetRemove => "a timer per key: set a new key, remove the one set 16 earlier",
+            Workload::KeyedSetOver => "a timer per key: set over one of 10,000 pending keys per thread",
             Workload::KeyedMove => "a timer per key: move one of 10,000 pending keys per thread",
-            Workload::Proxy => {
-                "corewheel-proxy under wrk, each timer back-end in turns (needs wrk)"
-            }
+            Workload::Proxy => "corewheel-proxy under wrk, each timer back-end in turns (needs wrk)",
         }
     }
 
@@ -157,9 +135,7 @@ impl Workload {
     pub fn drives(self, subject: Subject) -> bool {
         use Subject::*;
         match self {
-            Workload::ArmCancel | Workload::Live1m | Workload::ResetHeavy => {
-                subject.is_single_owner()
-            }
+            Workload::ArmCancel | Workload::Live1m | Workload::ResetHeavy => subject.is_single_owner(),
             Workload::FireStorm => subject.is_single_owner() || subject == Engine,
             Workload::EngineArmCancel => {
                 matches!(subject, Engine | TokioSleep | TokioTimeout | PingoraTimeout | MutexHeap)
@@ -185,8 +161,7 @@ impl Workload {
     /// What this workload will measure under `options`: its cells and runs.
     pub fn plan(self, options: &Options) -> Plan {
         use Workload::*;
-        let mut subjects: Vec<Subject> =
-            options.peers.iter().copied().filter(|&s| self.drives(s)).collect();
+        let mut subjects: Vec<Subject> = options.peers.iter().copied().filter(|&s| self.drives(s)).collect();
         // corewheel's rows first, then the peers in the order given.
         subjects.sort_by_key(|subject| !subject.is_corewheel());
         let (all, most) = (options.thread_counts(), [options.max_threads()]);
@@ -227,9 +202,7 @@ impl Workload {
             Workload::EngineReset => engine_reset::run(plan, sizes.reset_ops, out),
             Workload::FireStorm => fire_storm::run(plan, sizes.storm_timers, out),
             Workload::BurstSteal => burst_steal::run(plan, sizes.storm_timers, out),
-            Workload::SteadyMix => {
-                steady_mix::run(plan, sizes.storm_timers, options.mix_seconds, out)
-            }
+            Workload::SteadyMix => steady_mix::run(plan, sizes.storm_timers, options.mix_seconds, out),
             Workload::LightLoad => steady_mix::run_light(plan, options.mix_seconds, out),
             Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
                 async_timers::run(self, plan, sizes.async_ops, out)

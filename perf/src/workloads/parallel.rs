@@ -37,14 +37,7 @@ impl Share {
     /// An empty share of the calling thread.
     pub fn new() -> Self {
         let thread = std::thread::current().id();
-        Self {
-            done: Instant::now(),
-            thread,
-            scheduled: 0,
-            cancelled: 0,
-            too_late: 0,
-            due_at_once: 0,
-        }
+        Self { done: Instant::now(), thread, scheduled: 0, cancelled: 0, too_late: 0, due_at_once: 0 }
     }
 }
 
@@ -156,10 +149,7 @@ pub fn on_threads(
         (start, shares, cpu, workers)
     });
     let panicked = || Err("an application thread panicked".to_string());
-    let shares = shares
-        .into_iter()
-        .map(|share| share.unwrap_or_else(|_| panicked()))
-        .collect::<Result<Vec<_>, _>>()?;
+    let shares = shares.into_iter().map(|share| share.unwrap_or_else(|_| panicked())).collect::<Result<Vec<_>, _>>()?;
     let mut run = Run::of(start, &shares);
     if let Some(waited) = settle(&shares)? {
         (run.settle, run.wall) = (Some(waited), run.app + waited);
@@ -189,12 +179,7 @@ pub fn on_engine(
             }
             let settled = engine::settle(&engine)?;
             let sum = |count: fn(&Share) -> u64| shares.iter().map(count).sum();
-            engine::check_counts(
-                &settled.stats,
-                sum(|s| s.scheduled),
-                sum(|s| s.cancelled),
-                sum(|s| s.too_late),
-            )?;
+            engine::check_counts(&settled.stats, sum(|s| s.scheduled), sum(|s| s.cancelled), sum(|s| s.too_late))?;
             Ok(Some(settled.waited))
         },
     )?;
@@ -209,12 +194,7 @@ pub fn on_mutex_heap(
     body: impl Fn(&SharedHeap, usize, &Gate) -> Result<Share, String> + Sync,
 ) -> Result<Run, String> {
     let heap = SharedHeap::start()?;
-    on_threads(
-        threads,
-        SharedHeap::timer_thread_cpu_time,
-        |i, gate| body(&heap, i, gate),
-        |_| Ok(None),
-    )
+    on_threads(threads, SharedHeap::timer_thread_cpu_time, |i, gate| body(&heap, i, gate), |_| Ok(None))
 }
 
 /// Runs `body(index, line)` as `tasks` tasks of a fresh runtime with as many worker
@@ -227,22 +207,18 @@ where
 {
     let runtime = tokio_sleep::runtime(tasks)?;
     let line = Arc::new(StartLine::default());
-    let handles: Vec<_> =
-        (0..tasks).map(|index| runtime.spawn(body(index, Arc::clone(&line)))).collect();
+    let handles: Vec<_> = (0..tasks).map(|index| runtime.spawn(body(index, Arc::clone(&line)))).collect();
     line.gather(tasks)?;
     let cpu = process_cpu_time();
     let start = line.go();
-    let shares =
-        runtime.block_on(join_all(handles)).into_iter().collect::<Result<Vec<Share>, String>>()?;
+    let shares = runtime.block_on(join_all(handles)).into_iter().collect::<Result<Vec<Share>, String>>()?;
     let cpu = cpu_between(cpu, process_cpu_time());
     tokio_sleep::check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
     Ok(Run { cpu, ..Run::of(start, &shares) })
 }
 
 /// Awaits every task, in order; a task that panicked is an error.
-pub async fn join_all<T>(
-    handles: Vec<tokio::task::JoinHandle<Result<T, String>>>,
-) -> Vec<Result<T, String>> {
+pub async fn join_all<T>(handles: Vec<tokio::task::JoinHandle<Result<T, String>>>) -> Vec<Result<T, String>> {
     let mut results = Vec::with_capacity(handles.len());
     for handle in handles {
         results.push(handle.await.unwrap_or_else(|error| Err(format!("a task failed: {error}"))));
@@ -296,13 +272,8 @@ pub fn threads_sheet(
     let metric = |name: &str| format!("{name}_{}", if unit == "reset" { "reset" } else { "timer" });
     let mut cols = vec![
         Col::new(format!("ns/{unit}"), metric("ns_per"), "ns", 1).ratios(),
-        Col::new(
-            format!("M{unit}s/s"),
-            if unit == "reset" { "mresets_per_s" } else { "mtimers_per_s" },
-            "M/s",
-            2,
-        )
-        .rate(),
+        Col::new(format!("M{unit}s/s"), if unit == "reset" { "mresets_per_s" } else { "mtimers_per_s" }, "M/s", 2)
+            .rate(),
         Col::new(format!("CPU ns/{unit}"), metric("cpu_ns_per"), "ns", 1),
         Col::new(format!("worker CPU ns/{unit}"), metric("worker_cpu_ns_per"), "ns", 1),
         Col::new(format!("app ns/{unit}"), metric("app_ns_per"), "ns", 1),
@@ -317,14 +288,9 @@ pub fn threads_sheet(
             let (per, name) = (&m.per, format!("{}, {}", cell.subject.name(), cell.threads));
             spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
             if m.too_late > 0 {
-                notes.push(format!(
-                    "{name}: {} timers {too_late}, over {} runs",
-                    thousands(m.too_late),
-                    runner::RUNS
-                ));
+                notes.push(format!("{name}: {} timers {too_late}, over {} runs", thousands(m.too_late), runner::RUNS));
             }
-            let mut row =
-                vec![Some(per.wall), Some(1e3 / per.wall), per.cpu, per.worker_cpu, Some(per.app)];
+            let mut row = vec![Some(per.wall), Some(1e3 / per.wall), per.cpu, per.worker_cpu, Some(per.app)];
             row.extend(settles.then_some(per.settle_us));
             row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
             row
@@ -333,7 +299,9 @@ pub fn threads_sheet(
     }
     sheet.note(format!("CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread); app ns/{unit}: start to the last application thread's end"));
     if settles {
-        sheet.note("settle us: the wait after the last application thread's end until the engine was seen settled (median)");
+        sheet.note(
+            "settle us: the wait after the last application thread's end until the engine was seen settled (median)",
+        );
     }
     sheet.note("pool MiB: the engine's stats().pool_bytes at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped");
     sheet.note(format!(

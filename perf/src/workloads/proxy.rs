@@ -89,17 +89,13 @@ fn millis(text: &str) -> Option<f64> {
 /// Reads wrk's report: its rate, its latency distribution's median and 99th percentile,
 /// its request count and any errors.
 fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> {
-    let field = |prefix: &str| {
-        report.lines().find_map(|line| line.trim().strip_prefix(prefix).map(str::trim))
-    };
+    let field = |prefix: &str| report.lines().find_map(|line| line.trim().strip_prefix(prefix).map(str::trim));
     let missing = || format!("wrk's report lacks a figure: {report:?}");
     let rate = field("Requests/sec:").and_then(|v| v.parse().ok()).ok_or_else(missing)?;
     let p50 = field("50%").and_then(millis).ok_or_else(missing)?;
     let p99 = field("99%").and_then(millis).ok_or_else(missing)?;
-    let requests = report
-        .lines()
-        .find_map(|line| line.trim().split_once(" requests in ")?.0.parse().ok())
-        .ok_or_else(missing)?;
+    let requests =
+        report.lines().find_map(|line| line.trim().split_once(" requests in ")?.0.parse().ok()).ok_or_else(missing)?;
     let errors = ["Socket errors:", "Non-2xx or 3xx responses:"]
         .into_iter()
         .filter_map(|prefix| field(prefix).map(|v| format!("{prefix} {v}")))
@@ -116,11 +112,7 @@ fn wrk(addr: SocketAddr, seconds: u64) -> Result<String, String> {
         .output()
         .map_err(|error| format!("could not run wrk: {error}"))?;
     if !output.status.success() {
-        return Err(format!(
-            "wrk failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        ));
+        return Err(format!("wrk failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr)));
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
@@ -140,10 +132,8 @@ fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
         let mut line = String::new();
         let stdout = child.stdout.take().ok_or("the proxy has no stdout")?;
         BufReader::new(stdout).read_line(&mut line).map_err(|error| error.to_string())?;
-        let addr: SocketAddr = line
-            .trim()
-            .parse()
-            .map_err(|_| format!("the proxy said {line:?}, not where it listens"))?;
+        let addr: SocketAddr =
+            line.trim().parse().map_err(|_| format!("the proxy said {line:?}, not where it listens"))?;
         wrk(addr, 1)?;
         let pid = child.id().to_string();
         let before = threads_cpu_time(&pid, |_| true);
@@ -151,10 +141,7 @@ fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
         let report = wrk(addr, seconds)?;
         let wall = began.elapsed();
         let after = threads_cpu_time(&pid, |_| true);
-        let proxy_cpu = after
-            .zip(before)
-            .map(|(a, b)| a.saturating_sub(b))
-            .ok_or("no CPU time for the proxy")?;
+        let proxy_cpu = after.zip(before).map(|(a, b)| a.saturating_sub(b)).ok_or("no CPU time for the proxy")?;
         let (requests_per_s, p50_ms, p99_ms, requests, errors) = parse_wrk(&report)?;
         Ok(WrkRun { requests_per_s, p50_ms, p99_ms, requests, errors, proxy_cpu, wall })
     })();

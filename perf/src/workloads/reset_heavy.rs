@@ -26,9 +26,8 @@ impl Measure<u64> for ResetHeavy {
     fn measure<Q: TimerQueue<u64>>(self, queue: &mut Q) -> Result<Duration, String> {
         let mut rng = rng(0);
         let base = Instant::now();
-        let mut timers: Vec<Q::Key> = (0..CONNECTIONS as u64)
-            .map(|connection| queue.arm(base + IDLE_TIMEOUT, connection))
-            .collect();
+        let mut timers: Vec<Q::Key> =
+            (0..CONNECTIONS as u64).map(|connection| queue.arm(base + IDLE_TIMEOUT, connection)).collect();
         queue.settle()?;
 
         let mut now = base;
@@ -54,23 +53,13 @@ pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
     let runs = in_turns(plan, |cell| {
         measure_fresh(cell.subject, ResetHeavy { resets }).map(|elapsed| ns_per(elapsed, resets))
     });
-    let title = format!(
-        "reset-heavy (1 thread, {} connections, {} resets)",
-        thousands(CONNECTIONS as u64),
-        thousands(resets)
-    );
-    let mut sheet = cost_sheet(
-        plan,
-        title,
-        "reset",
-        ("ns_per_reset", "mresets_per_s"),
-        CONNECTIONS as u64,
-        &runs,
-    );
+    let title =
+        format!("reset-heavy (1 thread, {} connections, {} resets)", thousands(CONNECTIONS as u64), thousands(resets));
+    let mut sheet = cost_sheet(plan, title, "reset", ("ns_per_reset", "mresets_per_s"), CONNECTIONS as u64, &runs);
     sheet.note("reset = move a random connection's idle timer to now + 30 s; corewheel Wheel::reset, DelayQueue::reset_at, binary-heap tombstone + push");
-    sheet.note("every new deadline is the latest yet (now + a constant), a binary heap's best case: its push never sifts up");
     sheet.note(
-        "from several threads: see engine-reset, corewheel's TimerEngine against tokio's sleep",
+        "every new deadline is the latest yet (now + a constant), a binary heap's best case: its push never sifts up",
     );
+    sheet.note("from several threads: see engine-reset, corewheel's TimerEngine against tokio's sleep");
     sheet.finish(&mut out.csv);
 }

@@ -163,9 +163,7 @@ impl Ring {
         let period = self.period.as_nanos() as u64;
         match self.rng.u64(..FIRE_ONE_IN) {
             0 => (true, Duration::from_nanos(self.rng.u64(1_000_000..period / 2 + 1_000_001))),
-            _ => {
-                (false, Duration::from_nanos(period + self.rng.u64(1_000_000_000..30_000_000_000)))
-            }
+            _ => (false, Duration::from_nanos(period + self.rng.u64(1_000_000_000..30_000_000_000))),
         }
     }
 
@@ -189,12 +187,7 @@ impl Ring {
     }
 
     /// Takes turns until `elapsed` of the run's time has had its share of them.
-    fn catch_up(
-        &mut self,
-        slots: &mut impl Slots,
-        elapsed: Duration,
-        cx: &mut Context<'_>,
-    ) -> Result<(), String> {
+    fn catch_up(&mut self, slots: &mut impl Slots, elapsed: Duration, cx: &mut Context<'_>) -> Result<(), String> {
         let due = (elapsed.as_secs_f64() * self.rate) as u64;
         while self.counts.turns < due {
             let turn = self.counts.turns;
@@ -301,12 +294,7 @@ struct Lines {
 }
 
 /// One task's part: its ring, filled untimed, turned in 1 ms steps for the run's duration.
-async fn part(
-    mut slots: impl Slots,
-    index: usize,
-    config: Config,
-    lines: Arc<Lines>,
-) -> Result<Counts, String> {
+async fn part(mut slots: impl Slots, index: usize, config: Config, lines: Arc<Lines>) -> Result<Counts, String> {
     let mut ring = Ring::new(index, config);
     let filled = with_context(|cx| ring.fill(&mut slots, cx)).await;
     if !lines.start.arrive_and_wait_yielding().await {
@@ -361,14 +349,7 @@ fn on_runtime<S: Slots>(
             watch: a.watch - b.watch,
             woken: a.woken - b.woken,
         });
-        Ok(Run {
-            wall: lines.end.go() - start,
-            cpu,
-            switches,
-            wakes,
-            counts: Counts::default(),
-            spread: None,
-        })
+        Ok(Run { wall: lines.end.go() - start, cpu, switches, wakes, counts: Counts::default(), spread: None })
     });
     let parts: Vec<Result<Counts, String>> = runtime.block_on(async {
         let mut parts = Vec::with_capacity(handles.len());
@@ -397,10 +378,7 @@ fn engine_saw(engine: &TimerEngine, run: Run) -> Result<Run, String> {
 
 /// Each task's slots on a structure the tasks share.
 fn shared<S: SharedTimers>(subject: &Arc<S>, config: Config) -> impl Fn(usize) -> SharedSlots<S> {
-    move |index| SharedSlots {
-        subject: Arc::clone(subject),
-        handles: vec![None; config.ring_slots(index)],
-    }
+    move |index| SharedSlots { subject: Arc::clone(subject), handles: vec![None; config.ring_slots(index)] }
 }
 
 /// One run of `subject` at `config`.
@@ -442,10 +420,7 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             let (_, fired) = run.counts.stopped_and_fired();
             match heap.fired() == fired {
                 true => Ok(run),
-                false => Err(format!(
-                    "the heap fired {} timers, the rings saw {fired} fire",
-                    heap.fired()
-                )),
+                false => Err(format!("the heap fired {} timers, the rings saw {fired} fire", heap.fired())),
             }
         }
         _ => Err(format!("{} is not a steady-mix subject", subject.name())),
@@ -454,22 +429,12 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
 
 /// steady-mix: `plan`'s subjects once each for `seconds`, with `live` timers live.
 pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
-    let config = |cell: &Cell| Config {
-        threads: cell.threads,
-        live,
-        rate: cell.param,
-        duration: Duration::from_secs(seconds),
-    };
+    let config =
+        |cell: &Cell| Config { threads: cell.threads, live, rate: cell.param, duration: Duration::from_secs(seconds) };
     let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
     let wake_cost = bare_wake_cost(plan);
     if let Some(cell) = plan.cells.first() {
-        table(
-            plan,
-            config(cell),
-            &plan.cells.iter().zip(&results).collect::<Vec<_>>(),
-            wake_cost,
-            out,
-        );
+        table(plan, config(cell), &plan.cells.iter().zip(&results).collect::<Vec<_>>(), wake_cost, out);
     }
 }
 
@@ -487,14 +452,8 @@ fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
 /// `seconds` (at least 1 s), in turns; a table per rate, each row its subject's median run
 /// by CPU per timer.
 pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
-    let duration =
-        (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
-    let config = |cell: &Cell| Config {
-        threads: cell.threads,
-        live: cell.param,
-        rate: cell.param,
-        duration,
-    };
+    let duration = (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
+    let config = |cell: &Cell| Config { threads: cell.threads, live: cell.param, rate: cell.param, duration };
     let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
     let cost = |run: &Run| cpu_per_timer_of(run).unwrap_or(f64::NAN);
     let medians: Vec<Result<Vec<Run>, String>> = results
@@ -510,8 +469,7 @@ pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
         .collect();
     let wake_cost = bare_wake_cost(plan);
     for rate in LIGHT_RATES {
-        let cells: Vec<_> =
-            plan.cells.iter().zip(&medians).filter(|(cell, _)| cell.param == rate).collect();
+        let cells: Vec<_> = plan.cells.iter().zip(&medians).filter(|(cell, _)| cell.param == rate).collect();
         if let Some((cell, _)) = cells.first() {
             table(plan, config(cell), &cells, wake_cost, out);
         }
@@ -601,8 +559,7 @@ fn table(
         ));
     }
     if let (Some(cost), Some((busy, wakes_per_s))) = (wake_cost, engine_busy) {
-        let tokio =
-            tokio_busy.map_or_else(String::new, |tokio| format!(" (tokio-sleep's: {tokio:.3})"));
+        let tokio = tokio_busy.map_or_else(String::new, |tokio| format!(" (tokio-sleep's: {tokio:.3})"));
         sheet.note(format!(
             "engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond for 2 s, this run, on an idle core: the dearest kind); at that, its workers' {} wake-ups a second cost up to {:.3} cores of its {busy:.3}{tokio}",
             cost.as_secs_f64() * 1e6,
@@ -660,8 +617,7 @@ mod tests {
     /// 2,000, about a tenth of them on firing timers, each armed before its turn.
     #[test]
     fn ring_turns_at_its_rate_with_a_tenth_firing() {
-        let config =
-            Config { threads: 1, live: 900, rate: 1_000, duration: Duration::from_secs(2) };
+        let config = Config { threads: 1, live: 900, rate: 1_000, duration: Duration::from_secs(2) };
         let mut ring = Ring::new(0, config);
         let mut slots = Recorder { turns: 0, due: vec![None; config.ring_slots(0)] };
         let mut cx = Context::from_waker(Waker::noop());
@@ -669,11 +625,7 @@ mod tests {
         ring.catch_up(&mut slots, Duration::from_secs(2), &mut cx).expect("turns");
         let counts = ring.counts;
         assert_eq!(counts.turns, 2_000);
-        assert_eq!(
-            counts.late + counts.not_yet_fired + counts.fired_before_cancel,
-            0,
-            "{counts:?}"
-        );
+        assert_eq!(counts.late + counts.not_yet_fired + counts.fired_before_cancel, 0, "{counts:?}");
         assert!((100..300).contains(&counts.fired), "{counts:?}");
         assert_eq!(counts.cancelled + counts.fired, 2_000);
         assert_eq!(counts.armed, 2_000 + slots.len() as u64);

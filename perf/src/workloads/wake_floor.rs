@@ -51,8 +51,7 @@ pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
             cpu = process_cpu_time();
         }
     }
-    let cpu_per_wake =
-        cpu_between(cpu, process_cpu_time()).filter(|_| boundaries > 0).map(|cpu| cpu / boundaries);
+    let cpu_per_wake = cpu_between(cpu, process_cpu_time()).filter(|_| boundaries > 0).map(|cpu| cpu / boundaries);
     Sleeper { oversleeps, cpu_per_wake }
 }
 
@@ -70,9 +69,7 @@ impl Sleeper {
             // Strictly inside the span, so that every deadline has a boundary at or after it.
             let offset = rng.u64(..span_ns.max(1));
             let boundary = offset.div_ceil(tick_ns).max(1);
-            let Some(&over) =
-                usize::try_from(boundary - 1).ok().and_then(|index| self.oversleeps.get(index))
-            else {
+            let Some(&over) = usize::try_from(boundary - 1).ok().and_then(|index| self.oversleeps.get(index)) else {
                 continue;
             };
             let deadline = origin + Duration::from_nanos(offset);
