@@ -29,6 +29,8 @@ struct Series {
 }
 
 impl Plots {
+    /// Adds a fire-storm subject's lateness CDF: (lateness in microseconds, share of timers
+    /// at or below it).
     pub fn add_lateness(&mut self, subject: &str, cdf: Vec<(f64, f64)>) {
         if !cdf.is_empty() {
             self.lateness.push((subject.to_string(), cdf));
@@ -41,34 +43,20 @@ impl Plots {
         let mut written = Vec::new();
         for (workload, y_label, series) in throughput_series(csv) {
             let path = dir.join(format!("{workload}.svg"));
-            line_chart(
-                &path,
-                &format!("{workload}: throughput against threads ({machine})"),
-                "application threads",
-                y_label,
-                &series,
-                true,
-            )?;
+            let title = format!("{workload}: throughput against threads ({machine})");
+            line_chart(&path, (&title, "application threads", y_label), &series, true)?;
             written.push(path);
         }
         if !self.lateness.is_empty() {
-            let series: Vec<Series> = self
-                .lateness
-                .iter()
+            let series: Vec<Series> = (self.lateness.iter())
                 .map(|(name, cdf)| Series {
                     name: name.clone(),
-                    points: cdf.iter().map(|&(us, share)| (us / 1e3, share)).collect(),
+                    points: cdf.iter().map(|&(us, q)| (us / 1e3, q)).collect(),
                 })
                 .collect();
             let path = dir.join("fire-storm-lateness.svg");
-            line_chart(
-                &path,
-                &format!("fire-storm: lateness CDF ({machine})"),
-                "lateness, ms",
-                "share of timers fired at most this late",
-                &series,
-                false,
-            )?;
+            let title = format!("fire-storm: lateness CDF ({machine})");
+            line_chart(&path, (&title, "lateness, ms", "share of timers fired at most this late"), &series, false)?;
             written.push(path);
         }
         Ok(written)
@@ -118,14 +106,8 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
 
 /// A line chart of `series`, with a legend; `marks` puts a dot on every point (for a few
 /// measured points, as against a dense curve).
-fn line_chart(
-    path: &Path,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[Series],
-    marks: bool,
-) -> Result<(), String> {
+fn line_chart(path: &Path, labels: (&str, &str, &str), series: &[Series], marks: bool) -> Result<(), String> {
+    let (title, x_label, y_label) = labels;
     let failed = |error: &dyn std::fmt::Display| format!("plot {}: {error}", path.display());
     let points = series.iter().flat_map(|s| s.points.iter());
     let (x_min, x_max, y_max) = points
@@ -195,19 +177,7 @@ pub fn machine() -> String {
 #[cfg(test)]
 mod tests {
     use super::{Plots, throughput_series};
-    use crate::report::{Csv, CsvRow};
-
-    fn row(workload: &str, subject: &str, threads: u32, metric: &'static str, value: f64) -> CsvRow {
-        CsvRow {
-            workload: workload.to_string(),
-            subject: subject.to_string(),
-            threads,
-            timers: 1,
-            metric,
-            value,
-            unit: "M/s",
-        }
-    }
+    use crate::report::Csv;
 
     /// The throughput plots take each engine workload's throughput rows, a line per subject
     /// in thread order, and leave every other metric out; the files are SVG with the
@@ -215,32 +185,30 @@ mod tests {
     #[test]
     fn throughput_lines_come_from_the_csv() {
         let mut csv = Csv::default();
-        csv.push(row("engine-reset", "engine", 2, "mresets_per_s", 50.0));
-        csv.push(row("engine-reset", "engine", 1, "mresets_per_s", 17.0));
-        csv.push(row("engine-reset", "tokio-sleep", 1, "mresets_per_s", 8.0));
-        csv.push(row("engine-reset", "engine", 1, "ns_per_reset", 58.0));
-        csv.push(row("arm-cancel", "corewheel", 1, "ns_per_op", 30.0));
-        csv.push(row("reset-heavy", "corewheel", 1, "mresets_per_s", 58.0));
+        for (workload, subject, threads, metric, value) in [
+            ("engine-reset", "engine", 2, "mresets_per_s", 50.0),
+            ("engine-reset", "engine", 1, "mresets_per_s", 17.0),
+            ("engine-reset", "tokio-sleep", 1, "mresets_per_s", 8.0),
+            ("engine-reset", "engine", 1, "ns_per_reset", 58.0),
+            ("reset-heavy", "corewheel", 1, "mresets_per_s", 58.0),
+        ] {
+            csv.push_metrics(workload, subject, (threads, 1), &[(metric, value, "M/s")]);
+        }
         let plots = throughput_series(&csv);
-        assert_eq!(plots.len(), 1);
         let (workload, _, series) = &plots[0];
-        assert_eq!(workload, "engine-reset");
-        assert_eq!(series[0].name, "engine");
-        assert_eq!(series[0].points, [(1.0, 17.0), (2.0, 50.0)]);
-        assert_eq!(series[1].points, [(1.0, 8.0)]);
-
+        assert_eq!((plots.len(), workload.as_str(), series[0].name.as_str()), (1, "engine-reset", "engine"));
+        assert_eq!(
+            (&series[0].points[..], &series[1].points[..]),
+            (&[(1.0, 17.0), (2.0, 50.0)][..], &[(1.0, 8.0)][..])
+        );
         let dir = std::env::temp_dir().join(format!("corewheel-plots-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temp dir");
         let mut extra = Plots::default();
         extra.add_lateness("corewheel", vec![(0.0, 0.0), (700.0, 0.5), (1500.0, 1.0)]);
         let written = extra.write(&csv, &dir, "test machine").expect("plots");
-        assert_eq!(written.len(), 2);
-        for path in &written {
-            let svg = std::fs::read_to_string(path).expect("written");
-            assert!(svg.starts_with("<svg"), "{}", path.display());
-        }
-        let reset = std::fs::read_to_string(&written[0]).expect("written");
-        assert!(reset.contains("tokio-sleep") && reset.contains("test machine"));
+        let svgs: Vec<String> = written.iter().map(|path| std::fs::read_to_string(path).expect("written")).collect();
+        assert!(svgs.len() == 2 && svgs.iter().all(|svg| svg.starts_with("<svg")));
+        assert!(svgs[0].contains("tokio-sleep") && svgs[0].contains("test machine"));
         std::fs::remove_dir_all(&dir).ok();
     }
 }

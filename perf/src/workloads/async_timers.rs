@@ -267,7 +267,7 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
             }
             vec![m.per.cpu, Some(m.per.wall), Some(1e3 / m.per.wall)]
         });
-        sheet.add(cell.subject, cell.threads, true, values.map_err(Clone::clone));
+        sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));
     }
     sheet.note(match kind {
         Kind::Sleep => "timer = make a sleep, poll it once (which arms it with the task's waker), drop it (which cancels it)",

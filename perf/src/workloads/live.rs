@@ -296,7 +296,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             row.extend(extra.iter().filter(|_| engine).map(|&key| r.get(key)));
             row
         });
-        speed.add(cell.subject, 1, false, speeds.map_err(Clone::clone));
+        speed.add(cell.subject, 1, speeds.map_err(Clone::clone));
         let memories = r.map(|r| {
             let per_timer = |bytes: Option<f64>| bytes.map(|b| b / timers.max(1) as f64);
             let mib = |bytes: Option<f64>| bytes.map(|b| b / MIB);
@@ -306,7 +306,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
                 (r.mib_above("rss_live"), r.mib_above("rss_cancelled"), r.mib_above("rss_after"));
             vec![rss_per_timer, per_timer(r.get("own_live")), live, huge, cancelled, mib(r.get("own_cancelled")), after]
         });
-        memory.add(cell.subject, 1, false, memories);
+        memory.add(cell.subject, 1, memories);
     }
     let runs = format!("median of {} runs per subject, taken in turns, each in a fresh process", plan.runs);
     speed.note(format!("{runs}; ns/insert / ns/cancel range: {}", spreads.join(", ")));

@@ -270,7 +270,7 @@ pub fn cost_sheet(
             spreads.push(format!("{} {}", cell.subject.name(), spread(runs.iter().copied())));
             vec![Some(ns), Some(1e3 / ns)]
         });
-        sheet.add(cell.subject, cell.threads, false, values.map_err(Clone::clone));
+        sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));
     }
     sheet.note(format!(
         "median of {} runs per subject, taken in turns; ns/{unit} range: {}",

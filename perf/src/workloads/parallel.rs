@@ -295,7 +295,7 @@ pub fn threads_sheet(
             row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
             row
         });
-        sheet.add(cell.subject, cell.threads, true, values.map_err(Clone::clone));
+        sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));
     }
     sheet.note(format!("CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread); app ns/{unit}: start to the last application thread's end"));
     if settles {

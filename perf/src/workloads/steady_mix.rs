@@ -35,7 +35,7 @@ use crate::peers::{SharedTimers, Subject};
 use crate::report::{Col, Sheet, thousands};
 use crate::runner::{self, Cell, Plan};
 use crate::sys::{cpu_between, process_context_switches, process_cpu_time};
-use crate::workloads::parallel::share_of;
+use crate::workloads::parallel::{self, share_of};
 use crate::workloads::{Out, Workload, rng, wake_floor};
 
 /// light-load's rates, timers armed per second, each with about a second's worth of timers
@@ -51,13 +51,11 @@ const STEP: Duration = Duration::from_millis(1);
 /// A firing timer still pending this long after its deadline, at its slot's turn, is late.
 const LATE: Duration = Duration::from_millis(50);
 
-/// The shape of one run.
+/// The shape of one run: `live` timers live and `rate` armed a second, all tasks together.
 #[derive(Debug, Clone, Copy)]
 struct Config {
     threads: usize,
-    /// Timers live at once, all tasks together.
     live: u64,
-    /// Timers armed per second, all tasks together.
     rate: u64,
     duration: Duration,
 }
@@ -72,24 +70,19 @@ impl Config {
     }
 }
 
-/// What the slots' turns found, summed over the tasks.
+/// What the slots' turns found, summed over the tasks: timers armed (the first fill
+/// included) and turns taken; at a turn, a request timeout cancelled or found fired, a
+/// firing timer found fired or still pending (`LATE` or more after its deadline, or less);
+/// after the run, what the rings still held, cancelled or found fired.
 #[derive(Debug, Default, Clone, Copy)]
 struct Counts {
-    /// Timers armed, the rings' first fill included.
     armed: u64,
-    /// Timed turns: a timer retired and a new one armed.
     turns: u64,
-    /// Cancels that stopped their timer.
     cancelled: u64,
-    /// Timers meant to be cancelled that had fired by their turn.
     fired_before_cancel: u64,
-    /// Timers meant to fire that had fired by their turn.
     fired: u64,
-    /// Timers meant to fire still pending at their turn (cancelled then), `LATE` or more
-    /// after their deadline, or less.
     late: u64,
     not_yet_fired: u64,
-    /// After the run, the timers still in the rings: cancelled, or found fired.
     left_cancelled: u64,
     left_fired: u64,
 }
@@ -128,18 +121,14 @@ trait Slots: Send + 'static {
     fn len(&self) -> usize;
 }
 
-/// One task's ring: its rate, and each slot's fate and deadline.
+/// One task's ring: whether each slot's timer is meant to fire, each one's deadline on the
+/// ring's schedule (the task arms no earlier than its schedule, so lateness judged by it is
+/// never overstated), its slot visits a second and how long a slot takes to come round.
 struct Ring {
     rng: fastrand::Rng,
-    /// Whether each slot's timer is meant to fire (else to be cancelled).
     fires: Vec<bool>,
-    /// Each firing timer's deadline on the ring's schedule (the time since the run's start
-    /// its turn was due, plus its delay): the task arms no earlier than its schedule, so
-    /// lateness judged by this is never overstated.
     due: Vec<Duration>,
-    /// Slot visits per second.
     rate: f64,
-    /// How long a slot takes to come round.
     period: Duration,
     counts: Counts,
 }
@@ -272,17 +261,15 @@ impl Slots for TokioSlots {
     }
 }
 
-/// One run's figures.
+/// One run's figures from the start line to the end line: the process's CPU time and
+/// context switches, the threaded engine's worker wake-ups by cause; on light-load's median
+/// run, the CPU per timer over the subject's runs.
 struct Run {
-    /// From the start line to the last task's end of its timed part.
     wall: Duration,
     cpu: Option<Duration>,
-    /// The process's context switches over the same span.
     switches: Option<u64>,
-    /// The engine's worker wake-ups over the same span, by cause (the threaded engine only).
     wakes: Option<WorkerWakes>,
     counts: Counts,
-    /// light-load: CPU ns per timer over the subject's runs, on its median run.
     spread: Option<String>,
 }
 
@@ -351,13 +338,7 @@ fn on_runtime<S: Slots>(
         });
         Ok(Run { wall: lines.end.go() - start, cpu, switches, wakes, counts: Counts::default(), spread: None })
     });
-    let parts: Vec<Result<Counts, String>> = runtime.block_on(async {
-        let mut parts = Vec::with_capacity(handles.len());
-        for handle in handles {
-            parts.push(handle.await.unwrap_or_else(|error| Err(format!("a task failed: {error}"))));
-        }
-        parts
-    });
+    let parts = runtime.block_on(parallel::join_all(handles));
     drop(runtime);
     // The main thread's failure first: the tasks' are then only that it called them off.
     let mut run = timed?;
@@ -549,7 +530,7 @@ fn table(
                 Some(counts.fired_before_cancel as f64),
             ]
         });
-        sheet.add(subject, cell.threads, false, values);
+        sheet.add(subject, cell.threads, values);
     }
     if !spreads.is_empty() {
         sheet.note(format!(
