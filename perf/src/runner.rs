@@ -53,50 +53,39 @@ impl Plan {
     }
 }
 
+/// The progress display's state: the bar (`None`: lines on stderr), when the runs began,
+/// the runs planned and made, and everything printed, for the summary.
 struct State {
     bar: Option<ProgressBar>,
-    began: Instant,
+    began: Option<Instant>,
     total: u64,
     done: u64,
     transcript: String,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+static STATE: Mutex<State> = Mutex::new(State { bar: None, began: None, total: 0, done: 0, transcript: String::new() });
 
-fn state() -> MutexGuard<'static, Option<State>> {
+fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Starts the progress display for `total` runs: a bar on a terminal, lines elsewhere.
 pub fn start(total: u64) {
     let bar = ProgressBar::new(total);
-    let bar = (!bar.is_hidden()).then(|| {
-        if let Ok(style) =
-            ProgressStyle::with_template("{elapsed_precise:.dim} [{bar:32.cyan/blue}] {pos}/{len} runs  {msg}")
-        {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar.enable_steady_tick(std::time::Duration::from_millis(200));
-        bar
-    });
-    let mut guard = state();
-    let transcript = guard.take().map(|s| s.transcript).unwrap_or_default();
-    *guard = Some(State { bar, began: Instant::now(), total, done: 0, transcript });
+    let template = "{elapsed_precise:.dim} [{bar:32.cyan/blue}] {pos}/{len} runs  {msg}";
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let mut state = state();
+    (state.bar, state.began, state.total) = ((!bar.is_hidden()).then_some(bar), Some(Instant::now()), total);
 }
 
 /// Prints `text` and a newline to stdout, with the bar out of the way, and keeps it for the
 /// summary.
 pub fn print(text: &str) {
-    let mut guard = state();
-    let state = guard.get_or_insert_with(|| State {
-        bar: None,
-        began: Instant::now(),
-        total: 0,
-        done: 0,
-        transcript: String::new(),
-    });
-    state.transcript.push_str(text);
-    state.transcript.push('\n');
+    let mut state = state();
+    state.transcript.push_str(&format!("{text}\n"));
     match &state.bar {
         Some(bar) => bar.suspend(|| println!("{text}")),
         None => println!("{text}"),
@@ -105,27 +94,24 @@ pub fn print(text: &str) {
 
 /// Everything printed through [`print`] so far.
 pub fn transcript() -> String {
-    state().as_ref().map_or_else(String::new, |s| s.transcript.clone())
+    state().transcript.clone()
 }
 
 /// A line on stderr in lines mode, stamped with the time since the start.
 fn line(state: &State, text: &str) {
-    if state.bar.is_none() {
-        eprintln!("[{:>7.1}s] {text}", state.began.elapsed().as_secs_f64());
+    if let (None, Some(began)) = (&state.bar, state.began) {
+        eprintln!("[{:>7.1}s] {text}", began.elapsed().as_secs_f64());
     }
 }
 
 /// Says a workload begins or ends (lines mode only: the bar names each run).
 pub fn workload(text: &str) {
-    if let Some(state) = state().as_ref() {
-        line(state, text);
-    }
+    line(&state(), text);
 }
 
-/// Counts one run as begun (`ran`) or skipped, and says so.
+/// Counts one run as ended (it began at `ran`) or skipped, and says so.
 fn step(what: &str, ran: Option<Instant>) {
-    let mut guard = state();
-    let Some(state) = guard.as_mut() else { return };
+    let mut state = state();
     state.done += 1;
     let (done, total) = (state.done, state.total);
     match (&state.bar, ran) {
@@ -134,20 +120,19 @@ fn step(what: &str, ran: Option<Instant>) {
             bar.set_message(what.to_string());
         }
         (None, Some(began)) => {
-            line(state, &format!("{done}/{total} done     {what} in {:.1} s", began.elapsed().as_secs_f64()))
+            line(&state, &format!("{done}/{total} done     {what} in {:.1} s", began.elapsed().as_secs_f64()))
         }
-        (None, None) => line(state, &format!("{done}/{total} skipped  {what}")),
+        (None, None) => line(&state, &format!("{done}/{total} skipped  {what}")),
     }
 }
 
 /// Takes the bar off the terminal and says how many runs were made.
 pub fn finish() {
-    if let Some(state) = state().as_ref() {
-        if let Some(bar) = &state.bar {
-            bar.finish_and_clear();
-        }
-        line(state, &format!("finished: {}/{} runs", state.done, state.total));
+    let state = state();
+    if let Some(bar) = &state.bar {
+        bar.finish_and_clear();
     }
+    line(&state, &format!("finished: {}/{} runs", state.done, state.total));
 }
 
 /// Measures every cell of `plan` `plan.runs` times, in turns: every cell once, then every
@@ -163,10 +148,9 @@ pub fn in_turns<R>(plan: &Plan, mut measure: impl FnMut(&Cell) -> Result<R, Stri
                 step(&label, None);
                 continue;
             };
-            if let Some(state) = state().as_ref() {
-                let (done, total) = (state.done + 1, state.total);
-                line(state, &format!("{done}/{total} started  {label}"));
-            }
+            let state = state();
+            line(&state, &format!("{}/{} started  {label}", state.done + 1, state.total));
+            drop(state);
             let began = Instant::now();
             let measured = measure(cell);
             step(&label, Some(began));

@@ -2,7 +2,6 @@
 //! subjects they drive at which settings), how the run dispatches to them, and the
 //! deadline distribution of request timeouts.
 
-pub mod arm_cancel;
 pub mod async_timers;
 pub mod burst_steal;
 pub mod engine_arm_cancel;
@@ -13,7 +12,7 @@ pub mod lateness;
 pub mod live;
 pub mod parallel;
 pub mod proxy;
-pub mod reset_heavy;
+pub mod single_owner;
 pub mod steady_mix;
 pub mod wake_floor;
 
@@ -195,10 +194,10 @@ impl Workload {
     pub fn run(self, plan: &Plan, options: &Options, out: &mut Out) {
         let sizes = options.sizes();
         match self {
-            Workload::ArmCancel => arm_cancel::run(plan, sizes.arm_cancel_ops, out),
+            Workload::ArmCancel => single_owner::arm_cancel(plan, sizes.arm_cancel_ops, out),
             Workload::EngineArmCancel => engine_arm_cancel::run(plan, sizes.arm_cancel_ops, out),
             Workload::Live1m | Workload::EngineLive1m => live::run(plan, sizes.live_timers, out),
-            Workload::ResetHeavy => reset_heavy::run(plan, sizes.reset_ops, out),
+            Workload::ResetHeavy => single_owner::reset_heavy(plan, sizes.reset_ops, out),
             Workload::EngineReset => engine_reset::run(plan, sizes.reset_ops, out),
             Workload::FireStorm => fire_storm::run(plan, sizes.storm_timers, out),
             Workload::BurstSteal => burst_steal::run(plan, sizes.storm_timers, out),
