@@ -25,7 +25,7 @@ pub struct Options {
     pub workloads: Vec<Workload>,
 
     /// Subjects to run, comma-separated; each workload drives those of them it can.
-    #[arg(long, value_delimiter = ',', default_values_t = Subject::ALL)]
+    #[arg(long, value_delimiter = ',', default_values_t = Subject::ALL.to_vec())]
     pub peers: Vec<Subject>,
 
     /// Application threads for the multi-thread workloads, comma-separated (default: 1 up

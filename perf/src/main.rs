@@ -7,6 +7,7 @@
 //! runner.
 
 mod cli;
+mod named;
 mod peers;
 mod plots;
 mod report;
@@ -113,7 +114,7 @@ fn header(options: &Options, run_dir: &std::path::Path) -> String {
     }
     out.push_str("workloads:\n");
     for workload in &options.workloads {
-        out.push_str(&format!("  {:<19}{}\n", workload.name(), workload.summary()));
+        out.push_str(&format!("  {:<19}{}\n", workload.name(), workload.describe()));
     }
     out
 }

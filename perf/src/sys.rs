@@ -180,44 +180,29 @@ mod tests {
     use super::{LoadMeter, is_numbered, named_threads_cpu_time, process_cpu_time, thread_cpu_time};
     use std::time::Duration;
 
-    #[test]
-    fn numbered_names() {
-        assert!(is_numbered("corewheel-0", "corewheel-"));
-        assert!(is_numbered("corewheel-15", "corewheel-"));
-        assert!(!is_numbered("corewheel-perf", "corewheel-"));
-        assert!(!is_numbered("corewheel-", "corewheel-"));
-    }
-
-    /// The spinner spins for 20 ms of its own CPU time, not of wall time: on a loaded
-    /// machine 20 ms of wall time may hold almost no CPU time.
+    /// Threads named with a prefix and a number are found and their CPU time counted (the
+    /// spinner spins for 20 ms of its own CPU time: on a loaded machine 20 ms of wall time
+    /// may hold almost none); the harness's own threads are not.
     #[test]
     fn named_threads_are_found_and_their_time_counted() {
-        let before = process_cpu_time().expect("a process CPU clock");
+        assert!(is_numbered("corewheel-15", "corewheel-") && !is_numbered("corewheel-perf", "corewheel-"));
+        assert!(!is_numbered("corewheel-", "corewheel-"));
+        let (before, meter) = (process_cpu_time().expect("a process CPU clock"), LoadMeter::start());
         let (spun_tx, spun) = std::sync::mpsc::channel();
-        let spinner = std::thread::Builder::new()
-            .name("cpu-time-test-1".to_string())
-            .spawn(move || {
-                while thread_cpu_time().expect("a thread CPU clock") < Duration::from_millis(20) {
-                    std::hint::spin_loop();
-                }
-                spun_tx.send(()).expect("the main thread waits");
-                std::thread::park();
-            })
-            .expect("a thread");
+        let spin = move || {
+            while thread_cpu_time().expect("a thread CPU clock") < Duration::from_millis(20) {
+                std::hint::spin_loop();
+            }
+            spun_tx.send(()).expect("the main thread waits");
+            std::thread::park();
+        };
+        let spinner = std::thread::Builder::new().name("cpu-time-test-1".to_string()).spawn(spin).expect("a thread");
         spun.recv_timeout(Duration::from_secs(60)).expect("20 ms of CPU within a minute");
-        let named = named_threads_cpu_time("cpu-time-test-").expect("the named thread");
-        assert!(named >= Duration::from_millis(5), "{named:?}");
+        assert!(named_threads_cpu_time("cpu-time-test-").expect("the named thread") >= Duration::from_millis(5));
         assert!(named_threads_cpu_time("no-such-thread-name").is_none());
         spinner.thread().unpark();
         spinner.join().expect("joined");
         assert!(process_cpu_time().expect("a process CPU clock") > before);
-    }
-
-    #[test]
-    fn load_share_is_a_fraction() {
-        let meter = LoadMeter::start();
-        std::thread::sleep(Duration::from_millis(50));
-        let share = meter.others_share().expect("a reading on Linux");
-        assert!((0.0..=1.0).contains(&share), "{share}");
+        assert!((0.0..=1.0).contains(&meter.others_share().expect("a reading on Linux")));
     }
 }

@@ -17,114 +17,47 @@ use std::time::{Duration, Instant};
 
 use binary_heap::TombstoneHeap;
 
-/// One timer structure under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Subject {
-    /// corewheel's single-owner `Wheel`.
-    Corewheel,
-    /// tokio-util's `DelayQueue`.
-    DelayQueue,
-    /// `std::collections::BinaryHeap` with tombstones for cancels.
-    BinaryHeap,
-    /// corewheel's multi-core `TimerEngine`.
-    Engine,
-    /// The same engine built `driven()`: no worker threads, its shards turned by driver
-    /// tasks on the application's tokio runtime.
-    EngineDriven,
-    /// tokio's `sleep`, from tasks of a multi-thread runtime.
-    TokioSleep,
-    /// tokio's `timeout()` around a pending read.
-    TokioTimeout,
-    /// pingora-timeout's `timeout()` (and `sleep` in the async workloads).
-    PingoraTimeout,
-    /// One `BinaryHeap` behind a `Mutex`, shared by every thread, with a timer thread.
-    MutexHeap,
-    /// corewheel's async layer: `corewheel::sleep`, `timeout`, `Sleep::reset`.
-    CorewheelAsync,
-    /// tokio's `sleep` and `timeout` (the async workloads).
-    Tokio,
-    /// async-io's `Timer`: smol's timer.
-    AsyncIo,
-    /// corewheel's `KeyedTimers`.
-    Keyed,
-    /// A `Mutex<HashMap>` of engine timer handles, as users write a timer per key.
-    MutexMap,
-    /// tokio-util's `DelayQueue` with a key map, behind one lock.
-    DelayQueueMap,
-    /// dashmap alone, doing `KeyedTimers`' map operations without timers.
-    Dashmap,
-    /// scc's `HashMap` alone, the same.
-    Scc,
+crate::named::named_enum! {
+    /// One timer structure under test.
+    pub enum Subject {
+        /// corewheel's single-owner `Wheel`.
+        Corewheel = "corewheel": "corewheel::Wheel, 1 ms tick, owned by one thread (an event loop)",
+        /// tokio-util's `DelayQueue`.
+        DelayQueue = "delay-queue": "tokio-util 0.7 DelayQueue, owned by one task on a current_thread runtime",
+        /// `std::collections::BinaryHeap` with tombstones for cancels.
+        BinaryHeap = "binary-heap": "std BinaryHeap, a tombstone per cancel, rebuilt once they outnumber live",
+        /// corewheel's multi-core `TimerEngine`.
+        Engine = "engine": "corewheel::TimerEngine, a pinned worker per CPU, 1 ms tick, from threads",
+        /// The same engine built `driven()`: its shards turned by tokio tasks.
+        EngineDriven = "engine-driven": "the same engine built driven(): its shards turned by tokio tasks",
+        /// tokio's `sleep`, from tasks of a multi-thread runtime.
+        TokioSleep = "tokio-sleep": "tokio 1 time::sleep, one task per thread, polled once, dropped to cancel",
+        /// tokio's `timeout()` around a pending read.
+        TokioTimeout = "tokio-timeout": "tokio 1 time::timeout around a pending read, polled once and dropped",
+        /// pingora-timeout's `timeout()` (and `sleep` in the async workloads).
+        PingoraTimeout = "pingora-timeout": "pingora-timeout 0.9 timeout and sleep (10 ms ticks), no reset",
+        /// One `BinaryHeap` behind a `Mutex`, shared by every thread, with a timer thread.
+        MutexHeap = "mutex-heap": "one BinaryHeap behind a Mutex shared by all threads, a timer thread",
+        /// corewheel's async layer: `corewheel::sleep`, `timeout`, `Sleep::reset`.
+        CorewheelAsync = "corewheel-async": "corewheel::sleep, timeout, Sleep::reset on the default engine",
+        /// tokio's `sleep` and `timeout` (the async workloads).
+        Tokio = "tokio": "tokio 1 time::sleep, timeout, Sleep::reset, one task per worker",
+        /// async-io's `Timer`: smol's timer.
+        AsyncIo = "async-io": "async-io 2 Timer (smol's): after, set_at, read.or(timer)",
+        /// corewheel's `KeyedTimers`.
+        Keyed = "keyed": "corewheel::KeyedTimers<u64, u64> (set, move_to, remove) on an engine",
+        /// A `Mutex<HashMap>` of engine timer handles, as users write a timer per key.
+        MutexMap = "mutex-map": "a Mutex<HashMap<key, (value, TimerHandle)>> over the engine",
+        /// tokio-util's `DelayQueue` with a key map, behind one lock.
+        DelayQueueMap = "delay-queue-map": "DelayQueue<(key, value)> and a key map behind one Mutex",
+        /// dashmap alone, doing `KeyedTimers`' map operations without timers.
+        Dashmap = "dashmap": "dashmap 6 alone: KeyedTimers' map operations, no timer",
+        /// scc's `HashMap` alone, the same.
+        Scc = "scc": "scc 3 HashMap alone: KeyedTimers' map operations, no timer",
+    }
 }
 
 impl Subject {
-    /// Every subject, in the order the tables list them.
-    pub const ALL: [Subject; 17] = [
-        Subject::Corewheel,
-        Subject::DelayQueue,
-        Subject::BinaryHeap,
-        Subject::Engine,
-        Subject::EngineDriven,
-        Subject::TokioSleep,
-        Subject::TokioTimeout,
-        Subject::PingoraTimeout,
-        Subject::MutexHeap,
-        Subject::CorewheelAsync,
-        Subject::Tokio,
-        Subject::AsyncIo,
-        Subject::Keyed,
-        Subject::MutexMap,
-        Subject::DelayQueueMap,
-        Subject::Dashmap,
-        Subject::Scc,
-    ];
-
-    /// The name the command line and the output use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Subject::Corewheel => "corewheel",
-            Subject::DelayQueue => "delay-queue",
-            Subject::BinaryHeap => "binary-heap",
-            Subject::Engine => "engine",
-            Subject::EngineDriven => "engine-driven",
-            Subject::TokioSleep => "tokio-sleep",
-            Subject::TokioTimeout => "tokio-timeout",
-            Subject::PingoraTimeout => "pingora-timeout",
-            Subject::MutexHeap => "mutex-heap",
-            Subject::CorewheelAsync => "corewheel-async",
-            Subject::Tokio => "tokio",
-            Subject::AsyncIo => "async-io",
-            Subject::Keyed => "keyed",
-            Subject::MutexMap => "mutex-map",
-            Subject::DelayQueueMap => "delay-queue-map",
-            Subject::Dashmap => "dashmap",
-            Subject::Scc => "scc",
-        }
-    }
-
-    /// How the subject is built and driven, for the header (the tables' notes say more).
-    pub fn describe(self) -> &'static str {
-        match self {
-            Subject::Corewheel => "corewheel::Wheel, 1 ms tick, owned by one thread (an event loop)",
-            Subject::DelayQueue => "tokio-util 0.7 DelayQueue, owned by one task on a current_thread runtime",
-            Subject::BinaryHeap => "std BinaryHeap, a tombstone per cancel, rebuilt once they outnumber live",
-            Subject::Engine => "corewheel::TimerEngine, a pinned worker per CPU, 1 ms tick, from threads",
-            Subject::EngineDriven => "the same engine built driven(): its shards turned by tokio tasks",
-            Subject::TokioSleep => "tokio 1 time::sleep, one task per thread, polled once, dropped to cancel",
-            Subject::TokioTimeout => "tokio 1 time::timeout around a pending read, polled once and dropped",
-            Subject::PingoraTimeout => "pingora-timeout 0.9 timeout and sleep (10 ms ticks), no reset",
-            Subject::MutexHeap => "one BinaryHeap behind a Mutex shared by all threads, a timer thread",
-            Subject::CorewheelAsync => "corewheel::sleep, timeout, Sleep::reset on the default engine",
-            Subject::Tokio => "tokio 1 time::sleep, timeout, Sleep::reset, one task per worker",
-            Subject::AsyncIo => "async-io 2 Timer (smol's): after, set_at, read.or(timer)",
-            Subject::Keyed => "corewheel::KeyedTimers<u64, u64> (set, move_to, remove) on an engine",
-            Subject::MutexMap => "a Mutex<HashMap<key, (value, TimerHandle)>> over the engine",
-            Subject::DelayQueueMap => "DelayQueue<(key, value)> and a key map behind one Mutex",
-            Subject::Dashmap => "dashmap 6 alone: KeyedTimers' map operations, no timer",
-            Subject::Scc => "scc 3 HashMap alone: KeyedTimers' map operations, no timer",
-        }
-    }
-
     /// A structure one thread owns, driven through [`TimerQueue`] by the single-thread
     /// workloads; the others are driven from several threads.
     pub fn is_single_owner(self) -> bool {
@@ -140,22 +73,6 @@ impl Subject {
     /// The CSV metric of corewheel's ratio against this subject; `None` for corewheel's own.
     pub fn ratio_metric(self) -> Option<String> {
         (!self.is_corewheel()).then(|| format!("vs_{}", self.name().replace('-', "_")))
-    }
-}
-
-impl std::fmt::Display for Subject {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl clap::ValueEnum for Subject {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Self::ALL
-    }
-
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        Some(clap::builder::PossibleValue::new(self.name()).help(self.describe()))
     }
 }
 

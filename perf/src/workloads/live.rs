@@ -210,7 +210,7 @@ fn measure_tokio(timers: u64) -> Result<Readings, String> {
 /// The child's side: makes the measurement `spec` names and prints its readings.
 pub fn child_main(spec: &str) -> ExitCode {
     let words: Vec<&str> = spec.split_whitespace().collect();
-    let subject = |name: &str| Subject::ALL.into_iter().find(|s| s.name() == name);
+    let subject = |name: &str| Subject::ALL.iter().copied().find(|s| s.name() == name);
     let result = match words[..] {
         [workload, name, timers] => match (workload, subject(name), timers.parse::<u64>()) {
             ("live-1m", Some(subject), Ok(timers)) => measure_fresh(subject, Live1m(timers)),

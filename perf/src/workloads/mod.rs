@@ -16,10 +16,7 @@ pub mod single_owner;
 pub mod steady_mix;
 pub mod wake_floor;
 
-use std::fmt;
 use std::time::Duration;
-
-use clap::builder::PossibleValue;
 
 use crate::cli::Options;
 use crate::peers::Subject;
@@ -34,100 +31,51 @@ pub struct Out {
     pub plots: Plots,
 }
 
-/// One workload of the harness.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Workload {
-    ArmCancel,
-    EngineArmCancel,
-    Live1m,
-    EngineLive1m,
-    ResetHeavy,
-    EngineReset,
-    FireStorm,
-    BurstSteal,
-    SteadyMix,
-    LightLoad,
-    AsyncSleep,
-    AsyncTimeout,
-    AsyncReset,
-    KeyedSetRemove,
-    KeyedSetOver,
-    KeyedMove,
-    Proxy,
+crate::named::named_enum! {
+    /// One workload of the harness.
+    pub enum Workload {
+        /// Request timeouts on one thread.
+        ArmCancel = "arm-cancel": "request timeouts: arm one, cancel the one armed 10,000 ops earlier",
+        /// Request timeouts from several threads.
+        EngineArmCancel = "engine-arm-cancel": "request timeouts from 1..N threads, a window in flight per thread",
+        /// A million live timers on one thread.
+        Live1m = "live-1m": "insert a million timers, measure RSS, cancel them in random order",
+        /// A million live timers on the engine.
+        EngineLive1m = "engine-live-1m": "a million live timers on the TimerEngine: insert, RSS, cancel",
+        /// Idle timeouts on one thread.
+        ResetHeavy = "reset-heavy": "idle timeouts: 100,000 connections pushing their deadlines back",
+        /// Idle timeouts from several threads.
+        EngineReset = "engine-reset": "idle timeouts from 1..N threads, 100,000 connections",
+        /// A million timers due within a second.
+        FireStorm = "fire-storm": "a million timers all due within one second, on the real clock",
+        /// A million timers due within 10 ms on one shard.
+        BurstSteal = "burst-steal": "a million timers due within 10 ms on one shard, stealing on and off",
+        /// A proxy's timers at a sustained rate.
+        SteadyMix = "steady-mix": "a proxy's steady load: 1M live, 1M armed/s, 90% cancelled: CPU/timer",
+        /// The same at light load.
+        LightLoad = "light-load": "the same mix at 1,000 and 10,000 timers/s: cores busy, wakes/s",
+        /// Sleeps as futures.
+        AsyncSleep = "async-sleep": "request timeouts as futures from 1..N threads: a sleep polled once",
+        /// `timeout()` as futures.
+        AsyncTimeout = "async-timeout": "the same with timeout() around a pending read",
+        /// Idle timeouts as futures.
+        AsyncReset = "async-reset": "idle timeouts as futures: 10,000 connections per thread, reset",
+        /// A timer per key, set and removed.
+        KeyedSetRemove = "keyed-set-remove": "a timer per key: set a new key, remove the one set 16 earlier",
+        /// A timer per key, set over.
+        KeyedSetOver = "keyed-set-over": "a timer per key: set over one of 10,000 pending keys per thread",
+        /// A timer per key, moved.
+        KeyedMove = "keyed-move": "a timer per key: move one of 10,000 pending keys per thread",
+        /// corewheel-proxy under wrk.
+        Proxy = "proxy": "corewheel-proxy under wrk, each timer back-end in turns (needs wrk)",
+    }
 }
 
 impl Workload {
-    /// Every workload, in the order a run takes them.
-    pub const ALL: [Workload; 17] = [
-        Workload::ArmCancel,
-        Workload::EngineArmCancel,
-        Workload::Live1m,
-        Workload::EngineLive1m,
-        Workload::ResetHeavy,
-        Workload::EngineReset,
-        Workload::FireStorm,
-        Workload::BurstSteal,
-        Workload::SteadyMix,
-        Workload::LightLoad,
-        Workload::AsyncSleep,
-        Workload::AsyncTimeout,
-        Workload::AsyncReset,
-        Workload::KeyedSetRemove,
-        Workload::KeyedSetOver,
-        Workload::KeyedMove,
-        Workload::Proxy,
-    ];
-
     /// What a run without `--workloads` runs: all but the proxy, which needs wrk, opens
     /// hundreds of sockets and starts processes.
     pub fn defaults() -> Vec<Workload> {
-        Self::ALL.into_iter().filter(|&w| w != Workload::Proxy).collect()
-    }
-
-    /// The name the command line and the output use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Workload::ArmCancel => "arm-cancel",
-            Workload::EngineArmCancel => "engine-arm-cancel",
-            Workload::Live1m => "live-1m",
-            Workload::EngineLive1m => "engine-live-1m",
-            Workload::ResetHeavy => "reset-heavy",
-            Workload::EngineReset => "engine-reset",
-            Workload::FireStorm => "fire-storm",
-            Workload::BurstSteal => "burst-steal",
-            Workload::SteadyMix => "steady-mix",
-            Workload::LightLoad => "light-load",
-            Workload::AsyncSleep => "async-sleep",
-            Workload::AsyncTimeout => "async-timeout",
-            Workload::AsyncReset => "async-reset",
-            Workload::KeyedSetRemove => "keyed-set-remove",
-            Workload::KeyedSetOver => "keyed-set-over",
-            Workload::KeyedMove => "keyed-move",
-            Workload::Proxy => "proxy",
-        }
-    }
-
-    /// What the workload does, for the header and `--help` (the tables' notes say more).
-    pub fn summary(self) -> &'static str {
-        match self {
-            Workload::ArmCancel => "request timeouts: arm one, cancel the one armed 10,000 ops earlier",
-            Workload::EngineArmCancel => "request timeouts from 1..N threads, a window in flight per thread",
-            Workload::Live1m => "insert a million timers, measure RSS, cancel them in random order",
-            Workload::EngineLive1m => "a million live timers on the TimerEngine: insert, RSS, cancel",
-            Workload::ResetHeavy => "idle timeouts: 100,000 connections pushing their deadlines back",
-            Workload::EngineReset => "idle timeouts from 1..N threads, 100,000 connections",
-            Workload::FireStorm => "a million timers all due within one second, on the real clock",
-            Workload::BurstSteal => "a million timers due within 10 ms on one shard, stealing on and off",
-            Workload::SteadyMix => "a proxy's steady load: 1M live, 1M armed/s, 90% cancelled: CPU/timer",
-            Workload::LightLoad => "the same mix at 1,000 and 10,000 timers/s: cores busy, wakes/s",
-            Workload::AsyncSleep => "request timeouts as futures from 1..N threads: a sleep polled once",
-            Workload::AsyncTimeout => "the same with timeout() around a pending read",
-            Workload::AsyncReset => "idle timeouts as futures: 10,000 connections per thread, reset",
-            Workload::KeyedSetRemove => "a timer per key: set a new key, remove the one set 16 earlier",
-            Workload::KeyedSetOver => "a timer per key: set over one of 10,000 pending keys per thread",
-            Workload::KeyedMove => "a timer per key: move one of 10,000 pending keys per thread",
-            Workload::Proxy => "corewheel-proxy under wrk, each timer back-end in turns (needs wrk)",
-        }
+        Self::ALL.iter().copied().filter(|&w| w != Workload::Proxy).collect()
     }
 
     /// Whether the workload drives `subject`.
@@ -211,22 +159,6 @@ impl Workload {
             }
             Workload::Proxy => proxy::run(plan, options.wrk_seconds, out),
         }
-    }
-}
-
-impl fmt::Display for Workload {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl clap::ValueEnum for Workload {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Self::ALL
-    }
-
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        Some(PossibleValue::new(self.name()).help(self.summary()))
     }
 }
 
