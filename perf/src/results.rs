@@ -7,7 +7,7 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use crate::plots::Plots;
 use crate::report::Csv;
@@ -110,18 +110,7 @@ fn is_result_file(path: &Path) -> bool {
 
 /// `2026-11-24T18-05-09Z`: sortable, and valid as a file name everywhere.
 pub fn utc_stamp(time: SystemTime) -> String {
-    let seconds = time.duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
-    // Howard Hinnant's civil_from_days: the proleptic Gregorian date of a day count.
-    let z = (seconds / 86_400) as i64 + 719_468;
-    let (era, doe) = (z.div_euclid(146_097), z.rem_euclid(146_097));
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let of_day = seconds % 86_400;
-    format!("{year:04}-{month:02}-{day:02}T{:02}-{:02}-{:02}Z", of_day / 3600, of_day / 60 % 60, of_day % 60)
+    humantime::format_rfc3339_seconds(time).to_string().replace(':', "-")
 }
 
 #[cfg(test)]

@@ -18,8 +18,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-pub use super::timeouts::PendingRead;
-use super::timeouts::{pingora_timeout, tokio_timeout};
+/// A read whose response has not arrived: pending on every poll, and never woken. Polling
+/// a `timeout()` around it once polls the read, which arms the timer (pingora arms it only
+/// then, lazily); dropping the timeout cancels it, as a proxy's request timeouts go.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PendingRead;
+
+impl Future for PendingRead {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        std::task::Poll::Pending
+    }
+}
 
 /// How an idle timer is pushed back to a new deadline.
 pub enum Reset<F> {
@@ -58,7 +69,7 @@ pub fn tokio_sleep(delay: Duration) -> tokio::time::Sleep {
 
 /// tokio's `timeout()` around a pending read.
 pub fn tokio_timeout_read(delay: Duration) -> tokio::time::Timeout<PendingRead> {
-    tokio_timeout(delay)
+    tokio::time::timeout(delay, PendingRead)
 }
 
 /// `Sleep::reset`.
@@ -93,7 +104,7 @@ pub fn pingora_sleep(delay: Duration) -> impl Future<Output = ()> + Send {
 pub fn pingora_timeout_read(
     delay: Duration,
 ) -> pingora_timeout::Timeout<PendingRead, pingora_timeout::fast_timeout::FastOrTokioTimeout> {
-    pingora_timeout(delay)
+    pingora_timeout::timeout(delay, PendingRead)
 }
 
 #[cfg(test)]

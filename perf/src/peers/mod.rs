@@ -9,7 +9,6 @@ pub mod delay_queue;
 pub mod engine;
 pub mod keyed;
 pub mod mutex_heap;
-pub mod timeouts;
 pub mod tokio_sleep;
 pub mod wheel;
 

@@ -1,29 +1,19 @@
 //! The async workloads: timer futures from 1..N threads, corewheel's async layer against
-//! tokio's timer, async-io (smol) and pingora-timeout.
+//! tokio's timer, async-io (smol) and pingora-timeout, in the same setup: a tokio runtime of
+//! T workers, one task per worker, each held at a start line until all run on workers of
+//! their own (corewheel's and async-io's futures are runtime-agnostic, so the timer is the
+//! only difference), each doing the same number of operations.
 //!
-//! - async-sleep: a request timeout answered in time. Each task makes a sleep (delay uniform
-//!   in 1 ms..30 s), polls it once, which arms it with the task's waker, and drops it, which
-//!   cancels it.
-//! - async-timeout: the same with `timeout()` around a read that is pending
-//!   ([`PendingRead`](crate::peers::async_timers::PendingRead)): polled once (the read is
-//!   polled, then the timer armed) and dropped.
-//! - async-reset: idle timeouts. Each task holds 10,000 connections, each with one
-//!   long-lived sleep of 30 s, armed (untimed) before the run; every read on a connection
-//!   (one at random per operation) pushes its sleep to now + 30 s with the timer's own reset
-//!   (pingora-timeout has none: its sleep is replaced by a new one, polled once).
+//! - async-sleep: a request timeout answered in time: a sleep (delay uniform in 1 ms..30 s)
+//!   polled once, which arms it with the task's waker, and dropped, which cancels it.
+//! - async-timeout: the same with `timeout()` around a read that is pending.
+//! - async-reset: idle timeouts: 10,000 connections per task, each with a 30 s sleep armed
+//!   untimed; each read (a random connection) pushes its sleep to now + 30 s with the
+//!   timer's own reset (pingora-timeout has none: its sleep is replaced by a new one).
 //!
-//! Every subject runs in the same setup: a tokio multi-thread runtime of T workers, one task
-//! per worker, all tasks held at a start line until every one runs on a worker of its own.
-//! corewheel's futures are runtime-agnostic, and async-io's too, so they run in the very
-//! same runtime as tokio's, and the timer is the only difference. Every thread does the same number of operations,
-//! so T threads do T times the work.
-//!
-//! The cost is the process's CPU time per operation, every thread's: the tasks', and the
-//! timers' own threads (corewheel's engine workers, async-io's reactor thread, pingora's
-//! timer thread), measured from the start until the
-//! work's deferred part is done too (the engine seen settled, then the process seen idle).
-//! The wall time from the start to the last task's end gives the throughput and the
-//! scaling over threads.
+//! The cost is the process's CPU time per operation, every thread's (the timers' own threads
+//! included), until the work's deferred part is done too (the engine seen settled, then the
+//! process seen idle); the wall time to the last task's end gives throughput and scaling.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -222,34 +212,22 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
         |cell| ops * cell.threads as u64,
         |cell: &Cell| measure(kind, cell.subject, Config { threads: cell.threads, ops }),
     );
-    let unit = if kind == Kind::Reset { "reset" } else { "timer" };
-    let name = workload.name();
+    let (unit, name, ops_text) = (if kind == Kind::Reset { "reset" } else { "timer" }, workload.name(), thousands(ops));
     let title = match kind {
         Kind::Sleep => format!(
-            "{name} (poll a sleep once and drop it; {} per thread per run, delays uniform in 1 ms..30 s)",
-            thousands(ops)
+            "{name} (poll a sleep once and drop it; {ops_text} per thread per run, delays uniform in 1 ms..30 s)"
         ),
         Kind::Timeout => format!(
-            "{name} (timeout() around a pending read, polled once and dropped; {} per thread per run, delays uniform in 1 ms..30 s)",
-            thousands(ops)
+            "{name} (timeout() around a pending read, polled once and dropped; {ops_text} per thread per run, delays uniform in 1 ms..30 s)"
         ),
         Kind::Reset => format!(
-            "{name} ({} connections per thread, each with a 30 s idle sleep; {} resets per thread per run)",
-            thousands(CONNECTIONS),
-            thousands(ops)
+            "{name} (10,000 connections per thread, each with a 30 s idle sleep; {ops_text} resets per thread per run)"
         ),
     };
     let cols = vec![
-        Col::new(
-            format!("CPU ns/{unit}"),
-            if unit == "reset" { "cpu_ns_per_reset" } else { "cpu_ns_per_timer" },
-            "ns",
-            1,
-        )
-        .ratios(),
-        Col::new(format!("ns/{unit}"), if unit == "reset" { "ns_per_reset" } else { "ns_per_timer" }, "ns", 1),
-        Col::new(format!("M{unit}s/s"), if unit == "reset" { "mresets_per_s" } else { "mtimers_per_s" }, "M/s", 2)
-            .rate(),
+        Col::new(format!("CPU ns/{unit}"), format!("cpu_ns_per_{unit}"), "ns", 1).ratios(),
+        Col::new(format!("ns/{unit}"), format!("ns_per_{unit}"), "ns", 1),
+        Col::new(format!("M{unit}s/s"), format!("m{unit}s_per_s"), "M/s", 2).rate(),
     ];
     let mut sheet = Sheet::new(name, title, ops, cols);
     sheet.scaling = Some(1);

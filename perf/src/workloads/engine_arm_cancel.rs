@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::peers::tokio_sleep::{StartLine, register, with_context};
-use crate::peers::{SharedTimers, Subject, engine, timeouts};
+use crate::peers::{SharedTimers, Subject, async_timers, engine};
 use crate::report::thousands;
 use crate::runner::{Cell, Plan};
 use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
@@ -113,11 +113,11 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, tokio::time::sleep))
         }
         Subject::TokioTimeout => {
-            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, timeouts::tokio_timeout))
+            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, async_timers::tokio_timeout_read))
         }
-        Subject::PingoraTimeout => {
-            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, timeouts::pingora_timeout))
-        }
+        Subject::PingoraTimeout => parallel::on_tokio(config.threads, |i, line| {
+            tokio_share(i, line, config, async_timers::pingora_timeout_read)
+        }),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }

@@ -161,15 +161,11 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
         );
         return;
     }
-    let backend = match Backend::start() {
+    let backend = match start_backend() {
         Ok(backend) => backend,
-        Err(error) => {
-            runner::print(&format!("proxy: ERROR: could not start the backend: {error}\n"));
-            return;
-        }
+        Err(error) => return runner::print(&format!("proxy: ERROR: could not start the backend: {error}\n")),
     };
-    let results = runner::in_turns(plan, |cell| one_run(cell.subject, backend.addr, seconds));
-    drop(backend);
+    let results = runner::in_turns(plan, |cell| one_run(cell.subject, backend, seconds));
     let cols = vec![
         Col::new("req/s", "requests_per_s", "1/s", 0).rate().ratios(),
         Col::new("p50 ms", "latency_p50", "ms", 2),
@@ -208,38 +204,22 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
     sheet.finish(&mut out.csv);
 }
 
-/// The backend the proxies forward to: an HTTP/1.1 server that answers at once, on a
-/// runtime of its own in this process, until dropped.
-struct Backend {
-    runtime: Option<tokio::runtime::Runtime>,
-    addr: SocketAddr,
-}
-
-impl Backend {
-    fn start() -> Result<Self, String> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .map_err(|error| error.to_string())?;
-        let listener = TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
-        let addr = listener.local_addr().map_err(|error| error.to_string())?;
-        listener.set_nonblocking(true).map_err(|error| error.to_string())?;
-        let listener = {
-            let _context = runtime.enter();
-            tokio::net::TcpListener::from_std(listener).map_err(|error| error.to_string())?
-        };
-        runtime.spawn(serve_backend(listener, Duration::ZERO));
-        Ok(Self { runtime: Some(runtime), addr })
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
-    }
+/// Starts the backend the proxies forward to: an HTTP/1.1 server that answers at once, on a
+/// thread and a runtime of its own, serving until the harness exits.
+fn start_backend() -> Result<SocketAddr, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
+    listener.set_nonblocking(true).map_err(|error| error.to_string())?;
+    let addr = listener.local_addr().map_err(|error| error.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    std::thread::spawn(move || {
+        runtime.block_on(async move {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => serve_backend(listener, Duration::ZERO).await,
+                Err(error) => eprintln!("corewheel-perf: the proxy's backend could not listen: {error}"),
+            }
+        })
+    });
+    Ok(addr)
 }
 
 #[cfg(test)]
