@@ -9,18 +9,15 @@ use crate::workloads::Workload;
 
 /// corewheel-perf: the million-timer workload harness.
 ///
-/// Runs corewheel's Wheel, TimerEngine, async layer and KeyedTimers against real peer
-/// crates (tokio, tokio-util's DelayQueue, async-io, pingora-timeout, a Mutex<BinaryHeap>)
-/// through the same workloads in one run; prints a table per workload and writes the run's
-/// results.csv, SVG plots and summary.md into target/perf-runs/<UTC date and time>/ (under
-/// CARGO_TARGET_DIR where that is set). Nothing in the source tree changes unless --save
-/// asks. Every workload but fire-storm and steady-mix reports the median of 3 runs per
-/// subject, taken in turns.
+/// Runs corewheel's Wheel, TimerEngine, async layer and KeyedTimers against real peer crates (tokio, tokio-util's
+/// DelayQueue, async-io, pingora-timeout, a Mutex<BinaryHeap>) through the same workloads in one run; prints a table
+/// per workload and writes the run's results.csv, SVG plots and summary.md into target/perf-runs/<UTC date and time>/
+/// (under CARGO_TARGET_DIR where that is set). Nothing in the source tree changes unless --save asks. Every workload
+/// but fire-storm and steady-mix reports the median of 3 runs per subject, taken in turns.
 #[derive(Debug, Parser)]
 #[command(name = "corewheel-perf", version, about, long_about)]
 pub struct Options {
-    /// Workloads to run, comma-separated (default: all but proxy, which runs only when
-    /// named: it needs wrk).
+    /// Workloads to run, comma-separated (default: all but proxy, which runs only when named: it needs wrk).
     #[arg(long, value_delimiter = ',', default_values_t = Workload::defaults())]
     pub workloads: Vec<Workload>,
 
@@ -28,19 +25,18 @@ pub struct Options {
     #[arg(long, value_delimiter = ',', default_values_t = Subject::ALL.to_vec())]
     pub peers: Vec<Subject>,
 
-    /// Application threads for the multi-thread workloads, comma-separated (default: 1 up
-    /// to the CPU count); steady-mix and light-load run on the largest.
+    /// Application threads for the multi-thread workloads, comma-separated (default: 1 up to the CPU count);
+    /// steady-mix and light-load run on the largest.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Vec<u16>,
 
-    /// Requests in flight per thread for engine-arm-cancel, comma-separated (0: arm then
-    /// cancel at once).
+    /// Requests in flight per thread for engine-arm-cancel, comma-separated (0: arm then cancel at once).
     #[arg(long, value_delimiter = ',', default_values_t = [16, 10_000],
           value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
     pub windows: Vec<u32>,
 
-    /// Timers for live-1m, engine-live-1m, fire-storm, burst-steal and steady-mix (default
-    /// 1,000,000; --full: 10,000,000 for the live-1m workloads); `_` or `,` may group digits.
+    /// Timers for live-1m, engine-live-1m, fire-storm, burst-steal and steady-mix (default 1,000,000; --full:
+    /// 10,000,000 for the live-1m workloads); `_` or `,` may group digits.
     #[arg(long, value_parser = count::<1, 100_000_000>)]
     pub timers: Option<u64>,
 
@@ -48,8 +44,8 @@ pub struct Options {
     #[arg(long, default_value = "1000000", value_parser = count::<1, 1_000_000_000>)]
     pub mix_rate: u64,
 
-    /// How long steady-mix runs, and light-load at each rate (there split into three runs
-    /// per subject, taken in turns).
+    /// How long steady-mix runs, and light-load at each rate (there split into three runs per subject, taken in
+    /// turns).
     #[arg(long, default_value = "10", value_parser = count::<1, 3_600>)]
     pub mix_seconds: u64,
 
@@ -61,13 +57,13 @@ pub struct Options {
     #[arg(long, default_value = "8", value_parser = count::<1, 600>)]
     pub wrk_seconds: u64,
 
-    /// Also copy this run's results over DIR's (its CSV, SVG and summary.md files are
-    /// replaced as one set; subfolders are left alone): how perf/results is made.
+    /// Also copy this run's results over DIR's (its CSV, SVG and summary.md files are replaced as one set; subfolders
+    /// are left alone): how perf/results is made.
     #[arg(long, value_name = "DIR", value_parser = clap::builder::TypedValueParser::map(clap::builder::NonEmptyStringValueParser::new(), PathBuf::from))]
     pub save: Option<PathBuf>,
 
-    /// Full sizes: 20M arm-cancel operations and engine timers per run, 10M live timers,
-    /// 20M resets and keyed operations (default 2M).
+    /// Full sizes: 20M arm-cancel operations and engine timers per run, 10M live timers, 20M resets and keyed
+    /// operations (default 2M).
     #[arg(long)]
     pub full: bool,
 }
@@ -82,9 +78,8 @@ fn count<const LOW: u64, const HIGH: u64>(text: &str) -> Result<u64, String> {
     }
 }
 
-/// How big each workload runs: operations per run of arm-cancel and engine-arm-cancel,
-/// live-1m's timers, resets (and keyed operations) per run, storm and mix timers, and
-/// operations per thread in each async run.
+/// How big each workload runs: operations per run of arm-cancel and engine-arm-cancel, live-1m's timers, resets (and
+/// keyed operations) per run, storm and mix timers, and operations per thread in each async run.
 #[derive(Debug, Clone, Copy)]
 pub struct Sizes {
     pub arm_cancel_ops: u64,
@@ -95,8 +90,8 @@ pub struct Sizes {
 }
 
 impl Options {
-    /// Parses the process's arguments, keeping the first of any repeated list item and
-    /// filling in the thread counts the machine decides.
+    /// Parses the process's arguments, keeping the first of any repeated list item and filling in the thread counts
+    /// the machine decides.
     pub fn from_args() -> Self {
         Self::parse().normalized()
     }

@@ -1,10 +1,9 @@
 //! corewheel-perf: the million-timer workload harness.
 //!
-//! Runs each workload against corewheel and real peer crates in one process run, prints a
-//! table per workload, and writes the run's CSV, plots and summary into a folder of its own
-//! (see `results`). This file holds the order things run in: every workload's plan is made
-//! first, so that the progress display knows the total, then each plan goes through the
-//! runner.
+//! Runs each workload against corewheel and real peer crates in one process run, prints a table per workload, and
+//! writes the run's CSV, plots and summary into a folder of its own (see `results`). This file holds the order things
+//! run in: every workload's plan is made first, so that the progress display knows the total, then each plan goes
+//! through the runner.
 
 mod cli;
 mod named;
@@ -22,8 +21,8 @@ use cli::Options;
 use report::{CsvRow, thousands};
 use workloads::{Out, proxy};
 
-/// Allocation is part of every timer's cost, so the results name the allocator; mimalloc
-/// is what the services corewheel is for commonly run with.
+/// Allocation is part of every timer's cost, so the results name the allocator; mimalloc is what the services
+/// corewheel is for commonly run with.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,9 +1,7 @@
-//! The harness's command-line enums (its workloads and its subjects) are each declared from
-//! one table: a variant, its doc, its name on the command line and in the output, and a line
-//! describing it for the header and `--help`.
+//! The harness's command-line enums (its workloads and its subjects) are each declared from one table: a variant, its
+//! doc, its name on the command line and in the output, and a line describing it for the header and `--help`.
 
-/// Declares such an enum, with `ALL` in table order, `name`, `describe`, `Display` and
-/// clap's `ValueEnum`.
+/// Declares such an enum, with `ALL` in table order, `name`, `describe`, `Display` and clap's `ValueEnum`.
 macro_rules! named_enum {
     ($(#[$meta:meta])* pub enum $enum:ident { $($(#[$doc:meta])* $variant:ident = $name:literal: $describe:literal,)* }) => {
         $(#[$meta])*

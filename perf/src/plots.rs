@@ -1,6 +1,6 @@
-//! SVG plots of a run, written beside its CSV: throughput against application threads for
-//! every subject of each engine workload (read back from the CSV rows, so a plot shows
-//! exactly the figures the CSV holds), and the fire storm's lateness CDF per subject.
+//! SVG plots of a run, written beside its CSV: throughput against application threads for every subject of each
+//! engine workload (read back from the CSV rows, so a plot shows exactly the figures the CSV holds), and the fire
+//! storm's lateness CDF per subject.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,16 +29,14 @@ struct Series {
 }
 
 impl Plots {
-    /// Adds a fire-storm subject's lateness CDF: (lateness in microseconds, share of timers
-    /// at or below it).
+    /// Adds a fire-storm subject's lateness CDF: (lateness in microseconds, share of timers at or below it).
     pub fn add_lateness(&mut self, subject: &str, cdf: Vec<(f64, f64)>) {
         if !cdf.is_empty() {
             self.lateness.push((subject.to_string(), cdf));
         }
     }
 
-    /// Draws every plot the run has data for into `dir`, each titled with `machine`, and
-    /// returns the files written.
+    /// Draws every plot the run has data for into `dir`, each titled with `machine`, and returns the files written.
     pub fn write(&self, csv: &Csv, dir: &Path, machine: &str) -> Result<Vec<PathBuf>, String> {
         let mut written = Vec::new();
         for (workload, y_label, series) in throughput_series(csv) {
@@ -66,8 +64,8 @@ impl Plots {
 /// Each subject's (threads, throughput) points.
 type PointsBySubject<'a> = BTreeMap<&'a str, Vec<(f64, f64)>>;
 
-/// Per engine workload in the CSV with a throughput metric: its axis label and one series
-/// per subject, thread counts ascending.
+/// Per engine workload in the CSV with a throughput metric: its axis label and one series per subject, thread counts
+/// ascending.
 fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
     let mut by_workload: BTreeMap<&str, (&'static str, PointsBySubject)> = BTreeMap::new();
     for row in csv.rows() {
@@ -104,8 +102,8 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
         .collect()
 }
 
-/// A line chart of `series`, with a legend; `marks` puts a dot on every point (for a few
-/// measured points, as against a dense curve).
+/// A line chart of `series`, with a legend; `marks` puts a dot on every point (for a few measured points, as against
+/// a dense curve).
 fn line_chart(path: &Path, labels: (&str, &str, &str), series: &[Series], marks: bool) -> Result<(), String> {
     let (title, x_label, y_label) = labels;
     let failed = |error: &dyn std::fmt::Display| format!("plot {}: {error}", path.display());
@@ -158,8 +156,8 @@ fn line_chart(path: &Path, labels: (&str, &str, &str), series: &[Series], marks:
     root.present().map_err(|e| failed(&e))
 }
 
-/// The machine in a few words, for plot titles: its CPU model where the system says, and
-/// the CPUs this process may use.
+/// The machine in a few words, for plot titles: its CPU model where the system says, and the CPUs this process may
+/// use.
 pub fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
     let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
@@ -179,9 +177,8 @@ mod tests {
     use super::{Plots, throughput_series};
     use crate::report::Csv;
 
-    /// The throughput plots take each engine workload's throughput rows, a line per subject
-    /// in thread order, and leave every other metric out; the files are SVG with the
-    /// subjects named in them.
+    /// The throughput plots take each engine workload's throughput rows, a line per subject in thread order, and
+    /// leave every other metric out; the files are SVG with the subjects named in them.
     #[test]
     fn throughput_lines_come_from_the_csv() {
         let mut csv = Csv::default();

@@ -1,5 +1,5 @@
-//! Output: the aligned tables printed per workload, the ratio sheets most workloads print
-//! (a row per subject, ratio columns against each peer), and the CSV written at the end.
+//! Output: the aligned tables printed per workload, the ratio sheets most workloads print (a row per subject, ratio
+//! columns against each peer), and the CSV written at the end.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -80,9 +80,8 @@ pub fn figure(value: Option<f64>, digits: usize) -> String {
     }
 }
 
-/// A column of a [`Sheet`]: its header, its CSV metric and unit, its decimals, whether
-/// higher is better (a rate) or lower (a cost), and whether rows get ratios against the
-/// peers on it.
+/// A column of a [`Sheet`]: its header, its CSV metric and unit, its decimals, whether higher is better (a rate) or
+/// lower (a cost), and whether rows get ratios against the peers on it.
 pub struct Col {
     header: String,
     metric: String,
@@ -119,9 +118,8 @@ pub struct Row {
     pub values: Result<Vec<Option<f64>>, String>,
 }
 
-/// A workload's table and CSV rows from one set of figures: a row per subject (and thread
-/// count), a column per figure, and ratio columns against every peer (every subject that is
-/// not corewheel's) at the same thread count.
+/// A workload's table and CSV rows from one set of figures: a row per subject (and thread count), a column per
+/// figure, and ratio columns against every peer (every subject that is not corewheel's) at the same thread count.
 pub struct Sheet {
     pub workload: String,
     pub title: String,
@@ -130,8 +128,8 @@ pub struct Sheet {
     pub cols: Vec<Col>,
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
-    /// The column (a cost) whose 1-thread figure gives each row a "vs own 1 thread" column;
-    /// a sheet with one names its rows with their thread count.
+    /// The column (a cost) whose 1-thread figure gives each row a "vs own 1 thread" column; a sheet with one names
+    /// its rows with their thread count.
     pub scaling: Option<usize>,
 }
 
@@ -286,8 +284,8 @@ impl Csv {
         }
     }
 
-    /// Writes the CSV beside `path` and renames it into place, so that a run stopped halfway
-    /// never leaves a truncated file where scripts expect a complete one.
+    /// Writes the CSV beside `path` and renames it into place, so that a run stopped halfway never leaves a truncated
+    /// file where scripts expect a complete one.
     pub fn write(&self, path: &Path) -> Result<(), String> {
         let partial = path.with_extension("csv.tmp");
         let written = csv::Writer::from_path(&partial).map_err(|e| e.to_string()).and_then(|mut out| {
@@ -318,8 +316,8 @@ mod tests {
         assert_eq!(table.render(), "t\nsubject     ns/op\ncorewheel     1.5\nx          100.25\n");
     }
 
-    /// Ratios read as how many times better the row is, for costs and rates alike; the
-    /// CSV gets every figure and corewheel's ratios, and scaling against one thread.
+    /// Ratios read as how many times better the row is, for costs and rates alike; the CSV gets every figure and
+    /// corewheel's ratios, and scaling against one thread.
     #[test]
     fn sheets_compute_ratios_and_csv_rows() {
         let cols = vec![Col::new("ns", "ns_per_op", "ns", 1).ratios(), Col::new("M/s", "mops_per_s", "M/s", 2).rate()];

@@ -1,8 +1,7 @@
-//! Where a run's results go. Every run writes its CSV, plots and `summary.md` into a folder
-//! of its own under the build's target directory, named by the UTC date and time it began,
-//! so a run never overwrites another's (nor the committed reference results) and a
-//! checkout stays clean. `--save DIR` then copies that one run's files over DIR's, as one
-//! set: the reference results in `perf/results/` are only ever written that way.
+//! Where a run's results go. Every run writes its CSV, plots and `summary.md` into a folder of its own under the
+//! build's target directory, named by the UTC date and time it began, so a run never overwrites another's (nor the
+//! committed reference results) and a checkout stays clean. `--save DIR` then copies that one run's files over DIR's,
+//! as one set: the reference results in `perf/results/` are only ever written that way.
 
 use std::fs;
 use std::io;
@@ -18,8 +17,8 @@ pub const SUMMARY: &str = "summary.md";
 /// The CSV of every figure the run measured.
 pub const CSV: &str = "results.csv";
 
-/// Makes a fresh folder for this run: `<target>/perf-runs/<UTC date and time>`, with a
-/// suffix if a run that began in the same second already has that name.
+/// Makes a fresh folder for this run: `<target>/perf-runs/<UTC date and time>`, with a suffix if a run that began in
+/// the same second already has that name.
 pub fn create() -> io::Result<PathBuf> {
     let runs = target_dir().join("perf-runs");
     fs::create_dir_all(&runs)?;
@@ -37,8 +36,8 @@ pub fn create() -> io::Result<PathBuf> {
     Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("every run folder name for {stamp} is taken")))
 }
 
-/// The target directory this binary was built into (`<target>/<profile>/corewheel-perf`),
-/// so that `CARGO_TARGET_DIR` is respected.
+/// The target directory this binary was built into (`<target>/<profile>/corewheel-perf`), so that `CARGO_TARGET_DIR`
+/// is respected.
 fn target_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -46,8 +45,7 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }
 
-/// Writes the run's CSV, plots and summary into `run_dir`, then over `save` when asked,
-/// and says where each went.
+/// Writes the run's CSV, plots and summary into `run_dir`, then over `save` when asked, and says where each went.
 pub fn write(csv: &Csv, plots: &Plots, run_dir: &Path, save: Option<&Path>, took: Duration) -> Result<(), String> {
     csv.write(&run_dir.join(CSV))?;
     let machine = crate::plots::machine();
@@ -81,9 +79,8 @@ fn summary_text(run_dir: &Path, machine: &str, took: Duration) -> String {
     )
 }
 
-/// Replaces the results in `dest` (its CSV, SVG and summary files; subfolders and other
-/// files are left alone) with the ones in `run`, so that `dest` holds one run's set.
-/// Returns how many files were written.
+/// Replaces the results in `dest` (its CSV, SVG and summary files; subfolders and other files are left alone) with
+/// the ones in `run`, so that `dest` holds one run's set. Returns how many files were written.
 fn copy_set(run: &Path, dest: &Path) -> io::Result<usize> {
     fs::create_dir_all(dest)?;
     for entry in fs::read_dir(dest)? {

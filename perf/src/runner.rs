@@ -1,12 +1,10 @@
-//! The one runner every workload goes through: a workload's plan is its list of cells (a
-//! subject at a setting) and a number of runs; the runner measures every cell that many
-//! times, the cells taking turns so that a slow spell of the machine hits them alike, and
-//! counts each run on the progress display. All plans are made before the first run, so
+//! The one runner every workload goes through: a workload's plan is its list of cells (a subject at a setting) and a
+//! number of runs; the runner measures every cell that many times, the cells taking turns so that a slow spell of the
+//! machine hits them alike, and counts each run on the progress display. All plans are made before the first run, so
 //! the display's total is their sum and the count ends at N/N.
 //!
-//! On a terminal progress is an indicatif bar; elsewhere (a log, CI, `| tee`) each run
-//! gets a line on stderr as it starts and ends. Everything printed through [`print`] is also
-//! kept for the run's `summary.md`.
+//! On a terminal progress is an indicatif bar; elsewhere (a log, CI, `| tee`) each run gets a line on stderr as it
+//! starts and ends. Everything printed through [`print`] is also kept for the run's `summary.md`.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -19,8 +17,8 @@ use crate::workloads::Workload;
 /// Runs per cell where a workload repeats its measurements.
 pub const RUNS: usize = 3;
 
-/// One measurement of a plan: a subject, on a number of application threads, at a setting
-/// whose meaning the workload gives (a window, a rate, a tick, whether stealing is on).
+/// One measurement of a plan: a subject, on a number of application threads, at a setting whose meaning the workload
+/// gives (a window, a rate, a tick, whether stealing is on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cell {
     pub subject: Subject,
@@ -53,8 +51,8 @@ impl Plan {
     }
 }
 
-/// The progress display's state: the bar (`None`: lines on stderr), when the runs began,
-/// the runs planned and made, and everything printed, for the summary.
+/// The progress display's state: the bar (`None`: lines on stderr), when the runs began, the runs planned and made,
+/// and everything printed, for the summary.
 struct State {
     bar: Option<ProgressBar>,
     began: Option<Instant>,
@@ -81,8 +79,7 @@ pub fn start(total: u64) {
     (state.bar, state.began, state.total) = ((!bar.is_hidden()).then_some(bar), Some(Instant::now()), total);
 }
 
-/// Prints `text` and a newline to stdout, with the bar out of the way, and keeps it for the
-/// summary.
+/// Prints `text` and a newline to stdout, with the bar out of the way, and keeps it for the summary.
 pub fn print(text: &str) {
     let mut state = state();
     state.transcript.push_str(&format!("{text}\n"));
@@ -135,9 +132,8 @@ pub fn finish() {
     line(&state, &format!("finished: {}/{} runs", state.done, state.total));
 }
 
-/// Measures every cell of `plan` `plan.runs` times, in turns: every cell once, then every
-/// cell again. A cell whose measurement fails once counts as failed, and its later runs
-/// are counted as skipped.
+/// Measures every cell of `plan` `plan.runs` times, in turns: every cell once, then every cell again. A cell whose
+/// measurement fails once counts as failed, and its later runs are counted as skipped.
 pub fn in_turns<R>(plan: &Plan, mut measure: impl FnMut(&Cell) -> Result<R, String>) -> Vec<Result<Vec<R>, String>> {
     let mut results: Vec<Result<Vec<R>, String>> =
         plan.cells.iter().map(|_| Ok(Vec::with_capacity(plan.runs))).collect();
@@ -190,8 +186,8 @@ mod tests {
         assert_eq!(spread([3.0, 1.24, 2.0]), "1.2-3.0");
     }
 
-    /// Every cell is measured once per run, cells in turns; a failed cell stops there and
-    /// its other runs are still counted.
+    /// Every cell is measured once per run, cells in turns; a failed cell stops there and its other runs are still
+    /// counted.
     #[test]
     fn cells_take_turns_and_failures_stop_their_cell() {
         let cell = |subject| Cell { subject, threads: 1, param: 0 };

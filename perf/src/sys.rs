@@ -1,11 +1,10 @@
-//! What the operating system says about this process and the machine: CPU time (the
-//! calling thread's, the process's, and that of threads named with a prefix), context
-//! switches, resident memory, huge pages, and how busy other processes kept the CPUs.
-//! Linux only; elsewhere every reading is `None` and the tables say `n/a`.
+//! What the operating system says about this process and the machine: CPU time (the calling thread's, the process's,
+//! and that of threads named with a prefix), context switches, resident memory, huge pages, and how busy other
+//! processes kept the CPUs. Linux only; elsewhere every reading is `None` and the tables say `n/a`.
 //!
-//! Wall time says nothing about the cost of work that sleeps (a fire storm waits for its
-//! deadlines) or that other threads do (an engine's workers), so the workloads read CPU
-//! time; RSS shows what a structure costs the machine, slack and fragmentation included.
+//! Wall time says nothing about the cost of work that sleeps (a fire storm waits for its deadlines) or that other
+//! threads do (an engine's workers), so the workloads read CPU time; RSS shows what a structure costs the machine,
+//! slack and fragmentation included.
 
 use std::time::{Duration, Instant};
 
@@ -31,14 +30,13 @@ pub fn cpu_between(earlier: Option<Duration>, later: Option<Duration>) -> Option
     Some(later?.saturating_sub(earlier?))
 }
 
-/// Whether a thread name is `prefix` followed by a number (`corewheel-0`), which the
-/// harness's own threads (`corewheel-perf`) are not.
+/// Whether a thread name is `prefix` followed by a number (`corewheel-0`), which the harness's own threads
+/// (`corewheel-perf`) are not.
 pub fn is_numbered(name: &str, prefix: &str) -> bool {
     name.strip_prefix(prefix).is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Each live thread of process `pid` (`self` for this one): its name and a file of its
-/// `/proc` folder.
+/// Each live thread of process `pid` (`self` for this one): its name and a file of its `/proc` folder.
 fn tasks(pid: &str, file: &str) -> Vec<(String, String)> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
@@ -52,8 +50,8 @@ fn tasks(pid: &str, file: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Summed CPU time (from `schedstat`) of process `pid`'s live threads whose name passes
-/// `keep`; `None` where that is missing or no thread passes.
+/// Summed CPU time (from `schedstat`) of process `pid`'s live threads whose name passes `keep`; `None` where that is
+/// missing or no thread passes.
 pub fn threads_cpu_time(pid: &str, keep: impl Fn(&str) -> bool) -> Option<Duration> {
     let times: Vec<u64> = tasks(pid, "schedstat")
         .into_iter()
@@ -68,8 +66,8 @@ pub fn named_threads_cpu_time(prefix: &str) -> Option<Duration> {
     threads_cpu_time("self", |name| is_numbered(name, prefix))
 }
 
-/// Context switches (voluntary and not) of this process's live threads so far: at light
-/// load, mostly how often they went to sleep and woke.
+/// Context switches (voluntary and not) of this process's live threads so far: at light load, mostly how often they
+/// went to sleep and woke.
 pub fn process_context_switches() -> Option<u64> {
     let tasks = tasks("self", "status");
     let switches = tasks.iter().flat_map(|(_, status)| {
@@ -90,18 +88,17 @@ pub fn resident_bytes() -> Option<u64> {
     Some(pages * u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096))
 }
 
-/// Bytes of this process's anonymous memory on transparent huge pages: on a virtual machine
-/// whether a structure landed on them can change a cache-missing operation's cost several
-/// times over, and the kernel decides it, so the output reports it.
+/// Bytes of this process's anonymous memory on transparent huge pages: on a virtual machine whether a structure
+/// landed on them can change a cache-missing operation's cost several times over, and the kernel decides it, so the
+/// output reports it.
 pub fn huge_page_bytes() -> Option<u64> {
     let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
     let line = rollup.lines().find_map(|line| line.strip_prefix("AnonHugePages:"))?;
     Some(line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? * 1024)
 }
 
-/// Waits until the CPU clock `cpu` advances by less than 5% of `interval` over one
-/// `interval` (at most `limit`): the threads it counts have done what was left them, which
-/// no count shows. Returns its reading then.
+/// Waits until the CPU clock `cpu` advances by less than 5% of `interval` over one `interval` (at most `limit`): the
+/// threads it counts have done what was left them, which no count shows. Returns its reading then.
 pub fn wait_until_quiet(cpu: fn() -> Option<Duration>, interval: Duration, limit: Duration) -> Option<Duration> {
     let started = Instant::now();
     let mut last = cpu()?;
@@ -122,8 +119,7 @@ pub fn clock_ticks() -> Option<u64> {
     u64::try_from(hz).ok().filter(|&hz| hz > 0)
 }
 
-/// Busy time of all CPUs together since boot, from the first line of `/proc/stat`: every
-/// field but idle and iowait.
+/// Busy time of all CPUs together since boot, from the first line of `/proc/stat`: every field but idle and iowait.
 fn machine_busy() -> Option<Duration> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().next()?.strip_prefix("cpu ")?;
@@ -140,8 +136,8 @@ fn machine_busy() -> Option<Duration> {
 /// CPU time of this process and of its children that have been waited for.
 fn own_cpu() -> Option<Duration> {
     let usage = |who| {
-        // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite, and it is
-        // valid and writable for the whole call.
+        // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite, and it is valid and writable for
+        // the whole call.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         let rc = unsafe { libc::getrusage(who, &mut usage) };
         let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, 0) + Duration::from_micros(t.tv_usec as u64);
@@ -150,9 +146,8 @@ fn own_cpu() -> Option<Duration> {
     Some(usage(libc::RUSAGE_SELF)? + usage(libc::RUSAGE_CHILDREN)?)
 }
 
-/// How busy other processes kept the machine while a workload ran: on a small shared
-/// machine another process that takes a CPU turns a timed loop's nanoseconds into the
-/// scheduler's milliseconds, so each workload's output says so.
+/// How busy other processes kept the machine while a workload ran: on a small shared machine another process that
+/// takes a CPU turns a timed loop's nanoseconds into the scheduler's milliseconds, so each workload's output says so.
 pub struct LoadMeter {
     started: Instant,
     busy: Option<Duration>,
@@ -180,9 +175,9 @@ mod tests {
     use super::{LoadMeter, is_numbered, named_threads_cpu_time, process_cpu_time, thread_cpu_time};
     use std::time::Duration;
 
-    /// Threads named with a prefix and a number are found and their CPU time counted (the
-    /// spinner spins for 20 ms of its own CPU time: on a loaded machine 20 ms of wall time
-    /// may hold almost none); the harness's own threads are not.
+    /// Threads named with a prefix and a number are found and their CPU time counted (the spinner spins for 20 ms of
+    /// its own CPU time: on a loaded machine 20 ms of wall time may hold almost none); the harness's own threads are
+    /// not.
     #[test]
     fn named_threads_are_found_and_their_time_counted() {
         assert!(is_numbered("corewheel-15", "corewheel-") && !is_numbered("corewheel-perf", "corewheel-"));

@@ -1,26 +1,24 @@
-//! The async timers of the async-* workloads, one set of futures per subject, each made the
-//! way its users make it:
+//! The async timers of the async-* workloads, one set of futures per subject, each made the way its users make it:
 //!
-//! - corewheel-async: `corewheel::sleep`, `corewheel::timeout`, `Sleep::reset`, on the
-//!   process-wide default engine (one unpinned worker per CPU, 1 ms tick);
+//! - corewheel-async: `corewheel::sleep`, `corewheel::timeout`, `Sleep::reset`, on the process-wide default engine
+//!   (one unpinned worker per CPU, 1 ms tick);
 //! - tokio: `tokio::time::sleep`, `tokio::time::timeout`, `Sleep::reset`;
-//! - async-io (smol's timer): `Timer::after`, `Timer::set_at`, and for a timeout the way
-//!   smol's documentation writes one, `future.or(async { Timer::after(d).await; ... })`;
-//! - pingora-timeout: `pingora_timeout::sleep` and `pingora_timeout::timeout` (the crate's
-//!   `fast_sleep` and `fast_timeout`: deadlines rounded up to a 10 ms tick, one timer per tick
-//!   shared by every sleep due in it). A pingora sleep has no reset: an idle timeout is
-//!   pushed back by replacing the sleep with a new one.
+//! - async-io (smol's timer): `Timer::after`, `Timer::set_at`, and for a timeout the way smol's documentation writes
+//!   one, `future.or(async { Timer::after(d).await; ... })`;
+//! - pingora-timeout: `pingora_timeout::sleep` and `pingora_timeout::timeout` (the crate's `fast_sleep` and
+//!   `fast_timeout`: deadlines rounded up to a 10 ms tick, one timer per tick shared by every sleep due in it). A
+//!   pingora sleep has no reset: an idle timeout is pushed back by replacing the sleep with a new one.
 //!
-//! The read that a `timeout()` wraps is [`PendingRead`]: pending on every poll and never
-//! woken, so the timeout's own cost is all that is measured, the same for every subject.
+//! The read that a `timeout()` wraps is [`PendingRead`]: pending on every poll and never woken, so the timeout's own
+//! cost is all that is measured, the same for every subject.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-/// A read whose response has not arrived: pending on every poll, and never woken. Polling
-/// a `timeout()` around it once polls the read, which arms the timer (pingora arms it only
-/// then, lazily); dropping the timeout cancels it, as a proxy's request timeouts go.
+/// A read whose response has not arrived: pending on every poll, and never woken. Polling a `timeout()` around it
+/// once polls the read, which arms the timer (pingora arms it only then, lazily); dropping the timeout cancels it, as
+/// a proxy's request timeouts go.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PendingRead;
 
@@ -36,8 +34,7 @@ impl Future for PendingRead {
 pub enum Reset<F> {
     /// In place, with the timer's own reset; it stays registered with its waker.
     InPlace(fn(Pin<&mut F>, Instant)),
-    /// By replacing the timer with a new one, which the task then polls to register: for a
-    /// timer that has no reset.
+    /// By replacing the timer with a new one, which the task then polls to register: for a timer that has no reset.
     Recreate,
 }
 
@@ -56,8 +53,8 @@ pub fn corewheel_reset(sleep: Pin<&mut corewheel::Sleep<'static>>, deadline: Ins
     sleep.get_mut().reset(deadline);
 }
 
-/// Waits until the default engine has nothing left of the timers a run gave it: every
-/// one cancelled or fired, every node back in its pool.
+/// Waits until the default engine has nothing left of the timers a run gave it: every one cancelled or fired, every
+/// node back in its pool.
 pub fn settle_corewheel() -> Result<(), String> {
     super::engine::settle(corewheel::default_engine()).map(|_| ())
 }
@@ -82,8 +79,7 @@ pub fn async_io_sleep(delay: Duration) -> async_io::Timer {
     async_io::Timer::after(delay)
 }
 
-/// A timeout as smol's documentation writes one: the read raced (`or`, the read polled
-/// first) against a timer.
+/// A timeout as smol's documentation writes one: the read raced (`or`, the read polled first) against a timer.
 pub fn async_io_timeout_read(delay: Duration) -> impl Future<Output = ()> + Send {
     futures_lite::future::or(PendingRead, async move {
         async_io::Timer::after(delay).await;
@@ -112,9 +108,8 @@ mod tests {
     use super::*;
     use crate::peers::tokio_sleep::{register, runtime, with_context};
 
-    /// Every subject's sleep and timeout is armed by its first poll (not done at once, 250
-    /// ms out) and fires once its delay has passed; every in-place reset moves a 30 s
-    /// deadline to 5 ms.
+    /// Every subject's sleep and timeout is armed by its first poll (not done at once, 250 ms out) and fires once its
+    /// delay has passed; every in-place reset moves a 30 s deadline to 5 ms.
     #[test]
     fn each_timer_arms_on_its_first_poll_fires_and_resets() {
         let rt = runtime(1).expect("a runtime");

@@ -1,11 +1,10 @@
 //! The naive baseline: `std::collections::BinaryHeap` with lazy cancellation.
 //!
-//! Cancelling or resetting a timer leaves its heap entry in place as a tombstone (the slot's
-//! generation moves on, so the entry no longer matches). Tombstones are dropped when they
-//! reach the top, and the heap is rebuilt without them once they outnumber live timers:
-//! without that rebuild a heap that is never popped, as in arm-cancel, would grow without
-//! bound, which no real user would ship. The rebuild keeps the vector's capacity, so the
-//! memory is never returned.
+//! Cancelling or resetting a timer leaves its heap entry in place as a tombstone (the slot's generation moves on, so
+//! the entry no longer matches). Tombstones are dropped when they reach the top, and the heap is rebuilt without them
+//! once they outnumber live timers: without that rebuild a heap that is never popped, as in arm-cancel, would grow
+//! without bound, which no real user would ship. The rebuild keeps the vector's capacity, so the memory is never
+//! returned.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -14,8 +13,7 @@ use std::time::Instant;
 
 use super::{PolledQueue, TimerQueue};
 
-/// Tombstones below this many are left alone: rebuilding a small heap often costs more than
-/// it saves.
+/// Tombstones below this many are left alone: rebuilding a small heap often costs more than it saves.
 const MIN_TOMBSTONES_TO_REBUILD: usize = 1024;
 
 pub struct TombstoneHeap<T> {
@@ -33,8 +31,8 @@ struct Entry {
 }
 
 struct Slot<T> {
-    /// Moves on whenever the slot's timer is cancelled, reset or fired, which turns every
-    /// heap entry minted before into a tombstone.
+    /// Moves on whenever the slot's timer is cancelled, reset or fired, which turns every heap entry minted before
+    /// into a tombstone.
     generation: u32,
     value: Option<T>,
 }
@@ -81,8 +79,8 @@ impl<T> TombstoneHeap<T> {
             return None;
         }
         let value = slot.value.take()?;
-        // Wrapping is harmless here: a slot would need 2^32 reuses while one of its old
-        // entries still sat in the heap for a tombstone to come back to life.
+        // Wrapping is harmless here: a slot would need 2^32 reuses while one of its old entries still sat in the heap
+        // for a tombstone to come back to life.
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(key.slot);
         self.live -= 1;

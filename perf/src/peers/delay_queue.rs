@@ -1,5 +1,5 @@
-//! tokio-util's `DelayQueue` as a subject: owned by one task of a current_thread runtime with
-//! the time driver enabled, which is where its users run it.
+//! tokio-util's `DelayQueue` as a subject: owned by one task of a current_thread runtime with the time driver
+//! enabled, which is where its users run it.
 
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
@@ -10,8 +10,8 @@ use tokio_util::time::delay_queue::{Expired, Key};
 
 use super::TimerQueue;
 
-/// The runtime every DelayQueue measurement runs in. DelayQueue arms a tokio `Sleep` for its
-/// earliest deadline, which needs a runtime with the time driver.
+/// The runtime every DelayQueue measurement runs in. DelayQueue arms a tokio `Sleep` for its earliest deadline, which
+/// needs a runtime with the time driver.
 pub fn runtime() -> Result<Runtime, String> {
     Builder::new_current_thread()
         .enable_time()
@@ -52,10 +52,9 @@ impl<T> TimerQueue<T> for DelayQueue<T> {
     }
 
     fn settle(&mut self) -> Result<(), String> {
-        // A queue that its task has polled holds a registered Sleep and the task's waker,
-        // and its later inserts and resets go through that Sleep. Measuring a never-polled
-        // queue would skip that cost. The no-op waker stands in for the task's: nothing
-        // here waits on it.
+        // A queue that its task has polled holds a registered Sleep and the task's waker, and its later inserts and
+        // resets go through that Sleep. Measuring a never-polled queue would skip that cost. The no-op waker stands
+        // in for the task's: nothing here waits on it.
         let mut context = Context::from_waker(Waker::noop());
         match self.poll_expired(&mut context) {
             Poll::Pending | Poll::Ready(None) => Ok(()),

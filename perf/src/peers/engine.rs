@@ -1,11 +1,9 @@
-//! corewheel's `TimerEngine` as a subject: built the way a service builds it (one worker per
-//! CPU, pinned, 1 ms tick) and driven from application threads with `schedule`, `cancel` and
-//! `reset`.
+//! corewheel's `TimerEngine` as a subject: built the way a service builds it (one worker per CPU, pinned, 1 ms tick)
+//! and driven from application threads with `schedule`, `cancel` and `reset`.
 //!
-//! The engine does part of each timer's work on its workers: filing timers that leave a
-//! thread's lane, unlinking and freeing the ones cancelled after that. So a measurement ends
-//! only when the engine has settled: every scheduled timer cancelled or fired by the counts
-//! in `stats()`, and every pool node free again.
+//! The engine does part of each timer's work on its workers: filing timers that leave a thread's lane, unlinking and
+//! freeing the ones cancelled after that. So a measurement ends only when the engine has settled: every scheduled
+//! timer cancelled or fired by the counts in `stats()`, and every pool node free again.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,12 +20,11 @@ pub const WORKER_PREFIX: &str = "corewheel-";
 /// How long a run waits for the engine to settle before calling it a failure.
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(10);
 
-/// Callbacks the engine ran, across every engine workload. The timers are request and idle
-/// timeouts, so their callbacks do what a timeout handler's first step does: note it.
+/// Callbacks the engine ran, across every engine workload. The timers are request and idle timeouts, so their
+/// callbacks do what a timeout handler's first step does: note it.
 pub static CALLBACKS_RUN: AtomicU64 = AtomicU64::new(0);
 
-/// The timeout handler of request `id`: two words of captures, stored in the timer's node
-/// without an allocation.
+/// The timeout handler of request `id`: two words of captures, stored in the timer's node without an allocation.
 #[inline]
 pub fn on_timeout(id: u64) -> impl FnOnce() + Send + 'static {
     move || {
@@ -69,9 +66,8 @@ pub fn build() -> Result<TimerEngine, String> {
     TimerEngine::builder().workers(cpus()).build().map_err(|error| format!("could not start the engine: {error}"))
 }
 
-/// The engine as a service on tokio builds it to ride the runtime's wake-ups: one shard
-/// per CPU, no worker threads (see [`Subject::EngineDriven`](super::Subject::EngineDriven));
-/// the caller spawns its drivers.
+/// The engine as a service on tokio builds it to ride the runtime's wake-ups: one shard per CPU, no worker threads
+/// (see [`Subject::EngineDriven`](super::Subject::EngineDriven)); the caller spawns its drivers.
 pub fn build_driven() -> Result<TimerEngine, String> {
     TimerEngine::builder()
         .workers(cpus())
@@ -85,23 +81,21 @@ pub struct Settled {
     /// From the call to the moment the engine was seen settled.
     pub waited: Duration,
     pub stats: Stats,
-    /// The process's CPU time, and the workers', read once the workers were quiet and
-    /// before the walk of the pool that confirmed every node free: that walk is the
-    /// harness's check, not the engine's work.
+    /// The process's CPU time, and the workers', read once the workers were quiet and before the walk of the pool
+    /// that confirmed every node free: that walk is the harness's check, not the engine's work.
     pub process_cpu: Option<Duration>,
     pub workers_cpu: Option<Duration>,
 }
 
-/// Waits until every timer the engine was given has been cancelled or has fired, and every
-/// node is back in its pool: the engine has nothing left to do for this run.
+/// Waits until every timer the engine was given has been cancelled or has fired, and every node is back in its pool:
+/// the engine has nothing left to do for this run.
 ///
-/// Counting free nodes walks the whole pool (a million nodes in engine-live-1m), and every
-/// node read takes a line the workers may still be writing. So once a walk has found nodes
-/// in use and took long (over 100 µs), the next waits until the workers have used less than
-/// a quarter of a core over at least 1 ms (or 50 ms more have passed), and never comes
-/// sooner than four times the last walk's length after it. The CPU readings it returns
-/// leave out the final walk only: earlier ones that found nodes in use are counted. Otherwise the check would cost more CPU than the cancels it
-/// waits for, and slow the workers it watches.
+/// Counting free nodes walks the whole pool (a million nodes in engine-live-1m), and every node read takes a line the
+/// workers may still be writing. So once a walk has found nodes in use and took long (over 100 µs), the next waits
+/// until the workers have used less than a quarter of a core over at least 1 ms (or 50 ms more have passed), and
+/// never comes sooner than four times the last walk's length after it. The CPU readings it returns leave out the
+/// final walk only: earlier ones that found nodes in use are counted. Otherwise the check would cost more CPU than
+/// the cancels it waits for, and slow the workers it watches.
 pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
     const LONG_WALK: Duration = Duration::from_micros(100);
     const WATCH: Duration = Duration::from_millis(1);
@@ -123,8 +117,8 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
             };
             mark = (now, workers);
         }
-        // Quiet, or a while since the last walk: workers that never go quiet (a callback
-        // spinning) must not make a settled engine look unsettled.
+        // Quiet, or a while since the last walk: workers that never go quiet (a callback spinning) must not make a
+        // settled engine look unsettled.
         let waited_enough = now >= walk_after + STILL_WALK;
         if stats.total.pending == 0 && now >= walk_after && (last_walk <= LONG_WALK || quiet || waited_enough) {
             let waited = started.elapsed();
@@ -151,8 +145,8 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
     }
 }
 
-/// Checks the engine's counts at the end of a run: everything scheduled was cancelled or
-/// fired, and as many as the application threads were told.
+/// Checks the engine's counts at the end of a run: everything scheduled was cancelled or fired, and as many as the
+/// application threads were told.
 pub fn check_counts(stats: &Stats, scheduled: u64, cancelled: u64, not_cancelled: u64) -> Result<(), String> {
     let total = &stats.total;
     if total.scheduled != scheduled
@@ -173,8 +167,8 @@ pub fn workers_cpu_time() -> Option<Duration> {
     cpu_time::named_threads_cpu_time(WORKER_PREFIX)
 }
 
-/// Waits, polling the engine's stats every `every`, until `timers` have fired; an error
-/// naming how many had if that takes longer than `give_up`.
+/// Waits, polling the engine's stats every `every`, until `timers` have fired; an error naming how many had if that
+/// takes longer than `give_up`.
 pub fn wait_until_fired(engine: &TimerEngine, timers: u64, every: Duration, give_up: Duration) -> Result<(), String> {
     let limit = Instant::now() + give_up;
     while engine.stats().total.fired < timers {

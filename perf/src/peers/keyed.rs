@@ -1,11 +1,10 @@
-//! The keyed-timer subjects: corewheel's `KeyedTimers`, and what users build today for a
-//! timer per key: a `Mutex<HashMap>` of handles over the same engine, and tokio-util's
-//! `DelayQueue` with a key map behind one lock. Also the two candidate maps alone (dashmap,
-//! scc), doing the map operations `KeyedTimers` does, without timers: how the map was
-//! chosen, and what the timers add over it.
+//! The keyed-timer subjects: corewheel's `KeyedTimers`, and what users build today for a timer per key: a
+//! `Mutex<HashMap>` of handles over the same engine, and tokio-util's `DelayQueue` with a key map behind one lock.
+//! Also the two candidate maps alone (dashmap, scc), doing the map operations `KeyedTimers` does, without timers: how
+//! the map was chosen, and what the timers add over it.
 //!
-//! Each handler or expiry does nothing: the keyed workloads set their keys 30 s out, so
-//! nothing comes due during a run.
+//! Each handler or expiry does nothing: the keyed workloads set their keys 30 s out, so nothing comes due during a
+//! run.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,8 +43,8 @@ pub fn keyed_timers(engine: &TimerEngine) -> KeyedTimers<'_, u64, u64> {
     KeyedTimers::with_engine(engine, |_, _| {})
 }
 
-/// A timer per key as a user writes it over the engine: one `Mutex<HashMap>` of values and
-/// handles, whose expiry callbacks take their key out under the same lock.
+/// A timer per key as a user writes it over the engine: one `Mutex<HashMap>` of values and handles, whose expiry
+/// callbacks take their key out under the same lock.
 pub struct MutexMap<'e> {
     engine: &'e TimerEngine,
     map: Arc<Mutex<HashMap<u64, (u64, TimerHandle)>>>,
@@ -88,9 +87,9 @@ impl Keyed for MutexMap<'_> {
     }
 }
 
-/// tokio-util's `DelayQueue` with a key map, behind one lock, as users share it between
-/// threads today: the queue holds each key's value, the map each key's queue entry. Its
-/// methods need a tokio runtime's context (the queue arms a tokio `Sleep`).
+/// tokio-util's `DelayQueue` with a key map, behind one lock, as users share it between threads today: the queue
+/// holds each key's value, the map each key's queue entry. Its methods need a tokio runtime's context (the queue arms
+/// a tokio `Sleep`).
 #[derive(Default)]
 pub struct DelayQueueMap(Mutex<QueueAndKeys>);
 
@@ -134,8 +133,8 @@ impl Keyed for DelayQueueMap {
 /// The slot `KeyedTimers` keeps per key (a value and a handle), for the map-only subjects.
 type Slot = (u64, u64, u64);
 
-/// dashmap alone: `set` is an entry upsert, `move_to` a `get_mut`, `remove` a removal,
-/// with as many shards as `KeyedTimers` gives its map (16 per CPU, not dashmap's default 4).
+/// dashmap alone: `set` is an entry upsert, `move_to` a `get_mut`, `remove` a removal, with as many shards as
+/// `KeyedTimers` gives its map (16 per CPU, not dashmap's default 4).
 pub struct DashMapOnly(dashmap::DashMap<u64, Slot>);
 
 impl Default for DashMapOnly {

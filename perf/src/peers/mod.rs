@@ -1,7 +1,6 @@
-//! The subjects a workload drives: corewheel's `Wheel` and real peer crates, behind one small
-//! trait so that every subject runs exactly the same harness loop; and the multi-thread
-//! subjects, corewheel's `TimerEngine` and tokio's `sleep`, which the engine workloads drive
-//! from several threads the way their users do.
+//! The subjects a workload drives: corewheel's `Wheel` and real peer crates, behind one small trait so that every
+//! subject runs exactly the same harness loop; and the multi-thread subjects, corewheel's `TimerEngine` and tokio's
+//! `sleep`, which the engine workloads drive from several threads the way their users do.
 
 pub mod async_timers;
 pub mod binary_heap;
@@ -57,8 +56,8 @@ crate::named::named_enum! {
 }
 
 impl Subject {
-    /// A structure one thread owns, driven through [`TimerQueue`] by the single-thread
-    /// workloads; the others are driven from several threads.
+    /// A structure one thread owns, driven through [`TimerQueue`] by the single-thread workloads; the others are
+    /// driven from several threads.
     pub fn is_single_owner(self) -> bool {
         matches!(self, Subject::Corewheel | Subject::DelayQueue | Subject::BinaryHeap)
     }
@@ -75,8 +74,8 @@ impl Subject {
     }
 }
 
-/// What plain application threads do to a timer structure they all share: the engine, or
-/// the locked heap. One call each of the structure's own operations.
+/// What plain application threads do to a timer structure they all share: the engine, or the locked heap. One call
+/// each of the structure's own operations.
 pub trait SharedTimers: Sync {
     /// What the structure hands back to name a timer.
     type Handle: Copy + Send;
@@ -87,8 +86,7 @@ pub trait SharedTimers: Sync {
     /// `true` if the timer was pending and is now stopped; `false` if it had fired.
     fn cancel(&self, handle: Self::Handle) -> bool;
 
-    /// Moves a pending timer to `delay` from now, and returns what names it from then on;
-    /// `None` if it had fired.
+    /// Moves a pending timer to `delay` from now, and returns what names it from then on; `None` if it had fired.
     fn reset(&self, handle: Self::Handle, delay: Duration) -> Option<Self::Handle>;
 
     /// Whether the timer is still waiting to fire.
@@ -97,8 +95,8 @@ pub trait SharedTimers: Sync {
 
 /// What the single-owner workloads do to a timer structure.
 ///
-/// The methods are the structure's own operations, one call each, so the harness measures
-/// the structure and not an adapter.
+/// The methods are the structure's own operations, one call each, so the harness measures the structure and not an
+/// adapter.
 pub trait TimerQueue<T> {
     /// What the structure hands back to name a timer.
     type Key: Copy;
@@ -108,19 +106,16 @@ pub trait TimerQueue<T> {
     /// Stops the timer, returning its value, or `None` if the key names no pending timer.
     fn cancel(&mut self, key: Self::Key) -> Option<T>;
 
-    /// Moves the timer's deadline and returns the key that now names it (a tombstone heap
-    /// has to mint a new one).
+    /// Moves the timer's deadline and returns the key that now names it (a tombstone heap has to mint a new one).
     fn reset(&mut self, key: Self::Key, deadline: Instant) -> Self::Key;
 
-    /// Puts the structure in the state a live event loop keeps it in, by polling it once.
-    /// Fails if that poll fired a timer, which would mean the machine stalled for
-    /// milliseconds and the run's bookkeeping no longer holds.
+    /// Puts the structure in the state a live event loop keeps it in, by polling it once. Fails if that poll fired a
+    /// timer, which would mean the machine stalled for milliseconds and the run's bookkeeping no longer holds.
     fn settle(&mut self) -> Result<(), String> {
         Ok(())
     }
 
-    /// Returns spare memory to the allocator where the structure has a way to; `false` if
-    /// it has none.
+    /// Returns spare memory to the allocator where the structure has a way to; `false` if it has none.
     fn release_spare_memory(&mut self) -> bool {
         false
     }
@@ -131,8 +126,8 @@ pub trait TimerQueue<T> {
     }
 }
 
-/// A queue that its owner drives by polling with the current time, the way an event loop
-/// drives its timers; DelayQueue is driven by its runtime instead.
+/// A queue that its owner drives by polling with the current time, the way an event loop drives its timers;
+/// DelayQueue is driven by its runtime instead.
 pub trait PolledQueue<T> {
     /// When the next timer is due, or `None` when none is pending.
     fn next_deadline(&mut self) -> Option<Instant>;
@@ -141,8 +136,8 @@ pub trait PolledQueue<T> {
     fn pop_expired(&mut self, now: Instant) -> Option<T>;
 }
 
-/// A measurement that runs the same code on any single-owner structure: a trait rather
-/// than a closure because the measurement is generic over the structure.
+/// A measurement that runs the same code on any single-owner structure: a trait rather than a closure because the
+/// measurement is generic over the structure.
 pub trait Measure<T> {
     /// What the measurement finds.
     type Output;
@@ -151,8 +146,7 @@ pub trait Measure<T> {
     fn measure<Q: TimerQueue<T>>(self, queue: &mut Q) -> Result<Self::Output, String>;
 }
 
-/// Runs `measurement` on a fresh, empty structure of `subject`'s kind, inside a runtime for
-/// DelayQueue.
+/// Runs `measurement` on a fresh, empty structure of `subject`'s kind, inside a runtime for DelayQueue.
 pub fn measure_fresh<T, M: Measure<T>>(subject: Subject, measurement: M) -> Result<M::Output, String> {
     match subject {
         Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),

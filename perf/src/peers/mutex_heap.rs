@@ -1,11 +1,9 @@
-//! The naive multi-thread baseline: one `BinaryHeap` (the tombstone heap of `binary_heap`)
-//! behind one `Mutex`, shared by every application thread, and one timer thread that sleeps
-//! on a `Condvar` until the earliest deadline and fires what is due. This is the timer
-//! service most hand-rolled servers start with.
+//! The naive multi-thread baseline: one `BinaryHeap` (the tombstone heap of `binary_heap`) behind one `Mutex`, shared
+//! by every application thread, and one timer thread that sleeps on a `Condvar` until the earliest deadline and fires
+//! what is due. This is the timer service most hand-rolled servers start with.
 //!
-//! Every arm, cancel and reset takes the lock, so the threads of a run take turns on one
-//! cache line and one structure; an arm that becomes the new earliest deadline also wakes the
-//! timer thread.
+//! Every arm, cancel and reset takes the lock, so the threads of a run take turns on one cache line and one
+//! structure; an arm that becomes the new earliest deadline also wakes the timer thread.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,15 +30,14 @@ struct Shared {
 }
 
 impl Shared {
-    /// A poisoned lock only means a thread panicked while holding it; the heap itself is
-    /// still whole (its methods do not panic halfway), and the run reports the panic.
+    /// A poisoned lock only means a thread panicked while holding it; the heap itself is still whole (its methods do
+    /// not panic halfway), and the run reports the panic.
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// A shared heap with its timer thread running. Dropping it stops the thread, with whatever
-/// timers are left unfired.
+/// A shared heap with its timer thread running. Dropping it stops the thread, with whatever timers are left unfired.
 pub struct SharedHeap {
     shared: Arc<Shared>,
     timer_thread: Option<JoinHandle<()>>,
@@ -127,9 +124,8 @@ impl Drop for SharedHeap {
     }
 }
 
-/// The timer thread: fires everything due, then waits for the earliest deadline or for an
-/// arm that moves it earlier. Callbacks run under the lock, as the simplest such services
-/// do; the harness's callbacks only count.
+/// The timer thread: fires everything due, then waits for the earliest deadline or for an arm that moves it earlier.
+/// Callbacks run under the lock, as the simplest such services do; the harness's callbacks only count.
 fn fire_loop(shared: &Shared) {
     let mut state = shared.lock();
     while !state.stop {
@@ -154,10 +150,9 @@ mod tests {
     use crate::peers::SharedTimers;
     use std::time::{Duration, Instant};
 
-    /// Timers armed from two threads fire on the timer thread, cancelled and reset ones as
-    /// the keys say, and a short timer armed while the thread sleeps towards a long one
-    /// still fires in time. A cancel may find its 1-5 ms timer fired only once its delay
-    /// has passed (a descheduled thread); such a timer counts among those that must fire.
+    /// Timers armed from two threads fire on the timer thread, cancelled and reset ones as the keys say, and a short
+    /// timer armed while the thread sleeps towards a long one still fires in time. A cancel may find its 1-5 ms timer
+    /// fired only once its delay has passed (a descheduled thread); such a timer counts among those that must fire.
     #[test]
     fn fires_cancels_and_resets_across_threads() {
         let heap = SharedHeap::start().expect("a timer thread");

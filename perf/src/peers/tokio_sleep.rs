@@ -1,12 +1,10 @@
-//! tokio's `sleep` as a subject, used the way a proxy on tokio uses it: inside a
-//! multi-thread runtime whose worker threads run the application, each timer is a `Sleep`
-//! that its task pins and polls (which registers it in tokio's timer wheel, with the task's
-//! waker), and that is dropped to cancel it, or pushed back with `Sleep::reset`.
+//! tokio's `sleep` as a subject, used the way a proxy on tokio uses it: inside a multi-thread runtime whose worker
+//! threads run the application, each timer is a `Sleep` that its task pins and polls (which registers it in tokio's
+//! timer wheel, with the task's waker), and that is dropped to cancel it, or pushed back with `Sleep::reset`.
 //!
-//! Each application task registers many timers within one poll of the task. tokio's
-//! cooperative budget does not get in the way: a `Sleep` poll that returns `Pending` gives
-//! back the budget unit it took, so only timers that are already due spend it. The tests
-//! below check that every Sleep polled this way really is in the wheel.
+//! Each application task registers many timers within one poll of the task. tokio's cooperative budget does not get
+//! in the way: a `Sleep` poll that returns `Pending` gives back the budget unit it took, so only timers that are
+//! already due spend it. The tests below check that every Sleep polled this way really is in the wheel.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,16 +30,16 @@ pub fn runtime(workers: usize) -> Result<Runtime, String> {
         .map_err(|error| format!("could not start a tokio runtime: {error}"))
 }
 
-/// Polls a fresh `Sleep` (or a `timeout()` around a pending read) once, which registers its
-/// timer. `true` if it was already done: due at once, so not waiting in any timer.
+/// Polls a fresh `Sleep` (or a `timeout()` around a pending read) once, which registers its timer. `true` if it was
+/// already done: due at once, so not waiting in any timer.
 #[inline]
 pub fn register<F: Future>(timer: Pin<&mut F>, cx: &mut Context<'_>) -> bool {
     timer.poll(cx).is_ready()
 }
 
-/// The start line the tasks of one run wait at: a task spins (without yielding, so that it
-/// holds its worker thread) until every task has arrived, which proves they run on distinct
-/// worker threads at once, and then until the main thread says go.
+/// The start line the tasks of one run wait at: a task spins (without yielding, so that it holds its worker thread)
+/// until every task has arrived, which proves they run on distinct worker threads at once, and then until the main
+/// thread says go.
 #[derive(Default)]
 pub struct StartLine {
     arrived: AtomicUsize,
@@ -50,8 +48,8 @@ pub struct StartLine {
 }
 
 impl StartLine {
-    /// Called by each task when it is ready; returns once the main thread said go, or `false`
-    /// if the run was called off.
+    /// Called by each task when it is ready; returns once the main thread said go, or `false` if the run was called
+    /// off.
     pub fn arrive_and_wait(&self) -> bool {
         self.arrived.fetch_add(1, Ordering::AcqRel);
         while !self.go.load(Ordering::Acquire) {
@@ -63,9 +61,9 @@ impl StartLine {
         true
     }
 
-    /// [`arrive_and_wait`](Self::arrive_and_wait) for tasks that may share a worker: it
-    /// yields to the runtime now and then while it waits, so that a task queued behind this
-    /// one on the same worker runs and arrives too. Proves nothing about distinct threads.
+    /// [`arrive_and_wait`](Self::arrive_and_wait) for tasks that may share a worker: it yields to the runtime now and
+    /// then while it waits, so that a task queued behind this one on the same worker runs and arrives too. Proves
+    /// nothing about distinct threads.
     pub async fn arrive_and_wait_yielding(&self) -> bool {
         self.arrived.fetch_add(1, Ordering::AcqRel);
         let mut spins = 0_u32;
@@ -82,8 +80,8 @@ impl StartLine {
         true
     }
 
-    /// Called by the main thread: waits until `tasks` tasks have arrived. Fails (and
-    /// releases the tasks) if they never all run at once.
+    /// Called by the main thread: waits until `tasks` tasks have arrived. Fails (and releases the tasks) if they
+    /// never all run at once.
     pub fn gather(&self, tasks: usize) -> Result<(), String> {
         let started = Instant::now();
         while self.arrived.load(Ordering::Acquire) < tasks {
@@ -118,8 +116,8 @@ pub fn check_spread(threads: &[ThreadId]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `f` once, with the calling task's context, as one poll: for loops that poll many
-/// sleeps with their task's waker.
+/// Runs `f` once, with the calling task's context, as one poll: for loops that poll many sleeps with their task's
+/// waker.
 pub async fn with_context<R>(f: impl FnOnce(&mut Context<'_>) -> R) -> R {
     let mut f = Some(f);
     std::future::poll_fn(move |cx| {
@@ -145,9 +143,8 @@ mod tests {
         }
     }
 
-    /// Thousands of sleeps registered in one poll of a plain task are each in the wheel: a
-    /// second out, none is ready or woken at once (an exhausted budget would wake them), and
-    /// every one wakes its waker when it comes due.
+    /// Thousands of sleeps registered in one poll of a plain task are each in the wheel: a second out, none is ready
+    /// or woken at once (an exhausted budget would wake them), and every one wakes its waker when it comes due.
     #[test]
     fn one_task_poll_registers_every_sleep() {
         const SLEEPS: usize = 1_000;

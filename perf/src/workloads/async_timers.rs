@@ -1,19 +1,18 @@
-//! The async workloads: timer futures from 1..N threads, corewheel's async layer against
-//! tokio's timer, async-io (smol) and pingora-timeout, in the same setup: a tokio runtime of
-//! T workers, one task per worker, each held at a start line until all run on workers of
-//! their own (corewheel's and async-io's futures are runtime-agnostic, so the timer is the
-//! only difference), each doing the same number of operations.
+//! The async workloads: timer futures from 1..N threads, corewheel's async layer against tokio's timer, async-io
+//! (smol) and pingora-timeout, in the same setup: a tokio runtime of T workers, one task per worker, each held at a
+//! start line until all run on workers of their own (corewheel's and async-io's futures are runtime-agnostic, so the
+//! timer is the only difference), each doing the same number of operations.
 //!
-//! - async-sleep: a request timeout answered in time: a sleep (delay uniform in 1 ms..30 s)
-//!   polled once, which arms it with the task's waker, and dropped, which cancels it.
+//! - async-sleep: a request timeout answered in time: a sleep (delay uniform in 1 ms..30 s) polled once, which arms
+//!   it with the task's waker, and dropped, which cancels it.
 //! - async-timeout: the same with `timeout()` around a read that is pending.
-//! - async-reset: idle timeouts: 10,000 connections per task, each with a 30 s sleep armed
-//!   untimed; each read (a random connection) pushes its sleep to now + 30 s with the
-//!   timer's own reset (pingora-timeout has none: its sleep is replaced by a new one).
+//! - async-reset: idle timeouts: 10,000 connections per task, each with a 30 s sleep armed untimed; each read (a
+//!   random connection) pushes its sleep to now + 30 s with the timer's own reset (pingora-timeout has none: its
+//!   sleep is replaced by a new one).
 //!
-//! The cost is the process's CPU time per operation, every thread's (the timers' own threads
-//! included), until the work's deferred part is done too (the engine seen settled, then the
-//! process seen idle); the wall time to the last task's end gives throughput and scaling.
+//! The cost is the process's CPU time per operation, every thread's (the timers' own threads included), until the
+//! work's deferred part is done too (the engine seen settled, then the process seen idle); the wall time to the last
+//! task's end gives throughput and scaling.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -35,8 +34,7 @@ const CONNECTIONS: u64 = 10_000;
 /// How long a connection may stay idle.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a run waits for the process to go idle after its work before it gives up
-/// waiting (and measures anyway).
+/// How long a run waits for the process to go idle after its work before it gives up waiting (and measures anyway).
 const QUIET_LIMIT: Duration = Duration::from_secs(2);
 
 /// Which of the three workloads.
@@ -47,10 +45,9 @@ enum Kind {
     Reset,
 }
 
-/// The lines the tasks of a run pass: set up, where they block (each holding its worker
-/// thread) while the main thread lets that set-up's deferred work finish (the engine's
-/// workers filing timers, a reactor draining its queue) so that none of it falls inside
-/// the timed run; then the start.
+/// The lines the tasks of a run pass: set up, where they block (each holding its worker thread) while the main thread
+/// lets that set-up's deferred work finish (the engine's workers filing timers, a reactor draining its queue) so that
+/// none of it falls inside the timed run; then the start.
 struct Lines {
     set_up: Barrier,
     released: Barrier,
@@ -66,9 +63,8 @@ impl Lines {
     }
 }
 
-/// One task's share: `ops` timers made by `arm`, each polled once and dropped; or, with
-/// `reset`, `ops` resets of its connections' idle timers, which it hands back still armed,
-/// so that their drop is not in the run.
+/// One task's share: `ops` timers made by `arm`, each polled once and dropped; or, with `reset`, `ops` resets of its
+/// connections' idle timers, which it hands back still armed, so that their drop is not in the run.
 async fn share<F: Future + Send + 'static>(
     index: usize,
     lines: Arc<Lines>,
@@ -81,9 +77,8 @@ async fn share<F: Future + Send + 'static>(
     with_context(move |cx| {
         let mut rng = rng(index as u64 + 13);
         let mut share = Share::new();
-        // One timer before the run, as a server has had many before any one: whatever the
-        // subject starts on its first use (a process-wide engine or reactor, a thread's
-        // state) is started untimed.
+        // One timer before the run, as a server has had many before any one: whatever the subject starts on its first
+        // use (a process-wide engine or reactor, a thread's state) is started untimed.
         let _ = register(pin!(arm(IDLE_TIMEOUT)), cx);
         for timer in &mut idle {
             share.due_at_once += u64::from(register(timer.as_mut(), cx));
@@ -110,17 +105,16 @@ async fn share<F: Future + Send + 'static>(
     .await
 }
 
-/// Waits until this process has used less than 5% of one CPU over a millisecond: the
-/// timers' own threads have done what the run left them. Returns its CPU time then.
+/// Waits until this process has used less than 5% of one CPU over a millisecond: the timers' own threads have done
+/// what the run left them. Returns its CPU time then.
 fn wait_until_quiet() -> Option<Duration> {
     crate::sys::wait_until_quiet(process_cpu_time, Duration::from_millis(1), QUIET_LIMIT)
 }
 
-/// Runs a [`share`] per task on a fresh runtime of `config.threads` workers. Once every
-/// task is set up (and blocked), waits for the process to go idle; then lets them to the
-/// start line. Timed from the start to the last task's end (wall), and to the end of the
-/// deferred work (CPU): `settle`'s wait for it where the subject shows it, then the process
-/// idle. The connections' timers must all still be pending afterwards, or a reset lost one.
+/// Runs a [`share`] per task on a fresh runtime of `config.threads` workers. Once every task is set up (and blocked),
+/// waits for the process to go idle; then lets them to the start line. Timed from the start to the last task's end
+/// (wall), and to the end of the deferred work (CPU): `settle`'s wait for it where the subject shows it, then the
+/// process idle. The connections' timers must all still be pending afterwards, or a reset lost one.
 fn on_runtime<F: Future + Send + 'static>(
     config: Config,
     settle: Option<fn() -> Result<(), String>>,
@@ -172,9 +166,9 @@ struct Config {
     ops: u64,
 }
 
-/// One run of `kind` for `subject`. corewheel's runs wait for the default engine to settle
-/// (every timer's cancel done by its workers) before the CPU reading; the idle sleeps of
-/// async-reset stay pending, so there the wait for the process to go idle stands for it.
+/// One run of `kind` for `subject`. corewheel's runs wait for the default engine to settle (every timer's cancel done
+/// by its workers) before the CPU reading; the idle sleeps of async-reset stay pending, so there the wait for the
+/// process to go idle stands for it.
 fn measure(kind: Kind, subject: Subject, config: Config) -> Result<Run, String> {
     use Kind::*;
     use Subject::*;

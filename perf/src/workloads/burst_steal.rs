@@ -1,11 +1,10 @@
-//! burst-steal: a million timers scheduled from one thread, so all on that thread's shard,
-//! all due within the same 10 ms, fired on the real clock by a TimerEngine with one worker
-//! per thread count, stealing on and off. Reports when the last one fired, lateness
-//! percentiles, and what share the other workers ran.
+//! burst-steal: a million timers scheduled from one thread, so all on that thread's shard, all due within the same 10
+//! ms, fired on the real clock by a TimerEngine with one worker per thread count, stealing on and off. Reports when
+//! the last one fired, lateness percentiles, and what share the other workers ran.
 //!
-//! Each callback records its lateness on the worker thread that runs it, in that thread's
-//! own buffer (an uncontended lock), so the callback adds no cross-core traffic of its own
-//! and the two settings are compared on the engine's work alone.
+//! Each callback records its lateness on the worker thread that runs it, in that thread's own buffer (an uncontended
+//! lock), so the callback adds no cross-core traffic of its own and the two settings are compared on the engine's
+//! work alone.
 
 use std::time::{Duration, Instant};
 
@@ -20,8 +19,8 @@ use crate::workloads::{Out, rng};
 const NAME: &str = "burst-steal";
 /// All deadlines fall within this window.
 const SPREAD_NS: u64 = 10_000_000;
-/// From the start of scheduling to the window: long enough to schedule a million timers
-/// (tens of milliseconds) with room for a slow spell.
+/// From the start of scheduling to the window: long enough to schedule a million timers (tens of milliseconds) with
+/// room for a slow spell.
 const LEAD: Duration = Duration::from_millis(600);
 /// How long to wait for the last fire before calling timers lost.
 const GIVE_UP: Duration = Duration::from_secs(60);
@@ -69,8 +68,7 @@ fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e3
 }
 
-/// Runs `plan`'s bursts (each worker count above 1, stealing on and off, in turns) and
-/// prints the table.
+/// Runs `plan`'s bursts (each worker count above 1, stealing on and off, in turns) and prints the table.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     if plan.cells.is_empty() {
         runner::print(&format!("{NAME}: skipped: stealing needs at least 2 workers (--threads)\n"));

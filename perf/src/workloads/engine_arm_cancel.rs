@@ -1,16 +1,13 @@
-//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine`
-//! against tokio's `sleep`, tokio's `timeout()`, pingora-timeout's `timeout()` and a
-//! `Mutex<BinaryHeap>` shared by the threads.
+//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine` against tokio's `sleep`,
+//! tokio's `timeout()`, pingora-timeout's `timeout()` and a `Mutex<BinaryHeap>` shared by the threads.
 //!
-//! Each thread keeps a window of K requests in flight: it arms a timer for a new request
-//! (delay uniform in 1 ms..30 s) and cancels the one armed K operations earlier, whose
-//! response has arrived; window 0 arms a timer and cancels it at once. At the end each
-//! thread cancels what it still has in flight. The engine's threads are plain threads
-//! calling `schedule` and `cancel`; tokio's are the T workers of a runtime, each running one
-//! task that registers a `Sleep` (or polls a `timeout()` around a pending read) per request
-//! and drops it to cancel. A run is timed from the moment every thread has its window armed
-//! until the work is done: for the engine, until it has settled, so that the workers'
-//! share of the work is inside the time.
+//! Each thread keeps a window of K requests in flight: it arms a timer for a new request (delay uniform in 1 ms..30
+//! s) and cancels the one armed K operations earlier, whose response has arrived; window 0 arms a timer and cancels
+//! it at once. At the end each thread cancels what it still has in flight. The engine's threads are plain threads
+//! calling `schedule` and `cancel`; tokio's are the T workers of a runtime, each running one task that registers a
+//! `Sleep` (or polls a `timeout()` around a pending read) per request and drops it to cancel. A run is timed from the
+//! moment every thread has its window armed until the work is done: for the engine, until it has settled, so that the
+//! workers' share of the work is inside the time.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -60,10 +57,9 @@ fn thread_share<S: SharedTimers>(subject: &S, index: usize, gate: &Gate, config:
     Ok(share)
 }
 
-/// One task's share on tokio: `arm(delay)` makes a request's timer future (a `Sleep`, or a
-/// `timeout()` around a pending read), which the task polls once to arm and drops to
-/// cancel. One pinned slot per request in flight, reused: each new timer is written over
-/// the oldest, which drops (cancels) it, so no allocation happens per timer.
+/// One task's share on tokio: `arm(delay)` makes a request's timer future (a `Sleep`, or a `timeout()` around a
+/// pending read), which the task polls once to arm and drops to cancel. One pinned slot per request in flight,
+/// reused: each new timer is written over the oldest, which drops (cancels) it, so no allocation happens per timer.
 async fn tokio_share<F: Future + Send + 'static>(
     index: usize,
     line: Arc<StartLine>,

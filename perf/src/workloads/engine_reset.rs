@@ -1,13 +1,12 @@
-//! engine-reset: idle timeouts from T application threads, corewheel's `TimerEngine` against
-//! tokio's `Sleep::reset` and a `Mutex<BinaryHeap>` shared by the threads.
+//! engine-reset: idle timeouts from T application threads, corewheel's `TimerEngine` against tokio's `Sleep::reset`
+//! and a `Mutex<BinaryHeap>` shared by the threads.
 //!
-//! 100,000 connections, split evenly over the threads; every connection has an idle timer
-//! of 30 s. Each read or write on a connection pushes its timer back to now + 30 s on the
-//! real clock: each thread picks one of its own connections at random and resets its timer,
-//! `engine.reset(handle, 30 s)` or `sleep.as_mut().reset(Instant::now() + 30 s)`. Nothing
-//! comes due during a run, so both take their "later deadline" path: a few atomic
-//! operations on the timer's own entry, the move deferred until the old deadline comes
-//! round. So the engine's workers have nothing to settle, and it is dropped untimed.
+//! 100,000 connections, split evenly over the threads; every connection has an idle timer of 30 s. Each read or write
+//! on a connection pushes its timer back to now + 30 s on the real clock: each thread picks one of its own
+//! connections at random and resets its timer, `engine.reset(handle, 30 s)` or `sleep.as_mut().reset(Instant::now() +
+//! 30 s)`. Nothing comes due during a run, so both take their "later deadline" path: a few atomic operations on the
+//! timer's own entry, the move deferred until the old deadline comes round. So the engine's workers have nothing to
+//! settle, and it is dropped untimed.
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -1,10 +1,9 @@
-//! fire-storm: a million timers all due within one second (deadlines uniform in
-//! [start + 1 s, start + 2 s)), fired on the real clock the way each subject's users fire
-//! them: corewheel and the heap by a loop that sleeps until the next deadline and then
-//! drains what is due, DelayQueue by awaiting its stream in a tokio runtime, and the
-//! TimerEngine by its own two workers, the timers armed from one thread. Beside each storm,
-//! witness threads (one pinned to each core) only sleep until each millisecond; after the
-//! storms, the floor table shows what the machine alone does to a sleeping thread.
+//! fire-storm: a million timers all due within one second (deadlines uniform in [start + 1 s, start + 2 s)), fired on
+//! the real clock the way each subject's users fire them: corewheel and the heap by a loop that sleeps until the next
+//! deadline and then drains what is due, DelayQueue by awaiting its stream in a tokio runtime, and the TimerEngine by
+//! its own two workers, the timers armed from one thread. Beside each storm, witness threads (one pinned to each
+//! core) only sleep until each millisecond; after the storms, the floor table shows what the machine alone does to a
+//! sleeping thread.
 
 use std::future::poll_fn;
 use std::thread;
@@ -24,29 +23,28 @@ use crate::workloads::{Out, ns_per, rng, wake_floor};
 const NAME: &str = "fire-storm";
 const FIRST_DUE: Duration = Duration::from_secs(1);
 const SPREAD_NS: u64 = 1_000_000_000;
-/// The longest one sleep of the driving loops. An event loop bounds its wait so that it
-/// notices new work; here the bound only splits the wait for the first deadline.
+/// The longest one sleep of the driving loops. An event loop bounds its wait so that it notices new work; here the
+/// bound only splits the wait for the first deadline.
 const SLEEP_CAP: Duration = Duration::from_millis(10);
 /// Worker threads of the engine's storm, whatever the machine: the row compares machines.
 const ENGINE_WORKERS: usize = 2;
 /// How long the engine's storm may take to fire before its timers are called lost.
 const GIVE_UP: Duration = Duration::from_secs(60);
-/// How often the witnesses wake: often enough to catch any stall of a millisecond, seldom
-/// enough to cost the storm's threads little.
+/// How often the witnesses wake: often enough to catch any stall of a millisecond, seldom enough to cost the storm's
+/// threads little.
 const WITNESS_PERIOD: Duration = Duration::from_millis(1);
 
-/// The finer ticks of the second table: the default's rounding up to a whole tick makes
-/// every timer up to a tick late by design, so these rows show what the engine and the
-/// wheel do once that rounding is small. At 250 us the storm also crosses a level-2
-/// boundary of the wheel.
+/// The finer ticks of the second table: the default's rounding up to a whole tick makes every timer up to a tick late
+/// by design, so these rows show what the engine and the wheel do once that rounding is small. At 250 us the storm
+/// also crosses a level-2 boundary of the wheel.
 const FINE_TICKS: [Duration; 2] = [Duration::from_micros(500), Duration::from_micros(250)];
 
 /// What one storm measured.
 struct Storm {
     /// How long arming took, and the first deadline.
     armed: (Duration, Instant),
-    /// When the last insert returned: after the first deadline, timers were due before the
-    /// driving loop began, and their lateness includes the rest of the inserting.
+    /// When the last insert returned: after the first deadline, timers were due before the driving loop began, and
+    /// their lateness includes the rest of the inserting.
     armed_at: Instant,
     fire_cpu: Option<Duration>,
     lateness: LatenessSummary,
@@ -59,9 +57,8 @@ impl Storm {
     }
 }
 
-/// Arms the storm's deadlines through `put`; returns how long that took and the first
-/// deadline. Each timer's value is its own deadline, so whoever fires it can tell how late
-/// it is.
+/// Arms the storm's deadlines through `put`; returns how long that took and the first deadline. Each timer's value is
+/// its own deadline, so whoever fires it can tell how late it is.
 fn arm<E>(timers: u64, mut put: impl FnMut(Instant) -> Result<(), E>) -> Result<(Duration, Instant), E> {
     let mut rng = rng(0);
     let start = Instant::now();
@@ -74,8 +71,8 @@ fn arm<E>(timers: u64, mut put: impl FnMut(Instant) -> Result<(), E>) -> Result<
     Ok((start.elapsed(), first))
 }
 
-/// Arms the storm on a queue its owner polls, then sleeps until each next deadline and
-/// drains what is due, as an event loop does.
+/// Arms the storm on a queue its owner polls, then sleeps until each next deadline and drains what is due, as an
+/// event loop does.
 fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(mut queue: Q, timers: u64) -> Result<Storm, String> {
     let mut lateness = Lateness::default();
     let armed = arm(timers, |deadline| {
@@ -102,8 +99,8 @@ fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
             Ok::<_, String>(())
         })?;
         let (armed_at, cpu) = (Instant::now(), thread_cpu_time());
-        // DelayQueue decides inside the runtime's timer when a timer is due, so the moment
-        // it reaches this loop is the only clock reading there is to check it against.
+        // DelayQueue decides inside the runtime's timer when a timer is due, so the moment it reaches this loop is
+        // the only clock reading there is to check it against.
         while let Some(expired) = poll_fn(|cx| queue.poll_expired(cx)).await {
             let fired_at = Instant::now();
             lateness.record(expired.into_inner(), fired_at, fired_at);
@@ -112,8 +109,8 @@ fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
     })
 }
 
-/// Arms the storm on a [`TimerEngine`] from this thread, so all on one shard, and lets its
-/// workers fire it: each callback records its lateness on the worker that runs it.
+/// Arms the storm on a [`TimerEngine`] from this thread, so all on one shard, and lets its workers fire it: each
+/// callback records its lateness on the worker that runs it.
 fn storm_engine(timers: u64, tick: Duration) -> Result<Storm, String> {
     worker_records::prepare(ENGINE_WORKERS);
     let built = TimerEngine::builder().workers(ENGINE_WORKERS).tick(tick).build();
@@ -139,10 +136,9 @@ fn storm(subject: Subject, timers: u64, tick: Duration) -> Result<Storm, String>
     }
 }
 
-/// Starts one witness per core, each pinned there, that only sleeps until each millisecond
-/// over the second of a storm armed right after this call; its join gives how late the
-/// latest of their wake-ups came. One per core because this VM stalls one virtual CPU at a
-/// time: an unpinned witness missed stalls of the core an engine worker is pinned to.
+/// Starts one witness per core, each pinned there, that only sleeps until each millisecond over the second of a storm
+/// armed right after this call; its join gives how late the latest of their wake-ups came. One per core because this
+/// VM stalls one virtual CPU at a time: an unpinned witness missed stalls of the core an engine worker is pinned to.
 fn witness() -> thread::JoinHandle<Option<Duration>> {
     let from = Instant::now() + FIRST_DUE;
     let boundaries = (SPREAD_NS / WITNESS_PERIOD.as_nanos() as u64) as u32;
@@ -159,11 +155,10 @@ fn witness() -> thread::JoinHandle<Option<Duration>> {
     })
 }
 
-/// The machine's floor under the storm, at each tick the tables used: a thread that only
-/// sleeps until each tick boundary for a second, how late it woke, and the lateness a storm
-/// would have had if each tick's timers had fired, at no cost, the moment that thread woke.
-/// No subject can do better on this machine over the same second; measured after the
-/// storms, in the same run, because the VM's stalls come and go.
+/// The machine's floor under the storm, at each tick the tables used: a thread that only sleeps until each tick
+/// boundary for a second, how late it woke, and the lateness a storm would have had if each tick's timers had fired,
+/// at no cost, the moment that thread woke. No subject can do better on this machine over the same second; measured
+/// after the storms, in the same run, because the VM's stalls come and go.
 fn floor_table(timers: u64, csv: &mut Csv) {
     let title = format!("{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)");
     let header = ["tick us", "wake-ups", "p50 oversleep us", "p99 oversleep us", "max oversleep us"];
@@ -185,8 +180,8 @@ fn floor_table(timers: u64, csv: &mut Csv) {
     table.print();
 }
 
-/// The storms to run: every subject at the default tick, then the engine and the wheel at
-/// each finer tick; a cell's setting is its tick in microseconds.
+/// The storms to run: every subject at the default tick, then the engine and the wheel at each finer tick; a cell's
+/// setting is its tick in microseconds.
 pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
     let default = wheel::TICK.as_micros() as u64;
     let mut cells: Vec<Cell> = subjects.iter().map(|&subject| Cell { subject, threads: 1, param: default }).collect();
@@ -205,8 +200,8 @@ fn case_name(cell: &Cell) -> String {
     }
 }
 
-/// Runs `plan`'s storms, each beside its witnesses, and prints the default tick's table,
-/// the finer ticks' and the machine's floor.
+/// Runs `plan`'s storms, each beside its witnesses, and prints the default tick's table, the finer ticks' and the
+/// machine's floor.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     let results = runner::in_turns(plan, |cell| {
         let witness = witness();

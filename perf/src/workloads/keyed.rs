@@ -1,15 +1,14 @@
-//! keyed-*: a timer per key from 1..N threads, corewheel's `KeyedTimers` against what users
-//! build today (a `Mutex<HashMap>` of handles over the same engine, and tokio-util's
-//! `DelayQueue` with a key map behind one lock), and the candidate maps alone.
+//! keyed-*: a timer per key from 1..N threads, corewheel's `KeyedTimers` against what users build today (a
+//! `Mutex<HashMap>` of handles over the same engine, and tokio-util's `DelayQueue` with a key map behind one lock),
+//! and the candidate maps alone.
 //!
-//! Each thread works on keys of its own (its index in the high bits), as a server's
-//! connections or cache entries are spread over threads; every deadline is 30 s out, so
-//! nothing comes due during a run.
+//! Each thread works on keys of its own (its index in the high bits), as a server's connections or cache entries are
+//! spread over threads; every deadline is 30 s out, so nothing comes due during a run.
 //!
-//! - keyed-set-remove: a request's timer per key. Set a new key, remove the one set 16
-//!   operations earlier; one operation is a set and a remove.
-//! - keyed-set-over: set over an existing key (10,000 per thread, set untimed first), which
-//!   replaces its value and deadline.
+//! - keyed-set-remove: a request's timer per key. Set a new key, remove the one set 16 operations earlier; one
+//!   operation is a set and a remove.
+//! - keyed-set-over: set over an existing key (10,000 per thread, set untimed first), which replaces its value and
+//!   deadline.
 //! - keyed-move: move an existing key's deadline (the same 10,000 keys per thread).
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,4 @@
-//! Records when each timer fired against its deadline, in an HDR histogram, and sums that
-//! up as percentiles.
+//! Records when each timer fired against its deadline, in an HDR histogram, and sums that up as percentiles.
 
 use std::time::{Duration, Instant};
 
@@ -27,14 +26,14 @@ pub struct LatenessSummary {
     pub p99: Duration,
     pub max: Duration,
     pub last_fire: Option<Instant>,
-    /// The lateness distribution, as (lateness in microseconds, share of timers at or
-    /// below it), at every half percent and at 99.9%: what the lateness plot draws.
+    /// The lateness distribution, as (lateness in microseconds, share of timers at or below it), at every half
+    /// percent and at 99.9%: what the lateness plot draws.
     pub cdf: Vec<(f64, f64)>,
 }
 
 impl Default for Lateness {
-    /// An empty record, its histogram allocated in full now: a record made before a run
-    /// never allocates while timers fire, where a page fault would show up as lateness.
+    /// An empty record, its histogram allocated in full now: a record made before a run never allocates while timers
+    /// fire, where a page fault would show up as lateness.
     fn default() -> Self {
         let histogram = Histogram::new_with_bounds(1, MAX_LATE_NS, 3).expect("valid histogram bounds");
         Self { histogram, max_ns: 0, early: 0, last_fire: None }
@@ -42,9 +41,8 @@ impl Default for Lateness {
 }
 
 impl Lateness {
-    /// `decided_at` is the clock reading the structure was asked to fire up to (the `now`
-    /// given to a poll), `fired_at` the moment the value reached the caller. Either one
-    /// before the deadline is an early fire.
+    /// `decided_at` is the clock reading the structure was asked to fire up to (the `now` given to a poll),
+    /// `fired_at` the moment the value reached the caller. Either one before the deadline is an early fire.
     #[inline]
     pub fn record(&mut self, deadline: Instant, decided_at: Instant, fired_at: Instant) {
         if decided_at < deadline || fired_at < deadline {
@@ -117,9 +115,9 @@ mod tests {
     }
 }
 
-/// Lateness recorded by a timer engine's callbacks, each on the worker thread that runs it,
-/// in that thread's own buffer (an uncontended lock), so that recording adds no cross-core
-/// traffic of its own. One engine run at a time: the records are process-wide.
+/// Lateness recorded by a timer engine's callbacks, each on the worker thread that runs it, in that thread's own
+/// buffer (an uncontended lock), so that recording adds no cross-core traffic of its own. One engine run at a time:
+/// the records are process-wide.
 pub mod worker_records {
     use std::cell::RefCell;
     use std::sync::{Arc, Mutex, PoisonError};
@@ -133,8 +131,8 @@ pub mod worker_records {
     /// Every worker thread's record, registered on its first fire.
     static RECORDS: Mutex<Vec<Record>> = Mutex::new(Vec::new());
 
-    /// Records made before the run, sized for every timer, for workers to take on their
-    /// first fire: growing one inside a callback would show up as lateness.
+    /// Records made before the run, sized for every timer, for workers to take on their first fire: growing one
+    /// inside a callback would show up as lateness.
     static SPARE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
 
     thread_local! {
@@ -163,8 +161,8 @@ pub mod worker_records {
         });
     }
 
-    /// After a run whose engine has been dropped: every fire in one record, and how many
-    /// each worker thread ran, most first.
+    /// After a run whose engine has been dropped: every fire in one record, and how many each worker thread ran, most
+    /// first.
     pub fn take() -> (Lateness, Vec<u64>) {
         SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
         let records = std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));

@@ -1,14 +1,12 @@
-//! live-1m and engine-live-1m: a million live timers. One thread inserts them (delays
-//! uniform in 1 ms..30 s), the process's resident memory is read with all of them live,
-//! then they are cancelled in a random order and the memory read again. live-1m drives the
-//! single-owner structures; engine-live-1m the `TimerEngine` (`schedule` from one thread,
-//! its handles in a vector) against tokio's `sleep` (one task holds boxed `Sleep`s, each
-//! polled once with its waker, and drops them: in real code a Sleep lives in its task's
-//! future, on the heap too).
+//! live-1m and engine-live-1m: a million live timers. One thread inserts them (delays uniform in 1 ms..30 s), the
+//! process's resident memory is read with all of them live, then they are cancelled in a random order and the memory
+//! read again. live-1m drives the single-owner structures; engine-live-1m the `TimerEngine` (`schedule` from one
+//! thread, its handles in a vector) against tokio's `sleep` (one task holds boxed `Sleep`s, each polled once with its
+//! waker, and drops them: in real code a Sleep lives in its task's future, on the heap too).
 //!
-//! Each run is a fresh child process of this binary, so that its RSS delta is its own: in
-//! one process a subject measured after another would reuse the pages the first one freed.
-//! A run's readings are named values, which the child prints as `name value` lines.
+//! Each run is a fresh child process of this binary, so that its RSS delta is its own: in one process a subject
+//! measured after another would reuse the pages the first one freed. A run's readings are named values, which the
+//! child prints as `name value` lines.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -87,8 +85,8 @@ impl Readings {
     }
 }
 
-/// A vector for `n` of the harness's own values (keys, handles, sleeps) with its pages
-/// touched, so that an RSS delta read afterwards is the structure's alone.
+/// A vector for `n` of the harness's own values (keys, handles, sleeps) with its pages touched, so that an RSS delta
+/// read afterwards is the structure's alone.
 fn touched_vec<T>(n: u64) -> Result<Vec<T>, String> {
     let n = usize::try_from(n).map_err(|_| "too many timers for this machine")?;
     let mut values: Vec<T> = Vec::with_capacity(n);
@@ -134,8 +132,8 @@ impl Measure<u64> for Live1m {
     }
 }
 
-/// engine-live-1m on the engine. Its workers file what the lanes forward on their own time,
-/// so the insert lasts until they are quiet, and the cancel until the engine has settled.
+/// engine-live-1m on the engine. Its workers file what the lanes forward on their own time, so the insert lasts until
+/// they are quiet, and the cancel until the engine has settled.
 fn measure_engine(timers: u64) -> Result<Readings, String> {
     let (engine, mut rng, mut r) = (engine::build()?, rng(0), Readings::default());
     let mut handles = touched_vec(timers)?;
@@ -247,8 +245,7 @@ fn in_child(workload: Workload, subject: Subject, timers: u64) -> Result<Reading
     }
 }
 
-/// Runs `plan`'s subjects, each run in a fresh process, and prints the speed and memory
-/// tables.
+/// Runs `plan`'s subjects, each run in a fresh process, and prints the speed and memory tables.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     let (name, engine) = (plan.workload.name(), plan.workload == Workload::EngineLive1m);
     let runs = runner::in_turns(plan, |cell| in_child(plan.workload, cell.subject, timers));

@@ -1,6 +1,5 @@
-//! The workloads, one per file, and what they share: their names, their plans (which
-//! subjects they drive at which settings), how the run dispatches to them, and the
-//! deadline distribution of request timeouts.
+//! The workloads, one per file, and what they share: their names, their plans (which subjects they drive at which
+//! settings), how the run dispatches to them, and the deadline distribution of request timeouts.
 
 pub mod async_timers;
 pub mod burst_steal;
@@ -72,8 +71,8 @@ crate::named::named_enum! {
 }
 
 impl Workload {
-    /// What a run without `--workloads` runs: all but the proxy, which needs wrk, opens
-    /// hundreds of sockets and starts processes.
+    /// What a run without `--workloads` runs: all but the proxy, which needs wrk, opens hundreds of sockets and
+    /// starts processes.
     pub fn defaults() -> Vec<Workload> {
         Self::ALL.iter().copied().filter(|&w| w != Workload::Proxy).collect()
     }
@@ -168,8 +167,8 @@ pub fn request_timeout(rng: &mut fastrand::Rng) -> Duration {
     Duration::from_nanos(rng.u64(1_000_000..30_000_000_000))
 }
 
-/// The random numbers every workload starts from, so that every run draws the same timers;
-/// `stream` tells apart the threads of one run.
+/// The random numbers every workload starts from, so that every run draws the same timers; `stream` tells apart the
+/// threads of one run.
 pub fn rng(stream: u64) -> fastrand::Rng {
     fastrand::Rng::with_seed(0x9E37_79B9_7F4A_7C15 ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03))
 }
@@ -179,8 +178,8 @@ pub fn ns_per(elapsed: Duration, count: u64) -> f64 {
     elapsed.as_nanos() as f64 / count.max(1) as f64
 }
 
-/// The sheet of a workload that times one kind of operation per subject: its median cost
-/// and rate from each cell's runs (ns per operation), with the runs' range in a note.
+/// The sheet of a workload that times one kind of operation per subject: its median cost and rate from each cell's
+/// runs (ns per operation), with the runs' range in a note.
 pub fn cost_sheet(
     plan: &Plan,
     title: String,

@@ -1,7 +1,6 @@
-//! Runs of the engine workloads: the same application work on T threads, for the engine on
-//! T plain threads calling it, for tokio on T tasks of a T-worker runtime; timed from the
-//! moment all of them are ready to the moment the work is done, the engine's deferred work
-//! included.
+//! Runs of the engine workloads: the same application work on T threads, for the engine on T plain threads calling
+//! it, for tokio on T tasks of a T-worker runtime; timed from the moment all of them are ready to the moment the work
+//! is done, the engine's deferred work included.
 
 use std::future::Future;
 use std::sync::{Arc, Barrier};
@@ -122,10 +121,9 @@ impl Gate<'_> {
     }
 }
 
-/// Runs `body(index, gate)` on `threads` fresh threads: each sets up, calls `gate.wait()`
-/// (also when its set-up failed), does the timed work and reports its share. Times the run
-/// from the gate to the last share's end, or to the end of `settle`'s wait for the
-/// subject's deferred work (`None`: none); `workers_cpu` reads the CPU time of the
+/// Runs `body(index, gate)` on `threads` fresh threads: each sets up, calls `gate.wait()` (also when its set-up
+/// failed), does the timed work and reports its share. Times the run from the gate to the last share's end, or to the
+/// end of `settle`'s wait for the subject's deferred work (`None`: none); `workers_cpu` reads the CPU time of the
 /// subject's own threads.
 pub fn on_threads(
     threads: usize,
@@ -159,10 +157,10 @@ pub fn on_threads(
     Ok(run)
 }
 
-/// [`on_threads`] against a fresh engine, `body(engine, index, gate)`. With `settle`, the
-/// run lasts until the engine has settled (every timer cancelled or fired, every node free),
-/// and its counts must match the shares' (a cancel that found its timer fired counted as a
-/// fire); without it the engine is dropped with whatever timers are left, untimed.
+/// [`on_threads`] against a fresh engine, `body(engine, index, gate)`. With `settle`, the run lasts until the engine
+/// has settled (every timer cancelled or fired, every node free), and its counts must match the shares' (a cancel
+/// that found its timer fired counted as a fire); without it the engine is dropped with whatever timers are left,
+/// untimed.
 pub fn on_engine(
     threads: usize,
     settle: bool,
@@ -187,8 +185,8 @@ pub fn on_engine(
     Ok(run)
 }
 
-/// [`on_threads`] on a fresh `Mutex<BinaryHeap>` the threads share, `body(heap, index,
-/// gate)`; the heap is dropped with whatever timers are left, untimed.
+/// [`on_threads`] on a fresh `Mutex<BinaryHeap>` the threads share, `body(heap, index, gate)`; the heap is dropped
+/// with whatever timers are left, untimed.
 pub fn on_mutex_heap(
     threads: usize,
     body: impl Fn(&SharedHeap, usize, &Gate) -> Result<Share, String> + Sync,
@@ -197,9 +195,8 @@ pub fn on_mutex_heap(
     on_threads(threads, SharedHeap::timer_thread_cpu_time, |i, gate| body(&heap, i, gate), |_| Ok(None))
 }
 
-/// Runs `body(index, line)` as `tasks` tasks of a fresh runtime with as many worker
-/// threads: each sets up, calls `line.arrive_and_wait()`, does the timed work and reports.
-/// Every task must have run on a worker of its own.
+/// Runs `body(index, line)` as `tasks` tasks of a fresh runtime with as many worker threads: each sets up, calls
+/// `line.arrive_and_wait()`, does the timed work and reports. Every task must have run on a worker of its own.
 pub fn on_tokio<F, Fut>(tasks: usize, body: F) -> Result<Run, String>
 where
     F: Fn(usize, Arc<StartLine>) -> Fut,
@@ -232,15 +229,14 @@ pub fn share_of(total: u64, parts: usize, index: usize) -> u64 {
     total / parts + u64::from((index as u64) < total % parts)
 }
 
-/// A cell's runs, summed up: the medians per unit of work, and the timers that fired (or
-/// were due) before the workload meant to cancel or move them, over all runs.
+/// A cell's runs, summed up: the medians per unit of work, and the timers that fired (or were due) before the
+/// workload meant to cancel or move them, over all runs.
 pub struct Measured {
     pub per: PerUnit,
     pub too_late: u64,
 }
 
-/// Measures every cell of `plan` through the runner; `units` is a cell's units of work per
-/// run.
+/// Measures every cell of `plan` through the runner; `units` is a cell's units of work per run.
 pub fn measure(
     plan: &Plan,
     units: impl Fn(&Cell) -> u64,
@@ -258,10 +254,9 @@ pub fn measure(
         .collect()
 }
 
-/// The sheet of a multi-thread workload: a row per cell of `cells` (by thread count) with
-/// its medians per `unit` of work (`units` a run), ratios against the peers and against
-/// each subject's own 1-thread figure; `too_late` says what a timer counted in
-/// [`Measured::too_late`] did.
+/// The sheet of a multi-thread workload: a row per cell of `cells` (by thread count) with its medians per `unit` of
+/// work (`units` a run), ratios against the peers and against each subject's own 1-thread figure; `too_late` says
+/// what a timer counted in [`Measured::too_late`] did.
 pub fn threads_sheet(
     (workload, title): (String, String),
     (unit, units): (&str, u64),

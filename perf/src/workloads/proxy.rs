@@ -1,12 +1,11 @@
 //! proxy: corewheel-proxy on loopback under wrk, each timer back-end in turns.
 //!
-//! The load generator is wrk (`wrk -t1 -c256 --latency`), not a client of ours, so the
-//! figures do not depend on code this project wrote. The proxy runs in a child process of
-//! the harness (the proxy crate's own entry point, as the `corewheel-proxy` binary runs
-//! it), so that its CPU time, read from `/proc/<pid>/task/*/schedstat`, is its own; the
-//! backend it forwards to answers at once, on a tokio runtime in the harness's process.
-//! Each run is a fresh proxy: a second of wrk to warm it up, then the measured run.
-//! Without wrk on the PATH the workload says so loudly and runs nothing.
+//! The load generator is wrk (`wrk -t1 -c256 --latency`), not a client of ours, so the figures do not depend on code
+//! this project wrote. The proxy runs in a child process of the harness (the proxy crate's own entry point, as the
+//! `corewheel-proxy` binary runs it), so that its CPU time, read from `/proc/<pid>/task/*/schedstat`, is its own; the
+//! backend it forwards to answers at once, on a tokio runtime in the harness's process. Each run is a fresh proxy: a
+//! second of wrk to warm it up, then the measured run. Without wrk on the PATH the workload says so loudly and runs
+//! nothing.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::net::{SocketAddr, TcpListener};
@@ -21,8 +20,7 @@ use crate::runner::{self, Plan, median};
 use crate::sys::threads_cpu_time;
 use crate::workloads::Out;
 
-/// Set in the proxy child's environment to its command line, arguments separated by
-/// spaces (none of them holds one).
+/// Set in the proxy child's environment to its command line, arguments separated by spaces (none of them holds one).
 pub const ENV: &str = "COREWHEEL_PERF_PROXY";
 
 /// wrk's connections, all on its one thread: enough to keep a 2-core proxy saturated.
@@ -43,8 +41,8 @@ fn timer(subject: Subject) -> &'static str {
     }
 }
 
-/// The proxy child's side: serves with the command line `args` until it is killed, after
-/// printing the address it listens on.
+/// The proxy child's side: serves with the command line `args` until it is killed, after printing the address it
+/// listens on.
 pub fn serve(args: &str) -> ExitCode {
     let config = match Config::parse_args(args.split_whitespace()) {
         Ok(Command::Run(config)) => config,
@@ -86,8 +84,8 @@ fn millis(text: &str) -> Option<f64> {
     Some(number.parse::<f64>().ok()? * scale)
 }
 
-/// Reads wrk's report: its rate, its latency distribution's median and 99th percentile,
-/// its request count and any errors.
+/// Reads wrk's report: its rate, its latency distribution's median and 99th percentile, its request count and any
+/// errors.
 fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> {
     let field = |prefix: &str| report.lines().find_map(|line| line.trim().strip_prefix(prefix).map(str::trim));
     let missing = || format!("wrk's report lacks a figure: {report:?}");
@@ -117,8 +115,7 @@ fn wrk(addr: SocketAddr, seconds: u64) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// One run: a fresh proxy on `subject`'s timers in front of `backend`, warmed up, then
-/// measured under wrk.
+/// One run: a fresh proxy on `subject`'s timers in front of `backend`, warmed up, then measured under wrk.
 fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun, String> {
     let exe = std::env::current_exe().map_err(|error| format!("no harness executable: {error}"))?;
     let args = format!("--listen 127.0.0.1:0 --upstream {backend} --timer {}", timer(subject));
@@ -204,8 +201,8 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
     sheet.finish(&mut out.csv);
 }
 
-/// Starts the backend the proxies forward to: an HTTP/1.1 server that answers at once, on a
-/// thread and a runtime of its own, serving until the harness exits.
+/// Starts the backend the proxies forward to: an HTTP/1.1 server that answers at once, on a thread and a runtime of
+/// its own, serving until the harness exits.
 fn start_backend() -> Result<SocketAddr, String> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
     listener.set_nonblocking(true).map_err(|error| error.to_string())?;

@@ -1,12 +1,11 @@
-//! The single-thread workloads on the single-owner structures (corewheel's `Wheel`,
-//! DelayQueue, the tombstone heap), each timing one kind of operation; nothing fires.
+//! The single-thread workloads on the single-owner structures (corewheel's `Wheel`, DelayQueue, the tombstone heap),
+//! each timing one kind of operation; nothing fires.
 //!
-//! - arm-cancel: request timeouts. Almost every request finishes before its timeout, so the
-//!   timer is armed and then cancelled. One thread keeps a window of 10,000 outstanding
-//!   timers: each operation arms a new one and cancels the one armed 10,000 earlier.
-//! - reset-heavy: idle timeouts. 100,000 connections; each operation picks one at random and
-//!   moves its deadline to "now" + 30 s, where "now" advances 1 µs per operation (the clock
-//!   is simulated: nothing waits).
+//! - arm-cancel: request timeouts. Almost every request finishes before its timeout, so the timer is armed and then
+//!   cancelled. One thread keeps a window of 10,000 outstanding timers: each operation arms a new one and cancels the
+//!   one armed 10,000 earlier.
+//! - reset-heavy: idle timeouts. 100,000 connections; each operation picks one at random and moves its deadline to
+//!   "now" + 30 s, where "now" advances 1 µs per operation (the clock is simulated: nothing waits).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -52,8 +51,8 @@ impl Measure<u64> for ArmCancel {
     }
 }
 
-/// The harness's own cost per operation (drawing a delay, computing a deadline, the window's
-/// bookkeeping), measured with a structure that does nothing. Every row includes it.
+/// The harness's own cost per operation (drawing a delay, computing a deadline, the window's bookkeeping), measured
+/// with a structure that does nothing. Every row includes it.
 struct Nothing;
 
 impl TimerQueue<u64> for Nothing {

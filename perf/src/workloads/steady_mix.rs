@@ -1,22 +1,19 @@
-//! steady-mix and light-load: a proxy's timers at a sustained rate. A million timers live
-//! (light-load: a second's worth), and for a fixed time T tasks keep arming new ones at an
-//! offered rate, 90% of them request timeouts that are cancelled when the response comes
-//! and 10% that fire. The figure that matters is the CPU each subject spends per timer at
-//! the same load, every thread of the process included (the engine's workers, tokio's
-//! workers and driver, the heap's timer thread); the achieved rate shows whether it kept up.
+//! steady-mix and light-load: a proxy's timers at a sustained rate. A million timers live (light-load: a second's
+//! worth), and for a fixed time T tasks keep arming new ones at an offered rate, 90% of them request timeouts that
+//! are cancelled when the response comes and 10% that fire. The figure that matters is the CPU each subject spends
+//! per timer at the same load, every thread of the process included (the engine's workers, tokio's workers and
+//! driver, the heap's timer thread); the achieved rate shows whether it kept up.
 //!
-//! Each task owns a ring of slots, one live timer each, and visits the slots in turn at its
-//! share of the rate, so that every slot comes round once a ring period (about 1 s at the
-//! defaults). At its turn a slot's timer is retired and a new one armed in its place: a
-//! timer meant to be cancelled (delay a ring period plus 1..30 s) is cancelled, as its
-//! response has arrived, and finding it fired means the task fell a whole period behind; a
-//! timer meant to fire (delay 1 ms..half a ring period) must have fired by then, and one
-//! still pending 50 ms or more after its deadline is late.
+//! Each task owns a ring of slots, one live timer each, and visits the slots in turn at its share of the rate, so
+//! that every slot comes round once a ring period (about 1 s at the defaults). At its turn a slot's timer is retired
+//! and a new one armed in its place: a timer meant to be cancelled (delay a ring period plus 1..30 s) is cancelled,
+//! as its response has arrived, and finding it fired means the task fell a whole period behind; a timer meant to fire
+//! (delay 1 ms..half a ring period) must have fired by then, and one still pending 50 ms or more after its deadline
+//! is late.
 //!
-//! Every subject is driven the same way, from one task per thread on a tokio runtime of as
-//! many workers, each pacing itself in 1 ms steps with tokio's `sleep` and catching up on
-//! what a late wake-up left, as a service on tokio would arm its timers: the application's
-//! own wake-ups cost every subject the same, and the difference is the timers'.
+//! Every subject is driven the same way, from one task per thread on a tokio runtime of as many workers, each pacing
+//! itself in 1 ms steps with tokio's `sleep` and catching up on what a late wake-up left, as a service on tokio would
+//! arm its timers: the application's own wake-ups cost every subject the same, and the difference is the timers'.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -38,8 +35,8 @@ use crate::sys::{cpu_between, process_context_switches, process_cpu_time};
 use crate::workloads::parallel::{self, share_of};
 use crate::workloads::{Out, Workload, rng, wake_floor};
 
-/// light-load's rates, timers armed per second, each with about a second's worth of timers
-/// live: what the timers cost a process that has little for them to do.
+/// light-load's rates, timers armed per second, each with about a second's worth of timers live: what the timers cost
+/// a process that has little for them to do.
 pub const LIGHT_RATES: [u64; 2] = [1_000, 10_000];
 
 /// One in this many timers is left to fire.
@@ -61,19 +58,17 @@ struct Config {
 }
 
 impl Config {
-    /// The slots of task `index`'s ring, so that about `live` timers are pending over all
-    /// rings: a firing timer lives a quarter of the ring period on average, so a slot is
-    /// pending 90% + 10% / 4 of the time.
+    /// The slots of task `index`'s ring, so that about `live` timers are pending over all rings: a firing timer lives
+    /// a quarter of the ring period on average, so a slot is pending 90% + 10% / 4 of the time.
     fn ring_slots(self, index: usize) -> usize {
         let slots = (self.live as f64 / (1.0 - 0.75 / FIRE_ONE_IN as f64)).round() as u64;
         share_of(slots, self.threads, index).max(1) as usize
     }
 }
 
-/// What the slots' turns found, summed over the tasks: timers armed (the first fill
-/// included) and turns taken; at a turn, a request timeout cancelled or found fired, a
-/// firing timer found fired or still pending (`LATE` or more after its deadline, or less);
-/// after the run, what the rings still held, cancelled or found fired.
+/// What the slots' turns found, summed over the tasks: timers armed (the first fill included) and turns taken; at a
+/// turn, a request timeout cancelled or found fired, a firing timer found fired or still pending (`LATE` or more
+/// after its deadline, or less); after the run, what the rings still held, cancelled or found fired.
 #[derive(Debug, Default, Clone, Copy)]
 struct Counts {
     armed: u64,
@@ -114,16 +109,16 @@ trait Slots: Send + 'static {
     /// Arms a timer in the empty `slot`, polled with `cx` where the subject is a future.
     fn arm(&mut self, slot: usize, delay: Duration, cx: &mut Context<'_>) -> Result<(), String>;
 
-    /// Cancels the slot's timer: `true` if it was pending and is now stopped, `false` if it
-    /// had fired. The slot is empty afterwards.
+    /// Cancels the slot's timer: `true` if it was pending and is now stopped, `false` if it had fired. The slot is
+    /// empty afterwards.
     fn cancel(&mut self, slot: usize) -> bool;
 
     fn len(&self) -> usize;
 }
 
-/// One task's ring: whether each slot's timer is meant to fire, each one's deadline on the
-/// ring's schedule (the task arms no earlier than its schedule, so lateness judged by it is
-/// never overstated), its slot visits a second and how long a slot takes to come round.
+/// One task's ring: whether each slot's timer is meant to fire, each one's deadline on the ring's schedule (the task
+/// arms no earlier than its schedule, so lateness judged by it is never overstated), its slot visits a second and how
+/// long a slot takes to come round.
 struct Ring {
     rng: fastrand::Rng,
     fires: Vec<bool>,
@@ -161,8 +156,8 @@ impl Ring {
         Duration::from_secs_f64(turn as f64 / self.rate)
     }
 
-    /// Arms every slot before the run, so that it starts in its steady state: a request
-    /// timeout is due after its slot's first turn, a firing timer before it.
+    /// Arms every slot before the run, so that it starts in its steady state: a request timeout is due after its
+    /// slot's first turn, a firing timer before it.
     fn fill(&mut self, slots: &mut impl Slots, cx: &mut Context<'_>) -> Result<(), String> {
         for slot in 0..slots.len() {
             let (fires, delay) = self.draw();
@@ -235,8 +230,8 @@ where
     }
 }
 
-/// tokio's slots: a pinned `Option<Sleep>` each, reused, so that arming writes a new
-/// `Sleep` over the empty slot without an allocation, and polls it with the task's waker.
+/// tokio's slots: a pinned `Option<Sleep>` each, reused, so that arming writes a new `Sleep` over the empty slot
+/// without an allocation, and polls it with the task's waker.
 struct TokioSlots(Vec<Pin<Box<Option<Sleep>>>>);
 
 impl Slots for TokioSlots {
@@ -261,9 +256,8 @@ impl Slots for TokioSlots {
     }
 }
 
-/// One run's figures from the start line to the end line: the process's CPU time and
-/// context switches, the threaded engine's worker wake-ups by cause; on light-load's median
-/// run, the CPU per timer over the subject's runs.
+/// One run's figures from the start line to the end line: the process's CPU time and context switches, the threaded
+/// engine's worker wake-ups by cause; on light-load's median run, the CPU per timer over the subject's runs.
 struct Run {
     wall: Duration,
     cpu: Option<Duration>,
@@ -301,8 +295,8 @@ async fn part(mut slots: impl Slots, index: usize, config: Config, lines: Arc<Li
     Ok(ring.counts)
 }
 
-/// Runs a ring per task on `runtime` (one worker per task) over `slots(index)`, and times
-/// the run from the start line to the end line; `engine` is read for its workers' wakes.
+/// Runs a ring per task on `runtime` (one worker per task) over `slots(index)`, and times the run from the start line
+/// to the end line; `engine` is read for its workers' wakes.
 fn on_runtime<S: Slots>(
     runtime: Runtime,
     config: Config,
@@ -310,8 +304,8 @@ fn on_runtime<S: Slots>(
     slots: impl Fn(usize) -> S,
 ) -> Result<Run, String> {
     let lines = Arc::new(Lines::default());
-    // One task at a time, each once the one before waits at the start line, so that each
-    // starts on a worker of its own: spawned together, two could land on one worker.
+    // One task at a time, each once the one before waits at the start line, so that each starts on a worker of its
+    // own: spawned together, two could land on one worker.
     let mut handles = Vec::with_capacity(config.threads);
     let mut spawned = Ok(());
     for index in 0..config.threads {
@@ -348,8 +342,7 @@ fn on_runtime<S: Slots>(
     Ok(run)
 }
 
-/// The run, once the engine has settled, if its counts match what the rings saw, timer
-/// for timer.
+/// The run, once the engine has settled, if its counts match what the rings saw, timer for timer.
 fn engine_saw(engine: &TimerEngine, run: Run) -> Result<Run, String> {
     let settled = engine::settle(engine)?;
     let (stopped, fired) = run.counts.stopped_and_fired();
@@ -377,8 +370,8 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
                 runtime.spawn(driver);
             }
             let run = on_runtime(runtime, config, None, shared(&engine, config));
-            // The runtime, and the drivers with it, are gone: what is left to settle (the
-            // last cancels' messages) is turned here.
+            // The runtime, and the drivers with it, are gone: what is left to settle (the last cancels' messages) is
+            // turned here.
             let turning = AtomicBool::new(true);
             std::thread::scope(|scope| {
                 scope.spawn(|| {
@@ -419,9 +412,9 @@ pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
     }
 }
 
-/// What one wake-up of a thread that does nothing else costs in CPU here, when an engine
-/// with worker threads is among the subjects (see [`wake_floor`]): a thread sleeping until
-/// each millisecond for two seconds, after the subjects' runs.
+/// What one wake-up of a thread that does nothing else costs in CPU here, when an engine with worker threads is among
+/// the subjects (see [`wake_floor`]): a thread sleeping until each millisecond for two seconds, after the subjects'
+/// runs.
 fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
     if !plan.cells.iter().any(|cell| cell.subject == Subject::Engine) {
         return None;
@@ -429,9 +422,8 @@ fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
     wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)).cpu_per_wake
 }
 
-/// light-load: the mix at each of [`LIGHT_RATES`], each subject's runs a third of
-/// `seconds` (at least 1 s), in turns; a table per rate, each row its subject's median run
-/// by CPU per timer.
+/// light-load: the mix at each of [`LIGHT_RATES`], each subject's runs a third of `seconds` (at least 1 s), in turns;
+/// a table per rate, each row its subject's median run by CPU per timer.
 pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
     let duration = (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
     let config = |cell: &Cell| Config { threads: cell.threads, live: cell.param, rate: cell.param, duration };
@@ -568,8 +560,7 @@ mod tests {
     use std::task::{Context, Waker};
     use std::time::Duration;
 
-    /// Slots on a virtual clock: every turn is on schedule, and a timer fires exactly at
-    /// its deadline.
+    /// Slots on a virtual clock: every turn is on schedule, and a timer fires exactly at its deadline.
     struct Recorder {
         turns: u64,
         due: Vec<Option<Duration>>,
@@ -594,8 +585,8 @@ mod tests {
         }
     }
 
-    /// A ring keeps its rate and its mix: after 2 s of turns at 1,000 a second it has taken
-    /// 2,000, about a tenth of them on firing timers, each armed before its turn.
+    /// A ring keeps its rate and its mix: after 2 s of turns at 1,000 a second it has taken 2,000, about a tenth of
+    /// them on firing timers, each armed before its turn.
     #[test]
     fn ring_turns_at_its_rate_with_a_tenth_firing() {
         let config = Config { threads: 1, live: 900, rate: 1_000, duration: Duration::from_secs(2) };

@@ -1,9 +1,8 @@
-//! The machine's floor under every timer: a thread that does nothing but sleep until each
-//! tick boundary, the way an engine's worker sleeps until its next due tick. How late it
-//! wakes bounds how late any timer fired by a sleeping thread must be on this machine at
-//! this moment, and what a wake-up costs bounds what a timer thread of its own costs at
-//! light load. Measured in the same run as the subjects, because this project's VMs
-//! change speed from one half hour to the next.
+//! The machine's floor under every timer: a thread that does nothing but sleep until each tick boundary, the way an
+//! engine's worker sleeps until its next due tick. How late it wakes bounds how late any timer fired by a sleeping
+//! thread must be on this machine at this moment, and what a wake-up costs bounds what a timer thread of its own
+//! costs at light load. Measured in the same run as the subjects, because this project's VMs change speed from one
+//! half hour to the next.
 
 use std::time::{Duration, Instant};
 
@@ -15,22 +14,21 @@ use crate::workloads::rng;
 pub struct Sleeper {
     /// How far past each boundary it woke, in order.
     pub oversleeps: Vec<Duration>,
-    /// The process's CPU time per wake-up over the whole sleep, when the platform reads it:
-    /// with nothing else running, the wake-ups' own cost.
+    /// The process's CPU time per wake-up over the whole sleep, when the platform reads it: with nothing else
+    /// running, the wake-ups' own cost.
     pub cpu_per_wake: Option<Duration>,
 }
 
-/// Sleeps (with `park_timeout`, as the engine's workers do) until each of the boundaries
-/// `tick` apart over `span` from now, and records how late each wake-up came. A wake-up
-/// later than a whole tick makes the next boundaries late too, as it would a worker's next
-/// ticks.
+/// Sleeps (with `park_timeout`, as the engine's workers do) until each of the boundaries `tick` apart over `span`
+/// from now, and records how late each wake-up came. A wake-up later than a whole tick makes the next boundaries late
+/// too, as it would a worker's next ticks.
 pub fn sleep_through(tick: Duration, span: Duration) -> Sleeper {
     let boundaries = u32::try_from(span.as_nanos() / tick.as_nanos().max(1)).unwrap_or(u32::MAX);
     sleep_from(Instant::now(), tick, boundaries)
 }
 
-/// [`sleep_through`] over `boundaries` boundaries `tick` apart after `from`, which may be
-/// ahead: a witness started beside a storm sleeps until the storm's first second begins.
+/// [`sleep_through`] over `boundaries` boundaries `tick` apart after `from`, which may be ahead: a witness started
+/// beside a storm sleeps until the storm's first second begins.
 pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
     let mut oversleeps = Vec::with_capacity(boundaries as usize);
     let mut cpu = None;
@@ -56,9 +54,9 @@ pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
 }
 
 impl Sleeper {
-    /// The lateness of a storm of `timers` deadlines spread uniformly over the sleep, each
-    /// rounded up to its tick boundary and fired the moment the sleeper woke there, at no
-    /// cost: the best a structure that rounds to `tick` could have done over this sleep.
+    /// The lateness of a storm of `timers` deadlines spread uniformly over the sleep, each rounded up to its tick
+    /// boundary and fired the moment the sleeper woke there, at no cost: the best a structure that rounds to `tick`
+    /// could have done over this sleep.
     pub fn storm_floor(&self, tick: Duration, timers: u64) -> LatenessSummary {
         let mut lateness = Lateness::default();
         let tick_ns = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
@@ -79,8 +77,7 @@ impl Sleeper {
         lateness.summarize()
     }
 
-    /// The oversleeps as a lateness summary: the floor of a structure that fires at the
-    /// exact instant.
+    /// The oversleeps as a lateness summary: the floor of a structure that fires at the exact instant.
     pub fn oversleep_summary(&self) -> LatenessSummary {
         let mut lateness = Lateness::default();
         let origin = Instant::now();
@@ -98,9 +95,9 @@ mod tests {
 
     const TICK: Duration = Duration::from_millis(1);
 
-    /// A sleeper that always woke on time leaves only the rounding: uniform in a tick, so
-    /// the median near half a tick and the worst just under one; one late wake-up makes its
-    /// tick's timers late by it. A real sleep wakes once per boundary.
+    /// A sleeper that always woke on time leaves only the rounding: uniform in a tick, so the median near half a tick
+    /// and the worst just under one; one late wake-up makes its tick's timers late by it. A real sleep wakes once per
+    /// boundary.
     #[test]
     fn the_floor_is_the_rounding_and_the_late_wake_ups() {
         let mut sleeper = Sleeper { oversleeps: vec![Duration::ZERO; 1000], cpu_per_wake: None };
