@@ -111,22 +111,13 @@ impl Keyed for DelayQueueMap {
     fn move_to(&self, key: u64, delay: Duration) -> bool {
         let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let (queue, keys) = &mut *guard;
-        match keys.get(&key) {
-            Some(entry) => {
-                queue.reset(entry, delay);
-                true
-            }
-            None => false,
-        }
+        keys.get(&key).map(|entry| queue.reset(entry, delay)).is_some()
     }
 
     fn remove(&self, key: u64) -> bool {
         let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let (queue, keys) = &mut *guard;
-        keys.remove(&key).is_some_and(|entry| {
-            queue.remove(&entry);
-            true
-        })
+        keys.remove(&key).map(|entry| queue.remove(&entry)).is_some()
     }
 }
 
@@ -146,20 +137,12 @@ impl Default for DashMapOnly {
 
 impl Keyed for DashMapOnly {
     fn set(&self, key: u64, value: u64, _: Duration) -> Result<(), String> {
-        match self.0.entry(key) {
-            dashmap::Entry::Occupied(mut slot) => slot.get_mut().0 = value,
-            dashmap::Entry::Vacant(slot) => {
-                slot.insert((value, key, 0));
-            }
-        }
+        self.0.entry(key).and_modify(|slot| slot.0 = value).or_insert((value, key, 0));
         Ok(())
     }
 
     fn move_to(&self, key: u64, _: Duration) -> bool {
-        self.0.get_mut(&key).is_some_and(|mut slot| {
-            slot.2 += 1;
-            true
-        })
+        self.0.get_mut(&key).map(|mut slot| slot.2 += 1).is_some()
     }
 
     fn remove(&self, key: u64) -> bool {
@@ -183,11 +166,7 @@ impl Keyed for SccOnly {
     }
 
     fn move_to(&self, key: u64, _: Duration) -> bool {
-        self.0
-            .update_sync(&key, |_, slot| {
-                slot.2 += 1;
-            })
-            .is_some()
+        self.0.update_sync(&key, |_, slot| slot.2 += 1).is_some()
     }
 
     fn remove(&self, key: u64) -> bool {
