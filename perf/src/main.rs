@@ -18,7 +18,7 @@ mod workloads;
 use std::process::ExitCode;
 
 use cli::Options;
-use report::{CsvRow, thousands};
+use report::thousands;
 use workloads::{Out, proxy};
 
 /// Allocation is part of every timer's cost, so the results name the allocator; mimalloc is what the services
@@ -55,24 +55,13 @@ fn main() -> ExitCode {
         runner::workload(&format!("started  workload {name}"));
         let meter = sys::LoadMeter::start();
         plan.workload.run(plan, &options, &mut out);
-        if let Some(share) = meter.others_share() {
-            let warning = match share > 0.1 {
-                true => ": the machine was shared, so these figures are slower and noisier than on a quiet one",
-                false => "",
-            };
+        if let Some(share) = meter.others_share().map(|share| share * 100.0) {
+            let shared = ": the machine was shared, so these figures are slower and noisier than on a quiet one";
+            let warning = if share > 10.0 { shared } else { "" };
             runner::print(&format!(
-                "{name}: (other processes used {:.0}% of the CPUs while this workload ran{warning})\n",
-                share * 100.0
+                "{name}: (other processes used {share:.0}% of the CPUs while this workload ran{warning})\n"
             ));
-            out.csv.push(CsvRow {
-                workload: name.to_string(),
-                subject: "machine".to_string(),
-                threads: 0,
-                timers: 0,
-                metric: "other_processes_cpu_share".to_string(),
-                value: share * 100.0,
-                unit: "%",
-            });
+            out.csv.push_metrics(name, "machine", (0, 0), &[("other_processes_cpu_share", share, "%")]);
         }
         runner::workload(&format!("finished workload {name}"));
     }
@@ -88,9 +77,9 @@ fn main() -> ExitCode {
 
 /// The run's header: what it runs, on what, and where its results go.
 fn header(options: &Options, run_dir: &std::path::Path) -> String {
-    let list = |items: &[u64]| items.iter().map(|&n| thousands(n)).collect::<Vec<_>>().join(", ");
-    let threads: Vec<u64> = options.threads.iter().map(|&t| u64::from(t)).collect();
-    let windows: Vec<u64> = options.windows.iter().map(|&w| u64::from(w)).collect();
+    let list = |items: &mut dyn Iterator<Item = u64>| items.map(thousands).collect::<Vec<_>>().join(", ");
+    let threads = list(&mut options.threads.iter().map(|&t| u64::from(t)));
+    let windows = list(&mut options.windows.iter().map(|&w| u64::from(w)));
     let mut out = format!(
         "corewheel-perf: the million-timer workload harness\n\
          machine:   {}\nallocator: mimalloc\nresults:   {}\n",
@@ -100,13 +89,11 @@ fn header(options: &Options, run_dir: &std::path::Path) -> String {
     if cfg!(debug_assertions) {
         out.push_str("WARNING:   debug build: the numbers mean nothing; use cargo run --release\n");
     }
+    let sizes = if options.full { "full" } else { "default" };
     out.push_str(&format!(
-        "sizes:     {} (--full for the full sizes, --timers N for the million-timer workloads)\n\
-         threads:   {} (the multi-thread workloads; steady-mix and light-load run on the largest)\n\
-         windows:   {} requests in flight per thread (engine-arm-cancel)\nsubjects:\n",
-        if options.full { "full" } else { "default" },
-        list(&threads),
-        list(&windows)
+        "sizes:     {sizes} (--full for the full sizes, --timers N for the million-timer workloads)\n\
+         threads:   {threads} (the multi-thread workloads; steady-mix and light-load run on the largest)\n\
+         windows:   {windows} requests in flight per thread (engine-arm-cancel)\nsubjects:\n"
     ));
     for subject in &options.peers {
         out.push_str(&format!("  {:<19}{}\n", subject.name(), subject.describe()));

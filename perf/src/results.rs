@@ -11,29 +11,18 @@ use std::time::{Duration, SystemTime};
 use crate::plots::Plots;
 use crate::report::Csv;
 
-/// The run's summary: its command line, machine and tables.
+/// The run's summary (its command line, machine and tables) and the CSV of every figure it measured.
 pub const SUMMARY: &str = "summary.md";
-
 /// The CSV of every figure the run measured.
 pub const CSV: &str = "results.csv";
 
 /// Makes a fresh folder for this run: `<target>/perf-runs/<UTC date and time>`, with a suffix if a run that began in
 /// the same second already has that name.
 pub fn create() -> io::Result<PathBuf> {
-    let runs = target_dir().join("perf-runs");
+    let (runs, stamp) = (target_dir().join("perf-runs"), utc_stamp(SystemTime::now()));
     fs::create_dir_all(&runs)?;
-    let stamp = utc_stamp(SystemTime::now());
-    for attempt in 1..=1000 {
-        let dir = match attempt {
-            1 => runs.join(&stamp),
-            _ => runs.join(format!("{stamp}-{attempt}")),
-        };
-        match fs::create_dir(&dir) {
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
-            done => return done.map(|()| dir),
-        }
-    }
-    Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("every run folder name for {stamp} is taken")))
+    let mut tries = (1..1000).map(|n| runs.join(if n == 1 { stamp.clone() } else { format!("{stamp}-{n}") }));
+    tries.find_map(|dir| fs::create_dir(&dir).map(|()| dir).ok()).ok_or_else(|| io::Error::other("no free run folder"))
 }
 
 /// The target directory this binary was built into (`<target>/<profile>/corewheel-perf`), so that `CARGO_TARGET_DIR`

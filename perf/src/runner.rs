@@ -180,10 +180,11 @@ mod tests {
 
     #[test]
     fn median_and_spread() {
-        assert_eq!(median([3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median([4.0, 1.0]), 4.0);
+        assert_eq!(
+            (median([3.0, 1.0, 2.0]), median([4.0, 1.0]), spread([3.0, 1.24, 2.0])),
+            (2.0, 4.0, "1.2-3.0".into())
+        );
         assert!(median([]).is_nan());
-        assert_eq!(spread([3.0, 1.24, 2.0]), "1.2-3.0");
     }
 
     /// Every cell is measured once per run, cells in turns; a failed cell stops there and its other runs are still
@@ -191,12 +192,8 @@ mod tests {
     #[test]
     fn cells_take_turns_and_failures_stop_their_cell() {
         let cell = |subject| Cell { subject, threads: 1, param: 0 };
-        let plan = Plan {
-            workload: Workload::ArmCancel,
-            cells: vec![cell(Subject::Corewheel), cell(Subject::BinaryHeap)],
-            runs: 3,
-            param: "",
-        };
+        let cells = vec![cell(Subject::Corewheel), cell(Subject::BinaryHeap)];
+        let plan = Plan { workload: Workload::ArmCancel, cells, runs: 3, param: "" };
         assert_eq!(plan.steps(), 6);
         let mut order = Vec::new();
         let results = in_turns(&plan, |cell| {
@@ -207,7 +204,6 @@ mod tests {
             }
         });
         assert_eq!(order, [Subject::Corewheel, Subject::BinaryHeap, Subject::Corewheel, Subject::Corewheel]);
-        assert_eq!(results[0], Ok(vec![1, 3, 4]));
-        assert_eq!(results[1], Err("broke".to_string()));
+        assert_eq!(results, [Ok(vec![1, 3, 4]), Err("broke".to_string())]);
     }
 }

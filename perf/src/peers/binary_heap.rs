@@ -200,18 +200,12 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut heap = TombstoneHeap::new();
-        let a = heap.insert(t0 + ms(3), "a");
-        let b = heap.insert(t0 + ms(1), "b");
-        heap.insert(t0 + ms(2), "c");
-        assert_eq!(heap.cancel(b), Some("b"));
-        assert_eq!(heap.cancel(b), None);
+        let (a, b, _) = (heap.insert(t0 + ms(3), "a"), heap.insert(t0 + ms(1), "b"), heap.insert(t0 + ms(2), "c"));
+        assert_eq!((heap.cancel(b), heap.cancel(b)), (Some("b"), None));
         let a = heap.reset(a, t0 + ms(5)).expect("a is live");
         assert_eq!(heap.next_deadline(), Some(t0 + ms(2)));
-        assert_eq!(heap.pop_expired(t0 + ms(4)), Some("c"));
-        assert_eq!(heap.pop_expired(t0 + ms(4)), None);
-        assert_eq!(heap.pop_expired(t0 + ms(5)), Some("a"));
-        assert_eq!(heap.cancel(a), None);
-        assert_eq!(heap.next_deadline(), None);
+        assert_eq!((heap.pop_expired(t0 + ms(4)), heap.pop_expired(t0 + ms(4))), (Some("c"), None));
+        assert_eq!((heap.pop_expired(t0 + ms(5)), heap.cancel(a), heap.next_deadline()), (Some("a"), None, None));
     }
 
     #[test]
@@ -219,9 +213,7 @@ mod tests {
         let t0 = Instant::now();
         let mut heap = TombstoneHeap::new();
         let keys: Vec<_> = (0..10_000u64).map(|i| heap.insert(t0 + Duration::from_nanos(i), i)).collect();
-        for key in &keys[..9_000] {
-            assert!(heap.cancel(*key).is_some());
-        }
+        assert!(keys[..9_000].iter().all(|&key| heap.cancel(key).is_some()));
         assert!(heap.heap.len() < 10_000, "the tombstones were rebuilt away");
         let fired: Vec<u64> = std::iter::from_fn(|| heap.pop_expired(t0 + Duration::from_secs(1))).collect();
         assert_eq!(fired, (9_000..10_000).collect::<Vec<_>>());

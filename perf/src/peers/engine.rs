@@ -101,11 +101,8 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
     const WATCH: Duration = Duration::from_millis(1);
     const STILL_WALK: Duration = Duration::from_millis(50);
     let started = Instant::now();
-    let mut pause = Duration::from_micros(20);
-    let mut last_walk = Duration::ZERO;
-    let mut walk_after = started;
-    let mut mark = (started, workers_cpu_time());
-    let mut quiet = false;
+    let (mut pause, mut last_walk, mut walk_after) = (Duration::from_micros(20), Duration::ZERO, started);
+    let (mut mark, mut quiet) = ((started, workers_cpu_time()), false);
     loop {
         let stats = engine.stats();
         let now = Instant::now();
@@ -121,16 +118,14 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
         // settled engine look unsettled.
         let waited_enough = now >= walk_after + STILL_WALK;
         if stats.total.pending == 0 && now >= walk_after && (last_walk <= LONG_WALK || quiet || waited_enough) {
-            let waited = started.elapsed();
-            let process_cpu = cpu_time::process_cpu_time();
-            let workers_cpu = workers_cpu_time();
+            let (waited, process_cpu, workers_cpu) =
+                (started.elapsed(), cpu_time::process_cpu_time(), workers_cpu_time());
             let walk = Instant::now();
             if engine.nodes_in_use() == 0 {
                 return Ok(Settled { waited, stats: engine.stats(), process_cpu, workers_cpu });
             }
-            last_walk = walk.elapsed();
+            (last_walk, quiet) = (walk.elapsed(), false);
             walk_after = Instant::now() + last_walk * 4;
-            quiet = false;
         }
         if started.elapsed() > SETTLE_LIMIT {
             return Err(format!(

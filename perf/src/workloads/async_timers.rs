@@ -246,9 +246,7 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
         Kind::Timeout => "timer = make a timeout() around a read that is pending and never woken, poll it once (the read, then the timer armed), drop it",
         Kind::Reset => "reset = push a random connection's idle sleep (the task's own) to now + 30 s: Sleep::reset / Timer::set_at; pingora-timeout has no reset, so its sleep is replaced by a new one and polled once; nothing is due during a run, so the work both wheels defer to the old deadline is not in it",
     });
-    sheet.note(format!(
-        "CPU ns/{unit} = process CPU time (every thread: the tasks', the timers' own threads) from the start line until the deferred work is done (corewheel: the engine settled; then, for every subject, the process idle) / {unit}s; ns/{unit} = wall time from the start line to the last task's end / {unit}s, all threads together"
-    ));
+    sheet.note(format!("CPU ns/{unit} = process CPU time (every thread: the tasks', the timers' own threads) from the start line until the deferred work is done (corewheel: the engine settled; then, for every subject, the process idle) / {unit}s; ns/{unit} = wall time from the start line to the last task's end / {unit}s, all threads together" ));
     sheet.note("setup: a tokio rt-multi-thread runtime of T workers, one task per worker (held at a start line until all run at once), the same for every subject; corewheel-async and async-io run their runtime-agnostic futures in it");
     sheet.note(format!("median of {RUNS} runs per subject, taken in turns; ns/{unit} range: {}", spreads.join(", ")));
     for note in notes {

@@ -142,16 +142,10 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let mut sheet = threads_sheet((name, title), ("timer", timers), too_late, &cells);
         sheet.note(match window {
             0 => "timer = arm one (delay uniform in 1 ms..30 s) and cancel it at once".to_string(),
-            _ => format!(
-                "timer = arm one and cancel the one this thread armed {} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)",
-                thousands(window)
-            ),
+            _ => format!("timer = arm one and cancel the one this thread armed {} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)", thousands(window) ),
         });
         sheet.note("ns/timer = wall time / timers, all threads together, from the moment every thread has its window armed to the end; for the engine the end is when stats() shows every timer cancelled or fired and every pool node is free, so its workers' share is inside");
-        sheet.note(format!(
-            "engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending; mutex-heap: T plain threads sharing one locked heap",
-            engine::cpus()
-        ));
+        sheet.note(format!("engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending; mutex-heap: T plain threads sharing one locked heap", engine::cpus() ));
         sheet.finish(&mut out.csv);
     }
 }

@@ -192,10 +192,7 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
         });
         sheet.rows.push(Row { name, subject: cell.subject, threads: 1, values });
     }
-    sheet.note(format!(
-        "each run: a fresh proxy (its default threads: one per CPU) in a child process, 1 s of wrk to warm it up, then {seconds} s measured; req/s and latency as wrk reports them (p50/p99 of its latency distribution), {} connections kept alive",
-        thousands(u64::from(CONNECTIONS))
-    ));
+    sheet.note(format!("each run: a fresh proxy (its default threads: one per CPU) in a child process, 1 s of wrk to warm it up, then {seconds} s measured; req/s and latency as wrk reports them (p50/p99 of its latency distribution), {} connections kept alive", thousands(u64::from(CONNECTIONS)) ));
     sheet.note("proxy CPU: the proxy process's threads' CPU time (schedstat) over the measured run, per request wrk completed, and over wall time; wrk and the backend share the machine's cores with it");
     sheet.note("corewheel: the default engine and HyperTimer; corewheel-driven: a driven engine whose drivers run on the proxy's runtime; tokio: tokio::time and hyper-util's TokioTimer");
     sheet.finish(&mut out.csv);

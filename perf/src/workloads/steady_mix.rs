@@ -469,7 +469,7 @@ fn table(
         "{name} ({} threads, {} timers live, {} timers/s offered for {seconds} s{runs}: 90% cancelled, 10% fired)",
         config.threads,
         thousands(config.live),
-        thousands(config.rate),
+        thousands(config.rate)
     );
     let cols = vec![
         Col::new("timers/s", "timers_per_s", "1/s", 0).rate(),
@@ -502,10 +502,7 @@ fn table(
             }
             if let Some(w) = run.wakes {
                 let shown = |count: u64| thousands(per_s(count) as u64);
-                sheet.note(format!(
-                    "{}: its workers woke {} times a second (stats().total.wakes): {} with timers due, and with none: {} for the wheel, {} for a lane's need, {} to watch for stuck owners, {} woken early by another thread",
-                    subject.name(), shown(w.total()), shown(w.due), shown(w.wheel), shown(w.lane), shown(w.watch), shown(w.woken),
-                ));
+                sheet.note(format!("{}: its workers woke {} times a second (stats().total.wakes): {} with timers due, and with none: {} for the wheel, {} for a lane's need, {} to watch for stuck owners, {} woken early by another thread", subject.name(), shown(w.total()), shown(w.due), shown(w.wheel), shown(w.lane), shown(w.watch), shown(w.woken)));
                 let wakes = [("worker_wakes_per_s", w.total()), ("worker_wakes_due_per_s", w.due), ("worker_wakes_wheel_per_s", w.wheel), ("worker_wakes_lane_per_s", w.lane), ("worker_wakes_watch_per_s", w.watch), ("worker_wakes_woken_per_s", w.woken)];
                 let wakes = wakes.map(|(metric, count)| (metric, per_s(count), "1/s"));
                 out.csv.push_metrics(name, subject.name(), (config.threads, config.live), &wakes);
@@ -525,25 +522,13 @@ fn table(
         sheet.add(subject, cell.threads, values);
     }
     if !spreads.is_empty() {
-        sheet.note(format!(
-            "each row is its subject's median run of {} by CPU ns/timer, the subjects taking turns; CPU ns/timer over the runs: {}",
-            plan.runs,
-            spreads.join(", ")
-        ));
+        sheet.note(format!("each row is its subject's median run of {} by CPU ns/timer, the subjects taking turns; CPU ns/timer over the runs: {}", plan.runs, spreads.join(", ") ));
     }
     if let (Some(cost), Some((busy, wakes_per_s))) = (wake_cost, engine_busy) {
         let tokio = tokio_busy.map_or_else(String::new, |tokio| format!(" (tokio-sleep's: {tokio:.3})"));
-        sheet.note(format!(
-            "engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond for 2 s, this run, on an idle core: the dearest kind); at that, its workers' {} wake-ups a second cost up to {:.3} cores of its {busy:.3}{tokio}",
-            cost.as_secs_f64() * 1e6,
-            thousands(wakes_per_s as u64),
-            wakes_per_s * cost.as_secs_f64(),
-        ));
+        sheet.note(format!("engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond for 2 s, this run, on an idle core: the dearest kind); at that, its workers' {} wake-ups a second cost up to {:.3} cores of its {busy:.3}{tokio}", cost.as_secs_f64() * 1e6, thousands(wakes_per_s as u64), wakes_per_s * cost.as_secs_f64()));
     }
-    sheet.note(format!(
-        "timer = one turn of a ring slot: its timer retired (cancelled, or found fired) and a new one armed; each thread turns its slots at its share of the offered rate, in 1 ms steps, so each slot comes round every P = {:.2} s",
-        Ring::new(0, config).period.as_secs_f64()
-    ));
+    sheet.note(format!("timer = one turn of a ring slot: its timer retired (cancelled, or found fired) and a new one armed; each thread turns its slots at its share of the offered rate, in 1 ms steps, so each slot comes round every P = {:.2} s", Ring::new(0, config).period.as_secs_f64() ));
     sheet.note("90% of the timers are request timeouts (delay P + 1..30 s), cancelled at their slot's next turn; 10% fire (delay 1 ms..P/2), and must have fired by that turn");
     sheet.note("CPU ns/timer: process CPU time over the timed part (every thread: application, engine workers, tokio's workers and driver, the heap's timer thread) / timers; CPU cores busy: the same over wall time; wakes/s: the process's context switches per second");
     sheet.note(format!("late: firing timers still pending at their slot's turn, {} ms or more after their deadline; pending at turn: less than that; fired before cancel: request timeouts that fired before their turn (the thread fell a period behind); late and fired before cancel should be 0", LATE.as_millis()));

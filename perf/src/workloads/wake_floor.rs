@@ -30,23 +30,16 @@ pub fn sleep_through(tick: Duration, span: Duration) -> Sleeper {
 /// [`sleep_through`] over `boundaries` boundaries `tick` apart after `from`, which may be ahead: a witness started
 /// beside a storm sleeps until the storm's first second begins.
 pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
-    let mut oversleeps = Vec::with_capacity(boundaries as usize);
-    let mut cpu = None;
+    let (mut oversleeps, mut cpu) = (Vec::with_capacity(boundaries as usize), None);
     for boundary in 0..=boundaries {
         let at = from + tick * boundary;
-        loop {
-            let now = Instant::now();
-            if now >= at {
-                if boundary > 0 {
-                    oversleeps.push(now - at);
-                }
-                break;
-            }
-            std::thread::park_timeout(at - now);
+        while let Some(left) = at.checked_duration_since(Instant::now()).filter(|left| !left.is_zero()) {
+            std::thread::park_timeout(left);
         }
-        if boundary == 0 {
+        match boundary {
             // From the first boundary on: the wait for it may be long, or none.
-            cpu = process_cpu_time();
+            0 => cpu = process_cpu_time(),
+            _ => oversleeps.push(Instant::now() - at),
         }
     }
     let cpu_per_wake = cpu_between(cpu, process_cpu_time()).filter(|_| boundaries > 0).map(|cpu| cpu / boundaries);
@@ -58,11 +51,9 @@ impl Sleeper {
     /// boundary and fired the moment the sleeper woke there, at no cost: the best a structure that rounds to `tick`
     /// could have done over this sleep.
     pub fn storm_floor(&self, tick: Duration, timers: u64) -> LatenessSummary {
-        let mut lateness = Lateness::default();
+        let (mut lateness, mut rng, origin) = (Lateness::default(), rng(0), Instant::now());
         let tick_ns = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
         let span_ns = tick_ns.saturating_mul(self.oversleeps.len() as u64);
-        let origin = Instant::now();
-        let mut rng = rng(0);
         for _ in 0..timers {
             // Strictly inside the span, so that every deadline has a boundary at or after it.
             let offset = rng.u64(..span_ns.max(1));
@@ -79,8 +70,7 @@ impl Sleeper {
 
     /// The oversleeps as a lateness summary: the floor of a structure that fires at the exact instant.
     pub fn oversleep_summary(&self) -> LatenessSummary {
-        let mut lateness = Lateness::default();
-        let origin = Instant::now();
+        let (mut lateness, origin) = (Lateness::default(), Instant::now());
         for &over in &self.oversleeps {
             lateness.record(origin, origin + over, origin + over);
         }
