@@ -1,13 +1,14 @@
 //! The harness's command-line enums (its workloads and its subjects) are each declared from one table: a variant, its
-//! doc, its name on the command line and in the output, and a line describing it for the header and `--help`.
+//! name on the command line and in the output, and a line describing it: its doc, and its text in the header and
+//! `--help`.
 
 /// Declares such an enum, with `ALL` in table order, `name`, `describe`, `Display` and clap's `ValueEnum`.
 macro_rules! named_enum {
-    ($(#[$meta:meta])* pub enum $enum:ident { $($(#[$doc:meta])* $variant:ident = $name:literal: $describe:literal,)* }) => {
+    ($(#[$meta:meta])* pub enum $enum:ident { $($variant:ident = $name:literal: $describe:literal,)* }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub enum $enum {
-            $($(#[$doc])* $variant,)*
+            $(#[doc = $describe] $variant,)*
         }
 
         impl $enum {

@@ -18,39 +18,22 @@ use binary_heap::TombstoneHeap;
 crate::named::named_enum! {
     /// One timer structure under test.
     pub enum Subject {
-        /// corewheel's single-owner `Wheel`.
         Corewheel = "corewheel": "corewheel::Wheel, 1 ms tick, owned by one thread (an event loop)",
-        /// tokio-util's `DelayQueue`.
         DelayQueue = "delay-queue": "tokio-util 0.7 DelayQueue, owned by one task on a current_thread runtime",
-        /// `std::collections::BinaryHeap` with tombstones for cancels.
         BinaryHeap = "binary-heap": "std BinaryHeap, a tombstone per cancel, rebuilt once they outnumber live",
-        /// corewheel's multi-core `TimerEngine`.
         Engine = "engine": "corewheel::TimerEngine, a pinned worker per CPU, 1 ms tick, from threads",
-        /// The same engine built `driven()`: its shards turned by tokio tasks.
         EngineDriven = "engine-driven": "the same engine built driven(): its shards turned by tokio tasks",
-        /// tokio's `sleep`, from tasks of a multi-thread runtime.
         TokioSleep = "tokio-sleep": "tokio 1 time::sleep, one task per thread, polled once, dropped to cancel",
-        /// tokio's `timeout()` around a pending read.
         TokioTimeout = "tokio-timeout": "tokio 1 time::timeout around a pending read, polled once and dropped",
-        /// pingora-timeout's `timeout()` (and `sleep` in the async workloads).
         PingoraTimeout = "pingora-timeout": "pingora-timeout 0.9 timeout and sleep (10 ms ticks), no reset",
-        /// One `BinaryHeap` behind a `Mutex`, shared by every thread, with a timer thread.
         MutexHeap = "mutex-heap": "one BinaryHeap behind a Mutex shared by all threads, a timer thread",
-        /// corewheel's async layer: `corewheel::sleep`, `timeout`, `Sleep::reset`.
         CorewheelAsync = "corewheel-async": "corewheel::sleep, timeout, Sleep::reset on the default engine",
-        /// tokio's `sleep` and `timeout` (the async workloads).
         Tokio = "tokio": "tokio 1 time::sleep, timeout, Sleep::reset, one task per worker",
-        /// async-io's `Timer`: smol's timer.
         AsyncIo = "async-io": "async-io 2 Timer (smol's): after, set_at, read.or(timer)",
-        /// corewheel's `KeyedTimers`.
         Keyed = "keyed": "corewheel::KeyedTimers<u64, u64> (set, move_to, remove) on an engine",
-        /// A `Mutex<HashMap>` of engine timer handles, as users write a timer per key.
         MutexMap = "mutex-map": "a Mutex<HashMap<key, (value, TimerHandle)>> over the engine",
-        /// tokio-util's `DelayQueue` with a key map, behind one lock.
         DelayQueueMap = "delay-queue-map": "DelayQueue<(key, value)> and a key map behind one Mutex",
-        /// dashmap alone, doing `KeyedTimers`' map operations without timers.
         Dashmap = "dashmap": "dashmap 6 alone: KeyedTimers' map operations, no timer",
-        /// scc's `HashMap` alone, the same.
         Scc = "scc": "scc 3 HashMap alone: KeyedTimers' map operations, no timer",
     }
 }

@@ -45,11 +45,8 @@ pub struct SharedHeap {
 
 impl SharedHeap {
     pub fn start() -> Result<Self, String> {
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State { heap: TombstoneHeap::new(), stop: false }),
-            wake: Condvar::new(),
-            fired: AtomicU64::new(0),
-        });
+        let state = Mutex::new(State { heap: TombstoneHeap::new(), stop: false });
+        let shared = Arc::new(Shared { state, wake: Condvar::new(), fired: AtomicU64::new(0) });
         let for_thread = Arc::clone(&shared);
         let timer_thread = std::thread::Builder::new()
             .name(format!("{TIMER_THREAD_PREFIX}0"))
@@ -134,11 +131,8 @@ fn fire_loop(shared: &Shared) {
             black_box(id);
             shared.fired.fetch_add(1, Ordering::Release);
         }
-        state = match state.heap.next_deadline() {
-            Some(next) => {
-                let wait = next.saturating_duration_since(Instant::now());
-                shared.wake.wait_timeout(state, wait).unwrap_or_else(PoisonError::into_inner).0
-            }
+        state = match state.heap.next_deadline().map(|next| next.saturating_duration_since(Instant::now())) {
+            Some(wait) => shared.wake.wait_timeout(state, wait).unwrap_or_else(PoisonError::into_inner).0,
             None => shared.wake.wait(state).unwrap_or_else(PoisonError::into_inner),
         };
     }

@@ -33,39 +33,22 @@ pub struct Out {
 crate::named::named_enum! {
     /// One workload of the harness.
     pub enum Workload {
-        /// Request timeouts on one thread.
         ArmCancel = "arm-cancel": "request timeouts: arm one, cancel the one armed 10,000 ops earlier",
-        /// Request timeouts from several threads.
         EngineArmCancel = "engine-arm-cancel": "request timeouts from 1..N threads, a window in flight per thread",
-        /// A million live timers on one thread.
         Live1m = "live-1m": "insert a million timers, measure RSS, cancel them in random order",
-        /// A million live timers on the engine.
         EngineLive1m = "engine-live-1m": "a million live timers on the TimerEngine: insert, RSS, cancel",
-        /// Idle timeouts on one thread.
         ResetHeavy = "reset-heavy": "idle timeouts: 100,000 connections pushing their deadlines back",
-        /// Idle timeouts from several threads.
         EngineReset = "engine-reset": "idle timeouts from 1..N threads, 100,000 connections",
-        /// A million timers due within a second.
         FireStorm = "fire-storm": "a million timers all due within one second, on the real clock",
-        /// A million timers due within 10 ms on one shard.
         BurstSteal = "burst-steal": "a million timers due within 10 ms on one shard, stealing on and off",
-        /// A proxy's timers at a sustained rate.
         SteadyMix = "steady-mix": "a proxy's steady load: 1M live, 1M armed/s, 90% cancelled: CPU/timer",
-        /// The same at light load.
         LightLoad = "light-load": "the same mix at 1,000 and 10,000 timers/s: cores busy, wakes/s",
-        /// Sleeps as futures.
         AsyncSleep = "async-sleep": "request timeouts as futures from 1..N threads: a sleep polled once",
-        /// `timeout()` as futures.
         AsyncTimeout = "async-timeout": "the same with timeout() around a pending read",
-        /// Idle timeouts as futures.
         AsyncReset = "async-reset": "idle timeouts as futures: 10,000 connections per thread, reset",
-        /// A timer per key, set and removed.
         KeyedSetRemove = "keyed-set-remove": "a timer per key: set a new key, remove the one set 16 earlier",
-        /// A timer per key, set over.
         KeyedSetOver = "keyed-set-over": "a timer per key: set over one of 10,000 pending keys per thread",
-        /// A timer per key, moved.
         KeyedMove = "keyed-move": "a timer per key: move one of 10,000 pending keys per thread",
-        /// corewheel-proxy under wrk.
         Proxy = "proxy": "corewheel-proxy under wrk, each timer back-end in turns (needs wrk)",
     }
 }
@@ -80,25 +63,20 @@ impl Workload {
     /// Whether the workload drives `subject`.
     pub fn drives(self, subject: Subject) -> bool {
         use Subject::*;
+        use Workload::*;
         match self {
-            Workload::ArmCancel | Workload::Live1m | Workload::ResetHeavy => subject.is_single_owner(),
-            Workload::FireStorm => subject.is_single_owner() || subject == Engine,
-            Workload::EngineArmCancel => {
-                matches!(subject, Engine | TokioSleep | TokioTimeout | PingoraTimeout | MutexHeap)
-            }
-            Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
+            ArmCancel | Live1m | ResetHeavy => subject.is_single_owner(),
+            FireStorm => subject.is_single_owner() || subject == Engine,
+            EngineArmCancel => matches!(subject, Engine | TokioSleep | TokioTimeout | PingoraTimeout | MutexHeap),
+            AsyncSleep | AsyncTimeout | AsyncReset => {
                 matches!(subject, CorewheelAsync | Tokio | AsyncIo | PingoraTimeout)
             }
-            Workload::EngineReset | Workload::SteadyMix => {
-                matches!(subject, Engine | TokioSleep | MutexHeap)
-            }
-            Workload::LightLoad => {
-                matches!(subject, Engine | EngineDriven | TokioSleep | MutexHeap)
-            }
-            Workload::EngineLive1m => matches!(subject, Engine | TokioSleep),
-            Workload::Proxy => matches!(subject, CorewheelAsync | EngineDriven | Tokio),
-            Workload::BurstSteal => subject == Engine,
-            Workload::KeyedSetRemove | Workload::KeyedSetOver | Workload::KeyedMove => {
+            EngineReset | SteadyMix => matches!(subject, Engine | TokioSleep | MutexHeap),
+            LightLoad => matches!(subject, Engine | EngineDriven | TokioSleep | MutexHeap),
+            EngineLive1m => matches!(subject, Engine | TokioSleep),
+            Proxy => matches!(subject, CorewheelAsync | EngineDriven | Tokio),
+            BurstSteal => subject == Engine,
+            KeyedSetRemove | KeyedSetOver | KeyedMove => {
                 matches!(subject, Keyed | MutexMap | DelayQueueMap | Dashmap | Scc)
             }
         }
