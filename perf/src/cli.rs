@@ -155,21 +155,21 @@ mod tests {
     #[test]
     fn defaults_and_flags() {
         let defaults = parse(&[]).expect("no arguments run");
-        assert_eq!((defaults.workloads, defaults.peers), (Workload::defaults(), Subject::ALL.to_vec()));
         assert_eq!(
-            (defaults.threads[0], defaults.windows, defaults.sizes().live_timers),
-            (1, vec![16, 10_000], 1_000_000)
+            (defaults.threads[0], defaults.sizes().live_timers, &defaults.windows[..]),
+            (1, 1_000_000, &[16, 10_000][..])
         );
+        assert_eq!((defaults.workloads, defaults.peers), (Workload::defaults(), Subject::ALL.to_vec()));
         let args = "--workloads fire-storm,arm-cancel,fire-storm --peers=corewheel --timers 100_000 --full --threads=1,2,4 --windows 0,16 --mix-rate=2,000 --async-ops=5,000 --save perf/results";
         let options = parse(&args.split(' ').collect::<Vec<_>>()).expect("valid");
+        assert_eq!((options.mix_rate, options.sizes().async_ops, options.timers), (2_000, 5_000, Some(100_000)));
         assert_eq!(
             (options.workloads, options.peers),
             (vec![Workload::FireStorm, Workload::ArmCancel], vec![Subject::Corewheel])
         );
-        assert_eq!((options.timers, options.threads, options.windows), (Some(100_000), vec![1, 2, 4], vec![0, 16]));
         assert_eq!(
-            (options.mix_rate, options.sizes().async_ops, options.save),
-            (2_000, 5_000, Some("perf/results".into()))
+            (options.threads, options.windows, options.save),
+            (vec![1, 2, 4], vec![0, 16], Some("perf/results".into()))
         );
     }
 

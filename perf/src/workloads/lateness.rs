@@ -162,8 +162,7 @@ pub mod worker_records {
         let mut all = Lateness::default();
         let mut per_worker = Vec::new();
         for record in records {
-            let record =
-                std::mem::replace(&mut *record.lock().unwrap_or_else(PoisonError::into_inner), Lateness::default());
+            let record = std::mem::take(&mut *record.lock().unwrap_or_else(PoisonError::into_inner));
             per_worker.push(record.len());
             all.absorb(record);
         }
