@@ -86,8 +86,10 @@ impl Workload {
     pub fn plan(self, options: &Options) -> Plan {
         use Workload::*;
         let mut subjects: Vec<Subject> = options.peers.iter().copied().filter(|&s| self.drives(s)).collect();
-        // corewheel's rows first, then the peers in the order given.
-        subjects.sort_by_key(|subject| !subject.is_corewheel());
+        if matches!(self, AsyncSleep | AsyncTimeout | AsyncReset) {
+            // corewheel's rows first, then the peers in the order given.
+            subjects.sort_by_key(|subject| !subject.is_corewheel());
+        }
         let (all, most) = (options.thread_counts(), [options.max_threads()]);
         let workers: Vec<usize> = all.iter().copied().filter(|&n| n > 1).collect();
         let windows: Vec<u64> = options.windows.iter().map(|&w| u64::from(w)).collect();
