@@ -100,8 +100,7 @@ pub fn huge_page_bytes() -> Option<u64> {
 /// Waits until the CPU clock `cpu` advances by less than 5% of `interval` over one `interval` (at most `limit`): the
 /// threads it counts have done what was left them, which no count shows. Returns its reading then.
 pub fn wait_until_quiet(cpu: fn() -> Option<Duration>, interval: Duration, limit: Duration) -> Option<Duration> {
-    let started = Instant::now();
-    let mut last = cpu()?;
+    let (started, mut last) = (Instant::now(), cpu()?);
     loop {
         std::thread::sleep(interval);
         let now = cpu()?;
@@ -110,13 +109,6 @@ pub fn wait_until_quiet(cpu: fn() -> Option<Duration>, interval: Duration, limit
         }
         last = now;
     }
-}
-
-/// Clock ticks a second, as `/proc` counts CPU time.
-pub fn clock_ticks() -> Option<u64> {
-    // SAFETY: sysconf reads a configuration value and touches no memory of ours.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    u64::try_from(hz).ok().filter(|&hz| hz > 0)
 }
 
 /// Busy time of all CPUs together since boot, from the first line of `/proc/stat`: every field but idle and iowait.
@@ -130,7 +122,9 @@ fn machine_busy() -> Option<Duration> {
         .filter(|(i, _)| *i != 3 && *i != 4)
         .map(|(_, ticks)| ticks.parse::<u64>().ok())
         .sum::<Option<u64>>()?;
-    Some(Duration::from_nanos(busy * (1_000_000_000 / clock_ticks()?)))
+    // SAFETY: sysconf reads a configuration value (the clock ticks a second /proc counts in) and touches no memory.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&hz| hz > 0)?;
+    Some(Duration::from_nanos(busy * (1_000_000_000 / hz)))
 }
 
 /// CPU time of this process and of its children that have been waited for.

@@ -16,6 +16,7 @@ use super::{PolledQueue, TimerQueue};
 /// Tombstones below this many are left alone: rebuilding a small heap often costs more than it saves.
 const MIN_TOMBSTONES_TO_REBUILD: usize = 1024;
 
+/// The heap, the slot table its entries point into, the free slots, and the live count.
 pub struct TombstoneHeap<T> {
     heap: BinaryHeap<Reverse<Entry>>,
     slots: Vec<Slot<T>>,
@@ -51,10 +52,12 @@ impl<T> Default for TombstoneHeap<T> {
 }
 
 impl<T> TombstoneHeap<T> {
+    /// An empty heap.
     pub fn new() -> Self {
         Self { heap: BinaryHeap::new(), slots: Vec::new(), free: Vec::new(), live: 0 }
     }
 
+    /// Arms a timer for `deadline` holding `value`.
     pub fn insert(&mut self, deadline: Instant, value: T) -> HeapKey {
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -73,6 +76,7 @@ impl<T> TombstoneHeap<T> {
         HeapKey { slot, generation }
     }
 
+    /// Tombstones the timer's entry and returns its value, or `None` if it is not pending.
     pub fn cancel(&mut self, key: HeapKey) -> Option<T> {
         let slot = self.slots.get_mut(key.slot as usize)?;
         if slot.generation != key.generation {

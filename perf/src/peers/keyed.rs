@@ -51,6 +51,7 @@ pub struct MutexMap<'e> {
 }
 
 impl<'e> MutexMap<'e> {
+    /// An empty map over `engine`.
     pub fn new(engine: &'e TimerEngine) -> Self {
         Self { engine, map: Arc::default() }
     }

@@ -44,6 +44,7 @@ pub struct SharedHeap {
 }
 
 impl SharedHeap {
+    /// A fresh heap with its timer thread started.
     pub fn start() -> Result<Self, String> {
         let state = Mutex::new(State { heap: TombstoneHeap::new(), stop: false });
         let shared = Arc::new(Shared { state, wake: Condvar::new(), fired: AtomicU64::new(0) });

@@ -310,15 +310,11 @@ pub fn threads_sheet(
 
 #[cfg(test)]
 mod tests {
-    use super::share_of;
-
     #[test]
     fn shares_add_up() {
-        for total in [0, 1, 7, 2_000_000] {
-            for parts in 1..5 {
-                let sum: u64 = (0..parts).map(|i| share_of(total, parts, i)).sum();
-                assert_eq!(sum, total);
-            }
+        for (total, parts) in [0, 1, 7, 2_000_000].into_iter().flat_map(|total| (1..5).map(move |parts| (total, parts)))
+        {
+            assert_eq!((0..parts).map(|i| super::share_of(total, parts, i)).sum::<u64>(), total);
         }
     }
 }
