@@ -1,6 +1,6 @@
-//! SVG plots of a run, written beside its CSV: throughput against application threads for
-//! every subject of each engine workload (read back from the CSV rows, so a plot shows
-//! exactly the figures the CSV holds), and the fire storm's lateness CDF per subject.
+//! SVG plots of a run, written beside its CSV: throughput against application threads for every subject of each
+//! engine workload (read back from the CSV rows, so a plot shows exactly the figures the CSV holds), and the fire
+//! storm's lateness CDF per subject.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,10 +10,8 @@ use plotters::prelude::*;
 use crate::report::Csv;
 
 /// The CSV metrics that are a throughput, in millions of units a second.
-const THROUGHPUT_METRICS: [(&str, &str); 2] = [
-    ("mtimers_per_s", "million timers / s"),
-    ("mresets_per_s", "million resets / s"),
-];
+const THROUGHPUT_METRICS: [(&str, &str); 2] =
+    [("mtimers_per_s", "million timers / s"), ("mresets_per_s", "million resets / s")];
 
 const SIZE: (u32, u32) = (760, 460);
 
@@ -31,46 +29,32 @@ struct Series {
 }
 
 impl Plots {
+    /// Adds a fire-storm subject's lateness CDF: (lateness in microseconds, share of timers at or below it).
     pub fn add_lateness(&mut self, subject: &str, cdf: Vec<(f64, f64)>) {
         if !cdf.is_empty() {
             self.lateness.push((subject.to_string(), cdf));
         }
     }
 
-    /// Draws every plot the run has data for into `dir`, each titled with `machine`, and
-    /// returns the files written.
+    /// Draws every plot the run has data for into `dir`, each titled with `machine`, and returns the files written.
     pub fn write(&self, csv: &Csv, dir: &Path, machine: &str) -> Result<Vec<PathBuf>, String> {
         let mut written = Vec::new();
         for (workload, y_label, series) in throughput_series(csv) {
             let path = dir.join(format!("{workload}.svg"));
-            line_chart(
-                &path,
-                &format!("{workload}: throughput against threads ({machine})"),
-                "application threads",
-                y_label,
-                &series,
-                true,
-            )?;
+            let title = format!("{workload}: throughput against threads ({machine})");
+            line_chart(&path, (&title, "application threads", y_label), &series, true)?;
             written.push(path);
         }
         if !self.lateness.is_empty() {
-            let series: Vec<Series> = self
-                .lateness
-                .iter()
+            let series: Vec<Series> = (self.lateness.iter())
                 .map(|(name, cdf)| Series {
                     name: name.clone(),
-                    points: cdf.iter().map(|&(us, share)| (us / 1e3, share)).collect(),
+                    points: cdf.iter().map(|&(us, q)| (us / 1e3, q)).collect(),
                 })
                 .collect();
             let path = dir.join("fire-storm-lateness.svg");
-            line_chart(
-                &path,
-                &format!("fire-storm: lateness CDF ({machine})"),
-                "lateness, ms",
-                "share of timers fired at most this late",
-                &series,
-                false,
-            )?;
+            let title = format!("fire-storm: lateness CDF ({machine})");
+            line_chart(&path, (&title, "lateness, ms", "share of timers fired at most this late"), &series, false)?;
             written.push(path);
         }
         Ok(written)
@@ -80,15 +64,12 @@ impl Plots {
 /// Each subject's (threads, throughput) points.
 type PointsBySubject<'a> = BTreeMap<&'a str, Vec<(f64, f64)>>;
 
-/// Per engine workload in the CSV with a throughput metric: its axis label and one series
-/// per subject, thread counts ascending.
+/// Per engine workload in the CSV with a throughput metric: its axis label and one series per subject, thread counts
+/// ascending.
 fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
     let mut by_workload: BTreeMap<&str, (&'static str, PointsBySubject)> = BTreeMap::new();
     for row in csv.rows() {
-        let Some(&(_, label)) = THROUGHPUT_METRICS
-            .iter()
-            .find(|(metric, _)| *metric == row.metric)
-        else {
+        let Some(&(_, label)) = THROUGHPUT_METRICS.iter().find(|(metric, _)| *metric == row.metric) else {
             continue;
         };
         // The single-thread workloads run at one thread count only.
@@ -113,10 +94,7 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
                 .into_iter()
                 .map(|(name, mut points)| {
                     points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    Series {
-                        name: name.to_string(),
-                        points,
-                    }
+                    Series { name: name.to_string(), points }
                 })
                 .collect();
             (workload.to_string(), label, series)
@@ -124,30 +102,20 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
         .collect()
 }
 
-/// A line chart of `series`, with a legend; `marks` puts a dot on every point (for a few
-/// measured points, as against a dense curve).
-fn line_chart(
-    path: &Path,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[Series],
-    marks: bool,
-) -> Result<(), String> {
+/// A line chart of `series`, with a legend; `marks` puts a dot on every point (for a few measured points, as against
+/// a dense curve).
+fn line_chart(path: &Path, labels: (&str, &str, &str), series: &[Series], marks: bool) -> Result<(), String> {
+    let (title, x_label, y_label) = labels;
     let failed = |error: &dyn std::fmt::Display| format!("plot {}: {error}", path.display());
     let points = series.iter().flat_map(|s| s.points.iter());
-    let (x_min, x_max, y_max) = points.fold(
-        (f64::INFINITY, f64::NEG_INFINITY, 0.0_f64),
-        |(x_min, x_max, y_max), &(x, y)| (x_min.min(x), x_max.max(x), y_max.max(y)),
-    );
+    let (x_min, x_max, y_max) = points
+        .fold((f64::INFINITY, f64::NEG_INFINITY, 0.0_f64), |(x_min, x_max, y_max), &(x, y)| {
+            (x_min.min(x), x_max.max(x), y_max.max(y))
+        });
     if !x_min.is_finite() {
         return Ok(());
     }
-    let x_range = if marks {
-        (x_min - 0.25).max(0.0)..x_max + 0.25
-    } else {
-        0.0..x_max.max(1e-3) * 1.02
-    };
+    let x_range = if marks { (x_min - 0.25).max(0.0)..x_max + 0.25 } else { 0.0..x_max.max(1e-3) * 1.02 };
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(&e))?;
     let mut chart = ChartBuilder::on(&root)
@@ -161,8 +129,7 @@ fn line_chart(
     mesh.x_desc(x_label).y_desc(y_label);
     if marks {
         // Thread counts are whole numbers: one label per count, none in between.
-        mesh.x_labels((x_max - x_min) as usize + 1)
-            .x_label_formatter(&|x| format!("{x:.0}"));
+        mesh.x_labels((x_max - x_min) as usize + 1).x_label_formatter(&|x| format!("{x:.0}"));
     }
     mesh.draw().map_err(|e| failed(&e))?;
     for (index, line) in series.iter().enumerate() {
@@ -175,21 +142,13 @@ fn line_chart(
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         if marks {
             chart
-                .draw_series(
-                    line.points
-                        .iter()
-                        .map(|&point| Circle::new(point, 4, color.filled())),
-                )
+                .draw_series(line.points.iter().map(|&point| Circle::new(point, 4, color.filled())))
                 .map_err(|e| failed(&e))?;
         }
     }
     chart
         .configure_series_labels()
-        .position(if marks {
-            SeriesLabelPosition::UpperLeft
-        } else {
-            SeriesLabelPosition::LowerRight
-        })
+        .position(if marks { SeriesLabelPosition::UpperLeft } else { SeriesLabelPosition::LowerRight })
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()
@@ -197,18 +156,16 @@ fn line_chart(
     root.present().map_err(|e| failed(&e))
 }
 
-/// The machine in a few words, for plot titles: its CPU model where the system says, and
-/// the CPUs this process may use.
+/// The machine in a few words, for plot titles: its CPU model where the system says, and the CPUs this process may
+/// use.
 pub fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|line| line.starts_with("model name"))
-                .and_then(|line| line.split_once(':'))
-                .map(|(_, model)| model.trim().to_string())
-        });
+    let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
+        info.lines()
+            .find(|line| line.starts_with("model name"))
+            .and_then(|line| line.split_once(':'))
+            .map(|(_, model)| model.trim().to_string())
+    });
     match model {
         Some(model) => format!("{cpus} CPUs, {model}"),
         None => format!("{cpus} CPUs"),
@@ -218,58 +175,37 @@ pub fn machine() -> String {
 #[cfg(test)]
 mod tests {
     use super::{Plots, throughput_series};
-    use crate::report::{Csv, CsvRow};
+    use crate::report::Csv;
 
-    fn row(
-        workload: &str,
-        subject: &str,
-        threads: u32,
-        metric: &'static str,
-        value: f64,
-    ) -> CsvRow {
-        CsvRow {
-            workload: workload.to_string(),
-            subject: subject.to_string(),
-            threads,
-            timers: 1,
-            metric,
-            value,
-            unit: "M/s",
-        }
-    }
-
-    /// The throughput plots take each engine workload's throughput rows, a line per subject
-    /// in thread order, and leave every other metric out; the files are SVG with the
-    /// subjects named in them.
+    /// The throughput plots take each engine workload's throughput rows, a line per subject in thread order, and
+    /// leave every other metric out; the files are SVG with the subjects named in them.
     #[test]
     fn throughput_lines_come_from_the_csv() {
         let mut csv = Csv::default();
-        csv.push(row("engine-reset", "engine", 2, "mresets_per_s", 50.0));
-        csv.push(row("engine-reset", "engine", 1, "mresets_per_s", 17.0));
-        csv.push(row("engine-reset", "tokio-sleep", 1, "mresets_per_s", 8.0));
-        csv.push(row("engine-reset", "engine", 1, "ns_per_reset", 58.0));
-        csv.push(row("arm-cancel", "corewheel", 1, "ns_per_op", 30.0));
-        csv.push(row("reset-heavy", "corewheel", 1, "mresets_per_s", 58.0));
+        for (workload, subject, threads, metric, value) in [
+            ("engine-reset", "engine", 2, "mresets_per_s", 50.0),
+            ("engine-reset", "engine", 1, "mresets_per_s", 17.0),
+            ("engine-reset", "tokio-sleep", 1, "mresets_per_s", 8.0),
+            ("engine-reset", "engine", 1, "ns_per_reset", 58.0),
+            ("reset-heavy", "corewheel", 1, "mresets_per_s", 58.0),
+        ] {
+            csv.push_metrics(workload, subject, (threads, 1), &[(metric, value, "M/s")]);
+        }
         let plots = throughput_series(&csv);
-        assert_eq!(plots.len(), 1);
         let (workload, _, series) = &plots[0];
-        assert_eq!(workload, "engine-reset");
-        assert_eq!(series[0].name, "engine");
-        assert_eq!(series[0].points, [(1.0, 17.0), (2.0, 50.0)]);
-        assert_eq!(series[1].points, [(1.0, 8.0)]);
-
+        assert_eq!((plots.len(), workload.as_str(), series[0].name.as_str()), (1, "engine-reset", "engine"));
+        assert_eq!(
+            (&series[0].points[..], &series[1].points[..]),
+            (&[(1.0, 17.0), (2.0, 50.0)][..], &[(1.0, 8.0)][..])
+        );
         let dir = std::env::temp_dir().join(format!("corewheel-plots-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temp dir");
         let mut extra = Plots::default();
         extra.add_lateness("corewheel", vec![(0.0, 0.0), (700.0, 0.5), (1500.0, 1.0)]);
         let written = extra.write(&csv, &dir, "test machine").expect("plots");
-        assert_eq!(written.len(), 2);
-        for path in &written {
-            let svg = std::fs::read_to_string(path).expect("written");
-            assert!(svg.starts_with("<svg"), "{}", path.display());
-        }
-        let reset = std::fs::read_to_string(&written[0]).expect("written");
-        assert!(reset.contains("tokio-sleep") && reset.contains("test machine"));
+        let svgs: Vec<String> = written.iter().map(|path| std::fs::read_to_string(path).expect("written")).collect();
+        assert!(svgs.len() == 2 && svgs.iter().all(|svg| svg.starts_with("<svg")));
+        assert!(svgs[0].contains("tokio-sleep") && svgs[0].contains("test machine"));
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -1,11 +1,12 @@
-//! Output: the aligned tables printed per workload and the CSV written at the end.
+//! Output: the aligned tables printed per workload, the ratio sheets most workloads print (a row per subject, ratio
+//! columns against each peer), and the CSV written at the end.
 
 use std::fmt::Write as _;
-use std::fs;
-use std::io;
 use std::path::Path;
 
-/// One workload's table: a title, a header row, one row per subject, and notes under it.
+use crate::peers::Subject;
+
+/// A printed table: a title, a header row, rows, and notes under it.
 pub struct Table {
     title: String,
     header: Vec<String>,
@@ -14,53 +15,37 @@ pub struct Table {
 }
 
 impl Table {
+    /// An empty table with these headers.
     pub fn new(title: impl Into<String>, header: &[&str]) -> Self {
-        Self {
-            title: title.into(),
-            header: header.iter().map(|cell| cell.to_string()).collect(),
-            rows: Vec::new(),
-            notes: Vec::new(),
-        }
+        let header = header.iter().map(|cell| cell.to_string()).collect();
+        Self { title: title.into(), header, rows: Vec::new(), notes: Vec::new() }
     }
 
-    pub fn header_cell(&mut self, cell: impl Into<String>) {
-        self.header.push(cell.into());
-    }
-
+    /// Adds a row of cells.
     pub fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
+    /// Adds a note line under the table.
     pub fn note(&mut self, line: impl Into<String>) {
         self.notes.push(line.into());
     }
 
     /// The first column left-aligned (names), the rest right-aligned (numbers).
     pub fn render(&self) -> String {
-        let columns = self
-            .rows
-            .iter()
-            .map(Vec::len)
-            .chain([self.header.len()])
-            .max()
-            .unwrap_or(0);
-        let mut widths = vec![0; columns];
+        let mut widths: Vec<usize> = Vec::new();
         for row in self.rows.iter().chain([&self.header]) {
+            widths.resize(widths.len().max(row.len()), 0);
             for (width, cell) in widths.iter_mut().zip(row) {
                 *width = (*width).max(cell.chars().count());
             }
         }
-        let mut out = String::new();
-        let _ = writeln!(out, "{}", self.title);
+        let mut out = format!("{}\n", self.title);
         for row in [&self.header].into_iter().chain(&self.rows) {
             let mut line = String::new();
             for (i, width) in widths.iter().enumerate() {
                 let cell = row.get(i).map_or("", String::as_str);
-                if i == 0 {
-                    let _ = write!(line, "{cell:<width$}");
-                } else {
-                    let _ = write!(line, "  {cell:>width$}");
-                }
+                let _ = if i == 0 { write!(line, "{cell:<width$}") } else { write!(line, "  {cell:>width$}") };
             }
             let _ = writeln!(out, "{}", line.trim_end());
         }
@@ -70,53 +55,200 @@ impl Table {
         out
     }
 
+    /// Prints the table through the runner, which keeps it for the summary.
     pub fn print(&self) {
-        crate::progress::print(&self.render());
+        crate::runner::print(&self.render());
     }
 }
 
-/// The ratio cells of one row: for each of `columns`, `cost[column] / cost[row]`, so a value
-/// above 1 means the row's subject is that many times faster than the column's. `costs` are
-/// lower-is-better, such as ns per operation.
-pub fn ratio_cells(costs: &[Option<f64>], row: usize, columns: &[usize]) -> Vec<String> {
-    columns
-        .iter()
-        .map(|&column| match (costs[row], costs[column]) {
-            _ if column == row => "-".to_string(),
-            (Some(this), Some(that)) if this > 0.0 => format!("{:.2}x", that / this),
-            _ => "n/a".to_string(),
-        })
-        .collect()
-}
-
 /// The legend line under every table that has ratio columns.
-pub const RATIO_LEGEND: &str = "vs X = X's cost / this row's cost: above 1 means this row is faster than X (on corewheel's row: how many times faster corewheel is)";
+pub const RATIO_LEGEND: &str = "vs X = how many times better this row is than X's on that figure (X's cost / this row's, or this row's rate / X's): above 1 means this row is better";
 
 /// `1234567` as `1,234,567`.
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
+    let groups: Vec<&str> = digits.as_bytes().rchunks(3).rev().map(|g| std::str::from_utf8(g).unwrap_or("")).collect();
+    groups.join(",")
 }
 
-/// Bytes as MiB with one decimal, signed: RSS can end lower than where it started.
-pub fn mib(bytes: i64) -> String {
-    format!("{:.1}", bytes as f64 / (1024.0 * 1024.0))
+/// A figure with `digits` decimals; whole numbers grouped by thousands; `n/a` for none.
+pub fn figure(value: Option<f64>, digits: usize) -> String {
+    match value {
+        None => "n/a".to_string(),
+        Some(v) if digits == 0 && v >= 0.0 && v.is_finite() => thousands(v.round() as u64),
+        Some(v) => format!("{v:.digits$}"),
+    }
+}
+
+/// A column of a [`Sheet`]: its header, its CSV metric and unit, its decimals, whether higher is better (a rate) or
+/// lower (a cost), and whether rows get ratios against the peers on it.
+pub struct Col {
+    header: String,
+    metric: String,
+    unit: &'static str,
+    digits: usize,
+    higher_is_better: bool,
+    ratios: bool,
+}
+
+impl Col {
+    /// A cost column, without ratios.
+    pub fn new(header: impl Into<String>, metric: impl Into<String>, unit: &'static str, digits: usize) -> Self {
+        let (header, metric) = (header.into(), metric.into());
+        Self { header, metric, unit, digits, higher_is_better: false, ratios: false }
+    }
+
+    /// The same column, for a figure where higher is better (a rate).
+    pub fn rate(self) -> Self {
+        Self { higher_is_better: true, ..self }
+    }
+
+    /// The same column, with a ratio column against each peer.
+    pub fn ratios(self) -> Self {
+        Self { ratios: true, ..self }
+    }
+}
+
+/// One row of a [`Sheet`]: a subject at a thread count, its figures in column order.
+pub struct Row {
+    /// The first cell and the CSV's subject.
+    pub name: String,
+    pub subject: Subject,
+    pub threads: usize,
+    pub values: Result<Vec<Option<f64>>, String>,
+}
+
+/// A workload's table and CSV rows from one set of figures: a row per subject (and thread count), a column per
+/// figure, and ratio columns against every peer (every subject that is not corewheel's) at the same thread count.
+pub struct Sheet {
+    pub workload: String,
+    pub title: String,
+    /// The CSV's `timers` column.
+    pub timers: u64,
+    pub cols: Vec<Col>,
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+    /// The column (a cost) whose 1-thread figure gives each row a "vs own 1 thread" column; a sheet with one names
+    /// its rows with their thread count.
+    pub scaling: Option<usize>,
+}
+
+impl Sheet {
+    /// An empty sheet.
+    pub fn new(workload: impl Into<String>, title: impl Into<String>, timers: u64, cols: Vec<Col>) -> Self {
+        let (workload, title) = (workload.into(), title.into());
+        Self { workload, title, timers, cols, rows: Vec::new(), notes: Vec::new(), scaling: None }
+    }
+
+    /// Adds a row named after its subject.
+    pub fn add(&mut self, subject: Subject, threads: usize, values: Result<Vec<Option<f64>>, String>) {
+        self.rows.push(Row { name: subject.name().to_string(), subject, threads, values });
+    }
+
+    /// Adds a note under the table.
+    pub fn note(&mut self, line: impl Into<String>) {
+        self.notes.push(line.into());
+    }
+
+    /// How many times better `row` is than `other` on `col`.
+    fn ratio(&self, row: &Row, other: &Row, col: usize) -> Option<f64> {
+        let value = |row: &Row| row.values.as_ref().ok()?.get(col).copied().flatten();
+        let (this, that) = (value(row)?, value(other)?);
+        let ratio = if self.cols[col].higher_is_better { this / that } else { that / this };
+        ratio.is_finite().then_some(ratio)
+    }
+
+    fn find(&self, subject: Subject, threads: usize) -> Option<&Row> {
+        self.rows.iter().find(|row| row.subject == subject && row.threads == threads)
+    }
+
+    /// Prints the table and adds every figure, ratio and scaling to `csv`.
+    pub fn finish(mut self, csv: &mut Csv) {
+        let mut peers: Vec<Subject> = Vec::new();
+        for row in self.rows.iter().filter(|row| !row.subject.is_corewheel()) {
+            if !peers.contains(&row.subject) {
+                peers.push(row.subject);
+            }
+        }
+        if self.rows.iter().all(|row| row.subject == self.rows[0].subject) {
+            peers.clear();
+        }
+        let ratio_cols: Vec<usize> = (0..self.cols.len()).filter(|&c| self.cols[c].ratios).collect();
+        let threads = self.scaling.is_some();
+        let mut header = vec![if threads { "subject, threads" } else { "subject" }.to_string()];
+        header.extend(self.cols.iter().map(|col| col.header.clone()));
+        for &col in &ratio_cols {
+            header.extend(peers.iter().map(|peer| match ratio_cols.len() {
+                1 => format!("vs {}", peer.name()),
+                _ => format!("vs {} {}", peer.name(), self.cols[col].header),
+            }));
+        }
+        header.extend(self.scaling.map(|_| "vs own 1 thread".to_string()));
+        let mut table = Table { title: self.title.clone(), header, rows: Vec::new(), notes: Vec::new() };
+        let mut errors = Vec::new();
+        let show = |ratio: Option<f64>| ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
+        for row in &self.rows {
+            let values = match &row.values {
+                Ok(values) => values,
+                Err(error) => {
+                    table.row(vec![row.name.clone(), "error".to_string()]);
+                    errors.push(format!("ERROR: {}: {error}", row.name));
+                    continue;
+                }
+            };
+            let mut cells = vec![if threads { format!("{}, {}", row.name, row.threads) } else { row.name.clone() }];
+            let mut put = |metric: &str, value: f64, unit: &'static str| {
+                let (workload, subject, threads) = (self.workload.clone(), row.name.clone(), row.threads as u32);
+                let metric = metric.to_string();
+                csv.push(CsvRow { workload, subject, threads, timers: self.timers, metric, value, unit });
+            };
+            for (col, value) in self.cols.iter().zip(values) {
+                cells.push(figure(*value, col.digits));
+                if let Some(value) = value {
+                    put(&col.metric, *value, col.unit);
+                }
+            }
+            for (i, &col) in ratio_cols.iter().enumerate() {
+                for peer in &peers {
+                    let ratio = self.find(*peer, row.threads).and_then(|other| self.ratio(row, other, col));
+                    cells.push(if row.subject == *peer { "-".to_string() } else { show(ratio) });
+                    if let (0, true, Some(ratio), Some(metric)) =
+                        (i, row.subject.is_corewheel(), ratio, peer.ratio_metric())
+                    {
+                        put(&metric, ratio, "x");
+                    }
+                }
+            }
+            if let Some(col) = self.scaling {
+                let one = self.find(row.subject, 1).filter(|_| row.threads > 1);
+                let scaling = one.and_then(|one| self.ratio(row, one, col));
+                cells.push(if row.threads == 1 { "-".to_string() } else { show(scaling) });
+                if let Some(scaling) = scaling {
+                    put("scaling_vs_1_thread", scaling, "x");
+                }
+            }
+            table.row(cells);
+        }
+        self.notes.extend(errors);
+        if !peers.is_empty() && !ratio_cols.is_empty() {
+            self.notes.push(RATIO_LEGEND.to_string());
+        }
+        if self.scaling.is_some() {
+            self.notes.push("vs own 1 thread = the subject's 1-thread figure / this row's: above 1 means more threads got more done".to_string());
+        }
+        table.notes = self.notes;
+        table.print();
+    }
 }
 
 /// One CSV row: `workload,subject,threads,timers,metric,value,unit`.
+#[derive(serde::Serialize)]
 pub struct CsvRow {
     pub workload: String,
     pub subject: String,
     pub threads: u32,
     pub timers: u64,
-    pub metric: &'static str,
+    pub metric: String,
     pub value: f64,
     pub unit: &'static str,
 }
@@ -128,6 +260,7 @@ pub struct Csv {
 }
 
 impl Csv {
+    /// Adds a row.
     pub fn push(&mut self, row: CsvRow) {
         self.rows.push(row);
     }
@@ -137,75 +270,69 @@ impl Csv {
         &self.rows
     }
 
-    /// Several metrics of one subject in one workload.
+    /// Several metrics of one subject in one workload, at `threads` and `timers`.
     pub fn push_metrics(
         &mut self,
         workload: &str,
         subject: &str,
-        timers: u64,
-        metrics: &[(&'static str, f64, &'static str)],
+        (threads, timers): (usize, u64),
+        metrics: &[(&str, f64, &'static str)],
     ) {
         for &(metric, value, unit) in metrics {
-            self.push(CsvRow {
-                workload: workload.to_string(),
-                subject: subject.to_string(),
-                threads: 1,
-                timers,
-                metric,
-                value,
-                unit,
-            });
+            let (workload, subject, metric) = (workload.to_string(), subject.to_string(), metric.to_string());
+            self.push(CsvRow { workload, subject, threads: threads as u32, timers, metric, value, unit });
         }
     }
 
-    /// Writes the CSV beside `path` and renames it into place, so that a run stopped halfway
-    /// never leaves a truncated file where scripts expect a complete one.
-    pub fn write(&self, path: &Path) -> io::Result<()> {
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir)?;
-        }
-        let mut out = String::from("workload,subject,threads,timers,metric,value,unit\n");
-        for row in &self.rows {
-            let _ = writeln!(
-                out,
-                "{},{},{},{},{},{},{}",
-                row.workload, row.subject, row.threads, row.timers, row.metric, row.value, row.unit
-            );
-        }
+    /// Writes the CSV beside `path` and renames it into place, so that a run stopped halfway never leaves a truncated
+    /// file where scripts expect a complete one.
+    pub fn write(&self, path: &Path) -> Result<(), String> {
         let partial = path.with_extension("csv.tmp");
-        fs::write(&partial, out)?;
-        fs::rename(&partial, path)
+        let written = csv::Writer::from_path(&partial).map_err(|e| e.to_string()).and_then(|mut out| {
+            self.rows.iter().try_for_each(|row| out.serialize(row)).map_err(|e| e.to_string())?;
+            out.flush().map_err(|e| e.to_string())
+        });
+        written
+            .and_then(|()| std::fs::rename(&partial, path).map_err(|e| e.to_string()))
+            .map_err(|error| format!("could not write {}: {error}", path.display()))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Table, ratio_cells, thousands};
+    use super::{Col, Csv, Sheet, Table, figure, thousands};
+    use crate::peers::Subject;
 
     #[test]
-    fn thousands_groups_digits() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1_000), "1,000");
-        assert_eq!(thousands(20_000_000), "20,000,000");
-    }
-
-    #[test]
-    fn ratios_read_as_how_much_faster_the_row_is() {
-        let costs = [Some(10.0), Some(30.0), None];
-        assert_eq!(ratio_cells(&costs, 0, &[0, 1, 2]), ["-", "3.00x", "n/a"]);
-        assert_eq!(ratio_cells(&costs, 1, &[0, 1, 2]), ["0.33x", "-", "n/a"]);
-        assert_eq!(ratio_cells(&costs, 0, &[2, 1]), ["n/a", "3.00x"]);
-    }
-
-    #[test]
-    fn table_aligns_columns() {
+    fn numbers_and_tables_read_as_printed() {
+        assert_eq!(
+            (thousands(0), thousands(999), thousands(20_000_000)),
+            ("0".into(), "999".into(), "20,000,000".into())
+        );
+        assert_eq!((figure(Some(1234.4), 0), figure(None, 1)), ("1,234".into(), "n/a".into()));
         let mut table = Table::new("t", &["subject", "ns/op"]);
         table.row(vec!["corewheel".into(), "1.5".into()]);
         table.row(vec!["x".into(), "100.25".into()]);
-        assert_eq!(
-            table.render(),
-            "t\nsubject     ns/op\ncorewheel     1.5\nx          100.25\n"
-        );
+        assert_eq!(table.render(), "t\nsubject     ns/op\ncorewheel     1.5\nx          100.25\n");
+    }
+
+    /// Ratios read as how many times better the row is, for costs and rates alike; the CSV gets every figure and
+    /// corewheel's ratios, and scaling against one thread.
+    #[test]
+    fn sheets_compute_ratios_and_csv_rows() {
+        let cols = vec![Col::new("ns", "ns_per_op", "ns", 1).ratios(), Col::new("M/s", "mops_per_s", "M/s", 2).rate()];
+        let mut sheet = Sheet::new("w", "title", 10, cols);
+        sheet.scaling = Some(0);
+        sheet.add(Subject::Engine, 1, Ok(vec![Some(10.0), Some(100.0)]));
+        sheet.add(Subject::TokioSleep, 1, Ok(vec![Some(30.0), Some(20.0)]));
+        sheet.add(Subject::Engine, 2, Ok(vec![Some(5.0), Some(200.0)]));
+        sheet.add(Subject::TokioSleep, 2, Err("broke".into()));
+        assert_eq!(sheet.ratio(&sheet.rows[0], &sheet.rows[1], 1), Some(5.0));
+        let mut csv = Csv::default();
+        sheet.finish(&mut csv);
+        let rows: Vec<_> = csv.rows().iter().map(|r| (r.subject.as_str(), r.metric.as_str(), r.value)).collect();
+        assert!(rows.contains(&("engine", "vs_tokio_sleep", 3.0)));
+        assert!(rows.iter().any(|r| r.0 == "engine" && r.1 == "scaling_vs_1_thread" && r.2 == 2.0));
+        assert_eq!(rows.iter().filter(|m| m.0 == "tokio-sleep").count(), 2, "the 1-thread figures only");
     }
 }

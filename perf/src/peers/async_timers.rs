@@ -1,73 +1,40 @@
-//! The async timers of the async-* workloads, one set of futures per subject, each made the
-//! way its users make it:
+//! The async timers of the async-* workloads, one set of futures per subject, each made the way its users make it:
 //!
-//! - corewheel-async: `corewheel::sleep`, `corewheel::timeout`, `Sleep::reset`, on the
-//!   process-wide default engine (one unpinned worker per CPU, 1 ms tick);
-//! - tokio and tokio-alt: `tokio::time::sleep`, `tokio::time::timeout`, `Sleep::reset` (the
-//!   same futures; the subjects differ in the runtime: tokio's default timer, or its
-//!   per-worker alternative timer from `Builder::enable_alt_timer`);
-//! - async-io (smol's timer): `Timer::after`, `Timer::set_at`, and for a timeout the way
-//!   smol's documentation writes one, `future.or(async { Timer::after(d).await; ... })`;
-//! - pingora-timeout: `pingora_timeout::sleep` and `pingora_timeout::timeout` (the crate's
-//!   `fast_sleep` and `fast_timeout`: deadlines rounded up to a 10 ms tick, one timer per tick
-//!   shared by every sleep due in it). A pingora sleep has no reset: an idle timeout is
-//!   pushed back by replacing the sleep with a new one.
+//! - corewheel-async: `corewheel::sleep`, `corewheel::timeout`, `Sleep::reset`, on the process-wide default engine
+//!   (one unpinned worker per CPU, 1 ms tick);
+//! - tokio: `tokio::time::sleep`, `tokio::time::timeout`, `Sleep::reset`;
+//! - async-io (smol's timer): `Timer::after`, `Timer::set_at`, and for a timeout the way smol's documentation writes
+//!   one, `future.or(async { Timer::after(d).await; ... })`;
+//! - pingora-timeout: `pingora_timeout::sleep` and `pingora_timeout::timeout` (the crate's `fast_sleep` and
+//!   `fast_timeout`: deadlines rounded up to a 10 ms tick, one timer per tick shared by every sleep due in it). A
+//!   pingora sleep has no reset: an idle timeout is pushed back by replacing the sleep with a new one.
 //!
-//! The read that a `timeout()` wraps is [`PendingRead`]: pending on every poll and never
-//! woken, so the timeout's own cost is all that is measured, the same for every subject.
+//! The read that a `timeout()` wraps is [`PendingRead`]: pending on every poll and never woken, so the timeout's own
+//! cost is all that is measured, the same for every subject.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use tokio::runtime::{Builder, Runtime};
+/// A read whose response has not arrived: pending on every poll, and never woken. Polling a `timeout()` around it
+/// once polls the read, which arms the timer (pingora arms it only then, lazily); dropping the timeout cancels it, as
+/// a proxy's request timeouts go.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PendingRead;
 
-pub use super::timeouts::PendingRead;
-use super::timeouts::{pingora_timeout, tokio_timeout};
+impl Future for PendingRead {
+    type Output = ();
 
-/// Which tokio timer a runtime has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokioTimer {
-    /// The default: one timer wheel, sharded, each shard behind a lock.
-    Default,
-    /// `Builder::enable_alt_timer()`: a wheel per worker (tokio 1.49+, `--cfg tokio_unstable`).
-    Alt,
-}
-
-/// Whether this build of the harness has tokio's alternative timer: it was compiled with
-/// `--cfg tokio_unstable`.
-pub const HAS_ALT_TIMER: bool = cfg!(tokio_unstable);
-
-/// A multi-thread runtime with `workers` worker threads and the chosen timer.
-pub fn runtime(workers: usize, timer: TokioTimer) -> Result<Runtime, String> {
-    let mut builder = Builder::new_multi_thread();
-    builder.worker_threads(workers.max(1));
-    match timer {
-        TokioTimer::Default => {
-            builder.enable_time();
-        }
-        #[cfg(tokio_unstable)]
-        TokioTimer::Alt => {
-            builder.enable_alt_timer();
-        }
-        #[cfg(not(tokio_unstable))]
-        TokioTimer::Alt => {
-            return Err(
-                "tokio's alternative timer needs a build with --cfg tokio_unstable".to_string(),
-            );
-        }
+    fn poll(self: Pin<&mut Self>, _cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        std::task::Poll::Pending
     }
-    builder
-        .build()
-        .map_err(|error| format!("could not start a tokio runtime: {error}"))
 }
 
 /// How an idle timer is pushed back to a new deadline.
 pub enum Reset<F> {
     /// In place, with the timer's own reset; it stays registered with its waker.
     InPlace(fn(Pin<&mut F>, Instant)),
-    /// By replacing the timer with a new one, which the task then polls to register: for a
-    /// timer that has no reset.
+    /// By replacing the timer with a new one, which the task then polls to register: for a timer that has no reset.
     Recreate,
 }
 
@@ -86,20 +53,20 @@ pub fn corewheel_reset(sleep: Pin<&mut corewheel::Sleep<'static>>, deadline: Ins
     sleep.get_mut().reset(deadline);
 }
 
-/// Waits until the default engine has nothing left of the timers a run gave it: every
-/// one cancelled or fired, every node back in its pool.
+/// Waits until the default engine has nothing left of the timers a run gave it: every one cancelled or fired, every
+/// node back in its pool.
 pub fn settle_corewheel() -> Result<(), String> {
     super::engine::settle(corewheel::default_engine()).map(|_| ())
 }
 
-/// tokio's `sleep` (either timer: the runtime decides).
+/// tokio's `sleep`.
 pub fn tokio_sleep(delay: Duration) -> tokio::time::Sleep {
     tokio::time::sleep(delay)
 }
 
 /// tokio's `timeout()` around a pending read.
 pub fn tokio_timeout_read(delay: Duration) -> tokio::time::Timeout<PendingRead> {
-    tokio_timeout(delay)
+    tokio::time::timeout(delay, PendingRead)
 }
 
 /// `Sleep::reset`.
@@ -112,8 +79,7 @@ pub fn async_io_sleep(delay: Duration) -> async_io::Timer {
     async_io::Timer::after(delay)
 }
 
-/// A timeout as smol's documentation writes one: the read raced (`or`, the read polled
-/// first) against a timer.
+/// A timeout as smol's documentation writes one: the read raced (`or`, the read polled first) against a timer.
 pub fn async_io_timeout_read(delay: Duration) -> impl Future<Output = ()> + Send {
     futures_lite::future::or(PendingRead, async move {
         async_io::Timer::after(delay).await;
@@ -134,89 +100,56 @@ pub fn pingora_sleep(delay: Duration) -> impl Future<Output = ()> + Send {
 pub fn pingora_timeout_read(
     delay: Duration,
 ) -> pingora_timeout::Timeout<PendingRead, pingora_timeout::fast_timeout::FastOrTokioTimeout> {
-    pingora_timeout(delay)
+    pingora_timeout::timeout(delay, PendingRead)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::tokio_sleep::{register, with_context};
+    use crate::peers::tokio_sleep::{register, runtime, with_context};
 
-    /// Every subject's sleep and timeout is armed by its first poll (not done at once), and
-    /// fires once its short delay has passed; every in-place reset moves the deadline.
+    /// Every subject's sleep and timeout is armed by its first poll (not done at once, 250 ms out) and fires once its
+    /// delay has passed; every in-place reset moves a 30 s deadline to 5 ms.
     #[test]
-    fn each_timer_arms_on_its_first_poll_and_fires() {
-        let rt = runtime(1, TokioTimer::Default).expect("a runtime");
+    fn each_timer_arms_on_its_first_poll_fires_and_resets() {
+        let rt = runtime(1).expect("a runtime");
         rt.block_on(async {
-            // Long enough that none can pass between a future's creation (where tokio's,
-            // async-io's and pingora's take their deadlines) and its first poll, even on a
-            // loaded machine: at 5 ms, a full test run with a build beside it found three
-            // done at once.
             let delay = Duration::from_millis(250);
-            let mut corewheel = Box::pin(corewheel_sleep(delay));
-            let mut corewheel_t = Box::pin(corewheel_timeout_read(delay));
-            let mut tokio = Box::pin(tokio_sleep(delay));
-            let mut tokio_t = Box::pin(tokio_timeout_read(delay));
-            let mut smol = Box::pin(async_io_sleep(delay));
-            let mut smol_t = Box::pin(async_io_timeout_read(delay));
-            let mut pingora = Box::pin(pingora_sleep(delay));
-            let mut pingora_t = Box::pin(pingora_timeout_read(delay));
+            let (mut cw, mut cw_t) = (Box::pin(corewheel_sleep(delay)), Box::pin(corewheel_timeout_read(delay)));
+            let (mut tokio, mut tokio_t) = (Box::pin(tokio_sleep(delay)), Box::pin(tokio_timeout_read(delay)));
+            let (mut smol, mut smol_t) = (Box::pin(async_io_sleep(delay)), Box::pin(async_io_timeout_read(delay)));
+            let (mut pg, mut pg_t) = (Box::pin(pingora_sleep(delay)), Box::pin(pingora_timeout_read(delay)));
             let done = with_context(|cx| {
                 [
-                    register(corewheel.as_mut(), cx),
-                    register(corewheel_t.as_mut(), cx),
-                    register(tokio.as_mut(), cx),
-                    register(tokio_t.as_mut(), cx),
-                    register(smol.as_mut(), cx),
-                    register(smol_t.as_mut(), cx),
-                    register(pingora.as_mut(), cx),
-                    register(pingora_t.as_mut(), cx),
+                    register(cw.as_mut(), cx) || register(cw_t.as_mut(), cx),
+                    register(tokio.as_mut(), cx) || register(tokio_t.as_mut(), cx),
+                    register(smol.as_mut(), cx) || register(smol_t.as_mut(), cx),
+                    register(pg.as_mut(), cx) || register(pg_t.as_mut(), cx),
                 ]
             })
             .await;
-            assert_eq!(done, [false; 8], "none was done at once");
-            corewheel.await;
-            assert!(corewheel_t.await.is_err());
-            tokio.await;
-            assert!(tokio_t.await.is_err());
-            smol.await;
-            smol_t.await;
-            pingora.await;
-            assert!(pingora_t.await.is_err());
-        });
-    }
-
-    #[test]
-    fn in_place_resets_move_the_deadline() {
-        let rt = runtime(1, TokioTimer::Default).expect("a runtime");
-        rt.block_on(async {
-            let mut corewheel = Box::pin(corewheel_sleep(Duration::from_secs(30)));
-            let mut tokio = Box::pin(tokio_sleep(Duration::from_secs(30)));
-            let mut smol = Box::pin(async_io_sleep(Duration::from_secs(30)));
+            assert_eq!(done, [false; 4], "none was done at once");
+            let long = Duration::from_secs(30);
+            let (mut cw_r, mut tokio_r, mut smol_r) =
+                (Box::pin(corewheel_sleep(long)), Box::pin(tokio_sleep(long)), Box::pin(async_io_sleep(long)));
             with_context(|cx| {
-                assert!(!register(corewheel.as_mut(), cx));
-                assert!(!register(tokio.as_mut(), cx));
-                assert!(!register(smol.as_mut(), cx));
+                register(cw_r.as_mut(), cx) || register(tokio_r.as_mut(), cx) || register(smol_r.as_mut(), cx)
             })
             .await;
             let soon = Instant::now() + Duration::from_millis(5);
-            corewheel_reset(corewheel.as_mut(), soon);
-            tokio_reset(tokio.as_mut(), soon);
-            async_io_reset(smol.as_mut(), soon);
-            // Each fires at the new deadline, not 30 s out.
-            let fired = tokio::time::timeout(Duration::from_secs(10), async {
-                corewheel.await;
+            corewheel_reset(cw_r.as_mut(), soon);
+            tokio_reset(tokio_r.as_mut(), soon);
+            async_io_reset(smol_r.as_mut(), soon);
+            let all = async {
+                cw.await;
                 tokio.await;
                 smol.await;
-            })
-            .await;
-            assert!(fired.is_ok(), "the reset timers fired");
+                pg.await;
+                assert!(cw_t.await.is_err() && tokio_t.await.is_err() && pg_t.await.is_err());
+                smol_t.await;
+                (cw_r.await, tokio_r.await, smol_r.await)
+            };
+            assert!(tokio::time::timeout(Duration::from_secs(10), all).await.is_ok(), "all fired");
         });
-    }
-
-    #[test]
-    fn the_alt_timer_needs_tokio_unstable() {
-        let alt = runtime(1, TokioTimer::Alt);
-        assert_eq!(alt.is_ok(), HAS_ALT_TIMER);
     }
 }

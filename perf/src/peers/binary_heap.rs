@@ -1,11 +1,10 @@
 //! The naive baseline: `std::collections::BinaryHeap` with lazy cancellation.
 //!
-//! Cancelling or resetting a timer leaves its heap entry in place as a tombstone (the slot's
-//! generation moves on, so the entry no longer matches). Tombstones are dropped when they
-//! reach the top, and the heap is rebuilt without them once they outnumber live timers:
-//! without that rebuild a heap that is never popped, as in arm-cancel, would grow without
-//! bound, which no real user would ship. The rebuild keeps the vector's capacity, so the
-//! memory is never returned.
+//! Cancelling or resetting a timer leaves its heap entry in place as a tombstone (the slot's generation moves on, so
+//! the entry no longer matches). Tombstones are dropped when they reach the top, and the heap is rebuilt without them
+//! once they outnumber live timers: without that rebuild a heap that is never popped, as in arm-cancel, would grow
+//! without bound, which no real user would ship. The rebuild keeps the vector's capacity, so the memory is never
+//! returned.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -14,10 +13,10 @@ use std::time::Instant;
 
 use super::{PolledQueue, TimerQueue};
 
-/// Tombstones below this many are left alone: rebuilding a small heap often costs more than
-/// it saves.
+/// Tombstones below this many are left alone: rebuilding a small heap often costs more than it saves.
 const MIN_TOMBSTONES_TO_REBUILD: usize = 1024;
 
+/// The heap, the slot table its entries point into, the free slots, and the live count.
 pub struct TombstoneHeap<T> {
     heap: BinaryHeap<Reverse<Entry>>,
     slots: Vec<Slot<T>>,
@@ -33,8 +32,8 @@ struct Entry {
 }
 
 struct Slot<T> {
-    /// Moves on whenever the slot's timer is cancelled, reset or fired, which turns every
-    /// heap entry minted before into a tombstone.
+    /// Moves on whenever the slot's timer is cancelled, reset or fired, which turns every heap entry minted before
+    /// into a tombstone.
     generation: u32,
     value: Option<T>,
 }
@@ -53,15 +52,12 @@ impl<T> Default for TombstoneHeap<T> {
 }
 
 impl<T> TombstoneHeap<T> {
+    /// An empty heap.
     pub fn new() -> Self {
-        Self {
-            heap: BinaryHeap::new(),
-            slots: Vec::new(),
-            free: Vec::new(),
-            live: 0,
-        }
+        Self { heap: BinaryHeap::new(), slots: Vec::new(), free: Vec::new(), live: 0 }
     }
 
+    /// Arms a timer for `deadline` holding `value`.
     pub fn insert(&mut self, deadline: Instant, value: T) -> HeapKey {
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -70,31 +66,25 @@ impl<T> TombstoneHeap<T> {
             }
             None => {
                 let slot = u32::try_from(self.slots.len()).expect("more than 2^32 heap timers");
-                self.slots.push(Slot {
-                    generation: 0,
-                    value: Some(value),
-                });
+                self.slots.push(Slot { generation: 0, value: Some(value) });
                 slot
             }
         };
         let generation = self.slots[slot as usize].generation;
-        self.heap.push(Reverse(Entry {
-            deadline,
-            slot,
-            generation,
-        }));
+        self.heap.push(Reverse(Entry { deadline, slot, generation }));
         self.live += 1;
         HeapKey { slot, generation }
     }
 
+    /// Tombstones the timer's entry and returns its value, or `None` if it is not pending.
     pub fn cancel(&mut self, key: HeapKey) -> Option<T> {
         let slot = self.slots.get_mut(key.slot as usize)?;
         if slot.generation != key.generation {
             return None;
         }
         let value = slot.value.take()?;
-        // Wrapping is harmless here: a slot would need 2^32 reuses while one of its old
-        // entries still sat in the heap for a tombstone to come back to life.
+        // Wrapping is harmless here: a slot would need 2^32 reuses while one of its old entries still sat in the heap
+        // for a tombstone to come back to life.
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(key.slot);
         self.live -= 1;
@@ -104,9 +94,7 @@ impl<T> TombstoneHeap<T> {
 
     /// Whether `key` names a pending timer.
     pub fn contains(&self, key: HeapKey) -> bool {
-        self.slots
-            .get(key.slot as usize)
-            .is_some_and(|slot| slot.generation == key.generation && slot.value.is_some())
+        self.slots.get(key.slot as usize).is_some_and(|slot| slot.generation == key.generation && slot.value.is_some())
     }
 
     /// Tombstones the timer's entry and pushes a new one; the returned key names it.
@@ -117,16 +105,9 @@ impl<T> TombstoneHeap<T> {
         }
         slot.generation = slot.generation.wrapping_add(1);
         let generation = slot.generation;
-        self.heap.push(Reverse(Entry {
-            deadline,
-            slot: key.slot,
-            generation,
-        }));
+        self.heap.push(Reverse(Entry { deadline, slot: key.slot, generation }));
         self.rebuild_if_mostly_tombstones();
-        Some(HeapKey {
-            slot: key.slot,
-            generation,
-        })
+        Some(HeapKey { slot: key.slot, generation })
     }
 
     /// The earliest live deadline, dropping tombstones that have reached the top.
@@ -166,8 +147,7 @@ impl<T> TombstoneHeap<T> {
         let tombstones = self.heap.len() - self.live;
         if tombstones > self.live && tombstones > MIN_TOMBSTONES_TO_REBUILD {
             let slots = &self.slots;
-            self.heap
-                .retain(|Reverse(entry)| Self::is_live(slots, entry));
+            self.heap.retain(|Reverse(entry)| Self::is_live(slots, entry));
         }
     }
 
@@ -224,33 +204,22 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut heap = TombstoneHeap::new();
-        let a = heap.insert(t0 + ms(3), "a");
-        let b = heap.insert(t0 + ms(1), "b");
-        heap.insert(t0 + ms(2), "c");
-        assert_eq!(heap.cancel(b), Some("b"));
-        assert_eq!(heap.cancel(b), None);
+        let (a, b, _) = (heap.insert(t0 + ms(3), "a"), heap.insert(t0 + ms(1), "b"), heap.insert(t0 + ms(2), "c"));
+        assert_eq!((heap.cancel(b), heap.cancel(b)), (Some("b"), None));
         let a = heap.reset(a, t0 + ms(5)).expect("a is live");
         assert_eq!(heap.next_deadline(), Some(t0 + ms(2)));
-        assert_eq!(heap.pop_expired(t0 + ms(4)), Some("c"));
-        assert_eq!(heap.pop_expired(t0 + ms(4)), None);
-        assert_eq!(heap.pop_expired(t0 + ms(5)), Some("a"));
-        assert_eq!(heap.cancel(a), None);
-        assert_eq!(heap.next_deadline(), None);
+        assert_eq!((heap.pop_expired(t0 + ms(4)), heap.pop_expired(t0 + ms(4))), (Some("c"), None));
+        assert_eq!((heap.pop_expired(t0 + ms(5)), heap.cancel(a), heap.next_deadline()), (Some("a"), None, None));
     }
 
     #[test]
     fn rebuild_keeps_live_timers() {
         let t0 = Instant::now();
         let mut heap = TombstoneHeap::new();
-        let keys: Vec<_> = (0..10_000u64)
-            .map(|i| heap.insert(t0 + Duration::from_nanos(i), i))
-            .collect();
-        for key in &keys[..9_000] {
-            assert!(heap.cancel(*key).is_some());
-        }
+        let keys: Vec<_> = (0..10_000u64).map(|i| heap.insert(t0 + Duration::from_nanos(i), i)).collect();
+        assert!(keys[..9_000].iter().all(|&key| heap.cancel(key).is_some()));
         assert!(heap.heap.len() < 10_000, "the tombstones were rebuilt away");
-        let fired: Vec<u64> =
-            std::iter::from_fn(|| heap.pop_expired(t0 + Duration::from_secs(1))).collect();
+        let fired: Vec<u64> = std::iter::from_fn(|| heap.pop_expired(t0 + Duration::from_secs(1))).collect();
         assert_eq!(fired, (9_000..10_000).collect::<Vec<_>>());
     }
 }

@@ -1,20 +1,18 @@
-//! corewheel's `TimerEngine` as a subject: built the way a service builds it (one worker per
-//! CPU, pinned, 1 ms tick) and driven from application threads with `schedule`, `cancel` and
-//! `reset`.
+//! corewheel's `TimerEngine` as a subject: built the way a service builds it (one worker per CPU, pinned, 1 ms tick)
+//! and driven from application threads with `schedule`, `cancel` and `reset`.
 //!
-//! The engine does part of each timer's work on its workers: filing timers that leave a
-//! thread's lane, unlinking and freeing the ones cancelled after that. So a measurement ends
-//! only when the engine has settled: every scheduled timer cancelled or fired by the counts
-//! in `stats()`, and every pool node free again.
+//! The engine does part of each timer's work on its workers: filing timers that leave a thread's lane, unlinking and
+//! freeing the ones cancelled after that. So a measurement ends only when the engine has settled: every scheduled
+//! timer cancelled or fired by the counts in `stats()`, and every pool node free again.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use corewheel::{ManualClock, Stats, TimerEngine, TimerHandle};
+use corewheel::{Stats, TimerEngine, TimerHandle};
 
 use super::SharedTimers;
-use crate::cpu_time;
+use crate::sys as cpu_time;
 
 /// The prefix of the engine's worker thread names (`corewheel-0`, `corewheel-1`, ...).
 pub const WORKER_PREFIX: &str = "corewheel-";
@@ -22,12 +20,11 @@ pub const WORKER_PREFIX: &str = "corewheel-";
 /// How long a run waits for the engine to settle before calling it a failure.
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(10);
 
-/// Callbacks the engine ran, across every engine workload. The timers are request and idle
-/// timeouts, so their callbacks do what a timeout handler's first step does: note it.
+/// Callbacks the engine ran, across every engine workload. The timers are request and idle timeouts, so their
+/// callbacks do what a timeout handler's first step does: note it.
 pub static CALLBACKS_RUN: AtomicU64 = AtomicU64::new(0);
 
-/// The timeout handler of request `id`: two words of captures, stored in the timer's node
-/// without an allocation.
+/// The timeout handler of request `id`: two words of captures, stored in the timer's node without an allocation.
 #[inline]
 pub fn on_timeout(id: u64) -> impl FnOnce() + Send + 'static {
     move || {
@@ -41,8 +38,7 @@ impl SharedTimers for TimerEngine {
 
     #[inline]
     fn arm(&self, delay: Duration, id: u64) -> Result<TimerHandle, String> {
-        self.schedule(delay, on_timeout(id))
-            .map_err(|error| format!("schedule failed: {error}"))
+        self.schedule(delay, on_timeout(id)).map_err(|error| format!("schedule failed: {error}"))
     }
 
     #[inline]
@@ -67,16 +63,11 @@ pub fn cpus() -> usize {
 
 /// An engine as a service makes one: one worker per CPU, pinned.
 pub fn build() -> Result<TimerEngine, String> {
-    let engine = TimerEngine::builder()
-        .workers(cpus())
-        .build()
-        .map_err(|error| format!("could not start the engine: {error}"))?;
-    Ok(engine)
+    TimerEngine::builder().workers(cpus()).build().map_err(|error| format!("could not start the engine: {error}"))
 }
 
-/// The engine as a service on tokio builds it to ride the runtime's wake-ups: one shard
-/// per CPU, no worker threads (see [`Subject::EngineDriven`](super::Subject::EngineDriven));
-/// the caller spawns its drivers.
+/// The engine as a service on tokio builds it to ride the runtime's wake-ups: one shard per CPU, no worker threads
+/// (see [`Subject::EngineDriven`](super::Subject::EngineDriven)); the caller spawns its drivers.
 pub fn build_driven() -> Result<TimerEngine, String> {
     TimerEngine::builder()
         .workers(cpus())
@@ -85,63 +76,33 @@ pub fn build_driven() -> Result<TimerEngine, String> {
         .map_err(|error| format!("could not start the engine: {error}"))
 }
 
-/// Bytes of pool memory per timer node, measured: what one chunk of nodes adds to a
-/// hand-driven engine's `pool_bytes()`, over the nodes in a chunk (found by scheduling until
-/// a second chunk appears). On a thread of its own, which takes the engine's per-thread
-/// state with it when it exits.
-pub fn node_bytes() -> Option<f64> {
-    std::thread::scope(|scope| scope.spawn(node_bytes_here).join().ok().flatten())
-}
-
-fn node_bytes_here() -> Option<f64> {
-    let engine = TimerEngine::builder()
-        .workers(1)
-        .manual_clock(ManualClock::new())
-        .build()
-        .ok()?;
-    let empty = engine.stats().pool_bytes;
-    let mut handles = vec![engine.schedule(Duration::from_secs(1), || {}).ok()?];
-    let one_chunk = engine.stats().pool_bytes;
-    while engine.stats().pool_bytes == one_chunk && handles.len() < 1 << 20 {
-        handles.push(engine.schedule(Duration::from_secs(1), || {}).ok()?);
-    }
-    // The schedule that found the first chunk full took a node from the second.
-    let per_chunk = handles.len() - 1;
-    (per_chunk > 0).then(|| (one_chunk - empty) as f64 / per_chunk as f64)
-}
-
 /// What a run's wait for the engine to settle found.
 pub struct Settled {
     /// From the call to the moment the engine was seen settled.
     pub waited: Duration,
     pub stats: Stats,
-    /// The process's CPU time, and the workers', read once the workers were quiet and
-    /// before the walk of the pool that confirmed every node free: that walk is the
-    /// harness's check, not the engine's work.
+    /// The process's CPU time, and the workers', read once the workers were quiet and before the walk of the pool
+    /// that confirmed every node free: that walk is the harness's check, not the engine's work.
     pub process_cpu: Option<Duration>,
     pub workers_cpu: Option<Duration>,
 }
 
-/// Waits until every timer the engine was given has been cancelled or has fired, and every
-/// node is back in its pool: the engine has nothing left to do for this run.
+/// Waits until every timer the engine was given has been cancelled or has fired, and every node is back in its pool:
+/// the engine has nothing left to do for this run.
 ///
-/// Counting free nodes walks the whole pool (a million nodes in engine-live-1m), and every
-/// node read takes a line the workers may still be writing. So once a walk has found nodes
-/// in use and took long (over 100 µs), the next waits until the workers have used less than
-/// a quarter of a core over at least 1 ms (or 50 ms more have passed), and never comes
-/// sooner than four times the last walk's length after it. The CPU readings it returns
-/// leave out the final walk only: earlier ones that found nodes in use are counted. Otherwise the check would cost more CPU than the cancels it
-/// waits for, and slow the workers it watches.
+/// Counting free nodes walks the whole pool (a million nodes in engine-live-1m), and every node read takes a line the
+/// workers may still be writing. So once a walk has found nodes in use and took long (over 100 µs), the next waits
+/// until the workers have used less than a quarter of a core over at least 1 ms (or 50 ms more have passed), and
+/// never comes sooner than four times the last walk's length after it. The CPU readings it returns leave out the
+/// final walk only: earlier ones that found nodes in use are counted. Otherwise the check would cost more CPU than
+/// the cancels it waits for, and slow the workers it watches.
 pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
     const LONG_WALK: Duration = Duration::from_micros(100);
     const WATCH: Duration = Duration::from_millis(1);
     const STILL_WALK: Duration = Duration::from_millis(50);
     let started = Instant::now();
-    let mut pause = Duration::from_micros(20);
-    let mut last_walk = Duration::ZERO;
-    let mut walk_after = started;
-    let mut mark = (started, workers_cpu_time());
-    let mut quiet = false;
+    let (mut pause, mut last_walk, mut walk_after) = (Duration::from_micros(20), Duration::ZERO, started);
+    let (mut mark, mut quiet) = ((started, workers_cpu_time()), false);
     loop {
         let stats = engine.stats();
         let now = Instant::now();
@@ -153,28 +114,18 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
             };
             mark = (now, workers);
         }
-        // Quiet, or a while since the last walk: workers that never go quiet (a callback
-        // spinning) must not make a settled engine look unsettled.
+        // Quiet, or a while since the last walk: workers that never go quiet (a callback spinning) must not make a
+        // settled engine look unsettled.
         let waited_enough = now >= walk_after + STILL_WALK;
-        if stats.total.pending == 0
-            && now >= walk_after
-            && (last_walk <= LONG_WALK || quiet || waited_enough)
-        {
-            let waited = started.elapsed();
-            let process_cpu = cpu_time::process_cpu_time();
-            let workers_cpu = workers_cpu_time();
+        if stats.total.pending == 0 && now >= walk_after && (last_walk <= LONG_WALK || quiet || waited_enough) {
+            let (waited, process_cpu, workers_cpu) =
+                (started.elapsed(), cpu_time::process_cpu_time(), workers_cpu_time());
             let walk = Instant::now();
             if engine.nodes_in_use() == 0 {
-                return Ok(Settled {
-                    waited,
-                    stats: engine.stats(),
-                    process_cpu,
-                    workers_cpu,
-                });
+                return Ok(Settled { waited, stats: engine.stats(), process_cpu, workers_cpu });
             }
-            last_walk = walk.elapsed();
+            (last_walk, quiet) = (walk.elapsed(), false);
             walk_after = Instant::now() + last_walk * 4;
-            quiet = false;
         }
         if started.elapsed() > SETTLE_LIMIT {
             return Err(format!(
@@ -189,14 +140,9 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
     }
 }
 
-/// Checks the engine's counts at the end of a run: everything scheduled was cancelled or
-/// fired, and as many as the application threads were told.
-pub fn check_counts(
-    stats: &Stats,
-    scheduled: u64,
-    cancelled: u64,
-    not_cancelled: u64,
-) -> Result<(), String> {
+/// Checks the engine's counts at the end of a run: everything scheduled was cancelled or fired, and as many as the
+/// application threads were told.
+pub fn check_counts(stats: &Stats, scheduled: u64, cancelled: u64, not_cancelled: u64) -> Result<(), String> {
     let total = &stats.total;
     if total.scheduled != scheduled
         || total.cancelled != cancelled
@@ -216,38 +162,13 @@ pub fn workers_cpu_time() -> Option<Duration> {
     cpu_time::named_threads_cpu_time(WORKER_PREFIX)
 }
 
-/// Waits until the workers stop using CPU (less than `quiet` in `interval`), at most
-/// `limit`: after a burst of schedules, the workers are still filing what the lanes
-/// forwarded, which no count shows. Returns the workers' CPU time then.
-pub fn wait_for_idle_workers(interval: Duration, limit: Duration) -> Option<Duration> {
-    let quiet = interval / 20;
-    let started = Instant::now();
-    let mut last = workers_cpu_time()?;
-    loop {
-        std::thread::sleep(interval);
-        let now = workers_cpu_time()?;
-        if now.saturating_sub(last) < quiet || started.elapsed() > limit {
-            return Some(now);
-        }
-        last = now;
-    }
-}
-
-/// Waits, polling the engine's stats every `every`, until `timers` have fired; an error
-/// naming how many had if that takes longer than `give_up`.
-pub fn wait_until_fired(
-    engine: &TimerEngine,
-    timers: u64,
-    every: Duration,
-    give_up: Duration,
-) -> Result<(), String> {
+/// Waits, polling the engine's stats every `every`, until `timers` have fired; an error naming how many had if that
+/// takes longer than `give_up`.
+pub fn wait_until_fired(engine: &TimerEngine, timers: u64, every: Duration, give_up: Duration) -> Result<(), String> {
     let limit = Instant::now() + give_up;
     while engine.stats().total.fired < timers {
         if Instant::now() > limit {
-            return Err(format!(
-                "only {} of {timers} timers fired within {give_up:?}",
-                engine.stats().total.fired
-            ));
+            return Err(format!("only {} of {timers} timers fired within {give_up:?}", engine.stats().total.fired));
         }
         std::thread::sleep(every);
     }

@@ -1,11 +1,10 @@
-//! The keyed-timer subjects: corewheel's `KeyedTimers`, and what users build today for a
-//! timer per key: a `Mutex<HashMap>` of handles over the same engine, and tokio-util's
-//! `DelayQueue` with a key map behind one lock. Also the two candidate maps alone (dashmap,
-//! scc), doing the map operations `KeyedTimers` does, without timers: how the map was
-//! chosen, and what the timers add over it.
+//! The keyed-timer subjects: corewheel's `KeyedTimers`, and what users build today for a timer per key: a
+//! `Mutex<HashMap>` of handles over the same engine, and tokio-util's `DelayQueue` with a key map behind one lock.
+//! Also the two candidate maps alone (dashmap, scc), doing the map operations `KeyedTimers` does, without timers: how
+//! the map was chosen, and what the timers add over it.
 //!
-//! Each handler or expiry does nothing: the keyed workloads set their keys 30 s out, so
-//! nothing comes due during a run.
+//! Each handler or expiry does nothing: the keyed workloads set their keys 30 s out, so nothing comes due during a
+//! run.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,9 +26,7 @@ pub trait Keyed: Sync {
 
 impl Keyed for KeyedTimers<'_, u64, u64> {
     fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
-        KeyedTimers::set(self, key, value, delay)
-            .map(drop)
-            .map_err(|error| error.to_string())
+        KeyedTimers::set(self, key, value, delay).map(drop).map_err(|error| error.to_string())
     }
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
@@ -46,19 +43,17 @@ pub fn keyed_timers(engine: &TimerEngine) -> KeyedTimers<'_, u64, u64> {
     KeyedTimers::with_engine(engine, |_, _| {})
 }
 
-/// A timer per key as a user writes it over the engine: one `Mutex<HashMap>` of values and
-/// handles, whose expiry callbacks take their key out under the same lock.
+/// A timer per key as a user writes it over the engine: one `Mutex<HashMap>` of values and handles, whose expiry
+/// callbacks take their key out under the same lock.
 pub struct MutexMap<'e> {
     engine: &'e TimerEngine,
     map: Arc<Mutex<HashMap<u64, (u64, TimerHandle)>>>,
 }
 
 impl<'e> MutexMap<'e> {
+    /// An empty map over `engine`.
     pub fn new(engine: &'e TimerEngine) -> Self {
-        Self {
-            engine,
-            map: Arc::default(),
-        }
+        Self { engine, map: Arc::default() }
     }
 }
 
@@ -75,10 +70,7 @@ impl Keyed for MutexMap<'_> {
         let timer = self
             .engine
             .schedule(delay, move || {
-                let _expired = shared
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&key);
+                let _expired = shared.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
             })
             .map_err(|error| error.to_string())?;
         map.insert(key, (value, timer));
@@ -87,23 +79,18 @@ impl Keyed for MutexMap<'_> {
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
         let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        map.get(&key)
-            .is_some_and(|&(_, timer)| self.engine.reset(timer, delay))
+        map.get(&key).is_some_and(|&(_, timer)| self.engine.reset(timer, delay))
     }
 
     fn remove(&self, key: u64) -> bool {
-        let taken = self
-            .map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
+        let taken = self.map.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
         taken.is_some_and(|(_, timer)| self.engine.cancel(timer))
     }
 }
 
-/// tokio-util's `DelayQueue` with a key map, behind one lock, as users share it between
-/// threads today: the queue holds each key's value, the map each key's queue entry. Its
-/// methods need a tokio runtime's context (the queue arms a tokio `Sleep`).
+/// tokio-util's `DelayQueue` with a key map, behind one lock, as users share it between threads today: the queue
+/// holds each key's value, the map each key's queue entry. Its methods need a tokio runtime's context (the queue arms
+/// a tokio `Sleep`).
 #[derive(Default)]
 pub struct DelayQueueMap(Mutex<QueueAndKeys>);
 
@@ -125,57 +112,38 @@ impl Keyed for DelayQueueMap {
     fn move_to(&self, key: u64, delay: Duration) -> bool {
         let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let (queue, keys) = &mut *guard;
-        match keys.get(&key) {
-            Some(entry) => {
-                queue.reset(entry, delay);
-                true
-            }
-            None => false,
-        }
+        keys.get(&key).map(|entry| queue.reset(entry, delay)).is_some()
     }
 
     fn remove(&self, key: u64) -> bool {
         let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let (queue, keys) = &mut *guard;
-        keys.remove(&key).is_some_and(|entry| {
-            queue.remove(&entry);
-            true
-        })
+        keys.remove(&key).map(|entry| queue.remove(&entry)).is_some()
     }
 }
 
 /// The slot `KeyedTimers` keeps per key (a value and a handle), for the map-only subjects.
 type Slot = (u64, u64, u64);
 
-/// dashmap alone: `set` is an entry upsert, `move_to` a `get_mut`, `remove` a removal,
-/// with as many shards as `KeyedTimers` gives its map (16 per CPU, not dashmap's default 4).
+/// dashmap alone: `set` is an entry upsert, `move_to` a `get_mut`, `remove` a removal, with as many shards as
+/// `KeyedTimers` gives its map (16 per CPU, not dashmap's default 4).
 pub struct DashMapOnly(dashmap::DashMap<u64, Slot>);
 
 impl Default for DashMapOnly {
     fn default() -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        Self(dashmap::DashMap::with_shard_amount(
-            (cpus * 16).next_power_of_two(),
-        ))
+        Self(dashmap::DashMap::with_shard_amount((cpus * 16).next_power_of_two()))
     }
 }
 
 impl Keyed for DashMapOnly {
     fn set(&self, key: u64, value: u64, _: Duration) -> Result<(), String> {
-        match self.0.entry(key) {
-            dashmap::Entry::Occupied(mut slot) => slot.get_mut().0 = value,
-            dashmap::Entry::Vacant(slot) => {
-                slot.insert((value, key, 0));
-            }
-        }
+        self.0.entry(key).and_modify(|slot| slot.0 = value).or_insert((value, key, 0));
         Ok(())
     }
 
     fn move_to(&self, key: u64, _: Duration) -> bool {
-        self.0.get_mut(&key).is_some_and(|mut slot| {
-            slot.2 += 1;
-            true
-        })
+        self.0.get_mut(&key).map(|mut slot| slot.2 += 1).is_some()
     }
 
     fn remove(&self, key: u64) -> bool {
@@ -199,11 +167,7 @@ impl Keyed for SccOnly {
     }
 
     fn move_to(&self, key: u64, _: Duration) -> bool {
-        self.0
-            .update_sync(&key, |_, slot| {
-                slot.2 += 1;
-            })
-            .is_some()
+        self.0.update_sync(&key, |_, slot| slot.2 += 1).is_some()
     }
 
     fn remove(&self, key: u64) -> bool {

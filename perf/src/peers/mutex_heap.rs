@@ -1,11 +1,9 @@
-//! The naive multi-thread baseline: one `BinaryHeap` (the tombstone heap of `binary_heap`)
-//! behind one `Mutex`, shared by every application thread, and one timer thread that sleeps
-//! on a `Condvar` until the earliest deadline and fires what is due. This is the timer
-//! service most hand-rolled servers start with.
+//! The naive multi-thread baseline: one `BinaryHeap` (the tombstone heap of `binary_heap`) behind one `Mutex`, shared
+//! by every application thread, and one timer thread that sleeps on a `Condvar` until the earliest deadline and fires
+//! what is due. This is the timer service most hand-rolled servers start with.
 //!
-//! Every arm, cancel and reset takes the lock, so the threads of a run take turns on one
-//! cache line and one structure; an arm that becomes the new earliest deadline also wakes the
-//! timer thread.
+//! Every arm, cancel and reset takes the lock, so the threads of a run take turns on one cache line and one
+//! structure; an arm that becomes the new earliest deadline also wakes the timer thread.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::SharedTimers;
 use super::binary_heap::{HeapKey, TombstoneHeap};
-use crate::cpu_time;
+use crate::sys as cpu_time;
 
 /// The timer thread's name; `cpu_time` finds it by this prefix.
 pub const TIMER_THREAD_PREFIX: &str = "mutex-heap-";
@@ -32,39 +30,30 @@ struct Shared {
 }
 
 impl Shared {
-    /// A poisoned lock only means a thread panicked while holding it; the heap itself is
-    /// still whole (its methods do not panic halfway), and the run reports the panic.
+    /// A poisoned lock only means a thread panicked while holding it; the heap itself is still whole (its methods do
+    /// not panic halfway), and the run reports the panic.
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// A shared heap with its timer thread running. Dropping it stops the thread, with whatever
-/// timers are left unfired.
+/// A shared heap with its timer thread running. Dropping it stops the thread, with whatever timers are left unfired.
 pub struct SharedHeap {
     shared: Arc<Shared>,
     timer_thread: Option<JoinHandle<()>>,
 }
 
 impl SharedHeap {
+    /// A fresh heap with its timer thread started.
     pub fn start() -> Result<Self, String> {
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                heap: TombstoneHeap::new(),
-                stop: false,
-            }),
-            wake: Condvar::new(),
-            fired: AtomicU64::new(0),
-        });
+        let state = Mutex::new(State { heap: TombstoneHeap::new(), stop: false });
+        let shared = Arc::new(Shared { state, wake: Condvar::new(), fired: AtomicU64::new(0) });
         let for_thread = Arc::clone(&shared);
         let timer_thread = std::thread::Builder::new()
             .name(format!("{TIMER_THREAD_PREFIX}0"))
             .spawn(move || fire_loop(&for_thread))
             .map_err(|error| format!("could not start the heap's timer thread: {error}"))?;
-        Ok(Self {
-            shared,
-            timer_thread: Some(timer_thread),
-        })
+        Ok(Self { shared, timer_thread: Some(timer_thread) })
     }
 
     /// Timers the timer thread has fired so far.
@@ -133,9 +122,8 @@ impl Drop for SharedHeap {
     }
 }
 
-/// The timer thread: fires everything due, then waits for the earliest deadline or for an
-/// arm that moves it earlier. Callbacks run under the lock, as the simplest such services
-/// do; the harness's callbacks only count.
+/// The timer thread: fires everything due, then waits for the earliest deadline or for an arm that moves it earlier.
+/// Callbacks run under the lock, as the simplest such services do; the harness's callbacks only count.
 fn fire_loop(shared: &Shared) {
     let mut state = shared.lock();
     while !state.stop {
@@ -144,19 +132,9 @@ fn fire_loop(shared: &Shared) {
             black_box(id);
             shared.fired.fetch_add(1, Ordering::Release);
         }
-        state = match state.heap.next_deadline() {
-            Some(next) => {
-                let wait = next.saturating_duration_since(Instant::now());
-                shared
-                    .wake
-                    .wait_timeout(state, wait)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0
-            }
-            None => shared
-                .wake
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner),
+        state = match state.heap.next_deadline().map(|next| next.saturating_duration_since(Instant::now())) {
+            Some(wait) => shared.wake.wait_timeout(state, wait).unwrap_or_else(PoisonError::into_inner).0,
+            None => shared.wake.wait(state).unwrap_or_else(PoisonError::into_inner),
         };
     }
 }
@@ -167,60 +145,39 @@ mod tests {
     use crate::peers::SharedTimers;
     use std::time::{Duration, Instant};
 
-    /// Timers armed from several threads fire on the timer thread, cancelled and reset ones
-    /// as the keys say, and the earliest-deadline wake-up works: a short timer armed while
-    /// the thread sleeps towards a long one still fires in time.
-    ///
-    /// A thread descheduled between an arm and its cancel may find the 1-5 ms timer fired:
-    /// a failed cancel is allowed only once the timer's delay has passed, and such a timer
-    /// counts among those that must fire. The reset one is armed an hour out, so that the
-    /// reset always finds it pending.
+    /// Timers armed from two threads fire on the timer thread, cancelled and reset ones as the keys say, and a short
+    /// timer armed while the thread sleeps towards a long one still fires in time. A cancel may find its 1-5 ms timer
+    /// fired only once its delay has passed (a descheduled thread); such a timer counts among those that must fire.
     #[test]
     fn fires_cancels_and_resets_across_threads() {
         let heap = SharedHeap::start().expect("a timer thread");
         let far = heap.arm(Duration::from_secs(3600), 0).expect("armed");
-        let missed: u64 = std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..2u64)
-                .map(|thread| {
-                    let heap = &heap;
-                    scope.spawn(move || {
-                        let mut missed = 0;
-                        for i in 0..100 {
-                            let delay = Duration::from_millis(1 + i % 5);
-                            let armed = Instant::now();
-                            let key = heap.arm(delay, thread * 1000 + i).expect("armed");
-                            if i % 2 == 0 && !heap.cancel(key) {
-                                assert!(
-                                    armed.elapsed() >= delay,
-                                    "a cancel failed {:?} into a {delay:?} timer",
-                                    armed.elapsed()
-                                );
-                                missed += 1;
-                            }
-                        }
-                        missed
-                    })
-                })
-                .collect();
-            threads
-                .into_iter()
+        let arm_and_cancel = |thread: u64| {
+            let mut missed = 0;
+            for i in 0..100 {
+                let (delay, armed) = (Duration::from_millis(1 + i % 5), Instant::now());
+                let key = heap.arm(delay, thread * 1000 + i).expect("armed");
+                if i % 2 == 0 && !heap.cancel(key) {
+                    assert!(armed.elapsed() >= delay, "a cancel failed {:?} into a {delay:?} timer", armed.elapsed());
+                    missed += 1;
+                }
+            }
+            missed
+        };
+        let missed: u64 = std::thread::scope(|s| {
+            [s.spawn(|| arm_and_cancel(0)), s.spawn(|| arm_and_cancel(1))]
                 .map(|t| t.join().expect("no panic"))
+                .iter()
                 .sum()
         });
-        let kept = heap.arm(Duration::from_secs(3600), 9).expect("armed");
-        let moved = heap.reset(kept, Duration::from_millis(2)).expect("pending");
-        let expected = 101 + missed;
-        let started = Instant::now();
+        let moved = heap
+            .reset(heap.arm(Duration::from_secs(3600), 9).expect("armed"), Duration::from_millis(2))
+            .expect("pending");
+        let (expected, started) = (101 + missed, Instant::now());
         while heap.fired() < expected && started.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(
-            heap.fired(),
-            expected,
-            "100 uncancelled timers, {missed} cancelled too late, and the reset one"
-        );
-        assert!(!heap.cancel(moved), "it fired");
-        assert!(heap.is_pending(far) && !heap.is_pending(moved));
-        assert!(heap.cancel(far), "the hour-long timer is still pending");
+        assert_eq!(heap.fired(), expected, "100 uncancelled timers, {missed} cancelled too late, and the reset one");
+        assert!(!heap.cancel(moved) && heap.is_pending(far) && heap.cancel(far));
     }
 }

@@ -1,27 +1,26 @@
-//! burst-steal: a million timers scheduled from one thread, so all on that thread's shard,
-//! all due within the same 10 ms, fired on the real clock by a TimerEngine with one worker
-//! per thread count, stealing on and off. Reports when the last one fired, lateness
-//! percentiles, and what share the other workers ran.
+//! burst-steal: a million timers scheduled from one thread, so all on that thread's shard, all due within the same 10
+//! ms, fired on the real clock by a TimerEngine with one worker per thread count, stealing on and off. Reports when
+//! the last one fired, lateness percentiles, and what share the other workers ran.
 //!
-//! Each callback records its lateness on the worker thread that runs it, in that thread's
-//! own buffer (an uncontended lock), so the callback adds no cross-core traffic of its own
-//! and the two settings are compared on the engine's work alone.
+//! Each callback records its lateness on the worker thread that runs it, in that thread's own buffer (an uncontended
+//! lock), so the callback adds no cross-core traffic of its own and the two settings are compared on the engine's
+//! work alone.
 
 use std::time::{Duration, Instant};
 
 use corewheel::TimerEngine;
 
 use crate::peers::engine;
-use crate::repeat::{RUNS, median, spread};
-use crate::report::{Csv, CsvRow, Table, thousands};
-use crate::rng::XorShift64;
+use crate::report::{Table, thousands};
+use crate::runner::{self, Plan, RUNS, median, spread};
 use crate::workloads::lateness::{LatenessSummary, worker_records};
+use crate::workloads::{Out, rng};
 
-pub const NAME: &str = "burst-steal";
+const NAME: &str = "burst-steal";
 /// All deadlines fall within this window.
 const SPREAD_NS: u64 = 10_000_000;
-/// From the start of scheduling to the window: long enough to schedule a million timers
-/// (tens of milliseconds) with room for a slow spell.
+/// From the start of scheduling to the window: long enough to schedule a million timers (tens of milliseconds) with
+/// room for a slow spell.
 const LEAD: Duration = Duration::from_millis(600);
 /// How long to wait for the last fire before calling timers lost.
 const GIVE_UP: Duration = Duration::from_secs(60);
@@ -37,17 +36,17 @@ struct Burst {
     claimed_elsewhere: u64,
 }
 
-fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burst, String> {
-    worker_records::prepare(workers, timers as usize);
+fn burst(workers: usize, stealing: bool, timers: u64) -> Result<Burst, String> {
+    worker_records::prepare(workers);
     let engine = TimerEngine::builder()
         .workers(workers)
         .stealing(stealing)
         .build()
         .map_err(|error| format!("could not start the engine: {error}"))?;
-    let mut rng = XorShift64::new(XorShift64::SEED ^ run as u64);
+    let mut rng = rng(0);
     let first = Instant::now() + LEAD;
     for _ in 0..timers {
-        let deadline = first + Duration::from_nanos(rng.below(SPREAD_NS));
+        let deadline = first + Duration::from_nanos(rng.u64(..SPREAD_NS));
         engine
             .schedule_at(deadline, move || worker_records::record(deadline))
             .map_err(|error| format!("schedule failed: {error}"))?;
@@ -59,163 +58,102 @@ fn burst(workers: usize, stealing: bool, timers: u64, run: usize) -> Result<Burs
     let total = engine.stats().total;
     let (stolen, claimed_elsewhere) = (total.stolen, total.claimed_elsewhere);
     drop(engine);
-    let (all, per_worker) = worker_records::take(timers as usize);
+    let (all, per_worker) = worker_records::take();
     let lateness = all.summarize();
-    let last_fire = lateness
-        .last_fire
-        .map_or(Duration::ZERO, |last| last.saturating_duration_since(first));
-    Ok(Burst {
-        last_fire,
-        lateness,
-        per_worker,
-        stolen,
-        claimed_elsewhere,
-    })
+    let last_fire = lateness.last_fire.map_or(Duration::ZERO, |last| last.saturating_duration_since(first));
+    Ok(Burst { last_fire, lateness, per_worker, stolen, claimed_elsewhere })
 }
 
 fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e3
 }
 
-/// Runs the burst at each worker count of `threads` above 1 (stealing needs another
-/// worker), stealing on and off in turns, [`RUNS`] times each.
-pub fn run(threads: &[usize], timers: u64, csv: &mut Csv) {
-    let counts: Vec<usize> = threads.iter().copied().filter(|&n| n > 1).collect();
-    if counts.is_empty() {
-        crate::progress::print(&format!(
-            "{NAME}: skipped: stealing needs at least 2 workers (--threads)\n"
-        ));
+/// Runs `plan`'s bursts (each worker count above 1, stealing on and off, in turns) and prints the table.
+pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
+    if plan.cells.is_empty() {
+        runner::print(&format!("{NAME}: skipped: stealing needs at least 2 workers (--threads)\n"));
         return;
     }
-    let mut table = Table::new(
-        format!(
-            "{NAME} ({} timers from one thread onto one shard, due within 10 ms; median of {RUNS} runs)",
-            thousands(timers)
-        ),
-        &[
-            "workers",
-            "stealing",
-            "last fire ms",
-            "p50 late ms",
-            "p99 late ms",
-            "max late ms",
-            "run elsewhere",
-            "claimed elsewhere",
-            "per worker",
-            "early",
-            "on/off",
-        ],
+    let results = runner::in_turns(plan, |cell| burst(cell.threads, cell.param == 1, timers));
+    let title = format!(
+        "{NAME} ({} timers from one thread onto one shard, due within 10 ms; median of {RUNS} runs)",
+        thousands(timers)
     );
+    let header = "workers|stealing|last fire ms|p50 late ms|p99 late ms|max late ms|run elsewhere|claimed elsewhere";
+    let header: Vec<&str> = header.split('|').chain(["per worker", "early", "on/off"]).collect();
+    let mut table = Table::new(title, &header);
     let mut errors = Vec::new();
-    for &workers in &counts {
-        let mut results: [Vec<Burst>; 2] = [Vec::new(), Vec::new()];
-        for run in 0..RUNS {
-            for (setting, stealing) in [true, false].into_iter().enumerate() {
-                crate::progress::step(format!(
-                    "{NAME}/{workers} workers/stealing {}",
-                    if stealing { "on" } else { "off" }
-                ));
-                match burst(workers, stealing, timers, run) {
-                    Ok(burst) => results[setting].push(burst),
-                    Err(error) => errors.push(format!("ERROR: {NAME}: {error}")),
-                }
-            }
-        }
-        let last = |runs: &[Burst]| median(runs.iter().map(|b| ms(b.last_fire)));
-        let off_last = last(&results[1]);
-        for (setting, runs) in results.iter().enumerate() {
-            if runs.is_empty() {
+    let last = |runs: &[Burst]| median(runs.iter().map(|b| ms(b.last_fire)));
+    for (cell, runs) in plan.cells.iter().zip(&results) {
+        let (workers, stealing) = (cell.threads, cell.param == 1);
+        let on_off = if stealing { "on" } else { "off" };
+        let runs = match runs {
+            Ok(runs) => runs,
+            Err(error) => {
+                errors.push(format!("ERROR: {NAME}: {workers} workers, stealing {on_off}: {error}"));
                 continue;
             }
-            let stealing = setting == 0;
-            let subject = if stealing {
-                "engine"
-            } else {
-                "engine-no-steal"
-            };
-            let middle = |f: &dyn Fn(&Burst) -> f64| median(runs.iter().map(f));
-            let last_fire = last(runs);
-            let p50 = middle(&|b| ms(b.lateness.p50));
-            let p99 = middle(&|b| ms(b.lateness.p99));
-            let max = middle(&|b| ms(b.lateness.max));
-            let elsewhere = middle(&|b| 100.0 * b.stolen as f64 / timers as f64);
-            let claimed = middle(&|b| 100.0 * b.claimed_elsewhere as f64 / timers as f64);
-            let early: u64 = runs.iter().map(|b| b.lateness.early).sum();
-            let fired_wrong = runs.iter().any(|b| b.lateness.fired != timers);
-            // The run whose last fire is the median's, for its split across workers.
-            let typical = runs.iter().min_by(|a, b| {
-                (ms(a.last_fire) - last_fire)
-                    .abs()
-                    .total_cmp(&(ms(b.last_fire) - last_fire).abs())
-            });
-            let split = typical.map_or(String::new(), |b| {
-                b.per_worker
-                    .iter()
-                    .map(|&n| format!("{:.0}%", 100.0 * n as f64 / timers as f64))
-                    .collect::<Vec<_>>()
-                    .join("/")
-            });
-            table.row(vec![
-                workers.to_string(),
-                if stealing { "on" } else { "off" }.to_string(),
-                format!("{last_fire:.1}"),
-                format!("{p50:.2}"),
-                format!("{p99:.2}"),
-                format!("{max:.2}"),
-                format!("{elsewhere:.0}%"),
-                format!("{claimed:.0}%"),
-                split,
-                thousands(early),
-                if stealing {
-                    format!("{:.2}x", off_last / last_fire)
-                } else {
-                    String::new()
-                },
-            ]);
-            if early > 0 {
-                errors.push(format!(
-                    "ERROR: {NAME}: {subject} fired {early} timers EARLY"
-                ));
-            }
-            if fired_wrong {
-                errors.push(format!(
-                    "ERROR: {NAME}: {subject} fired a wrong number of timers"
-                ));
-            }
-            table.note(format!(
-                "{workers} workers, stealing {}: last fire {} ms over the runs",
-                if stealing { "on" } else { "off" },
-                spread(runs.iter().map(|b| ms(b.last_fire)))
-            ));
-            for (metric, value, unit) in [
-                ("last_fire_after_first_deadline", last_fire, "ms"),
-                ("lateness_p50", p50, "ms"),
-                ("lateness_p99", p99, "ms"),
-                ("lateness_max", max, "ms"),
-                ("run_by_other_workers", elsewhere, "%"),
-                ("claimed_by_other_workers", claimed, "%"),
-                ("early_fires", early as f64, "count"),
-            ] {
-                csv.push(CsvRow {
-                    workload: NAME.to_string(),
-                    subject: subject.to_string(),
-                    threads: workers as u32,
-                    timers,
-                    metric,
-                    value,
-                    unit,
-                });
-            }
+        };
+        let subject = if stealing { "engine" } else { "engine-no-steal" };
+        let middle = |f: &dyn Fn(&Burst) -> f64| median(runs.iter().map(f));
+        let last_fire = last(runs);
+        let p50 = middle(&|b| ms(b.lateness.p50));
+        let p99 = middle(&|b| ms(b.lateness.p99));
+        let max = middle(&|b| ms(b.lateness.max));
+        let elsewhere = middle(&|b| 100.0 * b.stolen as f64 / timers as f64);
+        let claimed = middle(&|b| 100.0 * b.claimed_elsewhere as f64 / timers as f64);
+        let early: u64 = runs.iter().map(|b| b.lateness.early).sum();
+        if early > 0 || runs.iter().any(|b| b.lateness.fired != timers) {
+            errors.push(format!("ERROR: {NAME}: {subject} fired {early} timers EARLY, or a wrong number of timers"));
         }
+        // The run whose last fire is the median's, for its split across workers.
+        let typical = runs
+            .iter()
+            .min_by(|a, b| (ms(a.last_fire) - last_fire).abs().total_cmp(&(ms(b.last_fire) - last_fire).abs()));
+        let split = typical.map_or(String::new(), |b| {
+            let shares: Vec<String> =
+                b.per_worker.iter().map(|&n| format!("{:.0}%", 100.0 * n as f64 / timers as f64)).collect();
+            shares.join("/")
+        });
+        // Stealing on is measured beside stealing off at the same worker count.
+        let off = plan.cells.iter().zip(&results).find(|(c, _)| c.threads == workers && c.param == 0);
+        let ratio = match (stealing, off.and_then(|(_, r)| r.as_ref().ok())) {
+            (true, Some(off)) => format!("{:.2}x", last(off) / last_fire),
+            _ => String::new(),
+        };
+        table.row(vec![
+            workers.to_string(),
+            on_off.to_string(),
+            format!("{last_fire:.1}"),
+            format!("{p50:.2}"),
+            format!("{p99:.2}"),
+            format!("{max:.2}"),
+            format!("{elsewhere:.0}%"),
+            format!("{claimed:.0}%"),
+            split,
+            thousands(early),
+            ratio,
+        ]);
+        table.note(format!(
+            "{workers} workers, stealing {on_off}: last fire {} ms over the runs",
+            spread(runs.iter().map(|b| ms(b.last_fire)))
+        ));
+        let metrics = [
+            ("last_fire_after_first_deadline", last_fire, "ms"),
+            ("lateness_p50", p50, "ms"),
+            ("lateness_p99", p99, "ms"),
+            ("lateness_max", max, "ms"),
+            ("run_by_other_workers", elsewhere, "%"),
+            ("claimed_by_other_workers", claimed, "%"),
+            ("early_fires", early as f64, "count"),
+        ];
+        out.csv.push_metrics(NAME, subject, (workers, timers), &metrics);
     }
-    table.note("last fire: from the first deadline to the last callback; the deadlines span 10 ms");
-    table.note("late: callback start - deadline (deadlines round up to the 1 ms tick)");
-    table.note("run elsewhere: share of the timers run by a worker other than their shard's owner (Stats::stolen)");
-    table.note("claimed elsewhere: share of the timers claimed off the owner's handed-out due lists by another worker (Stats::claimed_elsewhere); the owner claims the rest");
-    table.note("per worker: share of the timers each worker thread ran, in the median run");
-    table.note("on/off: last fire with stealing off / with stealing on: above 1 means stealing finished sooner");
+    table.note("last fire: from the first deadline to the last callback; the deadlines span 10 ms; late: callback start - deadline (deadlines round up to the 1 ms tick)");
+    table.note("run elsewhere: share of the timers run by a worker other than their shard's owner (Stats::stolen); claimed elsewhere: share claimed off the owner's handed-out due lists by another worker (Stats::claimed_elsewhere)");
+    table.note("per worker: share of the timers each worker thread ran, in the median run; on/off: last fire with stealing off / with stealing on: above 1 means stealing finished sooner");
     table.print();
     for error in &errors {
-        crate::progress::print(error);
+        runner::print(error);
     }
 }

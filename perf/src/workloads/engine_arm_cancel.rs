@@ -1,39 +1,25 @@
-//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine`
-//! against tokio's `sleep`, tokio's `timeout()`, pingora-timeout's `timeout()` and a
-//! `Mutex<BinaryHeap>` shared by the threads.
+//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine` against tokio's `sleep`,
+//! tokio's `timeout()`, pingora-timeout's `timeout()` and a `Mutex<BinaryHeap>` shared by the threads.
 //!
-//! Each thread keeps a window of K requests in flight: it arms a timer for a new request
-//! (delay uniform in 1 ms..30 s) and cancels the one armed K operations earlier, whose
-//! response has arrived; window 0 arms a timer and cancels it at once. At the end each
-//! thread cancels what it still has in flight. The engine's threads are plain threads
-//! calling `schedule` and `cancel`; tokio's are the T workers of a runtime, each running one
-//! task that registers a `Sleep` (or polls a `timeout()` around a pending read) per request
-//! and drops it to cancel.
-//!
-//! A run is timed from the moment every thread has its window armed until the work is done:
-//! for the engine, until its counts show every timer cancelled or fired and every pool
-//! node is free again, so the workers' share of the work is inside the time.
+//! Each thread keeps a window of K requests in flight: it arms a timer for a new request (delay uniform in 1 ms..30
+//! s) and cancels the one armed K operations earlier, whose response has arrived; window 0 arms a timer and cancels
+//! it at once. At the end each thread cancels what it still has in flight. The engine's threads are plain threads
+//! calling `schedule` and `cancel`; tokio's are the T workers of a runtime, each running one task that registers a
+//! `Sleep` (or polls a `timeout()` around a pending read) per request and drops it to cancel. A run is timed from the
+//! moment every thread has its window armed until the work is done: for the engine, until it has settled, so that the
+//! workers' share of the work is inside the time.
 
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::peers::engine;
-use crate::peers::timeouts;
-use crate::peers::tokio_sleep::{self, register};
-use crate::peers::{SharedTimers, Subject};
-use crate::report::{Csv, thousands};
-use crate::rng::XorShift64;
-use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
-use crate::workloads::request_timeout;
-
-pub const NAME: &str = "engine-arm-cancel";
-
-/// The default windows: a handful of requests in flight per thread (most timers are
-/// cancelled while still on the thread's lane, which the thread hands over every 64
-/// pushes, so they never reach a worker), and as many as the single-thread arm-cancel
-/// keeps (every timer is filed in a worker's wheel before its cancel).
-pub const DEFAULT_WINDOWS: [usize; 2] = [16, 10_000];
+use crate::peers::tokio_sleep::{StartLine, register, with_context};
+use crate::peers::{SharedTimers, Subject, async_timers, engine};
+use crate::report::thousands;
+use crate::runner::{Cell, Plan};
+use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
+use crate::workloads::{Out, request_timeout, rng};
 
 #[derive(Debug, Clone, Copy)]
 struct Config {
@@ -42,134 +28,72 @@ struct Config {
     timers: u64,
 }
 
-fn seed(index: usize) -> u64 {
-    XorShift64::SEED ^ (index as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
-}
-
-fn thread_share<S: SharedTimers>(
-    subject: &S,
-    index: usize,
-    gate: &Gate,
-    config: Config,
-) -> Result<Share, String> {
-    let ops = share_of(config.timers, config.threads, index);
-    let mut rng = XorShift64::new(seed(index));
-    let mut share = Share::new(std::thread::current().id());
-    let mut window = Vec::with_capacity(config.window);
-    let mut failure = None;
-    for i in 0..config.window as u64 {
-        match subject.arm(request_timeout(&mut rng), i) {
-            Ok(handle) => window.push(handle),
-            Err(error) => {
-                failure = Some(error);
-                break;
-            }
-        }
-    }
+/// A plain thread's share on a structure the threads share.
+fn thread_share<S: SharedTimers>(subject: &S, index: usize, gate: &Gate, config: Config) -> Result<Share, String> {
+    let mut rng = rng(index as u64 + 1);
+    let mut share = Share::new();
+    let window: Result<Vec<S::Handle>, String> =
+        (0..config.window as u64).map(|i| subject.arm(request_timeout(&mut rng), i)).collect();
     gate.wait();
-    if let Some(failure) = failure {
-        return Err(failure);
-    }
-    share.scheduled = window.len() as u64;
-    let mut oldest = 0;
+    let mut window = window?;
+    let ops = share_of(config.timers, config.threads, index);
+    share.scheduled = window.len() as u64 + ops;
+    let mut count = |cancelled: bool| match cancelled {
+        true => share.cancelled += 1,
+        false => share.too_late += 1,
+    };
     for op in 0..ops {
         let fresh = subject.arm(request_timeout(&mut rng), op)?;
-        let old = if window.is_empty() {
-            fresh
-        } else {
-            let old = std::mem::replace(&mut window[oldest], fresh);
-            oldest += 1;
-            if oldest == window.len() {
-                oldest = 0;
-            }
-            old
+        let old = match window.len() {
+            0 => fresh,
+            len => std::mem::replace(&mut window[op as usize % len], fresh),
         };
-        if subject.cancel(old) {
-            share.cancelled += 1;
-        } else {
-            share.too_late += 1;
-        }
+        count(subject.cancel(old));
     }
     for handle in window {
-        if subject.cancel(handle) {
-            share.cancelled += 1;
-        } else {
-            share.too_late += 1;
-        }
+        count(subject.cancel(handle));
     }
-    share.scheduled += ops;
     share.done = Instant::now();
     Ok(share)
 }
 
-fn run_mutex_heap(config: Config) -> Result<Run, String> {
-    let (run, _) = parallel::on_mutex_heap(config.threads, |heap, index, gate| {
-        thread_share(heap, index, gate, config)
-    })?;
-    Ok(run)
-}
-
-fn run_engine(config: Config) -> Result<Run, String> {
-    let (run, settled, shares) =
-        parallel::on_engine(config.threads, true, |engine, index, gate| {
-            thread_share(engine, index, gate, config)
-        })?;
-    let scheduled = shares.iter().map(|share| share.scheduled).sum();
-    let cancelled = shares.iter().map(|share| share.cancelled).sum();
-    if let Some(settled) = settled {
-        engine::check_counts(&settled.stats, scheduled, cancelled, run.too_late)?;
-    }
-    Ok(run)
-}
-
-/// One task's share on tokio: `arm(delay)` makes a request's timer future (a `Sleep`, or a
-/// `timeout()` around a pending read), which the task polls once to arm and drops to cancel.
+/// One task's share on tokio: `arm(delay)` makes a request's timer future (a `Sleep`, or a `timeout()` around a
+/// pending read), which the task polls once to arm and drops to cancel. One pinned slot per request in flight,
+/// reused: each new timer is written over the oldest, which drops (cancels) it, so no allocation happens per timer.
 async fn tokio_share<F: Future + Send + 'static>(
     index: usize,
-    line: std::sync::Arc<tokio_sleep::StartLine>,
+    line: Arc<StartLine>,
     config: Config,
     arm: fn(Duration) -> F,
 ) -> Result<Share, String> {
     let ops = share_of(config.timers, config.threads, index);
-    // One pinned slot per request in flight, reused: each new timer is written over the
-    // oldest, which drops (cancels) it, so no allocation happens per timer.
-    let mut window: Vec<Pin<Box<Option<F>>>> = (0..config.window).map(|_| Box::pin(None)).collect();
-    tokio_sleep::with_context(|cx| {
-        let mut rng = XorShift64::new(seed(index));
-        let mut share = Share::new(std::thread::current().id());
-        for slot in &mut window {
+    let mut window: Vec<Pin<Box<Option<F>>>> = (0..config.window.max(1)).map(|_| Box::pin(None)).collect();
+    with_context(|cx| {
+        let mut rng = rng(index as u64 + 1);
+        let mut share = Share::new();
+        let mut put = |slot: &mut Pin<Box<Option<F>>>, share: &mut Share| {
             slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
             if let Some(timer) = slot.as_mut().as_pin_mut() {
                 share.due_at_once += u64::from(register(timer, cx));
             }
+        };
+        for slot in window.iter_mut().take(config.window) {
+            put(slot, &mut share);
         }
-        share.scheduled = window.len() as u64;
         if !line.arrive_and_wait() {
             return Err("the run was called off".to_string());
         }
-        if window.is_empty() {
-            for _ in 0..ops {
-                let timer = pin!(arm(request_timeout(&mut rng)));
-                share.due_at_once += u64::from(register(timer, cx));
-            }
-        } else {
-            let mut oldest = 0;
-            for _ in 0..ops {
-                let slot = &mut window[oldest];
-                slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
-                if let Some(timer) = slot.as_mut().as_pin_mut() {
-                    share.due_at_once += u64::from(register(timer, cx));
-                }
-                oldest += 1;
-                if oldest == window.len() {
-                    oldest = 0;
-                }
-            }
-            for slot in &mut window {
-                slot.as_mut().set(None);
+        let len = window.len();
+        for op in 0..ops as usize {
+            put(&mut window[op % len], &mut share);
+            if config.window == 0 {
+                window[0].as_mut().set(None);
             }
         }
-        share.scheduled += ops;
+        for slot in &mut window {
+            slot.as_mut().set(None);
+        }
+        share.scheduled = config.window as u64 + ops;
         share.cancelled = share.scheduled;
         share.done = Instant::now();
         Ok(share)
@@ -177,83 +101,51 @@ async fn tokio_share<F: Future + Send + 'static>(
     .await
 }
 
-fn run_tokio<F: Future + Send + 'static>(
-    config: Config,
-    arm: fn(Duration) -> F,
-) -> Result<Run, String> {
-    let (run, _) = parallel::on_tokio(config.threads, |index, line| {
-        tokio_share(index, line, config, arm)
-    })?;
-    Ok(run)
-}
-
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Engine => run_engine(config),
-        Subject::TokioSleep => run_tokio(config, tokio::time::sleep),
-        Subject::TokioTimeout => run_tokio(config, timeouts::tokio_timeout),
-        Subject::PingoraTimeout => run_tokio(config, timeouts::pingora_timeout),
-        Subject::MutexHeap => run_mutex_heap(config),
+        Subject::Engine => parallel::on_engine(config.threads, true, |e, i, gate| thread_share(e, i, gate, config)),
+        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| thread_share(h, i, gate, config)),
+        Subject::TokioSleep => {
+            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, tokio::time::sleep))
+        }
+        Subject::TokioTimeout => {
+            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, async_timers::tokio_timeout_read))
+        }
+        Subject::PingoraTimeout => parallel::on_tokio(config.threads, |i, line| {
+            tokio_share(i, line, config, async_timers::pingora_timeout_read)
+        }),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
 
-pub fn run(subjects: &[Subject], threads: &[usize], windows: &[usize], timers: u64, csv: &mut Csv) {
-    for &window in windows {
-        let measured: Vec<Measured> = threads
-            .iter()
-            .map(|&t| {
-                let config = Config {
-                    threads: t,
-                    window,
-                    timers,
-                };
-                Measured::take(subjects, t, timers, |subject, run| {
-                    crate::progress::step(format!(
-                        "{NAME}/{} ({t} threads, window {window}, run {})",
-                        subject.name(),
-                        run + 1
-                    ));
-                    measure(subject, config)
-                })
-            })
-            .collect();
-        let mut table = ThreadsTable {
-            workload: format!("{NAME}-w{window}"),
-            title: format!(
-                "{NAME} (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
-                thousands(window as u64),
-                thousands(timers)
-            ),
-            unit: "timer",
-            units: timers,
-            live_nodes: engine::node_bytes().map(|bytes| {
-                let threads = threads.iter().copied().max().unwrap_or(1) as u64;
-                (threads * window.max(1) as u64, bytes)
-            }),
-        }
-        .build(subjects, &measured, csv);
-        table.note(if window == 0 {
-            "timer = arm one (delay uniform in 1 ms..30 s) and cancel it at once".to_string()
-        } else {
-            format!(
-                "timer = arm one (delay uniform in 1 ms..30 s) and cancel the one this thread armed {} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)",
-                thousands(window as u64)
-            )
+/// Runs `plan`'s cells and prints a table per window.
+pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
+    let results = parallel::measure(
+        plan,
+        |_| timers,
+        |cell: &Cell| {
+            let config = Config { threads: cell.threads, window: cell.param as usize, timers };
+            measure(cell.subject, config)
+        },
+    );
+    let mut windows: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
+    windows.dedup();
+    for window in windows {
+        let cells: Vec<_> = plan.cells.iter().zip(&results).filter(|(cell, _)| cell.param == window).collect();
+        let title = format!(
+            "engine-arm-cancel (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
+            thousands(window),
+            thousands(timers)
+        );
+        let too_late = "fired before their cancel (the cancel then returns false)";
+        let name = format!("engine-arm-cancel-w{window}");
+        let mut sheet = threads_sheet((name, title), ("timer", timers), too_late, &cells);
+        sheet.note(match window {
+            0 => "timer = arm one (delay uniform in 1 ms..30 s) and cancel it at once".to_string(),
+            _ => format!("timer = arm one and cancel the one this thread armed {} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)", thousands(window) ),
         });
-        table.note("ns/timer = wall time / timers, all threads together: from the moment every thread has its window armed to the end; for the engine the end is when stats() shows every timer cancelled or fired and every pool node is free, so its workers' share is inside");
-        table.note(format!(
-            "engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending; mutex-heap: T plain threads sharing one locked heap",
-            engine::cpus()
-        ));
-        for note in measured.iter().flat_map(|m| {
-            m.notes(
-                subjects,
-                "fired before their cancel (the cancel then returns false)",
-            )
-        }) {
-            table.note(note);
-        }
-        table.print();
+        sheet.note("ns/timer = wall time / timers, all threads together, from the moment every thread has its window armed to the end; for the engine the end is when stats() shows every timer cancelled or fired and every pool node is free, so its workers' share is inside");
+        sheet.note(format!("engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending; mutex-heap: T plain threads sharing one locked heap", engine::cpus() ));
+        sheet.finish(&mut out.csv);
     }
 }

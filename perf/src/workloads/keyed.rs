@@ -1,15 +1,14 @@
-//! keyed-*: a timer per key from 1..N threads, corewheel's `KeyedTimers` against what users
-//! build today (a `Mutex<HashMap>` of handles over the same engine, and tokio-util's
-//! `DelayQueue` with a key map behind one lock), and the candidate maps alone.
+//! keyed-*: a timer per key from 1..N threads, corewheel's `KeyedTimers` against what users build today (a
+//! `Mutex<HashMap>` of handles over the same engine, and tokio-util's `DelayQueue` with a key map behind one lock),
+//! and the candidate maps alone.
 //!
-//! Each thread works on keys of its own (its index in the high bits), as a server's
-//! connections or cache entries are spread over threads; every deadline is 30 s out, so
-//! nothing comes due during a run.
+//! Each thread works on keys of its own (its index in the high bits), as a server's connections or cache entries are
+//! spread over threads; every deadline is 30 s out, so nothing comes due during a run.
 //!
-//! - keyed-set-remove: a request's timer per key. Set a new key, remove the one set 16
-//!   operations earlier; one operation is a set and a remove.
-//! - keyed-set-over: set over an existing key (10,000 per thread, set untimed first), which
-//!   replaces its value and deadline.
+//! - keyed-set-remove: a request's timer per key. Set a new key, remove the one set 16 operations earlier; one
+//!   operation is a set and a remove.
+//! - keyed-set-over: set over an existing key (10,000 per thread, set untimed first), which replaces its value and
+//!   deadline.
 //! - keyed-move: move an existing key's deadline (the same 10,000 keys per thread).
 
 use std::time::{Duration, Instant};
@@ -17,13 +16,10 @@ use std::time::{Duration, Instant};
 use crate::peers::Subject;
 use crate::peers::engine;
 use crate::peers::keyed::{self, DashMapOnly, DelayQueueMap, Keyed, MutexMap, SccOnly};
-use crate::report::{Csv, thousands};
-use crate::rng::XorShift64;
-use crate::workloads::parallel::{self, Gate, Measured, Run, Share, ThreadsTable, share_of};
-
-pub const SET_REMOVE: &str = "keyed-set-remove";
-pub const SET_OVER: &str = "keyed-set-over";
-pub const MOVE: &str = "keyed-move";
+use crate::report::thousands;
+use crate::runner::{Cell, Plan};
+use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
+use crate::workloads::{Out, Workload, rng};
 
 /// Keys each thread sets before keyed-set-over and keyed-move begin.
 pub const KEYS_PER_THREAD: u64 = 10_000;
@@ -33,36 +29,24 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Which keyed workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+enum Kind {
     SetRemove,
     SetOver,
     Move,
 }
 
 impl Kind {
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::SetRemove => SET_REMOVE,
-            Kind::SetOver => SET_OVER,
-            Kind::Move => MOVE,
-        }
-    }
-
     /// What one operation is, for the table's unit and first note.
     fn operation(self) -> (&'static str, &'static str) {
         match self {
-            Kind::SetRemove => (
-                "op",
-                "op = set a new key (30 s) and remove the key this thread set 16 operations earlier",
-            ),
+            Kind::SetRemove => {
+                ("op", "op = set a new key (30 s) and remove the key this thread set 16 operations earlier")
+            }
             Kind::SetOver => (
                 "set",
                 "set = set a random one of the thread's 10,000 pending keys again: a new value and a deadline 30 s from now",
             ),
-            Kind::Move => (
-                "move",
-                "move = move a random one of the thread's 10,000 pending keys to 30 s from now",
-            ),
+            Kind::Move => ("move", "move = move a random one of the thread's 10,000 pending keys to 30 s from now"),
         }
     }
 }
@@ -74,21 +58,12 @@ struct Config {
     ops: u64,
 }
 
-fn seed(index: usize) -> u64 {
-    XorShift64::SEED ^ (index as u64 + 29).wrapping_mul(0xD6E8_FEB8_6659_FD93)
-}
-
 /// One thread's share: sets up its keys, waits at the gate, then does its operations.
-fn thread_share(
-    subject: &dyn Keyed,
-    index: usize,
-    gate: &Gate,
-    config: Config,
-) -> Result<Share, String> {
+fn thread_share(subject: &dyn Keyed, index: usize, gate: &Gate, config: Config) -> Result<Share, String> {
     let base = (index as u64) << 40;
     let ops = share_of(config.ops, config.threads, index);
-    let mut share = Share::new(std::thread::current().id());
-    let mut rng = XorShift64::new(seed(index));
+    let mut share = Share::new();
+    let mut rng = rng(index as u64 + 29);
     let setup: Result<(), String> = if config.kind == Kind::SetRemove {
         Ok(())
     } else {
@@ -112,12 +87,12 @@ fn thread_share(
         }
         Kind::SetOver => {
             for op in 0..ops {
-                subject.set(base + rng.below(KEYS_PER_THREAD), op, DEADLINE)?;
+                subject.set(base + rng.u64(..KEYS_PER_THREAD), op, DEADLINE)?;
             }
         }
         Kind::Move => {
             for _ in 0..ops {
-                if !subject.move_to(base + rng.below(KEYS_PER_THREAD), DEADLINE) {
+                if !subject.move_to(base + rng.u64(..KEYS_PER_THREAD), DEADLINE) {
                     share.too_late += 1;
                 }
             }
@@ -125,10 +100,7 @@ fn thread_share(
     }
     share.done = Instant::now();
     if share.too_late > 0 {
-        return Err(format!(
-            "{} keys were not pending when the thread came back to them",
-            share.too_late
-        ));
+        return Err(format!("{} keys were not pending when the thread came back to them", share.too_late));
     }
     Ok(share)
 }
@@ -139,86 +111,52 @@ fn no_workers() -> Option<Duration> {
 
 /// Runs the threads against `subject`, counting the engine's workers' CPU if `on_engine`.
 fn run_on(subject: &dyn Keyed, on_engine: bool, config: Config) -> Result<Run, String> {
-    let workers_cpu = if on_engine {
-        engine::workers_cpu_time
-    } else {
-        no_workers
-    };
-    let timed = parallel::on_threads(config.threads, workers_cpu, |index, gate| {
-        thread_share(subject, index, gate, config)
-    })?;
-    Ok(timed.finish(None, workers_cpu))
+    let workers_cpu = if on_engine { engine::workers_cpu_time } else { no_workers };
+    parallel::on_threads(config.threads, workers_cpu, |i, gate| thread_share(subject, i, gate, config), |_| Ok(None))
 }
 
+/// One run of `subject`; the keys left pending are dropped with it, untimed.
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Keyed | Subject::MutexMap => {
-            // The keys left pending are dropped with the subject and the engine, untimed.
-            let engine = engine::build()?;
-            if subject == Subject::Keyed {
-                run_on(&keyed::keyed_timers(&engine), true, config)
-            } else {
-                run_on(&MutexMap::new(&engine), true, config)
-            }
-        }
+        Subject::Keyed => run_on(&keyed::keyed_timers(&engine::build()?), true, config),
+        Subject::MutexMap => run_on(&MutexMap::new(&engine::build()?), true, config),
         Subject::DelayQueueMap => {
             let runtime = crate::peers::delay_queue::runtime()?;
-            let _context = runtime.enter();
             let queue = DelayQueueMap::default();
-            let handle = runtime.handle().clone();
-            let timed = parallel::on_threads(config.threads, no_workers, |index, gate| {
-                // Every thread inserts into the queue, which needs the runtime's context.
-                let _context = handle.enter();
+            // Every thread inserts into the queue, which needs the runtime's context.
+            let body = |index, gate: &Gate| {
+                let _context = runtime.enter();
                 thread_share(&queue, index, gate, config)
-            })?;
-            Ok(timed.finish(None, no_workers))
+            };
+            parallel::on_threads(config.threads, no_workers, body, |_| Ok(None))
         }
-        Subject::DashMapOnly => run_on(&DashMapOnly::default(), false, config),
-        Subject::SccOnly => run_on(&SccOnly::default(), false, config),
+        Subject::Dashmap => run_on(&DashMapOnly::default(), false, config),
+        Subject::Scc => run_on(&SccOnly::default(), false, config),
         _ => Err(format!("{} is not a keyed subject", subject.name())),
     }
 }
 
-pub fn run(kind: Kind, subjects: &[Subject], threads: &[usize], ops: u64, csv: &mut Csv) {
-    let name = kind.name();
-    let measured: Vec<Measured> = threads
-        .iter()
-        .map(|&t| {
-            let config = Config {
-                kind,
-                threads: t,
-                ops,
-            };
-            Measured::take(subjects, t, ops, |subject, run| {
-                crate::progress::step(format!(
-                    "{name}/{} ({t} threads, run {})",
-                    subject.name(),
-                    run + 1
-                ));
-                measure(subject, config)
-            })
-        })
-        .collect();
+/// Runs `plan`'s cells of keyed `workload` and prints the table.
+pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
+    let kind = match workload {
+        Workload::KeyedSetOver => Kind::SetOver,
+        Workload::KeyedMove => Kind::Move,
+        _ => Kind::SetRemove,
+    };
+    let results = parallel::measure(
+        plan,
+        |_| ops,
+        |cell: &Cell| measure(cell.subject, Config { kind, threads: cell.threads, ops }),
+    );
+    let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
     let (unit, operation) = kind.operation();
-    let mut table = ThreadsTable {
-        workload: name.to_string(),
-        title: format!(
-            "{name} ({} operations per run over the threads; deadlines 30 s out, nothing due)",
-            thousands(ops)
-        ),
-        unit,
-        units: ops,
-        live_nodes: None,
-    }
-    .build(subjects, &measured, csv);
-    table.note(operation);
-    table.note("keyed: corewheel::KeyedTimers<u64, u64> on a TimerEngine (dashmap underneath); mutex-map: a Mutex<HashMap<key, (value, TimerHandle)>> over the same engine, its callbacks removing their key under the lock; delay-queue-map: tokio-util's DelayQueue with a HashMap<key, delay_queue::Key>, both behind one Mutex (a new value is a remove and an insert: the queue cannot replace one in place)");
-    table.note("dashmap, scc: the map operations KeyedTimers does (entry upsert, get_mut, remove) on a 24-byte slot, with no timer: to choose the map, and to show what the timers add over it (dashmap with KeyedTimers' 16 shards per CPU)");
-    for note in measured
-        .iter()
-        .flat_map(|m| m.notes(subjects, "not pending when came back to"))
-    {
-        table.note(note);
-    }
-    table.print();
+    let name = workload.name();
+    let title =
+        format!("{name} ({} operations per run over the threads; deadlines 30 s out, nothing due)", thousands(ops));
+    let too_late = "not pending when came back to";
+    let mut sheet = threads_sheet((name.to_string(), title), (unit, ops), too_late, &cells);
+    sheet.note(operation);
+    sheet.note("keyed: corewheel::KeyedTimers<u64, u64> on a TimerEngine (dashmap underneath); mutex-map: a Mutex<HashMap<key, (value, TimerHandle)>> over the same engine, its callbacks removing their key under the lock; delay-queue-map: tokio-util's DelayQueue with a HashMap<key, delay_queue::Key>, both behind one Mutex (a new value is a remove and an insert: the queue cannot replace one in place)");
+    sheet.note("dashmap, scc: the map operations KeyedTimers does (entry upsert, get_mut, remove) on a 24-byte slot, with no timer: to choose the map, and to show what the timers add over it (dashmap with KeyedTimers' 16 shards per CPU)");
+    sheet.finish(&mut out.csv);
 }

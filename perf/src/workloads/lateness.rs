@@ -1,15 +1,22 @@
-//! Records when each timer fired against its deadline, and sums that up as percentiles.
+//! Records when each timer fired against its deadline, in an HDR histogram, and sums that up as percentiles.
 
 use std::time::{Duration, Instant};
 
-/// Lateness of every fired timer, in nanoseconds, and the early ones counted apart.
+use hdrhistogram::Histogram;
+
+/// The largest lateness the histogram tells apart: anything later is recorded as this.
+const MAX_LATE_NS: u64 = 120_000_000_000;
+
+/// Lateness of every fired timer, and the early ones counted apart.
 pub struct Lateness {
-    samples: Vec<u64>,
+    histogram: Histogram<u64>,
+    /// The worst lateness exactly, as the histogram keeps it only to three digits.
+    max_ns: u64,
     early: u64,
     last_fire: Option<Instant>,
 }
 
-/// What a fire-storm subject's lateness came to.
+/// What a subject's lateness came to.
 #[derive(Debug, Clone)]
 pub struct LatenessSummary {
     pub fired: u64,
@@ -19,85 +26,64 @@ pub struct LatenessSummary {
     pub p99: Duration,
     pub max: Duration,
     pub last_fire: Option<Instant>,
-    /// The lateness distribution, as (lateness in microseconds, share of timers at or
-    /// below it), at every half percent and at 99.9%: what the lateness plot draws.
+    /// The lateness distribution, as (lateness in microseconds, share of timers at or below it), at every half
+    /// percent and at 99.9%: what the lateness plot draws.
     pub cdf: Vec<(f64, f64)>,
 }
 
-impl Lateness {
-    pub fn with_capacity(timers: usize) -> Self {
-        // Fault the sample buffer in now: a page fault while draining (a 2 MiB huge page
-        // takes milliseconds to clear on a fresh VM) would show up as the subject's lateness.
-        // It takes writes: memory fresh from the OS is zero already, so `vec![0; n]` asks
-        // for it zeroed and touches none of it.
-        let mut samples = Vec::with_capacity(timers);
-        samples.resize(timers, u64::MAX);
-        std::hint::black_box(samples.as_mut_ptr());
-        samples.clear();
-        Self {
-            samples,
-            early: 0,
-            last_fire: None,
-        }
+impl Default for Lateness {
+    /// An empty record, its histogram allocated in full now: a record made before a run never allocates while timers
+    /// fire, where a page fault would show up as lateness.
+    fn default() -> Self {
+        let histogram = Histogram::new_with_bounds(1, MAX_LATE_NS, 3).expect("valid histogram bounds");
+        Self { histogram, max_ns: 0, early: 0, last_fire: None }
     }
+}
 
-    /// `decided_at` is the clock reading the structure was asked to fire up to (the `now`
-    /// given to a poll), `fired_at` the moment the value reached the caller. Either one
-    /// before the deadline is an early fire.
+impl Lateness {
+    /// `decided_at` is the clock reading the structure was asked to fire up to (the `now` given to a poll),
+    /// `fired_at` the moment the value reached the caller. Either one before the deadline is an early fire.
     #[inline]
     pub fn record(&mut self, deadline: Instant, decided_at: Instant, fired_at: Instant) {
         if decided_at < deadline || fired_at < deadline {
             self.early += 1;
         }
-        let late = fired_at.saturating_duration_since(deadline);
-        self.samples
-            .push(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+        let late = u64::try_from(fired_at.saturating_duration_since(deadline).as_nanos()).unwrap_or(u64::MAX);
+        self.histogram.saturating_record(late);
+        self.max_ns = self.max_ns.max(late);
         self.last_fire = Some(self.last_fire.map_or(fired_at, |last| last.max(fired_at)));
     }
 
     /// Timers recorded.
-    pub fn len(&self) -> usize {
-        self.samples.len()
+    pub fn len(&self) -> u64 {
+        self.histogram.len()
     }
 
     /// Adds another record's timers to this one.
     pub fn absorb(&mut self, other: Lateness) {
-        self.samples.extend_from_slice(&other.samples);
+        // Both histograms have the same bounds, so adding cannot fail.
+        let _ = self.histogram.add(&other.histogram);
         self.early += other.early;
-        self.last_fire = match (self.last_fire, other.last_fire) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
+        self.max_ns = self.max_ns.max(other.max_ns);
+        self.last_fire = self.last_fire.max(other.last_fire);
     }
 
-    pub fn summarize(mut self) -> LatenessSummary {
-        self.samples.sort_unstable();
-        let percentile = |p: f64| -> Duration {
-            if self.samples.is_empty() {
-                return Duration::ZERO;
-            }
-            // Nearest rank: the smallest sample with at least p of the samples at or below.
-            let rank = (p * self.samples.len() as f64).ceil() as usize;
-            Duration::from_nanos(self.samples[rank.clamp(1, self.samples.len()) - 1])
-        };
-        let mut shares: Vec<f64> = (0..=200).map(|i| f64::from(i) / 200.0).collect();
-        shares.push(0.999);
+    /// The percentiles and the distribution.
+    pub fn summarize(self) -> LatenessSummary {
+        let at = |q: f64| Duration::from_nanos(self.histogram.value_at_quantile(q));
+        let mut shares: Vec<f64> = (0..=200).map(|i| f64::from(i) / 200.0).chain([0.999]).collect();
         shares.sort_by(f64::total_cmp);
-        let cdf = if self.samples.is_empty() {
-            Vec::new()
-        } else {
-            shares
-                .into_iter()
-                .map(|share| (percentile(share).as_secs_f64() * 1e6, share))
-                .collect()
+        let cdf = match self.histogram.is_empty() {
+            true => Vec::new(),
+            false => shares.into_iter().map(|q| (at(q).as_secs_f64() * 1e6, q)).collect(),
         };
         LatenessSummary {
             cdf,
-            fired: self.samples.len() as u64,
+            fired: self.histogram.len(),
             early: self.early,
-            p50: percentile(0.50),
-            p99: percentile(0.99),
-            max: percentile(1.0),
+            p50: at(0.50),
+            p99: at(0.99),
+            max: Duration::from_nanos(self.max_ns),
             last_fire: self.last_fire,
         }
     }
@@ -110,36 +96,21 @@ mod tests {
 
     #[test]
     fn percentiles_and_early_fires() {
-        let t0 = Instant::now();
-        let us = Duration::from_micros;
-        let mut lateness = Lateness::with_capacity(100);
-        for i in 1..=100 {
-            lateness.record(t0, t0 + us(i), t0 + us(i));
-        }
+        let (t0, us, mut lateness) = (Instant::now(), Duration::from_micros, Lateness::default());
+        (1..=100).for_each(|i| lateness.record(t0, t0 + us(i), t0 + us(i)));
         lateness.record(t0 + us(5), t0, t0 + us(6));
         let summary = lateness.summarize();
-        assert_eq!(summary.fired, 101);
-        assert_eq!(summary.early, 1);
-        assert_eq!(summary.p50, us(50));
-        assert_eq!(summary.max, us(100));
-        let last = summary.cdf.last().copied();
-        assert_eq!(
-            last,
-            Some((100.0, 1.0)),
-            "the CDF ends at the largest lateness"
-        );
-        assert!(
-            summary
-                .cdf
-                .windows(2)
-                .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1)
-        );
+        assert_eq!((summary.fired, summary.early, summary.max), (101, 1, us(100)));
+        // HDR histograms keep three significant digits.
+        assert!(summary.p50.abs_diff(us(50)) <= us(1), "{:?}", summary.p50);
+        assert_eq!(summary.cdf.last().map(|last| last.1), Some(1.0), "the CDF ends at every timer");
+        assert!(summary.cdf.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
     }
 }
 
-/// Lateness recorded by a timer engine's callbacks, each on the worker thread that runs it,
-/// in that thread's own buffer (an uncontended lock), so that recording adds no cross-core
-/// traffic of its own. One engine run at a time: the records are process-wide.
+/// Lateness recorded by a timer engine's callbacks, each on the worker thread that runs it, in that thread's own
+/// buffer (an uncontended lock), so that recording adds no cross-core traffic of its own. One engine run at a time:
+/// the records are process-wide.
 pub mod worker_records {
     use std::cell::RefCell;
     use std::sync::{Arc, Mutex, PoisonError};
@@ -153,24 +124,19 @@ pub mod worker_records {
     /// Every worker thread's record, registered on its first fire.
     static RECORDS: Mutex<Vec<Record>> = Mutex::new(Vec::new());
 
-    /// Records made before the run, sized for every timer, for workers to take on their
-    /// first fire: growing one inside a callback would show up as lateness.
+    /// Records made before the run, sized for every timer, for workers to take on their first fire: growing one
+    /// inside a callback would show up as lateness.
     static SPARE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
 
     thread_local! {
         static RECORD: RefCell<Option<Record>> = const { RefCell::new(None) };
     }
 
-    /// Before a run: clears the records and makes one per worker, each with room for
-    /// `timers`.
-    pub fn prepare(workers: usize, timers: usize) {
-        RECORDS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-        *SPARE.lock().unwrap_or_else(PoisonError::into_inner) = (0..workers)
-            .map(|_| Arc::new(Mutex::new(Lateness::with_capacity(timers))))
-            .collect();
+    /// Before a run: clears the records and makes one per worker.
+    pub fn prepare(workers: usize) {
+        RECORDS.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        *SPARE.lock().unwrap_or_else(PoisonError::into_inner) =
+            (0..workers).map(|_| Arc::new(Mutex::new(Lateness::default()))).collect();
     }
 
     /// Records one fire on the calling worker thread: the callback's whole work.
@@ -180,34 +146,24 @@ pub mod worker_records {
             let mut record = record.borrow_mut();
             let record = record.get_or_insert_with(|| {
                 let spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner).pop();
-                let fresh =
-                    spare.unwrap_or_else(|| Arc::new(Mutex::new(Lateness::with_capacity(0))));
-                RECORDS
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(Arc::clone(&fresh));
+                let fresh = spare.unwrap_or_default();
+                RECORDS.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::clone(&fresh));
                 fresh
             });
-            record
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .record(deadline, fired_at, fired_at);
+            record.lock().unwrap_or_else(PoisonError::into_inner).record(deadline, fired_at, fired_at);
         });
     }
 
-    /// After a run whose engine has been dropped: every fire in one record, and how many
-    /// each worker thread ran, most first.
-    pub fn take(timers: usize) -> (Lateness, Vec<u64>) {
+    /// After a run whose engine has been dropped: every fire in one record, and how many each worker thread ran, most
+    /// first.
+    pub fn take() -> (Lateness, Vec<u64>) {
         SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
         let records = std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));
-        let mut all = Lateness::with_capacity(timers);
+        let mut all = Lateness::default();
         let mut per_worker = Vec::new();
         for record in records {
-            let record = std::mem::replace(
-                &mut *record.lock().unwrap_or_else(PoisonError::into_inner),
-                Lateness::with_capacity(0),
-            );
-            per_worker.push(record.len() as u64);
+            let record = std::mem::take(&mut *record.lock().unwrap_or_else(PoisonError::into_inner));
+            per_worker.push(record.len());
             all.absorb(record);
         }
         per_worker.sort_unstable_by(|a, b| b.cmp(a));

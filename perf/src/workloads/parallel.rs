@@ -1,7 +1,6 @@
-//! Runs of the engine workloads: the same application work on T threads, for the engine on
-//! T plain threads calling it, for tokio on T tasks of a T-worker runtime; timed from the
-//! moment all of them are ready to the moment the work is done, the engine's deferred work
-//! included.
+//! Runs of the engine workloads: the same application work on T threads, for the engine on T plain threads calling
+//! it, for tokio on T tasks of a T-worker runtime; timed from the moment all of them are ready to the moment the work
+//! is done, the engine's deferred work included.
 
 use std::future::Future;
 use std::sync::{Arc, Barrier};
@@ -10,13 +9,12 @@ use std::time::{Duration, Instant};
 
 use corewheel::TimerEngine;
 
-use crate::cpu_time::{cpu_between, process_cpu_time};
-use crate::peers::Subject;
-use crate::peers::engine::{self, Settled};
+use crate::peers::engine;
 use crate::peers::mutex_heap::SharedHeap;
 use crate::peers::tokio_sleep::{self, StartLine};
-use crate::repeat::{self, in_turns, median};
-use crate::report::{Csv, CsvRow, RATIO_LEGEND, Table, thousands};
+use crate::report::{Col, Sheet, thousands};
+use crate::runner::{self, Cell, Plan, median};
+use crate::sys::{cpu_between, process_cpu_time};
 
 /// What one application thread or task did.
 #[derive(Debug, Clone, Copy)]
@@ -35,20 +33,15 @@ pub struct Share {
 }
 
 impl Share {
-    pub fn new(thread: ThreadId) -> Self {
-        Self {
-            done: Instant::now(),
-            thread,
-            scheduled: 0,
-            cancelled: 0,
-            too_late: 0,
-            due_at_once: 0,
-        }
+    /// An empty share of the calling thread.
+    pub fn new() -> Self {
+        let thread = std::thread::current().id();
+        Self { done: Instant::now(), thread, scheduled: 0, cancelled: 0, too_late: 0, due_at_once: 0 }
     }
 }
 
 /// One timed run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Run {
     /// Start to end, the engine's settling included.
     pub wall: Duration,
@@ -56,7 +49,7 @@ pub struct Run {
     pub app: Duration,
     /// Process CPU time over the run, every thread's.
     pub cpu: Option<Duration>,
-    /// The engine's workers' CPU time over the run.
+    /// The subject's own threads' CPU time over the run (engine workers, the heap's timer).
     pub worker_cpu: Option<Duration>,
     /// From the last application thread's end until the engine was seen settled.
     pub settle: Option<Duration>,
@@ -64,6 +57,20 @@ pub struct Run {
     pub due_at_once: u64,
     /// The engine's node pools at the end of the run (they never shrink while it lives).
     pub pool_bytes: Option<u64>,
+}
+
+impl Run {
+    /// A run from `start` to the last share's end, with its shares' counts.
+    pub fn of(start: Instant, shares: &[Share]) -> Self {
+        let end = shares.iter().map(|share| share.done).max().unwrap_or(start);
+        Self {
+            wall: end - start,
+            app: end - start,
+            too_late: shares.iter().map(|share| share.too_late).sum(),
+            due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
+            ..Self::default()
+        }
+    }
 }
 
 /// The medians of several runs' figures, each in ns per unit of work.
@@ -82,23 +89,20 @@ pub struct PerUnit {
 }
 
 impl PerUnit {
+    /// The medians of `runs`, each made of `units` units of work.
     pub fn of(runs: &[Run], units: u64) -> Self {
         let per = |d: Duration| d.as_nanos() as f64 / units.max(1) as f64;
-        let optional = |field: fn(&Run) -> Option<Duration>| -> Option<f64> {
-            let values: Option<Vec<f64>> = runs.iter().map(|run| field(run).map(per)).collect();
+        let optional = |field: &dyn Fn(&Run) -> Option<f64>| {
+            let values: Option<Vec<f64>> = runs.iter().map(field).collect();
             values.filter(|v| !v.is_empty()).map(median)
         };
         let walls: Vec<f64> = runs.iter().map(|run| per(run.wall)).collect();
-        let settles: Option<Vec<f64>> = runs
-            .iter()
-            .map(|run| run.settle.map(|d| d.as_secs_f64() * 1e6))
-            .collect();
         Self {
             wall: median(walls.iter().copied()),
             app: median(runs.iter().map(|run| per(run.app))),
-            cpu: optional(|run| run.cpu),
-            worker_cpu: optional(|run| run.worker_cpu),
-            settle_us: settles.filter(|v| !v.is_empty()).map(median),
+            cpu: optional(&|run| run.cpu.map(per)),
+            worker_cpu: optional(&|run| run.worker_cpu.map(per)),
+            settle_us: optional(&|run| run.settle.map(|d| d.as_secs_f64() * 1e6)),
             wall_min: walls.iter().copied().fold(f64::INFINITY, f64::min),
             wall_max: walls.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             pool_max: runs.iter().filter_map(|run| run.pool_bytes).max(),
@@ -107,176 +111,116 @@ impl PerUnit {
 }
 
 /// The point between an application thread's untimed set-up and its timed work.
-pub struct Gate<'a> {
-    barrier: &'a Barrier,
-}
+pub struct Gate<'a>(&'a Barrier);
 
 impl Gate<'_> {
     /// Waits until every thread is set up and the main thread has taken its readings.
     pub fn wait(&self) {
-        self.barrier.wait();
-        self.barrier.wait();
+        self.0.wait();
+        self.0.wait();
     }
 }
 
-/// What `on_threads` hands back: when the timed work began, each thread's share, and the
-/// CPU readings taken just before it.
-pub struct ThreadsRun {
-    start: Instant,
-    shares: Vec<Share>,
-    cpu_before: Option<Duration>,
-    workers_before: Option<Duration>,
-}
-
-/// Runs `body(index, gate)` on `threads` fresh threads: each sets up, calls `gate.wait()`,
-/// does the timed work and reports its share; it must reach the gate even when its set-up
-/// fails. `workers_cpu` reads the CPU time of the subject's own threads (the engine's
-/// workers, the heap's timer thread).
+/// Runs `body(index, gate)` on `threads` fresh threads: each sets up, calls `gate.wait()` (also when its set-up
+/// failed), does the timed work and reports its share. Times the run from the gate to the last share's end, or to the
+/// end of `settle`'s wait for the subject's deferred work (`None`: none); `workers_cpu` reads the CPU time of the
+/// subject's own threads.
 pub fn on_threads(
     threads: usize,
     workers_cpu: fn() -> Option<Duration>,
     body: impl Fn(usize, &Gate) -> Result<Share, String> + Sync,
-) -> Result<ThreadsRun, String> {
+    settle: impl FnOnce(&[Share]) -> Result<Option<Duration>, String>,
+) -> Result<Run, String> {
     let barrier = Barrier::new(threads + 1);
-    let (start, shares, cpu_before, workers_before) = std::thread::scope(|scope| {
+    let (start, shares, cpu, workers) = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|index| {
-                let body = &body;
-                let gate = Gate { barrier: &barrier };
+                let (body, gate) = (&body, Gate(&barrier));
                 scope.spawn(move || body(index, &gate))
             })
             .collect();
         barrier.wait();
-        let cpu_before = process_cpu_time();
-        let workers_before = workers_cpu();
+        let (cpu, workers) = (process_cpu_time(), workers_cpu());
         barrier.wait();
         let start = Instant::now();
-        let shares: Vec<Result<Share, String>> = handles
-            .into_iter()
-            .map(|handle| {
-                handle
-                    .join()
-                    .unwrap_or_else(|_| Err("an application thread panicked".to_string()))
-            })
-            .collect();
-        (start, shares, cpu_before, workers_before)
+        let shares: Vec<_> = handles.into_iter().map(|handle| handle.join()).collect();
+        (start, shares, cpu, workers)
     });
-    Ok(ThreadsRun {
-        start,
-        shares: shares.into_iter().collect::<Result<_, _>>()?,
-        cpu_before,
-        workers_before,
-    })
-}
-
-impl ThreadsRun {
-    /// The run, ended at `end` (`None`: when the last thread's work ended).
-    pub fn finish(&self, end: Option<Instant>, workers_cpu: fn() -> Option<Duration>) -> Run {
-        let shares = &self.shares;
-        let app_end = shares
-            .iter()
-            .map(|share| share.done)
-            .max()
-            .unwrap_or(self.start);
-        let wall_end = end.unwrap_or(app_end);
-        Run {
-            wall: wall_end - self.start,
-            app: app_end - self.start,
-            cpu: cpu_between(self.cpu_before, process_cpu_time()),
-            worker_cpu: cpu_between(self.workers_before, workers_cpu()),
-            settle: end.map(|end| end.saturating_duration_since(app_end)),
-            too_late: shares.iter().map(|share| share.too_late).sum(),
-            due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
-            pool_bytes: None,
-        }
+    let panicked = || Err("an application thread panicked".to_string());
+    let shares = shares.into_iter().map(|share| share.unwrap_or_else(|_| panicked())).collect::<Result<Vec<_>, _>>()?;
+    let mut run = Run::of(start, &shares);
+    if let Some(waited) = settle(&shares)? {
+        (run.settle, run.wall) = (Some(waited), run.app + waited);
     }
+    run.cpu = cpu_between(cpu, process_cpu_time());
+    run.worker_cpu = cpu_between(workers, workers_cpu());
+    Ok(run)
 }
 
-/// Runs `body` on `threads` fresh threads against a fresh engine, then, if `settle`, waits
-/// for the engine to settle (every timer cancelled or fired, every node free) and counts
-/// that wait in the run. `body(engine, thread index, gate)` is as for [`on_threads`].
-/// Without `settle`, the engine is dropped with whatever timers are left, untimed.
+/// [`on_threads`] against a fresh engine, `body(engine, index, gate)`. With `settle`, the run lasts until the engine
+/// has settled (every timer cancelled or fired, every node free), and its counts must match the shares' (a cancel
+/// that found its timer fired counted as a fire); without it the engine is dropped with whatever timers are left,
+/// untimed.
 pub fn on_engine(
     threads: usize,
     settle: bool,
     body: impl Fn(&TimerEngine, usize, &Gate) -> Result<Share, String> + Sync,
-) -> Result<(Run, Option<Settled>, Vec<Share>), String> {
+) -> Result<Run, String> {
     let engine = engine::build()?;
-    let timed = on_threads(threads, engine::workers_cpu_time, |index, gate| {
-        body(&engine, index, gate)
-    })?;
-    let joined = Instant::now();
-    let settled = if settle {
-        Some(engine::settle(&engine)?)
-    } else {
-        None
-    };
-    let end = settled.as_ref().map(|settled| joined + settled.waited);
-    let mut run = timed.finish(end, engine::workers_cpu_time);
+    let mut run = on_threads(
+        threads,
+        engine::workers_cpu_time,
+        |i, gate| body(&engine, i, gate),
+        |shares| {
+            if !settle {
+                return Ok(None);
+            }
+            let settled = engine::settle(&engine)?;
+            let sum = |count: fn(&Share) -> u64| shares.iter().map(count).sum();
+            engine::check_counts(&settled.stats, sum(|s| s.scheduled), sum(|s| s.cancelled), sum(|s| s.too_late))?;
+            Ok(Some(settled.waited))
+        },
+    )?;
     run.pool_bytes = Some(engine.stats().pool_bytes as u64);
-    drop(engine);
-    Ok((run, settled, timed.shares))
+    Ok(run)
 }
 
-/// Runs `body(heap, thread index, gate)` on `threads` fresh threads sharing one fresh
-/// `Mutex<BinaryHeap>`, as [`on_threads`] does. The heap is dropped with whatever timers
-/// are left, untimed.
+/// [`on_threads`] on a fresh `Mutex<BinaryHeap>` the threads share, `body(heap, index, gate)`; the heap is dropped
+/// with whatever timers are left, untimed.
 pub fn on_mutex_heap(
     threads: usize,
     body: impl Fn(&SharedHeap, usize, &Gate) -> Result<Share, String> + Sync,
-) -> Result<(Run, Vec<Share>), String> {
+) -> Result<Run, String> {
     let heap = SharedHeap::start()?;
-    let timed = on_threads(threads, SharedHeap::timer_thread_cpu_time, |index, gate| {
-        body(&heap, index, gate)
-    })?;
-    let run = timed.finish(None, SharedHeap::timer_thread_cpu_time);
-    drop(heap);
-    Ok((run, timed.shares))
+    on_threads(threads, SharedHeap::timer_thread_cpu_time, |i, gate| body(&heap, i, gate), |_| Ok(None))
 }
 
-/// Runs `body` as `tasks` tasks of a fresh runtime with as many worker threads, each task
-/// spawned as a plain task (see `peers::tokio_sleep` on the cooperative budget). `body(task index,
-/// start line)` sets up, calls `line.arrive_and_wait()`, does the timed work and reports.
-pub fn on_tokio<F, Fut>(tasks: usize, body: F) -> Result<(Run, Vec<Share>), String>
+/// Runs `body(index, line)` as `tasks` tasks of a fresh runtime with as many worker threads: each sets up, calls
+/// `line.arrive_and_wait()`, does the timed work and reports. Every task must have run on a worker of its own.
+pub fn on_tokio<F, Fut>(tasks: usize, body: F) -> Result<Run, String>
 where
     F: Fn(usize, Arc<StartLine>) -> Fut,
     Fut: Future<Output = Result<Share, String>> + Send + 'static,
 {
     let runtime = tokio_sleep::runtime(tasks)?;
     let line = Arc::new(StartLine::default());
-    let handles: Vec<_> = (0..tasks)
-        .map(|index| runtime.spawn(body(index, Arc::clone(&line))))
-        .collect();
+    let handles: Vec<_> = (0..tasks).map(|index| runtime.spawn(body(index, Arc::clone(&line)))).collect();
     line.gather(tasks)?;
-    let cpu_before = process_cpu_time();
+    let cpu = process_cpu_time();
     let start = line.go();
-    let shares: Vec<Result<Share, String>> = runtime.block_on(async {
-        let mut shares = Vec::with_capacity(handles.len());
-        for handle in handles {
-            shares.push(
-                handle
-                    .await
-                    .unwrap_or_else(|error| Err(format!("a task failed: {error}"))),
-            );
-        }
-        shares
-    });
-    let cpu = cpu_between(cpu_before, process_cpu_time());
-    let shares: Vec<Share> = shares.into_iter().collect::<Result<_, _>>()?;
+    let shares = runtime.block_on(join_all(handles)).into_iter().collect::<Result<Vec<Share>, String>>()?;
+    let cpu = cpu_between(cpu, process_cpu_time());
     tokio_sleep::check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
-    let end = shares.iter().map(|share| share.done).max().unwrap_or(start);
-    let run = Run {
-        wall: end - start,
-        app: end - start,
-        cpu,
-        worker_cpu: None,
-        settle: None,
-        too_late: shares.iter().map(|share| share.too_late).sum(),
-        due_at_once: shares.iter().map(|share| share.due_at_once).sum(),
-        pool_bytes: None,
-    };
-    drop(runtime);
-    Ok((run, shares))
+    Ok(Run { cpu, ..Run::of(start, &shares) })
+}
+
+/// Awaits every task, in order; a task that panicked is an error.
+pub async fn join_all<T>(handles: Vec<tokio::task::JoinHandle<Result<T, String>>>) -> Vec<Result<T, String>> {
+    let mut results = Vec::with_capacity(handles.len());
+    for handle in handles {
+        results.push(handle.await.unwrap_or_else(|error| Err(format!("a task failed: {error}"))));
+    }
+    results
 }
 
 /// Splits `total` units of work over `parts` as evenly as can be.
@@ -285,243 +229,92 @@ pub fn share_of(total: u64, parts: usize, index: usize) -> u64 {
     total / parts + u64::from((index as u64) < total % parts)
 }
 
-/// What one thread count measured, per subject, over several runs.
+/// A cell's runs, summed up: the medians per unit of work, and the timers that fired (or were due) before the
+/// workload meant to cancel or move them, over all runs.
 pub struct Measured {
-    pub threads: usize,
-    pub results: Vec<Result<PerUnit, String>>,
-    /// Per subject, over all runs: timers that fired (or were due) before the workload
-    /// meant to cancel or move them.
-    pub too_late: Vec<u64>,
+    pub per: PerUnit,
+    pub too_late: u64,
 }
 
-impl Measured {
-    /// Measures every subject `repeat::RUNS` times in turns at `threads` threads.
-    pub fn take(
-        subjects: &[Subject],
-        threads: usize,
-        units: u64,
-        measure: impl FnMut(Subject, usize) -> Result<Run, String>,
-    ) -> Self {
-        let runs = in_turns(subjects, measure);
-        let too_late = runs
-            .iter()
-            .map(|runs| {
-                runs.as_ref().map_or(0, |runs| {
-                    runs.iter().map(|run| run.too_late + run.due_at_once).sum()
-                })
-            })
-            .collect();
-        Self {
-            threads,
-            results: runs
-                .into_iter()
-                .map(|runs| runs.map(|runs| PerUnit::of(&runs, units)))
-                .collect(),
-            too_late,
-        }
-    }
+/// Measures every cell of `plan` through the runner; `units` is a cell's units of work per run.
+pub fn measure(
+    plan: &Plan,
+    units: impl Fn(&Cell) -> u64,
+    measure: impl FnMut(&Cell) -> Result<Run, String>,
+) -> Vec<Result<Measured, String>> {
+    let runs = runner::in_turns(plan, measure);
+    plan.cells
+        .iter()
+        .zip(runs)
+        .map(|(cell, runs)| {
+            let runs = runs?;
+            let too_late = runs.iter().map(|run| run.too_late + run.due_at_once).sum();
+            Ok(Measured { per: PerUnit::of(&runs, units(cell)), too_late })
+        })
+        .collect()
+}
 
-    /// Notes on timers that fired before the workload got to them, and errors.
-    pub fn notes(&self, subjects: &[Subject], what: &str) -> Vec<String> {
-        let mut notes = Vec::new();
-        for (row, subject) in subjects.iter().enumerate() {
-            let name = format!("{}, {} threads", subject.name(), self.threads);
-            if let Err(error) = &self.results[row] {
-                notes.push(format!("ERROR: {name}: {error}"));
-            } else if self.too_late[row] > 0 {
-                notes.push(format!(
-                    "{name}: {} timers {what}, over {} runs",
-                    thousands(self.too_late[row]),
-                    repeat::RUNS
-                ));
+/// The sheet of a multi-thread workload: a row per cell of `cells` (by thread count) with its medians per `unit` of
+/// work (`units` a run), ratios against the peers and against each subject's own 1-thread figure; `too_late` says
+/// what a timer counted in [`Measured::too_late`] did.
+pub fn threads_sheet(
+    (workload, title): (String, String),
+    (unit, units): (&str, u64),
+    too_late: &str,
+    cells: &[(&Cell, &Result<Measured, String>)],
+) -> Sheet {
+    let settles = cells.iter().any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
+    let metric = |name: &str| format!("{name}_{}", if unit == "reset" { "reset" } else { "timer" });
+    let mut cols = vec![
+        Col::new(format!("ns/{unit}"), metric("ns_per"), "ns", 1).ratios(),
+        Col::new(format!("M{unit}s/s"), if unit == "reset" { "mresets_per_s" } else { "mtimers_per_s" }, "M/s", 2)
+            .rate(),
+        Col::new(format!("CPU ns/{unit}"), metric("cpu_ns_per"), "ns", 1),
+        Col::new(format!("worker CPU ns/{unit}"), metric("worker_cpu_ns_per"), "ns", 1),
+        Col::new(format!("app ns/{unit}"), metric("app_ns_per"), "ns", 1),
+    ];
+    cols.extend(settles.then(|| Col::new("settle us", "settle_wait", "us", 0)));
+    cols.push(Col::new("pool MiB", "engine_pool_mib_max", "MiB", 1));
+    let mut sheet = Sheet::new(workload, title, units, cols);
+    sheet.scaling = Some(0);
+    let (mut spreads, mut notes) = (Vec::new(), Vec::new());
+    for &(cell, result) in cells {
+        let values = result.as_ref().map(|m| {
+            let (per, name) = (&m.per, format!("{}, {}", cell.subject.name(), cell.threads));
+            spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
+            if m.too_late > 0 {
+                notes.push(format!("{name}: {} timers {too_late}, over {} runs", thousands(m.too_late), runner::RUNS));
             }
-        }
-        notes
-    }
-}
-
-/// The CSV metric names for a unit of work: ns, rate, application ns, CPU ns, worker CPU ns.
-fn metric_names(unit: &str) -> [&'static str; 5] {
-    match unit {
-        "reset" => [
-            "ns_per_reset",
-            "mresets_per_s",
-            "app_ns_per_reset",
-            "cpu_ns_per_reset",
-            "worker_cpu_ns_per_reset",
-        ],
-        _ => [
-            "ns_per_timer",
-            "mtimers_per_s",
-            "app_ns_per_timer",
-            "cpu_ns_per_timer",
-            "worker_cpu_ns_per_timer",
-        ],
-    }
-}
-
-/// The table of an engine workload: a row per thread count and subject, with ratios against
-/// tokio and against the subject's own 1-thread figure.
-pub struct ThreadsTable {
-    /// The CSV's workload column.
-    pub workload: String,
-    pub title: String,
-    /// What one unit of work is, as the headers name it: `timer`, `reset`.
-    pub unit: &'static str,
-    /// Units of work per run.
-    pub units: u64,
-    /// The most timers live at once at the most threads, and the measured bytes of one
-    /// engine node, where known: what the engine's pools need at least.
-    pub live_nodes: Option<(u64, f64)>,
-}
-
-impl ThreadsTable {
-    pub fn build(self, subjects: &[Subject], measured: &[Measured], csv: &mut Csv) -> Table {
-        let unit = self.unit;
-        // Every subject that is not corewheel's is a peer, with a ratio column of its own.
-        let peers: Vec<usize> = (0..subjects.len())
-            .filter(|&i| !subjects[i].is_corewheel())
-            .collect();
-        let settles = measured.iter().any(|m| {
-            m.results
-                .iter()
-                .any(|r| r.as_ref().is_ok_and(|per| per.settle_us.is_some()))
+            let mut row = vec![Some(per.wall), Some(1e3 / per.wall), per.cpu, per.worker_cpu, Some(per.app)];
+            row.extend(settles.then_some(per.settle_us));
+            row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
+            row
         });
-        let mut header = vec![
-            "subject, threads".to_string(),
-            format!("ns/{unit}"),
-            format!("M{unit}s/s"),
-            format!("CPU ns/{unit}"),
-            format!("worker CPU ns/{unit}"),
-        ];
-        if settles {
-            header.push(format!("app ns/{unit}"));
-            header.push("settle us".to_string());
-        }
-        header.push("pool MiB".to_string());
-        header.extend(peers.iter().map(|&p| format!("vs {}", subjects[p].name())));
-        header.push("vs own 1 thread".to_string());
-        let header: Vec<&str> = header.iter().map(String::as_str).collect();
-        let mut table = Table::new(self.title, &header);
-        let show = |value: Option<f64>, digits: usize| {
-            value.map_or_else(|| "n/a".to_string(), |v| format!("{v:.digits$}"))
-        };
-        let mut spreads = Vec::new();
-        let one_thread = measured.iter().find(|m| m.threads == 1);
-        for m in measured {
-            for (row, subject) in subjects.iter().enumerate() {
-                let name = format!("{}, {}", subject.name(), m.threads);
-                let Ok(per) = &m.results[row] else {
-                    table.row(vec![name, "error".to_string()]);
-                    continue;
-                };
-                // How many times faster this row is than each peer: on corewheel's rows only.
-                let ratios: Vec<(Subject, Option<f64>)> = peers
-                    .iter()
-                    .map(|&p| {
-                        let ratio = match &m.results[p] {
-                            Ok(peer) if subject.is_corewheel() => Some(peer.wall / per.wall),
-                            _ => None,
-                        };
-                        (subjects[p], ratio)
-                    })
-                    .collect();
-                let scaling = match one_thread.map(|one| &one.results[row]) {
-                    _ if m.threads == 1 => "-".to_string(),
-                    Some(Ok(one)) => format!("{:.2}x", one.wall / per.wall),
-                    _ => "n/a".to_string(),
-                };
-                let mut cells = vec![
-                    name.clone(),
-                    format!("{:.1}", per.wall),
-                    format!("{:.2}", 1e3 / per.wall),
-                    show(per.cpu, 1),
-                    show(per.worker_cpu, 1),
-                ];
-                if settles {
-                    cells.push(format!("{:.1}", per.app));
-                    cells.push(show(per.settle_us, 0));
-                }
-                cells.push(show(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)), 1));
-                cells.extend(ratios.iter().map(|(_, ratio)| match ratio {
-                    _ if !subject.is_corewheel() => "-".to_string(),
-                    Some(ratio) => format!("{ratio:.2}x"),
-                    None => "n/a".to_string(),
-                }));
-                cells.push(scaling);
-                table.row(cells);
-                spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
-
-                let [ns, rate, app, cpu, worker] = metric_names(unit);
-                let mut metrics = vec![
-                    (ns, per.wall, "ns"),
-                    (rate, 1e3 / per.wall, "M/s"),
-                    (app, per.app, "ns"),
-                ];
-                metrics.extend(per.cpu.map(|value| (cpu, value, "ns")));
-                metrics.extend(per.worker_cpu.map(|value| (worker, value, "ns")));
-                metrics.extend(per.settle_us.map(|us| ("settle_wait", us, "us")));
-                metrics.extend(
-                    per.pool_max
-                        .map(|b| ("engine_pool_bytes_max", b as f64, "B")),
-                );
-                metrics.extend(
-                    ratios
-                        .iter()
-                        .filter_map(|&(peer, ratio)| Some((peer.ratio_metric()?, ratio?, "x"))),
-                );
-                for (metric, value, unit) in metrics {
-                    csv.push(CsvRow {
-                        workload: self.workload.clone(),
-                        subject: subject.name().to_string(),
-                        threads: m.threads as u32,
-                        timers: self.units,
-                        metric,
-                        value,
-                        unit,
-                    });
-                }
-            }
-        }
-        table.note(format!(
-            "CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread)"
-        ));
-        if settles {
-            table.note(format!(
-                "app ns/{unit}: start to the last application thread's end; settle us: the wait after that until the engine was seen settled (median)"
-            ));
-        }
-        table.note(format!(
-            "pool MiB: the engine's stats().pool_bytes at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped; it grows whenever threads schedule faster than the workers hand nodes back{}",
-            self.live_nodes.map_or_else(String::new, |(nodes, bytes)| format!(
-                " (this workload's live timers need {} nodes at {bytes:.0} B, {:.1} MiB)",
-                thousands(nodes),
-                nodes as f64 * bytes / (1024.0 * 1024.0)
-            ))
-        ));
-        table.note(format!(
-            "median of {} runs per subject, taken in turns; ns/{unit} range: {}",
-            repeat::RUNS,
-            spreads.join(", ")
-        ));
-        table.note(format!(
-            "{RATIO_LEGEND}; vs own 1 thread = the subject's 1-thread ns/{unit} / this row's: above 1 means more threads got more done"
-        ));
-        table
+        sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));
     }
+    sheet.note(format!("CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread); app ns/{unit}: start to the last application thread's end"));
+    if settles {
+        sheet.note(
+            "settle us: the wait after the last application thread's end until the engine was seen settled (median)",
+        );
+    }
+    sheet.note("pool MiB: the engine's stats().pool_bytes at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped");
+    sheet.note(format!(
+        "median of {} runs per subject, taken in turns; ns/{unit} range: {}",
+        runner::RUNS,
+        spreads.join(", ")
+    ));
+    sheet.notes.extend(notes);
+    sheet
 }
 
 #[cfg(test)]
 mod tests {
-    use super::share_of;
-
     #[test]
     fn shares_add_up() {
-        for total in [0, 1, 7, 2_000_000] {
-            for parts in 1..5 {
-                let sum: u64 = (0..parts).map(|i| share_of(total, parts, i)).sum();
-                assert_eq!(sum, total);
-            }
+        for (total, parts) in [0, 1, 7, 2_000_000].into_iter().flat_map(|total| (1..5).map(move |parts| (total, parts)))
+        {
+            assert_eq!((0..parts).map(|i| super::share_of(total, parts, i)).sum::<u64>(), total);
         }
     }
 }

@@ -1,84 +1,64 @@
-//! The machine's floor under every timer: a thread that does nothing but sleep until each
-//! tick boundary, the way an engine's worker sleeps until its next due tick. How late it
-//! wakes bounds how late any timer fired by a sleeping thread must be on this machine at
-//! this moment, and what a wake-up costs bounds what a timer thread of its own costs at
-//! light load. Measured in the same run as the subjects, because this project's VMs
-//! change speed from one half hour to the next.
+//! The machine's floor under every timer: a thread that does nothing but sleep until each tick boundary, the way an
+//! engine's worker sleeps until its next due tick. How late it wakes bounds how late any timer fired by a sleeping
+//! thread must be on this machine at this moment, and what a wake-up costs bounds what a timer thread of its own
+//! costs at light load. Measured in the same run as the subjects, because this project's VMs change speed from one
+//! half hour to the next.
 
 use std::time::{Duration, Instant};
 
-use crate::cpu_time::{cpu_between, process_cpu_time};
-use crate::rng::XorShift64;
+use crate::sys::{cpu_between, process_cpu_time};
 use crate::workloads::lateness::{Lateness, LatenessSummary};
+use crate::workloads::rng;
 
 /// What a thread that only sleeps saw.
 pub struct Sleeper {
     /// How far past each boundary it woke, in order.
     pub oversleeps: Vec<Duration>,
-    /// The process's CPU time per wake-up over the whole sleep, when the platform reads it:
-    /// with nothing else running, the wake-ups' own cost.
+    /// The process's CPU time per wake-up over the whole sleep, when the platform reads it: with nothing else
+    /// running, the wake-ups' own cost.
     pub cpu_per_wake: Option<Duration>,
 }
 
-/// Sleeps (with `park_timeout`, as the engine's workers do) until each of the boundaries
-/// `tick` apart over `span` from now, and records how late each wake-up came. A wake-up
-/// later than a whole tick makes the next boundaries late too, as it would a worker's next
-/// ticks.
+/// Sleeps (with `park_timeout`, as the engine's workers do) until each of the boundaries `tick` apart over `span`
+/// from now, and records how late each wake-up came. A wake-up later than a whole tick makes the next boundaries late
+/// too, as it would a worker's next ticks.
 pub fn sleep_through(tick: Duration, span: Duration) -> Sleeper {
     let boundaries = u32::try_from(span.as_nanos() / tick.as_nanos().max(1)).unwrap_or(u32::MAX);
     sleep_from(Instant::now(), tick, boundaries)
 }
 
-/// [`sleep_through`] over `boundaries` boundaries `tick` apart after `from`, which may be
-/// ahead: a witness started beside a storm sleeps until the storm's first second begins.
+/// [`sleep_through`] over `boundaries` boundaries `tick` apart after `from`, which may be ahead: a witness started
+/// beside a storm sleeps until the storm's first second begins.
 pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
-    let mut oversleeps = Vec::with_capacity(boundaries as usize);
-    let mut cpu = None;
+    let (mut oversleeps, mut cpu) = (Vec::with_capacity(boundaries as usize), None);
     for boundary in 0..=boundaries {
         let at = from + tick * boundary;
-        loop {
-            let now = Instant::now();
-            if now >= at {
-                if boundary > 0 {
-                    oversleeps.push(now - at);
-                }
-                break;
-            }
-            std::thread::park_timeout(at - now);
+        while let Some(left) = at.checked_duration_since(Instant::now()).filter(|left| !left.is_zero()) {
+            std::thread::park_timeout(left);
         }
-        if boundary == 0 {
+        match boundary {
             // From the first boundary on: the wait for it may be long, or none.
-            cpu = process_cpu_time();
+            0 => cpu = process_cpu_time(),
+            _ => oversleeps.push(Instant::now() - at),
         }
     }
-    let cpu_per_wake = cpu_between(cpu, process_cpu_time())
-        .filter(|_| boundaries > 0)
-        .map(|cpu| cpu / boundaries);
-    Sleeper {
-        oversleeps,
-        cpu_per_wake,
-    }
+    let cpu_per_wake = cpu_between(cpu, process_cpu_time()).filter(|_| boundaries > 0).map(|cpu| cpu / boundaries);
+    Sleeper { oversleeps, cpu_per_wake }
 }
 
 impl Sleeper {
-    /// The lateness of a storm of `timers` deadlines spread uniformly over the sleep, each
-    /// rounded up to its tick boundary and fired the moment the sleeper woke there, at no
-    /// cost: the best a structure that rounds to `tick` could have done over this sleep.
+    /// The lateness of a storm of `timers` deadlines spread uniformly over the sleep, each rounded up to its tick
+    /// boundary and fired the moment the sleeper woke there, at no cost: the best a structure that rounds to `tick`
+    /// could have done over this sleep.
     pub fn storm_floor(&self, tick: Duration, timers: u64) -> LatenessSummary {
-        let capacity = usize::try_from(timers).unwrap_or(usize::MAX);
-        let mut lateness = Lateness::with_capacity(capacity);
+        let (mut lateness, mut rng, origin) = (Lateness::default(), rng(0), Instant::now());
         let tick_ns = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
         let span_ns = tick_ns.saturating_mul(self.oversleeps.len() as u64);
-        let origin = Instant::now();
-        let mut rng = XorShift64::new(XorShift64::SEED);
-        for _ in 0..timers.min(capacity as u64) {
+        for _ in 0..timers {
             // Strictly inside the span, so that every deadline has a boundary at or after it.
-            let offset = rng.below(span_ns.max(1));
+            let offset = rng.u64(..span_ns.max(1));
             let boundary = offset.div_ceil(tick_ns).max(1);
-            let Some(&over) = usize::try_from(boundary - 1)
-                .ok()
-                .and_then(|index| self.oversleeps.get(index))
-            else {
+            let Some(&over) = usize::try_from(boundary - 1).ok().and_then(|index| self.oversleeps.get(index)) else {
                 continue;
             };
             let deadline = origin + Duration::from_nanos(offset);
@@ -88,11 +68,9 @@ impl Sleeper {
         lateness.summarize()
     }
 
-    /// The oversleeps as a lateness summary: the floor of a structure that fires at the
-    /// exact instant.
+    /// The oversleeps as a lateness summary: the floor of a structure that fires at the exact instant.
     pub fn oversleep_summary(&self) -> LatenessSummary {
-        let mut lateness = Lateness::with_capacity(self.oversleeps.len());
-        let origin = Instant::now();
+        let (mut lateness, origin) = (Lateness::default(), Instant::now());
         for &over in &self.oversleeps {
             lateness.record(origin, origin + over, origin + over);
         }
@@ -107,46 +85,20 @@ mod tests {
 
     const TICK: Duration = Duration::from_millis(1);
 
-    /// A sleeper that always woke on time leaves only the rounding: uniform in a tick, so
-    /// the median near half a tick and the worst just under one.
+    /// A sleeper that always woke on time leaves only the rounding: uniform in a tick, so the median near half a tick
+    /// and the worst just under one; one late wake-up makes its tick's timers late by it. A real sleep wakes once per
+    /// boundary.
     #[test]
-    fn a_punctual_sleeper_leaves_the_rounding_alone() {
-        let sleeper = Sleeper {
-            oversleeps: vec![Duration::ZERO; 1000],
-            cpu_per_wake: None,
-        };
+    fn the_floor_is_the_rounding_and_the_late_wake_ups() {
+        let mut sleeper = Sleeper { oversleeps: vec![Duration::ZERO; 1000], cpu_per_wake: None };
         let floor = sleeper.storm_floor(TICK, 100_000);
-        assert_eq!(floor.fired, 100_000);
-        assert_eq!(floor.early, 0);
-        assert!(floor.max < TICK, "{:?}", floor.max);
-        assert!(floor.p99 > TICK * 98 / 100, "{:?}", floor.p99);
-        let half = TICK / 2;
-        assert!(
-            floor.p50 > half * 9 / 10 && floor.p50 < half * 11 / 10,
-            "{:?}",
-            floor.p50
-        );
-    }
-
-    /// One late wake-up makes that tick's timers late by it, and so the storm's worst.
-    #[test]
-    fn a_late_wake_up_adds_to_its_ticks_timers() {
-        let mut oversleeps = vec![Duration::ZERO; 1000];
-        oversleeps[500] = Duration::from_millis(3);
-        let sleeper = Sleeper {
-            oversleeps,
-            cpu_per_wake: None,
-        };
+        assert_eq!((floor.fired, floor.early), (100_000, 0));
+        assert!(floor.max < TICK && floor.p99 > TICK * 98 / 100, "{floor:?}");
+        assert!(floor.p50 > TICK * 45 / 100 && floor.p50 < TICK * 55 / 100, "{:?}", floor.p50);
+        sleeper.oversleeps[500] = Duration::from_millis(3);
         let floor = sleeper.storm_floor(TICK, 100_000);
-        assert!(floor.max >= Duration::from_millis(3), "{:?}", floor.max);
-        assert!(floor.max < Duration::from_millis(4), "{:?}", floor.max);
+        assert!(floor.max >= Duration::from_millis(3) && floor.max < Duration::from_millis(4), "{:?}", floor.max);
         assert_eq!(sleeper.oversleep_summary().max, Duration::from_millis(3));
-    }
-
-    /// A real sleep wakes once per boundary, however late some wake-ups come.
-    #[test]
-    fn sleeping_wakes_once_per_boundary() {
-        let sleeper = super::sleep_through(TICK, Duration::from_millis(20));
-        assert_eq!(sleeper.oversleeps.len(), 20);
+        assert_eq!(super::sleep_through(TICK, Duration::from_millis(20)).oversleeps.len(), 20);
     }
 }

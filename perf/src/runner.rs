@@ -1,0 +1,209 @@
+//! The one runner every workload goes through: a workload's plan is its list of cells (a subject at a setting) and a
+//! number of runs; the runner measures every cell that many times, the cells taking turns so that a slow spell of the
+//! machine hits them alike, and counts each run on the progress display. All plans are made before the first run, so
+//! the display's total is their sum and the count ends at N/N.
+//!
+//! On a terminal progress is an indicatif bar; elsewhere (a log, CI, `| tee`) each run gets a line on stderr as it
+//! starts and ends. Everything printed through [`print`] is also kept for the run's `summary.md`.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::peers::Subject;
+use crate::workloads::Workload;
+
+/// Runs per cell where a workload repeats its measurements.
+pub const RUNS: usize = 3;
+
+/// One measurement of a plan: a subject, on a number of application threads, at a setting whose meaning the workload
+/// gives (a window, a rate, a tick, whether stealing is on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cell {
+    pub subject: Subject,
+    pub threads: usize,
+    pub param: u64,
+}
+
+/// What a workload will measure: its cells, each `runs` times.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub workload: Workload,
+    pub cells: Vec<Cell>,
+    pub runs: usize,
+    /// What a cell's setting is, for progress lines (`window`), empty where it has none.
+    pub param: &'static str,
+}
+
+impl Plan {
+    /// Runs this plan will make: its share of the progress total.
+    pub fn steps(&self) -> u64 {
+        (self.cells.len() * self.runs) as u64
+    }
+
+    fn label(&self, cell: &Cell, run: usize) -> String {
+        let param = match self.param {
+            "" => String::new(),
+            name => format!(", {name} {}", cell.param),
+        };
+        format!("{}/{} ({} threads{param}, run {})", self.workload.name(), cell.subject.name(), cell.threads, run + 1)
+    }
+}
+
+/// The progress display's state: the bar (`None`: lines on stderr), when the runs began, the runs planned and made,
+/// and everything printed, for the summary.
+struct State {
+    bar: Option<ProgressBar>,
+    began: Option<Instant>,
+    total: u64,
+    done: u64,
+    transcript: String,
+}
+
+static STATE: Mutex<State> = Mutex::new(State { bar: None, began: None, total: 0, done: 0, transcript: String::new() });
+
+fn state() -> MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Starts the progress display for `total` runs: a bar on a terminal, lines elsewhere.
+pub fn start(total: u64) {
+    let bar = ProgressBar::new(total);
+    let template = "{elapsed_precise:.dim} [{bar:32.cyan/blue}] {pos}/{len} runs  {msg}";
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let mut state = state();
+    (state.bar, state.began, state.total) = ((!bar.is_hidden()).then_some(bar), Some(Instant::now()), total);
+}
+
+/// Prints `text` and a newline to stdout, with the bar out of the way, and keeps it for the summary.
+pub fn print(text: &str) {
+    let mut state = state();
+    state.transcript.push_str(&format!("{text}\n"));
+    match &state.bar {
+        Some(bar) => bar.suspend(|| println!("{text}")),
+        None => println!("{text}"),
+    }
+}
+
+/// Everything printed through [`print`] so far.
+pub fn transcript() -> String {
+    state().transcript.clone()
+}
+
+/// A line on stderr in lines mode, stamped with the time since the start.
+fn line(state: &State, text: &str) {
+    if let (None, Some(began)) = (&state.bar, state.began) {
+        eprintln!("[{:>7.1}s] {text}", began.elapsed().as_secs_f64());
+    }
+}
+
+/// Says a workload begins or ends (lines mode only: the bar names each run).
+pub fn workload(text: &str) {
+    line(&state(), text);
+}
+
+/// Counts one run as ended (it began at `ran`) or skipped, and says so.
+fn step(what: &str, ran: Option<Instant>) {
+    let mut state = state();
+    state.done += 1;
+    let (done, total) = (state.done, state.total);
+    match (&state.bar, ran) {
+        (Some(bar), _) => {
+            bar.inc(1);
+            bar.set_message(what.to_string());
+        }
+        (None, Some(began)) => {
+            line(&state, &format!("{done}/{total} done     {what} in {:.1} s", began.elapsed().as_secs_f64()))
+        }
+        (None, None) => line(&state, &format!("{done}/{total} skipped  {what}")),
+    }
+}
+
+/// Takes the bar off the terminal and says how many runs were made.
+pub fn finish() {
+    let state = state();
+    if let Some(bar) = &state.bar {
+        bar.finish_and_clear();
+    }
+    line(&state, &format!("finished: {}/{} runs", state.done, state.total));
+}
+
+/// Measures every cell of `plan` `plan.runs` times, in turns: every cell once, then every cell again. A cell whose
+/// measurement fails once counts as failed, and its later runs are counted as skipped.
+pub fn in_turns<R>(plan: &Plan, mut measure: impl FnMut(&Cell) -> Result<R, String>) -> Vec<Result<Vec<R>, String>> {
+    let mut results: Vec<Result<Vec<R>, String>> =
+        plan.cells.iter().map(|_| Ok(Vec::with_capacity(plan.runs))).collect();
+    for run in 0..plan.runs {
+        for (cell, result) in plan.cells.iter().zip(results.iter_mut()) {
+            let label = plan.label(cell, run);
+            let Ok(runs) = result else {
+                step(&label, None);
+                continue;
+            };
+            let state = state();
+            line(&state, &format!("{}/{} started  {label}", state.done + 1, state.total));
+            drop(state);
+            let began = Instant::now();
+            let measured = measure(cell);
+            step(&label, Some(began));
+            match measured {
+                Ok(value) => runs.push(value),
+                Err(error) => *result = Err(error),
+            }
+        }
+    }
+    results
+}
+
+/// The median (the upper middle for an even count); `NaN` when there is none.
+pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.into_iter().collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// `min-max` of the values, for the notes under a table.
+pub fn spread(values: impl IntoIterator<Item = f64>) -> String {
+    let (min, max) = values.into_iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    format!("{min:.1}-{max:.1}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cell, Plan, in_turns, median, spread};
+    use crate::peers::Subject;
+    use crate::workloads::Workload;
+
+    #[test]
+    fn median_and_spread() {
+        assert_eq!(
+            (median([3.0, 1.0, 2.0]), median([4.0, 1.0]), spread([3.0, 1.24, 2.0])),
+            (2.0, 4.0, "1.2-3.0".into())
+        );
+        assert!(median([]).is_nan());
+    }
+
+    /// Every cell is measured once per run, cells in turns; a failed cell stops there and its other runs are still
+    /// counted.
+    #[test]
+    fn cells_take_turns_and_failures_stop_their_cell() {
+        let cell = |subject| Cell { subject, threads: 1, param: 0 };
+        let cells = vec![cell(Subject::Corewheel), cell(Subject::BinaryHeap)];
+        let plan = Plan { workload: Workload::ArmCancel, cells, runs: 3, param: "" };
+        assert_eq!(plan.steps(), 6);
+        let mut order = Vec::new();
+        let results = in_turns(&plan, |cell| {
+            order.push(cell.subject);
+            match cell.subject {
+                Subject::BinaryHeap => Err("broke".to_string()),
+                _ => Ok(order.len()),
+            }
+        });
+        assert_eq!(order, [Subject::Corewheel, Subject::BinaryHeap, Subject::Corewheel, Subject::Corewheel]);
+        assert_eq!(results, [Ok(vec![1, 3, 4]), Err("broke".to_string())]);
+    }
+}
