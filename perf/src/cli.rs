@@ -149,23 +149,37 @@ mod tests {
     use clap::Parser;
 
     fn parse(args: &[&str]) -> Result<Options, clap::Error> {
-        Options::try_parse_from(std::iter::once("corewheel-perf").chain(args.iter().copied())).map(Options::normalized)
+        Options::try_parse_from(std::iter::once("corewheel-perf").chain(args.iter().copied()))
+            .map(Options::normalized)
     }
 
     #[test]
     fn defaults_and_flags() {
         let defaults = parse(&[]).expect("no arguments run");
         assert_eq!(
-            (defaults.threads[0], defaults.sizes().live_timers, &defaults.windows[..]),
+            (
+                defaults.threads[0],
+                defaults.sizes().live_timers,
+                &defaults.windows[..]
+            ),
             (1, 1_000_000, &[16, 10_000][..])
         );
-        assert_eq!((defaults.workloads, defaults.peers), (Workload::defaults(), Subject::ALL.to_vec()));
+        assert_eq!(
+            (defaults.workloads, defaults.peers),
+            (Workload::defaults(), Subject::ALL.to_vec())
+        );
         let args = "--workloads fire-storm,arm-cancel,fire-storm --peers=corewheel --timers 100_000 --full --threads=1,2,4 --windows 0,16 --mix-rate=2,000 --async-ops=5,000 --save perf/results";
         let options = parse(&args.split(' ').collect::<Vec<_>>()).expect("valid");
-        assert_eq!((options.mix_rate, options.sizes().async_ops, options.timers), (2_000, 5_000, Some(100_000)));
+        assert_eq!(
+            (options.mix_rate, options.sizes().async_ops, options.timers),
+            (2_000, 5_000, Some(100_000))
+        );
         assert_eq!(
             (options.workloads, options.peers),
-            (vec![Workload::FireStorm, Workload::ArmCancel], vec![Subject::Corewheel])
+            (
+                vec![Workload::FireStorm, Workload::ArmCancel],
+                vec![Subject::Corewheel]
+            )
         );
         assert_eq!(
             (options.threads, options.windows, options.save),

@@ -49,7 +49,9 @@ fn main() -> ExitCode {
     for plan in &plans {
         let name = plan.workload.name();
         if plan.cells.is_empty() && plan.workload != workloads::Workload::Proxy {
-            runner::print(&format!("{name}: skipped: none of the chosen peers and thread counts is one it runs\n"));
+            runner::print(&format!(
+                "{name}: skipped: none of the chosen peers and thread counts is one it runs\n"
+            ));
             continue;
         }
         runner::workload(&format!("started  workload {name}"));
@@ -61,12 +63,23 @@ fn main() -> ExitCode {
             runner::print(&format!(
                 "{name}: (other processes used {share:.0}% of the CPUs while this workload ran{warning})\n"
             ));
-            out.csv.push_metrics(name, "machine", (0, 0), &[("other_processes_cpu_share", share, "%")]);
+            out.csv.push_metrics(
+                name,
+                "machine",
+                (0, 0),
+                &[("other_processes_cpu_share", share, "%")],
+            );
         }
         runner::workload(&format!("finished workload {name}"));
     }
     runner::finish();
-    match results::write(&out.csv, &out.plots, &run_dir, options.save.as_deref(), began.elapsed()) {
+    match results::write(
+        &out.csv,
+        &out.plots,
+        &run_dir,
+        options.save.as_deref(),
+        began.elapsed(),
+    ) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("corewheel-perf: {error}");
@@ -77,7 +90,8 @@ fn main() -> ExitCode {
 
 /// The run's header: what it runs, on what, and where its results go.
 fn header(options: &Options, run_dir: &std::path::Path) -> String {
-    let list = |items: &mut dyn Iterator<Item = u64>| items.map(thousands).collect::<Vec<_>>().join(", ");
+    let list =
+        |items: &mut dyn Iterator<Item = u64>| items.map(thousands).collect::<Vec<_>>().join(", ");
     let threads = list(&mut options.threads.iter().map(|&t| u64::from(t)));
     let windows = list(&mut options.windows.iter().map(|&w| u64::from(w)));
     let mut out = format!(
@@ -100,7 +114,11 @@ fn header(options: &Options, run_dir: &std::path::Path) -> String {
     }
     out.push_str("workloads:\n");
     for workload in &options.workloads {
-        out.push_str(&format!("  {:<19}{}\n", workload.name(), workload.describe()));
+        out.push_str(&format!(
+            "  {:<19}{}\n",
+            workload.name(),
+            workload.describe()
+        ));
     }
     out
 }

@@ -10,8 +10,10 @@ use plotters::prelude::*;
 use crate::report::Csv;
 
 /// The CSV metrics that are a throughput, in millions of units a second.
-const THROUGHPUT_METRICS: [(&str, &str); 2] =
-    [("mtimers_per_s", "million timers / s"), ("mresets_per_s", "million resets / s")];
+const THROUGHPUT_METRICS: [(&str, &str); 2] = [
+    ("mtimers_per_s", "million timers / s"),
+    ("mresets_per_s", "million resets / s"),
+];
 
 const SIZE: (u32, u32) = (760, 460);
 
@@ -42,7 +44,12 @@ impl Plots {
         for (workload, y_label, series) in throughput_series(csv) {
             let path = dir.join(format!("{workload}.svg"));
             let title = format!("{workload}: throughput against threads ({machine})");
-            line_chart(&path, (&title, "application threads", y_label), &series, true)?;
+            line_chart(
+                &path,
+                (&title, "application threads", y_label),
+                &series,
+                true,
+            )?;
             written.push(path);
         }
         if !self.lateness.is_empty() {
@@ -54,7 +61,16 @@ impl Plots {
                 .collect();
             let path = dir.join("fire-storm-lateness.svg");
             let title = format!("fire-storm: lateness CDF ({machine})");
-            line_chart(&path, (&title, "lateness, ms", "share of timers fired at most this late"), &series, false)?;
+            line_chart(
+                &path,
+                (
+                    &title,
+                    "lateness, ms",
+                    "share of timers fired at most this late",
+                ),
+                &series,
+                false,
+            )?;
             written.push(path);
         }
         Ok(written)
@@ -69,7 +85,10 @@ type PointsBySubject<'a> = BTreeMap<&'a str, Vec<(f64, f64)>>;
 fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
     let mut by_workload: BTreeMap<&str, (&'static str, PointsBySubject)> = BTreeMap::new();
     for row in csv.rows() {
-        let Some(&(_, label)) = THROUGHPUT_METRICS.iter().find(|(metric, _)| *metric == row.metric) else {
+        let Some(&(_, label)) = THROUGHPUT_METRICS
+            .iter()
+            .find(|(metric, _)| *metric == row.metric)
+        else {
             continue;
         };
         // The single-thread workloads run at one thread count only.
@@ -94,7 +113,10 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
                 .into_iter()
                 .map(|(name, mut points)| {
                     points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    Series { name: name.to_string(), points }
+                    Series {
+                        name: name.to_string(),
+                        points,
+                    }
                 })
                 .collect();
             (workload.to_string(), label, series)
@@ -104,18 +126,27 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
 
 /// A line chart of `series`, with a legend; `marks` puts a dot on every point (for a few measured points, as against
 /// a dense curve).
-fn line_chart(path: &Path, labels: (&str, &str, &str), series: &[Series], marks: bool) -> Result<(), String> {
+fn line_chart(
+    path: &Path,
+    labels: (&str, &str, &str),
+    series: &[Series],
+    marks: bool,
+) -> Result<(), String> {
     let (title, x_label, y_label) = labels;
     let failed = |error: &dyn std::fmt::Display| format!("plot {}: {error}", path.display());
     let points = series.iter().flat_map(|s| s.points.iter());
-    let (x_min, x_max, y_max) = points
-        .fold((f64::INFINITY, f64::NEG_INFINITY, 0.0_f64), |(x_min, x_max, y_max), &(x, y)| {
-            (x_min.min(x), x_max.max(x), y_max.max(y))
-        });
+    let (x_min, x_max, y_max) = points.fold(
+        (f64::INFINITY, f64::NEG_INFINITY, 0.0_f64),
+        |(x_min, x_max, y_max), &(x, y)| (x_min.min(x), x_max.max(x), y_max.max(y)),
+    );
     if !x_min.is_finite() {
         return Ok(());
     }
-    let x_range = if marks { (x_min - 0.25).max(0.0)..x_max + 0.25 } else { 0.0..x_max.max(1e-3) * 1.02 };
+    let x_range = if marks {
+        (x_min - 0.25).max(0.0)..x_max + 0.25
+    } else {
+        0.0..x_max.max(1e-3) * 1.02
+    };
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(&e))?;
     let mut chart = ChartBuilder::on(&root)
@@ -129,7 +160,8 @@ fn line_chart(path: &Path, labels: (&str, &str, &str), series: &[Series], marks:
     mesh.x_desc(x_label).y_desc(y_label);
     if marks {
         // Thread counts are whole numbers: one label per count, none in between.
-        mesh.x_labels((x_max - x_min) as usize + 1).x_label_formatter(&|x| format!("{x:.0}"));
+        mesh.x_labels((x_max - x_min) as usize + 1)
+            .x_label_formatter(&|x| format!("{x:.0}"));
     }
     mesh.draw().map_err(|e| failed(&e))?;
     for (index, line) in series.iter().enumerate() {
@@ -142,13 +174,21 @@ fn line_chart(path: &Path, labels: (&str, &str, &str), series: &[Series], marks:
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         if marks {
             chart
-                .draw_series(line.points.iter().map(|&point| Circle::new(point, 4, color.filled())))
+                .draw_series(
+                    line.points
+                        .iter()
+                        .map(|&point| Circle::new(point, 4, color.filled())),
+                )
                 .map_err(|e| failed(&e))?;
         }
     }
     chart
         .configure_series_labels()
-        .position(if marks { SeriesLabelPosition::UpperLeft } else { SeriesLabelPosition::LowerRight })
+        .position(if marks {
+            SeriesLabelPosition::UpperLeft
+        } else {
+            SeriesLabelPosition::LowerRight
+        })
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()
@@ -160,12 +200,14 @@ fn line_chart(path: &Path, labels: (&str, &str, &str), series: &[Series], marks:
 /// use.
 pub fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
-        info.lines()
-            .find(|line| line.starts_with("model name"))
-            .and_then(|line| line.split_once(':'))
-            .map(|(_, model)| model.trim().to_string())
-    });
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split_once(':'))
+                .map(|(_, model)| model.trim().to_string())
+        });
     match model {
         Some(model) => format!("{cpus} CPUs, {model}"),
         None => format!("{cpus} CPUs"),
@@ -193,7 +235,10 @@ mod tests {
         }
         let plots = throughput_series(&csv);
         let (workload, _, series) = &plots[0];
-        assert_eq!((plots.len(), workload.as_str(), series[0].name.as_str()), (1, "engine-reset", "engine"));
+        assert_eq!(
+            (plots.len(), workload.as_str(), series[0].name.as_str()),
+            (1, "engine-reset", "engine")
+        );
         assert_eq!(
             (&series[0].points[..], &series[1].points[..]),
             (&[(1.0, 17.0), (2.0, 50.0)][..], &[(1.0, 8.0)][..])
@@ -203,7 +248,10 @@ mod tests {
         let mut extra = Plots::default();
         extra.add_lateness("corewheel", vec![(0.0, 0.0), (700.0, 0.5), (1500.0, 1.0)]);
         let written = extra.write(&csv, &dir, "test machine").expect("plots");
-        let svgs: Vec<String> = written.iter().map(|path| std::fs::read_to_string(path).expect("written")).collect();
+        let svgs: Vec<String> = written
+            .iter()
+            .map(|path| std::fs::read_to_string(path).expect("written"))
+            .collect();
         assert!(svgs.len() == 2 && svgs.iter().all(|svg| svg.starts_with("<svg")));
         assert!(svgs[0].contains("tokio-sleep") && svgs[0].contains("test machine"));
         std::fs::remove_dir_all(&dir).ok();

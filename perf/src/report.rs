@@ -18,7 +18,12 @@ impl Table {
     /// An empty table with these headers.
     pub fn new(title: impl Into<String>, header: &[&str]) -> Self {
         let header = header.iter().map(|cell| cell.to_string()).collect();
-        Self { title: title.into(), header, rows: Vec::new(), notes: Vec::new() }
+        Self {
+            title: title.into(),
+            header,
+            rows: Vec::new(),
+            notes: Vec::new(),
+        }
     }
 
     /// Adds a row of cells.
@@ -45,7 +50,11 @@ impl Table {
             let mut line = String::new();
             for (i, width) in widths.iter().enumerate() {
                 let cell = row.get(i).map_or("", String::as_str);
-                let _ = if i == 0 { write!(line, "{cell:<width$}") } else { write!(line, "  {cell:>width$}") };
+                let _ = if i == 0 {
+                    write!(line, "{cell:<width$}")
+                } else {
+                    write!(line, "  {cell:>width$}")
+                };
             }
             let _ = writeln!(out, "{}", line.trim_end());
         }
@@ -67,7 +76,12 @@ pub const RATIO_LEGEND: &str = "vs X = how many times better this row is than X'
 /// `1234567` as `1,234,567`.
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
-    let groups: Vec<&str> = digits.as_bytes().rchunks(3).rev().map(|g| std::str::from_utf8(g).unwrap_or("")).collect();
+    let groups: Vec<&str> = digits
+        .as_bytes()
+        .rchunks(3)
+        .rev()
+        .map(|g| std::str::from_utf8(g).unwrap_or(""))
+        .collect();
     groups.join(",")
 }
 
@@ -93,19 +107,37 @@ pub struct Col {
 
 impl Col {
     /// A cost column, without ratios.
-    pub fn new(header: impl Into<String>, metric: impl Into<String>, unit: &'static str, digits: usize) -> Self {
+    pub fn new(
+        header: impl Into<String>,
+        metric: impl Into<String>,
+        unit: &'static str,
+        digits: usize,
+    ) -> Self {
         let (header, metric) = (header.into(), metric.into());
-        Self { header, metric, unit, digits, higher_is_better: false, ratios: false }
+        Self {
+            header,
+            metric,
+            unit,
+            digits,
+            higher_is_better: false,
+            ratios: false,
+        }
     }
 
     /// The same column, for a figure where higher is better (a rate).
     pub fn rate(self) -> Self {
-        Self { higher_is_better: true, ..self }
+        Self {
+            higher_is_better: true,
+            ..self
+        }
     }
 
     /// The same column, with a ratio column against each peer.
     pub fn ratios(self) -> Self {
-        Self { ratios: true, ..self }
+        Self {
+            ratios: true,
+            ..self
+        }
     }
 }
 
@@ -135,14 +167,37 @@ pub struct Sheet {
 
 impl Sheet {
     /// An empty sheet.
-    pub fn new(workload: impl Into<String>, title: impl Into<String>, timers: u64, cols: Vec<Col>) -> Self {
+    pub fn new(
+        workload: impl Into<String>,
+        title: impl Into<String>,
+        timers: u64,
+        cols: Vec<Col>,
+    ) -> Self {
         let (workload, title) = (workload.into(), title.into());
-        Self { workload, title, timers, cols, rows: Vec::new(), notes: Vec::new(), scaling: None }
+        Self {
+            workload,
+            title,
+            timers,
+            cols,
+            rows: Vec::new(),
+            notes: Vec::new(),
+            scaling: None,
+        }
     }
 
     /// Adds a row named after its subject.
-    pub fn add(&mut self, subject: Subject, threads: usize, values: Result<Vec<Option<f64>>, String>) {
-        self.rows.push(Row { name: subject.name().to_string(), subject, threads, values });
+    pub fn add(
+        &mut self,
+        subject: Subject,
+        threads: usize,
+        values: Result<Vec<Option<f64>>, String>,
+    ) {
+        self.rows.push(Row {
+            name: subject.name().to_string(),
+            subject,
+            threads,
+            values,
+        });
     }
 
     /// Adds a note under the table.
@@ -154,12 +209,18 @@ impl Sheet {
     fn ratio(&self, row: &Row, other: &Row, col: usize) -> Option<f64> {
         let value = |row: &Row| row.values.as_ref().ok()?.get(col).copied().flatten();
         let (this, that) = (value(row)?, value(other)?);
-        let ratio = if self.cols[col].higher_is_better { this / that } else { that / this };
+        let ratio = if self.cols[col].higher_is_better {
+            this / that
+        } else {
+            that / this
+        };
         ratio.is_finite().then_some(ratio)
     }
 
     fn find(&self, subject: Subject, threads: usize) -> Option<&Row> {
-        self.rows.iter().find(|row| row.subject == subject && row.threads == threads)
+        self.rows
+            .iter()
+            .find(|row| row.subject == subject && row.threads == threads)
     }
 
     /// Prints the table and adds every figure, ratio and scaling to `csv`.
@@ -170,12 +231,25 @@ impl Sheet {
                 peers.push(row.subject);
             }
         }
-        if self.rows.iter().all(|row| row.subject == self.rows[0].subject) {
+        if self
+            .rows
+            .iter()
+            .all(|row| row.subject == self.rows[0].subject)
+        {
             peers.clear();
         }
-        let ratio_cols: Vec<usize> = (0..self.cols.len()).filter(|&c| self.cols[c].ratios).collect();
+        let ratio_cols: Vec<usize> = (0..self.cols.len())
+            .filter(|&c| self.cols[c].ratios)
+            .collect();
         let threads = self.scaling.is_some();
-        let mut header = vec![if threads { "subject, threads" } else { "subject" }.to_string()];
+        let mut header = vec![
+            if threads {
+                "subject, threads"
+            } else {
+                "subject"
+            }
+            .to_string(),
+        ];
         header.extend(self.cols.iter().map(|col| col.header.clone()));
         for &col in &ratio_cols {
             header.extend(peers.iter().map(|peer| match ratio_cols.len() {
@@ -184,9 +258,15 @@ impl Sheet {
             }));
         }
         header.extend(self.scaling.map(|_| "vs own 1 thread".to_string()));
-        let mut table = Table { title: self.title.clone(), header, rows: Vec::new(), notes: Vec::new() };
+        let mut table = Table {
+            title: self.title.clone(),
+            header,
+            rows: Vec::new(),
+            notes: Vec::new(),
+        };
         let mut errors = Vec::new();
-        let show = |ratio: Option<f64>| ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
+        let show =
+            |ratio: Option<f64>| ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
         for row in &self.rows {
             let values = match &row.values {
                 Ok(values) => values,
@@ -196,11 +276,24 @@ impl Sheet {
                     continue;
                 }
             };
-            let mut cells = vec![if threads { format!("{}, {}", row.name, row.threads) } else { row.name.clone() }];
+            let mut cells = vec![if threads {
+                format!("{}, {}", row.name, row.threads)
+            } else {
+                row.name.clone()
+            }];
             let mut put = |metric: &str, value: f64, unit: &'static str| {
-                let (workload, subject, threads) = (self.workload.clone(), row.name.clone(), row.threads as u32);
+                let (workload, subject, threads) =
+                    (self.workload.clone(), row.name.clone(), row.threads as u32);
                 let metric = metric.to_string();
-                csv.push(CsvRow { workload, subject, threads, timers: self.timers, metric, value, unit });
+                csv.push(CsvRow {
+                    workload,
+                    subject,
+                    threads,
+                    timers: self.timers,
+                    metric,
+                    value,
+                    unit,
+                });
             };
             for (col, value) in self.cols.iter().zip(values) {
                 cells.push(figure(*value, col.digits));
@@ -210,8 +303,14 @@ impl Sheet {
             }
             for (i, &col) in ratio_cols.iter().enumerate() {
                 for peer in &peers {
-                    let ratio = self.find(*peer, row.threads).and_then(|other| self.ratio(row, other, col));
-                    cells.push(if row.subject == *peer { "-".to_string() } else { show(ratio) });
+                    let ratio = self
+                        .find(*peer, row.threads)
+                        .and_then(|other| self.ratio(row, other, col));
+                    cells.push(if row.subject == *peer {
+                        "-".to_string()
+                    } else {
+                        show(ratio)
+                    });
                     if let (0, true, Some(ratio), Some(metric)) =
                         (i, row.subject.is_corewheel(), ratio, peer.ratio_metric())
                     {
@@ -222,7 +321,11 @@ impl Sheet {
             if let Some(col) = self.scaling {
                 let one = self.find(row.subject, 1).filter(|_| row.threads > 1);
                 let scaling = one.and_then(|one| self.ratio(row, one, col));
-                cells.push(if row.threads == 1 { "-".to_string() } else { show(scaling) });
+                cells.push(if row.threads == 1 {
+                    "-".to_string()
+                } else {
+                    show(scaling)
+                });
                 if let Some(scaling) = scaling {
                     put("scaling_vs_1_thread", scaling, "x");
                 }
@@ -279,8 +382,20 @@ impl Csv {
         metrics: &[(&str, f64, &'static str)],
     ) {
         for &(metric, value, unit) in metrics {
-            let (workload, subject, metric) = (workload.to_string(), subject.to_string(), metric.to_string());
-            self.push(CsvRow { workload, subject, threads: threads as u32, timers, metric, value, unit });
+            let (workload, subject, metric) = (
+                workload.to_string(),
+                subject.to_string(),
+                metric.to_string(),
+            );
+            self.push(CsvRow {
+                workload,
+                subject,
+                threads: threads as u32,
+                timers,
+                metric,
+                value,
+                unit,
+            });
         }
     }
 
@@ -288,10 +403,15 @@ impl Csv {
     /// file where scripts expect a complete one.
     pub fn write(&self, path: &Path) -> Result<(), String> {
         let partial = path.with_extension("csv.tmp");
-        let written = csv::Writer::from_path(&partial).map_err(|e| e.to_string()).and_then(|mut out| {
-            self.rows.iter().try_for_each(|row| out.serialize(row)).map_err(|e| e.to_string())?;
-            out.flush().map_err(|e| e.to_string())
-        });
+        let written = csv::Writer::from_path(&partial)
+            .map_err(|e| e.to_string())
+            .and_then(|mut out| {
+                self.rows
+                    .iter()
+                    .try_for_each(|row| out.serialize(row))
+                    .map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())
+            });
         written
             .and_then(|()| std::fs::rename(&partial, path).map_err(|e| e.to_string()))
             .map_err(|error| format!("could not write {}: {error}", path.display()))
@@ -309,18 +429,27 @@ mod tests {
             (thousands(0), thousands(999), thousands(20_000_000)),
             ("0".into(), "999".into(), "20,000,000".into())
         );
-        assert_eq!((figure(Some(1234.4), 0), figure(None, 1)), ("1,234".into(), "n/a".into()));
+        assert_eq!(
+            (figure(Some(1234.4), 0), figure(None, 1)),
+            ("1,234".into(), "n/a".into())
+        );
         let mut table = Table::new("t", &["subject", "ns/op"]);
         table.row(vec!["corewheel".into(), "1.5".into()]);
         table.row(vec!["x".into(), "100.25".into()]);
-        assert_eq!(table.render(), "t\nsubject     ns/op\ncorewheel     1.5\nx          100.25\n");
+        assert_eq!(
+            table.render(),
+            "t\nsubject     ns/op\ncorewheel     1.5\nx          100.25\n"
+        );
     }
 
     /// Ratios read as how many times better the row is, for costs and rates alike; the CSV gets every figure and
     /// corewheel's ratios, and scaling against one thread.
     #[test]
     fn sheets_compute_ratios_and_csv_rows() {
-        let cols = vec![Col::new("ns", "ns_per_op", "ns", 1).ratios(), Col::new("M/s", "mops_per_s", "M/s", 2).rate()];
+        let cols = vec![
+            Col::new("ns", "ns_per_op", "ns", 1).ratios(),
+            Col::new("M/s", "mops_per_s", "M/s", 2).rate(),
+        ];
         let mut sheet = Sheet::new("w", "title", 10, cols);
         sheet.scaling = Some(0);
         sheet.add(Subject::Engine, 1, Ok(vec![Some(10.0), Some(100.0)]));
@@ -330,9 +459,20 @@ mod tests {
         assert_eq!(sheet.ratio(&sheet.rows[0], &sheet.rows[1], 1), Some(5.0));
         let mut csv = Csv::default();
         sheet.finish(&mut csv);
-        let rows: Vec<_> = csv.rows().iter().map(|r| (r.subject.as_str(), r.metric.as_str(), r.value)).collect();
+        let rows: Vec<_> = csv
+            .rows()
+            .iter()
+            .map(|r| (r.subject.as_str(), r.metric.as_str(), r.value))
+            .collect();
         assert!(rows.contains(&("engine", "vs_tokio_sleep", 3.0)));
-        assert!(rows.iter().any(|r| r.0 == "engine" && r.1 == "scaling_vs_1_thread" && r.2 == 2.0));
-        assert_eq!(rows.iter().filter(|m| m.0 == "tokio-sleep").count(), 2, "the 1-thread figures only");
+        assert!(
+            rows.iter()
+                .any(|r| r.0 == "engine" && r.1 == "scaling_vs_1_thread" && r.2 == 2.0)
+        );
+        assert_eq!(
+            rows.iter().filter(|m| m.0 == "tokio-sleep").count(),
+            2,
+            "the 1-thread figures only"
+        );
     }
 }

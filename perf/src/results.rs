@@ -21,8 +21,16 @@ pub const CSV: &str = "results.csv";
 pub fn create() -> io::Result<PathBuf> {
     let (runs, stamp) = (target_dir().join("perf-runs"), utc_stamp(SystemTime::now()));
     fs::create_dir_all(&runs)?;
-    let mut tries = (1..1000).map(|n| runs.join(if n == 1 { stamp.clone() } else { format!("{stamp}-{n}") }));
-    tries.find_map(|dir| fs::create_dir(&dir).map(|()| dir).ok()).ok_or_else(|| io::Error::other("no free run folder"))
+    let mut tries = (1..1000).map(|n| {
+        runs.join(if n == 1 {
+            stamp.clone()
+        } else {
+            format!("{stamp}-{n}")
+        })
+    });
+    tries
+        .find_map(|dir| fs::create_dir(&dir).map(|()| dir).ok())
+        .ok_or_else(|| io::Error::other("no free run folder"))
 }
 
 /// The target directory this binary was built into (`<target>/<profile>/corewheel-perf`), so that `CARGO_TARGET_DIR`
@@ -35,7 +43,13 @@ fn target_dir() -> PathBuf {
 }
 
 /// Writes the run's CSV, plots and summary into `run_dir`, then over `save` when asked, and says where each went.
-pub fn write(csv: &Csv, plots: &Plots, run_dir: &Path, save: Option<&Path>, took: Duration) -> Result<(), String> {
+pub fn write(
+    csv: &Csv,
+    plots: &Plots,
+    run_dir: &Path,
+    save: Option<&Path>,
+    took: Duration,
+) -> Result<(), String> {
     csv.write(&run_dir.join(CSV))?;
     let machine = crate::plots::machine();
     plots.write(csv, run_dir, &machine)?;
@@ -45,20 +59,31 @@ pub fn write(csv: &Csv, plots: &Plots, run_dir: &Path, save: Option<&Path>, took
     println!("\nresults of this run: {}", run_dir.display());
     println!("  (results.csv, summary.md and the plots; nothing in the source tree changed)");
     if let Some(dest) = save {
-        let written =
-            copy_set(run_dir, dest).map_err(|error| format!("could not save to {}: {error}", dest.display()))?;
-        println!("saved as the reference set: {} ({written} files)", dest.display());
+        let written = copy_set(run_dir, dest)
+            .map_err(|error| format!("could not save to {}: {error}", dest.display()))?;
+        println!(
+            "saved as the reference set: {} ({written} files)",
+            dest.display()
+        );
     }
     Ok(())
 }
 
 /// The run's `summary.md`: its command line, machine, duration and every table it printed.
 fn summary_text(run_dir: &Path, machine: &str, took: Duration) -> String {
-    let name = run_dir.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned());
-    let args: Vec<String> = std::env::args_os().skip(1).map(|arg| arg.to_string_lossy().into_owned()).collect();
+    let name = run_dir
+        .file_name()
+        .map_or_else(String::new, |name| name.to_string_lossy().into_owned());
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
     let command = match args.is_empty() {
         true => "cargo run --release -p corewheel-perf".to_string(),
-        false => format!("cargo run --release -p corewheel-perf -- {}", args.join(" ")),
+        false => format!(
+            "cargo run --release -p corewheel-perf -- {}",
+            args.join(" ")
+        ),
     };
     format!(
         "# corewheel-perf run {name}\n\n- command: `{command}`\n- machine: {machine}, mimalloc\n- took: {:.0} s\n\n\
@@ -91,12 +116,16 @@ fn copy_set(run: &Path, dest: &Path) -> io::Result<usize> {
 
 fn is_result_file(path: &Path) -> bool {
     path.file_name().is_some_and(|name| name == SUMMARY)
-        || path.extension().is_some_and(|extension| extension == "csv" || extension == "svg")
+        || path
+            .extension()
+            .is_some_and(|extension| extension == "csv" || extension == "svg")
 }
 
 /// `2026-11-24T18-05-09Z`: sortable, and valid as a file name everywhere.
 pub fn utc_stamp(time: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(time).to_string().replace(':', "-")
+    humantime::format_rfc3339_seconds(time)
+        .to_string()
+        .replace(':', "-")
 }
 
 #[cfg(test)]
@@ -130,7 +159,11 @@ mod tests {
         let read = |name: &str| std::fs::read_to_string(dest.join(name)).ok();
         assert_eq!(read("results.csv").as_deref(), Some("new"));
         assert_eq!(read("a.svg").as_deref(), Some("new"));
-        assert_eq!(read("stale.svg"), None, "a previous run's plot outlived the save");
+        assert_eq!(
+            read("stale.svg"),
+            None,
+            "a previous run's plot outlived the save"
+        );
         assert_eq!(read("README.txt").as_deref(), Some("old"));
         assert!(dest.join("other-machine").is_dir());
         std::fs::remove_dir_all(&root).unwrap();

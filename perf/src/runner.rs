@@ -47,7 +47,13 @@ impl Plan {
             "" => String::new(),
             name => format!(", {name} {}", cell.param),
         };
-        format!("{}/{} ({} threads{param}, run {})", self.workload.name(), cell.subject.name(), cell.threads, run + 1)
+        format!(
+            "{}/{} ({} threads{param}, run {})",
+            self.workload.name(),
+            cell.subject.name(),
+            cell.threads,
+            run + 1
+        )
     }
 }
 
@@ -61,7 +67,13 @@ struct State {
     transcript: String,
 }
 
-static STATE: Mutex<State> = Mutex::new(State { bar: None, began: None, total: 0, done: 0, transcript: String::new() });
+static STATE: Mutex<State> = Mutex::new(State {
+    bar: None,
+    began: None,
+    total: 0,
+    done: 0,
+    transcript: String::new(),
+});
 
 fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(PoisonError::into_inner)
@@ -76,7 +88,11 @@ pub fn start(total: u64) {
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let mut state = state();
-    (state.bar, state.began, state.total) = ((!bar.is_hidden()).then_some(bar), Some(Instant::now()), total);
+    (state.bar, state.began, state.total) = (
+        (!bar.is_hidden()).then_some(bar),
+        Some(Instant::now()),
+        total,
+    );
 }
 
 /// Prints `text` and a newline to stdout, with the bar out of the way, and keeps it for the summary.
@@ -116,9 +132,13 @@ fn step(what: &str, ran: Option<Instant>) {
             bar.inc(1);
             bar.set_message(what.to_string());
         }
-        (None, Some(began)) => {
-            line(&state, &format!("{done}/{total} done     {what} in {:.1} s", began.elapsed().as_secs_f64()))
-        }
+        (None, Some(began)) => line(
+            &state,
+            &format!(
+                "{done}/{total} done     {what} in {:.1} s",
+                began.elapsed().as_secs_f64()
+            ),
+        ),
         (None, None) => line(&state, &format!("{done}/{total} skipped  {what}")),
     }
 }
@@ -129,14 +149,23 @@ pub fn finish() {
     if let Some(bar) = &state.bar {
         bar.finish_and_clear();
     }
-    line(&state, &format!("finished: {}/{} runs", state.done, state.total));
+    line(
+        &state,
+        &format!("finished: {}/{} runs", state.done, state.total),
+    );
 }
 
 /// Measures every cell of `plan` `plan.runs` times, in turns: every cell once, then every cell again. A cell whose
 /// measurement fails once counts as failed, and its later runs are counted as skipped.
-pub fn in_turns<R>(plan: &Plan, mut measure: impl FnMut(&Cell) -> Result<R, String>) -> Vec<Result<Vec<R>, String>> {
-    let mut results: Vec<Result<Vec<R>, String>> =
-        plan.cells.iter().map(|_| Ok(Vec::with_capacity(plan.runs))).collect();
+pub fn in_turns<R>(
+    plan: &Plan,
+    mut measure: impl FnMut(&Cell) -> Result<R, String>,
+) -> Vec<Result<Vec<R>, String>> {
+    let mut results: Vec<Result<Vec<R>, String>> = plan
+        .cells
+        .iter()
+        .map(|_| Ok(Vec::with_capacity(plan.runs)))
+        .collect();
     for run in 0..plan.runs {
         for (cell, result) in plan.cells.iter().zip(results.iter_mut()) {
             let label = plan.label(cell, run);
@@ -145,7 +174,10 @@ pub fn in_turns<R>(plan: &Plan, mut measure: impl FnMut(&Cell) -> Result<R, Stri
                 continue;
             };
             let state = state();
-            line(&state, &format!("{}/{} started  {label}", state.done + 1, state.total));
+            line(
+                &state,
+                &format!("{}/{} started  {label}", state.done + 1, state.total),
+            );
             drop(state);
             let began = Instant::now();
             let measured = measure(cell);
@@ -168,7 +200,11 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
 
 /// `min-max` of the values, for the notes under a table.
 pub fn spread(values: impl IntoIterator<Item = f64>) -> String {
-    let (min, max) = values.into_iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (min, max) = values
+        .into_iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
     format!("{min:.1}-{max:.1}")
 }
 
@@ -181,7 +217,11 @@ mod tests {
     #[test]
     fn median_and_spread() {
         assert_eq!(
-            (median([3.0, 1.0, 2.0]), median([4.0, 1.0]), spread([3.0, 1.24, 2.0])),
+            (
+                median([3.0, 1.0, 2.0]),
+                median([4.0, 1.0]),
+                spread([3.0, 1.24, 2.0])
+            ),
             (2.0, 4.0, "1.2-3.0".into())
         );
         assert!(median([]).is_nan());
@@ -191,9 +231,18 @@ mod tests {
     /// counted.
     #[test]
     fn cells_take_turns_and_failures_stop_their_cell() {
-        let cell = |subject| Cell { subject, threads: 1, param: 0 };
+        let cell = |subject| Cell {
+            subject,
+            threads: 1,
+            param: 0,
+        };
         let cells = vec![cell(Subject::Corewheel), cell(Subject::BinaryHeap)];
-        let plan = Plan { workload: Workload::ArmCancel, cells, runs: 3, param: "" };
+        let plan = Plan {
+            workload: Workload::ArmCancel,
+            cells,
+            runs: 3,
+            param: "",
+        };
         assert_eq!(plan.steps(), 6);
         let mut order = Vec::new();
         let results = in_turns(&plan, |cell| {
@@ -203,7 +252,15 @@ mod tests {
                 _ => Ok(order.len()),
             }
         });
-        assert_eq!(order, [Subject::Corewheel, Subject::BinaryHeap, Subject::Corewheel, Subject::Corewheel]);
+        assert_eq!(
+            order,
+            [
+                Subject::Corewheel,
+                Subject::BinaryHeap,
+                Subject::Corewheel,
+                Subject::Corewheel
+            ]
+        );
         assert_eq!(results, [Ok(vec![1, 3, 4]), Err("broke".to_string())]);
     }
 }

@@ -9,7 +9,10 @@
 use std::time::{Duration, Instant};
 
 fn clock(id: libc::clockid_t) -> Option<Duration> {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `now` is a valid, writable timespec for the whole call.
     let rc = unsafe { libc::clock_gettime(id, &mut now) };
     (rc == 0).then(|| Duration::new(now.tv_sec as u64, now.tv_nsec as u32))
@@ -33,7 +36,8 @@ pub fn cpu_between(earlier: Option<Duration>, later: Option<Duration>) -> Option
 /// Whether a thread name is `prefix` followed by a number (`corewheel-0`), which the harness's own threads
 /// (`corewheel-perf`) are not.
 pub fn is_numbered(name: &str, prefix: &str) -> bool {
-    name.strip_prefix(prefix).is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
+    name.strip_prefix(prefix)
+        .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Each live thread of process `pid` (`self` for this one): its name and a file of its `/proc` folder.
@@ -93,13 +97,19 @@ pub fn resident_bytes() -> Option<u64> {
 /// output reports it.
 pub fn huge_page_bytes() -> Option<u64> {
     let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
-    let line = rollup.lines().find_map(|line| line.strip_prefix("AnonHugePages:"))?;
+    let line = rollup
+        .lines()
+        .find_map(|line| line.strip_prefix("AnonHugePages:"))?;
     Some(line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? * 1024)
 }
 
 /// Waits until the CPU clock `cpu` advances by less than 5% of `interval` over one `interval` (at most `limit`): the
 /// threads it counts have done what was left them, which no count shows. Returns its reading then.
-pub fn wait_until_quiet(cpu: fn() -> Option<Duration>, interval: Duration, limit: Duration) -> Option<Duration> {
+pub fn wait_until_quiet(
+    cpu: fn() -> Option<Duration>,
+    interval: Duration,
+    limit: Duration,
+) -> Option<Duration> {
     let (started, mut last) = (Instant::now(), cpu()?);
     loop {
         std::thread::sleep(interval);
@@ -123,7 +133,9 @@ fn machine_busy() -> Option<Duration> {
         .map(|(_, ticks)| ticks.parse::<u64>().ok())
         .sum::<Option<u64>>()?;
     // SAFETY: sysconf reads a configuration value (the clock ticks a second /proc counts in) and touches no memory.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&hz| hz > 0)?;
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&hz| hz > 0)?;
     Some(Duration::from_nanos(busy * (1_000_000_000 / hz)))
 }
 
@@ -134,7 +146,9 @@ fn own_cpu() -> Option<Duration> {
         // the whole call.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         let rc = unsafe { libc::getrusage(who, &mut usage) };
-        let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, 0) + Duration::from_micros(t.tv_usec as u64);
+        let time = |t: libc::timeval| {
+            Duration::new(t.tv_sec as u64, 0) + Duration::from_micros(t.tv_usec as u64)
+        };
         (rc == 0).then(|| time(usage.ru_utime) + time(usage.ru_stime))
     };
     Some(usage(libc::RUSAGE_SELF)? + usage(libc::RUSAGE_CHILDREN)?)
@@ -151,7 +165,11 @@ pub struct LoadMeter {
 impl LoadMeter {
     /// Takes the readings at the start of a workload.
     pub fn start() -> Self {
-        Self { started: Instant::now(), busy: machine_busy(), own: own_cpu() }
+        Self {
+            started: Instant::now(),
+            busy: machine_busy(),
+            own: own_cpu(),
+        }
     }
 
     /// CPU time other processes used since `start`, as a share of all the CPUs (0 to 1).
@@ -166,7 +184,9 @@ impl LoadMeter {
 
 #[cfg(test)]
 mod tests {
-    use super::{LoadMeter, is_numbered, named_threads_cpu_time, process_cpu_time, thread_cpu_time};
+    use super::{
+        LoadMeter, is_numbered, named_threads_cpu_time, process_cpu_time, thread_cpu_time,
+    };
     use std::time::Duration;
 
     /// Threads named with a prefix and a number are found and their CPU time counted (the spinner spins for 20 ms of
@@ -174,9 +194,15 @@ mod tests {
     /// not.
     #[test]
     fn named_threads_are_found_and_their_time_counted() {
-        assert!(is_numbered("corewheel-15", "corewheel-") && !is_numbered("corewheel-perf", "corewheel-"));
+        assert!(
+            is_numbered("corewheel-15", "corewheel-")
+                && !is_numbered("corewheel-perf", "corewheel-")
+        );
         assert!(!is_numbered("corewheel-", "corewheel-"));
-        let (before, meter) = (process_cpu_time().expect("a process CPU clock"), LoadMeter::start());
+        let (before, meter) = (
+            process_cpu_time().expect("a process CPU clock"),
+            LoadMeter::start(),
+        );
         let (spun_tx, spun) = std::sync::mpsc::channel();
         let spin = move || {
             while thread_cpu_time().expect("a thread CPU clock") < Duration::from_millis(20) {
@@ -185,9 +211,16 @@ mod tests {
             spun_tx.send(()).expect("the main thread waits");
             std::thread::park();
         };
-        let spinner = std::thread::Builder::new().name("cpu-time-test-1".to_string()).spawn(spin).expect("a thread");
-        spun.recv_timeout(Duration::from_secs(60)).expect("20 ms of CPU within a minute");
-        assert!(named_threads_cpu_time("cpu-time-test-").expect("the named thread") >= Duration::from_millis(5));
+        let spinner = std::thread::Builder::new()
+            .name("cpu-time-test-1".to_string())
+            .spawn(spin)
+            .expect("a thread");
+        spun.recv_timeout(Duration::from_secs(60))
+            .expect("20 ms of CPU within a minute");
+        assert!(
+            named_threads_cpu_time("cpu-time-test-").expect("the named thread")
+                >= Duration::from_millis(5)
+        );
         assert!(named_threads_cpu_time("no-such-thread-name").is_none());
         spinner.thread().unpark();
         spinner.join().expect("joined");

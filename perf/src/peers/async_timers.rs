@@ -115,10 +115,22 @@ mod tests {
         let rt = runtime(1).expect("a runtime");
         rt.block_on(async {
             let delay = Duration::from_millis(250);
-            let (mut cw, mut cw_t) = (Box::pin(corewheel_sleep(delay)), Box::pin(corewheel_timeout_read(delay)));
-            let (mut tokio, mut tokio_t) = (Box::pin(tokio_sleep(delay)), Box::pin(tokio_timeout_read(delay)));
-            let (mut smol, mut smol_t) = (Box::pin(async_io_sleep(delay)), Box::pin(async_io_timeout_read(delay)));
-            let (mut pg, mut pg_t) = (Box::pin(pingora_sleep(delay)), Box::pin(pingora_timeout_read(delay)));
+            let (mut cw, mut cw_t) = (
+                Box::pin(corewheel_sleep(delay)),
+                Box::pin(corewheel_timeout_read(delay)),
+            );
+            let (mut tokio, mut tokio_t) = (
+                Box::pin(tokio_sleep(delay)),
+                Box::pin(tokio_timeout_read(delay)),
+            );
+            let (mut smol, mut smol_t) = (
+                Box::pin(async_io_sleep(delay)),
+                Box::pin(async_io_timeout_read(delay)),
+            );
+            let (mut pg, mut pg_t) = (
+                Box::pin(pingora_sleep(delay)),
+                Box::pin(pingora_timeout_read(delay)),
+            );
             let done = with_context(|cx| {
                 [
                     register(cw.as_mut(), cx) || register(cw_t.as_mut(), cx),
@@ -130,10 +142,15 @@ mod tests {
             .await;
             assert_eq!(done, [false; 4], "none was done at once");
             let long = Duration::from_secs(30);
-            let (mut cw_r, mut tokio_r, mut smol_r) =
-                (Box::pin(corewheel_sleep(long)), Box::pin(tokio_sleep(long)), Box::pin(async_io_sleep(long)));
+            let (mut cw_r, mut tokio_r, mut smol_r) = (
+                Box::pin(corewheel_sleep(long)),
+                Box::pin(tokio_sleep(long)),
+                Box::pin(async_io_sleep(long)),
+            );
             with_context(|cx| {
-                register(cw_r.as_mut(), cx) || register(tokio_r.as_mut(), cx) || register(smol_r.as_mut(), cx)
+                register(cw_r.as_mut(), cx)
+                    || register(tokio_r.as_mut(), cx)
+                    || register(smol_r.as_mut(), cx)
             })
             .await;
             let soon = Instant::now() + Duration::from_millis(5);
@@ -149,7 +166,12 @@ mod tests {
                 smol_t.await;
                 (cw_r.await, tokio_r.await, smol_r.await)
             };
-            assert!(tokio::time::timeout(Duration::from_secs(10), all).await.is_ok(), "all fired");
+            assert!(
+                tokio::time::timeout(Duration::from_secs(10), all)
+                    .await
+                    .is_ok(),
+                "all fired"
+            );
         });
     }
 }

@@ -54,7 +54,12 @@ impl<T> Default for TombstoneHeap<T> {
 impl<T> TombstoneHeap<T> {
     /// An empty heap.
     pub fn new() -> Self {
-        Self { heap: BinaryHeap::new(), slots: Vec::new(), free: Vec::new(), live: 0 }
+        Self {
+            heap: BinaryHeap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+        }
     }
 
     /// Arms a timer for `deadline` holding `value`.
@@ -66,12 +71,19 @@ impl<T> TombstoneHeap<T> {
             }
             None => {
                 let slot = u32::try_from(self.slots.len()).expect("more than 2^32 heap timers");
-                self.slots.push(Slot { generation: 0, value: Some(value) });
+                self.slots.push(Slot {
+                    generation: 0,
+                    value: Some(value),
+                });
                 slot
             }
         };
         let generation = self.slots[slot as usize].generation;
-        self.heap.push(Reverse(Entry { deadline, slot, generation }));
+        self.heap.push(Reverse(Entry {
+            deadline,
+            slot,
+            generation,
+        }));
         self.live += 1;
         HeapKey { slot, generation }
     }
@@ -94,7 +106,9 @@ impl<T> TombstoneHeap<T> {
 
     /// Whether `key` names a pending timer.
     pub fn contains(&self, key: HeapKey) -> bool {
-        self.slots.get(key.slot as usize).is_some_and(|slot| slot.generation == key.generation && slot.value.is_some())
+        self.slots
+            .get(key.slot as usize)
+            .is_some_and(|slot| slot.generation == key.generation && slot.value.is_some())
     }
 
     /// Tombstones the timer's entry and pushes a new one; the returned key names it.
@@ -105,9 +119,16 @@ impl<T> TombstoneHeap<T> {
         }
         slot.generation = slot.generation.wrapping_add(1);
         let generation = slot.generation;
-        self.heap.push(Reverse(Entry { deadline, slot: key.slot, generation }));
+        self.heap.push(Reverse(Entry {
+            deadline,
+            slot: key.slot,
+            generation,
+        }));
         self.rebuild_if_mostly_tombstones();
-        Some(HeapKey { slot: key.slot, generation })
+        Some(HeapKey {
+            slot: key.slot,
+            generation,
+        })
     }
 
     /// The earliest live deadline, dropping tombstones that have reached the top.
@@ -147,7 +168,8 @@ impl<T> TombstoneHeap<T> {
         let tombstones = self.heap.len() - self.live;
         if tombstones > self.live && tombstones > MIN_TOMBSTONES_TO_REBUILD {
             let slots = &self.slots;
-            self.heap.retain(|Reverse(entry)| Self::is_live(slots, entry));
+            self.heap
+                .retain(|Reverse(entry)| Self::is_live(slots, entry));
         }
     }
 
@@ -204,22 +226,39 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut heap = TombstoneHeap::new();
-        let (a, b, _) = (heap.insert(t0 + ms(3), "a"), heap.insert(t0 + ms(1), "b"), heap.insert(t0 + ms(2), "c"));
+        let (a, b, _) = (
+            heap.insert(t0 + ms(3), "a"),
+            heap.insert(t0 + ms(1), "b"),
+            heap.insert(t0 + ms(2), "c"),
+        );
         assert_eq!((heap.cancel(b), heap.cancel(b)), (Some("b"), None));
         let a = heap.reset(a, t0 + ms(5)).expect("a is live");
         assert_eq!(heap.next_deadline(), Some(t0 + ms(2)));
-        assert_eq!((heap.pop_expired(t0 + ms(4)), heap.pop_expired(t0 + ms(4))), (Some("c"), None));
-        assert_eq!((heap.pop_expired(t0 + ms(5)), heap.cancel(a), heap.next_deadline()), (Some("a"), None, None));
+        assert_eq!(
+            (heap.pop_expired(t0 + ms(4)), heap.pop_expired(t0 + ms(4))),
+            (Some("c"), None)
+        );
+        assert_eq!(
+            (
+                heap.pop_expired(t0 + ms(5)),
+                heap.cancel(a),
+                heap.next_deadline()
+            ),
+            (Some("a"), None, None)
+        );
     }
 
     #[test]
     fn rebuild_keeps_live_timers() {
         let t0 = Instant::now();
         let mut heap = TombstoneHeap::new();
-        let keys: Vec<_> = (0..10_000u64).map(|i| heap.insert(t0 + Duration::from_nanos(i), i)).collect();
+        let keys: Vec<_> = (0..10_000u64)
+            .map(|i| heap.insert(t0 + Duration::from_nanos(i), i))
+            .collect();
         assert!(keys[..9_000].iter().all(|&key| heap.cancel(key).is_some()));
         assert!(heap.heap.len() < 10_000, "the tombstones were rebuilt away");
-        let fired: Vec<u64> = std::iter::from_fn(|| heap.pop_expired(t0 + Duration::from_secs(1))).collect();
+        let fired: Vec<u64> =
+            std::iter::from_fn(|| heap.pop_expired(t0 + Duration::from_secs(1))).collect();
         assert_eq!(fired, (9_000..10_000).collect::<Vec<_>>());
     }
 }

@@ -38,7 +38,8 @@ impl SharedTimers for TimerEngine {
 
     #[inline]
     fn arm(&self, delay: Duration, id: u64) -> Result<TimerHandle, String> {
-        self.schedule(delay, on_timeout(id)).map_err(|error| format!("schedule failed: {error}"))
+        self.schedule(delay, on_timeout(id))
+            .map_err(|error| format!("schedule failed: {error}"))
     }
 
     #[inline]
@@ -63,7 +64,10 @@ pub fn cpus() -> usize {
 
 /// An engine as a service makes one: one worker per CPU, pinned.
 pub fn build() -> Result<TimerEngine, String> {
-    TimerEngine::builder().workers(cpus()).build().map_err(|error| format!("could not start the engine: {error}"))
+    TimerEngine::builder()
+        .workers(cpus())
+        .build()
+        .map_err(|error| format!("could not start the engine: {error}"))
 }
 
 /// The engine as a service on tokio builds it to ride the runtime's wake-ups: one shard per CPU, no worker threads
@@ -101,7 +105,8 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
     const WATCH: Duration = Duration::from_millis(1);
     const STILL_WALK: Duration = Duration::from_millis(50);
     let started = Instant::now();
-    let (mut pause, mut last_walk, mut walk_after) = (Duration::from_micros(20), Duration::ZERO, started);
+    let (mut pause, mut last_walk, mut walk_after) =
+        (Duration::from_micros(20), Duration::ZERO, started);
     let (mut mark, mut quiet) = ((started, workers_cpu_time()), false);
     loop {
         let stats = engine.stats();
@@ -117,12 +122,23 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
         // Quiet, or a while since the last walk: workers that never go quiet (a callback spinning) must not make a
         // settled engine look unsettled.
         let waited_enough = now >= walk_after + STILL_WALK;
-        if stats.total.pending == 0 && now >= walk_after && (last_walk <= LONG_WALK || quiet || waited_enough) {
-            let (waited, process_cpu, workers_cpu) =
-                (started.elapsed(), cpu_time::process_cpu_time(), workers_cpu_time());
+        if stats.total.pending == 0
+            && now >= walk_after
+            && (last_walk <= LONG_WALK || quiet || waited_enough)
+        {
+            let (waited, process_cpu, workers_cpu) = (
+                started.elapsed(),
+                cpu_time::process_cpu_time(),
+                workers_cpu_time(),
+            );
             let walk = Instant::now();
             if engine.nodes_in_use() == 0 {
-                return Ok(Settled { waited, stats: engine.stats(), process_cpu, workers_cpu });
+                return Ok(Settled {
+                    waited,
+                    stats: engine.stats(),
+                    process_cpu,
+                    workers_cpu,
+                });
             }
             (last_walk, quiet) = (walk.elapsed(), false);
             walk_after = Instant::now() + last_walk * 4;
@@ -142,7 +158,12 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
 
 /// Checks the engine's counts at the end of a run: everything scheduled was cancelled or fired, and as many as the
 /// application threads were told.
-pub fn check_counts(stats: &Stats, scheduled: u64, cancelled: u64, not_cancelled: u64) -> Result<(), String> {
+pub fn check_counts(
+    stats: &Stats,
+    scheduled: u64,
+    cancelled: u64,
+    not_cancelled: u64,
+) -> Result<(), String> {
     let total = &stats.total;
     if total.scheduled != scheduled
         || total.cancelled != cancelled
@@ -164,11 +185,19 @@ pub fn workers_cpu_time() -> Option<Duration> {
 
 /// Waits, polling the engine's stats every `every`, until `timers` have fired; an error naming how many had if that
 /// takes longer than `give_up`.
-pub fn wait_until_fired(engine: &TimerEngine, timers: u64, every: Duration, give_up: Duration) -> Result<(), String> {
+pub fn wait_until_fired(
+    engine: &TimerEngine,
+    timers: u64,
+    every: Duration,
+    give_up: Duration,
+) -> Result<(), String> {
     let limit = Instant::now() + give_up;
     while engine.stats().total.fired < timers {
         if Instant::now() > limit {
-            return Err(format!("only {} of {timers} timers fired within {give_up:?}", engine.stats().total.fired));
+            return Err(format!(
+                "only {} of {timers} timers fired within {give_up:?}",
+                engine.stats().total.fired
+            ));
         }
         std::thread::sleep(every);
     }

@@ -26,7 +26,9 @@ pub trait Keyed: Sync {
 
 impl Keyed for KeyedTimers<'_, u64, u64> {
     fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
-        KeyedTimers::set(self, key, value, delay).map(drop).map_err(|error| error.to_string())
+        KeyedTimers::set(self, key, value, delay)
+            .map(drop)
+            .map_err(|error| error.to_string())
     }
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
@@ -53,7 +55,10 @@ pub struct MutexMap<'e> {
 impl<'e> MutexMap<'e> {
     /// An empty map over `engine`.
     pub fn new(engine: &'e TimerEngine) -> Self {
-        Self { engine, map: Arc::default() }
+        Self {
+            engine,
+            map: Arc::default(),
+        }
     }
 }
 
@@ -70,7 +75,10 @@ impl Keyed for MutexMap<'_> {
         let timer = self
             .engine
             .schedule(delay, move || {
-                let _expired = shared.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+                let _expired = shared
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&key);
             })
             .map_err(|error| error.to_string())?;
         map.insert(key, (value, timer));
@@ -79,11 +87,16 @@ impl Keyed for MutexMap<'_> {
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
         let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        map.get(&key).is_some_and(|&(_, timer)| self.engine.reset(timer, delay))
+        map.get(&key)
+            .is_some_and(|&(_, timer)| self.engine.reset(timer, delay))
     }
 
     fn remove(&self, key: u64) -> bool {
-        let taken = self.map.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        let taken = self
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
         taken.is_some_and(|(_, timer)| self.engine.cancel(timer))
     }
 }
@@ -112,13 +125,17 @@ impl Keyed for DelayQueueMap {
     fn move_to(&self, key: u64, delay: Duration) -> bool {
         let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let (queue, keys) = &mut *guard;
-        keys.get(&key).map(|entry| queue.reset(entry, delay)).is_some()
+        keys.get(&key)
+            .map(|entry| queue.reset(entry, delay))
+            .is_some()
     }
 
     fn remove(&self, key: u64) -> bool {
         let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let (queue, keys) = &mut *guard;
-        keys.remove(&key).map(|entry| queue.remove(&entry)).is_some()
+        keys.remove(&key)
+            .map(|entry| queue.remove(&entry))
+            .is_some()
     }
 }
 
@@ -132,13 +149,18 @@ pub struct DashMapOnly(dashmap::DashMap<u64, Slot>);
 impl Default for DashMapOnly {
     fn default() -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        Self(dashmap::DashMap::with_shard_amount((cpus * 16).next_power_of_two()))
+        Self(dashmap::DashMap::with_shard_amount(
+            (cpus * 16).next_power_of_two(),
+        ))
     }
 }
 
 impl Keyed for DashMapOnly {
     fn set(&self, key: u64, value: u64, _: Duration) -> Result<(), String> {
-        self.0.entry(key).and_modify(|slot| slot.0 = value).or_insert((value, key, 0));
+        self.0
+            .entry(key)
+            .and_modify(|slot| slot.0 = value)
+            .or_insert((value, key, 0));
         Ok(())
     }
 

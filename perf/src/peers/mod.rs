@@ -42,13 +42,19 @@ impl Subject {
     /// A structure one thread owns, driven through [`TimerQueue`] by the single-thread workloads; the others are
     /// driven from several threads.
     pub fn is_single_owner(self) -> bool {
-        matches!(self, Subject::Corewheel | Subject::DelayQueue | Subject::BinaryHeap)
+        matches!(
+            self,
+            Subject::Corewheel | Subject::DelayQueue | Subject::BinaryHeap
+        )
     }
 
     /// corewheel's own subjects, whose rows get the "vs peer" ratio columns.
     pub fn is_corewheel(self) -> bool {
         use Subject::*;
-        matches!(self, Corewheel | Engine | EngineDriven | CorewheelAsync | Keyed)
+        matches!(
+            self,
+            Corewheel | Engine | EngineDriven | CorewheelAsync | Keyed
+        )
     }
 
     /// The CSV metric of corewheel's ratio against this subject; `None` for corewheel's own.
@@ -130,11 +136,17 @@ pub trait Measure<T> {
 }
 
 /// Runs `measurement` on a fresh, empty structure of `subject`'s kind, inside a runtime for DelayQueue.
-pub fn measure_fresh<T, M: Measure<T>>(subject: Subject, measurement: M) -> Result<M::Output, String> {
+pub fn measure_fresh<T, M: Measure<T>>(
+    subject: Subject,
+    measurement: M,
+) -> Result<M::Output, String> {
     match subject {
         Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),
         Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,
         Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
-        _ => Err(format!("{} is not a single-owner structure", subject.name())),
+        _ => Err(format!(
+            "{} is not a single-owner structure",
+            subject.name()
+        )),
     }
 }

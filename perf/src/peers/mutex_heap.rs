@@ -46,14 +46,24 @@ pub struct SharedHeap {
 impl SharedHeap {
     /// A fresh heap with its timer thread started.
     pub fn start() -> Result<Self, String> {
-        let state = Mutex::new(State { heap: TombstoneHeap::new(), stop: false });
-        let shared = Arc::new(Shared { state, wake: Condvar::new(), fired: AtomicU64::new(0) });
+        let state = Mutex::new(State {
+            heap: TombstoneHeap::new(),
+            stop: false,
+        });
+        let shared = Arc::new(Shared {
+            state,
+            wake: Condvar::new(),
+            fired: AtomicU64::new(0),
+        });
         let for_thread = Arc::clone(&shared);
         let timer_thread = std::thread::Builder::new()
             .name(format!("{TIMER_THREAD_PREFIX}0"))
             .spawn(move || fire_loop(&for_thread))
             .map_err(|error| format!("could not start the heap's timer thread: {error}"))?;
-        Ok(Self { shared, timer_thread: Some(timer_thread) })
+        Ok(Self {
+            shared,
+            timer_thread: Some(timer_thread),
+        })
     }
 
     /// Timers the timer thread has fired so far.
@@ -132,9 +142,22 @@ fn fire_loop(shared: &Shared) {
             black_box(id);
             shared.fired.fetch_add(1, Ordering::Release);
         }
-        state = match state.heap.next_deadline().map(|next| next.saturating_duration_since(Instant::now())) {
-            Some(wait) => shared.wake.wait_timeout(state, wait).unwrap_or_else(PoisonError::into_inner).0,
-            None => shared.wake.wait(state).unwrap_or_else(PoisonError::into_inner),
+        state = match state
+            .heap
+            .next_deadline()
+            .map(|next| next.saturating_duration_since(Instant::now()))
+        {
+            Some(wait) => {
+                shared
+                    .wake
+                    .wait_timeout(state, wait)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => shared
+                .wake
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner),
         };
     }
 }
@@ -158,7 +181,11 @@ mod tests {
                 let (delay, armed) = (Duration::from_millis(1 + i % 5), Instant::now());
                 let key = heap.arm(delay, thread * 1000 + i).expect("armed");
                 if i % 2 == 0 && !heap.cancel(key) {
-                    assert!(armed.elapsed() >= delay, "a cancel failed {:?} into a {delay:?} timer", armed.elapsed());
+                    assert!(
+                        armed.elapsed() >= delay,
+                        "a cancel failed {:?} into a {delay:?} timer",
+                        armed.elapsed()
+                    );
                     missed += 1;
                 }
             }
@@ -171,13 +198,20 @@ mod tests {
                 .sum()
         });
         let moved = heap
-            .reset(heap.arm(Duration::from_secs(3600), 9).expect("armed"), Duration::from_millis(2))
+            .reset(
+                heap.arm(Duration::from_secs(3600), 9).expect("armed"),
+                Duration::from_millis(2),
+            )
             .expect("pending");
         let (expected, started) = (101 + missed, Instant::now());
         while heap.fired() < expected && started.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(heap.fired(), expected, "100 uncancelled timers, {missed} cancelled too late, and the reset one");
+        assert_eq!(
+            heap.fired(),
+            expected,
+            "100 uncancelled timers, {missed} cancelled too late, and the reset one"
+        );
         assert!(!heap.cancel(moved) && heap.is_pending(far) && heap.cancel(far));
     }
 }

@@ -111,7 +111,11 @@ pub fn check_spread(threads: &[ThreadId]) -> Result<(), String> {
     distinct.sort_by_key(|id| format!("{id:?}"));
     distinct.dedup();
     if distinct.len() != threads.len() {
-        return Err(format!("{} tasks ran on only {} worker threads", threads.len(), distinct.len()));
+        return Err(format!(
+            "{} tasks ran on only {} worker threads",
+            threads.len(),
+            distinct.len()
+        ));
     }
     Ok(())
 }
@@ -153,21 +157,37 @@ mod tests {
         let waker = Waker::from(Arc::clone(&counter));
         let at = Instant::now() + Duration::from_secs(1);
         let (ready, sleeps) = rt.block_on(async move {
-            let mut sleeps: Vec<_> = (0..SLEEPS).map(|_| Box::pin(tokio::time::sleep_until(at.into()))).collect();
+            let mut sleeps: Vec<_> = (0..SLEEPS)
+                .map(|_| Box::pin(tokio::time::sleep_until(at.into())))
+                .collect();
             let mut cx = Context::from_waker(&waker);
-            let ready =
-                with_context(|_| sleeps.iter_mut().map(|s| usize::from(register(s.as_mut(), &mut cx))).sum::<usize>())
-                    .await;
+            let ready = with_context(|_| {
+                sleeps
+                    .iter_mut()
+                    .map(|s| usize::from(register(s.as_mut(), &mut cx)))
+                    .sum::<usize>()
+            })
+            .await;
             (ready, sleeps)
         });
         if Instant::now() < at {
-            assert_eq!((ready, counter.0.load(Ordering::SeqCst)), (0, 0), "none done before its deadline");
+            assert_eq!(
+                (ready, counter.0.load(Ordering::SeqCst)),
+                (0, 0),
+                "none done before its deadline"
+            );
         }
         let waiting = Instant::now();
-        while counter.0.load(Ordering::SeqCst) + ready < SLEEPS && waiting.elapsed() < Duration::from_secs(60) {
+        while counter.0.load(Ordering::SeqCst) + ready < SLEEPS
+            && waiting.elapsed() < Duration::from_secs(60)
+        {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(counter.0.load(Ordering::SeqCst) + ready, SLEEPS, "each fired once");
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst) + ready,
+            SLEEPS,
+            "each fired once"
+        );
         drop(sleeps);
     }
 }

@@ -73,7 +73,9 @@ async fn share<F: Future + Send + 'static>(
     reset: Option<Move<F>>,
 ) -> Result<(Share, Vec<Pin<Box<F>>>), String> {
     let connections = if reset.is_some() { CONNECTIONS } else { 0 };
-    let mut idle: Vec<Pin<Box<F>>> = (0..connections).map(|_| Box::pin(arm(IDLE_TIMEOUT))).collect();
+    let mut idle: Vec<Pin<Box<F>>> = (0..connections)
+        .map(|_| Box::pin(arm(IDLE_TIMEOUT)))
+        .collect();
     with_context(move |cx| {
         let mut rng = rng(index as u64 + 13);
         let mut share = Share::new();
@@ -88,10 +90,14 @@ async fn share<F: Future + Send + 'static>(
         }
         for _ in 0..ops {
             match &reset {
-                None => share.due_at_once += u64::from(register(pin!(arm(request_timeout(&mut rng))), cx)),
-                Some(Move::InPlace(reset)) => {
-                    reset(idle[rng.u64(..CONNECTIONS) as usize].as_mut(), Instant::now() + IDLE_TIMEOUT)
+                None => {
+                    share.due_at_once +=
+                        u64::from(register(pin!(arm(request_timeout(&mut rng))), cx))
                 }
+                Some(Move::InPlace(reset)) => reset(
+                    idle[rng.u64(..CONNECTIONS) as usize].as_mut(),
+                    Instant::now() + IDLE_TIMEOUT,
+                ),
                 Some(Move::Recreate) => {
                     let mut timer = idle[rng.u64(..CONNECTIONS) as usize].as_mut();
                     timer.set(arm(IDLE_TIMEOUT));
@@ -129,7 +135,15 @@ fn on_runtime<F: Future + Send + 'static>(
         start: StartLine::default(),
     });
     let handles: Vec<_> = (0..tasks)
-        .map(|index| runtime.spawn(share(index, Arc::clone(&lines), config.ops, arm, reset.map(|reset| reset()))))
+        .map(|index| {
+            runtime.spawn(share(
+                index,
+                Arc::clone(&lines),
+                config.ops,
+                arm,
+                reset.map(|reset| reset()),
+            ))
+        })
         .collect();
     lines.set_up.wait();
     wait_until_quiet();
@@ -141,12 +155,18 @@ fn on_runtime<F: Future + Send + 'static>(
     let settled = settle.map_or(Ok(()), |settle| settle());
     let cpu = cpu_between(cpu, wait_until_quiet());
     settled?;
-    let (shares, mut idle): (Vec<Share>, Vec<_>) =
-        results.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
+    let (shares, mut idle): (Vec<Share>, Vec<_>) = results
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .unzip();
     check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
     let mut cx = Context::from_waker(Waker::noop());
     let fired = runtime.block_on(async {
-        idle.iter_mut().flatten().map(|timer| usize::from(timer.as_mut().poll(&mut cx).is_ready())).sum::<usize>()
+        idle.iter_mut()
+            .flatten()
+            .map(|timer| usize::from(timer.as_mut().poll(&mut cx).is_ready()))
+            .sum::<usize>()
     });
     {
         let _guard = runtime.enter();
@@ -155,7 +175,10 @@ fn on_runtime<F: Future + Send + 'static>(
     if fired > 0 {
         return Err(format!("{fired} connections' idle timers fired"));
     }
-    Ok(Run { cpu, ..Run::of(start, &shares) })
+    Ok(Run {
+        cpu,
+        ..Run::of(start, &shares)
+    })
 }
 
 /// One measurement's shape.
@@ -176,20 +199,35 @@ fn measure(kind: Kind, subject: Subject, config: Config) -> Result<Run, String> 
     match (subject, kind) {
         (Tokio, Sleep) => on_runtime(config, None, timers::tokio_sleep, None),
         (Tokio, Timeout) => on_runtime(config, None, timers::tokio_timeout_read, None),
-        (Tokio, Reset) => on_runtime(config, None, timers::tokio_sleep, Some(|| Move::InPlace(timers::tokio_reset))),
+        (Tokio, Reset) => on_runtime(
+            config,
+            None,
+            timers::tokio_sleep,
+            Some(|| Move::InPlace(timers::tokio_reset)),
+        ),
         (AsyncIo, Sleep) => on_runtime(config, None, timers::async_io_sleep, None),
         (AsyncIo, Timeout) => on_runtime(config, None, timers::async_io_timeout_read, None),
-        (AsyncIo, Reset) => {
-            on_runtime(config, None, timers::async_io_sleep, Some(|| Move::InPlace(timers::async_io_reset)))
-        }
+        (AsyncIo, Reset) => on_runtime(
+            config,
+            None,
+            timers::async_io_sleep,
+            Some(|| Move::InPlace(timers::async_io_reset)),
+        ),
         (PingoraTimeout, Sleep) => on_runtime(config, None, timers::pingora_sleep, None),
         (PingoraTimeout, Timeout) => on_runtime(config, None, timers::pingora_timeout_read, None),
-        (PingoraTimeout, Reset) => on_runtime(config, None, timers::pingora_sleep, Some(|| Move::Recreate)),
-        (CorewheelAsync, Sleep) => on_runtime(config, settle, timers::corewheel_sleep, None),
-        (CorewheelAsync, Timeout) => on_runtime(config, settle, timers::corewheel_timeout_read, None),
-        (CorewheelAsync, Reset) => {
-            on_runtime(config, None, timers::corewheel_sleep, Some(|| Move::InPlace(timers::corewheel_reset)))
+        (PingoraTimeout, Reset) => {
+            on_runtime(config, None, timers::pingora_sleep, Some(|| Move::Recreate))
         }
+        (CorewheelAsync, Sleep) => on_runtime(config, settle, timers::corewheel_sleep, None),
+        (CorewheelAsync, Timeout) => {
+            on_runtime(config, settle, timers::corewheel_timeout_read, None)
+        }
+        (CorewheelAsync, Reset) => on_runtime(
+            config,
+            None,
+            timers::corewheel_sleep,
+            Some(|| Move::InPlace(timers::corewheel_reset)),
+        ),
         _ => Err(format!("{} is not an async subject", subject.name())),
     }
 }
@@ -204,9 +242,26 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,
         |cell| ops * cell.threads as u64,
-        |cell: &Cell| measure(kind, cell.subject, Config { threads: cell.threads, ops }),
+        |cell: &Cell| {
+            measure(
+                kind,
+                cell.subject,
+                Config {
+                    threads: cell.threads,
+                    ops,
+                },
+            )
+        },
     );
-    let (unit, name, ops_text) = (if kind == Kind::Reset { "reset" } else { "timer" }, workload.name(), thousands(ops));
+    let (unit, name, ops_text) = (
+        if kind == Kind::Reset {
+            "reset"
+        } else {
+            "timer"
+        },
+        workload.name(),
+        thousands(ops),
+    );
     let title = match kind {
         Kind::Sleep => format!(
             "{name} (poll a sleep once and drop it; {ops_text} per thread per run, delays uniform in 1 ms..30 s)"
@@ -219,7 +274,13 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
         ),
     };
     let cols = vec![
-        Col::new(format!("CPU ns/{unit}"), format!("cpu_ns_per_{unit}"), "ns", 1).ratios(),
+        Col::new(
+            format!("CPU ns/{unit}"),
+            format!("cpu_ns_per_{unit}"),
+            "ns",
+            1,
+        )
+        .ratios(),
         Col::new(format!("ns/{unit}"), format!("ns_per_{unit}"), "ns", 1),
         Col::new(format!("M{unit}s/s"), format!("m{unit}s_per_s"), "M/s", 2).rate(),
     ];
@@ -230,7 +291,10 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     for (cell, result) in plan.cells.iter().zip(&results) {
         let values = result.as_ref().map(|m| {
             let label = format!("{}, {}", cell.subject.name(), cell.threads);
-            spreads.push(format!("{label}: {:.1}-{:.1}", m.per.wall_min, m.per.wall_max));
+            spreads.push(format!(
+                "{label}: {:.1}-{:.1}",
+                m.per.wall_min, m.per.wall_max
+            ));
             if m.too_late > 0 {
                 notes.push(format!(
                     "{label}: {} timers were due at once when polled, over {RUNS} runs",
@@ -248,7 +312,10 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     });
     sheet.note(format!("CPU ns/{unit} = process CPU time (every thread: the tasks', the timers' own threads) from the start line until the deferred work is done (corewheel: the engine settled; then, for every subject, the process idle) / {unit}s; ns/{unit} = wall time from the start line to the last task's end / {unit}s, all threads together" ));
     sheet.note("setup: a tokio rt-multi-thread runtime of T workers, one task per worker (held at a start line until all run at once), the same for every subject; corewheel-async and async-io run their runtime-agnostic futures in it");
-    sheet.note(format!("median of {RUNS} runs per subject, taken in turns; ns/{unit} range: {}", spreads.join(", ")));
+    sheet.note(format!(
+        "median of {RUNS} runs per subject, taken in turns; ns/{unit} range: {}",
+        spreads.join(", ")
+    ));
     for note in notes {
         sheet.note(note);
     }

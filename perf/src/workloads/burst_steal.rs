@@ -60,8 +60,16 @@ fn burst(workers: usize, stealing: bool, timers: u64) -> Result<Burst, String> {
     drop(engine);
     let (all, per_worker) = worker_records::take();
     let lateness = all.summarize();
-    let last_fire = lateness.last_fire.map_or(Duration::ZERO, |last| last.saturating_duration_since(first));
-    Ok(Burst { last_fire, lateness, per_worker, stolen, claimed_elsewhere })
+    let last_fire = lateness
+        .last_fire
+        .map_or(Duration::ZERO, |last| last.saturating_duration_since(first));
+    Ok(Burst {
+        last_fire,
+        lateness,
+        per_worker,
+        stolen,
+        claimed_elsewhere,
+    })
 }
 
 fn ms(duration: Duration) -> f64 {
@@ -71,7 +79,9 @@ fn ms(duration: Duration) -> f64 {
 /// Runs `plan`'s bursts (each worker count above 1, stealing on and off, in turns) and prints the table.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     if plan.cells.is_empty() {
-        runner::print(&format!("{NAME}: skipped: stealing needs at least 2 workers (--threads)\n"));
+        runner::print(&format!(
+            "{NAME}: skipped: stealing needs at least 2 workers (--threads)\n"
+        ));
         return;
     }
     let results = runner::in_turns(plan, |cell| burst(cell.threads, cell.param == 1, timers));
@@ -80,7 +90,10 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         thousands(timers)
     );
     let header = "workers|stealing|last fire ms|p50 late ms|p99 late ms|max late ms|run elsewhere|claimed elsewhere";
-    let header: Vec<&str> = header.split('|').chain(["per worker", "early", "on/off"]).collect();
+    let header: Vec<&str> = header
+        .split('|')
+        .chain(["per worker", "early", "on/off"])
+        .collect();
     let mut table = Table::new(title, &header);
     let mut errors = Vec::new();
     let last = |runs: &[Burst]| median(runs.iter().map(|b| ms(b.last_fire)));
@@ -90,11 +103,17 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let runs = match runs {
             Ok(runs) => runs,
             Err(error) => {
-                errors.push(format!("ERROR: {NAME}: {workers} workers, stealing {on_off}: {error}"));
+                errors.push(format!(
+                    "ERROR: {NAME}: {workers} workers, stealing {on_off}: {error}"
+                ));
                 continue;
             }
         };
-        let subject = if stealing { "engine" } else { "engine-no-steal" };
+        let subject = if stealing {
+            "engine"
+        } else {
+            "engine-no-steal"
+        };
         let middle = |f: &dyn Fn(&Burst) -> f64| median(runs.iter().map(f));
         let last_fire = last(runs);
         let p50 = middle(&|b| ms(b.lateness.p50));
@@ -104,19 +123,30 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let claimed = middle(&|b| 100.0 * b.claimed_elsewhere as f64 / timers as f64);
         let early: u64 = runs.iter().map(|b| b.lateness.early).sum();
         if early > 0 || runs.iter().any(|b| b.lateness.fired != timers) {
-            errors.push(format!("ERROR: {NAME}: {subject} fired {early} timers EARLY, or a wrong number of timers"));
+            errors.push(format!(
+                "ERROR: {NAME}: {subject} fired {early} timers EARLY, or a wrong number of timers"
+            ));
         }
         // The run whose last fire is the median's, for its split across workers.
-        let typical = runs
-            .iter()
-            .min_by(|a, b| (ms(a.last_fire) - last_fire).abs().total_cmp(&(ms(b.last_fire) - last_fire).abs()));
+        let typical = runs.iter().min_by(|a, b| {
+            (ms(a.last_fire) - last_fire)
+                .abs()
+                .total_cmp(&(ms(b.last_fire) - last_fire).abs())
+        });
         let split = typical.map_or(String::new(), |b| {
-            let shares: Vec<String> =
-                b.per_worker.iter().map(|&n| format!("{:.0}%", 100.0 * n as f64 / timers as f64)).collect();
+            let shares: Vec<String> = b
+                .per_worker
+                .iter()
+                .map(|&n| format!("{:.0}%", 100.0 * n as f64 / timers as f64))
+                .collect();
             shares.join("/")
         });
         // Stealing on is measured beside stealing off at the same worker count.
-        let off = plan.cells.iter().zip(&results).find(|(c, _)| c.threads == workers && c.param == 0);
+        let off = plan
+            .cells
+            .iter()
+            .zip(&results)
+            .find(|(c, _)| c.threads == workers && c.param == 0);
         let ratio = match (stealing, off.and_then(|(_, r)| r.as_ref().ok())) {
             (true, Some(off)) => format!("{:.2}x", last(off) / last_fire),
             _ => String::new(),
@@ -147,7 +177,8 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             ("claimed_by_other_workers", claimed, "%"),
             ("early_fires", early as f64, "count"),
         ];
-        out.csv.push_metrics(NAME, subject, (workers, timers), &metrics);
+        out.csv
+            .push_metrics(NAME, subject, (workers, timers), &metrics);
     }
     table.note("last fire: from the first deadline to the last callback; the deadlines span 10 ms; late: callback start - deadline (deadlines round up to the 1 ms tick)");
     table.note("run elsewhere: share of the timers run by a worker other than their shard's owner (Stats::stolen); claimed elsewhere: share claimed off the owner's handed-out due lists by another worker (Stats::claimed_elsewhere)");

@@ -29,11 +29,17 @@ struct Config {
 }
 
 /// A plain thread's share on a structure the threads share.
-fn thread_share<S: SharedTimers>(subject: &S, index: usize, gate: &Gate, config: Config) -> Result<Share, String> {
+fn thread_share<S: SharedTimers>(
+    subject: &S,
+    index: usize,
+    gate: &Gate,
+    config: Config,
+) -> Result<Share, String> {
     let mut rng = rng(index as u64 + 1);
     let mut share = Share::new();
-    let window: Result<Vec<S::Handle>, String> =
-        (0..config.window as u64).map(|i| subject.arm(request_timeout(&mut rng), i)).collect();
+    let window: Result<Vec<S::Handle>, String> = (0..config.window as u64)
+        .map(|i| subject.arm(request_timeout(&mut rng), i))
+        .collect();
     gate.wait();
     let mut window = window?;
     let ops = share_of(config.timers, config.threads, index);
@@ -67,7 +73,8 @@ async fn tokio_share<F: Future + Send + 'static>(
     arm: fn(Duration) -> F,
 ) -> Result<Share, String> {
     let ops = share_of(config.timers, config.threads, index);
-    let mut window: Vec<Pin<Box<Option<F>>>> = (0..config.window.max(1)).map(|_| Box::pin(None)).collect();
+    let mut window: Vec<Pin<Box<Option<F>>>> =
+        (0..config.window.max(1)).map(|_| Box::pin(None)).collect();
     with_context(|cx| {
         let mut rng = rng(index as u64 + 1);
         let mut share = Share::new();
@@ -103,14 +110,18 @@ async fn tokio_share<F: Future + Send + 'static>(
 
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Engine => parallel::on_engine(config.threads, true, |e, i, gate| thread_share(e, i, gate, config)),
-        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| thread_share(h, i, gate, config)),
-        Subject::TokioSleep => {
-            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, tokio::time::sleep))
-        }
-        Subject::TokioTimeout => {
-            parallel::on_tokio(config.threads, |i, line| tokio_share(i, line, config, async_timers::tokio_timeout_read))
-        }
+        Subject::Engine => parallel::on_engine(config.threads, true, |e, i, gate| {
+            thread_share(e, i, gate, config)
+        }),
+        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| {
+            thread_share(h, i, gate, config)
+        }),
+        Subject::TokioSleep => parallel::on_tokio(config.threads, |i, line| {
+            tokio_share(i, line, config, tokio::time::sleep)
+        }),
+        Subject::TokioTimeout => parallel::on_tokio(config.threads, |i, line| {
+            tokio_share(i, line, config, async_timers::tokio_timeout_read)
+        }),
         Subject::PingoraTimeout => parallel::on_tokio(config.threads, |i, line| {
             tokio_share(i, line, config, async_timers::pingora_timeout_read)
         }),
@@ -124,14 +135,23 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         plan,
         |_| timers,
         |cell: &Cell| {
-            let config = Config { threads: cell.threads, window: cell.param as usize, timers };
+            let config = Config {
+                threads: cell.threads,
+                window: cell.param as usize,
+                timers,
+            };
             measure(cell.subject, config)
         },
     );
     let mut windows: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
     windows.dedup();
     for window in windows {
-        let cells: Vec<_> = plan.cells.iter().zip(&results).filter(|(cell, _)| cell.param == window).collect();
+        let cells: Vec<_> = plan
+            .cells
+            .iter()
+            .zip(&results)
+            .filter(|(cell, _)| cell.param == window)
+            .collect();
         let title = format!(
             "engine-arm-cancel (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
             thousands(window),

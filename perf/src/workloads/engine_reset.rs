@@ -33,11 +33,18 @@ struct Config {
 }
 
 /// A plain thread's share on a structure the threads share.
-fn thread_share<S: SharedTimers>(subject: &S, index: usize, gate: &Gate, config: Config) -> Result<Share, String> {
+fn thread_share<S: SharedTimers>(
+    subject: &S,
+    index: usize,
+    gate: &Gate,
+    config: Config,
+) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.threads, index);
     let mut rng = rng(index as u64 + 7);
     let mut share = Share::new();
-    let timers: Result<Vec<S::Handle>, String> = (0..connections).map(|c| subject.arm(IDLE_TIMEOUT, c)).collect();
+    let timers: Result<Vec<S::Handle>, String> = (0..connections)
+        .map(|c| subject.arm(IDLE_TIMEOUT, c))
+        .collect();
     gate.wait();
     let mut timers = timers?;
     share.scheduled = connections;
@@ -50,7 +57,11 @@ fn thread_share<S: SharedTimers>(subject: &S, index: usize, gate: &Gate, config:
     }
     share.done = Instant::now();
     // Every connection's timer must still be pending, or a reset lost it.
-    match timers.iter().filter(|&&handle| !subject.is_pending(handle)).count() {
+    match timers
+        .iter()
+        .filter(|&&handle| !subject.is_pending(handle))
+        .count()
+    {
         0 => Ok(share),
         lost => Err(format!("{lost} connections lost their idle timer")),
     }
@@ -59,8 +70,9 @@ fn thread_share<S: SharedTimers>(subject: &S, index: usize, gate: &Gate, config:
 /// One task's share on tokio: its connections' sleeps, pushed back with `Sleep::reset`.
 async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.threads, index);
-    let mut timers: Vec<Pin<Box<Sleep>>> =
-        (0..connections).map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT))).collect();
+    let mut timers: Vec<Pin<Box<Sleep>>> = (0..connections)
+        .map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)))
+        .collect();
     with_context(|cx| {
         let mut rng = rng(index as u64 + 7);
         let mut share = Share::new();
@@ -73,7 +85,9 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
         }
         for _ in 0..share_of(config.resets, config.threads, index) {
             let deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
-            timers[rng.u64(..connections) as usize].as_mut().reset(deadline);
+            timers[rng.u64(..connections) as usize]
+                .as_mut()
+                .reset(deadline);
         }
         share.done = Instant::now();
         match timers.iter().filter(|timer| timer.is_elapsed()).count() {
@@ -86,9 +100,15 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
 
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Engine => parallel::on_engine(config.threads, false, |e, i, gate| thread_share(e, i, gate, config)),
-        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| thread_share(h, i, gate, config)),
-        Subject::TokioSleep => parallel::on_tokio(config.threads, |index, line| tokio_share(index, line, config)),
+        Subject::Engine => parallel::on_engine(config.threads, false, |e, i, gate| {
+            thread_share(e, i, gate, config)
+        }),
+        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| {
+            thread_share(h, i, gate, config)
+        }),
+        Subject::TokioSleep => parallel::on_tokio(config.threads, |index, line| {
+            tokio_share(index, line, config)
+        }),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
@@ -98,7 +118,15 @@ pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,
         |_| resets,
-        |cell: &Cell| measure(cell.subject, Config { threads: cell.threads, resets }),
+        |cell: &Cell| {
+            measure(
+                cell.subject,
+                Config {
+                    threads: cell.threads,
+                    resets,
+                },
+            )
+        },
     );
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
     let title = format!(
@@ -107,7 +135,12 @@ pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
         thousands(resets)
     );
     let too_late = "found already fired by a reset";
-    let mut sheet = threads_sheet(("engine-reset".into(), title), ("reset", resets), too_late, &cells);
+    let mut sheet = threads_sheet(
+        ("engine-reset".into(), title),
+        ("reset", resets),
+        too_late,
+        &cells,
+    );
     sheet.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s) / a tombstone and a new entry in the locked heap; each new deadline is later, so neither wheel moves the timer yet");
     sheet.note("ns/reset = wall time / resets, all threads together, from the moment every thread has its connections' timers armed (untimed); nothing is due during a run, so the engine's workers have nothing to settle");
     sheet.finish(&mut out.csv);

@@ -52,14 +52,27 @@ struct Storm {
 
 impl Storm {
     /// The storm armed as `armed` says, fired with `cpu` since `armed_at`.
-    fn new(armed: (Duration, Instant), armed_at: Instant, cpu: Option<Duration>, lateness: Lateness) -> Self {
-        Self { armed, armed_at, fire_cpu: cpu, lateness: lateness.summarize() }
+    fn new(
+        armed: (Duration, Instant),
+        armed_at: Instant,
+        cpu: Option<Duration>,
+        lateness: Lateness,
+    ) -> Self {
+        Self {
+            armed,
+            armed_at,
+            fire_cpu: cpu,
+            lateness: lateness.summarize(),
+        }
     }
 }
 
 /// Arms the storm's deadlines through `put`; returns how long that took and the first deadline. Each timer's value is
 /// its own deadline, so whoever fires it can tell how late it is.
-fn arm<E>(timers: u64, mut put: impl FnMut(Instant) -> Result<(), E>) -> Result<(Duration, Instant), E> {
+fn arm<E>(
+    timers: u64,
+    mut put: impl FnMut(Instant) -> Result<(), E>,
+) -> Result<(Duration, Instant), E> {
     let mut rng = rng(0);
     let start = Instant::now();
     let mut first = start + FIRST_DUE + Duration::from_nanos(SPREAD_NS);
@@ -73,7 +86,10 @@ fn arm<E>(timers: u64, mut put: impl FnMut(Instant) -> Result<(), E>) -> Result<
 
 /// Arms the storm on a queue its owner polls, then sleeps until each next deadline and drains what is due, as an
 /// event loop does.
-fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(mut queue: Q, timers: u64) -> Result<Storm, String> {
+fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
+    mut queue: Q,
+    timers: u64,
+) -> Result<Storm, String> {
     let mut lateness = Lateness::default();
     let armed = arm(timers, |deadline| {
         queue.arm(deadline, deadline);
@@ -81,13 +97,21 @@ fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(mut queue: Q, tim
     })?;
     let (armed_at, cpu) = (Instant::now(), thread_cpu_time());
     while let Some(next) = queue.next_deadline() {
-        thread::sleep(next.saturating_duration_since(Instant::now()).min(SLEEP_CAP));
+        thread::sleep(
+            next.saturating_duration_since(Instant::now())
+                .min(SLEEP_CAP),
+        );
         let now = Instant::now();
         while let Some(deadline) = queue.pop_expired(now) {
             lateness.record(deadline, now, Instant::now());
         }
     }
-    Ok(Storm::new(armed, armed_at, crate::sys::cpu_between(cpu, thread_cpu_time()), lateness))
+    Ok(Storm::new(
+        armed,
+        armed_at,
+        crate::sys::cpu_between(cpu, thread_cpu_time()),
+        lateness,
+    ))
 }
 
 /// The same on a DelayQueue in a runtime, awaiting its stream of expired timers.
@@ -105,7 +129,12 @@ fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
             let fired_at = Instant::now();
             lateness.record(expired.into_inner(), fired_at, fired_at);
         }
-        Ok(Storm::new(armed, armed_at, crate::sys::cpu_between(cpu, thread_cpu_time()), lateness))
+        Ok(Storm::new(
+            armed,
+            armed_at,
+            crate::sys::cpu_between(cpu, thread_cpu_time()),
+            lateness,
+        ))
     })
 }
 
@@ -113,11 +142,16 @@ fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
 /// callback records its lateness on the worker that runs it.
 fn storm_engine(timers: u64, tick: Duration) -> Result<Storm, String> {
     worker_records::prepare(ENGINE_WORKERS);
-    let built = TimerEngine::builder().workers(ENGINE_WORKERS).tick(tick).build();
+    let built = TimerEngine::builder()
+        .workers(ENGINE_WORKERS)
+        .tick(tick)
+        .build();
     let engine = built.map_err(|error| format!("could not start the engine: {error}"))?;
     let armed = arm(timers, |deadline| {
         let scheduled = engine.schedule_at(deadline, move || worker_records::record(deadline));
-        scheduled.map(drop).map_err(|error| format!("schedule failed: {error}"))
+        scheduled
+            .map(drop)
+            .map_err(|error| format!("schedule failed: {error}"))
     })?;
     let (armed_at, cpu) = (Instant::now(), process_cpu_time());
     engine::wait_until_fired(&engine, timers, Duration::from_millis(5), GIVE_UP)?;
@@ -143,15 +177,22 @@ fn witness() -> thread::JoinHandle<Option<Duration>> {
     let from = Instant::now() + FIRST_DUE;
     let boundaries = (SPREAD_NS / WITNESS_PERIOD.as_nanos() as u64) as u32;
     thread::spawn(move || {
-        let witnesses: Vec<_> = (core_affinity::get_core_ids().unwrap_or_default().into_iter())
-            .map(|core| {
-                thread::spawn(move || {
-                    core_affinity::set_for_current(core);
-                    wake_floor::sleep_from(from, WITNESS_PERIOD, boundaries).oversleep_summary().max
-                })
+        let witnesses: Vec<_> = (core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .into_iter())
+        .map(|core| {
+            thread::spawn(move || {
+                core_affinity::set_for_current(core);
+                wake_floor::sleep_from(from, WITNESS_PERIOD, boundaries)
+                    .oversleep_summary()
+                    .max
             })
-            .collect();
-        witnesses.into_iter().filter_map(|witness| witness.join().ok()).max()
+        })
+        .collect();
+        witnesses
+            .into_iter()
+            .filter_map(|witness| witness.join().ok())
+            .max()
     })
 }
 
@@ -160,20 +201,56 @@ fn witness() -> thread::JoinHandle<Option<Duration>> {
 /// at no cost, the moment that thread woke. No subject can do better on this machine over the same second; measured
 /// after the storms, in the same run, because the VM's stalls come and go.
 fn floor_table(timers: u64, csv: &mut Csv) {
-    let title = format!("{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)");
-    let header = ["tick us", "wake-ups", "p50 oversleep us", "p99 oversleep us", "max oversleep us"];
-    let mut table =
-        Table::new(title, &[&header[..], &["storm floor p50 late us", "p99 late us", "max late us"]].concat());
+    let title = format!(
+        "{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)"
+    );
+    let header = [
+        "tick us",
+        "wake-ups",
+        "p50 oversleep us",
+        "p99 oversleep us",
+        "max oversleep us",
+    ];
+    let mut table = Table::new(
+        title,
+        &[
+            &header[..],
+            &["storm floor p50 late us", "p99 late us", "max late us"],
+        ]
+        .concat(),
+    );
     for tick in std::iter::once(wheel::TICK).chain(FINE_TICKS) {
         let sleeper = wake_floor::sleep_through(tick, Duration::from_nanos(SPREAD_NS));
-        let (over, floor) = (sleeper.oversleep_summary(), sleeper.storm_floor(tick, timers));
-        let figures = [over.p50, over.p99, over.max, floor.p50, floor.p99, floor.max].map(|d| d.as_secs_f64() * 1e6);
+        let (over, floor) = (
+            sleeper.oversleep_summary(),
+            sleeper.storm_floor(tick, timers),
+        );
+        let figures = [
+            over.p50, over.p99, over.max, floor.p50, floor.p99, floor.max,
+        ]
+        .map(|d| d.as_secs_f64() * 1e6);
         let mut cells = vec![tick.as_micros().to_string(), thousands(over.fired)];
         cells.extend(figures.iter().map(|us| format!("{us:.0}")));
         table.row(cells);
-        let names = ["oversleep_p50", "oversleep_p99", "oversleep_max", "lateness_p50", "lateness_p99", "lateness_max"];
-        let metrics: Vec<_> = names.into_iter().zip(figures).map(|(name, us)| (name, us, "us")).collect();
-        csv.push_metrics(NAME, &format!("floor-{}us", tick.as_micros()), (1, timers), &metrics);
+        let names = [
+            "oversleep_p50",
+            "oversleep_p99",
+            "oversleep_max",
+            "lateness_p50",
+            "lateness_p99",
+            "lateness_max",
+        ];
+        let metrics: Vec<_> = names
+            .into_iter()
+            .zip(figures)
+            .map(|(name, us)| (name, us, "us"))
+            .collect();
+        csv.push_metrics(
+            NAME,
+            &format!("floor-{}us", tick.as_micros()),
+            (1, timers),
+            &metrics,
+        );
     }
     table.note("oversleep: how long after each boundary the thread woke (std::thread::park_timeout, as the engine's workers sleep); a wake-up more than a tick late makes the next boundaries late too");
     table.note("storm floor: the storm's deadlines rounded up to the tick, each fired the moment the thread woke at its boundary, at no cost: what a structure that rounds to this tick could at best have done over that second");
@@ -184,10 +261,23 @@ fn floor_table(timers: u64, csv: &mut Csv) {
 /// setting is its tick in microseconds.
 pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
     let default = wheel::TICK.as_micros() as u64;
-    let mut cells: Vec<Cell> = subjects.iter().map(|&subject| Cell { subject, threads: 1, param: default }).collect();
+    let mut cells: Vec<Cell> = subjects
+        .iter()
+        .map(|&subject| Cell {
+            subject,
+            threads: 1,
+            param: default,
+        })
+        .collect();
     for tick in FINE_TICKS {
-        let fine = subjects.iter().filter(|s| matches!(s, Subject::Engine | Subject::Corewheel));
-        cells.extend(fine.map(|&subject| Cell { subject, threads: 1, param: tick.as_micros() as u64 }));
+        let fine = subjects
+            .iter()
+            .filter(|s| matches!(s, Subject::Engine | Subject::Corewheel));
+        cells.extend(fine.map(|&subject| Cell {
+            subject,
+            threads: 1,
+            param: tick.as_micros() as u64,
+        }));
     }
     cells
 }
@@ -213,14 +303,22 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     let mut errors = Vec::new();
     for fine in [false, true] {
         let title = match fine {
-            false => format!("{NAME} (1 thread, {} timers due within 1 s, real clock)", thousands(timers)),
+            false => format!(
+                "{NAME} (1 thread, {} timers due within 1 s, real clock)",
+                thousands(timers)
+            ),
             true => format!("{NAME} at finer ticks (the same storm; the tick is the only change)"),
         };
         let cols = vec![
             Col::new("ns/insert", "ns_per_insert", "ns", 1),
             Col::new("fire CPU ns/timer", "fire_cpu_ns_per_timer", "ns", 1).ratios(),
             Col::new("M fired/CPU-s", "m_fired_per_cpu_s", "M/s", 2).rate(),
-            Col::new("first due..last fired ms", "first_due_to_last_fired", "ms", 1),
+            Col::new(
+                "first due..last fired ms",
+                "first_due_to_last_fired",
+                "ms",
+                1,
+            ),
             Col::new("p50 late us", "lateness_p50", "us", 0),
             Col::new("p99 late us", "lateness_p99", "us", 0),
             Col::new("max late us", "lateness_max", "us", 0),
@@ -228,7 +326,12 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             Col::new("early", "early_fires", "count", 0),
         ];
         let mut sheet = Sheet::new(NAME, title, timers, cols);
-        for (cell, result) in plan.cells.iter().zip(&results).filter(|(c, _)| (c.param != default) == fine) {
+        for (cell, result) in plan
+            .cells
+            .iter()
+            .zip(&results)
+            .filter(|(c, _)| (c.param != default) == fine)
+        {
             let name = case_name(cell);
             let values = result.as_ref().map_err(Clone::clone).map(|runs| {
                 let (storm, witnessed) = &runs[0];
@@ -260,7 +363,12 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
                     Some(late.early as f64),
                 ]
             });
-            sheet.rows.push(Row { name, subject: cell.subject, threads: 1, values });
+            sheet.rows.push(Row {
+                name,
+                subject: cell.subject,
+                threads: 1,
+                values,
+            });
         }
         if sheet.rows.is_empty() {
             continue;

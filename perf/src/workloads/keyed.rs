@@ -39,14 +39,18 @@ impl Kind {
     /// What one operation is, for the table's unit and first note.
     fn operation(self) -> (&'static str, &'static str) {
         match self {
-            Kind::SetRemove => {
-                ("op", "op = set a new key (30 s) and remove the key this thread set 16 operations earlier")
-            }
+            Kind::SetRemove => (
+                "op",
+                "op = set a new key (30 s) and remove the key this thread set 16 operations earlier",
+            ),
             Kind::SetOver => (
                 "set",
                 "set = set a random one of the thread's 10,000 pending keys again: a new value and a deadline 30 s from now",
             ),
-            Kind::Move => ("move", "move = move a random one of the thread's 10,000 pending keys to 30 s from now"),
+            Kind::Move => (
+                "move",
+                "move = move a random one of the thread's 10,000 pending keys to 30 s from now",
+            ),
         }
     }
 }
@@ -59,7 +63,12 @@ struct Config {
 }
 
 /// One thread's share: sets up its keys, waits at the gate, then does its operations.
-fn thread_share(subject: &dyn Keyed, index: usize, gate: &Gate, config: Config) -> Result<Share, String> {
+fn thread_share(
+    subject: &dyn Keyed,
+    index: usize,
+    gate: &Gate,
+    config: Config,
+) -> Result<Share, String> {
     let base = (index as u64) << 40;
     let ops = share_of(config.ops, config.threads, index);
     let mut share = Share::new();
@@ -100,7 +109,10 @@ fn thread_share(subject: &dyn Keyed, index: usize, gate: &Gate, config: Config) 
     }
     share.done = Instant::now();
     if share.too_late > 0 {
-        return Err(format!("{} keys were not pending when the thread came back to them", share.too_late));
+        return Err(format!(
+            "{} keys were not pending when the thread came back to them",
+            share.too_late
+        ));
     }
     Ok(share)
 }
@@ -111,8 +123,17 @@ fn no_workers() -> Option<Duration> {
 
 /// Runs the threads against `subject`, counting the engine's workers' CPU if `on_engine`.
 fn run_on(subject: &dyn Keyed, on_engine: bool, config: Config) -> Result<Run, String> {
-    let workers_cpu = if on_engine { engine::workers_cpu_time } else { no_workers };
-    parallel::on_threads(config.threads, workers_cpu, |i, gate| thread_share(subject, i, gate, config), |_| Ok(None))
+    let workers_cpu = if on_engine {
+        engine::workers_cpu_time
+    } else {
+        no_workers
+    };
+    parallel::on_threads(
+        config.threads,
+        workers_cpu,
+        |i, gate| thread_share(subject, i, gate, config),
+        |_| Ok(None),
+    )
 }
 
 /// One run of `subject`; the keys left pending are dropped with it, untimed.
@@ -146,13 +167,24 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,
         |_| ops,
-        |cell: &Cell| measure(cell.subject, Config { kind, threads: cell.threads, ops }),
+        |cell: &Cell| {
+            measure(
+                cell.subject,
+                Config {
+                    kind,
+                    threads: cell.threads,
+                    ops,
+                },
+            )
+        },
     );
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
     let (unit, operation) = kind.operation();
     let name = workload.name();
-    let title =
-        format!("{name} ({} operations per run over the threads; deadlines 30 s out, nothing due)", thousands(ops));
+    let title = format!(
+        "{name} ({} operations per run over the threads; deadlines 30 s out, nothing due)",
+        thousands(ops)
+    );
     let too_late = "not pending when came back to";
     let mut sheet = threads_sheet((name.to_string(), title), (unit, ops), too_late, &cells);
     sheet.note(operation);

@@ -35,8 +35,14 @@ impl Default for Lateness {
     /// An empty record, its histogram allocated in full now: a record made before a run never allocates while timers
     /// fire, where a page fault would show up as lateness.
     fn default() -> Self {
-        let histogram = Histogram::new_with_bounds(1, MAX_LATE_NS, 3).expect("valid histogram bounds");
-        Self { histogram, max_ns: 0, early: 0, last_fire: None }
+        let histogram =
+            Histogram::new_with_bounds(1, MAX_LATE_NS, 3).expect("valid histogram bounds");
+        Self {
+            histogram,
+            max_ns: 0,
+            early: 0,
+            last_fire: None,
+        }
     }
 }
 
@@ -48,7 +54,8 @@ impl Lateness {
         if decided_at < deadline || fired_at < deadline {
             self.early += 1;
         }
-        let late = u64::try_from(fired_at.saturating_duration_since(deadline).as_nanos()).unwrap_or(u64::MAX);
+        let late = u64::try_from(fired_at.saturating_duration_since(deadline).as_nanos())
+            .unwrap_or(u64::MAX);
         self.histogram.saturating_record(late);
         self.max_ns = self.max_ns.max(late);
         self.last_fire = Some(self.last_fire.map_or(fired_at, |last| last.max(fired_at)));
@@ -71,11 +78,17 @@ impl Lateness {
     /// The percentiles and the distribution.
     pub fn summarize(self) -> LatenessSummary {
         let at = |q: f64| Duration::from_nanos(self.histogram.value_at_quantile(q));
-        let mut shares: Vec<f64> = (0..=200).map(|i| f64::from(i) / 200.0).chain([0.999]).collect();
+        let mut shares: Vec<f64> = (0..=200)
+            .map(|i| f64::from(i) / 200.0)
+            .chain([0.999])
+            .collect();
         shares.sort_by(f64::total_cmp);
         let cdf = match self.histogram.is_empty() {
             true => Vec::new(),
-            false => shares.into_iter().map(|q| (at(q).as_secs_f64() * 1e6, q)).collect(),
+            false => shares
+                .into_iter()
+                .map(|q| (at(q).as_secs_f64() * 1e6, q))
+                .collect(),
         };
         LatenessSummary {
             cdf,
@@ -100,11 +113,23 @@ mod tests {
         (1..=100).for_each(|i| lateness.record(t0, t0 + us(i), t0 + us(i)));
         lateness.record(t0 + us(5), t0, t0 + us(6));
         let summary = lateness.summarize();
-        assert_eq!((summary.fired, summary.early, summary.max), (101, 1, us(100)));
+        assert_eq!(
+            (summary.fired, summary.early, summary.max),
+            (101, 1, us(100))
+        );
         // HDR histograms keep three significant digits.
         assert!(summary.p50.abs_diff(us(50)) <= us(1), "{:?}", summary.p50);
-        assert_eq!(summary.cdf.last().map(|last| last.1), Some(1.0), "the CDF ends at every timer");
-        assert!(summary.cdf.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+        assert_eq!(
+            summary.cdf.last().map(|last| last.1),
+            Some(1.0),
+            "the CDF ends at every timer"
+        );
+        assert!(
+            summary
+                .cdf
+                .windows(2)
+                .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1)
+        );
     }
 }
 
@@ -134,9 +159,13 @@ pub mod worker_records {
 
     /// Before a run: clears the records and makes one per worker.
     pub fn prepare(workers: usize) {
-        RECORDS.lock().unwrap_or_else(PoisonError::into_inner).clear();
-        *SPARE.lock().unwrap_or_else(PoisonError::into_inner) =
-            (0..workers).map(|_| Arc::new(Mutex::new(Lateness::default()))).collect();
+        RECORDS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        *SPARE.lock().unwrap_or_else(PoisonError::into_inner) = (0..workers)
+            .map(|_| Arc::new(Mutex::new(Lateness::default())))
+            .collect();
     }
 
     /// Records one fire on the calling worker thread: the callback's whole work.
@@ -147,10 +176,16 @@ pub mod worker_records {
             let record = record.get_or_insert_with(|| {
                 let spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner).pop();
                 let fresh = spare.unwrap_or_default();
-                RECORDS.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::clone(&fresh));
+                RECORDS
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(Arc::clone(&fresh));
                 fresh
             });
-            record.lock().unwrap_or_else(PoisonError::into_inner).record(deadline, fired_at, fired_at);
+            record
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .record(deadline, fired_at, fired_at);
         });
     }
 
@@ -162,7 +197,8 @@ pub mod worker_records {
         let mut all = Lateness::default();
         let mut per_worker = Vec::new();
         for record in records {
-            let record = std::mem::take(&mut *record.lock().unwrap_or_else(PoisonError::into_inner));
+            let record =
+                std::mem::take(&mut *record.lock().unwrap_or_else(PoisonError::into_inner));
             per_worker.push(record.len());
             all.absorb(record);
         }

@@ -61,7 +61,10 @@ impl Readings {
     }
 
     fn encode(&self) -> String {
-        self.0.iter().map(|(name, value)| format!("{name} {value}\n")).collect()
+        self.0
+            .iter()
+            .map(|(name, value)| format!("{name} {value}\n"))
+            .collect()
     }
 
     fn decode(text: &str) -> Result<Self, String> {
@@ -69,7 +72,9 @@ impl Readings {
         for line in text.lines() {
             let bad = || format!("the child printed {line:?}");
             let (name, value) = line.split_once(' ').ok_or_else(bad)?;
-            readings.0.insert(name.to_string(), value.parse().map_err(|_| bad())?);
+            readings
+                .0
+                .insert(name.to_string(), value.parse().map_err(|_| bad())?);
         }
         Ok(readings)
     }
@@ -77,7 +82,12 @@ impl Readings {
     /// Each reading's median over runs (absent if any run lacks it).
     fn median_of(runs: &[Readings]) -> Self {
         let mut out = Self::default();
-        for name in runs.first().map(|first| first.0.keys()).into_iter().flatten() {
+        for name in runs
+            .first()
+            .map(|first| first.0.keys())
+            .into_iter()
+            .flatten()
+        {
             let values: Option<Vec<f64>> = runs.iter().map(|run| run.get(name)).collect();
             out.set(name, values.map(median));
         }
@@ -90,7 +100,10 @@ impl Readings {
 fn touched_vec<T>(n: u64) -> Result<Vec<T>, String> {
     let n = usize::try_from(n).map_err(|_| "too many timers for this machine")?;
     let mut values: Vec<T> = Vec::with_capacity(n);
-    values.spare_capacity_mut().iter_mut().for_each(|slot| *slot = MaybeUninit::zeroed());
+    values
+        .spare_capacity_mut()
+        .iter_mut()
+        .for_each(|slot| *slot = MaybeUninit::zeroed());
     black_box(values.as_mut_ptr());
     Ok(values)
 }
@@ -118,7 +131,10 @@ impl Measure<u64> for Live1m {
         r.bytes("huge_live", sys::huge_page_bytes());
         rng.shuffle(&mut keys);
         let started = Instant::now();
-        let missing = keys.iter().filter(|&&key| black_box(queue.cancel(key)).is_none()).count();
+        let missing = keys
+            .iter()
+            .filter(|&&key| black_box(queue.cancel(key)).is_none())
+            .count();
         r.per("ns_per_cancel", Some(started.elapsed()), timers);
         r.bytes("rss_cancelled", sys::resident_bytes());
         r.bytes("own_cancelled", queue.accounted_bytes().map(|b| b as u64));
@@ -138,26 +154,45 @@ fn measure_engine(timers: u64) -> Result<Readings, String> {
     let (engine, mut rng, mut r) = (engine::build()?, rng(0), Readings::default());
     let mut handles = touched_vec(timers)?;
     r.bytes("rss_before", sys::resident_bytes());
-    let (cpu, workers, started) = (process_cpu_time(), engine::workers_cpu_time(), Instant::now());
+    let (cpu, workers, started) = (
+        process_cpu_time(),
+        engine::workers_cpu_time(),
+        Instant::now(),
+    );
     for i in 0..timers {
         let handle = engine.schedule(request_timeout(&mut rng), on_timeout(i));
         handles.push(handle.map_err(|error| format!("schedule failed: {error}"))?);
     }
     r.per("ns_per_insert", Some(started.elapsed()), timers);
-    let filed = sys::wait_until_quiet(engine::workers_cpu_time, Duration::from_millis(5), Duration::from_secs(5));
+    let filed = sys::wait_until_quiet(
+        engine::workers_cpu_time,
+        Duration::from_millis(5),
+        Duration::from_secs(5),
+    );
     r.per("cpu_insert", cpu_between(cpu, process_cpu_time()), timers);
     r.per("worker_insert", cpu_between(workers, filed), timers);
     r.bytes("rss_live", sys::resident_bytes());
     r.bytes("huge_live", sys::huge_page_bytes());
     r.bytes("own_live", Some(engine.stats().pool_bytes as u64));
     rng.shuffle(&mut handles);
-    let (cpu, workers, started) = (process_cpu_time(), engine::workers_cpu_time(), Instant::now());
-    let fired = handles.iter().filter(|&&handle| !black_box(engine.cancel(handle))).count() as u64;
+    let (cpu, workers, started) = (
+        process_cpu_time(),
+        engine::workers_cpu_time(),
+        Instant::now(),
+    );
+    let fired = handles
+        .iter()
+        .filter(|&&handle| !black_box(engine.cancel(handle)))
+        .count() as u64;
     r.per("ns_per_cancel", Some(started.elapsed()), timers);
     let settled = engine::settle(&engine)?;
     engine::check_counts(&settled.stats, timers, timers - fired, fired)?;
     r.per("cpu_cancel", cpu_between(cpu, settled.process_cpu), timers);
-    r.per("worker_cancel", cpu_between(workers, settled.workers_cpu), timers);
+    r.per(
+        "worker_cancel",
+        cpu_between(workers, settled.workers_cpu),
+        timers,
+    );
     r.set("settle_ms", Some(settled.waited.as_secs_f64() * 1e3));
     r.set("fired", Some(fired as f64));
     r.bytes("rss_cancelled", sys::resident_bytes());
@@ -199,7 +234,9 @@ fn measure_tokio(timers: u64) -> Result<Readings, String> {
         r.bytes("rss_cancelled", sys::resident_bytes());
         Ok::<_, String>(r)
     });
-    let mut r = runtime.block_on(task).map_err(|error| format!("the task failed: {error}"))??;
+    let mut r = runtime
+        .block_on(task)
+        .map_err(|error| format!("the task failed: {error}"))??;
     drop(runtime);
     r.bytes("rss_after", sys::resident_bytes());
     Ok(r)
@@ -234,7 +271,10 @@ pub fn child_main(spec: &str) -> ExitCode {
 fn in_child(workload: Workload, subject: Subject, timers: u64) -> Result<Readings, String> {
     let exe = std::env::current_exe().map_err(|error| format!("no harness executable: {error}"))?;
     let output = Command::new(exe)
-        .env(ENV, format!("{} {} {timers}", workload.name(), subject.name()))
+        .env(
+            ENV,
+            format!("{} {} {timers}", workload.name(), subject.name()),
+        )
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
@@ -247,7 +287,10 @@ fn in_child(workload: Workload, subject: Subject, timers: u64) -> Result<Reading
 
 /// Runs `plan`'s subjects, each run in a fresh process, and prints the speed and memory tables.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
-    let (name, engine) = (plan.workload.name(), plan.workload == Workload::EngineLive1m);
+    let (name, engine) = (
+        plan.workload.name(),
+        plan.workload == Workload::EngineLive1m,
+    );
     let runs = runner::in_turns(plan, |cell| in_child(plan.workload, cell.subject, timers));
     let mut cols = vec![
         Col::new("ns/insert", "ns_per_insert", "ns", 1).ratios(),
@@ -255,7 +298,14 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         Col::new("ns/cancel", "ns_per_cancel", "ns", 1).ratios(),
         Col::new("Mcancels/s", "mcancels_per_s", "M/s", 2).rate(),
     ];
-    let extra = ["cpu_insert", "cpu_cancel", "worker_insert", "worker_cancel", "settle_ms", "fired"];
+    let extra = [
+        "cpu_insert",
+        "cpu_cancel",
+        "worker_insert",
+        "worker_cancel",
+        "settle_ms",
+        "fired",
+    ];
     if engine {
         cols.extend([
             Col::new("CPU ns/insert", "cpu_ns_per_insert", "ns", 1).ratios(),
@@ -266,7 +316,10 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             Col::new("fired before cancel", "fired_before_cancel", "count", 0),
         ]);
     }
-    let title = format!("{name} (1 application thread, {} timers, delays uniform in 1 ms..30 s)", thousands(timers));
+    let title = format!(
+        "{name} (1 application thread, {} timers, delays uniform in 1 ms..30 s)",
+        thousands(timers)
+    );
     let mut speed = Sheet::new(name, title, timers, cols);
     let last = if engine { "dropped" } else { "shrunk" };
     let memory_cols = vec![
@@ -276,20 +329,37 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         Col::new("on huge pages %", "huge_page_share_live", "%", 0),
         Col::new("cancelled MiB", "rss_cancelled_above_baseline", "MiB", 1),
         Col::new("own count cancelled MiB", "own_count_cancelled", "MiB", 1),
-        Col::new(format!("{last} MiB"), format!("rss_{last}_above_baseline"), "MiB", 1),
+        Col::new(
+            format!("{last} MiB"),
+            format!("rss_{last}_above_baseline"),
+            "MiB",
+            1,
+        ),
     ];
-    let title = format!("{name} memory (process RSS with mimalloc; MiB above the RSS just before the first insert)");
+    let title = format!(
+        "{name} memory (process RSS with mimalloc; MiB above the RSS just before the first insert)"
+    );
     let mut memory = Sheet::new(name, title, timers, memory_cols);
     let mut spreads = Vec::new();
     for (cell, runs) in plan.cells.iter().zip(runs) {
         let r = runs.map(|runs| {
             let range = |key: &str| spread(runs.iter().filter_map(|run| run.get(key)));
-            spreads.push(format!("{} {} / {}", cell.subject.name(), range("ns_per_insert"), range("ns_per_cancel")));
+            spreads.push(format!(
+                "{} {} / {}",
+                cell.subject.name(),
+                range("ns_per_insert"),
+                range("ns_per_cancel")
+            ));
             Readings::median_of(&runs)
         });
         let speeds = r.as_ref().map(|r| {
             let (insert, cancel) = (r.get("ns_per_insert"), r.get("ns_per_cancel"));
-            let mut row = vec![insert, insert.map(|ns| 1e3 / ns), cancel, cancel.map(|ns| 1e3 / ns)];
+            let mut row = vec![
+                insert,
+                insert.map(|ns| 1e3 / ns),
+                cancel,
+                cancel.map(|ns| 1e3 / ns),
+            ];
             row.extend(extra.iter().filter(|_| engine).map(|&key| r.get(key)));
             row
         });
@@ -297,16 +367,36 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let memories = r.map(|r| {
             let per_timer = |bytes: Option<f64>| bytes.map(|b| b / timers.max(1) as f64);
             let mib = |bytes: Option<f64>| bytes.map(|b| b / MIB);
-            let huge = r.get("huge_live").zip(r.get("rss_live")).map(|(h, l)| h / l.max(1.0) * 100.0);
+            let huge = r
+                .get("huge_live")
+                .zip(r.get("rss_live"))
+                .map(|(h, l)| h / l.max(1.0) * 100.0);
             let rss_per_timer = per_timer(r.mib_above("rss_live").map(|m| m * MIB));
-            let (live, cancelled, after) =
-                (r.mib_above("rss_live"), r.mib_above("rss_cancelled"), r.mib_above("rss_after"));
-            vec![rss_per_timer, per_timer(r.get("own_live")), live, huge, cancelled, mib(r.get("own_cancelled")), after]
+            let (live, cancelled, after) = (
+                r.mib_above("rss_live"),
+                r.mib_above("rss_cancelled"),
+                r.mib_above("rss_after"),
+            );
+            vec![
+                rss_per_timer,
+                per_timer(r.get("own_live")),
+                live,
+                huge,
+                cancelled,
+                mib(r.get("own_cancelled")),
+                after,
+            ]
         });
         memory.add(cell.subject, 1, memories);
     }
-    let runs = format!("median of {} runs per subject, taken in turns, each in a fresh process", plan.runs);
-    speed.note(format!("{runs}; ns/insert / ns/cancel range: {}", spreads.join(", ")));
+    let runs = format!(
+        "median of {} runs per subject, taken in turns, each in a fresh process",
+        plan.runs
+    );
+    speed.note(format!(
+        "{runs}; ns/insert / ns/cancel range: {}",
+        spreads.join(", ")
+    ));
     speed.note(match engine {
         false => "insert: delay uniform in 1 ms..30 s, no capacity hint, into a fresh process (first-touch page faults included); cancel: every timer, in a random permutation; nothing fires".to_string(),
         true => format!("ns/insert, ns/cancel: the application thread's wall time per engine.schedule / per registration of a boxed Sleep, per engine.cancel (random order) / per drop of a Sleep; CPU: process CPU time (every thread) per timer, from the first insert until the engine's {} pinned workers went idle (they file what the lanes forward), and from the first cancel until the engine settled; worker CPU: the engine's workers alone", engine::cpus()),
@@ -335,6 +425,9 @@ mod tests {
         three.set("ns_per_insert", Some(20.0));
         three.0.remove("rss_live");
         let median = Readings::median_of(&[one, two, three]);
-        assert_eq!((median.get("ns_per_insert"), median.get("rss_live")), (Some(12.5), None));
+        assert_eq!(
+            (median.get("ns_per_insert"), median.get("rss_live")),
+            (Some(12.5), None)
+        );
     }
 }

@@ -57,7 +57,11 @@ impl Workload {
     /// What a run without `--workloads` runs: all but the proxy, which needs wrk, opens hundreds of sockets and
     /// starts processes.
     pub fn defaults() -> Vec<Workload> {
-        Self::ALL.iter().copied().filter(|&w| w != Workload::Proxy).collect()
+        Self::ALL
+            .iter()
+            .copied()
+            .filter(|&w| w != Workload::Proxy)
+            .collect()
     }
 
     /// Whether the workload drives `subject`.
@@ -67,7 +71,10 @@ impl Workload {
         match self {
             ArmCancel | Live1m | ResetHeavy => subject.is_single_owner(),
             FireStorm => subject.is_single_owner() || subject == Engine,
-            EngineArmCancel => matches!(subject, Engine | TokioSleep | TokioTimeout | PingoraTimeout | MutexHeap),
+            EngineArmCancel => matches!(
+                subject,
+                Engine | TokioSleep | TokioTimeout | PingoraTimeout | MutexHeap
+            ),
             AsyncSleep | AsyncTimeout | AsyncReset => {
                 matches!(subject, CorewheelAsync | Tokio | AsyncIo | PingoraTimeout)
             }
@@ -85,7 +92,12 @@ impl Workload {
     /// What this workload will measure under `options`: its cells and runs.
     pub fn plan(self, options: &Options) -> Plan {
         use Workload::*;
-        let mut subjects: Vec<Subject> = options.peers.iter().copied().filter(|&s| self.drives(s)).collect();
+        let mut subjects: Vec<Subject> = options
+            .peers
+            .iter()
+            .copied()
+            .filter(|&s| self.drives(s))
+            .collect();
         if matches!(self, AsyncSleep | AsyncTimeout | AsyncReset) {
             // corewheel's rows first, then the peers in the order given.
             subjects.sort_by_key(|subject| !subject.is_corewheel());
@@ -108,13 +120,22 @@ impl Workload {
         let mut cells = Vec::new();
         for &param in params {
             for &threads in threads {
-                cells.extend(subjects.iter().map(|&subject| Cell { subject, threads, param }));
+                cells.extend(subjects.iter().map(|&subject| Cell {
+                    subject,
+                    threads,
+                    param,
+                }));
             }
         }
         if self == FireStorm {
             cells = fire_storm::cells(&subjects);
         }
-        Plan { workload: self, cells, runs, param }
+        Plan {
+            workload: self,
+            cells,
+            runs,
+            param,
+        }
     }
 
     /// Runs `plan` (this workload's) and prints its tables.
@@ -128,7 +149,9 @@ impl Workload {
             Workload::EngineReset => engine_reset::run(plan, sizes.reset_ops, out),
             Workload::FireStorm => fire_storm::run(plan, sizes.storm_timers, out),
             Workload::BurstSteal => burst_steal::run(plan, sizes.storm_timers, out),
-            Workload::SteadyMix => steady_mix::run(plan, sizes.storm_timers, options.mix_seconds, out),
+            Workload::SteadyMix => {
+                steady_mix::run(plan, sizes.storm_timers, options.mix_seconds, out)
+            }
             Workload::LightLoad => steady_mix::run_light(plan, options.mix_seconds, out),
             Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
                 async_timers::run(self, plan, sizes.async_ops, out)
@@ -177,7 +200,11 @@ pub fn cost_sheet(
     for (cell, runs) in plan.cells.iter().zip(runs) {
         let values = runs.as_ref().map(|runs| {
             let ns = median(runs.iter().copied());
-            spreads.push(format!("{} {}", cell.subject.name(), spread(runs.iter().copied())));
+            spreads.push(format!(
+                "{} {}",
+                cell.subject.name(),
+                spread(runs.iter().copied())
+            ));
             vec![Some(ns), Some(1e3 / ns)]
         });
         sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));

@@ -36,7 +36,14 @@ impl Share {
     /// An empty share of the calling thread.
     pub fn new() -> Self {
         let thread = std::thread::current().id();
-        Self { done: Instant::now(), thread, scheduled: 0, cancelled: 0, too_late: 0, due_at_once: 0 }
+        Self {
+            done: Instant::now(),
+            thread,
+            scheduled: 0,
+            cancelled: 0,
+            too_late: 0,
+            due_at_once: 0,
+        }
     }
 }
 
@@ -147,7 +154,10 @@ pub fn on_threads(
         (start, shares, cpu, workers)
     });
     let panicked = || Err("an application thread panicked".to_string());
-    let shares = shares.into_iter().map(|share| share.unwrap_or_else(|_| panicked())).collect::<Result<Vec<_>, _>>()?;
+    let shares = shares
+        .into_iter()
+        .map(|share| share.unwrap_or_else(|_| panicked()))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut run = Run::of(start, &shares);
     if let Some(waited) = settle(&shares)? {
         (run.settle, run.wall) = (Some(waited), run.app + waited);
@@ -177,7 +187,12 @@ pub fn on_engine(
             }
             let settled = engine::settle(&engine)?;
             let sum = |count: fn(&Share) -> u64| shares.iter().map(count).sum();
-            engine::check_counts(&settled.stats, sum(|s| s.scheduled), sum(|s| s.cancelled), sum(|s| s.too_late))?;
+            engine::check_counts(
+                &settled.stats,
+                sum(|s| s.scheduled),
+                sum(|s| s.cancelled),
+                sum(|s| s.too_late),
+            )?;
             Ok(Some(settled.waited))
         },
     )?;
@@ -192,7 +207,12 @@ pub fn on_mutex_heap(
     body: impl Fn(&SharedHeap, usize, &Gate) -> Result<Share, String> + Sync,
 ) -> Result<Run, String> {
     let heap = SharedHeap::start()?;
-    on_threads(threads, SharedHeap::timer_thread_cpu_time, |i, gate| body(&heap, i, gate), |_| Ok(None))
+    on_threads(
+        threads,
+        SharedHeap::timer_thread_cpu_time,
+        |i, gate| body(&heap, i, gate),
+        |_| Ok(None),
+    )
 }
 
 /// Runs `body(index, line)` as `tasks` tasks of a fresh runtime with as many worker threads: each sets up, calls
@@ -204,21 +224,35 @@ where
 {
     let runtime = tokio_sleep::runtime(tasks)?;
     let line = Arc::new(StartLine::default());
-    let handles: Vec<_> = (0..tasks).map(|index| runtime.spawn(body(index, Arc::clone(&line)))).collect();
+    let handles: Vec<_> = (0..tasks)
+        .map(|index| runtime.spawn(body(index, Arc::clone(&line))))
+        .collect();
     line.gather(tasks)?;
     let cpu = process_cpu_time();
     let start = line.go();
-    let shares = runtime.block_on(join_all(handles)).into_iter().collect::<Result<Vec<Share>, String>>()?;
+    let shares = runtime
+        .block_on(join_all(handles))
+        .into_iter()
+        .collect::<Result<Vec<Share>, String>>()?;
     let cpu = cpu_between(cpu, process_cpu_time());
     tokio_sleep::check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
-    Ok(Run { cpu, ..Run::of(start, &shares) })
+    Ok(Run {
+        cpu,
+        ..Run::of(start, &shares)
+    })
 }
 
 /// Awaits every task, in order; a task that panicked is an error.
-pub async fn join_all<T>(handles: Vec<tokio::task::JoinHandle<Result<T, String>>>) -> Vec<Result<T, String>> {
+pub async fn join_all<T>(
+    handles: Vec<tokio::task::JoinHandle<Result<T, String>>>,
+) -> Vec<Result<T, String>> {
     let mut results = Vec::with_capacity(handles.len());
     for handle in handles {
-        results.push(handle.await.unwrap_or_else(|error| Err(format!("a task failed: {error}"))));
+        results.push(
+            handle
+                .await
+                .unwrap_or_else(|error| Err(format!("a task failed: {error}"))),
+        );
     }
     results
 }
@@ -249,7 +283,10 @@ pub fn measure(
         .map(|(cell, runs)| {
             let runs = runs?;
             let too_late = runs.iter().map(|run| run.too_late + run.due_at_once).sum();
-            Ok(Measured { per: PerUnit::of(&runs, units(cell)), too_late })
+            Ok(Measured {
+                per: PerUnit::of(&runs, units(cell)),
+                too_late,
+            })
         })
         .collect()
 }
@@ -263,14 +300,30 @@ pub fn threads_sheet(
     too_late: &str,
     cells: &[(&Cell, &Result<Measured, String>)],
 ) -> Sheet {
-    let settles = cells.iter().any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
+    let settles = cells
+        .iter()
+        .any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
     let metric = |name: &str| format!("{name}_{}", if unit == "reset" { "reset" } else { "timer" });
     let mut cols = vec![
         Col::new(format!("ns/{unit}"), metric("ns_per"), "ns", 1).ratios(),
-        Col::new(format!("M{unit}s/s"), if unit == "reset" { "mresets_per_s" } else { "mtimers_per_s" }, "M/s", 2)
-            .rate(),
+        Col::new(
+            format!("M{unit}s/s"),
+            if unit == "reset" {
+                "mresets_per_s"
+            } else {
+                "mtimers_per_s"
+            },
+            "M/s",
+            2,
+        )
+        .rate(),
         Col::new(format!("CPU ns/{unit}"), metric("cpu_ns_per"), "ns", 1),
-        Col::new(format!("worker CPU ns/{unit}"), metric("worker_cpu_ns_per"), "ns", 1),
+        Col::new(
+            format!("worker CPU ns/{unit}"),
+            metric("worker_cpu_ns_per"),
+            "ns",
+            1,
+        ),
         Col::new(format!("app ns/{unit}"), metric("app_ns_per"), "ns", 1),
     ];
     cols.extend(settles.then(|| Col::new("settle us", "settle_wait", "us", 0)));
@@ -283,9 +336,19 @@ pub fn threads_sheet(
             let (per, name) = (&m.per, format!("{}, {}", cell.subject.name(), cell.threads));
             spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
             if m.too_late > 0 {
-                notes.push(format!("{name}: {} timers {too_late}, over {} runs", thousands(m.too_late), runner::RUNS));
+                notes.push(format!(
+                    "{name}: {} timers {too_late}, over {} runs",
+                    thousands(m.too_late),
+                    runner::RUNS
+                ));
             }
-            let mut row = vec![Some(per.wall), Some(1e3 / per.wall), per.cpu, per.worker_cpu, Some(per.app)];
+            let mut row = vec![
+                Some(per.wall),
+                Some(1e3 / per.wall),
+                per.cpu,
+                per.worker_cpu,
+                Some(per.app),
+            ];
             row.extend(settles.then_some(per.settle_us));
             row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
             row
@@ -312,9 +375,16 @@ pub fn threads_sheet(
 mod tests {
     #[test]
     fn shares_add_up() {
-        for (total, parts) in [0, 1, 7, 2_000_000].into_iter().flat_map(|total| (1..5).map(move |parts| (total, parts)))
+        for (total, parts) in [0, 1, 7, 2_000_000]
+            .into_iter()
+            .flat_map(|total| (1..5).map(move |parts| (total, parts)))
         {
-            assert_eq!((0..parts).map(|i| super::share_of(total, parts, i)).sum::<u64>(), total);
+            assert_eq!(
+                (0..parts)
+                    .map(|i| super::share_of(total, parts, i))
+                    .sum::<u64>(),
+                total
+            );
         }
     }
 }

@@ -87,13 +87,21 @@ fn millis(text: &str) -> Option<f64> {
 /// Reads wrk's report: its rate, its latency distribution's median and 99th percentile, its request count and any
 /// errors.
 fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> {
-    let field = |prefix: &str| report.lines().find_map(|line| line.trim().strip_prefix(prefix).map(str::trim));
+    let field = |prefix: &str| {
+        report
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(prefix).map(str::trim))
+    };
     let missing = || format!("wrk's report lacks a figure: {report:?}");
-    let rate = field("Requests/sec:").and_then(|v| v.parse().ok()).ok_or_else(missing)?;
+    let rate = field("Requests/sec:")
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(missing)?;
     let p50 = field("50%").and_then(millis).ok_or_else(missing)?;
     let p99 = field("99%").and_then(millis).ok_or_else(missing)?;
-    let requests =
-        report.lines().find_map(|line| line.trim().split_once(" requests in ")?.0.parse().ok()).ok_or_else(missing)?;
+    let requests = report
+        .lines()
+        .find_map(|line| line.trim().split_once(" requests in ")?.0.parse().ok())
+        .ok_or_else(missing)?;
     let errors = ["Socket errors:", "Non-2xx or 3xx responses:"]
         .into_iter()
         .filter_map(|prefix| field(prefix).map(|v| format!("{prefix} {v}")))
@@ -104,13 +112,22 @@ fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> 
 /// Runs wrk against `addr` for `seconds`, and returns its report.
 fn wrk(addr: SocketAddr, seconds: u64) -> Result<String, String> {
     let output = Process::new("wrk")
-        .args(["-t1", &format!("-c{CONNECTIONS}"), &format!("-d{seconds}s"), "--latency"])
+        .args([
+            "-t1",
+            &format!("-c{CONNECTIONS}"),
+            &format!("-d{seconds}s"),
+            "--latency",
+        ])
         .arg(format!("http://{addr}/"))
         .stdin(Stdio::null())
         .output()
         .map_err(|error| format!("could not run wrk: {error}"))?;
     if !output.status.success() {
-        return Err(format!("wrk failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr)));
+        return Err(format!(
+            "wrk failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
@@ -118,7 +135,10 @@ fn wrk(addr: SocketAddr, seconds: u64) -> Result<String, String> {
 /// One run: a fresh proxy on `subject`'s timers in front of `backend`, warmed up, then measured under wrk.
 fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun, String> {
     let exe = std::env::current_exe().map_err(|error| format!("no harness executable: {error}"))?;
-    let args = format!("--listen 127.0.0.1:0 --upstream {backend} --timer {}", timer(subject));
+    let args = format!(
+        "--listen 127.0.0.1:0 --upstream {backend} --timer {}",
+        timer(subject)
+    );
     let mut child = Process::new(exe)
         .env(ENV, args)
         .stdin(Stdio::null())
@@ -128,9 +148,13 @@ fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
     let measured = (|| {
         let mut line = String::new();
         let stdout = child.stdout.take().ok_or("the proxy has no stdout")?;
-        BufReader::new(stdout).read_line(&mut line).map_err(|error| error.to_string())?;
-        let addr: SocketAddr =
-            line.trim().parse().map_err(|_| format!("the proxy said {line:?}, not where it listens"))?;
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .map_err(|error| error.to_string())?;
+        let addr: SocketAddr = line
+            .trim()
+            .parse()
+            .map_err(|_| format!("the proxy said {line:?}, not where it listens"))?;
         wrk(addr, 1)?;
         let pid = child.id().to_string();
         let before = threads_cpu_time(&pid, |_| true);
@@ -138,9 +162,20 @@ fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
         let report = wrk(addr, seconds)?;
         let wall = began.elapsed();
         let after = threads_cpu_time(&pid, |_| true);
-        let proxy_cpu = after.zip(before).map(|(a, b)| a.saturating_sub(b)).ok_or("no CPU time for the proxy")?;
+        let proxy_cpu = after
+            .zip(before)
+            .map(|(a, b)| a.saturating_sub(b))
+            .ok_or("no CPU time for the proxy")?;
         let (requests_per_s, p50_ms, p99_ms, requests, errors) = parse_wrk(&report)?;
-        Ok(WrkRun { requests_per_s, p50_ms, p99_ms, requests, errors, proxy_cpu, wall })
+        Ok(WrkRun {
+            requests_per_s,
+            p50_ms,
+            p99_ms,
+            requests,
+            errors,
+            proxy_cpu,
+            wall,
+        })
     })();
     let _ = child.kill();
     let _ = child.wait();
@@ -160,11 +195,17 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
     }
     let backend = match start_backend() {
         Ok(backend) => backend,
-        Err(error) => return runner::print(&format!("proxy: ERROR: could not start the backend: {error}\n")),
+        Err(error) => {
+            return runner::print(&format!(
+                "proxy: ERROR: could not start the backend: {error}\n"
+            ));
+        }
     };
     let results = runner::in_turns(plan, |cell| one_run(cell.subject, backend, seconds));
     let cols = vec![
-        Col::new("req/s", "requests_per_s", "1/s", 0).rate().ratios(),
+        Col::new("req/s", "requests_per_s", "1/s", 0)
+            .rate()
+            .ratios(),
         Col::new("p50 ms", "latency_p50", "ms", 2),
         Col::new("p99 ms", "latency_p99", "ms", 2).ratios(),
         Col::new("proxy CPU us/req", "proxy_cpu_us_per_request", "us", 2).ratios(),
@@ -190,7 +231,12 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
                 mid(|r| r.proxy_cpu.as_secs_f64() / r.wall.as_secs_f64()),
             ]
         });
-        sheet.rows.push(Row { name, subject: cell.subject, threads: 1, values });
+        sheet.rows.push(Row {
+            name,
+            subject: cell.subject,
+            threads: 1,
+            values,
+        });
     }
     sheet.note(format!("each run: a fresh proxy (its default threads: one per CPU) in a child process, 1 s of wrk to warm it up, then {seconds} s measured; req/s and latency as wrk reports them (p50/p99 of its latency distribution), {} connections kept alive", thousands(u64::from(CONNECTIONS)) ));
     sheet.note("proxy CPU: the proxy process's threads' CPU time (schedstat) over the measured run, per request wrk completed, and over wall time; wrk and the backend share the machine's cores with it");
@@ -202,14 +248,21 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
 /// its own, serving until the harness exits.
 fn start_backend() -> Result<SocketAddr, String> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
-    listener.set_nonblocking(true).map_err(|error| error.to_string())?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|error| error.to_string())?;
     let addr = listener.local_addr().map_err(|error| error.to_string())?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     std::thread::spawn(move || {
         runtime.block_on(async move {
             match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => serve_backend(listener, Duration::ZERO).await,
-                Err(error) => eprintln!("corewheel-perf: the proxy's backend could not listen: {error}"),
+                Err(error) => {
+                    eprintln!("corewheel-perf: the proxy's backend could not listen: {error}")
+                }
             }
         })
     });
@@ -226,7 +279,12 @@ mod tests {
         let (rate, p50, p99, requests, errors) = parse_wrk(report).expect("a report");
         assert_eq!((rate, requests), (31400.5, 251_234.0));
         assert!((p50 - 0.812).abs() < 1e-9 && (p99 - 1200.0).abs() < 1e-9);
-        assert_eq!(errors, ["Socket errors: connect 0, read 0, write 0, timeout 12"]);
-        assert!(parse_wrk("nothing").is_err() && millis("fast").is_none() && millis("2ms") == Some(2.0));
+        assert_eq!(
+            errors,
+            ["Socket errors: connect 0, read 0, write 0, timeout 12"]
+        );
+        assert!(
+            parse_wrk("nothing").is_err() && millis("fast").is_none() && millis("2ms") == Some(2.0)
+        );
     }
 }

@@ -46,7 +46,9 @@ impl Measure<u64> for ArmCancel {
         let elapsed = started.elapsed();
         match missing {
             0 => Ok(elapsed),
-            _ => Err(format!("{missing} cancels found no timer: the structure lost timers")),
+            _ => Err(format!(
+                "{missing} cancels found no timer: the structure lost timers"
+            )),
         }
     }
 }
@@ -80,7 +82,9 @@ impl Measure<u64> for ResetHeavy {
 
     fn measure<Q: TimerQueue<u64>>(self, queue: &mut Q) -> Result<Duration, String> {
         let (mut rng, base) = (rng(0), Instant::now());
-        let mut timers: Vec<Q::Key> = (0..CONNECTIONS as u64).map(|c| queue.arm(base + IDLE_TIMEOUT, c)).collect();
+        let mut timers: Vec<Q::Key> = (0..CONNECTIONS as u64)
+            .map(|c| queue.arm(base + IDLE_TIMEOUT, c))
+            .collect();
         queue.settle()?;
         let started = Instant::now();
         for op in 1..=self.0 {
@@ -90,7 +94,11 @@ impl Measure<u64> for ResetHeavy {
         }
         let elapsed = started.elapsed();
         // Every connection's timer must still be there, or a reset lost it.
-        match timers.into_iter().filter(|&key| queue.cancel(key).is_none()).count() {
+        match timers
+            .into_iter()
+            .filter(|&key| queue.cancel(key).is_none())
+            .count()
+        {
             0 => Ok(elapsed),
             missing => Err(format!("{missing} connections lost their idle timer")),
         }
@@ -99,9 +107,15 @@ impl Measure<u64> for ResetHeavy {
 
 /// arm-cancel: runs `plan`'s subjects and prints the table.
 pub fn arm_cancel(plan: &Plan, ops: u64, out: &mut Out) {
-    let runs = in_turns(plan, |cell| measure_fresh(cell.subject, ArmCancel(ops)).map(|took| ns_per(took, ops)));
+    let runs = in_turns(plan, |cell| {
+        measure_fresh(cell.subject, ArmCancel(ops)).map(|took| ns_per(took, ops))
+    });
     let overhead = ArmCancel(ops).measure(&mut Nothing);
-    let title = format!("arm-cancel (1 thread, {} ops, window {})", thousands(ops), thousands(WINDOW as u64));
+    let title = format!(
+        "arm-cancel (1 thread, {} ops, window {})",
+        thousands(ops),
+        thousands(WINDOW as u64)
+    );
     let mut sheet = cost_sheet(plan, title, "op", ("ns_per_op", "mops_per_s"), ops, &runs);
     sheet.note(
         "op = arm one timer (delay uniform in 1 ms..30 s) + cancel the one armed 10,000 ops earlier; nothing fires",
@@ -118,14 +132,28 @@ pub fn arm_cancel(plan: &Plan, ops: u64, out: &mut Out) {
 
 /// reset-heavy: runs `plan`'s subjects and prints the table.
 pub fn reset_heavy(plan: &Plan, resets: u64, out: &mut Out) {
-    let runs = in_turns(plan, |cell| measure_fresh(cell.subject, ResetHeavy(resets)).map(|took| ns_per(took, resets)));
-    let title =
-        format!("reset-heavy (1 thread, {} connections, {} resets)", thousands(CONNECTIONS as u64), thousands(resets));
-    let mut sheet = cost_sheet(plan, title, "reset", ("ns_per_reset", "mresets_per_s"), CONNECTIONS as u64, &runs);
+    let runs = in_turns(plan, |cell| {
+        measure_fresh(cell.subject, ResetHeavy(resets)).map(|took| ns_per(took, resets))
+    });
+    let title = format!(
+        "reset-heavy (1 thread, {} connections, {} resets)",
+        thousands(CONNECTIONS as u64),
+        thousands(resets)
+    );
+    let mut sheet = cost_sheet(
+        plan,
+        title,
+        "reset",
+        ("ns_per_reset", "mresets_per_s"),
+        CONNECTIONS as u64,
+        &runs,
+    );
     sheet.note("reset = move a random connection's idle timer to now + 30 s; corewheel Wheel::reset, DelayQueue::reset_at, binary-heap tombstone + push");
     sheet.note(
         "every new deadline is the latest yet (now + a constant), a binary heap's best case: its push never sifts up",
     );
-    sheet.note("from several threads: see engine-reset, corewheel's TimerEngine against tokio's sleep");
+    sheet.note(
+        "from several threads: see engine-reset, corewheel's TimerEngine against tokio's sleep",
+    );
     sheet.finish(&mut out.csv);
 }

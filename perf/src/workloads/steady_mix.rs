@@ -146,8 +146,14 @@ impl Ring {
     fn draw(&mut self) -> (bool, Duration) {
         let period = self.period.as_nanos() as u64;
         match self.rng.u64(..FIRE_ONE_IN) {
-            0 => (true, Duration::from_nanos(self.rng.u64(1_000_000..period / 2 + 1_000_001))),
-            _ => (false, Duration::from_nanos(period + self.rng.u64(1_000_000_000..30_000_000_000))),
+            0 => (
+                true,
+                Duration::from_nanos(self.rng.u64(1_000_000..period / 2 + 1_000_001)),
+            ),
+            _ => (
+                false,
+                Duration::from_nanos(period + self.rng.u64(1_000_000_000..30_000_000_000)),
+            ),
         }
     }
 
@@ -162,7 +168,11 @@ impl Ring {
         for slot in 0..slots.len() {
             let (fires, delay) = self.draw();
             let first_turn = self.turn_time(slot as u64);
-            let delay = if fires { first_turn.mul_f64(self.rng.f64()) } else { first_turn + delay };
+            let delay = if fires {
+                first_turn.mul_f64(self.rng.f64())
+            } else {
+                first_turn + delay
+            };
             slots.arm(slot, delay, cx)?;
             (self.fires[slot], self.due[slot]) = (fires, delay);
             self.counts.armed += 1;
@@ -171,7 +181,12 @@ impl Ring {
     }
 
     /// Takes turns until `elapsed` of the run's time has had its share of them.
-    fn catch_up(&mut self, slots: &mut impl Slots, elapsed: Duration, cx: &mut Context<'_>) -> Result<(), String> {
+    fn catch_up(
+        &mut self,
+        slots: &mut impl Slots,
+        elapsed: Duration,
+        cx: &mut Context<'_>,
+    ) -> Result<(), String> {
         let due = (elapsed.as_secs_f64() * self.rate) as u64;
         while self.counts.turns < due {
             let turn = self.counts.turns;
@@ -222,7 +237,9 @@ where
     }
 
     fn cancel(&mut self, slot: usize) -> bool {
-        self.handles[slot].take().is_some_and(|handle| self.subject.cancel(handle))
+        self.handles[slot]
+            .take()
+            .is_some_and(|handle| self.subject.cancel(handle))
     }
 
     fn len(&self) -> usize {
@@ -246,7 +263,11 @@ impl Slots for TokioSlots {
 
     fn cancel(&mut self, slot: usize) -> bool {
         let sleep = &mut self.0[slot];
-        let pending = sleep.as_ref().get_ref().as_ref().is_some_and(|s| !s.is_elapsed());
+        let pending = sleep
+            .as_ref()
+            .get_ref()
+            .as_ref()
+            .is_some_and(|s| !s.is_elapsed());
         sleep.as_mut().set(None);
         pending
     }
@@ -275,7 +296,12 @@ struct Lines {
 }
 
 /// One task's part: its ring, filled untimed, turned in 1 ms steps for the run's duration.
-async fn part(mut slots: impl Slots, index: usize, config: Config, lines: Arc<Lines>) -> Result<Counts, String> {
+async fn part(
+    mut slots: impl Slots,
+    index: usize,
+    config: Config,
+    lines: Arc<Lines>,
+) -> Result<Counts, String> {
     let mut ring = Ring::new(index, config);
     let filled = with_context(|cx| ring.fill(&mut slots, cx)).await;
     if !lines.start.arrive_and_wait_yielding().await {
@@ -322,7 +348,9 @@ fn on_runtime<S: Slots>(
         std::thread::sleep(config.duration);
         lines.end.gather(config.threads)?;
         let cpu = cpu_between(cpu, process_cpu_time());
-        let switches = process_context_switches().zip(switches).map(|(a, b)| a.saturating_sub(b));
+        let switches = process_context_switches()
+            .zip(switches)
+            .map(|(a, b)| a.saturating_sub(b));
         let wakes = wakes().zip(woke).map(|(a, b)| WorkerWakes {
             due: a.due - b.due,
             wheel: a.wheel - b.wheel,
@@ -330,7 +358,14 @@ fn on_runtime<S: Slots>(
             watch: a.watch - b.watch,
             woken: a.woken - b.woken,
         });
-        Ok(Run { wall: lines.end.go() - start, cpu, switches, wakes, counts: Counts::default(), spread: None })
+        Ok(Run {
+            wall: lines.end.go() - start,
+            cpu,
+            switches,
+            wakes,
+            counts: Counts::default(),
+            spread: None,
+        })
     });
     let parts = runtime.block_on(parallel::join_all(handles));
     drop(runtime);
@@ -352,7 +387,10 @@ fn engine_saw(engine: &TimerEngine, run: Run) -> Result<Run, String> {
 
 /// Each task's slots on a structure the tasks share.
 fn shared<S: SharedTimers>(subject: &Arc<S>, config: Config) -> impl Fn(usize) -> SharedSlots<S> {
-    move |index| SharedSlots { subject: Arc::clone(subject), handles: vec![None; config.ring_slots(index)] }
+    move |index| SharedSlots {
+        subject: Arc::clone(subject),
+        handles: vec![None; config.ring_slots(index)],
+    }
 }
 
 /// One run of `subject` at `config`.
@@ -386,7 +424,11 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             })
         }
         Subject::TokioSleep => on_runtime(runtime, config, None, |index| {
-            TokioSlots((0..config.ring_slots(index)).map(|_| Box::pin(None)).collect())
+            TokioSlots(
+                (0..config.ring_slots(index))
+                    .map(|_| Box::pin(None))
+                    .collect(),
+            )
         }),
         Subject::MutexHeap => {
             let heap = Arc::new(SharedHeap::start()?);
@@ -394,7 +436,10 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             let (_, fired) = run.counts.stopped_and_fired();
             match heap.fired() == fired {
                 true => Ok(run),
-                false => Err(format!("the heap fired {} timers, the rings saw {fired} fire", heap.fired())),
+                false => Err(format!(
+                    "the heap fired {} timers, the rings saw {fired} fire",
+                    heap.fired()
+                )),
             }
         }
         _ => Err(format!("{} is not a steady-mix subject", subject.name())),
@@ -403,12 +448,22 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
 
 /// steady-mix: `plan`'s subjects once each for `seconds`, with `live` timers live.
 pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
-    let config =
-        |cell: &Cell| Config { threads: cell.threads, live, rate: cell.param, duration: Duration::from_secs(seconds) };
+    let config = |cell: &Cell| Config {
+        threads: cell.threads,
+        live,
+        rate: cell.param,
+        duration: Duration::from_secs(seconds),
+    };
     let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
     let wake_cost = bare_wake_cost(plan);
     if let Some(cell) = plan.cells.first() {
-        table(plan, config(cell), &plan.cells.iter().zip(&results).collect::<Vec<_>>(), wake_cost, out);
+        table(
+            plan,
+            config(cell),
+            &plan.cells.iter().zip(&results).collect::<Vec<_>>(),
+            wake_cost,
+            out,
+        );
     }
 }
 
@@ -416,7 +471,11 @@ pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
 /// the subjects (see [`wake_floor`]): a thread sleeping until each millisecond for two seconds, after the subjects'
 /// runs.
 fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
-    if !plan.cells.iter().any(|cell| cell.subject == Subject::Engine) {
+    if !plan
+        .cells
+        .iter()
+        .any(|cell| cell.subject == Subject::Engine)
+    {
         return None;
     }
     wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)).cpu_per_wake
@@ -425,8 +484,14 @@ fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
 /// light-load: the mix at each of [`LIGHT_RATES`], each subject's runs a third of `seconds` (at least 1 s), in turns;
 /// a table per rate, each row its subject's median run by CPU per timer.
 pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
-    let duration = (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
-    let config = |cell: &Cell| Config { threads: cell.threads, live: cell.param, rate: cell.param, duration };
+    let duration =
+        (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
+    let config = |cell: &Cell| Config {
+        threads: cell.threads,
+        live: cell.param,
+        rate: cell.param,
+        duration,
+    };
     let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
     let cost = |run: &Run| cpu_per_timer_of(run).unwrap_or(f64::NAN);
     let medians: Vec<Result<Vec<Run>, String>> = results
@@ -442,7 +507,12 @@ pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
         .collect();
     let wake_cost = bare_wake_cost(plan);
     for rate in LIGHT_RATES {
-        let cells: Vec<_> = plan.cells.iter().zip(&medians).filter(|(cell, _)| cell.param == rate).collect();
+        let cells: Vec<_> = plan
+            .cells
+            .iter()
+            .zip(&medians)
+            .filter(|(cell, _)| cell.param == rate)
+            .collect();
         if let Some((cell, _)) = cells.first() {
             table(plan, config(cell), &cells, wake_cost, out);
         }
@@ -463,7 +533,11 @@ fn table(
     out: &mut Out,
 ) {
     let name = plan.workload.name();
-    let runs = if plan.runs > 1 { format!(", {} runs in turns", plan.runs) } else { String::new() };
+    let runs = if plan.runs > 1 {
+        format!(", {} runs in turns", plan.runs)
+    } else {
+        String::new()
+    };
     let seconds = config.duration.as_secs_f64();
     let title = format!(
         "{name} ({} threads, {} timers live, {} timers/s offered for {seconds} s{runs}: 90% cancelled, 10% fired)",
@@ -525,7 +599,8 @@ fn table(
         sheet.note(format!("each row is its subject's median run of {} by CPU ns/timer, the subjects taking turns; CPU ns/timer over the runs: {}", plan.runs, spreads.join(", ") ));
     }
     if let (Some(cost), Some((busy, wakes_per_s))) = (wake_cost, engine_busy) {
-        let tokio = tokio_busy.map_or_else(String::new, |tokio| format!(" (tokio-sleep's: {tokio:.3})"));
+        let tokio =
+            tokio_busy.map_or_else(String::new, |tokio| format!(" (tokio-sleep's: {tokio:.3})"));
         sheet.note(format!("engine: a bare thread's wake-up costs {:.1} us of CPU here (a thread that only sleeps until each millisecond for 2 s, this run, on an idle core: the dearest kind); at that, its workers' {} wake-ups a second cost up to {:.3} cores of its {busy:.3}{tokio}", cost.as_secs_f64() * 1e6, thousands(wakes_per_s as u64), wakes_per_s * cost.as_secs_f64()));
     }
     sheet.note(format!("timer = one turn of a ring slot: its timer retired (cancelled, or found fired) and a new one armed; each thread turns its slots at its share of the offered rate, in 1 ms steps, so each slot comes round every P = {:.2} s", Ring::new(0, config).period.as_secs_f64() ));
@@ -574,15 +649,28 @@ mod tests {
     /// them on firing timers, each armed before its turn.
     #[test]
     fn ring_turns_at_its_rate_with_a_tenth_firing() {
-        let config = Config { threads: 1, live: 900, rate: 1_000, duration: Duration::from_secs(2) };
+        let config = Config {
+            threads: 1,
+            live: 900,
+            rate: 1_000,
+            duration: Duration::from_secs(2),
+        };
         let mut ring = Ring::new(0, config);
-        let mut slots = Recorder { turns: 0, due: vec![None; config.ring_slots(0)] };
+        let mut slots = Recorder {
+            turns: 0,
+            due: vec![None; config.ring_slots(0)],
+        };
         let mut cx = Context::from_waker(Waker::noop());
         ring.fill(&mut slots, &mut cx).expect("filled");
-        ring.catch_up(&mut slots, Duration::from_secs(2), &mut cx).expect("turns");
+        ring.catch_up(&mut slots, Duration::from_secs(2), &mut cx)
+            .expect("turns");
         let counts = ring.counts;
         let wrong = counts.late + counts.not_yet_fired + counts.fired_before_cancel;
-        assert_eq!((counts.turns, counts.cancelled + counts.fired, wrong), (2_000, 2_000, 0), "{counts:?}");
+        assert_eq!(
+            (counts.turns, counts.cancelled + counts.fired, wrong),
+            (2_000, 2_000, 0),
+            "{counts:?}"
+        );
         assert!((100..300).contains(&counts.fired), "{counts:?}");
         assert_eq!(counts.armed, 2_000 + slots.len() as u64);
     }

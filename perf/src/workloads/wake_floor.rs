@@ -33,7 +33,10 @@ pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
     let (mut oversleeps, mut cpu) = (Vec::with_capacity(boundaries as usize), None);
     for boundary in 0..=boundaries {
         let at = from + tick * boundary;
-        while let Some(left) = at.checked_duration_since(Instant::now()).filter(|left| !left.is_zero()) {
+        while let Some(left) = at
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+        {
             std::thread::park_timeout(left);
         }
         match boundary {
@@ -42,8 +45,13 @@ pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
             _ => oversleeps.push(Instant::now() - at),
         }
     }
-    let cpu_per_wake = cpu_between(cpu, process_cpu_time()).filter(|_| boundaries > 0).map(|cpu| cpu / boundaries);
-    Sleeper { oversleeps, cpu_per_wake }
+    let cpu_per_wake = cpu_between(cpu, process_cpu_time())
+        .filter(|_| boundaries > 0)
+        .map(|cpu| cpu / boundaries);
+    Sleeper {
+        oversleeps,
+        cpu_per_wake,
+    }
 }
 
 impl Sleeper {
@@ -58,7 +66,10 @@ impl Sleeper {
             // Strictly inside the span, so that every deadline has a boundary at or after it.
             let offset = rng.u64(..span_ns.max(1));
             let boundary = offset.div_ceil(tick_ns).max(1);
-            let Some(&over) = usize::try_from(boundary - 1).ok().and_then(|index| self.oversleeps.get(index)) else {
+            let Some(&over) = usize::try_from(boundary - 1)
+                .ok()
+                .and_then(|index| self.oversleeps.get(index))
+            else {
                 continue;
             };
             let deadline = origin + Duration::from_nanos(offset);
@@ -90,15 +101,31 @@ mod tests {
     /// boundary.
     #[test]
     fn the_floor_is_the_rounding_and_the_late_wake_ups() {
-        let mut sleeper = Sleeper { oversleeps: vec![Duration::ZERO; 1000], cpu_per_wake: None };
+        let mut sleeper = Sleeper {
+            oversleeps: vec![Duration::ZERO; 1000],
+            cpu_per_wake: None,
+        };
         let floor = sleeper.storm_floor(TICK, 100_000);
         assert_eq!((floor.fired, floor.early), (100_000, 0));
         assert!(floor.max < TICK && floor.p99 > TICK * 98 / 100, "{floor:?}");
-        assert!(floor.p50 > TICK * 45 / 100 && floor.p50 < TICK * 55 / 100, "{:?}", floor.p50);
+        assert!(
+            floor.p50 > TICK * 45 / 100 && floor.p50 < TICK * 55 / 100,
+            "{:?}",
+            floor.p50
+        );
         sleeper.oversleeps[500] = Duration::from_millis(3);
         let floor = sleeper.storm_floor(TICK, 100_000);
-        assert!(floor.max >= Duration::from_millis(3) && floor.max < Duration::from_millis(4), "{:?}", floor.max);
+        assert!(
+            floor.max >= Duration::from_millis(3) && floor.max < Duration::from_millis(4),
+            "{:?}",
+            floor.max
+        );
         assert_eq!(sleeper.oversleep_summary().max, Duration::from_millis(3));
-        assert_eq!(super::sleep_through(TICK, Duration::from_millis(20)).oversleeps.len(), 20);
+        assert_eq!(
+            super::sleep_through(TICK, Duration::from_millis(20))
+                .oversleeps
+                .len(),
+            20
+        );
     }
 }
