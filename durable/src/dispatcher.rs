@@ -1,0 +1,94 @@
+//! The dispatcher thread: polls the wheel and hands due tasks to the consumers.
+//!
+//! It never runs a handler itself, so a slow handler cannot hold up the wheel. It also
+//! watches the wall clock: a step backwards restarts the wheel's time at the new reading
+//! (see [`Window::rebase`](crate::window::Window::rebase)); a step forwards makes every
+//! task in the skipped span due at once, as after downtime.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::shared::Shared;
+use crate::task::Task;
+
+/// The longest sleep between polls, so that wall-clock steps and a manual clock moved by
+/// a test are noticed promptly.
+const MAX_SLEEP: Duration = Duration::from_millis(5);
+/// The shortest sleep, so that a deadline inside the current millisecond is not spun on.
+const MIN_SLEEP: Duration = Duration::from_micros(100);
+/// A task this late when it comes due counts as catch-up, subject to the catch-up rate.
+const OVERDUE_MS: u64 = 1000;
+
+/// Spends the catch-up rate: whole tasks per second, refilled continuously.
+struct Tokens {
+    per_sec: Option<u32>,
+    tokens: f64,
+    last_ms: u64,
+}
+
+impl Tokens {
+    fn take(&mut self, now_ms: u64) -> bool {
+        let Some(rate) = self.per_sec else {
+            return true;
+        };
+        let rate = f64::from(rate);
+        let elapsed = now_ms.saturating_sub(self.last_ms) as f64 / 1000.0;
+        self.last_ms = self.last_ms.max(now_ms);
+        self.tokens = (self.tokens + elapsed * rate).min(rate.max(1.0));
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Runs until shutdown.
+pub(crate) fn run(shared: Arc<Shared>) {
+    let mut tokens = Tokens {
+        per_sec: shared.options.catch_up_per_sec,
+        tokens: 1.0,
+        last_ms: shared.now_ms(),
+    };
+    // Overdue tasks held back by the catch-up rate, oldest first.
+    let mut held: VecDeque<Task> = VecDeque::new();
+    let mut out = Vec::new();
+    let mut core = shared.core();
+    while !shared.stopping() {
+        let now_ms = shared.now_ms();
+        if now_ms < core.high_ms {
+            core.rebase(now_ms);
+        }
+        while !held.is_empty() && tokens.take(now_ms) {
+            out.extend(held.pop_front());
+        }
+        if held.is_empty() {
+            while let Some(task) = core.poll(now_ms) {
+                let overdue = now_ms.saturating_sub(task.due_ms) > OVERDUE_MS;
+                if overdue && !tokens.take(now_ms) {
+                    held.push_back(task);
+                    break;
+                }
+                out.push(task);
+            }
+        }
+        let sleep = match core.next_due_in(now_ms) {
+            Some(ms) => Duration::from_millis(ms).min(MAX_SLEEP),
+            None => MAX_SLEEP,
+        };
+        if !out.is_empty() {
+            drop(core);
+            shared.ready().extend(out.drain(..));
+            shared.ready_changed.notify_all();
+            core = shared.core();
+            continue;
+        }
+        core = shared
+            .core_changed
+            .wait_timeout(core, sleep.max(MIN_SLEEP))
+            .map(|(guard, _)| guard)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+}
