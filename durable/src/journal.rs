@@ -7,6 +7,7 @@
 //! dir/buckets/<start ms>/<epoch>-<n>.seg  tasks due in [start, start + width), and Done marks
 //! dir/control/<epoch>-<n>.seg            tombstones (cancels and upserts)
 //! dir/dead/<epoch>-<n>.seg               dead letters and their requeue marks
+//! dir/trash/                            finished buckets on their way out
 //! ```
 //!
 //! Each open appends only to segments of its own epoch, so a torn tail left by a crash is
@@ -70,7 +71,13 @@ impl Journal {
             return Err(Error::BadFormat("epoch counter exhausted".into()));
         }
         write_atomically(dir, "EPOCH", epoch.to_string().as_bytes())?;
-        for sub in ["buckets", "control", "dead"] {
+        // Buckets a crash left half deleted were already gone as far as the journal knows.
+        match fs::remove_dir_all(dir.join("trash")) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::Io(e)),
+        }
+        for sub in ["buckets", "control", "dead", "trash"] {
             fs::create_dir_all(dir.join(sub))?;
         }
         sync_dir(dir)?;
@@ -256,12 +263,20 @@ impl Store for Journal {
         let mut state = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         state.open.remove(&Target::Bucket(start_ms));
         let folder = self.target_dir(Target::Bucket(start_ms));
-        match fs::remove_dir_all(&folder) {
+        // A bucket leaves in one rename: deleting its segments one by one could be cut
+        // by a crash after a segment of Done marks went and before the tasks they finish.
+        let trash = self
+            .dir
+            .join("trash")
+            .join(format!("{start_ms}-{}-{}", self.epoch, state.next_segment));
+        state.next_segment += 1;
+        match fs::rename(&folder, &trash) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         }
-        sync_dir(&self.dir.join("buckets"))
+        sync_dir(&self.dir.join("buckets"))?;
+        fs::remove_dir_all(&trash)
     }
 
     fn prune_control(&self, seq: u64) -> io::Result<()> {

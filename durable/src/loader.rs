@@ -5,7 +5,7 @@
 //! is in memory well before its first task is due. The read happens without the window's
 //! lock; only arming the tasks takes it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,22 +34,27 @@ pub(crate) fn run(shared: Arc<Shared>) {
                     if let Some(bucket) = core.buckets.get_mut(&start) {
                         bucket.load = Load::Loading(Vec::new());
                     }
+                    next.map(|start| (start, core.applied_seq))
                 }
-                None => core.horizon_ms = core.horizon_ms.max(target),
+                None => {
+                    core.horizon_ms = core.horizon_ms.max(target);
+                    None
+                }
             }
-            next
         };
         match next {
-            Some(start) => load(&shared, start),
+            Some((start, applied)) => load(&shared, start, applied),
             None => shared.pause(IDLE_POLL),
         }
     }
 }
 
-/// Reads one bucket and arms its live tasks, oldest due first.
-fn load(shared: &Shared, start: u64) {
+/// Reads one bucket and arms its live tasks, oldest due first. Only records applied by
+/// the writer when loading began (`applied`) are taken from disk; see
+/// [`Window::applied_seq`](crate::window::Window::applied_seq).
+fn load(shared: &Shared, start: u64, applied: u64) {
     let tasks = loop {
-        match read(shared, start) {
+        match read(shared, start, applied) {
             Ok(tasks) => break tasks,
             Err(e) => {
                 eprintln!("corewheel-durable: reading bucket {start}: {e}; trying again");
@@ -78,7 +83,7 @@ fn load(shared: &Shared, start: u64) {
 }
 
 /// The bucket's tasks that no Done record finishes, sorted by due time.
-fn read(shared: &Shared, start: u64) -> std::io::Result<Vec<Task>> {
+fn read(shared: &Shared, start: u64, applied: u64) -> std::io::Result<Vec<Task>> {
     let mut tasks = Vec::new();
     let mut done = HashSet::new();
     shared.store.read_bucket(start, &mut |r| match r.kind {
@@ -95,7 +100,16 @@ fn read(shared: &Shared, start: u64) -> std::io::Result<Vec<Task>> {
         }
         _ => {}
     })?;
-    tasks.retain(|t| !done.contains(&(t.id.clone(), t.seq)));
+    // Only the newest record of an id counts, finished or not: a retry or an upsert whose
+    // Done mark or tombstone a crash cut off leaves its older version beside it.
+    let mut newest: HashMap<Box<[u8]>, u64> = HashMap::new();
+    for t in &tasks {
+        let seq = newest.entry(t.id.clone()).or_insert(0);
+        *seq = (*seq).max(t.seq);
+    }
+    tasks.retain(|t| {
+        t.seq <= applied && newest[&t.id] == t.seq && !done.contains(&(t.id.clone(), t.seq))
+    });
     tasks.sort_by_key(|t| (t.due_ms, t.seq));
     Ok(tasks)
 }

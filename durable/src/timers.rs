@@ -15,7 +15,7 @@ use crate::journal::Journal;
 use crate::options::Options;
 use crate::record::Kind;
 use crate::shared::{NewTask, Op, Shared};
-use crate::store::{Store, Target};
+use crate::store::{SEQ_BITS, Store, Target};
 use crate::task::Task;
 use crate::window::{Bucket, Load, Window};
 use crate::writer::Writer;
@@ -75,6 +75,8 @@ impl DurableTimers {
             *seq = (*seq).max(tomb.seq);
         }
         window.dead = read_dead(store.as_ref())?;
+        // Everything of earlier opens is on disk for the loader to read.
+        window.applied_seq = store.epoch() << SEQ_BITS;
         let (ops, receiver) = mpsc::channel();
         let shared = Arc::new(Shared {
             options,

@@ -58,6 +58,11 @@ pub(crate) struct Window {
     pub tombs: HashMap<Box<[u8]>, u64>,
     pub bloom: Bloom,
     pub dead: Vec<Task>,
+    /// Every record with a sequence number up to this has been committed and applied.
+    /// A bucket's loader takes from disk only records up to the value when it began:
+    /// later ones reach the window through [`Load::Loading`] or directly, and reading them
+    /// from disk as well would deliver them twice.
+    pub applied_seq: u64,
 }
 
 impl Window {
@@ -75,6 +80,7 @@ impl Window {
             tombs: HashMap::new(),
             bloom,
             dead: Vec::new(),
+            applied_seq: 0,
         }
     }
 

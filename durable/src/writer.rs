@@ -132,7 +132,7 @@ impl Writer {
     /// Writes one batch, fsyncs it, then answers its callers and applies it.
     fn commit(&mut self, batch: Vec<Op>) {
         let shared = Arc::clone(&self.shared);
-        let mut writes: BTreeMap<Target, Vec<u8>> = BTreeMap::new();
+        let mut writes = Writes::default();
         let mut effects = Vec::new();
         let mut acked: Vec<Box<[u8]>> = Vec::new();
         let mut replies: Vec<(Reply, Result<(), Error>)> = Vec::new();
@@ -151,11 +151,7 @@ impl Writer {
                     Op::Cancel(id, reply) => {
                         if core.bloom.may_contain(&id) {
                             let seq = self.seq();
-                            write(
-                                &mut writes,
-                                Target::Control,
-                                &Record::marker(Kind::Tomb, &id, seq),
-                            );
+                            writes.record(Target::Control, &Record::marker(Kind::Tomb, &id, seq));
                             effects.push(Effect::Tomb(id, seq));
                         }
                         replies.push((reply, Ok(())));
@@ -166,11 +162,7 @@ impl Writer {
                             continue;
                         };
                         let dead = core.dead[pos].clone();
-                        write(
-                            &mut writes,
-                            Target::Dead,
-                            &Record::marker(Kind::Requeued, &id, dead.seq),
-                        );
+                        writes.record(Target::Dead, &Record::marker(Kind::Requeued, &id, dead.seq));
                         effects.push(Effect::Undead(dead.seq));
                         let task = NewTask {
                             id: dead.id,
@@ -197,12 +189,13 @@ impl Writer {
                 }
             }
         }
-        match shared.store.append(&writes) {
+        match writes.append(shared.store.as_ref()) {
             Ok(_) => {
                 let mut core = shared.core();
                 for effect in effects {
                     apply(&mut core, effect);
                 }
+                core.applied_seq = self.next_seq - 1;
                 drop(core);
                 shared.core_changed.notify_all();
                 for (reply, result) in replies {
@@ -231,16 +224,12 @@ impl Writer {
         core: &mut Window,
         task: NewTask,
         attempt: u32,
-        writes: &mut BTreeMap<Target, Vec<u8>>,
+        writes: &mut Writes,
         effects: &mut Vec<Effect>,
     ) {
         let seq = self.seq();
         if core.bloom.may_contain(&task.id) {
-            write(
-                writes,
-                Target::Control,
-                &Record::marker(Kind::Tomb, &task.id, seq),
-            );
+            writes.record(Target::Control, &Record::marker(Kind::Tomb, &task.id, seq));
             effects.push(Effect::Tomb(task.id.clone(), seq));
         } else {
             core.bloom.insert(&task.id);
@@ -255,7 +244,7 @@ impl Writer {
             id: task.id,
             payload: task.payload,
         };
-        write(writes, Target::Bucket(bucket), &record);
+        writes.record(Target::Bucket(bucket), &record);
         effects.push(Effect::Place(Task {
             id: record.id,
             payload: record.payload,
@@ -273,11 +262,10 @@ impl Writer {
         task: &Task,
         outcome: &Outcome,
         now_ms: u64,
-        writes: &mut BTreeMap<Target, Vec<u8>>,
+        writes: &mut Writes,
         effects: &mut Vec<Effect>,
     ) {
-        write(
-            writes,
+        writes.record(
             Target::Bucket(task.bucket),
             &Record::marker(Kind::Done, &task.id, task.seq),
         );
@@ -293,8 +281,7 @@ impl Writer {
                 seq,
                 ..task.clone()
             };
-            write(
-                writes,
+            writes.record(
                 Target::Dead,
                 &Record {
                     kind: Kind::Dead,
@@ -310,26 +297,29 @@ impl Writer {
         }
         let backoff = u64::try_from(policy.backoff(task.attempt).as_millis()).unwrap_or(u64::MAX);
         let seq = self.seq();
-        let due_ms = now_ms.saturating_add(backoff);
-        let bucket = core.bucket_of(due_ms);
-        core.bucket_mut(bucket, seq);
-        let record = Record {
-            kind: Kind::Task,
+        // The retry stays in the failed attempt's bucket, whatever its due time, so that
+        // the new attempt and the old one's Done mark are in one file: the loader keeps
+        // only the newest record of an id per bucket, so a crash between the two writes
+        // cannot leave two live versions in different buckets.
+        let retry = Task {
             seq,
-            due_ms,
+            due_ms: now_ms.saturating_add(backoff),
             attempt: task.attempt + 1,
-            id: task.id.clone(),
-            payload: task.payload.clone(),
+            ..task.clone()
         };
-        write(writes, Target::Bucket(bucket), &record);
-        effects.push(Effect::Place(Task {
-            id: record.id,
-            payload: record.payload,
-            due_ms,
-            attempt: record.attempt,
-            seq,
-            bucket,
-        }));
+        core.bucket_mut(task.bucket, seq);
+        writes.record(
+            Target::Bucket(task.bucket),
+            &Record {
+                kind: Kind::Task,
+                seq,
+                due_ms: retry.due_ms,
+                attempt: retry.attempt,
+                id: retry.id.clone(),
+                payload: retry.payload.clone(),
+            },
+        );
+        effects.push(Effect::Place(retry));
     }
 
     /// Deletes buckets whose tasks are all finished and drops tombstones nothing needs.
@@ -359,8 +349,32 @@ fn op_records(op: &Op) -> usize {
     }
 }
 
-fn write(writes: &mut BTreeMap<Target, Vec<u8>>, target: Target, record: &Record) {
-    record.encode(writes.entry(target).or_default());
+/// A batch's encoded records in two phases: what adds (tasks, dead letters) is made
+/// durable before what removes (tombstones, Done and Requeued marks). A crash between the
+/// two, or a write that fails in the second, can then leave an old version beside its
+/// replacement (delivered twice, as at-least-once allows), never neither of them.
+#[derive(Default)]
+struct Writes {
+    phases: [BTreeMap<Target, Vec<u8>>; 2],
+}
+
+impl Writes {
+    fn record(&mut self, target: Target, record: &Record) {
+        let phase = match record.kind {
+            Kind::Task | Kind::Dead => 0,
+            Kind::Tomb | Kind::Done | Kind::Requeued => 1,
+        };
+        record.encode(self.phases[phase].entry(target).or_default());
+    }
+
+    fn append(&self, store: &dyn crate::store::Store) -> std::io::Result<()> {
+        for phase in &self.phases {
+            if !phase.is_empty() {
+                store.append(phase)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn apply(core: &mut Window, effect: Effect) {

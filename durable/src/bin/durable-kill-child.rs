@@ -6,6 +6,8 @@
 //! whole:
 //! - `S <id> <due ms>`: the schedule of `id` returned, so it is durable;
 //! - `F <id> <attempt> <due ms> <now ms>`: the handler started on `id`;
+//! - `H <id>`: the handler of `id` succeeded and is about to return (its ack may or may
+//!   not become durable before a kill);
 //! - `A <id>`: the ack of `id` is durable.
 //!
 //! A task whose id hashes to 0 mod 10 fails its first attempt, to exercise retries.
@@ -65,6 +67,7 @@ fn main() {
             if fails && task.attempt() == 1 {
                 Err("first attempt of a failing task")
             } else {
+                line(format_args!("H {id}"));
                 Ok(())
             }
         })
