@@ -1,7 +1,7 @@
 //! What the threads of one [`DurableTimers`](crate::DurableTimers) share.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, SyncSender};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub ops: Mutex<Option<Sender<Op>>>,
     /// Set to stop the loader, dispatcher and handlers.
     pub stopping: AtomicBool,
+    /// Files fsynced by group commits so far.
+    pub fsyncs: AtomicU64,
 }
 
 impl Shared {

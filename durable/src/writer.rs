@@ -189,7 +189,7 @@ impl Writer {
                 }
             }
         }
-        match writes.append(shared.store.as_ref()) {
+        match writes.append(&shared) {
             Ok(_) => {
                 let mut core = shared.core();
                 for effect in effects {
@@ -367,10 +367,13 @@ impl Writes {
         record.encode(self.phases[phase].entry(target).or_default());
     }
 
-    fn append(&self, store: &dyn crate::store::Store) -> std::io::Result<()> {
+    fn append(&self, shared: &Shared) -> std::io::Result<()> {
         for phase in &self.phases {
             if !phase.is_empty() {
-                store.append(phase)?;
+                let synced = shared.store.append(phase)?;
+                shared
+                    .fsyncs
+                    .fetch_add(synced as u64, std::sync::atomic::Ordering::Relaxed);
             }
         }
         Ok(())
