@@ -9,6 +9,9 @@ use crate::task::Task;
 
 /// How long an idle handler thread waits before checking for shutdown again.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// The longest wait for a handed-over task's due time, so that a manual clock moved by a
+/// test, or a wall-clock step, is noticed promptly.
+const MAX_WAIT: Duration = Duration::from_millis(5);
 
 /// Takes due tasks until shutdown and runs `handler` on each. A panic counts as a failure,
 /// so one bad task cannot take a thread down with it.
@@ -27,19 +30,27 @@ where
     }
 }
 
-/// The next due task, or `None` once shutdown began.
+/// The next due task, or `None` once shutdown began. The dispatcher hands tasks over up
+/// to [`LEAD`](crate::dispatcher::LEAD) before they are due; the front task is taken only once the clock reads its
+/// due time, which is what keeps delivery from being early. Tasks come in due order but
+/// for one scheduled into the past behind others handed over early, which waits at most
+/// the lead.
 fn next(shared: &Shared) -> Option<Task> {
     let mut ready = shared.ready();
     loop {
         if shared.stopping() {
             return None;
         }
-        if let Some(task) = ready.pop_front() {
-            return Some(task);
-        }
+        let wait = match ready.front() {
+            Some(task) => match task.due().duration_since(shared.options.clock.now()) {
+                Ok(wait) if !wait.is_zero() => wait.min(MAX_WAIT),
+                _ => return ready.pop_front(),
+            },
+            None => IDLE_WAIT,
+        };
         ready = shared
             .ready_changed
-            .wait_timeout(ready, IDLE_WAIT)
+            .wait_timeout(ready, wait)
             .map(|(guard, _)| guard)
             .unwrap_or_else(|p| p.into_inner().0);
     }

@@ -9,14 +9,21 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::{floor_ms, to_system};
 use crate::shared::Shared;
 use crate::task::Task;
 
 /// The longest sleep between polls, so that wall-clock steps and a manual clock moved by
 /// a test are noticed promptly.
 const MAX_SLEEP: Duration = Duration::from_millis(5);
-/// The shortest sleep, so that a deadline inside the current millisecond is not spun on.
-const MIN_SLEEP: Duration = Duration::from_micros(100);
+/// The sleep while overdue tasks wait for the catch-up rate, so that it is not spun on.
+const HELD_SLEEP: Duration = Duration::from_micros(100);
+/// The shortest sleep, which lets go of the window's lock even when a poll is due now.
+const MIN_SLEEP: Duration = Duration::from_micros(10);
+/// How far ahead of the clock tasks go to the handler threads. A handler waits for its
+/// task's exact due time itself, so the dispatcher's own wake-up, which a loaded machine
+/// can delay, is off the path between a due time and the handler call.
+pub(crate) const LEAD: Duration = Duration::from_millis(2);
 /// A task this late when it comes due counts as catch-up, subject to the catch-up rate.
 const OVERDUE_MS: u64 = 1000;
 
@@ -57,15 +64,17 @@ pub(crate) fn run(shared: Arc<Shared>) {
     let mut out = Vec::new();
     let mut core = shared.core();
     while !shared.stopping() {
-        let now_ms = shared.now_ms();
+        let now = shared.options.clock.now();
+        let now_ms = floor_ms(now);
         if now_ms < core.high_ms {
             core.rebase(now_ms);
         }
+        let upto_ms = floor_ms(now + LEAD);
         while !held.is_empty() && tokens.take(now_ms) {
             out.extend(held.pop_front());
         }
         if held.is_empty() {
-            while let Some(task) = core.poll(now_ms) {
+            while let Some(task) = core.poll(now_ms, upto_ms) {
                 let overdue = now_ms.saturating_sub(task.due_ms) > OVERDUE_MS;
                 if overdue && !tokens.take(now_ms) {
                     held.push_back(task);
@@ -74,10 +83,6 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 out.push(task);
             }
         }
-        let sleep = match core.next_due_in(now_ms) {
-            Some(ms) => Duration::from_millis(ms).min(MAX_SLEEP),
-            None => MAX_SLEEP,
-        };
         if !out.is_empty() {
             drop(core);
             shared.ready().extend(out.drain(..));
@@ -85,6 +90,19 @@ pub(crate) fn run(shared: Arc<Shared>) {
             core = shared.core();
             continue;
         }
+        // Sleep until the next poll is due less the lead, to the microsecond: rounding to
+        // whole milliseconds would make every task up to a millisecond late.
+        let sleep = if !held.is_empty() {
+            HELD_SLEEP
+        } else {
+            match core.next_poll_ms() {
+                Some(ms) => (to_system(ms) - LEAD)
+                    .duration_since(shared.options.clock.now())
+                    .unwrap_or(Duration::ZERO)
+                    .min(MAX_SLEEP),
+                None => MAX_SLEEP,
+            }
+        };
         core = shared
             .core_changed
             .wait_timeout(core, sleep.max(MIN_SLEEP))

@@ -187,10 +187,12 @@ impl Window {
         done
     }
 
-    /// The next due task at wall time `now_ms`, if any.
-    pub(crate) fn poll(&mut self, now_ms: u64) -> Option<Task> {
+    /// The next task due by `upto_ms`, if any; `now_ms` is the wall clock's reading.
+    /// Polling a little ahead of the clock lets the handler threads, which wait for each
+    /// task's exact due time, be the only wake-up between a due time and its handler.
+    pub(crate) fn poll(&mut self, now_ms: u64, upto_ms: u64) -> Option<Task> {
         self.high_ms = self.high_ms.max(now_ms);
-        let task = self.wheel.poll_expired(self.instant(now_ms))?;
+        let task = self.wheel.poll_expired(self.instant(upto_ms.max(now_ms)))?;
         if self
             .entries
             .get(&task.id)
@@ -201,12 +203,10 @@ impl Window {
         Some(*task)
     }
 
-    /// Milliseconds until the next task in the wheel is due, if any.
-    pub(crate) fn next_due_in(&self, now_ms: u64) -> Option<u64> {
+    /// The wall-clock millisecond at which the wheel next needs a poll, if ever.
+    pub(crate) fn next_poll_ms(&self) -> Option<u64> {
         let next = self.wheel.next_deadline()?;
-        let due_ms =
-            self.origin_ms + next.saturating_duration_since(self.origin).as_millis() as u64;
-        Some(due_ms.saturating_sub(now_ms))
+        Some(self.origin_ms + next.saturating_duration_since(self.origin).as_millis() as u64)
     }
 
     /// Restarts the wheel's time at `now_ms` after the wall clock stepped backwards, so
