@@ -5,9 +5,14 @@
 //! - `lateness <tasks>`: lateness of tasks loaded from disk ahead of time and of tasks
 //!   scheduled into the window, against the system clock (never early is checked);
 //! - `pending <tasks>`: RSS with that many tasks pending a day out, then the time from
-//!   `open` to the first due task's delivery with them all still pending.
+//!   `open` to the first due task's delivery with them all still pending;
+//! - `compare [tasks] [threads] [total]`: one table of durable timers against a Redis
+//!   sorted set polled every 1 s and every 100 ms (a `redis-server` started by the bench,
+//!   with an fsynced append-only file): schedules/s from concurrent single calls, and the
+//!   lateness workload. Without `redis-server` it says how to install it and prints only
+//!   the durable rows.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -62,67 +67,171 @@ fn schedule(args: &[String]) {
     );
 }
 
-fn lateness(args: &[String]) {
-    let tasks = arg(args, 2, 20_000);
-    let dir = tempfile::tempdir().unwrap();
-    let options = Options::default()
-        .bucket_width(Duration::from_secs(1))
-        .load_ahead(Duration::from_millis(300));
-    let timers = DurableTimers::open(dir.path(), options).unwrap();
-    let late: Arc<Mutex<Vec<(bool, f64)>>> = Arc::default();
-    let early = Arc::new(AtomicU64::new(0));
-    {
-        let (late, early) = (Arc::clone(&late), Arc::clone(&early));
-        timers
-            .run_handler(2, move |task| {
-                let lag = ms(SystemTime::now()) - ms(task.due());
-                if lag < 0.0 {
-                    early.fetch_add(1, Ordering::Relaxed);
-                }
-                let from_disk = task.id()[0] == b'd';
-                late.lock().unwrap().push((from_disk, lag));
-                Ok::<(), ()>(())
-            })
+/// p50, p99 and max of a list of milliseconds, sorted in place.
+fn percentiles(v: &mut [f64]) -> (f64, f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    v.sort_by(f64::total_cmp);
+    let p = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
+    (p(0.5), p(0.99), v[v.len() - 1])
+}
+
+/// Lateness of a plain `std::thread::sleep` until a wall-clock target, on its own thread
+/// for as long as `running` is set: what the machine's scheduler alone costs a thread
+/// that wakes at a deadline, the floor for any timer.
+fn sleep_floor(running: Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<Vec<f64>> {
+    std::thread::spawn(move || {
+        let mut lags = Vec::new();
+        let mut k = 0u64;
+        while running.load(Ordering::Relaxed) {
+            k += 1;
+            let wait = Duration::from_micros(1000 + (k * 7919) % 20_000);
+            let target = SystemTime::now() + wait;
+            std::thread::sleep(wait);
+            lags.push(ms(SystemTime::now()) - ms(target));
+        }
+        lags
+    })
+}
+
+/// Deliveries as `(id, wall-clock ms at the handler call)`.
+type Seen = Arc<Mutex<Vec<(String, f64)>>>;
+
+/// The timer system under test in [`lateness_run`]: durable timers, or a Redis sorted set
+/// polled as Sidekiq does it.
+trait Timers: Sync {
+    /// Schedules many tasks in one call, `(id, due)`.
+    fn bulk(&self, tasks: Vec<(String, SystemTime)>);
+    /// Schedules one task and returns once it is stored.
+    fn one(&self, id: &str, due: SystemTime);
+}
+
+impl Timers for DurableTimers {
+    fn bulk(&self, tasks: Vec<(String, SystemTime)>) {
+        self.schedule_batch(tasks.into_iter().map(|(id, due)| (id, [0u8; 16], due)))
             .unwrap();
     }
+    fn one(&self, id: &str, due: SystemTime) {
+        self.schedule(id, [0u8; 16], due).unwrap();
+    }
+}
+
+/// Lateness figures of one run.
+struct Lateness {
+    disk: (f64, f64, f64),
+    recent: (f64, f64, f64),
+    all: (f64, f64, f64),
+    floor: (f64, f64, f64),
+    acked_late: usize,
+    early: u64,
+    delivered: usize,
+}
+
+/// The lateness workload: `tasks / 2` scheduled in one call due 4 to 8 s out (so, for the
+/// durable timers, read from disk by the loader ahead of time), and `tasks / 2` scheduled
+/// one by one over 4 s, each due 50 ms after its call. `seen` receives `(id, wall ms at
+/// the handler call)` from the system under test. A plain sleep loop runs meanwhile as
+/// the floor.
+fn lateness_run(timers: &dyn Timers, tasks: usize, seen: &Seen) -> Lateness {
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let floor = sleep_floor(Arc::clone(&running));
     let now = SystemTime::now();
-    // From disk: due 4 to 8 s out, so in buckets read by the loader 300 ms ahead.
-    let far = (0..tasks / 2).map(|i| {
-        let due = now + Duration::from_millis(4000 + (i as u64 * 4000) / (tasks as u64 / 2));
-        (format!("d{i}"), [0u8; 16], due)
-    });
-    timers.schedule_batch(far).unwrap();
-    // Recent: scheduled into the window, due 50 ms after each schedule, spread over 4 s.
+    let half = tasks / 2;
+    // id -> (due ms, ms when its schedule call returned).
+    let mut due: std::collections::HashMap<String, (f64, f64)> = Default::default();
+    let far: Vec<_> = (0..half)
+        .map(|i| {
+            let due = now + Duration::from_millis(4000 + (i as u64 * 4000) / (half as u64));
+            (format!("d{i}"), due)
+        })
+        .collect();
+    for (id, d) in &far {
+        due.insert(id.clone(), (ms(*d).ceil(), 0.0));
+    }
+    timers.bulk(far);
     let start = Instant::now();
-    for i in 0..tasks / 2 {
-        let at = Duration::from_micros((i as u64 * 4_000_000) / (tasks as u64 / 2));
+    for i in 0..half {
+        let at = Duration::from_micros((i as u64 * 4_000_000) / (half as u64));
         if let Some(wait) = at.checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
         }
-        let due = SystemTime::now() + Duration::from_millis(50);
-        timers.schedule(format!("r{i}"), [0u8; 16], due).unwrap();
+        let d = SystemTime::now() + Duration::from_millis(50);
+        let id = format!("r{i}");
+        timers.one(&id, d);
+        due.insert(id, (ms(d).ceil(), ms(SystemTime::now())));
     }
-    while late.lock().unwrap().len() < tasks / 2 * 2 {
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while seen.lock().unwrap().len() < half * 2 && Instant::now() < give_up {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let all = late.lock().unwrap().clone();
-    for (name, disk) in [("loaded from disk", true), ("recent (in window)", false)] {
-        let mut v: Vec<f64> = all
-            .iter()
-            .filter(|(d, _)| *d == disk)
-            .map(|(_, l)| *l)
-            .collect();
-        v.sort_by(f64::total_cmp);
-        let p = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
-        println!(
-            "lateness {name}: {} tasks, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-            v.len(),
-            p(0.5),
-            p(0.99),
-            v[v.len() - 1]
-        );
+    running.store(false, Ordering::Relaxed);
+    let mut floor = floor.join().unwrap();
+    let all = seen.lock().unwrap().clone();
+    let (mut disk, mut recent, mut every) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut acked_late, mut early) = (0, 0);
+    for (id, at) in &all {
+        let (d, acked) = due[id];
+        if *at < d {
+            early += 1;
+        }
+        every.push(at - d);
+        if id.starts_with('d') {
+            disk.push(at - d);
+        } else {
+            recent.push(at - d);
+            if acked > d {
+                acked_late += 1;
+            }
+        }
     }
-    println!("early: {}", early.load(Ordering::Relaxed));
+    Lateness {
+        disk: percentiles(&mut disk),
+        recent: percentiles(&mut recent),
+        all: percentiles(&mut every),
+        floor: percentiles(&mut floor),
+        acked_late,
+        early,
+        delivered: all.len(),
+    }
+}
+
+/// Opens durable timers for the lateness workload: one-second buckets read 300 ms ahead.
+fn durable_for_lateness(dir: &std::path::Path) -> (DurableTimers, Seen) {
+    let options = Options::default()
+        .bucket_width(Duration::from_secs(1))
+        .load_ahead(Duration::from_millis(300));
+    let timers = DurableTimers::open(dir, options).unwrap();
+    let seen: Seen = Arc::default();
+    let s = Arc::clone(&seen);
+    timers
+        .run_handler(2, move |task| {
+            let at = ms(SystemTime::now());
+            let id = String::from_utf8_lossy(task.id()).into_owned();
+            s.lock().unwrap().push((id, at));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    (timers, seen)
+}
+
+fn lateness(args: &[String]) {
+    let tasks = arg(args, 2, 20_000);
+    let dir = tempfile::tempdir().unwrap();
+    let (timers, seen) = durable_for_lateness(dir.path());
+    let l = lateness_run(&timers, tasks, &seen);
+    for (name, (p50, p99, max)) in [
+        ("loaded from disk", l.disk),
+        ("recent (in window)", l.recent),
+        ("floor: std::thread::sleep to a deadline", l.floor),
+    ] {
+        println!("lateness {name}: p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms");
+    }
+    println!(
+        "delivered {} of {tasks}; recent tasks whose schedule call returned after their due time: {}",
+        l.delivered, l.acked_late
+    );
+    println!("early: {}", l.early);
 }
 
 fn pending(args: &[String]) {
@@ -206,12 +315,314 @@ fn pending(args: &[String]) {
     );
 }
 
+/// Durable schedules per second with `threads` callers each scheduling one task per call,
+/// `total` in all, due a day out: what group commit gives concurrent single calls.
+fn durable_throughput(threads: usize, total: usize) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let timers = DurableTimers::open(dir.path(), Options::default()).unwrap();
+    let day = SystemTime::now() + Duration::from_secs(86_400);
+    let per_thread = total / threads;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let timers = &timers;
+            s.spawn(move || {
+                for k in 0..per_thread {
+                    timers
+                        .schedule(format!("t{t}-{k}"), [0u8; 16], day)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    (per_thread * threads) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// A `redis-server` of this run, on a free loopback port, killed on drop.
+struct RedisServer {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `redis-server` with an append-only file fsynced before each reply
+/// (`appendfsync always`), the durability a schedule call of the durable timers has; or
+/// says loudly how to install it and returns `None`.
+fn start_redis() -> Option<RedisServer> {
+    use std::process::{Command, Stdio};
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!();
+        eprintln!("!!! redis-server not found: the Redis rows are skipped.");
+        eprintln!(
+            "!!! Install it with `apt-get install redis-server` (Debian/Ubuntu) and run again."
+        );
+        eprintln!();
+        return None;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .ok()?;
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", "yes", "--appendfsync", "always"])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .ok()?;
+    let server = RedisServer {
+        child,
+        port,
+        _dir: dir,
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        if let Ok(mut con) = server.connect_once()
+            && redis::cmd("PING").query::<String>(&mut con).is_ok()
+        {
+            return Some(server);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("!!! redis-server did not answer on port {port}: the Redis rows are skipped.");
+    None
+}
+
+impl RedisServer {
+    fn connect_once(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?.get_connection()
+    }
+
+    fn connect(&self) -> redis::Connection {
+        self.connect_once().unwrap()
+    }
+
+    fn flush(&self) {
+        redis::cmd("FLUSHALL")
+            .query::<()>(&mut self.connect())
+            .unwrap();
+    }
+}
+
+/// The sorted set of pending ids scored by due ms, and the hash of their payloads.
+const ZSET: &str = "schedule";
+const PAYLOADS: &str = "payloads";
+
+/// Takes up to ARGV[2] members due by ARGV[1] off the set, with their payloads, in one
+/// atomic step, so two pollers can never take one task twice.
+const TAKE_DUE: &str = r"
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+if #ids == 0 then return {} end
+redis.call('ZREM', KEYS[1], unpack(ids))
+local payloads = redis.call('HMGET', KEYS[2], unpack(ids))
+redis.call('HDEL', KEYS[2], unpack(ids))
+local out = {}
+for i = 1, #ids do out[2 * i - 1] = ids[i]; out[2 * i] = payloads[i] end
+return out
+";
+
+/// Schedules into Redis: ZADD of the id at its due ms with the payload in a hash, both in
+/// one MULTI.
+struct RedisTimers {
+    con: Mutex<redis::Connection>,
+}
+
+fn redis_add(pipe: &mut redis::Pipeline, id: &str, due: SystemTime) {
+    pipe.cmd("ZADD")
+        .arg(ZSET)
+        .arg(ms(due).ceil() as u64)
+        .arg(id)
+        .ignore()
+        .cmd("HSET")
+        .arg(PAYLOADS)
+        .arg(id)
+        .arg(&[0u8; 16][..])
+        .ignore();
+}
+
+impl Timers for RedisTimers {
+    fn bulk(&self, tasks: Vec<(String, SystemTime)>) {
+        let mut con = self.con.lock().unwrap();
+        for chunk in tasks.chunks(1000) {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for (id, due) in chunk {
+                redis_add(&mut pipe, id, *due);
+            }
+            pipe.query::<()>(&mut *con).unwrap();
+        }
+    }
+    fn one(&self, id: &str, due: SystemTime) {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        redis_add(&mut pipe, id, due);
+        pipe.query::<()>(&mut *self.con.lock().unwrap()).unwrap();
+    }
+}
+
+/// The Sidekiq-style poller: every `interval`, takes every due task off the set, 100 at a
+/// time, and "runs" each (records when it had it) until `stop` is set.
+fn redis_poller(
+    server: &RedisServer,
+    interval: Duration,
+    seen: Seen,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let mut con = server.connect();
+    std::thread::spawn(move || {
+        let mut tick = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            loop {
+                let now = ms(SystemTime::now()).floor() as u64;
+                let taken: Vec<Vec<u8>> = redis::cmd("EVAL")
+                    .arg(TAKE_DUE)
+                    .arg(2)
+                    .arg(ZSET)
+                    .arg(PAYLOADS)
+                    .arg(now)
+                    .arg(100)
+                    .query(&mut con)
+                    .unwrap();
+                let at = ms(SystemTime::now());
+                let n = taken.len() / 2;
+                let mut seen = seen.lock().unwrap();
+                for pair in taken.chunks(2) {
+                    seen.push((String::from_utf8_lossy(&pair[0]).into_owned(), at));
+                }
+                if n < 100 {
+                    break;
+                }
+            }
+            tick += interval;
+            if let Some(wait) = tick.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
+    })
+}
+
+/// Redis schedules per second with `threads` connections each adding one task per MULTI.
+fn redis_throughput(server: &RedisServer, threads: usize, total: usize) -> f64 {
+    server.flush();
+    let day = SystemTime::now() + Duration::from_secs(86_400);
+    let per_thread = total / threads;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let mut con = server.connect();
+            s.spawn(move || {
+                for k in 0..per_thread {
+                    let mut pipe = redis::pipe();
+                    pipe.atomic();
+                    redis_add(&mut pipe, &format!("t{t}-{k}"), day);
+                    pipe.query::<()>(&mut con).unwrap();
+                }
+            });
+        }
+    });
+    let rate = (per_thread * threads) as f64 / start.elapsed().as_secs_f64();
+    server.flush();
+    rate
+}
+
+/// One table row: name, durability, schedules/s and a lateness run.
+fn row(name: &str, durability: &str, rate: f64, l: &Lateness, tasks: usize) {
+    let f = |(p50, p99, max): (f64, f64, f64)| format!("{p50:.2} / {p99:.2} / {max:.1}");
+    println!(
+        "| {name} | {durability} | {rate:.0} | {} | {} | {} | {} | {}/{tasks} |",
+        f(l.all),
+        f(l.disk),
+        f(l.recent),
+        l.early,
+        l.delivered
+    );
+}
+
+/// Durable timers against Redis sorted-set polling (1 s and 100 ms), the same workloads,
+/// one table.
+fn compare(args: &[String]) {
+    let tasks = arg(args, 2, 20_000);
+    let threads = arg(args, 3, 16);
+    let total = arg(args, 4, 20_000);
+    println!(
+        "schedules/s: {threads} threads, one task per call, {total} in all. Lateness (ms, p50 / p99 / max): \
+         {} tasks due 4-8 s out scheduled in one call (\"far\") and {} scheduled one by one over 4 s \
+         due 50 ms after the call (\"near\"); early = delivered before the due time.",
+        tasks / 2,
+        tasks / 2
+    );
+    println!();
+    println!(
+        "| system | durability | schedules/s | lateness all | far | near | early | delivered |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let rate = durable_throughput(threads, total);
+    let dir = tempfile::tempdir().unwrap();
+    let (timers, seen) = durable_for_lateness(dir.path());
+    let l = lateness_run(&timers, tasks, &seen);
+    drop(timers);
+    row(
+        "corewheel-durable",
+        "fsync per group commit",
+        rate,
+        &l,
+        tasks,
+    );
+    let mut floors = vec![("corewheel-durable run", l.floor)];
+    if let Some(server) = start_redis() {
+        let rate = redis_throughput(&server, threads, total);
+        for (name, interval) in [
+            ("Redis ZSET, 1 s poll", Duration::from_secs(1)),
+            ("Redis ZSET, 100 ms poll", Duration::from_millis(100)),
+        ] {
+            server.flush();
+            let seen: Seen = Arc::default();
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let poller = redis_poller(&server, interval, Arc::clone(&seen), Arc::clone(&stop));
+            let timers = RedisTimers {
+                con: Mutex::new(server.connect()),
+            };
+            let l = lateness_run(&timers, tasks, &seen);
+            stop.store(true, Ordering::Relaxed);
+            poller.join().unwrap();
+            row(name, "AOF, appendfsync always", rate, &l, tasks);
+            floors.push((name, l.floor));
+        }
+    }
+    for (during, (p50, p99, max)) in floors {
+        println!(
+            "| floor: std::thread::sleep to a deadline, during the {during} | - | - | {p50:.2} / {p99:.2} / {max:.1} | | | | |"
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("schedule") => schedule(&args),
         Some("lateness") => lateness(&args),
         Some("pending") => pending(&args),
-        _ => eprintln!("usage: durable_bench schedule|lateness|pending [args]"),
+        Some("compare") => compare(&args),
+        _ => eprintln!("usage: durable_bench schedule|lateness|pending|compare [args]"),
     }
 }
