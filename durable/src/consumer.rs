@@ -20,6 +20,13 @@ where
     F: Fn(&Task) -> Result<(), E> + Send + Sync + 'static,
 {
     while let Some(task) = next(&shared) {
+        if shared.core().is_void(&task.id, task.seq) {
+            // Cancelled or replaced after the dispatcher handed it over, up to the lead
+            // before its due time: a cancel that returned before the due time still
+            // stops it. The finish (no ack, no retry for a void task) lets its bucket go.
+            let _ = shared.send(Op::Finish(task, Outcome::Failed));
+            continue;
+        }
         let outcome = match catch_unwind(AssertUnwindSafe(|| handler(&task))) {
             Ok(Ok(())) => Outcome::Succeeded,
             Ok(Err(_)) | Err(_) => Outcome::Failed,

@@ -5,7 +5,7 @@
 //! (see [`Window::rebase`](crate::window::Window::rebase)); a step forwards makes every
 //! task in the skipped span due at once, as after downtime.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +24,8 @@ const MIN_SLEEP: Duration = Duration::from_micros(10);
 /// task's exact due time itself, so the dispatcher's own wake-up, which a loaded machine
 /// can delay, is off the path between a due time and the handler call.
 pub(crate) const LEAD: Duration = Duration::from_millis(2);
+/// Due tasks taken from the wheel per hold of the window's lock.
+const POLL_CHUNK: usize = 4096;
 /// A task this late when it comes due counts as catch-up, subject to the catch-up rate.
 const OVERDUE_MS: u64 = 1000;
 
@@ -59,8 +61,12 @@ pub(crate) fn run(shared: Arc<Shared>) {
         tokens: 1.0,
         last_ms: shared.now_ms(),
     };
-    // Overdue tasks held back by the catch-up rate, oldest first.
-    let mut held: VecDeque<Task> = VecDeque::new();
+    // Due tasks taken from the wheel and not yet handed over, oldest first. The wheel
+    // hands out due tasks in no promised order (one filed after the wheel's time passed
+    // its deadline, as a bucket loaded during catch-up is, can come out before older
+    // ones), so every due task is taken from it before any is handed over, and the
+    // oldest goes first; overdue ones wait here for the catch-up rate.
+    let mut held: BTreeMap<(u64, u64), Task> = BTreeMap::new();
     let mut out = Vec::new();
     let mut core = shared.core();
     while !shared.stopping() {
@@ -70,18 +76,31 @@ pub(crate) fn run(shared: Arc<Shared>) {
             core.rebase(now_ms);
         }
         let upto_ms = floor_ms(now + LEAD);
-        while !held.is_empty() && tokens.take(now_ms) {
-            out.extend(held.pop_front());
-        }
-        if held.is_empty() {
-            while let Some(task) = core.poll(now_ms, upto_ms) {
-                let overdue = now_ms.saturating_sub(task.due_ms) > OVERDUE_MS;
-                if overdue && !tokens.take(now_ms) {
-                    held.push_back(task);
+        let mut drained = false;
+        for _ in 0..POLL_CHUNK {
+            match core.poll(now_ms, upto_ms) {
+                Some(task) => {
+                    held.insert((task.due_ms, task.seq), task);
+                }
+                None => {
+                    drained = true;
                     break;
                 }
-                out.push(task);
             }
+        }
+        if !drained {
+            // Many due at once (catch-up): let the writer and loader at the lock between
+            // chunks.
+            drop(core);
+            core = shared.core();
+            continue;
+        }
+        while let Some(entry) = held.first_entry() {
+            let overdue = now_ms.saturating_sub(entry.key().0) > OVERDUE_MS;
+            if overdue && !tokens.take(now_ms) {
+                break;
+            }
+            out.push(entry.remove());
         }
         if !out.is_empty() {
             drop(core);

@@ -243,3 +243,29 @@ fn a_clock_step_backwards_never_fires_early_and_forwards_fires_the_skipped_span(
     clock.advance(SEC);
     assert_eq!(next(&rx).id, "c");
 }
+
+#[test]
+fn a_cancel_after_the_hand_over_to_the_handlers_still_stops_the_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    timers.schedule("a", b"", t0() + 10 * SEC).unwrap();
+    timers.schedule("b", b"", t0() + 10 * SEC).unwrap();
+    // A millisecond before they are due, both have left the wheel for the handler
+    // threads, which wait for the due time.
+    clock.set(t0() + 10 * SEC - MS);
+    eventually(|| timers.in_memory() == 0);
+    quiet(&rx, 50);
+    timers.cancel("a").unwrap();
+    timers.schedule("b", b"new", t0() + 20 * SEC).unwrap();
+    clock.advance(MS);
+    quiet(&rx, 200);
+    clock.advance(10 * SEC);
+    let seen = next(&rx);
+    assert_eq!(
+        (seen.id.as_str(), seen.payload.as_slice()),
+        ("b", b"new".as_slice())
+    );
+    quiet(&rx, 200);
+}
