@@ -2,6 +2,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::shared::{Op, Outcome, Shared};
@@ -19,8 +20,11 @@ pub(crate) fn run<F, E>(shared: Arc<Shared>, handler: Arc<F>)
 where
     F: Fn(&Task) -> Result<(), E> + Send + Sync + 'static,
 {
-    while let Some(task) = next(&shared) {
-        if shared.core().is_void(&task.id, task.seq) {
+    while let Some((task, tombs)) = next(&shared) {
+        // The window's lock is taken only if a tombstone came since the task left the
+        // wheel: a loader or writer holding it must not delay a due task.
+        let tombed = shared.tombs_applied.load(Ordering::Acquire) != tombs;
+        if tombed && shared.core().is_void(&task.id, task.seq) {
             // Cancelled or replaced after the dispatcher handed it over, up to the lead
             // before its due time: a cancel that returned before the due time still
             // stops it. The finish (no ack, no retry for a void task) lets its bucket go.
@@ -42,14 +46,14 @@ where
 /// due time, which is what keeps delivery from being early. Tasks come in due order but
 /// for one scheduled into the past behind others handed over early, which waits at most
 /// the lead.
-fn next(shared: &Shared) -> Option<Task> {
+fn next(shared: &Shared) -> Option<(Task, u64)> {
     let mut ready = shared.ready();
     loop {
         if shared.stopping() {
             return None;
         }
         let wait = match ready.front() {
-            Some(task) => match task.due().duration_since(shared.options.clock.now()) {
+            Some((task, _)) => match task.due().duration_since(shared.options.clock.now()) {
                 Ok(wait) if !wait.is_zero() => wait.min(MAX_WAIT),
                 _ => return ready.pop_front(),
             },

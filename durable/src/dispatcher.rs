@@ -1,6 +1,9 @@
 //! The dispatcher thread: polls the wheel and hands due tasks to the consumers.
 //!
-//! It never runs a handler itself, so a slow handler cannot hold up the wheel. It also
+//! It wakes [`LEAD`] before the wheel's next deadline and hands over, oldest first, what
+//! is due by then; the handler threads wait for each task's exact due time, so only their
+//! wake-up lies between a due time and the handler call. It never runs a handler itself,
+//! so a slow handler cannot hold up the wheel. It also
 //! watches the wall clock: a step backwards restarts the wheel's time at the new reading
 //! (see [`Window::rebase`](crate::window::Window::rebase)); a step forwards makes every
 //! task in the skipped span due at once, as after downtime.
@@ -66,7 +69,8 @@ pub(crate) fn run(shared: Arc<Shared>) {
     // its deadline, as a bucket loaded during catch-up is, can come out before older
     // ones), so every due task is taken from it before any is handed over, and the
     // oldest goes first; overdue ones wait here for the catch-up rate.
-    let mut held: BTreeMap<(u64, u64), Task> = BTreeMap::new();
+    // Each with the window's tombstone count when it left the wheel, for the handlers.
+    let mut held: BTreeMap<(u64, u64), (Task, u64)> = BTreeMap::new();
     let mut out = Vec::new();
     let mut core = shared.core();
     while !shared.stopping() {
@@ -80,7 +84,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
         for _ in 0..POLL_CHUNK {
             match core.poll(now_ms, upto_ms) {
                 Some(task) => {
-                    held.insert((task.due_ms, task.seq), task);
+                    held.insert((task.due_ms, task.seq), (task, core.tombs_applied));
                 }
                 None => {
                     drained = true;

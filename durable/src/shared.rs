@@ -45,12 +45,18 @@ pub(crate) struct Shared {
     pub core: Mutex<Window>,
     /// Wakes the dispatcher: the wheel changed or shutdown began.
     pub core_changed: Condvar,
-    /// Due tasks waiting for a handler thread.
-    pub ready: Mutex<VecDeque<Task>>,
+    /// Due tasks waiting for a handler thread, each with the window's
+    /// [`tombs_applied`](crate::window::Window::tombs_applied) when it left the wheel.
+    pub ready: Mutex<VecDeque<(Task, u64)>>,
     pub ready_changed: Condvar,
     pub ops: Mutex<Option<Sender<Op>>>,
     /// Set to stop the loader, dispatcher and handlers.
     pub stopping: AtomicBool,
+    /// The window's [`tombs_applied`](crate::window::Window::tombs_applied), stored by
+    /// the writer before it answers the calls that applied them, so that a handler thread
+    /// can see without the window's lock that no tombstone came since its task left the
+    /// wheel.
+    pub tombs_applied: AtomicU64,
     /// Files fsynced by group commits so far.
     pub fsyncs: AtomicU64,
 }
@@ -60,7 +66,7 @@ impl Shared {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn ready(&self) -> MutexGuard<'_, VecDeque<Task>> {
+    pub(crate) fn ready(&self) -> MutexGuard<'_, VecDeque<(Task, u64)>> {
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
     }
 

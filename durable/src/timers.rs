@@ -87,6 +87,7 @@ impl DurableTimers {
             ready_changed: Condvar::new(),
             ops: Mutex::new(Some(ops)),
             stopping: AtomicBool::new(false),
+            tombs_applied: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
         });
         let writer = spawn("cwd-writer", {

@@ -63,6 +63,9 @@ pub(crate) struct Window {
     /// later ones reach the window through [`Load::Loading`] or directly, and reading them
     /// from disk as well would deliver them twice.
     pub applied_seq: u64,
+    /// Tombstones applied by this open so far: a task that left the wheel while this read
+    /// `n` may have been voided since only if it now reads more.
+    pub tombs_applied: u64,
 }
 
 impl Window {
@@ -81,6 +84,7 @@ impl Window {
             bloom,
             dead: Vec::new(),
             applied_seq: 0,
+            tombs_applied: 0,
         }
     }
 
@@ -146,6 +150,7 @@ impl Window {
     /// Applies a tombstone: records of `id` below `seq` are void, and one waiting in the
     /// wheel is taken out.
     pub(crate) fn void(&mut self, id: &[u8], seq: u64) {
+        self.tombs_applied += 1;
         let tomb = self.tombs.entry(id.into()).or_insert(0);
         *tomb = (*tomb).max(seq);
         if let Some(entry) = self.entries.get(id)

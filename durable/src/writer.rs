@@ -196,6 +196,9 @@ impl Writer {
                     apply(&mut core, effect);
                 }
                 core.applied_seq = self.next_seq - 1;
+                shared
+                    .tombs_applied
+                    .store(core.tombs_applied, std::sync::atomic::Ordering::Release);
                 drop(core);
                 shared.core_changed.notify_all();
                 for (reply, result) in replies {
