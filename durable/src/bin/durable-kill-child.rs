@@ -1,0 +1,102 @@
+//! A child process for the kill tests: schedules tasks and handles them under load, and
+//! reports on stdout what is durable, so a parent can `kill -9` it at any moment and check
+//! its ledger against what survives.
+//!
+//! Usage: `durable-kill-child <dir> <load|drain> <incarnation>`. Lines, each written
+//! whole:
+//! - `S <id> <due ms>`: the schedule of `id` returned, so it is durable;
+//! - `F <id> <attempt> <due ms> <now ms>`: the handler started on `id`;
+//! - `H <id>`: the handler of `id` succeeded and is about to return (its ack may or may
+//!   not become durable before a kill);
+//! - `A <id>`: the ack of `id` is durable.
+//!
+//! A task whose id hashes to 0 mod 10 fails its first attempt, to exercise retries.
+
+use std::io::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use corewheel_durable::{DurableTimers, Options, RetryPolicy};
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn line(text: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_fmt(text);
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 4 {
+        eprintln!("usage: durable-kill-child <dir> <load|drain> <incarnation>");
+        std::process::exit(2);
+    }
+    let (dir, mode, incarnation) = (&args[1], &args[2], &args[3]);
+    let options = Options::default()
+        .bucket_width(Duration::from_millis(250))
+        .load_ahead(Duration::from_millis(100))
+        .retry(RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(20),
+            multiplier: 2,
+            max_backoff: Duration::from_millis(100),
+        })
+        .on_ack(|id| line(format_args!("A {}", String::from_utf8_lossy(id))));
+    let timers = match DurableTimers::open(dir, options) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("open: {e}");
+            std::process::exit(1);
+        }
+    };
+    timers
+        .run_handler(2, |task| {
+            let id = String::from_utf8_lossy(task.id()).into_owned();
+            let due = task
+                .due()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            line(format_args!("F {id} {} {due} {}", task.attempt(), now_ms()));
+            std::thread::sleep(Duration::from_micros(fastrand::u64(0..3000)));
+            let fails = id.bytes().map(u32::from).sum::<u32>() % 10 == 0;
+            if fails && task.attempt() == 1 {
+                Err("first attempt of a failing task")
+            } else {
+                line(format_args!("H {id}"));
+                Ok(())
+            }
+        })
+        .expect("first run_handler");
+    if mode != "load" {
+        std::thread::sleep(Duration::from_secs(3600));
+        return;
+    }
+    let mut n = 0u64;
+    loop {
+        let count = fastrand::usize(1..20);
+        let batch: Vec<(String, SystemTime)> = (0..count)
+            .map(|_| {
+                n += 1;
+                let due = SystemTime::now() + Duration::from_millis(fastrand::u64(0..400));
+                (format!("{incarnation}-{n}"), due)
+            })
+            .collect();
+        let result = timers.schedule_batch(batch.iter().map(|(id, due)| (id, b"p", *due)));
+        if let Err(e) = result {
+            eprintln!("schedule: {e}");
+            std::process::exit(1);
+        }
+        for (id, due) in &batch {
+            let due = due
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos().div_ceil(1_000_000));
+            line(format_args!("S {id} {due}"));
+        }
+        std::thread::sleep(Duration::from_micros(fastrand::u64(0..4000)));
+    }
+}

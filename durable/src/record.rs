@@ -1,0 +1,217 @@
+//! One journal record and its checksummed encoding.
+//!
+//! Every record is framed as `len: u32 LE | crc32: u32 LE | body`, where the CRC covers the
+//! body. The body is `kind: u8 | seq: u64 | due_ms: u64 | attempt: u32 | id_len: u16 | id |
+//! payload`, all little-endian. A reader stops at the first frame whose length is out of
+//! range or whose checksum does not match: that is a torn or corrupted tail.
+
+use std::io::{self, Read};
+
+/// Bytes before the body: the length and the checksum.
+pub(crate) const FRAME_HEADER: usize = 8;
+/// Bytes of a body before the id.
+const BODY_FIXED: usize = 1 + 8 + 8 + 4 + 2;
+/// The largest body a reader accepts; anything longer is a corrupted length field.
+pub(crate) const MAX_BODY: usize = BODY_FIXED + crate::MAX_ID_LEN + crate::MAX_PAYLOAD_LEN;
+
+/// What a record says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A pending task: id, payload, due time, attempt, in the bucket of its due time.
+    Task = 1,
+    /// The task `(id, seq)` of this bucket is finished: acked, moved to a retry, or
+    /// dead-lettered.
+    Done = 2,
+    /// Every record of `id` with a sequence number below `seq` is void (cancel or upsert).
+    Tomb = 3,
+    /// A task that failed its last attempt, kept in the dead-letter log.
+    Dead = 4,
+    /// The dead letter `(id, seq)` was requeued and leaves the dead-letter list.
+    Requeued = 5,
+}
+
+impl Kind {
+    fn from_u8(byte: u8) -> Option<Kind> {
+        Some(match byte {
+            1 => Kind::Task,
+            2 => Kind::Done,
+            3 => Kind::Tomb,
+            4 => Kind::Dead,
+            5 => Kind::Requeued,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub kind: Kind,
+    /// The record's own sequence number (`Task`, `Tomb`, `Dead`) or the one it refers to
+    /// (`Done`, `Requeued`).
+    pub seq: u64,
+    /// Due time in milliseconds since the Unix epoch (`Task`, `Dead`), else 0.
+    pub due_ms: u64,
+    /// The attempt this task is on, from 1.
+    pub attempt: u32,
+    pub id: Box<[u8]>,
+    pub payload: Box<[u8]>,
+}
+
+impl Record {
+    /// A record that carries only an id and a sequence number.
+    pub(crate) fn marker(kind: Kind, id: &[u8], seq: u64) -> Record {
+        Record {
+            kind,
+            seq,
+            due_ms: 0,
+            attempt: 0,
+            id: id.into(),
+            payload: Box::default(),
+        }
+    }
+
+    /// Appends the framed record to `out`.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        let body_len = BODY_FIXED + self.id.len() + self.payload.len();
+        let start = out.len();
+        out.extend_from_slice(&(body_len as u32).to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.push(self.kind as u8);
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.due_ms.to_le_bytes());
+        out.extend_from_slice(&self.attempt.to_le_bytes());
+        out.extend_from_slice(&(self.id.len() as u16).to_le_bytes());
+        out.extend_from_slice(&self.id);
+        out.extend_from_slice(&self.payload);
+        let crc = crc32fast::hash(&out[start + FRAME_HEADER..]);
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decodes a body whose checksum has been verified; `None` if it is malformed.
+    fn decode_body(body: &[u8]) -> Option<Record> {
+        if body.len() < BODY_FIXED {
+            return None;
+        }
+        let kind = Kind::from_u8(body[0])?;
+        let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
+        let seq = u64_at(1);
+        let due_ms = u64_at(9);
+        let attempt = u32::from_le_bytes(body[17..21].try_into().unwrap());
+        let id_len = u16::from_le_bytes(body[21..23].try_into().unwrap()) as usize;
+        let rest = &body[BODY_FIXED..];
+        if id_len > rest.len() {
+            return None;
+        }
+        Some(Record {
+            kind,
+            seq,
+            due_ms,
+            attempt,
+            id: rest[..id_len].into(),
+            payload: rest[id_len..].into(),
+        })
+    }
+}
+
+/// Reads framed records one at a time and remembers where the valid prefix ends.
+pub(crate) struct RecordReader<R> {
+    inner: R,
+    valid_len: u64,
+    body: Vec<u8>,
+}
+
+impl<R: Read> RecordReader<R> {
+    pub(crate) fn new(inner: R) -> Self {
+        Self {
+            inner,
+            valid_len: 0,
+            body: Vec::new(),
+        }
+    }
+
+    /// Bytes from the start that hold whole, valid records read so far.
+    pub(crate) fn valid_len(&self) -> u64 {
+        self.valid_len
+    }
+
+    /// The next record, or `None` at the end of the valid prefix (clean end, torn frame or
+    /// bad checksum alike). Only an I/O error from the underlying reader is an error.
+    pub(crate) fn next_record(&mut self) -> io::Result<Option<Record>> {
+        let mut header = [0u8; FRAME_HEADER];
+        if !read_full(&mut self.inner, &mut header)? {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(header[4..].try_into().unwrap());
+        if !(BODY_FIXED..=MAX_BODY).contains(&len) {
+            return Ok(None);
+        }
+        self.body.resize(len, 0);
+        if !read_full(&mut self.inner, &mut self.body)? {
+            return Ok(None);
+        }
+        if crc32fast::hash(&self.body) != crc {
+            return Ok(None);
+        }
+        let Some(record) = Record::decode_body(&self.body) else {
+            return Ok(None);
+        };
+        self.valid_len += (FRAME_HEADER + len) as u64;
+        Ok(Some(record))
+    }
+}
+
+/// Fills `buf`, or returns `false` if the reader ends first.
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: &str) -> Record {
+        Record {
+            kind: Kind::Task,
+            seq: 7,
+            due_ms: 1_700_000_000_000,
+            attempt: 2,
+            id: id.as_bytes().into(),
+            payload: b"payload".as_slice().into(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_torn_tail() {
+        let mut buf = Vec::new();
+        task("a").encode(&mut buf);
+        let first_len = buf.len() as u64;
+        task("b").encode(&mut buf);
+        buf.truncate(buf.len() - 3);
+        let mut reader = RecordReader::new(buf.as_slice());
+        assert_eq!(reader.next_record().unwrap(), Some(task("a")));
+        assert_eq!(reader.next_record().unwrap(), None);
+        assert_eq!(reader.valid_len(), first_len);
+    }
+
+    #[test]
+    fn flipped_bit_ends_the_valid_prefix() {
+        let mut buf = Vec::new();
+        task("a").encode(&mut buf);
+        let last = buf.len() - 1;
+        buf[last] ^= 1;
+        let mut reader = RecordReader::new(buf.as_slice());
+        assert_eq!(reader.next_record().unwrap(), None);
+        assert_eq!(reader.valid_len(), 0);
+    }
+}

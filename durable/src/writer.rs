@@ -1,0 +1,394 @@
+//! The writer thread: group commit.
+//!
+//! Every schedule, cancel, ack, retry and requeue becomes records that the one writer
+//! thread appends. It takes all ops waiting when it wakes, writes them with one `write`
+//! per file, fsyncs each file it touched once, and only then answers every caller of the
+//! batch and applies the batch to the window. So concurrent callers share an fsync, and
+//! nothing reaches the wheel (or is delivered) before it is durable.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use crate::error::{Error, share};
+use crate::record::{Kind, Record};
+use crate::shared::{NewTask, Op, Outcome, Reply, Shared};
+use crate::store::{SEQ_BITS, Target};
+use crate::task::Task;
+use crate::window::Window;
+
+/// Records per group commit at most, so that one batch's memory stays small.
+const MAX_BATCH_RECORDS: usize = 1 << 16;
+/// How often the writer deletes finished buckets and drops old tombstones when idle.
+const HOUSEKEEPING: Duration = Duration::from_millis(100);
+
+/// What a committed batch does to the window, in order.
+enum Effect {
+    Tomb(Box<[u8]>, u64),
+    Place(Task),
+    Finished(u64),
+    Dead(Task),
+    Undead(u64),
+}
+
+/// The writer's state between batches.
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    next_seq: u64,
+    /// Finish ops whose commit failed, tried again with the next batch: a handler's
+    /// outcome must not be forgotten while the process runs.
+    retry_later: Vec<Op>,
+}
+
+impl Writer {
+    pub(crate) fn new(shared: Arc<Shared>) -> Writer {
+        let next_seq = (shared.store.epoch() << SEQ_BITS) + 1;
+        Writer {
+            shared,
+            next_seq,
+            retry_later: Vec::new(),
+        }
+    }
+
+    /// Runs until every sender of `ops` is gone and the queue is drained.
+    pub(crate) fn run(mut self, ops: Receiver<Op>) {
+        self.fill_bloom();
+        loop {
+            let first = match ops.recv_timeout(HOUSEKEEPING) {
+                Ok(op) => Some(op),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => {
+                    if self.retry_later.is_empty() {
+                        break;
+                    }
+                    None
+                }
+            };
+            let mut batch = std::mem::take(&mut self.retry_later);
+            let mut records = 0;
+            if let Some(op) = first {
+                records += op_records(&op);
+                batch.push(op);
+                while records < MAX_BATCH_RECORDS {
+                    match ops.try_recv() {
+                        Ok(op) => {
+                            records += op_records(&op);
+                            batch.push(op);
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                self.commit(batch);
+            }
+            self.housekeeping();
+            if self.shared.stopping() && !self.retry_later.is_empty() {
+                // Closing on a disk that keeps failing: what is not acked is delivered
+                // again after the next open.
+                self.retry_later.clear();
+            }
+        }
+        self.housekeeping();
+    }
+
+    /// Reads every bucket once at open so that upserts of ids scheduled before it are
+    /// recognised. Ops wait meanwhile; the loader and dispatcher do not.
+    fn fill_bloom(&mut self) {
+        let starts: Vec<u64> = self.shared.core().buckets.keys().copied().collect();
+        for start in starts {
+            let mut ids: Vec<Box<[u8]>> = Vec::new();
+            let result = self.shared.store.read_bucket(start, &mut |r: Record| {
+                if r.kind == Kind::Task {
+                    ids.push(r.id);
+                }
+                if ids.len() >= 4096 {
+                    let mut core = self.shared.core();
+                    for id in ids.drain(..) {
+                        core.bloom.insert(&id);
+                    }
+                }
+            });
+            let mut core = self.shared.core();
+            for id in ids {
+                core.bloom.insert(&id);
+            }
+            if let Err(e) = result {
+                // Without the bucket's ids an upsert could miss an old version: mark
+                // nothing as certain-new from now on.
+                eprintln!("corewheel-durable: reading bucket {start} at open: {e}");
+                core.bloom = crate::bloom::Bloom::saturated();
+            }
+        }
+    }
+
+    fn seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Writes one batch, fsyncs it, then answers its callers and applies it.
+    fn commit(&mut self, batch: Vec<Op>) {
+        let shared = Arc::clone(&self.shared);
+        let mut writes = Writes::default();
+        let mut effects = Vec::new();
+        let mut acked: Vec<Box<[u8]>> = Vec::new();
+        let mut replies: Vec<(Reply, Result<(), Error>)> = Vec::new();
+        let mut finishes = Vec::new();
+        {
+            let mut core = shared.core();
+            let now_ms = shared.now_ms();
+            for op in batch {
+                match op {
+                    Op::Schedule(tasks, reply) => {
+                        for task in tasks {
+                            self.schedule(&mut core, task, 1, &mut writes, &mut effects);
+                        }
+                        replies.push((reply, Ok(())));
+                    }
+                    Op::Cancel(id, reply) => {
+                        if core.bloom.may_contain(&id) {
+                            let seq = self.seq();
+                            writes.record(Target::Control, &Record::marker(Kind::Tomb, &id, seq));
+                            effects.push(Effect::Tomb(id, seq));
+                        }
+                        replies.push((reply, Ok(())));
+                    }
+                    Op::Requeue(id, reply) => {
+                        let Some(pos) = core.dead.iter().rposition(|t| t.id == id) else {
+                            replies.push((reply, Err(Error::NotDead)));
+                            continue;
+                        };
+                        let dead = core.dead[pos].clone();
+                        writes.record(Target::Dead, &Record::marker(Kind::Requeued, &id, dead.seq));
+                        effects.push(Effect::Undead(dead.seq));
+                        let task = NewTask {
+                            id: dead.id,
+                            payload: dead.payload,
+                            due_ms: now_ms,
+                        };
+                        self.schedule(&mut core, task, 1, &mut writes, &mut effects);
+                        replies.push((reply, Ok(())));
+                    }
+                    Op::Finish(task, outcome) => {
+                        self.finish(
+                            &mut core,
+                            &task,
+                            &outcome,
+                            now_ms,
+                            &mut writes,
+                            &mut effects,
+                        );
+                        if matches!(outcome, Outcome::Succeeded) {
+                            acked.push(task.id.clone());
+                        }
+                        finishes.push(Op::Finish(task, outcome));
+                    }
+                }
+            }
+        }
+        match writes.append(&shared) {
+            Ok(_) => {
+                let mut core = shared.core();
+                for effect in effects {
+                    apply(&mut core, effect);
+                }
+                core.applied_seq = self.next_seq - 1;
+                shared
+                    .tombs_applied
+                    .store(core.tombs_applied, std::sync::atomic::Ordering::Release);
+                drop(core);
+                shared.core_changed.notify_all();
+                for (reply, result) in replies {
+                    let _ = reply.send(result);
+                }
+                if let Some(listener) = &shared.options.on_ack {
+                    for id in &acked {
+                        listener(id);
+                    }
+                }
+            }
+            Err(e) => {
+                let e = Error::Io(e);
+                for (reply, _) in replies {
+                    let _ = reply.send(Err(share(&e)));
+                }
+                self.retry_later = finishes;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// Records a new task (or a new version of one) and the tombstone an upsert needs.
+    fn schedule(
+        &mut self,
+        core: &mut Window,
+        task: NewTask,
+        attempt: u32,
+        writes: &mut Writes,
+        effects: &mut Vec<Effect>,
+    ) {
+        let seq = self.seq();
+        if core.bloom.may_contain(&task.id) {
+            writes.record(Target::Control, &Record::marker(Kind::Tomb, &task.id, seq));
+            effects.push(Effect::Tomb(task.id.clone(), seq));
+        } else {
+            core.bloom.insert(&task.id);
+        }
+        let bucket = core.bucket_of(task.due_ms);
+        core.bucket_mut(bucket, seq);
+        let record = Record {
+            kind: Kind::Task,
+            seq,
+            due_ms: task.due_ms,
+            attempt,
+            id: task.id,
+            payload: task.payload,
+        };
+        writes.record(Target::Bucket(bucket), &record);
+        effects.push(Effect::Place(Task {
+            id: record.id,
+            payload: record.payload,
+            due_ms: record.due_ms,
+            attempt,
+            seq,
+            bucket,
+        }));
+    }
+
+    /// Records how a delivered task ended: done, a retry later, or a dead letter.
+    fn finish(
+        &mut self,
+        core: &mut Window,
+        task: &Task,
+        outcome: &Outcome,
+        now_ms: u64,
+        writes: &mut Writes,
+        effects: &mut Vec<Effect>,
+    ) {
+        writes.record(
+            Target::Bucket(task.bucket),
+            &Record::marker(Kind::Done, &task.id, task.seq),
+        );
+        effects.push(Effect::Finished(task.bucket));
+        let void = core.is_void(&task.id, task.seq);
+        if matches!(outcome, Outcome::Succeeded) || void {
+            return;
+        }
+        let policy = &self.shared.options.retry;
+        if task.attempt >= policy.max_attempts {
+            let seq = self.seq();
+            let dead = Task {
+                seq,
+                ..task.clone()
+            };
+            writes.record(
+                Target::Dead,
+                &Record {
+                    kind: Kind::Dead,
+                    seq,
+                    due_ms: task.due_ms,
+                    attempt: task.attempt,
+                    id: task.id.clone(),
+                    payload: task.payload.clone(),
+                },
+            );
+            effects.push(Effect::Dead(dead));
+            return;
+        }
+        let backoff = u64::try_from(policy.backoff(task.attempt).as_millis()).unwrap_or(u64::MAX);
+        let seq = self.seq();
+        // The retry stays in the failed attempt's bucket, whatever its due time, so that
+        // the new attempt and the old one's Done mark are in one file: the loader keeps
+        // only the newest record of an id per bucket, so a crash between the two writes
+        // cannot leave two live versions in different buckets.
+        let retry = Task {
+            seq,
+            due_ms: now_ms.saturating_add(backoff),
+            attempt: task.attempt + 1,
+            ..task.clone()
+        };
+        core.bucket_mut(task.bucket, seq);
+        writes.record(
+            Target::Bucket(task.bucket),
+            &Record {
+                kind: Kind::Task,
+                seq,
+                due_ms: retry.due_ms,
+                attempt: retry.attempt,
+                id: retry.id.clone(),
+                payload: retry.payload.clone(),
+            },
+        );
+        effects.push(Effect::Place(retry));
+    }
+
+    /// Deletes buckets whose tasks are all finished and drops tombstones nothing needs.
+    fn housekeeping(&mut self) {
+        let (finished, bound) = {
+            let mut core = self.shared.core();
+            let finished = core.take_finished_buckets();
+            (finished, core.prune_tombs(self.next_seq))
+        };
+        for start in finished {
+            if let Err(e) = self.shared.store.delete_bucket(start) {
+                // Left on disk it costs only space: at the next open its records all read
+                // as finished, and it is deleted then.
+                eprintln!("corewheel-durable: deleting bucket {start}: {e}");
+            }
+        }
+        if let Err(e) = self.shared.store.prune_control(bound) {
+            eprintln!("corewheel-durable: pruning tombstones: {e}");
+        }
+    }
+}
+
+fn op_records(op: &Op) -> usize {
+    match op {
+        Op::Schedule(tasks, _) => tasks.len(),
+        _ => 1,
+    }
+}
+
+/// A batch's encoded records in two phases: what adds (tasks, dead letters) is made
+/// durable before what removes (tombstones, Done and Requeued marks). A crash between the
+/// two, or a write that fails in the second, can then leave an old version beside its
+/// replacement (delivered twice, as at-least-once allows), never neither of them.
+#[derive(Default)]
+struct Writes {
+    phases: [BTreeMap<Target, Vec<u8>>; 2],
+}
+
+impl Writes {
+    fn record(&mut self, target: Target, record: &Record) {
+        let phase = match record.kind {
+            Kind::Task | Kind::Dead => 0,
+            Kind::Tomb | Kind::Done | Kind::Requeued => 1,
+        };
+        record.encode(self.phases[phase].entry(target).or_default());
+    }
+
+    fn append(&self, shared: &Shared) -> std::io::Result<()> {
+        for phase in &self.phases {
+            if !phase.is_empty() {
+                let synced = shared.store.append(phase)?;
+                shared
+                    .fsyncs
+                    .fetch_add(synced as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn apply(core: &mut Window, effect: Effect) {
+    match effect {
+        Effect::Tomb(id, seq) => core.void(&id, seq),
+        Effect::Place(task) => core.place(task),
+        Effect::Finished(bucket) => core.finished(bucket),
+        Effect::Dead(task) => core.dead.push(task),
+        Effect::Undead(seq) => core.dead.retain(|t| t.seq != seq),
+    }
+}

@@ -1,0 +1,218 @@
+//! Bad disks on real files: a torn segment tail and flipped bytes in another segment are
+//! cut at reopen without losing what was written before them, and a write that hits a
+//! file-size limit fails its call with a typed error and harms nothing acknowledged.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::{collect, manual, next, quiet, t0};
+use corewheel_durable::{DurableTimers, Error, ManualWallClock, Options, WallClock};
+
+const MIN: Duration = Duration::from_secs(60);
+
+/// The one segment file of the bucket starting at `start`.
+fn segment_of(dir: &Path, start: SystemTime) -> PathBuf {
+    let ms = start
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let folder = dir.join("buckets").join(ms.to_string());
+    let mut segments: Vec<PathBuf> = fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    assert_eq!(segments.len(), 1, "one segment in {}", folder.display());
+    segments.pop().unwrap()
+}
+
+fn len(path: &Path) -> u64 {
+    fs::metadata(path).unwrap().len()
+}
+
+#[test]
+fn torn_and_corrupt_segment_tails_are_cut_and_everything_before_them_is_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let hour = Duration::from_secs(3600);
+    // Two buckets (an hour wide, starting at t0 and t0 + 1 h), each written by one
+    // schedule call per task, so each task is one record, in order, of the same size.
+    let n = 20;
+    let due = |bucket: u32, i: u32| t0() + hour * bucket + 10 * MIN + Duration::from_secs(i.into());
+    {
+        let (_clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options).unwrap();
+        for bucket in 0..2 {
+            for i in 0..n {
+                let id = format!("{bucket}-{i:02}");
+                timers.schedule(&id, id.as_bytes(), due(bucket, i)).unwrap();
+            }
+        }
+        timers.close().unwrap();
+    }
+    let first = segment_of(dir.path(), t0());
+    let last = segment_of(dir.path(), t0() + hour);
+    let record = len(&first) / u64::from(n);
+    assert_eq!(len(&first), record * u64::from(n));
+    assert_eq!(len(&last), record * u64::from(n));
+    // The last segment written loses the end of its last record, as a crash mid-write
+    // leaves it; the other gets flipped bytes in its last record, as bit rot does.
+    OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .unwrap()
+        .set_len(len(&last) - record / 2)
+        .unwrap();
+    {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&first)
+            .unwrap();
+        let at = len(&first) - 3;
+        let mut byte = [0u8; 2];
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.read_exact(&mut byte).unwrap();
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.write_all(&[byte[0] ^ 0xff, byte[1] ^ 0x5a]).unwrap();
+    }
+
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    // Reading the segments at open cuts each at its damaged record, for good.
+    common::eventually(|| {
+        len(&first) == record * u64::from(n - 1) && len(&last) == record * u64::from(n - 1)
+    });
+    let rx = collect(&timers, |_, _| false);
+    clock.set(due(0, 0) - Duration::from_millis(1));
+    quiet(&rx, 200);
+    let mut seen = HashMap::new();
+    for bucket in 0..2 {
+        for i in 0..n - 1 {
+            // One step per task: each is delivered only once the clock reads its due time.
+            clock.set(due(bucket, i));
+            let s = next(&rx);
+            assert!(s.due <= clock.now(), "{} early", s.id);
+            assert_eq!(s.payload, s.id.as_bytes(), "payload of {}", s.id);
+            *seen.entry(s.id).or_insert(0) += 1;
+        }
+    }
+    clock.set(t0() + 3 * hour);
+    quiet(&rx, 300);
+    let expected: HashSet<String> = (0..2)
+        .flat_map(|b| (0..n - 1).map(move |i| format!("{b}-{i:02}")))
+        .collect();
+    assert_eq!(seen.keys().cloned().collect::<HashSet<_>>(), expected);
+    assert!(
+        seen.values().all(|&c| c == 1),
+        "each delivered once: {seen:?}"
+    );
+    timers.close().unwrap();
+}
+
+/// Set in the environment of the child process of the full-disk test: the directory it
+/// writes to.
+const CHILD_DIR: &str = "CWD_FULL_DISK_CHILD_DIR";
+/// Bytes any file of the child may grow to (`ulimit -f`, in 512-byte blocks).
+const FILE_LIMIT_BLOCKS: u64 = 128;
+
+/// The child half of [`a_write_past_the_file_size_limit_fails_its_call_and_harms_nothing_acked`]:
+/// a no-op unless that test started it. Schedules 1 KiB tasks one call each and reports on
+/// stdout which calls returned `Ok` (`@@A <id>`) and which an error (`@@E <id> <error>`).
+#[test]
+fn full_disk_child() {
+    let Some(dir) = std::env::var_os(CHILD_DIR) else {
+        return;
+    };
+    let timers = DurableTimers::open(&dir, Options::default()).unwrap();
+    let due = SystemTime::now() + Duration::from_secs(3600);
+    let mut out = std::io::stdout().lock();
+    for i in 0..200u32 {
+        let id = format!("t{i:03}");
+        match timers.schedule(&id, [i as u8; 1000], due) {
+            Ok(()) => writeln!(out, "@@A {id}").unwrap(),
+            Err(e @ Error::Io(_)) => writeln!(out, "@@E {id} {e}").unwrap(),
+            Err(e) => panic!("{id}: not an I/O error: {e:?}"),
+        }
+    }
+    timers.close().unwrap();
+}
+
+#[test]
+fn a_write_past_the_file_size_limit_fails_its_call_and_harms_nothing_acked() {
+    let dir = tempfile::tempdir().unwrap();
+    // RLIMIT_FSIZE, set by the shell for the child alone, makes a write past the limit
+    // fail with EFBIG as a full disk fails it with ENOSPC, with no privileges needed.
+    // SIGXFSZ is ignored (and stays ignored across exec) so that the write returns the
+    // error instead of the signal killing the process.
+    let script = format!("trap '' XFSZ; ulimit -f {FILE_LIMIT_BLOCKS} && exec \"$0\" \"$@\"");
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "full_disk_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR, dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "child failed: {:?}", output.status);
+    let (mut acked, mut failed) = (HashSet::new(), HashSet::new());
+    for line in BufReader::new(output.stdout.as_slice()).lines() {
+        let line = line.unwrap();
+        // The test harness may print on the same line before the child's first report.
+        let Some(at) = line.find("@@") else { continue };
+        let mut words = line[at + 2..].split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("A"), Some(id)) => acked.insert(id.to_string()),
+            (Some("E"), Some(id)) => failed.insert(id.to_string()),
+            _ => continue,
+        };
+    }
+    // 200 KB of tasks against 64 KiB a file: calls fail each time a segment is full, and
+    // the journal carries on in a new segment.
+    assert!(!failed.is_empty(), "no call failed");
+    assert!(acked.len() > 100, "only {} calls succeeded", acked.len());
+    assert_eq!(acked.len() + failed.len(), 200);
+
+    // Reopened without the limit, every acknowledged task is there, payload intact.
+    let clock = Arc::new(ManualWallClock::new(
+        SystemTime::now() + Duration::from_secs(7200),
+    ));
+    let timers = DurableTimers::open(dir.path(), Options::default().clock(clock)).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    let mut seen = HashSet::new();
+    while !acked.is_subset(&seen) {
+        let s = next(&rx);
+        let i: u8 = s.id[1..].parse::<u32>().unwrap() as u8;
+        assert_eq!(s.payload, vec![i; 1000], "payload of {}", s.id);
+        assert!(acked.contains(&s.id) || failed.contains(&s.id), "{}", s.id);
+        seen.insert(s.id);
+    }
+    while let Ok(s) = rx.recv_timeout(Duration::from_millis(200)) {
+        assert!(
+            failed.contains(&s.id),
+            "{} delivered twice or unknown",
+            s.id
+        );
+        seen.insert(s.id);
+    }
+    eprintln!(
+        "full disk: {} calls acknowledged, {} failed with an I/O error; {} of those delivered",
+        acked.len(),
+        failed.len(),
+        failed.intersection(&seen).count()
+    );
+    timers.close().unwrap();
+}
