@@ -11,6 +11,9 @@ use std::hash::{BuildHasher, Hasher};
 /// Bits per expected id; with seven probes this gives about 1% false "maybe".
 const BITS_PER_ID: usize = 10;
 const PROBES: u64 = 7;
+/// The most ids one layer is sized for: [`crate::MAX_EXPECTED_PENDING`]. A layer that
+/// fills up at this size is followed by another of the same size rather than a larger one.
+const MAX_LAYER_IDS: usize = crate::MAX_EXPECTED_PENDING;
 
 struct Layer {
     bits: Vec<u64>,
@@ -20,10 +23,13 @@ struct Layer {
 
 impl Layer {
     fn new(capacity: usize) -> Layer {
-        let words = (capacity.max(1024) * BITS_PER_ID).div_ceil(64);
+        // Clamped so that the bit count cannot overflow, whatever the caller asked for;
+        // `Options::validate` refuses sizes above the clamp before they get here.
+        let capacity = capacity.clamp(1024, MAX_LAYER_IDS);
+        let words = capacity.saturating_mul(BITS_PER_ID).div_ceil(64);
         Layer {
             bits: vec![0; words],
-            capacity: capacity.max(1024),
+            capacity,
             len: 0,
         }
     }
@@ -77,7 +83,7 @@ impl Bloom {
         let hash = hash_id(id);
         let last = self.layers.last().expect("at least one layer");
         if last.len >= last.capacity {
-            let capacity = last.capacity * 2;
+            let capacity = last.capacity.saturating_mul(2);
             self.layers.push(Layer::new(capacity));
         }
         self.layers

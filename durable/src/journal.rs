@@ -190,6 +190,11 @@ impl Store for Journal {
             else {
                 continue;
             };
+            // A numbered regular file (a backup, an editor's copy) is garbage like any
+            // other stray name; reading it as a bucket would fail every open.
+            if !path.is_dir() {
+                continue;
+            }
             let oldest = self.segments(&path)?.first().map(|(e, _)| *e);
             let min_seq = oldest.map_or(self.epoch, |e| e) << SEQ_BITS;
             out.push(BucketInfo { start_ms, min_seq });

@@ -82,3 +82,7 @@ pub use timers::DurableTimers;
 pub const MAX_ID_LEN: usize = 1024;
 /// The largest payload, in bytes.
 pub const MAX_PAYLOAD_LEN: usize = 1 << 20;
+/// The largest [`Options::expected_pending`]: 2^30 ids, a first filter of about 1.3 GB.
+/// Larger sizes are refused with [`Error::BadOptions`] rather than risk an allocation
+/// that cannot succeed; the filter still grows past this by itself.
+pub const MAX_EXPECTED_PENDING: usize = 1 << 30;

@@ -122,7 +122,9 @@ impl Options {
     }
 
     /// Pending tasks the upsert filter is first sized for (default 2^20); it grows past
-    /// this by itself.
+    /// this by itself. At most [`MAX_EXPECTED_PENDING`](crate::MAX_EXPECTED_PENDING)
+    /// (2^30, about 1.3 GB of filter): larger values make
+    /// [`open`](crate::DurableTimers::open) fail with [`Error::BadOptions`].
     pub fn expected_pending(mut self, tasks: usize) -> Self {
         self.expected_pending = tasks;
         self
@@ -130,6 +132,14 @@ impl Options {
 
     /// Calls `listener` with each task's id once its ack is durable: after that the task
     /// is never delivered again. For audits and tests.
+    ///
+    /// The listener runs on a thread of its own, one id at a time in ack order, shortly
+    /// after the ack's group commit (not on the writer thread and not on the handler
+    /// thread). So it may call back into the timers, for example
+    /// [`schedule`](crate::DurableTimers::schedule) a follow-up, without deadlock; a slow
+    /// listener delays only later listener calls. [`close`](crate::DurableTimers::close)
+    /// returns after the listener has been called for every ack written; a call it makes
+    /// after close began fails with [`Error::Closed`].
     pub fn on_ack(mut self, listener: impl Fn(&[u8]) + Send + Sync + 'static) -> Self {
         self.on_ack = Some(Arc::new(listener));
         self
@@ -145,6 +155,11 @@ impl Options {
         }
         if self.retry.max_attempts == 0 {
             return Err(Error::BadOptions("max_attempts must be at least 1"));
+        }
+        if self.expected_pending > crate::MAX_EXPECTED_PENDING {
+            return Err(Error::BadOptions(
+                "expected_pending above MAX_EXPECTED_PENDING (2^30)",
+            ));
         }
         if self.catch_up_per_sec == Some(0) {
             return Err(Error::BadOptions("catch-up rate of 0 would never deliver"));

@@ -34,6 +34,8 @@ pub struct DurableTimers {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Runs [`Options::on_ack`](crate::Options::on_ack), after the writer has stopped.
+    ack_thread: Mutex<Option<JoinHandle<()>>>,
     handlers_started: AtomicBool,
 }
 
@@ -90,9 +92,24 @@ impl DurableTimers {
             tombs_applied: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
         });
+        // The on_ack listener gets a thread of its own, fed by the writer after each
+        // commit, so that a listener may call back into these timers (schedule, cancel)
+        // without waiting on the writer thread it would be running on.
+        let (ack_sender, ack_thread) = match shared.options.on_ack.clone() {
+            Some(listener) => {
+                let (sender, acks) = mpsc::channel::<Box<[u8]>>();
+                let thread = spawn("cwd-acks", move || {
+                    for id in acks {
+                        listener(&id);
+                    }
+                })?;
+                (Some(sender), Some(thread))
+            }
+            None => (None, None),
+        };
         let writer = spawn("cwd-writer", {
             let shared = Arc::clone(&shared);
-            move || Writer::new(shared).run(receiver)
+            move || Writer::new(shared, ack_sender).run(receiver)
         })?;
         let mut threads = Vec::new();
         let s = Arc::clone(&shared);
@@ -103,6 +120,7 @@ impl DurableTimers {
             shared,
             threads: Mutex::new(threads),
             writer: Mutex::new(Some(writer)),
+            ack_thread: Mutex::new(ack_thread),
             handlers_started: AtomicBool::new(false),
         })
     }
@@ -232,7 +250,7 @@ impl DurableTimers {
         self.shared.ready_changed.notify_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
         for thread in threads {
-            let _ = thread.join();
+            join_unless_current(thread);
         }
         self.shared
             .ops
@@ -240,7 +258,12 @@ impl DurableTimers {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(writer) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = writer.join();
+            join_unless_current(writer);
+        }
+        // After the writer: it sends the last acks, and its end closes the channel.
+        let acks = self.ack_thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(thread) = acks {
+            join_unless_current(thread);
         }
     }
 }
@@ -248,6 +271,19 @@ impl DurableTimers {
 impl Drop for DurableTimers {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Joins `thread`, unless it is the calling thread: the last handle can be dropped on a
+/// handler or `on_ack` thread (by a handler that upgraded a `Weak`), and a thread cannot
+/// wait for itself. That thread is left to end by itself, which it does once its handler
+/// or listener returns, since `stopping` is set and the writer's channel closed; its
+/// `Arc<Shared>`, and with it the directory lock, goes when it ends. A task whose handler
+/// is the one dropping the handle is not acked (the writer is gone by the time it
+/// returns) and is delivered again after the next open.
+fn join_unless_current(thread: JoinHandle<()>) {
+    if thread.thread().id() != std::thread::current().id() {
+        let _ = thread.join();
     }
 }
 

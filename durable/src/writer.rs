@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use crate::error::{Error, share};
@@ -39,15 +39,20 @@ pub(crate) struct Writer {
     /// Finish ops whose commit failed, tried again with the next batch: a handler's
     /// outcome must not be forgotten while the process runs.
     retry_later: Vec<Op>,
+    /// Where the ids of durably acked tasks go to the `on_ack` listener's thread, if
+    /// there is a listener. The listener does not run here: one that schedules would
+    /// wait on this very thread for its answer.
+    acks: Option<Sender<Box<[u8]>>>,
 }
 
 impl Writer {
-    pub(crate) fn new(shared: Arc<Shared>) -> Writer {
+    pub(crate) fn new(shared: Arc<Shared>, acks: Option<Sender<Box<[u8]>>>) -> Writer {
         let next_seq = (shared.store.epoch() << SEQ_BITS) + 1;
         Writer {
             shared,
             next_seq,
             retry_later: Vec::new(),
+            acks,
         }
     }
 
@@ -204,9 +209,10 @@ impl Writer {
                 for (reply, result) in replies {
                     let _ = reply.send(result);
                 }
-                if let Some(listener) = &shared.options.on_ack {
-                    for id in &acked {
-                        listener(id);
+                if let Some(acks) = &self.acks {
+                    for id in acked {
+                        // The listener's thread ends only after this one: it cannot fail.
+                        let _ = acks.send(id);
                     }
                 }
             }
