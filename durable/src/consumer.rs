@@ -42,20 +42,21 @@ where
 }
 
 /// The next due task, or `None` once shutdown began. The dispatcher hands tasks over up
-/// to [`LEAD`](crate::dispatcher::LEAD) before they are due; the front task is taken only once the clock reads its
-/// due time, which is what keeps delivery from being early. Tasks come in due order but
-/// for one scheduled into the past behind others handed over early, which waits at most
-/// the lead.
+/// to [`LEAD`](crate::dispatcher::LEAD) before they are due; the earliest due task is
+/// taken only once the clock reads its due time, which is what keeps delivery from being
+/// early. The queue is in due order, so if any task is due by the clock as it reads now
+/// (even after a backward step left a task handed over early ahead of it), the first one
+/// is; the wait is capped so that a clock step is seen promptly.
 fn next(shared: &Shared) -> Option<(Task, u64)> {
     let mut ready = shared.ready();
     loop {
         if shared.stopping() {
             return None;
         }
-        let wait = match ready.front() {
-            Some((task, _)) => match task.due().duration_since(shared.options.clock.now()) {
+        let wait = match ready.first_key_value() {
+            Some((_, (task, _))) => match task.due().duration_since(shared.options.clock.now()) {
                 Ok(wait) if !wait.is_zero() => wait.min(MAX_WAIT),
-                _ => return ready.pop_front(),
+                _ => return ready.pop_first().map(|(_, entry)| entry),
             },
             None => IDLE_WAIT,
         };

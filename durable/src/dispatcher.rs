@@ -36,6 +36,9 @@ const OVERDUE_MS: u64 = 1000;
 struct Tokens {
     per_sec: Option<u32>,
     tokens: f64,
+    /// The clock reading of the last refill. Always the latest reading, even one behind
+    /// it: after a backward step, keeping the older, later reading would refill nothing
+    /// until the clock regained the step, stalling catch-up for its whole length.
     last_ms: u64,
 }
 
@@ -45,8 +48,9 @@ impl Tokens {
             return true;
         };
         let rate = f64::from(rate);
+        // A backward step refills nothing for the step itself, and restarts from here.
         let elapsed = now_ms.saturating_sub(self.last_ms) as f64 / 1000.0;
-        self.last_ms = self.last_ms.max(now_ms);
+        self.last_ms = now_ms;
         self.tokens = (self.tokens + elapsed * rate).min(rate.max(1.0));
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
@@ -99,12 +103,16 @@ pub(crate) fn run(shared: Arc<Shared>) {
             core = shared.core();
             continue;
         }
+        // Overdue tasks (due before `cutoff`) are the front of `held`; only they wait for
+        // the catch-up rate. The rest go at once, however long the overdue backlog: the
+        // rate is documented to limit catch-up, not tasks that are on time.
+        let cutoff = now_ms.saturating_sub(OVERDUE_MS);
+        out.extend(held.split_off(&(cutoff, 0)));
         while let Some(entry) = held.first_entry() {
-            let overdue = now_ms.saturating_sub(entry.key().0) > OVERDUE_MS;
-            if overdue && !tokens.take(now_ms) {
+            if !tokens.take(now_ms) {
                 break;
             }
-            out.push(entry.remove());
+            out.push((*entry.key(), entry.remove()));
         }
         if !out.is_empty() {
             drop(core);

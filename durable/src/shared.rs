@@ -1,6 +1,6 @@
 //! What the threads of one [`DurableTimers`](crate::DurableTimers) share.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, SyncSender};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -38,6 +38,10 @@ pub(crate) enum Op {
     Requeue(Box<[u8]>, Reply),
 }
 
+/// The ready queue: due tasks by (due time in ms, seq), each with the tombstone count
+/// when it left the wheel.
+pub(crate) type Ready = BTreeMap<(u64, u64), (Task, u64)>;
+
 /// The state and signals shared by the writer, loader, dispatcher and handler threads.
 pub(crate) struct Shared {
     pub options: Options,
@@ -45,9 +49,12 @@ pub(crate) struct Shared {
     pub core: Mutex<Window>,
     /// Wakes the dispatcher: the wheel changed or shutdown began.
     pub core_changed: Condvar,
-    /// Due tasks waiting for a handler thread, each with the window's
+    /// Due tasks waiting for a handler thread, by (due time, seq), each with the window's
     /// [`tombs_applied`](crate::window::Window::tombs_applied) when it left the wheel.
-    pub ready: Mutex<VecDeque<(Task, u64)>>,
+    /// Kept in due order, not arrival order, so that the first entry is always the
+    /// earliest due: after a backward clock step a task handed over ahead of its due time
+    /// cannot hold up one behind it that the clock has already reached.
+    pub ready: Mutex<Ready>,
     pub ready_changed: Condvar,
     pub ops: Mutex<Option<Sender<Op>>>,
     /// Set to stop the loader, dispatcher and handlers.
@@ -66,7 +73,7 @@ impl Shared {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn ready(&self) -> MutexGuard<'_, VecDeque<(Task, u64)>> {
+    pub(crate) fn ready(&self) -> MutexGuard<'_, Ready> {
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -1,6 +1,6 @@
 //! [`DurableTimers`]: the public handle.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver};
@@ -85,7 +85,7 @@ impl DurableTimers {
             store,
             core: Mutex::new(window),
             core_changed: Condvar::new(),
-            ready: Mutex::new(VecDeque::new()),
+            ready: Mutex::new(BTreeMap::new()),
             ready_changed: Condvar::new(),
             ops: Mutex::new(Some(ops)),
             stopping: AtomicBool::new(false),
@@ -261,7 +261,11 @@ impl DurableTimers {
             join_unless_current(writer);
         }
         // After the writer: it sends the last acks, and its end closes the channel.
-        let acks = self.ack_thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let acks = self
+            .ack_thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if let Some(thread) = acks {
             join_unless_current(thread);
         }
