@@ -65,6 +65,8 @@ mod journal;
 mod loader;
 mod options;
 mod record;
+#[cfg(feature = "redis")]
+mod redis_store;
 mod shared;
 mod store;
 mod task;
@@ -75,6 +77,8 @@ mod writer;
 pub use clock::{ManualWallClock, SystemClock, WallClock};
 pub use error::Error;
 pub use options::{AckListener, Options, RetryPolicy};
+#[cfg(feature = "redis")]
+pub use redis_store::{Claim, Failed, MAX_SHARDS, RedisOptions, RedisTimers};
 pub use task::Task;
 pub use timers::DurableTimers;
 
