@@ -53,6 +53,12 @@
 //! tombstone to a control log, dropped once no bucket can hold an older version. A full
 //! disk fails the call that needed the write ([`Error::Io`]) and harms nothing
 //! acknowledged before.
+//!
+//! # A queue shared by several processes
+//! With the `redis` feature, `RedisTimers` keeps the tasks in Redis instead, where the
+//! instances of a service share one queue: each due task is claimed by one consumer under
+//! a renewed lease, and comes back if that consumer dies. The crate's README says what it
+//! promises and what it does not do yet.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

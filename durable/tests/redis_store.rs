@@ -5,95 +5,15 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use corewheel_durable::{Error, RedisOptions, RedisTimers, RetryPolicy};
 
-/// A `redis-server` of one test, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    /// Starts one, or says loudly that the test is skipped.
-    fn start(test: &str) -> Option<Server> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!(
-                "\n!!! {test}: redis-server not found, SKIPPED. Install it with `apt-get install redis-server`.\n"
-            );
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = spawn_server(port, dir.path());
-        let server = Server { child, port, dir };
-        server.wait_ready();
-        Some(server)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn wait_ready(&self) {
-        let until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < until {
-            if let Ok(client) = redis::Client::open(self.url())
-                && let Ok(mut con) = client.get_connection()
-                && redis::cmd("PING").query::<String>(&mut con).is_ok()
-            {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("redis-server did not answer on port {}", self.port);
-    }
-
-    /// Kills the server with SIGKILL and starts it again on the same port and files.
-    fn crash_and_restart(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        self.child = spawn_server(self.port, self.dir.path());
-        self.wait_ready();
-    }
-}
-
-fn spawn_server(port: u16, dir: &std::path::Path) -> Child {
-    Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .args(["--appendonly", "yes", "--appendfsync", "always"])
-        .arg("--dir")
-        .arg(dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting redis-server")
-}
+#[path = "common/redis_server.rs"]
+mod redis_server;
+use redis_server::Server;
 
 /// Deliveries by id: (wall time the handler ran, due time, attempt).
 type Log = Arc<Mutex<HashMap<String, Vec<(SystemTime, SystemTime, u32)>>>>;
@@ -442,7 +362,16 @@ fn child_lease_holder() {
     }
     // Straight to the pipe: the test harness captures `println!`.
     let mut out = std::io::stdout().lock();
-    writeln!(out, "\nHOLDING {}", held.len()).unwrap();
+    let first_lapse = held
+        .iter()
+        .map(|c| c.lease_until())
+        .min()
+        .unwrap_or(SystemTime::now());
+    let first_lapse = first_lapse
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    writeln!(out, "\nHOLDING {} {first_lapse}", held.len()).unwrap();
     out.flush().unwrap();
     drop(out);
     std::thread::sleep(Duration::from_secs(60));
@@ -469,15 +398,16 @@ fn a_consumer_killed_while_holding_leases_loses_them() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let held: usize = loop {
+    let (held, first_lapse): (usize, u64) = loop {
         let line = lines.next().expect("child output").unwrap();
         // The harness prints "test child_lease_holder ... " on the same line.
-        if let Some((_, n)) = line.split_once("HOLDING ") {
-            break n.trim().parse().unwrap();
+        if let Some((_, rest)) = line.split_once("HOLDING ") {
+            let (n, lapse) = rest.trim().split_once(' ').unwrap();
+            break (n.parse().unwrap(), lapse.parse().unwrap());
         }
     };
+    let first_lapse = std::time::UNIX_EPOCH + Duration::from_millis(first_lapse);
     assert_eq!(held, 20);
-    let killed_at = SystemTime::now();
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let log: Log = Arc::default();
@@ -489,10 +419,8 @@ fn a_consumer_killed_while_holding_leases_loses_them() {
     let log = log.lock().unwrap();
     assert_eq!(log.len(), 100);
     assert!(log.values().all(|runs| runs.len() == 1));
-    // The killed child's 20 came back only once its leases ran out.
-    let late = log
-        .values()
-        .filter(|runs| runs[0].0 >= killed_at + Duration::from_millis(300))
-        .count();
+    // The killed child's 20 came back only once their leases ran out (server time, on
+    // this same machine's clock).
+    let late = log.values().filter(|runs| runs[0].0 >= first_lapse).count();
     assert!(late >= 20, "only {late} deliveries waited for a lease");
 }

@@ -52,6 +52,9 @@ static REQUEUE: Script = Script::new(scripts::REQUEUE);
 /// The most shards a queue may have.
 pub const MAX_SHARDS: u32 = 16_384;
 
+/// The longest backoff the scripts are given, in ms (about 31 years).
+const MAX_BACKOFF_MS: u64 = 1_000_000_000_000;
+
 /// The longest a handler thread sleeps between looks at its wheel, so that close is
 /// noticed promptly.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
@@ -385,7 +388,7 @@ impl RedisTimers {
                 .ok_or_else(|| unexpected(&redis::Value::Nil))?)?
                 == 1
             {
-                let id = bytes(reply.get(4).ok_or_else(|| unexpected(&redis::Value::Nil))?)?;
+                let id = bytes(reply.get(5).ok_or_else(|| unexpected(&redis::Value::Nil))?)?;
                 return Ok(Some(self.inner.held(shard, id, token, reply)?));
             }
         }
@@ -631,7 +634,7 @@ impl Inner {
         }
     }
 
-    /// A claim from a `{1, payload, attempt, due, ...}` reply.
+    /// A claim from a `{1, payload, attempt, due, lease expiry, ...}` reply.
     fn held(
         &self,
         shard: usize,
@@ -654,7 +657,7 @@ impl Inner {
             },
             shard,
             token,
-            lease_until_ms: self.server_now_ms().saturating_add(self.visibility_ms()),
+            lease_until_ms: u64::try_from(int(field(4)?)?).unwrap_or(0),
         })
     }
 
@@ -682,8 +685,11 @@ impl Inner {
     }
 
     fn fail(&self, shard: usize, id: &[u8], token: &str, attempt: u32) -> Result<Failed, Error> {
+        // Capped at about 31 years: Lua numbers are doubles, and a due time past 2^53 ms
+        // would no longer print as the integer the scripts parse back.
         let backoff = u64::try_from(self.options.retry.backoff(attempt).as_millis())
             .unwrap_or(u64::MAX)
+            .min(MAX_BACKOFF_MS)
             .to_string();
         let max = self.options.retry.max_attempts.to_string();
         let reply = self.pool.eval(

@@ -30,13 +30,13 @@ local function owned(lease, token, id, tok, now)
   local l = redis.call('ZSCORE', lease, id)
   return l ~= false and tonumber(l) > now
 end
--- Leases `id` to `tok` until now + vis and returns {1, payload, attempt, due}.
+-- Leases `id` to `tok` until now + vis and returns {1, payload, attempt, due, until}.
 local function lease_it(id, tok, vis, now)
   redis.call('ZREM', KEYS[1], id)
   redis.call('ZADD', KEYS[2], now + vis, id)
   redis.call('HSET', KEYS[5], id, tok)
   local a, d = string.match(redis.call('HGET', KEYS[4], id) or '1 0', '^(%d+) (%d+)$')
-  return {1, redis.call('HGET', KEYS[3], id) or '', tonumber(a), tonumber(d)}
+  return {1, redis.call('HGET', KEYS[3], id) or '', tonumber(a), tonumber(d), now + vis}
 end
 "#
     };
@@ -103,7 +103,8 @@ return out
 
 /// KEYS due lease task meta token; ARGV id, token, visibility ms. Claims `id` if it is
 /// due by the server's clock and not leased (or its lease ran out): `{1, payload,
-/// attempt, due}`; `{-1, ms}` if it is due only in `ms`; `{0}` if it is gone or held.
+/// attempt, due,
+/// lease expiry}`; `{-1, ms}` if it is due only in `ms`; `{0}` if it is gone or held.
 pub(crate) const CLAIM: &str = concat!(
     prelude!(),
     r#"
@@ -122,7 +123,8 @@ return {0}
 );
 
 /// KEYS due lease task meta token; ARGV token, visibility ms. Claims the oldest task
-/// whose lease ran out, or else the oldest due task: `{1, payload, attempt, due, id}`,
+/// whose lease ran out, or else the oldest due task: `{1, payload, attempt, due, lease
+/// expiry, id}`,
 /// or `{0}` if none is due. The polling consumer's step.
 pub(crate) const CLAIM_NEXT: &str = concat!(
     prelude!(),
@@ -135,7 +137,7 @@ if #ids == 0 then
 end
 if #ids == 0 then return {0} end
 local r = lease_it(ids[1], tok, vis, now)
-r[5] = ids[1]
+r[6] = ids[1]
 return r
 "#
 );
