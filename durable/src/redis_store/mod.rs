@@ -808,7 +808,10 @@ fn consume<E>(inner: &Inner, handler: &(dyn Fn(&Task) -> Result<(), E> + Send + 
                     let key = local
                         .wheel
                         .insert(Instant::now() + Duration::from_millis(ms), id.clone());
-                    local.armed.insert(id, (key, due));
+                    // A fetch may have armed it again meanwhile: one wheel entry per id.
+                    if let Some((stale, _)) = local.armed.insert(id, (key, due)) {
+                        local.wheel.cancel(stale);
+                    }
                 }
                 continue;
             }
