@@ -35,6 +35,15 @@ pub enum Error {
     NotDead,
     /// The timers were closed.
     Closed,
+    /// The lease of a claimed task ran out (or the task was cancelled or replaced) before
+    /// this ack, fail or renewal: another consumer may have it now, so the call changed
+    /// nothing. Only the Redis store has leases.
+    #[cfg(feature = "redis")]
+    LeaseLost,
+    /// The Redis server refused a command or could not be reached. A write that failed
+    /// this way may or may not have been applied.
+    #[cfg(feature = "redis")]
+    Redis(redis::RedisError),
     /// The disk refused a write or an fsync (a full disk among them). Nothing acknowledged
     /// before is harmed; the records of the failed call may or may not survive a crash.
     Io(io::Error),
@@ -65,6 +74,10 @@ impl fmt::Display for Error {
             Error::BadOptions(what) => write!(f, "bad options: {what}"),
             Error::NotDead => f.write_str("no dead letter with this id"),
             Error::Closed => f.write_str("the durable timers are closed"),
+            #[cfg(feature = "redis")]
+            Error::LeaseLost => f.write_str("the task's lease ran out before this call"),
+            #[cfg(feature = "redis")]
+            Error::Redis(e) => write!(f, "redis: {e}"),
             Error::Io(e) => write!(f, "journal I/O: {e}"),
         }
     }
@@ -74,6 +87,8 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Io(e) => Some(e),
+            #[cfg(feature = "redis")]
+            Error::Redis(e) => Some(e),
             _ => None,
         }
     }
@@ -91,5 +106,12 @@ pub(crate) fn share(e: &Error) -> Error {
         Error::Io(io) => Error::Io(io::Error::new(io.kind(), io.to_string())),
         Error::Closed => Error::Closed,
         other => Error::BadFormat(other.to_string()),
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        Error::Redis(e)
     }
 }

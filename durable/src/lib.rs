@@ -53,6 +53,12 @@
 //! tombstone to a control log, dropped once no bucket can hold an older version. A full
 //! disk fails the call that needed the write ([`Error::Io`]) and harms nothing
 //! acknowledged before.
+//!
+//! # A queue shared by several processes
+//! With the `redis` feature, `RedisTimers` keeps the tasks in Redis instead, where the
+//! instances of a service share one queue: each due task is claimed by one consumer under
+//! a renewed lease, and comes back if that consumer dies. The crate's README says what it
+//! promises and what it does not do yet.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -65,6 +71,8 @@ mod journal;
 mod loader;
 mod options;
 mod record;
+#[cfg(feature = "redis")]
+mod redis_store;
 mod shared;
 mod store;
 mod task;
@@ -75,6 +83,8 @@ mod writer;
 pub use clock::{ManualWallClock, SystemClock, WallClock};
 pub use error::Error;
 pub use options::{AckListener, Options, RetryPolicy};
+#[cfg(feature = "redis")]
+pub use redis_store::{Claim, Failed, MAX_SHARDS, RedisOptions, RedisTimers};
 pub use task::Task;
 pub use timers::DurableTimers;
 

@@ -151,10 +151,7 @@ impl DurableTimers {
         let mut batch = Vec::new();
         for (id, payload, due) in tasks {
             let (id, payload) = (id.as_ref(), payload.as_ref());
-            check_id(id)?;
-            if payload.len() > MAX_PAYLOAD_LEN {
-                return Err(Error::PayloadTooLarge { len: payload.len() });
-            }
+            check_task(id, payload)?;
             batch.push(NewTask {
                 id: id.into(),
                 payload: payload.into(),
@@ -291,14 +288,26 @@ fn join_unless_current(thread: JoinHandle<()>) {
     }
 }
 
-fn check_id(id: &[u8]) -> Result<(), Error> {
+/// Refuses an id or payload out of range, before anything is written.
+pub(crate) fn check_task(id: &[u8], payload: &[u8]) -> Result<(), Error> {
+    check_id(id)?;
+    if payload.len() > MAX_PAYLOAD_LEN {
+        return Err(Error::PayloadTooLarge { len: payload.len() });
+    }
+    Ok(())
+}
+
+pub(crate) fn check_id(id: &[u8]) -> Result<(), Error> {
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(Error::BadId { len: id.len() });
     }
     Ok(())
 }
 
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, Error> {
+pub(crate) fn spawn(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, Error> {
     Ok(std::thread::Builder::new().name(name.into()).spawn(f)?)
 }
 

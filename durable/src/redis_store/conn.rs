@@ -1,0 +1,140 @@
+//! Connections and script calls.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::{Client, Connection, ErrorKind, RedisResult, Value};
+
+use crate::error::Error;
+
+/// How long connecting, reading a reply or writing a command may take before the call
+/// fails with [`Error::Redis`]: a server that hangs must not hang the handler threads.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A script, with the SHA1 the server knows it by once loaded.
+pub(crate) struct Script {
+    source: &'static str,
+    sha: Mutex<Option<String>>,
+}
+
+impl Script {
+    pub(crate) const fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            sha: Mutex::new(None),
+        }
+    }
+}
+
+/// Idle connections, reused so that a call costs one round trip and no connect.
+pub(crate) struct Pool {
+    client: Client,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Pool {
+    pub(crate) fn new(url: &str) -> Result<Self, Error> {
+        Ok(Self {
+            client: Client::open(url)?,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Runs `f` on a pooled connection. A connection that saw an error is dropped rather
+    /// than pooled: after a timeout its replies could be out of step with its commands.
+    pub(crate) fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> RedisResult<T>,
+    ) -> Result<T, Error> {
+        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => {
+                let conn = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
+                conn.set_read_timeout(Some(IO_TIMEOUT))?;
+                conn.set_write_timeout(Some(IO_TIMEOUT))?;
+                conn
+            }
+        };
+        let result = f(&mut conn)?;
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(conn);
+        Ok(result)
+    }
+
+    /// Runs `script` by its SHA1, loading it first if this process has not, or if the
+    /// server lost it (a restart empties the script cache).
+    pub(crate) fn eval(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<Value, Error> {
+        self.with(|conn| {
+            for _ in 0..2 {
+                let sha = script.sha.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let sha = match sha {
+                    Some(sha) => sha,
+                    None => {
+                        let sha: String = redis::cmd("SCRIPT")
+                            .arg("LOAD")
+                            .arg(script.source)
+                            .query(conn)?;
+                        *script.sha.lock().unwrap_or_else(|p| p.into_inner()) = Some(sha.clone());
+                        sha
+                    }
+                };
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(&sha).arg(keys.len()).arg(keys);
+                for arg in args {
+                    cmd.arg(*arg);
+                }
+                match cmd.query::<Value>(conn) {
+                    Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                        *script.sha.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    }
+                    other => return other,
+                }
+            }
+            // Loaded just now and gone again: run it by its source.
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(script.source).arg(keys.len()).arg(keys);
+            for arg in args {
+                cmd.arg(*arg);
+            }
+            cmd.query(conn)
+        })
+    }
+}
+
+/// An integer reply.
+pub(crate) fn int(v: &Value) -> Result<i64, Error> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// A string reply, as bytes.
+pub(crate) fn bytes(v: &Value) -> Result<&[u8], Error> {
+    match v {
+        Value::BulkString(b) => Ok(b),
+        Value::SimpleString(s) => Ok(s.as_bytes()),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// An array reply.
+pub(crate) fn array(v: &Value) -> Result<&[Value], Error> {
+    match v {
+        Value::Array(a) => Ok(a),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// A reply of a shape no script returns: another program wrote to the queue's keys.
+pub(crate) fn unexpected(v: &Value) -> Error {
+    Error::BadFormat(format!("unexpected reply from a queue script: {v:?}"))
+}

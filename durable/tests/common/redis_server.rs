@@ -1,0 +1,91 @@
+//! A `redis-server` on a free loopback port, with an append-only file fsynced before each
+//! reply, in a temp dir, killed on drop. Shared by `tests/redis_store.rs` and
+//! `examples/redis_store_bench.rs`.
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of one test, killed on drop.
+pub struct Server {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Starts one, or says loudly that `test` is skipped and returns `None`.
+    pub fn start(test: &str) -> Option<Server> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!(
+                "\n!!! {test}: redis-server not found, SKIPPED. Install it with `apt-get install redis-server`.\n"
+            );
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = spawn_server(port, dir.path());
+        let server = Server { child, port, dir };
+        server.wait_ready();
+        Some(server)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn wait_ready(&self) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if let Ok(client) = redis::Client::open(self.url())
+                && let Ok(mut con) = client.get_connection()
+                && redis::cmd("PING").query::<String>(&mut con).is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server did not answer on port {}", self.port);
+    }
+
+    /// Kills the server with SIGKILL and starts it again on the same port and files.
+    pub fn crash_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = spawn_server(self.port, self.dir.path());
+        self.wait_ready();
+    }
+}
+
+fn spawn_server(port: u16, dir: &std::path::Path) -> Child {
+    Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", "yes", "--appendfsync", "always"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting redis-server")
+}

@@ -1,0 +1,426 @@
+//! The Redis store against a real `redis-server`: started per test on a free loopback
+//! port, with an append-only file fsynced before each reply, in a temp dir, and killed
+//! at the end. No mock. Without `redis-server` every test says so loudly and passes.
+#![cfg(feature = "redis")]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use corewheel_durable::{Error, RedisOptions, RedisTimers, RetryPolicy};
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
+use redis_server::Server;
+
+/// Deliveries by id: (wall time the handler ran, due time, attempt).
+type Log = Arc<Mutex<HashMap<String, Vec<(SystemTime, SystemTime, u32)>>>>;
+
+fn recording(
+    log: &Log,
+) -> impl Fn(&corewheel_durable::Task) -> Result<(), String> + Send + Sync + 'static {
+    let log = Arc::clone(log);
+    move |task| {
+        let now = SystemTime::now();
+        log.lock()
+            .unwrap()
+            .entry(String::from_utf8_lossy(task.id()).into_owned())
+            .or_default()
+            .push((now, task.due(), task.attempt()));
+        Ok(())
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `t` rounded up to the millisecond, as due times are stored.
+fn ms(t: SystemTime) -> SystemTime {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
+    std::time::UNIX_EPOCH + Duration::from_millis(d.as_nanos().div_ceil(1_000_000) as u64)
+}
+
+fn opts() -> RedisOptions {
+    RedisOptions::default()
+        .shards(4)
+        .window(Duration::from_millis(100))
+        .visibility(Duration::from_millis(600))
+}
+
+#[test]
+fn racing_consumers_claim_each_task_exactly_once_and_never_early() {
+    let Some(server) = Server::start("racing_consumers") else {
+        return;
+    };
+    let log: Log = Arc::default();
+    // Four instances of the service (threads standing for processes), each with its own
+    // wheel, connections and two handler threads, all arming every task.
+    let consumers: Vec<RedisTimers> = (0..4)
+        .map(|_| {
+            let t = RedisTimers::open(&server.url(), "race", opts()).unwrap();
+            t.run_handler(2, recording(&log)).unwrap();
+            t
+        })
+        .collect();
+    let producer = RedisTimers::open(&server.url(), "race", opts()).unwrap();
+    let start = SystemTime::now();
+    let tasks: Vec<(String, Vec<u8>, SystemTime)> = (0..400)
+        .map(|i| {
+            (
+                format!("t{i}"),
+                vec![],
+                start + Duration::from_millis(250 + (i % 40) * 10),
+            )
+        })
+        .collect();
+    producer.schedule_batch(tasks.clone()).unwrap();
+    wait_until("every task acked", Duration::from_secs(20), || {
+        producer.pending().unwrap() == 0
+    });
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 400);
+    let mut worst = Duration::ZERO;
+    for (id, _, due) in &tasks {
+        let runs = &log[id];
+        assert_eq!(runs.len(), 1, "{id} ran {} times", runs.len());
+        let (ran, seen_due, attempt) = runs[0];
+        assert_eq!(seen_due, ms(*due));
+        assert_eq!(attempt, 1);
+        assert!(ran >= *due, "{id} ran {:?} early", due.duration_since(ran));
+        worst = worst.max(ran.duration_since(*due).unwrap());
+    }
+    eprintln!("racing consumers: worst lateness {worst:?}");
+    drop(consumers);
+}
+
+#[test]
+fn a_dead_consumers_lease_runs_out_and_the_task_is_delivered_again() {
+    let Some(server) = Server::start("dead_consumer") else {
+        return;
+    };
+    let dead = RedisTimers::open(&server.url(), "lapse", opts()).unwrap();
+    dead.schedule("job", b"p", SystemTime::now()).unwrap();
+    // The consumer claims and then "dies": it never acks, fails or renews.
+    let claim = dead.claim_next().unwrap().expect("the due task");
+    assert_eq!(claim.task().attempt(), 1);
+    let lease_until = claim.lease_until();
+    let log: Log = Arc::default();
+    let live = RedisTimers::open(&server.url(), "lapse", opts()).unwrap();
+    live.run_handler(1, recording(&log)).unwrap();
+    wait_until("redelivery", Duration::from_secs(10), || {
+        log.lock().unwrap().contains_key("job")
+    });
+    let runs = log.lock().unwrap()["job"].clone();
+    assert_eq!(runs.len(), 1);
+    assert!(
+        runs[0].0 >= lease_until,
+        "redelivered before the lease ran out"
+    );
+    // A redelivery after a crash repeats the attempt number.
+    assert_eq!(runs[0].2, 1);
+    wait_until("ack", Duration::from_secs(5), || {
+        live.pending().unwrap() == 0
+    });
+    // The dead consumer's late ack is refused.
+    assert!(matches!(dead.ack(&claim), Err(Error::LeaseLost)));
+}
+
+#[test]
+fn an_ack_after_the_lease_lapsed_is_refused_and_the_task_stays() {
+    let Some(server) = Server::start("ack_after_lapse") else {
+        return;
+    };
+    let t = RedisTimers::open(&server.url(), "late-ack", opts()).unwrap();
+    t.schedule("job", b"p", SystemTime::now()).unwrap();
+    let mut first = t.claim_next().unwrap().unwrap();
+    // Nothing else is due while it is held.
+    assert!(t.claim_next().unwrap().is_none());
+    t.renew(&mut first).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(matches!(t.renew(&mut first), Err(Error::LeaseLost)));
+    assert!(matches!(t.ack(&first), Err(Error::LeaseLost)));
+    assert!(matches!(t.fail(&first), Err(Error::LeaseLost)));
+    assert_eq!(t.pending().unwrap(), 1);
+    let second = t.claim_next().unwrap().expect("the lapsed task again");
+    assert_eq!(second.task().id(), b"job");
+    // The first claim cannot ack over the second's lease either.
+    assert!(matches!(t.ack(&first), Err(Error::LeaseLost)));
+    t.ack(&second).unwrap();
+    assert_eq!(t.pending().unwrap(), 0);
+}
+
+#[test]
+fn renewal_keeps_a_slow_handler_from_being_raced() {
+    let Some(server) = Server::start("renewal") else {
+        return;
+    };
+    let runs = Arc::new(Mutex::new(0));
+    let consumers: Vec<RedisTimers> = (0..2)
+        .map(|_| {
+            let t = RedisTimers::open(
+                &server.url(),
+                "slow",
+                opts().visibility(Duration::from_millis(150)),
+            )
+            .unwrap();
+            let runs = Arc::clone(&runs);
+            t.run_handler(1, move |_| {
+                *runs.lock().unwrap() += 1;
+                std::thread::sleep(Duration::from_millis(700));
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            t
+        })
+        .collect();
+    consumers[0]
+        .schedule("slow", b"", SystemTime::now())
+        .unwrap();
+    wait_until("ack", Duration::from_secs(10), || {
+        consumers[0].pending().unwrap() == 0
+    });
+    assert_eq!(*runs.lock().unwrap(), 1);
+}
+
+#[test]
+fn failures_back_off_then_dead_letter_and_requeue() {
+    let Some(server) = Server::start("retries") else {
+        return;
+    };
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        initial_backoff: Duration::from_millis(100),
+        multiplier: 2,
+        max_backoff: Duration::from_secs(1),
+    };
+    let t = RedisTimers::open(&server.url(), "retry", opts().retry(policy)).unwrap();
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let healed = Arc::new(Mutex::new(false));
+    {
+        let (attempts, healed) = (Arc::clone(&attempts), Arc::clone(&healed));
+        t.run_handler(1, move |task| {
+            attempts
+                .lock()
+                .unwrap()
+                .push((Instant::now(), task.attempt()));
+            if *healed.lock().unwrap() {
+                Ok(())
+            } else {
+                Err("downstream down")
+            }
+        })
+        .unwrap();
+    }
+    t.schedule("flaky", b"payload", SystemTime::now()).unwrap();
+    wait_until("dead letter", Duration::from_secs(10), || {
+        !t.dead_letters().unwrap().is_empty()
+    });
+    let dead = t.dead_letters().unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id(), b"flaky");
+    assert_eq!(dead[0].payload(), b"payload");
+    assert_eq!(dead[0].attempt(), 3);
+    assert_eq!(t.pending().unwrap(), 0);
+    let seen = attempts.lock().unwrap().clone();
+    assert_eq!(seen.iter().map(|s| s.1).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert!(seen[1].0 - seen[0].0 >= Duration::from_millis(100));
+    assert!(seen[2].0 - seen[1].0 >= Duration::from_millis(200));
+    assert!(matches!(t.requeue("nope"), Err(Error::NotDead)));
+    *healed.lock().unwrap() = true;
+    t.requeue("flaky").unwrap();
+    assert!(t.dead_letters().unwrap().is_empty());
+    wait_until("requeued ack", Duration::from_secs(5), || {
+        t.pending().unwrap() == 0 && attempts.lock().unwrap().len() == 4
+    });
+    assert_eq!(attempts.lock().unwrap()[3].1, 1);
+}
+
+#[test]
+fn cancel_and_upsert_take_effect_across_processes() {
+    let Some(server) = Server::start("cancel_upsert") else {
+        return;
+    };
+    let log: Log = Arc::default();
+    let consumer = RedisTimers::open(&server.url(), "cu", opts()).unwrap();
+    consumer.run_handler(2, recording(&log)).unwrap();
+    let producer = RedisTimers::open(&server.url(), "cu", opts()).unwrap();
+    let now = SystemTime::now();
+    producer
+        .schedule("gone", b"", now + Duration::from_millis(400))
+        .unwrap();
+    producer
+        .schedule("moved", b"old", now + Duration::from_millis(400))
+        .unwrap();
+    // Both are armed in the consumer's wheel by now.
+    std::thread::sleep(Duration::from_millis(250));
+    producer.cancel("gone").unwrap();
+    let later = now + Duration::from_millis(900);
+    producer.schedule("moved", b"new", later).unwrap();
+    wait_until("moved delivered", Duration::from_secs(5), || {
+        log.lock().unwrap().contains_key("moved")
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let log = log.lock().unwrap();
+    assert!(!log.contains_key("gone"), "a cancelled task ran");
+    assert_eq!(log["moved"].len(), 1);
+    assert!(
+        log["moved"][0].0 >= later,
+        "the upsert's new due time was not kept"
+    );
+    assert_eq!(log["moved"][0].1, ms(later));
+}
+
+#[test]
+fn tasks_survive_a_redis_crash_and_a_consumer_restart() {
+    let Some(mut server) = Server::start("restart") else {
+        return;
+    };
+    let due = SystemTime::now() + Duration::from_millis(500);
+    {
+        let t = RedisTimers::open(&server.url(), "durable", opts()).unwrap();
+        t.schedule_batch((0..50).map(|i| (format!("r{i}"), b"x".to_vec(), due)))
+            .unwrap();
+        t.close().unwrap();
+    }
+    server.crash_and_restart();
+    let log: Log = Arc::default();
+    let t = RedisTimers::open(&server.url(), "durable", opts()).unwrap();
+    assert_eq!(t.pending().unwrap(), 50);
+    t.run_handler(2, recording(&log)).unwrap();
+    wait_until("all delivered", Duration::from_secs(10), || {
+        t.pending().unwrap() == 0
+    });
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 50);
+    assert!(log.values().all(|runs| runs.len() == 1 && runs[0].0 >= due));
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let Some(server) = Server::start("bad_input") else {
+        return;
+    };
+    let t = RedisTimers::open(&server.url(), "bad", opts()).unwrap();
+    assert!(matches!(
+        t.schedule("", b"", SystemTime::now()),
+        Err(Error::BadId { len: 0 })
+    ));
+    let big = vec![0u8; corewheel_durable::MAX_PAYLOAD_LEN + 1];
+    assert!(matches!(
+        t.schedule("x", &big, SystemTime::now()),
+        Err(Error::PayloadTooLarge { .. })
+    ));
+    assert!(matches!(
+        t.cancel(vec![1u8; 2000]),
+        Err(Error::BadId { .. })
+    ));
+    assert!(matches!(
+        RedisTimers::open(&server.url(), "a{b}", opts()),
+        Err(Error::BadOptions(_))
+    ));
+    assert!(matches!(
+        RedisTimers::open(&server.url(), "bad", opts().shards(8)),
+        Err(Error::BadOptions(_))
+    ));
+    assert!(matches!(
+        RedisTimers::open(&server.url(), "q", opts().shards(0)),
+        Err(Error::BadOptions(_))
+    ));
+    assert!(matches!(
+        RedisTimers::open("redis://127.0.0.1:1/", "q", opts()),
+        Err(Error::Redis(_))
+    ));
+    assert!(matches!(
+        t.run_handler(1, |_| Ok::<(), ()>(()))
+            .and_then(|_| t.run_handler(1, |_| Ok::<(), ()>(()))),
+        Err(Error::BadOptions(_))
+    ));
+}
+
+/// The child process of [`a_consumer_killed_while_holding_leases_loses_them`]: claims
+/// what it can, says how many it holds, and waits to be killed. A no-op in a normal run.
+#[test]
+fn child_lease_holder() {
+    let Ok(url) = std::env::var("CWR_CHILD_URL") else {
+        return;
+    };
+    let t = RedisTimers::open(&url, "procs", opts()).unwrap();
+    let mut held = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    while held.len() < 20 && Instant::now() < until {
+        match t.claim_next().unwrap() {
+            Some(claim) => held.push(claim),
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    // Straight to the pipe: the test harness captures `println!`.
+    let mut out = std::io::stdout().lock();
+    let first_lapse = held
+        .iter()
+        .map(|c| c.lease_until())
+        .min()
+        .unwrap_or(SystemTime::now());
+    let first_lapse = first_lapse
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    writeln!(out, "\nHOLDING {} {first_lapse}", held.len()).unwrap();
+    out.flush().unwrap();
+    drop(out);
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn a_consumer_killed_while_holding_leases_loses_them() {
+    let Some(server) = Server::start("kill_9") else {
+        return;
+    };
+    let producer = RedisTimers::open(&server.url(), "procs", opts()).unwrap();
+    producer
+        .schedule_batch((0..100).map(|i| (format!("p{i}"), b"".to_vec(), SystemTime::now())))
+        .unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_lease_holder",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CWR_CHILD_URL", server.url())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (held, first_lapse): (usize, u64) = loop {
+        let line = lines.next().expect("child output").unwrap();
+        // The harness prints "test child_lease_holder ... " on the same line.
+        if let Some((_, rest)) = line.split_once("HOLDING ") {
+            let (n, lapse) = rest.trim().split_once(' ').unwrap();
+            break (n.parse().unwrap(), lapse.parse().unwrap());
+        }
+    };
+    let first_lapse = std::time::UNIX_EPOCH + Duration::from_millis(first_lapse);
+    assert_eq!(held, 20);
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let log: Log = Arc::default();
+    let consumer = RedisTimers::open(&server.url(), "procs", opts()).unwrap();
+    consumer.run_handler(4, recording(&log)).unwrap();
+    wait_until("every task acked", Duration::from_secs(10), || {
+        producer.pending().unwrap() == 0
+    });
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 100);
+    assert!(log.values().all(|runs| runs.len() == 1));
+    // The killed child's 20 came back only once their leases ran out (server time, on
+    // this same machine's clock).
+    let late = log.values().filter(|runs| runs[0].0 >= first_lapse).count();
+    assert!(late >= 20, "only {late} deliveries waited for a lease");
+}
