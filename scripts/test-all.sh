@@ -9,7 +9,7 @@
 #   ./scripts/test-all.sh              every stage
 #   ./scripts/test-all.sh loom miri    only those stages, in the order given
 #
-# Stages: unit integration soak proxy property doc benches loom miri durable. Every stage
+# Stages: unit integration proxy property doc benches soak loom miri durable. Every stage
 # runs even when an earlier one failed; the script ends with a table of what each stage ran
 # and exits non-zero if any stage failed. A CARGO_TARGET_DIR you set is respected (the loom
 # build goes to its loom/ subfolder, so that its RUSTFLAGS do not invalidate the normal
@@ -22,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-all_stages=(unit integration soak proxy property doc benches loom miri durable)
+all_stages=(unit integration proxy property doc benches soak loom miri durable)
 if [ $# -gt 0 ]; then
   stages=("$@")
 else
