@@ -1410,19 +1410,15 @@ fn tokio_turn_stands_in_for_a_driver_stuck_in_a_callback() {
 }
 
 /// Two driven engines on one runtime, each with a callback that shuts down the other
-/// (and then its own): no deadlock, every driver of both ends.
+/// (and then its own): no deadlock, every driver of both ends. The drivers start once
+/// every timer is armed: a driver running meanwhile could fire the 3 ms shutdowns before
+/// the last `schedule`, which would then meet a shut-down engine.
 #[test]
 fn tokio_two_engines_shut_each_other_down_from_callbacks() {
     for _ in 0..5 {
         let runtime = support::driven::multi_thread(2);
         let a = Arc::new(TimerEngine::builder().workers(2).driven().build().unwrap());
         let b = Arc::new(TimerEngine::builder().workers(2).driven().build().unwrap());
-        let mut drivers = Vec::new();
-        for engine in [&a, &b] {
-            for d in engine.drivers(|at| tokio::time::sleep_until(at.into())) {
-                drivers.push(runtime.spawn(d));
-            }
-        }
         for (this, other) in [(&a, &b), (&b, &a)] {
             let (this2, other2) = (Arc::clone(this), Arc::clone(other));
             this.schedule(ms(3), move || {
@@ -1433,6 +1429,12 @@ fn tokio_two_engines_shut_each_other_down_from_callbacks() {
             let o = Arc::clone(other);
             this.schedule(ms(3), move || drop(o)).unwrap();
             this.schedule(ms(60_000), || {}).unwrap();
+        }
+        let mut drivers = Vec::new();
+        for engine in [&a, &b] {
+            for d in engine.drivers(|at| tokio::time::sleep_until(at.into())) {
+                drivers.push(runtime.spawn(d));
+            }
         }
         support::driven::await_drivers(&runtime, drivers);
         for engine in [&a, &b] {
