@@ -51,32 +51,24 @@ for file in tests/*/main.rs; do
   esac
 done
 
-# The root crate (the library and its test binaries, wherever it is built) at opt-level 1,
-# for every stage but loom and Miri: still the dev profile, so debug assertions and
-# overflow checks stay on, but the wheel's model and pacing tests, which are CPU-bound,
-# run several times faster (a busy-tick pacing test: about 120 s at opt-level 0, 15-20 s
-# at 1, on a loaded 2-core machine). One setting for all these stages, so that the library
-# is built once for them.
-root_opt=(--config 'profile.dev.package.corewheel.opt-level=1')
-
 stage_unit() {
-  cargo test "${root_opt[@]}" -p corewheel --lib && cargo test "${root_opt[@]}" -p corewheel-perf --bins
+  cargo test -p corewheel --lib && cargo test -p corewheel-perf --bins
 }
 # --no-fail-fast: a failing test binary does not hide what the ones after it would show.
 stage_integration() {
   local status=0
-  cargo test "${root_opt[@]}" -p corewheel --no-fail-fast "${integration_flags[@]}" || status=$?
-  cargo test "${root_opt[@]}" -p corewheel --test "$property_binary" -- --skip "$property_filter" || status=$?
+  cargo test -p corewheel --no-fail-fast "${integration_flags[@]}" || status=$?
+  cargo test -p corewheel --test "$property_binary" -- --skip "$property_filter" || status=$?
   return "$status"
 }
 # Long real-time stress loops, apart so that the stages before them report quickly.
-stage_soak() { cargo test "${root_opt[@]}" -p corewheel --test "$soak_binary"; }
+stage_soak() { cargo test -p corewheel --test "$soak_binary"; }
 # The reverse proxy on corewheel (proxy/): its unit tests and its loopback tests.
-stage_proxy() { cargo test "${root_opt[@]}" -p corewheel-proxy --no-fail-fast; }
-stage_property() { cargo test "${root_opt[@]}" -p corewheel --test "$property_binary" -- "$property_filter"; }
-stage_doc() { cargo test "${root_opt[@]}" -p corewheel --doc; }
+stage_proxy() { cargo test -p corewheel-proxy --no-fail-fast; }
+stage_property() { cargo test -p corewheel --test "$property_binary" -- "$property_filter"; }
+stage_doc() { cargo test -p corewheel --doc; }
 # criterion runs each benchmark once, as a check that it works, when run under cargo test.
-stage_benches() { cargo test "${root_opt[@]}" -p corewheel --bench '*'; }
+stage_benches() { cargo test -p corewheel --bench '*'; }
 # Optimised, but with debug assertions: the wheel's list invariants (a list's length never
 # going below zero) are what catch a timer unlinked from a list the wheel no longer holds.
 stage_loom() {
@@ -133,7 +125,7 @@ stage_durable() {
     return 0
   fi
   ensure_redis_server
-  cargo test "${root_opt[@]}" -p corewheel-durable --no-fail-fast
+  cargo test -p corewheel-durable --no-fail-fast
 }
 
 describe() {

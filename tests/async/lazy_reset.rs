@@ -20,6 +20,7 @@ use crate::support::leaked_unpinned_tick as leaked_real;
 use crate::support::{Wakes, poll, tokio_next, within};
 use corewheel::{HyperTimer, ManualClock, MissedTicks, PendingTimers, Sleep, TimerEngine};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 const MS: Duration = Duration::from_millis(1);
 const LIMIT: Duration = Duration::from_secs(120);
@@ -323,7 +324,9 @@ proptest! {
     // Regressions beside this file (lazy_reset.proptest-regressions).
     #![proptest_config(ProptestConfig {
         cases: 400,
-        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"))),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions"
+        ))),
         ..ProptestConfig::default()
     })]
 
@@ -487,7 +490,9 @@ proptest! {
     // Regressions beside this file (lazy_reset.proptest-regressions).
     #![proptest_config(ProptestConfig {
         cases: 300,
-        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"))),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions"
+        ))),
         ..ProptestConfig::default()
     })]
 

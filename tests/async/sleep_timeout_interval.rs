@@ -1950,12 +1950,13 @@ mod past_deadlines {
         assert_eq!(engine.nodes_in_use(), 0);
     }
 
-    /// Fixed (a `Sleep` keeps its deadline as signed nanoseconds since the origin): `interval_at(start)` with a start more
-    /// than 292 years before the engine's origin (an `Instant` a caller can make with
-    /// `checked_sub`) returns a first tick at another instant, the start saturated to
-    /// about origin - 292 years, where `Interval`'s docs promise "the instants `tick`
-    /// returns are the exact ones" and tokio returns `start`. Harmless in practice (the
-    /// tick still comes at once, never early); reported, not fixed here.
+    /// An open fault, older than the past-deadline fast path (a `Sleep` keeps its deadline
+    /// as signed nanoseconds since the origin): `interval_at(start)` with a start more than 292 years before the engine's origin (an
+    /// `Instant` a caller can make with `checked_sub`) returns a first tick at another
+    /// instant, the start saturated to about origin - 292 years, where `Interval`'s docs
+    /// promise "the instants `tick` returns are the exact ones" and tokio returns `start`.
+    /// Harmless in practice (the tick still comes at once, never early); reported, not
+    /// fixed here.
     #[test]
     #[ignore = "fault (minor, pre-existing): interval_at(start > 292 y before the origin) ticks at a saturated instant, not start"]
     fn interval_at_more_than_292_years_back_ticks_at_another_instant() {

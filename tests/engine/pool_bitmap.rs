@@ -1054,10 +1054,10 @@ fn churn_past_long_timers(before: usize, long: usize, rounds: usize) -> (usize, 
 /// Attacks the ring's cursor with a block of pending nodes at the start of the region:
 /// 8,192 timers of an hour armed first (idle timeouts set up at start), then 100 rounds of
 /// 1,000 short timers, each round fired before the next. At most 9,192 timers are ever in
-/// flight, so the pool needs 9 or 10 chunks; it must not grow with the timers armed. (With a
-/// refill that grows as soon as its look finds nothing, every lap of the cursor ends on the block, whose 128 full words stop each
-/// refill's look, and the pool grows by a chunk for every 1,000 timers: 108,544 nodes
-/// after 100 rounds, 12x what is in flight.)
+/// flight, so the pool needs 9 or 10 chunks; it must not grow with the timers armed. (With
+/// a refill that grows as soon as its look finds nothing, every lap of the cursor ends on
+/// the block, whose 128 full words stop each refill's look, and the pool grows by a chunk
+/// for every 1,000 timers: 108,544 nodes after 100 rounds, 12x what is in flight.)
 #[test]
 fn long_timers_armed_first_do_not_make_the_pool_grow_every_lap() {
     let (after_long, end) = churn_past_long_timers(0, 8192, 100);
@@ -1071,10 +1071,11 @@ fn long_timers_armed_first_do_not_make_the_pool_grow_every_lap() {
 /// Attacks the ring's cursor with a block of pending nodes in the middle of the region:
 /// 2,048 short timers (32 whole words), then 6,000 timers of an hour, then 150 rounds of
 /// 1,000 short timers. At most 8,048 are in flight; the pool must stay within twice that
-/// plus four chunks. (With a refill that grows as soon as its look finds nothing, each lap of the cursor stops at the block, whose first
-/// 64 words are full, and grows the pool by a chunk, so the pool grows like the square
-/// root of the timers armed. A block that begins with a word partly free is passed: the
-/// look takes that thin word and moves the cursor past the 64 words it looked at.)
+/// plus four chunks. (With a refill that grows as soon as its look finds nothing, each lap
+/// of the cursor stops at the block, whose first 64 words are full, and grows the pool by a
+/// chunk, so the pool grows like the square root of the timers armed. A block that begins
+/// with a word partly free is passed: the look takes that thin word and moves the cursor
+/// past the 64 words it looked at.)
 #[test]
 fn long_timers_in_the_middle_do_not_make_the_pool_grow_every_lap() {
     let (after_long, end) = churn_past_long_timers(2048, 6000, 150);
@@ -1092,14 +1093,15 @@ fn long_timers_in_the_middle_do_not_make_the_pool_grow_every_lap() {
 ///
 /// Every [`PROBE_EVERY`] arms a thread arms a timer due at once and waits for it to run:
 /// the worker has then taken everything the thread sent before it, and freed what was
-/// cancelled. So the nodes in flight are bounded by the test (8,192 + 2 x 1,000 pending,
-/// 2 x 2,048 at most not yet taken back), not by how far the threads outrun the worker: a
+/// cancelled. So the nodes in flight are bounded by the test (8,192 + 2 x 1,000 pending, 2
+/// x 2,048 at most not yet taken back), not by how far the threads outrun the worker: a
 /// cancelled node reaches the worker within a few ticks, and without the probes the pool
-/// held what the threads armed in those ticks, 28,672-52,224 nodes by the machine (the
-/// last in CI, where the threads armed 1.7 million timers in the 600 ms). The pool must
-/// stay within twice the bound plus four chunks. (With a refill that grows as soon as its look finds nothing, it grows by a chunk for
-/// about every 2,500-3,000 timers armed: 367,616-399,360 nodes, 23-25 MiB, after 0.9-1.1
-/// million arms in 600 ms of a debug build, and on, up to the pool's capacity.)
+/// held what the threads armed in those ticks, 28,672-52,224 nodes by the machine (the last
+/// in CI, where the threads armed 1.7 million timers in the 600 ms). The pool must stay
+/// within twice the bound plus four chunks. (With a refill that grows as soon as its look
+/// finds nothing, it grows by a chunk for about every 2,500-3,000 timers armed:
+/// 367,616-399,360 nodes, 23-25 MiB, after 0.9-1.1 million arms in 600 ms of a debug build,
+/// and on, up to the pool's capacity.)
 #[test]
 fn long_timers_armed_first_on_the_real_clock_do_not_make_the_pool_grow_every_lap() {
     within(LIMIT, "the real-clock lap", || {

@@ -1,7 +1,8 @@
-//! A counting allocator for the tests of what allocates (the `memory`
-//! and `async` binaries, which each register it as their `#[global_allocator]`). A thread counts its own allocations, and only while it watches:
-//! the test harness's threads (another test starting, its output captured) allocate at any
-//! moment and never count. The process's live bytes are counted too, and each thread's.
+//! A counting allocator for the tests of what allocates (the `memory` and `async` binaries,
+//! which each register it as their `#[global_allocator]`). A thread counts its own
+//! allocations, and only while it watches: the test harness's threads (another test
+//! starting, its output captured) allocate at any moment and never count. The process's
+//! live bytes are counted too, and each thread's.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -1,6 +1,6 @@
-//! What the tests of the node pool share (`engine/pool_bitmap.rs`,
-//! `engine/pool_growth.rs`, `wheel/eight_lists_per_slot.rs`): the pool's sizes as the public API shows them, engines to
-//! attack, and a record of what became of each timer of a real-clock race.
+//! What the tests of the node pool share (`engine/pool_bitmap.rs`, `engine/pool_growth.rs`,
+//! `wheel/eight_lists_per_slot.rs`): the pool's sizes as the public API shows them, engines
+//! to attack, and a record of what became of each timer of a real-clock race.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};

@@ -268,17 +268,18 @@ fn level3_storm_followed(mut h: Harness, n: u64) -> (u64, u64) {
     h.max_poll_work
 }
 
-/// Guards a fault since fixed. The level-3 boundary leaves the storm (due in its slot's last
-/// level-2 slot) and moves it down, paced, by `move_down_by` into that level-2 slot, which
-/// is then two level-2 slots ahead of `elapsed`. `pre_cascade_tick` looked only at each
-/// level's next slot, so `next_deadline` asked for no poll in the block before that level-2
-/// slot, the owner slept from `move_down_by` to the slot's start, and that boundary, whose
-/// walk never ran (no anchor), moved the whole storm in one poll: 30,000 list operations at
-/// tick 12,032 (16 x 5 wheel), 100,000 at tick 782,336 (default wheel). Mended: `pre_cascade_tick` looks for the first big
-/// slot after the current one, and a boundary walks an unwalked slot from its head. The
-/// 16 x 5 wheel's moves ahead of time have a 16-tick window at the design pace (twice the
-/// share of what is left per tick left), so one tick there moves about 2 n / 16 timers
-/// (8,000 list operations for 30,000); its bound is n / 3, the default wheel's n / 10.
+/// Guards a fault since fixed. The level-3 boundary leaves the storm (due in its slot's
+/// last level-2 slot) and moves it down, paced, by `move_down_by` into that level-2 slot,
+/// which is then two level-2 slots ahead of `elapsed`. `pre_cascade_tick` looked only at
+/// each level's next slot, so `next_deadline` asked for no poll in the block before that
+/// level-2 slot, the owner slept from `move_down_by` to the slot's start, and that
+/// boundary, whose walk never ran (no anchor), moved the whole storm in one poll: 30,000
+/// list operations at tick 12,032 (16 x 5 wheel), 100,000 at tick 782,336 (default wheel).
+/// Mended: `pre_cascade_tick` looks for the first big slot after the current one, and a
+/// boundary walks an unwalked slot from its head. The 16 x 5 wheel's moves ahead of time
+/// have a 16-tick window at the design pace (twice the share of what is left per tick
+/// left), so one tick there moves about 2 n / 16 timers (8,000 list operations for 30,000);
+/// its bound is n / 3, the default wheel's n / 10.
 #[test]
 fn level3_leftovers_moved_down_are_not_crossed_in_one_poll_by_the_level2_boundary() {
     let cases = [
@@ -303,12 +304,13 @@ fn level3_leftovers_moved_down_are_not_crossed_in_one_poll_by_the_level2_boundar
     }
 }
 
-/// Guards a fault since fixed, the root of the one above. A storm over a level-2 slot two slots ahead of `elapsed` (armed 4 s
-/// before its slot's start, 8 to 12 s before it is due), owner polling only at
-/// `next_deadline`: `pre_cascade_tick` considers only the next level-2 slot, so nothing
-/// asks for a poll in the block before the storm's slot, and its start moves all of it
-/// in one poll (100,000 list operations at tick 12,288 for 100,000 timers). Mended:
-/// `pre_cascade_tick` asks for polls for the first big slot after the current one.
+/// Guards a fault since fixed, the root of the one above. A storm over a level-2 slot two
+/// slots ahead of `elapsed` (armed 4 s before its slot's start, 8 to 12 s before it is
+/// due), owner polling only at `next_deadline`: `pre_cascade_tick` considers only the next
+/// level-2 slot, so nothing asks for a poll in the block before the storm's slot, and its
+/// start moves all of it in one poll (100,000 list operations at tick 12,288 for 100,000
+/// timers). Mended: `pre_cascade_tick` asks for polls for the first big slot after the
+/// current one.
 #[test]
 fn a_storm_two_level2_slots_ahead_is_not_moved_in_one_poll_by_an_owner_following_next_deadline() {
     let n = 100_000;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use corewheel::{TimerKey, Wheel};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 /// The unit the generated delays are scaled in (the default tick).
 const TICK_NS: u64 = 1_000_000;
@@ -243,7 +244,9 @@ proptest! {
     // binary's main.rs (proptest's default).
     #![proptest_config(ProptestConfig {
         cases: 320,
-        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"))),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions"
+        ))),
         ..ProptestConfig::default()
     })]
 

@@ -313,20 +313,20 @@ fn due_in_slot_62_walked_in_slot_62(n: u64, extra: usize) -> (u64, u64) {
     h.max_poll_work
 }
 
-/// Guards a fault since fixed (the description is of the fault). A pass
-/// that begins in finer slot 62 keeps every timer due
-/// there (`finer < limit` fails for `limit == 62`); if it has not walked the whole list
-/// when finer slot 63 begins, it goes on from its anchor with the new limit, but the
-/// timers it kept before the anchor (now movable) are counted by nobody:
-/// `next_big_coarse_slot` reports `len - kept` (the unwalked rest only) while the pass is
-/// unfinished, so `pre_cascade_tick` paces only that rest
+/// Guards a fault since fixed (the description is of the fault). A pass that begins in
+/// finer slot 62 keeps every timer due there (`finer < limit` fails for `limit == 62`); if
+/// it has not walked the whole list when finer slot 63 begins, it goes on from its anchor
+/// with the new limit, but the timers it kept before the anchor (now movable) are counted
+/// by nobody: `next_big_coarse_slot` reports `len - kept` (the unwalked rest only) while
+/// the pass is unfinished, so `pre_cascade_tick` paces only that rest
 /// (`first_move_tick(start - 1, rest, ..)`), and when the pass finishes (two ticks before
-/// the boundary) the next pass must move all the kept timers in the ticks left:
-/// 155,956 list operations in the poll at tick 8191 for 100,000 timers (8,072 with
-/// a window of one slot). With busy ticks up to the boundary instead of following `next_deadline`, a
+/// the boundary) the next pass must move all the kept timers in the ticks left: 155,956
+/// list operations in the poll at tick 8191 for 100,000 timers (8,072 with a window of one
+/// slot). With busy ticks up to the boundary instead of following `next_deadline`, a
 /// 200,000-timer block due in finer slot 62 walked from finer slot 60 on does 36,040 list
-/// operations in one tick here, 12,701 with a one-slot window (`a_storm_due_in_the_last_block_but_one`
-/// below shows the numbers without asserting them).
+/// operations in one tick here, 12,701 with a one-slot window
+/// (`a_storm_due_in_the_last_block_but_one` below shows the numbers without asserting
+/// them).
 #[test]
 fn timers_kept_by_an_earlier_unfinished_pass_are_paced_before_the_boundary() {
     let n = 100_000;

@@ -122,10 +122,10 @@ fn window() -> (u64, usize, Option<f64>) {
 
 /// An owner stuck with nothing due, at many workers: the one watcher looks once every
 /// `rescue_after` ticks, so about `2000 / rescue_after` wake-ups per 2 s window, by one
-/// worker. Guards a fault since fixed: each look stood in with the watcher's own shard marked running
-/// and called `Balance::running` even when it ran nothing: the watcher is awake (its
-/// watch ended), so nobody watched and no sleeper counted, and it woke a parked worker,
-/// which stood in too (and might wake another) before it slept again: two to three
+/// worker. Guards a fault since fixed: each look stood in with the watcher's own shard
+/// marked running and called `Balance::running` even when it ran nothing: the watcher is
+/// awake (its watch ended), so nobody watched and no sleeper counted, and it woke a parked
+/// worker, which stood in too (and might wake another) before it slept again: two to three
 /// wake-ups per look, by three or four workers.
 ///
 /// Fails when the quietest of three windows has more than 1.5 wake-ups per period (plus
@@ -166,11 +166,11 @@ fn a_stuck_owner_at_many_workers_costs_one_wake_up_a_period() {
     );
 }
 
-/// `rescue_after(Some(0))` is accepted. Guards a fault since fixed: a worker going to sleep within the
-/// tick an owner began running timers (`ran_within(64 * 0)`) got `watch_until` = now, so
-/// it never parked (`wake > now_tick` failed in the worker loop) and spun out the tick:
-/// one owner with a 1 ms repeating timer kept the other worker busy nearly all the time.
-/// `Some(1)` costs under a tenth of a core here.
+/// `rescue_after(Some(0))` is accepted. Guards a fault since fixed: a worker going to sleep
+/// within the tick an owner began running timers (`ran_within(64 * 0)`) got `watch_until` =
+/// now, so it never parked (`wake > now_tick` failed in the worker loop) and spun out the
+/// tick: one owner with a 1 ms repeating timer kept the other worker busy nearly all the
+/// time. `Some(1)` costs under a tenth of a core here.
 ///
 /// Fails when each of three 2 s windows uses half a core or more.
 #[test]
