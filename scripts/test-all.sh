@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# corewheel's whole test suite, from a fresh machine: unit, integration, property and doc
-# tests, the benchmarks run once each, the loom models, and Miri. Installs the nightly Miri
-# component when it is missing; if that cannot be done, says so loudly and runs the rest.
+# corewheel's whole test suite, from a fresh machine: unit, integration, real-clock soak,
+# property and doc tests, the benchmarks run once each, the loom models, Miri, and the
+# durable timers' tests when that crate is there. Installs the nightly Miri component when
+# it is missing; if that cannot be done, says so loudly and runs the rest. Installs
+# redis-server (Debian, as root) for the durable stage when it is missing; if that cannot be
+# done, says so loudly.
 #
 #   ./scripts/test-all.sh              every stage
 #   ./scripts/test-all.sh loom miri    only those stages, in the order given
 #
-# Stages: unit integration proxy property doc benches loom miri. Every stage runs even when an
-# earlier one failed; the script ends with a table of what each stage ran and exits
-# non-zero if any stage failed. A CARGO_TARGET_DIR you set is respected (the loom build
-# goes to its loom/ subfolder, so that its RUSTFLAGS do not invalidate the normal build).
+# Stages: unit integration proxy property doc benches soak loom miri durable. Every stage
+# runs even when an earlier one failed; the script ends with a table of what each stage ran
+# and exits non-zero if any stage failed. A CARGO_TARGET_DIR you set is respected (the loom
+# build goes to its loom/ subfolder, so that its RUSTFLAGS do not invalidate the normal
+# build).
+#
+# The root crate's integration tests are one binary per subject (tests/<subject>/main.rs,
+# helpers in tests/support/). The `soak` binary (long real-time stress loops) has a stage
+# of its own; the `wheel` binary's model-based property tests (its `model` module) are the
+# property stage, and the rest of it is in the integration stage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-all_stages=(unit integration proxy property doc benches loom miri)
+all_stages=(unit integration proxy property doc benches soak loom miri durable)
 if [ $# -gt 0 ]; then
   stages=("$@")
 else
@@ -27,27 +36,36 @@ for stage in "${stages[@]}"; do
 done
 
 target_dir="${CARGO_TARGET_DIR:-target}"
-# The integration tests, without the property-based ones, each a --test flag.
-property_tests=(wheel_model)
+# The integration test binaries (tests/<name>/main.rs), but the soak binary, each a --test
+# flag; the wheel binary's property tests (module `model`) are left to the property stage.
+soak_binary=soak
+property_binary=wheel
+property_filter=model::
+integration_binaries=()
 integration_flags=()
-for file in tests/*.rs; do
-  name=$(basename "$file" .rs)
-  case " ${property_tests[*]} " in
-    *" $name "*) ;;
-    *) integration_flags+=(--test "$name") ;;
+for file in tests/*/main.rs; do
+  name=$(basename "$(dirname "$file")")
+  case $name in
+    "$soak_binary" | "$property_binary") ;;
+    *) integration_binaries+=("$name") integration_flags+=(--test "$name") ;;
   esac
 done
-property_flags=()
-for name in "${property_tests[@]}"; do property_flags+=(--test "$name"); done
 
 stage_unit() {
   cargo test -p corewheel --lib && cargo test -p corewheel-perf --bins
 }
 # --no-fail-fast: a failing test binary does not hide what the ones after it would show.
-stage_integration() { cargo test -p corewheel --no-fail-fast "${integration_flags[@]}"; }
+stage_integration() {
+  local status=0
+  cargo test -p corewheel --no-fail-fast "${integration_flags[@]}" || status=$?
+  cargo test -p corewheel --test "$property_binary" -- --skip "$property_filter" || status=$?
+  return "$status"
+}
+# Long real-time stress loops, apart so that the stages before them report quickly.
+stage_soak() { cargo test -p corewheel --test "$soak_binary"; }
 # The reverse proxy on corewheel (proxy/): its unit tests and its loopback tests.
 stage_proxy() { cargo test -p corewheel-proxy --no-fail-fast; }
-stage_property() { cargo test -p corewheel "${property_flags[@]}"; }
+stage_property() { cargo test -p corewheel --test "$property_binary" -- "$property_filter"; }
 stage_doc() { cargo test -p corewheel --doc; }
 # criterion runs each benchmark once, as a check that it works, when run under cargo test.
 stage_benches() { cargo test -p corewheel --bench '*'; }
@@ -78,16 +96,50 @@ WARN
   cargo +nightly miri setup >/dev/null && cargo +nightly miri test -p corewheel --lib
 }
 
+# redis-server, for the durable timers' tests: installed with apt-get (Debian, as root) when
+# it is missing. Says loudly when it cannot be had, and returns non-zero; the caller decides.
+ensure_redis_server() {
+  if command -v redis-server >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "redis-server is missing: installing it with apt-get"
+    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; } || true
+  fi
+  if ! command -v redis-server >/dev/null 2>&1; then
+    cat <<'WARN'
+
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!!  REDIS-SERVER IS MISSING and could not be installed (needs Debian's apt-get, as   !!
+!!  root). The durable timers' tests that need a Redis server cannot run.            !!
+!!  Install it with: apt-get install -y redis-server                                 !!
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+WARN
+    return 1
+  fi
+}
+# The durable timers (durable/), when that crate is in the tree.
+stage_durable() {
+  if [ ! -f durable/Cargo.toml ]; then
+    echo "the durable crate (durable/Cargo.toml) is absent: nothing to test"
+    return 0
+  fi
+  ensure_redis_server
+  cargo test -p corewheel-durable --all-features --no-fail-fast
+}
+
 describe() {
   case $1 in
     unit) echo "unit tests: the library's and the perf harness's" ;;
-    integration) echo "integration tests (tests/*.rs but the property tests)" ;;
+    integration) echo "integration tests (tests/<subject>/main.rs: ${integration_binaries[*]} $property_binary, but its property tests)" ;;
+    soak) echo "real-clock soaks (tests/$soak_binary: long real-time stress loops)" ;;
     proxy) echo "the reverse proxy's tests (corewheel-proxy: timeouts and bad input on loopback)" ;;
-    property) echo "property tests (${property_tests[*]})" ;;
+    property) echo "property tests (the $property_binary binary's $property_filter module)" ;;
     doc) echo "doc tests, the README's examples among them" ;;
     benches) echo "criterion benchmarks, each run once as a check" ;;
     loom) echo "loom models (RUSTFLAGS='--cfg loom -C debug-assertions', target $target_dir/loom)" ;;
     miri) echo "Miri over the library's unit tests" ;;
+    durable) echo "the durable timers' tests (corewheel-durable, with redis-server), if the crate is there" ;;
   esac
 }
 
