@@ -114,7 +114,7 @@ fn concurrent_growth_allocates_distinct_chunks() {
 /// carve to settle (its nodes kept or given to the bitmap) before it reports the pool
 /// full, and the wait ends in every interleaving. Under loom a chunk lies in one bitmap
 /// word, which its carver keeps, so the waiter finds nothing after it either; on a real
-/// pool (16 words a chunk) it finds the 15 given (`tests/hostile_pool_bitmap.rs`,
+/// pool (16 words a chunk) it finds the 15 given (`tests/engine/pool_bitmap.rs`,
 /// `racing_first_schedules_never_find_an_empty_pool_full`).
 #[test]
 fn a_refill_at_the_size_limit_waits_for_the_last_chunk_being_carved() {
