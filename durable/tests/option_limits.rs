@@ -1,4 +1,4 @@
-//! Hostile review: out-of-range options should be typed errors, not panics. Kept in its
+//! Out-of-range options should be typed errors, not panics. Kept in its
 //! own test binary: an absurd allocation can abort the process.
 
 use corewheel_durable::{DurableTimers, Error, MAX_EXPECTED_PENDING, Options};

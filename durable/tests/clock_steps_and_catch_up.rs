@@ -1,4 +1,4 @@
-//! Hostile review: timing logic on the manual wall clock (clock steps, catch-up rate,
+//! Timing logic on the manual wall clock (clock steps, catch-up rate,
 //! extreme due times, bucket edges, the loader racing upserts and cancels).
 
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! Hostile review on the real clock: races, re-entrant handlers, shutdown, directories.
+//! On the real clock: races, re-entrant handlers, shutdown, directories.
 //! Real-clock tests assert only never early, exactly once after an ack, nothing lost.
 
 use std::collections::{HashMap, HashSet};
