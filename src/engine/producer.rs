@@ -338,7 +338,7 @@ impl EngineShared {
         now: u64,
     ) {
         if let Some((first, last, earliest)) = park.finish() {
-            let quiet = quiet_need(shard.planned_wake(), now);
+            let quiet = quiet_need(shard, now);
             // SAFETY: forwarded from the caller.
             if let Some(need) = unsafe { lane.park(first, last, earliest, quiet) } {
                 shard.wake_for(need);
@@ -522,24 +522,28 @@ fn forward_need(node: &TimerNode, seen: Observed, now: u64, shard: &Shard) -> u6
 /// [`LANE_HORIZON`]..[`IDLE_LANE_HORIZON`] (the latter while it is awake).
 #[inline]
 fn fresh_need(shard: &Shard, now: u64) -> u64 {
-    let latest = now.saturating_add(IDLE_LANE_HORIZON);
-    match shard.planned_wake() {
-        AWAKE => latest,
-        planned => planned.clamp(now.saturating_add(LANE_HORIZON), latest),
-    }
+    riding_planned_wake(shard, now, LANE_HORIZON)
 }
 
 /// By when the worker takes back an old generation parked at tick `now` if its producer
 /// goes quiet: the producer takes it back itself within two horizons while it is busy, so
-/// the worker's fallback rides its own planned wake-up (`planned`, or [`AWAKE`]: it will
-/// plan by then) within two horizons and [`IDLE_LANE_HORIZON`]. Sooner, and a busy
-/// producer's every park would wake the worker for a generation it then finds taken.
+/// the worker's fallback rides its planned wake-up within two horizons and
+/// [`IDLE_LANE_HORIZON`]. Sooner, and a busy producer's every park would wake the worker
+/// for a generation it then finds taken.
 #[inline]
-fn quiet_need(planned: u64, now: u64) -> u64 {
+fn quiet_need(shard: &Shard, now: u64) -> u64 {
+    riding_planned_wake(shard, now, 2 * OLD_HORIZON + 1)
+}
+
+/// The worker's planned wake-up held within `soonest`..=[`IDLE_LANE_HORIZON`] ticks of `now`
+/// (the latter while it is awake: it will plan by then), so that a need costs no wake-up
+/// of its own.
+#[inline]
+fn riding_planned_wake(shard: &Shard, now: u64, soonest: u64) -> u64 {
     let latest = now.saturating_add(IDLE_LANE_HORIZON);
-    match planned {
+    match shard.planned_wake() {
         AWAKE => latest,
-        planned => planned.clamp(now.saturating_add(2 * OLD_HORIZON + 1), latest),
+        planned => planned.clamp(now.saturating_add(soonest), latest),
     }
 }
 
