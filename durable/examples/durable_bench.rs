@@ -19,6 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use corewheel_durable::{DurableTimers, Options};
 
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
+use redis_server::Server;
+
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -403,90 +407,18 @@ fn redb_throughput(threads: usize, total: usize) -> (f64, u64) {
     (rate, writer.join().unwrap())
 }
 
-/// A `redis-server` of this run, on a free loopback port, killed on drop.
-struct RedisServer {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
+/// A connection to `server`.
+fn connect(server: &Server) -> redis::Connection {
+    redis::Client::open(server.url())
+        .and_then(|client| client.get_connection())
+        .unwrap()
 }
 
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `redis-server` with an append-only file fsynced before each reply
-/// (`appendfsync always`), the durability a schedule call of the durable timers has; or
-/// says loudly how to install it and returns `None`.
-fn start_redis() -> Option<RedisServer> {
-    use std::process::{Command, Stdio};
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!();
-        eprintln!("!!! redis-server not found: the Redis rows are skipped.");
-        eprintln!(
-            "!!! Install it with `apt-get install redis-server` (Debian/Ubuntu) and run again."
-        );
-        eprintln!();
-        return None;
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .ok()?;
-    let dir = tempfile::tempdir().unwrap();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .args(["--appendonly", "yes", "--appendfsync", "always"])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .spawn()
-        .ok()?;
-    let server = RedisServer {
-        child,
-        port,
-        _dir: dir,
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < until {
-        if let Ok(mut con) = server.connect_once()
-            && redis::cmd("PING").query::<String>(&mut con).is_ok()
-        {
-            return Some(server);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    eprintln!("!!! redis-server did not answer on port {port}: the Redis rows are skipped.");
-    None
-}
-
-impl RedisServer {
-    fn connect_once(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?.get_connection()
-    }
-
-    fn connect(&self) -> redis::Connection {
-        self.connect_once().unwrap()
-    }
-
-    fn flush(&self) {
-        redis::cmd("FLUSHALL")
-            .query::<()>(&mut self.connect())
-            .unwrap();
-    }
+/// Empties `server` between workloads.
+fn flush(server: &Server) {
+    redis::cmd("FLUSHALL")
+        .query::<()>(&mut connect(server))
+        .unwrap();
 }
 
 /// The redb release the bench is built against, for the table.
@@ -551,12 +483,12 @@ impl Timers for RedisTimers {
 /// The Sidekiq-style poller: every `interval`, takes every due task off the set, 100 at a
 /// time, and "runs" each (records when it had it) until `stop` is set.
 fn redis_poller(
-    server: &RedisServer,
+    server: &Server,
     interval: Duration,
     seen: Seen,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
-    let mut con = server.connect();
+    let mut con = connect(server);
     std::thread::spawn(move || {
         let mut tick = Instant::now();
         while !stop.load(Ordering::Relaxed) {
@@ -590,14 +522,14 @@ fn redis_poller(
 }
 
 /// Redis schedules per second with `threads` connections each adding one task per MULTI.
-fn redis_throughput(server: &RedisServer, threads: usize, total: usize) -> f64 {
-    server.flush();
+fn redis_throughput(server: &Server, threads: usize, total: usize) -> f64 {
+    flush(server);
     let day = SystemTime::now() + Duration::from_secs(86_400);
     let per_thread = total / threads;
     let start = Instant::now();
     std::thread::scope(|s| {
         for t in 0..threads {
-            let mut con = server.connect();
+            let mut con = connect(server);
             s.spawn(move || {
                 for k in 0..per_thread {
                     let mut pipe = redis::pipe();
@@ -609,7 +541,7 @@ fn redis_throughput(server: &RedisServer, threads: usize, total: usize) -> f64 {
         }
     });
     let rate = (per_thread * threads) as f64 / start.elapsed().as_secs_f64();
-    server.flush();
+    flush(server);
     rate
 }
 
@@ -664,18 +596,18 @@ fn compare(args: &[String]) {
         "| redb {REDB_VERSION}, group commit | one write transaction per group, Durability::Immediate ({commits} commits) | {rate:.0} | - | - | - | - | - | - |"
     );
     let mut floors = vec![("corewheel-durable run", l.floor)];
-    if let Some(server) = start_redis() {
+    if let Some(server) = Server::start("durable_bench: the Redis rows") {
         let rate = redis_throughput(&server, threads, total);
         for (name, interval) in [
             ("Redis ZSET, 1 s poll", Duration::from_secs(1)),
             ("Redis ZSET, 100 ms poll", Duration::from_millis(100)),
         ] {
-            server.flush();
+            flush(&server);
             let seen: Seen = Arc::default();
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let poller = redis_poller(&server, interval, Arc::clone(&seen), Arc::clone(&stop));
             let timers = RedisTimers {
-                con: Mutex::new(server.connect()),
+                con: Mutex::new(connect(&server)),
             };
             let l = lateness_run(&timers, tasks, &seen);
             stop.store(true, Ordering::Relaxed);

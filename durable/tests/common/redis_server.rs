@@ -1,6 +1,6 @@
 //! A `redis-server` on a free loopback port, with an append-only file fsynced before each
-//! reply, in a temp dir, killed on drop. Shared by `tests/redis_store.rs` and
-//! `examples/redis_store_bench.rs`.
+//! reply, in a temp dir, killed on drop. Shared by `tests/redis_store.rs`,
+//! `examples/redis_store_bench.rs` and `examples/durable_bench.rs`.
 #![allow(dead_code)]
 
 use std::process::{Child, Command, Stdio};
