@@ -51,21 +51,73 @@ for file in tests/*/main.rs; do
   esac
 done
 
-stage_unit() {
-  cargo test -p corewheel --lib && cargo test -p corewheel-perf --bins
+# cargo-nextest runs each test in a process of its own, several at once: most of these tests
+# wait on the real clock, and tests that measure the whole process (its CPU time, its
+# workers' wake-ups) no longer have to take turns inside one binary. Without it the same
+# tests run under `cargo test`, one binary after another, several times slower.
+have_nextest=0
+ensure_nextest() {
+  if cargo nextest --version >/dev/null 2>&1; then
+    have_nextest=1
+    return
+  fi
+  echo "cargo-nextest is missing: installing its prebuilt binary into ${CARGO_HOME:-$HOME/.cargo}/bin"
+  mkdir -p "${CARGO_HOME:-$HOME/.cargo}/bin"
+  curl -LsSf https://get.nexte.st/latest/linux | tar zxf - -C "${CARGO_HOME:-$HOME/.cargo}/bin" \
+    || cargo install cargo-nextest --locked || true
+  if cargo nextest --version >/dev/null 2>&1; then
+    have_nextest=1
+    return
+  fi
+  cat <<'WARN'
+
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!!  CARGO-NEXTEST IS MISSING and could not be installed: the tests run under plain   !!
+!!  `cargo test` instead, one binary at a time. Nothing is skipped, but the suite     !!
+!!  takes several times longer. Install it with: cargo install cargo-nextest --locked !!
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+WARN
 }
-# --no-fail-fast: a failing test binary does not hide what the ones after it would show.
+# Tests at once under nextest: most wait on the clock rather than use a core.
+test_threads=6
+# Runs the given tests (cargo test's target flags, then optionally `--skip PATTERN` or
+# `--exact-filter PATTERN`) under nextest if it is there, else cargo test.
+run_tests() {
+  local targets=() skip="" only=""
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --skip) skip=$2; shift 2 ;;
+      --only) only=$2; shift 2 ;;
+      *) targets+=("$1"); shift ;;
+    esac
+  done
+  if [ "$have_nextest" = 1 ]; then
+    local filter=()
+    [ -n "$skip" ] && filter=(-E "not test(/^${skip}/)")
+    [ -n "$only" ] && filter=(-E "test(/^${only}/)")
+    cargo nextest run --no-fail-fast --test-threads "$test_threads" "${targets[@]}" "${filter[@]}"
+  else
+    local args=()
+    [ -n "$skip" ] && args=(--skip "$skip")
+    [ -n "$only" ] && args=("$only")
+    cargo test --no-fail-fast "${targets[@]}" -- "${args[@]}"
+  fi
+}
+
+stage_unit() {
+  run_tests -p corewheel --lib && run_tests -p corewheel-perf --bins
+}
 stage_integration() {
   local status=0
-  cargo test -p corewheel --no-fail-fast "${integration_flags[@]}" || status=$?
-  cargo test -p corewheel --test "$property_binary" -- --skip "$property_filter" || status=$?
+  run_tests -p corewheel "${integration_flags[@]}" || status=$?
+  run_tests -p corewheel --test "$property_binary" --skip "$property_filter" || status=$?
   return "$status"
 }
 # Long real-time stress loops, apart so that the stages before them report quickly.
-stage_soak() { cargo test -p corewheel --test "$soak_binary"; }
+stage_soak() { run_tests -p corewheel --test "$soak_binary"; }
 # The reverse proxy on corewheel (proxy/): its unit tests and its loopback tests.
-stage_proxy() { cargo test -p corewheel-proxy --no-fail-fast; }
-stage_property() { cargo test -p corewheel --test "$property_binary" -- "$property_filter"; }
+stage_proxy() { run_tests -p corewheel-proxy; }
+stage_property() { run_tests -p corewheel --test "$property_binary" --only "$property_filter"; }
 stage_doc() { cargo test -p corewheel --doc; }
 # criterion runs each benchmark once, as a check that it works, when run under cargo test.
 stage_benches() { cargo test -p corewheel --bench '*'; }
@@ -93,7 +145,13 @@ stage_miri() {
 WARN
     return 3
   fi
-  cargo +nightly miri setup >/dev/null && cargo +nightly miri test -p corewheel --lib
+  cargo +nightly miri setup >/dev/null || return 1
+  if [ "$have_nextest" = 1 ]; then
+    # A process per test: the interpreter is single-threaded, so two at once use both cores.
+    cargo +nightly miri nextest run -p corewheel --lib --no-fail-fast --test-threads 2
+  else
+    cargo +nightly miri test -p corewheel --lib
+  fi
 }
 
 # redis-server, for the durable timers' tests: installed with apt-get (Debian, as root) when
@@ -125,7 +183,7 @@ stage_durable() {
     return 0
   fi
   ensure_redis_server
-  cargo test -p corewheel-durable --all-features --no-fail-fast
+  run_tests -p corewheel-durable --all-features
 }
 
 describe() {
@@ -143,6 +201,7 @@ describe() {
   esac
 }
 
+ensure_nextest
 rows=()
 failed_stages=0
 for stage in "${stages[@]}"; do
@@ -152,9 +211,17 @@ for stage in "${stages[@]}"; do
   "stage_$stage" 2>&1 | tee "$log"
   status=${PIPESTATUS[0]}
   seconds=$(($(date +%s) - started))
-  # libtest's summaries; criterion's test mode prints one "Success" per benchmark.
+  # libtest's and nextest's summaries; criterion's test mode prints one "Success" per
+  # benchmark. nextest counts the tests a filter left out as skipped, not ignored.
   read -r passed failed ignored < <(awk '
     /^test result:/ { p += $4; f += $6; i += $8 }
+    /^ *Summary \[/ {
+      for (k = 1; k <= NF; k++) {
+        word = $(k + 1); sub(/[,)]+$/, "", word)
+        if (word == "passed") p += $k
+        if (word == "failed") f += $k
+      }
+    }
     /^Success$/ { p += 1 }
     END { printf "%d %d %d\n", p, f, i }' "$log")
   rm -f "$log"

@@ -18,7 +18,7 @@
 //! a blocked callback is released either way, so a failing test fails rather than hangs.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::support;
@@ -295,14 +295,32 @@ fn owner_stuck_while_others(workers: usize, rescue: Option<u32>, others: Others)
     let t0 = Instant::now() + ms(200);
     let mut must_fire: Vec<(String, Flag)> = Vec::new();
     let mut repeating = Vec::new();
+    // When the owner's look comes late (a loaded machine), a timer of A's may be claimed in
+    // the blocking callback's run, and such a timer waits for it (documented in
+    // docs/design.md): those due by a tick after the block began are excused until the gate
+    // opens, and must fire after it.
+    let blocked_at = Arc::new(OnceLock::<Instant>::new());
+    let block = blocking(&gate, &started_tx);
+    let mark = Arc::clone(&blocked_at);
     engine
-        .schedule_at(t0, blocking(&gate, &started_tx))
+        .schedule_at(t0, move || {
+            let _ = mark.set(Instant::now());
+            block();
+        })
         .unwrap();
+    let mut a_dues = Vec::new();
     for k in 1..=3 {
         let (due, flag) = (t0 + ms(50 * k), Flag::default());
         engine.schedule_at(due, flag.callback(due, &early)).unwrap();
         must_fire.push((format!("A's timer at t0+{}ms", 50 * k), flag));
+        a_dues.push(due);
     }
+    let in_blocked_run = |index: usize| {
+        let began = blocked_at.get().copied();
+        a_dues
+            .get(index)
+            .is_some_and(|&due| began.is_some_and(|began| due <= began + ms(2)))
+    };
     let mut stuck_too = 0;
     for (shard, agent) in agents.iter().enumerate().filter(|&(shard, _)| shard != a) {
         let engine = Arc::clone(&engine);
@@ -344,11 +362,14 @@ fn owner_stuck_while_others(workers: usize, rescue: Option<u32>, others: Others)
     for _ in 0..=stuck_too {
         started(&started_rx, "a blocking callback");
     }
-    let all = eventually(LIMIT, || must_fire.iter().all(|(_, flag)| flag.is_set()));
+    let waiting =
+        |(index, (_, flag)): (usize, &(String, Flag))| !flag.is_set() && !in_blocked_run(index);
+    let all = eventually(LIMIT, || !must_fire.iter().enumerate().any(waiting));
     let missing: Vec<&str> = must_fire
         .iter()
-        .filter(|(_, flag)| !flag.is_set())
-        .map(|(name, _)| name.as_str())
+        .enumerate()
+        .filter(|&entry| waiting(entry))
+        .map(|(_, (name, _))| name.as_str())
         .collect();
     gate.open();
     for handle in repeating {

@@ -53,7 +53,9 @@ fn a_stream_of_timers_due_before_the_plan_does_not_wake_the_worker_for_each() {
     // twice a tick. Woken for each timer it would wake hundreds of thousands of times. The
     // bound, four a tick, tells the two apart on a loaded machine; what the wake-ups cost
     // is measured by the harness (perf/results/ablation/wake-closeness).
-    let bound = 4 * elapsed + 40;
+    // A producer fast enough to fill the rings faster than that (an optimised build) may
+    // wake it once per ring's worth of timers: still thousands of timers a wake-up.
+    let bound = (4 * elapsed + 40).max(timers / 1_000);
     eprintln!("{wakes} wake-ups of the worker in {elapsed} ms for {timers} timers");
     assert!(
         wakes <= bound,
