@@ -4,13 +4,12 @@
 //! Three lock-free stacks, each emptied whole with one swap: by the producer every
 //! [`CLAIM_EVERY`] pushes (recycling what it cancelled, forwarding the rest on the
 //! [`forward_ring`](crate::engine::forward_ring)), or by the worker once the stack's `need`
-//! tick comes. Only the producer pushes, so the line stays in its core.
+//! tick comes. Only the producer pushes.
 //!
 //! New timers go on the young stack; a claim keeps pending ones there one more claim, then
 //! parks those not due soon on the current old generation. Every [`OLD_HORIZON`] ticks the
 //! generations rotate and the producer takes back the one closed a whole horizon, so a
-//! timer cancelled within one to two horizons is recycled by its own thread; each timer is
-//! walked at most three times.
+//! timer cancelled within one to two horizons is recycled by its own thread.
 
 use std::ptr::NonNull;
 
@@ -39,11 +38,19 @@ impl Staging {
         }
     }
 
-    /// Pushes the chain `first..=last`; returns whether the stack was empty.
+    /// Pushes the chain `first..=last`, needed by `need`; a stack this starts is needed by
+    /// `start()` at the latest. Returns the stack's need if this changed it, for the caller to
+    /// wake the worker.
     ///
     /// # Safety
     /// Only the producer pushes; the chain's nodes are live, the caller's, on no other chain.
-    unsafe fn push(&self, first: NonNull<TimerNode>, last: NonNull<TimerNode>) -> bool {
+    unsafe fn push(
+        &self,
+        first: NonNull<TimerNode>,
+        last: NonNull<TimerNode>,
+        need: u64,
+        start: impl FnOnce() -> u64,
+    ) -> Option<u64> {
         // SAFETY: ground rule 2: the caller holds the nodes.
         let (first, last) = unsafe { (TimerNode::link(first).as_ptr(), TimerNode::link(last)) };
         let mut head = self.head.load(Ordering::Relaxed);
@@ -56,10 +63,21 @@ impl Staging {
                 .head
                 .compare_exchange_weak(head, first, Ordering::SeqCst, Ordering::Relaxed)
             {
-                Ok(_) => return head.is_null(),
+                Ok(_) => break,
                 Err(actual) => head = actual,
             }
         }
+        let was_empty = head.is_null();
+        let published = self.need.load(Ordering::Relaxed);
+        let need = if was_empty {
+            need.min(start())
+        } else {
+            published.min(need)
+        };
+        (need != published || was_empty).then(|| {
+            self.need.store(need, Ordering::SeqCst);
+            need
+        })
     }
 
     fn take(&self) -> Option<NonNull<TimerNode>> {
@@ -102,12 +120,8 @@ pub(crate) struct ProducerSide {
     /// Free nodes of this lane's shard, ready to arm.
     pub(crate) magazine: Magazine,
     pushes: u32,
-    /// The young stack's `need` as last published.
-    need: u64,
     /// Which old generation collects parked timers now.
     old_current: usize,
-    /// Each old generation's `need` as last published.
-    old_need: [u64; 2],
     /// The tick at which the current generation closes and the other is taken back.
     rotate_at: u64,
 }
@@ -133,7 +147,7 @@ impl Iterator for Chain {
     }
 }
 
-/// Builds a chain of nodes this thread holds, remembering the earliest tick among them.
+/// Builds a chain of nodes this thread holds, remembering the earliest need among them.
 #[derive(Default)]
 pub(crate) struct ChainBuilder {
     ends: Option<(NonNull<TimerNode>, NonNull<TimerNode>)>,
@@ -184,9 +198,7 @@ impl Lane {
             producer: UnsafeCell::new(ProducerSide {
                 magazine: Magazine::EMPTY,
                 pushes: 0,
-                need: u64::MAX,
                 old_current: 0,
-                old_need: [u64::MAX; 2],
                 rotate_at: 0,
             }),
             scheduled: AtomicU64::new(0),
@@ -219,8 +231,8 @@ impl Lane {
     }
 
     /// Pushes a node the caller holds, in transit, needed by `need_tick` (`u64::MAX` for
-    /// none). A push onto an empty lane starts a staging whose need is at most `fresh()`.
-    /// Returns the lane's need if this lowered it, for the caller to wake the worker.
+    /// none); a push onto an empty lane is needed by `fresh()` at the latest. Returns the
+    /// lane's need if this lowered it, for the caller to wake the worker.
     ///
     /// # Safety
     /// Only the producer thread may push; `node` must be live and on no chain.
@@ -236,7 +248,7 @@ impl Lane {
         unsafe { self.requeue(node, node, need_tick, fresh) }
     }
 
-    /// Pushes a chain back onto the young stack: as [`push`](Self::push), with the chain's
+    /// Pushes a chain back onto the young stack, as [`push`](Self::push) with the chain's
     /// earliest need, not counted towards the next claim.
     ///
     /// # Safety
@@ -249,22 +261,7 @@ impl Lane {
         fresh: impl FnOnce() -> u64,
     ) -> Option<u64> {
         // SAFETY: forwarded from the caller.
-        let was_empty = unsafe { self.young.push(first, last) };
-        // SAFETY: the caller is the producer thread.
-        unsafe {
-            self.with_producer(|side| {
-                let need = if was_empty {
-                    need_tick.min(fresh())
-                } else {
-                    side.need.min(need_tick)
-                };
-                (need != side.need || was_empty).then(|| {
-                    side.need = need;
-                    self.young.need.store(need, Ordering::SeqCst);
-                    need
-                })
-            })
-        }
+        unsafe { self.young.push(first, last, need_tick, fresh) }
     }
 
     /// Takes the young stack, as the producer reclaiming it.
@@ -273,18 +270,13 @@ impl Lane {
     /// Only the producer thread may call this.
     pub(crate) unsafe fn claim(&self) -> Chain {
         // SAFETY: the caller is the producer thread.
-        unsafe {
-            self.with_producer(|side| {
-                side.pushes = 0;
-                side.need = u64::MAX;
-            })
-        };
+        unsafe { self.with_producer(|side| side.pushes = 0) };
         Chain::one(self.young.take())
     }
 
     /// Moves a chain of pending timers, due no sooner than `earliest`, onto the current old
-    /// generation; `quiet` is by when the worker takes it back should the producer go quiet
-    /// (see [`quiet_need`](crate::engine::producer)). Returns its need if this lowered it.
+    /// generation, needed by `quiet` at the latest should the producer go quiet. Returns its
+    /// need if this lowered it.
     ///
     /// # Safety
     /// As for [`requeue`](Self::requeue).
@@ -297,24 +289,8 @@ impl Lane {
     ) -> Option<u64> {
         // SAFETY: the caller is the producer thread.
         let current = unsafe { self.with_producer(|side| side.old_current) };
-        let generation = &self.old[current];
         // SAFETY: forwarded from the caller.
-        let was_empty = unsafe { generation.push(first, last) };
-        // SAFETY: the caller is the producer thread.
-        unsafe {
-            self.with_producer(|side| {
-                let need = if was_empty {
-                    earliest.min(quiet)
-                } else {
-                    side.old_need[current].min(earliest)
-                };
-                (need != side.old_need[current] || was_empty).then(|| {
-                    side.old_need[current] = need;
-                    generation.need.store(need, Ordering::SeqCst);
-                    need
-                })
-            })
-        }
+        unsafe { self.old[current].push(first, last, earliest, || quiet) }
     }
 
     /// Every [`OLD_HORIZON`] ticks: closes the current old generation, takes back the other.
@@ -328,11 +304,9 @@ impl Lane {
                 if now < side.rotate_at {
                     return None;
                 }
-                let aged = 1 - side.old_current;
-                side.old_current = aged;
-                side.old_need[aged] = u64::MAX;
+                side.old_current = 1 - side.old_current;
                 side.rotate_at = now.saturating_add(OLD_HORIZON);
-                Some(aged)
+                Some(side.old_current)
             })
         };
         Chain::one(aged.and_then(|aged| self.old[aged].take()))
