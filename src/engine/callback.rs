@@ -165,51 +165,49 @@ impl Drop for Callback {
     }
 }
 
+/// A one-shot shim's answer to `action`; `take` moves the closure out, for `Call` or `Drop`.
+fn once<C: FnOnce()>(action: Action, drops_anything: bool, take: impl FnOnce() -> C) -> bool {
+    match action {
+        Action::Consumes => true,
+        Action::DropsAnything => drops_anything,
+        Action::Call => {
+            take()();
+            false
+        }
+        Action::Drop => {
+            drop(take());
+            false
+        }
+    }
+}
+
 /// # Safety
 /// `storage` holds an `F` written by `set_once`.
 unsafe fn once_inline<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> bool {
-    match action {
-        Action::Consumes => return true,
-        Action::DropsAnything => return std::mem::needs_drop::<F>(),
-        Action::Call | Action::Drop => {}
-    }
-    // SAFETY: the caller guarantees an initialised `F`, read out once, here.
-    let f = unsafe { storage.cast::<F>().read() };
-    if let Action::Call = action {
-        f();
-    }
-    false
+    // SAFETY: the caller guarantees an initialised `F`; `once` reads it out at most once.
+    once(action, std::mem::needs_drop::<F>(), || unsafe {
+        storage.cast::<F>().read()
+    })
 }
 
 /// # Safety
 /// `storage` holds a `*mut F` from `Box::into_raw`, written by `set_once`.
 unsafe fn once_boxed<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> bool {
-    match action {
-        Action::Consumes => return true,
-        Action::DropsAnything => return std::mem::needs_drop::<F>(),
-        Action::Call | Action::Drop => {}
-    }
-    // SAFETY: the caller guarantees a pointer from `Box::into_raw`, reclaimed once, here.
-    let f = unsafe { Box::from_raw(storage.cast::<*mut F>().read()) };
-    if let Action::Call = action {
-        f();
-    }
-    false
+    // SAFETY: the caller guarantees a pointer from `Box::into_raw`; `once` reclaims it at
+    // most once. Freeing the box itself runs no user code.
+    once(action, std::mem::needs_drop::<F>(), || unsafe {
+        Box::from_raw(storage.cast::<*mut F>().read())
+    })
 }
 
 /// # Safety
 /// `storage` holds a `Waker` written by `set_waker`.
 unsafe fn wake_once(storage: NonNull<Storage>, action: Action) -> bool {
-    match action {
-        Action::Consumes | Action::DropsAnything => return true,
-        Action::Call | Action::Drop => {}
-    }
-    // SAFETY: the caller guarantees an initialised waker, read out once, here.
-    let waker = unsafe { storage.cast::<Waker>().read() };
-    if let Action::Call = action {
-        waker.wake();
-    }
-    false
+    once(action, true, || {
+        // SAFETY: the caller guarantees an initialised waker; `once` reads it out at most once.
+        let waker = unsafe { storage.cast::<Waker>().read() };
+        move || waker.wake()
+    })
 }
 
 /// # Safety

@@ -100,14 +100,14 @@ impl Staging {
 pub(crate) struct Lane {
     young: Staging,
     old: [Staging; 2],
-    /// Where the producer forwards what it sends on to the owner, as indices.
+    /// Where the producer forwards timers to the owner, as indices.
     pub(crate) forward: ForwardRing,
     producer: UnsafeCell<ProducerSide>,
-    /// Counts the producer keeps (single writer: load and store, no read-modify-write).
+    /// Counts the producer keeps (single writer: load and store).
     pub(crate) scheduled: AtomicU64,
     pub(crate) cancelled: AtomicU64,
     pub(crate) reset: AtomicU64,
-    /// Panics caught while dropping the callbacks of timers this thread recycled.
+    /// Panics caught dropping the callbacks of timers this thread recycled.
     pub(crate) panicked: AtomicU64,
     /// The thread has exited; the worker drops the lane once it is empty.
     closed: AtomicBool,
@@ -122,7 +122,7 @@ pub(crate) struct ProducerSide {
     pushes: u32,
     /// Which old generation collects parked timers now.
     old_current: usize,
-    /// The tick at which the current generation closes and the other is taken back.
+    /// When the current generation closes and the other is taken back.
     rotate_at: u64,
 }
 
@@ -219,8 +219,8 @@ impl Lane {
         self.producer.with_mut(|side| f(unsafe { &mut *side }))
     }
 
-    /// Whether [`CLAIM_EVERY`] pushes have passed since the last claim (checked before a
-    /// push, so the latest timer has until the next push to be cancelled locally).
+    /// Whether [`CLAIM_EVERY`] pushes have passed since the last claim (checked before a push, so
+    /// the latest timer can still be cancelled locally).
     ///
     /// # Safety
     /// Only the producer thread may call this.
@@ -230,9 +230,8 @@ impl Lane {
         unsafe { self.with_producer(|side| side.pushes >= CLAIM_EVERY) }
     }
 
-    /// Pushes a node the caller holds, in transit, needed by `need_tick` (`u64::MAX` for
-    /// none); a push onto an empty lane is needed by `fresh()` at the latest. Returns the
-    /// lane's need if this lowered it, for the caller to wake the worker.
+    /// Pushes a node the caller holds, needed by `need_tick` (`u64::MAX`: none), as
+    /// [`Staging::push`] with `fresh` as `start`.
     ///
     /// # Safety
     /// Only the producer thread may push; `node` must be live and on no chain.
@@ -248,8 +247,7 @@ impl Lane {
         unsafe { self.requeue(node, node, need_tick, fresh) }
     }
 
-    /// Pushes a chain back onto the young stack, as [`push`](Self::push) with the chain's
-    /// earliest need, not counted towards the next claim.
+    /// Pushes a chain back onto the young stack, not counted towards the next claim.
     ///
     /// # Safety
     /// Only the producer calls this; the chain is live, the caller's, on no other chain.
@@ -275,8 +273,7 @@ impl Lane {
     }
 
     /// Moves a chain of pending timers, due no sooner than `earliest`, onto the current old
-    /// generation, needed by `quiet` at the latest should the producer go quiet. Returns its
-    /// need if this lowered it.
+    /// generation, needed by `quiet` at the latest.
     ///
     /// # Safety
     /// As for [`requeue`](Self::requeue).
@@ -317,9 +314,9 @@ impl Lane {
         Chain([self.young.take(), self.old[0].take(), self.old[1].take()])
     }
 
-    /// The worker's take: only the stacks whose need has come (all when `all`), as taking
-    /// all would bring parked timers to the wheel before their thread could cancel them. A
-    /// stale need makes a take early (harmless) or late (covered by the push's handshake).
+    /// The worker's take: only the stacks whose need has come (all with `all`): parked timers must
+    /// not reach the wheel before their thread could cancel them. A stale need makes a take early
+    /// (harmless) or late (covered by the push's handshake).
     pub(crate) fn take_due(&self, now: u64, all: bool) -> Chain {
         if all {
             return self.take();
@@ -334,7 +331,7 @@ impl Lane {
         Chain([due(&self.young), due(&self.old[0]), due(&self.old[1])])
     }
 
-    /// The tick by which the worker must take this lane (stacks or forward ring), if any.
+    /// The tick by which the worker must take this lane, if any.
     pub(crate) fn need(&self) -> Option<u64> {
         [
             self.young.need(),
@@ -347,9 +344,9 @@ impl Lane {
         .min()
     }
 
-    /// The producer is about to take nodes off the lane; `false`, marking nothing, when
-    /// shutting down (the nodes stay for the last turn). Pairs with the shutdown's flag
-    /// store and the last turn's fenced wait for no lane busy: one sees the other.
+    /// The producer is about to take nodes off the lane; `false` when shutting down (the nodes stay
+    /// for the last turn). Pairs with the shutdown's flag store and the last turn's fenced wait for
+    /// no lane busy.
     pub(crate) fn enter(&self, shutdown: &AtomicBool) -> bool {
         self.busy.store(true, Ordering::SeqCst);
         crate::sync::atomic::fence(Ordering::SeqCst);
@@ -360,7 +357,7 @@ impl Lane {
         true
     }
 
-    /// The producer has put every node it took back where the worker can see it.
+    /// The producer has put back every node it took.
     pub(crate) fn leave(&self) {
         self.busy.store(false, Ordering::Release);
     }
@@ -387,8 +384,8 @@ impl Lane {
     }
 }
 
-// SAFETY: ground rule 3: the producer-only state is touched only by the producer thread
-// (callers of the `unsafe` methods promise it); everything else is atomic.
+// SAFETY: ground rule 3: only the producer thread touches the producer-only state; the rest is
+// atomic.
 unsafe impl Send for Lane {}
 // SAFETY: as above.
 unsafe impl Sync for Lane {}
