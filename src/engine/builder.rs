@@ -77,34 +77,28 @@ impl EngineBuilder {
         self
     }
 
-    /// The most timer nodes one shard's pool holds (default 4 × 2^20, rounded up to a
-    /// multiple of 1024, at most 2^26 - 1024); beyond, scheduling there is a
-    /// [`ScheduleError::Capacity`](crate::ScheduleError::Capacity). Nodes in use include a
-    /// few hundred free ones per thread and shard, and cancelled ones on their way back.
-    /// Address space for this many 64-byte nodes is reserved at build; memory is used as
-    /// timers are scheduled, up to a high-water mark of about 8/7 of the most nodes in use
-    /// at once, plus 1,024.
+    /// The most timer nodes one shard's pool holds (default 4 × 2^20, rounded up to a multiple of
+    /// 1024, at most 2^26 - 1024); beyond, scheduling there is a
+    /// [`ScheduleError::Capacity`](crate::ScheduleError::Capacity). Nodes in use include a few
+    /// hundred free ones per thread and shard. Address space is reserved at build; memory is used
+    /// as timers are scheduled, up to about 8/7 of the most nodes in use at once.
     pub fn capacity(mut self, timers_per_shard: usize) -> Self {
         self.capacity = timers_per_shard;
         self
     }
 
-    /// Whether idle workers take part of another shard's burst of due timers (default
-    /// `true`): when more than a few dozen are due at once, a sleeping worker is woken to
-    /// run some. Off, a shard's timers run on its own worker only (but for
-    /// [`rescue_after`](Self::rescue_after)).
+    /// Whether idle workers take part of another shard's burst of due timers (default `true`). Off,
+    /// a shard's timers run on its own worker only (but for [`rescue_after`](Self::rescue_after)).
     pub fn stealing(mut self, stealing: bool) -> Self {
         self.stealing = stealing;
         self
     }
 
-    /// How many ticks a shard's owner may spend in a slow callback or `Drop` without
-    /// looking at its wheel before another worker stands in until it is back (default
-    /// [`DEFAULT_RESCUE_AFTER`]; `Some(0)` is `Some(1)`). `None` turns this off.
-    ///
-    /// While any owner is running timers (and a while after), one idle worker wakes every
-    /// this many ticks to look. Timers claimed in the slow callback's run (at most 32)
-    /// still wait for it.
+    /// How many ticks a shard's owner may spend in a slow callback or `Drop` before another worker
+    /// stands in until it is back (default [`DEFAULT_RESCUE_AFTER`]; `Some(0)` is `Some(1)`; `None`
+    /// turns this off). While any owner runs timers (and a while after), one idle worker wakes
+    /// every this many ticks to look. Timers claimed in the slow callback's run (at most 32) still
+    /// wait for it.
     pub fn rescue_after(mut self, ticks: Option<u32>) -> Self {
         self.rescue_after = ticks;
         self
@@ -118,14 +112,11 @@ impl EngineBuilder {
     }
 
     /// Starts no worker threads: the application's runtime spawns the shards' futures,
-    /// [`TimerEngine::drivers`](crate::TimerEngine::drivers), which ride the runtime's own
-    /// wake-ups; [`workers`](Self::workers) still sets the number of shards. It gives up:
-    /// - A callback that blocks holds up its runtime thread and its shard's other timers
-    ///   ([`rescue_after`](Self::rescue_after) and [`stealing`](Self::stealing) apply to
-    ///   worker threads only, though a [`turn`](crate::TimerEngine::turn) stands in).
-    /// - Timers fire when the runtime polls their driver: a busy runtime delays them.
-    /// - Nothing fires until the drivers are spawned; a shard whose driver is dropped is
-    ///   turned only by [`turn`](crate::TimerEngine::turn) calls.
+    /// [`TimerEngine::drivers`](crate::TimerEngine::drivers); [`workers`](Self::workers) still sets
+    /// the number of shards. Timers fire when the runtime polls their driver, so a busy runtime or
+    /// a blocking callback delays them ([`rescue_after`](Self::rescue_after) and
+    /// [`stealing`](Self::stealing) apply to worker threads only, though a
+    /// [`turn`](crate::TimerEngine::turn) stands in). Nothing fires until the drivers are spawned.
     pub fn driven(mut self) -> Self {
         self.driven = true;
         self

@@ -1,8 +1,6 @@
-//! A type-erased timer callback stored in the pooled node: a small closure allocates nothing.
-//!
-//! Captures up to [`INLINE_BYTES`] (or [`INLINE_REPEATING_BYTES`], as a repeating timer
-//! keeps its period in the third word), at most word-aligned, live in the node; larger ones
-//! are boxed. A [`std::task::Waker`] is two words, so `move || waker.wake()` fits either way.
+//! A type-erased timer callback stored in the pooled node: captures up to [`INLINE_BYTES`] (a
+//! repeating timer's third word holds its period: [`INLINE_REPEATING_BYTES`]), at most
+//! word-aligned, live in the node; larger ones are boxed.
 
 use std::mem::{MaybeUninit, align_of, size_of};
 use std::ptr::NonNull;
@@ -10,12 +8,10 @@ use std::task::Waker;
 
 use crate::engine::periodic::Period;
 
-/// The captures a callback may have and still be stored without an allocation: three
-/// machine words, at most word-aligned.
+/// The captures a callback may have and be stored without an allocation: three words.
 pub const INLINE_BYTES: usize = 3 * size_of::<usize>();
 
-/// The captures a repeating callback may have and still be stored without an allocation:
-/// two machine words (16 bytes on 64-bit targets), at most word-aligned.
+/// The captures a repeating callback may have and be stored without an allocation: two words.
 pub const INLINE_REPEATING_BYTES: usize = 2 * size_of::<usize>();
 
 #[repr(C)]
@@ -31,8 +27,7 @@ enum Action {
     Drop,
 }
 
-/// Runs or drops the closure in `storage` (`Call` consumes a one-shot one); answers
-/// `Consumes` or `DropsAnything`, else `false`.
+/// Runs or drops the closure in `storage`; answers `Consumes` or `DropsAnything`.
 type Shim = unsafe fn(NonNull<Storage>, Action) -> bool;
 
 /// A callback slot: empty, or holding one closure.
@@ -62,7 +57,7 @@ impl Callback {
         self.store(f, INLINE_BYTES, (once_inline::<F>, once_boxed::<F>));
     }
 
-    /// Stores `f` in place if it fits in `bytes`, else boxed, with the shim for each way.
+    /// Stores `f` in place if it fits in `bytes`, else boxed.
     #[inline]
     fn store<F>(&mut self, f: F, bytes: usize, (inline, boxed): (Shim, Shim)) {
         debug_assert!(self.shim.is_none());
@@ -100,7 +95,6 @@ impl Callback {
     /// Stores a repeating callback and its period. The slot must be empty.
     pub(crate) fn set_repeating<F: FnMut() + Send + 'static>(&mut self, f: F, period: Period) {
         debug_assert!(self.shim.is_none());
-        // The third word holds the period, whichever way the closure is stored.
         self.storage.0[2] = MaybeUninit::new(period.to_word() as usize);
         let shims: (Shim, Shim) = (repeating_inline::<F>, repeating_boxed::<F>);
         self.store(f, INLINE_REPEATING_BYTES, shims);
@@ -119,8 +113,8 @@ impl Callback {
         unsafe { shim(storage, Action::Call) };
     }
 
-    /// Drops the callback unrun, emptying the slot. A panic in a capture's `Drop` is caught
-    /// (the engine must not unwind through its bookkeeping); returns whether one happened.
+    /// Drops the callback unrun, emptying the slot; returns whether a capture's `Drop` panicked
+    /// (caught).
     pub(crate) fn clear(&mut self) -> bool {
         let Some(shim) = self.shim.take() else {
             return false;
@@ -132,9 +126,8 @@ impl Callback {
         })
     }
 
-    /// Whether dropping the callback would run code of its own (a capture's or a waker's
-    /// `Drop`), which may block: the wheel's holder leaves it until it lets the wheel go
-    /// ([`DeferredDrops`](crate::engine::deferred_drops::DeferredDrops)).
+    /// Whether dropping the callback would run user code (a capture's or a waker's `Drop`), which
+    /// may block.
     pub(crate) fn drops_anything(&self) -> bool {
         let Some(shim) = self.shim else {
             return false;
@@ -172,52 +165,49 @@ impl Drop for Callback {
     }
 }
 
+/// A one-shot shim's answer to `action`; `take` moves the closure out, for `Call` or `Drop`.
+fn once<C: FnOnce()>(action: Action, drops_anything: bool, take: impl FnOnce() -> C) -> bool {
+    match action {
+        Action::Consumes => true,
+        Action::DropsAnything => drops_anything,
+        Action::Call => {
+            take()();
+            false
+        }
+        Action::Drop => {
+            drop(take());
+            false
+        }
+    }
+}
+
 /// # Safety
 /// `storage` holds an `F` written by `set_once`.
 unsafe fn once_inline<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> bool {
-    match action {
-        Action::Consumes => return true,
-        Action::DropsAnything => return std::mem::needs_drop::<F>(),
-        Action::Call | Action::Drop => {}
-    }
-    // SAFETY: the caller guarantees an initialised `F`, read out once, here.
-    let f = unsafe { storage.cast::<F>().read() };
-    if let Action::Call = action {
-        f();
-    }
-    false
+    // SAFETY: the caller guarantees an initialised `F`; `once` reads it out at most once.
+    once(action, std::mem::needs_drop::<F>(), || unsafe {
+        storage.cast::<F>().read()
+    })
 }
 
 /// # Safety
 /// `storage` holds a `*mut F` from `Box::into_raw`, written by `set_once`.
 unsafe fn once_boxed<F: FnOnce()>(storage: NonNull<Storage>, action: Action) -> bool {
-    match action {
-        Action::Consumes => return true,
-        // Freeing the box itself is the allocator's, not user code.
-        Action::DropsAnything => return std::mem::needs_drop::<F>(),
-        Action::Call | Action::Drop => {}
-    }
-    // SAFETY: the caller guarantees a pointer from `Box::into_raw`, reclaimed once, here.
-    let f = unsafe { Box::from_raw(storage.cast::<*mut F>().read()) };
-    if let Action::Call = action {
-        f();
-    }
-    false
+    // SAFETY: the caller guarantees a pointer from `Box::into_raw`; `once` reclaims it at
+    // most once. Freeing the box itself runs no user code.
+    once(action, std::mem::needs_drop::<F>(), || unsafe {
+        Box::from_raw(storage.cast::<*mut F>().read())
+    })
 }
 
 /// # Safety
 /// `storage` holds a `Waker` written by `set_waker`.
 unsafe fn wake_once(storage: NonNull<Storage>, action: Action) -> bool {
-    match action {
-        Action::Consumes | Action::DropsAnything => return true,
-        Action::Call | Action::Drop => {}
-    }
-    // SAFETY: the caller guarantees an initialised waker, read out once, here.
-    let waker = unsafe { storage.cast::<Waker>().read() };
-    if let Action::Call = action {
-        waker.wake();
-    }
-    false
+    once(action, true, || {
+        // SAFETY: the caller guarantees an initialised waker; `once` reads it out at most once.
+        let waker = unsafe { storage.cast::<Waker>().read() };
+        move || waker.wake()
+    })
 }
 
 /// # Safety

@@ -1,8 +1,6 @@
 //! Each thread's view of each engine it uses: its home shard and its lanes, found through a
-//! thread-local so that the hot path touches no shared structure to pick a shard.
-//!
-//! A context does not keep its engine alive (the thread's next lookup prunes a dropped
-//! engine's), and is found by the engine's id, never its address, which may be reused.
+//! thread-local. A context does not keep its engine alive, and is found by the engine's id, never
+//! its address.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::num::NonZeroU32;
@@ -13,7 +11,7 @@ use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::time::cycle_clock::Anchor;
 
-/// Weak, so dropping the engine frees it (loom's `Arc` has no weak form; models hold it).
+/// Weak, so dropping the engine frees it (loom's `Arc` has no weak form).
 #[cfg(not(loom))]
 type EngineRef = std::sync::Weak<EngineShared>;
 #[cfg(loom)]
@@ -23,25 +21,24 @@ type EngineRef = Arc<EngineShared>;
 pub(crate) struct Context {
     engine_id: NonZeroU32,
     engine: EngineRef,
-    /// The shard this thread schedules onto: round-robin across threads, or a worker's own.
+    /// The shard this thread schedules onto: round-robin, or a worker's own.
     pub(crate) home: usize,
     lanes: Box<[OnceCell<Arc<Lane>>]>,
-    /// Where this thread's deadlines start from between reads of the engine's clock.
+    /// Where this thread's deadlines start from between clock reads.
     pub(crate) anchor: Anchor,
 }
 
 /// The last context used: (engine id, context). Cleared when any context is dropped.
 type Last = Cell<(u32, *const Context)>;
 
-/// This thread's contexts, held as raw pointers from `Box::into_raw` so the pointers handed
-/// out stay valid as the list grows (moving a `Box` would assert unique access).
+/// This thread's contexts, as pointers from `Box::into_raw` (moving a `Box` would assert unique
+/// access).
 struct Contexts(Vec<*mut Context>);
 
 impl Drop for Contexts {
     fn drop(&mut self) {
         for context in self.0.drain(..) {
-            // SAFETY: from `Box::into_raw` in `lookup`, freed once (here or when pruned);
-            // the context's drop clears LAST.
+            // SAFETY: from `Box::into_raw` in `lookup`, freed once; its drop clears LAST.
             drop(unsafe { Box::from_raw(context) });
         }
     }
@@ -98,8 +95,8 @@ impl Context {
     }
 }
 
-/// Runs `f` with the calling thread's context for `engine`, created on first use; `None`
-/// while the thread's locals are destroyed, or on a re-entrant call during a creation.
+/// Runs `f` with the calling thread's context for `engine`, created on first use; `None` while the
+/// thread's locals are destroyed, or re-entrantly during a creation.
 #[inline]
 pub(crate) fn with<R>(engine: &Arc<EngineShared>, f: impl FnOnce(Option<&Context>) -> R) -> R {
     let wanted = engine.id.get();
@@ -108,9 +105,8 @@ pub(crate) fn with<R>(engine: &Arc<EngineShared>, f: impl FnOnce(Option<&Context
         _ => lookup(engine, None),
     };
     let context = context.map(|context| {
-        // SAFETY: CONTEXTS frees a context only when pruned (a dead engine's, never this
-        // live one's) or at thread exit, and its drop clears LAST; a live engine's id is
-        // never reused, so this is this engine's live context.
+        // SAFETY: a context is freed only when its engine is dead or at thread exit, and its drop
+        // clears LAST; a live engine's id is never reused.
         unsafe { &*context }
     });
     f(context)
@@ -153,8 +149,7 @@ fn lookup(engine: &Arc<EngineShared>, home: Option<usize>) -> Option<*const Cont
 }
 
 impl Drop for Context {
-    /// The thread is exiting: if the engine is alive, its lanes are closed
-    /// ([`close_lane`](EngineShared::close_lane)).
+    /// The thread is exiting: closes its lanes of a live engine.
     fn drop(&mut self) {
         let _ = LAST.try_with(|last| last.set((0, std::ptr::null())));
         let Some(engine) = self.engine() else {

@@ -1,8 +1,7 @@
 //! Counts kept for one shard by the workers that run its timers, added a whole run at a
-//! time: one shared read-modify-write per run, never per timer.
+//! time: one shared read-modify-write per run, never per timer; and why workers woke.
 
 use crate::engine::stats::WorkerWakes;
-use crate::engine::wakes::{Planned, Woke};
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// The workers' counts for one shard.
@@ -19,11 +18,11 @@ pub(crate) struct ShardCounters {
     pub(crate) stolen: AtomicU64,
     /// Timers claimed from the wheel by a worker standing in for a stuck owner.
     pub(crate) rescued: AtomicU64,
-    /// Timers claimed from handed-out lists by a worker other than the shard's owner.
+    /// Timers claimed from handed-out lists by another worker.
     pub(crate) claimed_elsewhere: AtomicU64,
     pub(crate) ran_at_shutdown: AtomicU64,
     pub(crate) dropped_at_shutdown: AtomicU64,
-    /// The producer counts of retired lanes, and of threads with no lane any more.
+    /// The producer counts of retired lanes and of threads with no lane.
     pub(crate) retired_scheduled: AtomicU64,
     pub(crate) retired_cancelled: AtomicU64,
     pub(crate) retired_reset: AtomicU64,
@@ -44,6 +43,27 @@ pub(crate) fn read(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
 }
 
+/// What a worker slept until, and so what its wake-up was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+pub(crate) enum Planned {
+    /// Its wheel: a timer's tick, or timers to move down ahead of time.
+    Wheel,
+    /// A thread's lane: what waits there has to be taken by then.
+    Lane,
+    /// A look at other shards for an owner stuck in a callback.
+    Watch,
+}
+
+/// A wake-up, counted once the look after it has shown what it found.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
+pub(crate) struct Woke {
+    pub(crate) planned: Planned,
+    /// Before the planned tick: another thread woke the worker.
+    pub(crate) early: bool,
+}
+
 /// Why the owner's sleeps ended, written by the owner alone.
 #[derive(Default)]
 pub(crate) struct WakeCounters {
@@ -55,7 +75,7 @@ pub(crate) struct WakeCounters {
 }
 
 impl WakeCounters {
-    /// The owner's sleep ended as `woke` says, and the look after it claimed `claimed`.
+    /// Counts a wake-up after whose look claimed `claimed`.
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     pub(crate) fn count(&self, woke: Woke, claimed: usize) {
         let counter = match woke.planned {
@@ -65,7 +85,7 @@ impl WakeCounters {
             Planned::Wheel => &self.wheel,
             Planned::Lane => &self.lane,
         };
-        // One writer: a plain store, no read-modify-write.
+        // One writer: a plain store.
         counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 

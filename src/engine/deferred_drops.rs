@@ -1,11 +1,7 @@
-//! Timers a look took off the wheel for good whose captures have a `Drop`: the look chains
-//! them here, and they are dropped once the wheel is let go, marked as running callbacks.
-//!
-//! Why: a `Drop` is user code and may block, and under the wheel nobody could stand in.
-//! After, it is like a blocking callback: a watcher stands in
-//! ([`stuck_owners`](crate::engine::stuck_owners)). Captures without drop glue are freed at
-//! once, as are those of the last turn and its sweeps (which run callbacks under the wheel
-//! anyway).
+//! Timers a look took off the wheel for good whose captures have a `Drop`: user code that may
+//! block, so they are dropped once the wheel is let go, marked as running callbacks, where a
+//! watcher can stand in ([`stuck_owners`](crate::engine::stuck_owners)). The last turn and its
+//! sweeps drop them under the wheel.
 
 use std::ptr::NonNull;
 
@@ -15,25 +11,23 @@ use crate::engine::runner;
 use crate::engine::shard_state::ShardState;
 use crate::engine::timer_node::TimerNode;
 
-/// Nodes held by the thread that took them off a wheel, callbacks not yet dropped; must be
-/// [`free`](Self::free)d.
+/// Nodes taken off a wheel, callbacks not yet dropped; must be [`free`](Self::free)d.
 #[must_use = "the nodes return to the pool only through `free`"]
 pub(crate) struct DeferredDrops {
     chain: Option<Chain>,
 }
 
-/// Collects the nodes of one look (see [`DeferredDrops`]).
+/// Collects the nodes of one look.
 #[derive(Default)]
 pub(crate) struct DeferredDropsBuilder {
     chain: ChainBuilder,
 }
 
-// SAFETY: ground rule 2: the chained nodes belong to the builder's holder (the wheel's);
-// moving the builder moves that hold.
+// SAFETY: ground rule 2: the chained nodes are the builder's holder's.
 unsafe impl Send for DeferredDropsBuilder {}
 
 impl DeferredDropsBuilder {
-    /// Adds a node the caller holds, on no list or queue, its generation not yet moved on.
+    /// Adds a node the caller holds, on no list or queue.
     pub(crate) fn push(&mut self, node: NonNull<TimerNode>) {
         self.chain.push(node, 0);
     }
@@ -61,7 +55,7 @@ impl DeferredDrops {
             return;
         };
         let mut freed = Magazine::EMPTY;
-        // The iterator reads each link before handing the node out, so freeing is safe.
+        // The iterator reads each link before handing the node out.
         for node in chain {
             runner::free_into(shard, node, &mut freed);
         }

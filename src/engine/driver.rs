@@ -1,13 +1,11 @@
 //! The futures that turn a driven engine's shards on the application's async runtime
-//! ([`EngineBuilder::driven`](crate::EngineBuilder::driven)), in place of worker threads.
+//! ([`EngineBuilder::driven`](crate::EngineBuilder::driven)), in place of worker threads: a driver
+//! sleeps on the runtime's own timer, so one wake-up serves both.
 //!
-//! Why: a worker thread costs a wake-up of its own for every tick with something due; a
-//! driver sleeps on the runtime's own timer, so the runtime's one wake-up serves both.
-//!
-//! The handshake with arming threads is the worker's: the driver stores its waker, then
-//! publishes the tick it means to be polled at (`wake_at`); a thread whose timer is due
-//! sooner swaps `wake_at` to awake and wakes the waker. After publishing, the driver looks
-//! once more ([`must_turn_before`](crate::engine::held_wheel::HeldWheel::must_turn_before)).
+//! The handshake with arming threads is the worker's: the driver stores its waker, then publishes
+//! its plan (`wake_at`); a thread whose timer is due sooner swaps `wake_at` to awake and wakes the
+//! waker. After publishing, the driver looks once more
+//! ([`must_turn_before`](crate::engine::held_wheel::HeldWheel::must_turn_before)).
 
 use std::future::Future;
 use std::marker::PhantomPinned;
@@ -25,9 +23,9 @@ use crate::sync::atomic::Ordering;
 /// Turns one shard of a driven engine on the runtime it is spawned on, until the shard's
 /// last turn is over. Made by [`TimerEngine::drivers`], one per shard.
 ///
-/// Between turns it waits on the sleep `sleep_until` makes for the shard's next deadline,
-/// or until a thread arms a timer due sooner. Dropped early, it leaves its shard to
-/// [`TimerEngine::turn`] until [`TimerEngine::drivers`] makes another.
+/// Between turns it waits on `sleep_until`'s sleep for the shard's next deadline, or for a thread
+/// arming a timer due sooner. Dropped early, it leaves its shard to [`TimerEngine::turn`] until
+/// [`TimerEngine::drivers`] makes another.
 #[must_use = "a driver does nothing unless it is spawned or polled"]
 pub struct Driver<F, S> {
     shared: Arc<EngineShared>,
@@ -35,10 +33,9 @@ pub struct Driver<F, S> {
     sleep_until: F,
     /// The sleep for `planned`, if there is one.
     sleep: Option<S>,
-    /// The tick published as the plan and slept until; `None` before the first turn and
-    /// after a wake-up.
+    /// The tick published as the plan; `None` before the first turn and after a wake-up.
     planned: Option<u64>,
-    /// `sleep` is pinned in place (see `poll`).
+    /// `sleep` is pinned in place.
     _pinned: PhantomPinned,
 }
 
@@ -52,9 +49,9 @@ impl<F, S> std::fmt::Debug for Driver<F, S> {
 }
 
 impl TimerEngine {
-    /// The futures that run a [driven](crate::EngineBuilder::driven) engine's timers, one
-    /// per shard, to spawn on the application's runtime. `sleep_until` makes the runtime's
-    /// sleep for an instant of the engine's clock (anew only when the next deadline changes).
+    /// The futures that run a [driven](crate::EngineBuilder::driven) engine's timers, one per
+    /// shard, to spawn on the application's runtime. `sleep_until` makes the runtime's sleep for an
+    /// instant of the engine's clock.
     ///
     /// A shard has at most one driver at a time: while one lives, another call makes none
     /// for it; once dropped, a call makes a new one that takes over. Empty for an engine
@@ -119,30 +116,26 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         // SAFETY: nothing is moved out of the pinned driver (`!Unpin`): `sleep`, its one
-        // structurally pinned field, is reached only through `Pin::new_unchecked` below
-        // and replaced in place, which drops the old sleep where it lies.
+        // structurally pinned field, is only pinned in place below and replaced in place, which
+        // drops the old sleep where it lies.
         let this = unsafe { self.get_unchecked_mut() };
         let shard = &this.shared.shards[this.index];
         loop {
-            // Stored before the shutdown flag and the plan are looked at: a shutdown or a
-            // thread that swaps the plan after this finds this poll's waker, and one before
-            // it is seen below.
+            // Stored before the shutdown flag and the plan are read: a later shutdown or plan swap
+            // finds this waker, an earlier one is seen below.
             shard.register_driver(cx.waker());
             if this.shared.shutdown.load(Ordering::SeqCst) {
                 return this.finish(cx);
             }
             if let Some(planned) = this.planned {
-                // A thread that swapped the plan woke this, or the planned tick has come.
                 let called = shard.wake_plan() != planned || this.shared.now_tick() >= planned;
                 if !called {
                     let Some(sleep) = this.sleep.as_mut() else {
                         if planned == u64::MAX {
-                            // Nothing planned: a thread's wake-up or the shutdown's brings
-                            // this back.
+                            // Nothing planned: a thread's or the shutdown's wake-up comes.
                             return Poll::Pending;
                         }
-                        // Slept, yet by the engine's clock the tick has not come: a
-                        // sleep on another clock, or one that rounds down.
+                        // Slept, yet the engine's clock has not come to the tick.
                         return yield_now(cx);
                     };
                     // SAFETY: `sleep` is pinned structurally (see above).
@@ -150,22 +143,19 @@ where
                     if sleep.poll(cx).is_pending() {
                         return Poll::Pending;
                     }
-                    // A future that has completed is not polled again.
                     this.sleep = None;
                     if this.shared.now_tick() < planned {
-                        // The same: slept, and the tick has not come.
                         return yield_now(cx);
                     }
                 }
                 this.planned = None;
             }
             let Ok(turn) = Turn::begin(this.shared.id.get()) else {
-                // Polled from inside a callback of this engine: its turn is not over.
+                // Polled from inside a callback of this engine.
                 return yield_now(cx);
             };
             if !shard.try_own() {
-                // A `turn` caller has the shard: it wakes the waker stored above once it
-                // gives the shard back.
+                // A `turn` caller has the shard, and wakes this once done.
                 return Poll::Pending;
             }
             shard.plan_wake(AWAKE);
@@ -179,20 +169,17 @@ where
                 continue;
             }
             this.planned = Some(plan);
-            // Assigning drops the old sleep where it lies and writes the new one there:
-            // the pinned value is never moved.
+            // Assigning drops the old sleep in place: the pinned value never moves.
             this.sleep =
                 (plan != u64::MAX).then(|| (this.sleep_until)(this.shared.ticks.instant_at(plan)));
             if plan <= this.shared.now_tick() {
-                // Due again already (a turn that ran long).
                 return yield_now(cx);
             }
         }
     }
 }
 
-/// Asks to be polled again at once, after the runtime's other tasks: more to do, nothing
-/// to wait for.
+/// Asks to be polled again, after the runtime's other tasks.
 fn yield_now(cx: &mut Context<'_>) -> Poll<()> {
     cx.waker().wake_by_ref();
     Poll::Pending
@@ -205,9 +192,8 @@ impl<F, S> Drop for Driver<F, S> {
 }
 
 impl<F, S> Driver<F, S> {
-    /// After a shutdown: the shard's last turn, if nobody has made it or is making it.
+    /// After a shutdown: the shard's last turn, unless made or being made.
     fn finish(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        // Dropped where it lies, as in `poll`.
         self.sleep = None;
         let shard = &self.shared.shards[self.index];
         if shard.is_finished() {
@@ -217,8 +203,7 @@ impl<F, S> Driver<F, S> {
             return yield_now(cx);
         };
         if !shard.try_own() {
-            // Whoever has it (a shutdown's last turn, or a `turn` caller once its turn ends)
-            // finishes it, then wakes the waker `poll` stored.
+            // Whoever has it finishes it, then wakes this.
             return Poll::Pending;
         }
         shard.finish(self.shared.pending_mode(), self.shared.clock.now());

@@ -1,26 +1,22 @@
-//! Lists of due timers a shard's wheel hands out, for any worker to claim and run: how a
-//! burst's due timers are claimed on several cores at once.
-//!
-//! Walking a due slot's list is a chain of cache misses, so a core claiming a burst alone
-//! is bound by the misses it keeps in flight, however many workers stand ready. When a
-//! look finds more due than its run queue holds, the wheel's holder takes the due slots'
-//! lists whole ([`WheelCore::detach_due`](crate::wheel::core::WheelCore::detach_due)) and
-//! hands them out here; the owner and idle workers each take a few lists, walk them from
-//! both ends, claim each due timer and run what they claimed on their own core.
+//! Lists of due timers a shard's wheel hands out, so that several workers claim a burst at once:
+//! walking a due slot's list is a chain of cache misses, which bounds one core however many workers
+//! stand ready. When a look finds more due than its run queue holds, the wheel's holder takes the
+//! due slots' lists whole ([`WheelCore::detach_due`](crate::wheel::core::WheelCore::detach_due))
+//! and hands them out here; the owner and idle workers each take a few lists, walk them from both
+//! ends, claim each due timer and run what they claimed.
 //!
 //! The protocol:
-//! - A handed-out list belongs to whoever holds its bit in `open`: the wheel's holder sets
-//!   it, a walker takes it with a `fetch_and`. A walker walks at most [`WALK_BATCH`] timers,
-//!   then gives each list back (its bit in `open` if timers are left, in `done` if not),
-//!   and only then runs what it claimed, so a blocking callback holds no list.
-//! - A walker claims as the wheel's holder does ([`TimerNode::claim`]); a timer locked by a
-//!   reset or no longer due goes on its list's returned chain, for the holder to refile.
-//! - While any list is out, the wheel's holder takes nothing off the lanes or the inbox and
-//!   files nothing: a cancel's or reset's message received now would unlink a timer from a
-//!   list the wheel no longer holds. Its looks wait until every list is `done`, refile the
-//!   returned chains and go on; messages wait on their queues, in transit.
-//! - A walker is in the shard's hands (`enter_hands`) from taking lists to running what it
-//!   claimed, so the last turn waits for it, then takes back every list, walked or not.
+//! - A handed-out list belongs to whoever holds its bit in `open`: the wheel's holder sets it, a
+//!   walker takes it with a `fetch_and`. A walker walks at most [`WALK_BATCH`] timers, then gives
+//!   each list back (in `open` if timers are left, in `done` if not), and only then runs what it
+//!   claimed, so a blocking callback holds no list.
+//! - A walker claims as the wheel's holder does ([`TimerNode::claim`]); a timer locked by a reset
+//!   or not due goes on its list's returned chain, for the holder to refile.
+//! - While any list is out, the wheel's holder receives and files nothing (a message would unlink a
+//!   timer from a list the wheel no longer holds); its looks wait until every list is `done`, then
+//!   refile the returned chains.
+//! - A walker is in the shard's hands (`enter_hands`) from taking lists to running what it claimed,
+//!   so the last turn waits for it, then takes back every list.
 
 use crossbeam_utils::CachePadded;
 
@@ -30,13 +26,12 @@ use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub(crate) use crate::tuning::{LISTS, WALK_BATCH, WALK_LISTS};
 use crate::wheel::location::NIL;
 
-/// A shard's handed-out lists. See the module documentation.
+/// A shard's handed-out lists.
 pub(crate) struct DueLists {
     flags: CachePadded<Flags>,
     lists: Box<[HandedList]>,
 }
 
-/// The words every walker reads and writes once a batch.
 struct Flags {
     /// Bit `i`: list `i` has timers left and nobody walks it.
     open: AtomicU64,
@@ -46,23 +41,20 @@ struct Flags {
     due: AtomicU64,
 }
 
-/// One handed-out list: what is left of it, from `head` to `tail` (both `NIL` once walked),
-/// and the timers its walkers sent back, chained through their `next` links. Written by
-/// whoever holds the list, so Relaxed: handing a list over (`open`, `done`) orders them.
+/// What is left of a list, `head` to `tail` (both `NIL` once walked), and the timers sent back,
+/// chained through `next`. Relaxed: handing a list over (`open`, `done`) orders them.
 struct HandedList {
     head: AtomicU32,
     tail: AtomicU32,
     returned: AtomicU32,
 }
 
-/// Which end of a list a walker takes from.
 #[derive(Clone, Copy)]
 enum End {
     Head,
     Tail,
 }
 
-/// One list in a walker's hands.
 #[derive(Clone, Copy)]
 struct Walk {
     list: usize,
@@ -76,10 +68,9 @@ impl Walk {
         self.head == NIL
     }
 
-    /// Takes the timer at `end`, which exists, and asks for the line of the one after the
-    /// new end, so that each end keeps two misses in flight.
+    /// Takes the timer at `end` and prefetches the one after the new end: two misses in flight per
+    /// end.
     fn take(&mut self, pool: &Pool, end: End) -> u32 {
-        // Of a (prev, next) pair, the one that points inwards from `end`.
         let inward = |prev, next| match end {
             End::Head => next,
             End::Tail => prev,
@@ -105,20 +96,16 @@ impl Walk {
     /// Puts a timer taken off this list on its returned chain.
     fn send_back(&mut self, pool: &Pool, index: u32) {
         if let Some(node) = pool.node(index) {
-            // SAFETY: the caller holds this list and took the timer off it (ground rule 2:
-            // a handed-out timer's links belong to its list's holder); its neighbours were
-            // read before.
+            // SAFETY: ground rule 2: this walker holds the list and took the timer off it.
             unsafe { node.with_links(|links| links.set_next(self.returned)) };
             self.returned = index;
         }
     }
 }
 
-/// A node's links. The caller holds the list the node is on, or the wheel (ground rule 2).
 fn links_of(pool: &Pool, index: u32) -> (crate::wheel::location::Location, u32, u32) {
     match pool.node(index) {
-        // SAFETY: the caller holds the node's list: handed-out timers' links belong to the
-        // list's holder, as filed timers' belong to the wheel's (ground rule 2).
+        // SAFETY: ground rule 2: the caller holds the node's list, or the wheel.
         Some(node) => unsafe { node.with_links(|links| links.links()) },
         None => unreachable!("a handed-out index outside its pool"),
     }
@@ -142,13 +129,13 @@ impl DueLists {
         }
     }
 
-    /// Whether a list waits for a walker. A hint: a walker may take it first.
+    /// Whether a list waits for a walker (a hint).
     pub(crate) fn is_open(&self) -> bool {
         self.flags.open.load(Ordering::SeqCst) != 0
     }
 
-    /// The wheel's holder hands out `lists` (head and tail each, none empty, at most
-    /// [`LISTS`]), due by `due`, while none is out. Returns the lists' bits.
+    /// The wheel's holder hands out `lists` (head and tail, none empty), due by `due`, while none
+    /// is out. Returns their bits.
     pub(crate) fn hand_out(&self, lists: &[(u32, u32)], due: u64) -> u64 {
         debug_assert!(lists.len() <= LISTS && !lists.is_empty());
         for (list, &(head, tail)) in self.lists.iter().zip(lists) {
@@ -158,9 +145,8 @@ impl DueLists {
         }
         let bits = u64::MAX >> (u64::BITS as usize - lists.len());
         self.flags.due.store(due, Ordering::Relaxed);
-        // Release: a walker taking a list sees its ends and the links of its timers, filed
-        // by this thread. SeqCst: against a worker going to sleep, either it sees the list
-        // or this thread's wake-up sees its idle bit (see `IdleWorkers::begin_idle`).
+        // Release: a walker sees the lists' links. SeqCst: against a worker going to sleep (see
+        // `IdleWorkers::begin_idle`).
         self.flags.open.fetch_or(bits, Ordering::SeqCst);
         bits
     }
@@ -171,44 +157,38 @@ impl DueLists {
         self.flags.done.load(Ordering::Acquire) & handed == handed
     }
 
-    /// The wheel's holder takes back the lists of `handed`, calling `refile` on every timer
-    /// left on them or sent back. Each is walked to the end ([`all_back`](Self::all_back)),
-    /// or it is the last turn, whose wait for the shard's hands ordered every walker's
-    /// writes before this.
+    /// The wheel's holder takes back the lists of `handed`, calling `refile` on every timer left or
+    /// sent back. Each is walked to the end ([`all_back`](Self::all_back)), or it is the last turn,
+    /// which waited for the walkers.
     pub(crate) fn take_back(&self, handed: u64, pool: &Pool, mut refile: impl FnMut(u32)) {
         for (position, list) in self.lists.iter().enumerate() {
             if handed & (1 << position) == 0 {
                 continue;
             }
-            let (head, tail) = (
-                list.head.load(Ordering::Relaxed),
-                list.tail.load(Ordering::Relaxed),
-            );
-            let mut index = head;
-            while index != NIL {
-                // Read before `refile` writes the node's links.
-                let next = if index == tail {
-                    NIL
-                } else {
-                    links_of(pool, index).2
-                };
-                refile(index);
-                index = next;
-            }
-            let mut index = list.returned.load(Ordering::Relaxed);
-            while index != NIL {
-                let next = links_of(pool, index).2;
-                refile(index);
-                index = next;
+            let tail = list.tail.load(Ordering::Relaxed);
+            for (mut index, last) in [
+                (list.head.load(Ordering::Relaxed), tail),
+                (list.returned.load(Ordering::Relaxed), NIL),
+            ] {
+                while index != NIL {
+                    // Read before `refile` writes the node's links.
+                    let next = if index == last {
+                        NIL
+                    } else {
+                        links_of(pool, index).2
+                    };
+                    refile(index);
+                    index = next;
+                }
             }
         }
         self.flags.open.fetch_and(!handed, Ordering::Relaxed);
         self.flags.done.fetch_and(!handed, Ordering::Relaxed);
     }
 
-    /// Takes up to [`WALK_LISTS`] open lists from list `from` on, walks up to `out.len()`
-    /// timers, claims the due ones into `out`, and gives the lists back. Returns how many it
-    /// claimed and the tick they were due by; `None` if no list was open.
+    /// Takes up to [`WALK_LISTS`] open lists from list `from` on, claims the due timers among the
+    /// next `out.len()` into `out`, and gives the lists back. Returns how many it claimed and the
+    /// tick they were due by; `None` if no list was open.
     pub(crate) fn walk(&self, pool: &Pool, out: &mut [u32], from: usize) -> Option<(usize, u64)> {
         let mine = loop {
             let open = self.flags.open.load(Ordering::Relaxed);
@@ -221,7 +201,6 @@ impl DueLists {
             if mine != 0 {
                 break mine;
             }
-            // Another walker took them first: look again.
         };
         let due = self.flags.due.load(Ordering::Relaxed);
         let mut walks = [Walk {
@@ -281,8 +260,7 @@ impl DueLists {
                 reopen |= 1 << walk.list;
             }
         }
-        // Release: the next holder (a walker, or the wheel's holder taking the lists back)
-        // sees the ends, the returned chain and its links.
+        // Release: the next holder sees the ends, the returned chain and its links.
         if finished != 0 {
             self.flags.done.fetch_or(finished, Ordering::Release);
         }
@@ -293,8 +271,8 @@ impl DueLists {
     }
 }
 
-/// Up to [`WALK_LISTS`] of the lists set in `open`, the first at or after list `from`
-/// (wrapping): walkers that start at different lists seldom reach for the same ones.
+/// Up to [`WALK_LISTS`] of the lists in `open`, from list `from` on (wrapping), so that walkers
+/// seldom reach for the same ones.
 fn first_open(open: u64, from: usize) -> u64 {
     let turn = (from % LISTS) as u32;
     let mut rest = open.rotate_right(turn);

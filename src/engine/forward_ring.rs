@@ -1,9 +1,7 @@
-//! A lane's forward ring: the node indices a producer forwards to its shard's owner, in an
-//! array rather than a chain through the nodes, so the owner's cache misses overlap.
-//!
-//! One producer (the lane's thread) publishes whole batches with their need; one consumer
-//! at a time (the wheel's holder) takes them. A batch that does not fit goes as a chain on
-//! the inbox, so a producer never waits.
+//! A lane's forward ring: the node indices a producer forwards to its shard's owner, in an array
+//! rather than a chain, so the owner's cache misses overlap. One producer (the lane's thread)
+//! publishes whole batches with their need; one consumer at a time (the wheel's holder) takes them.
+//! A batch that does not fit goes on the inbox, so a producer never waits.
 
 use crossbeam_utils::CachePadded;
 
@@ -13,18 +11,18 @@ use crate::tuning::RING_WAKE_AT as WAKE_AT;
 pub(crate) use crate::tuning::{CHUNK, RING};
 
 pub(crate) struct ForwardRing {
-    /// Entries before it have been published; written by the producer.
+    /// Entries published; written by the producer.
     tail: CachePadded<AtomicU64>,
-    /// Entries before it have been taken; written by the consumer.
+    /// Entries taken; written by the consumer.
     head: CachePadded<AtomicU64>,
-    /// The earliest need of the entries not yet taken (while `head != tail`); producer only.
+    /// The earliest need of the entries not yet taken; producer only.
     need: AtomicU64,
-    /// The slots, from the lane's opening until the engine's last turn releases them.
+    /// The slots, until the engine's last turn releases them.
     slots: UnsafeCell<Option<Box<[AtomicU32]>>>,
 }
 
-// SAFETY: `slots` is written only by `release`, once nothing publishes or takes entries
-// any more (see its contract); everything else is atomic.
+// SAFETY: `slots` is written only by `release`, once nothing publishes or takes entries any more;
+// the rest is atomic.
 unsafe impl Sync for ForwardRing {}
 
 impl ForwardRing {
@@ -37,15 +35,14 @@ impl ForwardRing {
         }
     }
 
-    /// Publishes `indices`, needed by tick `need`, or nothing (`None`) if they do not all
-    /// fit. Returns the ring's need for [`wake_for`](crate::engine::shard_state::ShardState::wake_for):
-    /// at most the next tick from [`WAKE_AT`] entries, `now` from twice that, so the
-    /// consumer empties it before it fills.
+    /// Publishes `indices`, needed by tick `need`, or nothing (`None`) if they do not all fit.
+    /// Returns the ring's need: at most the next tick from [`WAKE_AT`] entries, `now` from twice
+    /// that, so the consumer empties it before it fills.
     ///
     /// # Safety
     /// Only the lane's producer thread may call this.
     pub(crate) unsafe fn publish(&self, indices: &[u32], need: u64, now: u64) -> Option<u64> {
-        // Acquire: pairs with `take`'s Release, so slots behind `head` may be rewritten.
+        // Acquire: pairs with `take`'s Release: slots behind `head` are free.
         let head = self.head.load(Ordering::Acquire);
         let tail = self.tail.load(Ordering::Relaxed);
         let count = indices.len() as u64;
@@ -58,7 +55,6 @@ impl ForwardRing {
         for (offset, &index) in (tail..).zip(indices) {
             slots[(offset % RING as u64) as usize].store(index, Ordering::Relaxed);
         }
-        // A stale `head` only makes the ring look fuller: the consumer is woken sooner.
         let mut need = if used == 0 {
             need
         } else {
@@ -68,11 +64,10 @@ impl ForwardRing {
         if filled >= 2 * WAKE_AT {
             need = need.min(now);
         } else if filled >= WAKE_AT {
-            // By the next tick, not at once: an owner waking every tick anyway costs nothing.
             need = need.min(now.saturating_add(1));
         }
-        // SeqCst, need before tail: a consumer that sees the entries sees a need covering
-        // them; with the caller's `wake_for`, the handshake that wakes a sleeping consumer.
+        // SeqCst, need before tail: a consumer that sees the entries sees a need covering them;
+        // with the caller's `wake_for`, the wake handshake.
         self.need.store(need, Ordering::SeqCst);
         self.tail.store(tail + count, Ordering::SeqCst);
         Some(need)
@@ -91,15 +86,14 @@ impl ForwardRing {
         Some(unsafe { &*slots })
     }
 
-    /// Frees the slots for good, so a thread that outlives its engine keeps only the lane.
+    /// Frees the slots for good: a thread that outlives its engine keeps only the lane.
     ///
     /// # Safety
-    /// The caller is the consumer, the ring is empty, and the last turn has run (no publish
-    /// can follow).
+    /// The caller is the consumer, the ring is empty, and no publish can follow.
     pub(crate) unsafe fn release(&self) {
         self.slots.with_mut(|cell| {
-            // SAFETY: no producer touches the cell any more, and the consumer reads it only
-            // for entries, of which there are none and will be none.
+            // SAFETY: no producer touches the cell any more, and the consumer reads it only for
+            // entries.
             unsafe { *cell = None };
         });
     }
@@ -122,7 +116,7 @@ impl ForwardRing {
     /// # Safety
     /// Only one consumer at a time: the wheel's holder (ground rule 1).
     pub(crate) unsafe fn take(&self, out: &mut [u32; CHUNK]) -> usize {
-        // Acquire: pairs with the producer's `tail` store: the slots and their nodes' writes.
+        // Acquire: pairs with the producer's `tail` store.
         let tail = self.tail.load(Ordering::Acquire);
         let head = self.head.load(Ordering::Relaxed);
         let taken = ((tail - head) as usize).min(CHUNK);
@@ -130,14 +124,14 @@ impl ForwardRing {
             return 0;
         }
         self.slots.with(|slots| {
-            // SAFETY: `release` runs only once the ring is empty for good; it holds entries.
+            // SAFETY: `release` runs only once the ring is empty for good.
             if let Some(slots) = unsafe { &*slots } {
                 for (offset, slot) in (head..).zip(&mut out[..taken]) {
                     *slot = slots[(offset % RING as u64) as usize].load(Ordering::Relaxed);
                 }
             }
         });
-        // Release: the slots are read, so the producer may write them again.
+        // Release: the slots are read, free for the producer.
         self.head.store(head + taken as u64, Ordering::Release);
         taken
     }

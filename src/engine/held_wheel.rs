@@ -1,10 +1,10 @@
-//! A shard's held wheel: the wheel, the lanes it takes timers from, and what it has freed;
-//! touched only by the wheel's holder (ground rule 1). Each look takes what has come due on
-//! the lanes, drains the inbox, and claims due timers onto the shard's run queue ([`runner`]).
+//! A shard's held wheel: the wheel, the lanes it takes timers from, and what it has freed; touched
+//! only by the wheel's holder (ground rule 1).
 
 use std::ptr::NonNull;
 use std::time::Instant;
 
+use crate::engine::counters::Planned;
 use crate::engine::counters::add;
 use crate::engine::deferred_drops::{DeferredDrops, DeferredDropsBuilder};
 use crate::engine::due_lists;
@@ -17,7 +17,6 @@ use crate::engine::shard_state::ShardState;
 use crate::engine::shutdown::PendingTimers;
 use crate::engine::timer_node::Claim;
 use crate::engine::timer_node::TimerNode;
-use crate::engine::wakes::Planned;
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::sync::mpsc::Pop;
@@ -29,21 +28,20 @@ use crate::wheel::core::WheelCore;
 use crate::wheel::geometry::Geometry;
 use crate::wheel::location::NIL;
 
-/// The held wheel of one shard. See the module documentation.
+/// The held wheel of one shard.
 pub(crate) struct HeldWheel {
     wheel: WheelCore,
     /// Nodes freed during this look, on their way back to the pool.
     freed: Magazine,
-    /// Nodes freed during this look whose captures' drop runs user code ([`DeferredDrops`]).
+    /// Nodes freed during this look whose captures' `Drop` is user code.
     deferred_drops: DeferredDropsBuilder,
     lanes: Vec<Arc<Lane>>,
     lanes_version: u64,
-    /// The shard's last turn has run (with its mode): nothing is filed or claimed any more.
+    /// The last turn has run (with this mode): nothing is filed or claimed any more.
     finished: Option<PendingTimers>,
-    /// Whether a burst's due lists are handed out to other workers ([`due_lists`]).
+    /// Whether a burst's due lists are handed out ([`due_lists`]).
     hands_out: bool,
-    /// The bits of the lists handed out and not yet taken back: while any is out, a look
-    /// receives and files nothing.
+    /// The lists out, not yet taken back: meanwhile a look receives and files nothing.
     handed: u64,
 }
 
@@ -51,21 +49,19 @@ pub(crate) struct HeldWheel {
 pub(crate) struct Extracted {
     /// Timers claimed onto the run queue.
     pub(crate) claimed: usize,
-    /// The tick the look judged due timers by (the caller's reading, or the wheel's latest
-    /// if later); what it claimed runs as of this tick.
+    /// The tick the look judged due timers by (the caller's or the wheel's, whichever is later).
     pub(crate) now_tick: u64,
-    /// The run queue filled up while timers were still due: look again once it drains.
+    /// The run queue filled up while timers were still due.
     pub(crate) more_due: bool,
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
-    /// The tick by which the owner must look again; `None` when nothing will ever be due.
+    /// The tick by which the owner must look again; `None`: never.
     pub(crate) next: Option<u64>,
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
-    /// What `next` is for: the wheel's work, or a lane's need.
+    /// What `next` is for.
     pub(crate) next_for: Planned,
     /// Captures for the caller to drop once it has let the wheel go.
     pub(crate) deferred_drops: DeferredDrops,
-    /// Lists of due timers are out: the look did nothing else, and the next does nothing
-    /// more until walkers have walked them to the end.
+    /// Lists of due timers are out: the next looks do nothing more until they are walked.
     pub(crate) lists_out: bool,
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     /// This look handed lists out: wake workers to walk them.
@@ -102,8 +98,8 @@ impl HeldWheel {
         }
     }
 
-    /// One look at `now`: takes what is due on the lanes and the whole inbox, files it, and
-    /// claims due timers onto the run queue while it has room.
+    /// One look at `now`: takes what is due on the lanes and the inbox, files it, and claims due
+    /// timers onto the run queue while it has room.
     pub(crate) fn extract(&mut self, shard: &ShardState, now: Instant) -> Extracted {
         if self.finished.is_some() {
             return Extracted::idle(self.wheel.elapsed(), None, false);
@@ -111,9 +107,8 @@ impl HeldWheel {
         // A stand-in's or a late owner's reading may be older than the last look's.
         let (now, now_tick) = self.wheel.catch_up(now);
         if self.handed != 0 && !self.take_back(shard, false) {
-            // Due work is out: a stand-in must see it, to take the lists back once walked.
+            // Due work is out: a stand-in must see it, to take the lists back.
             shard.publish_next_due(now_tick);
-            // Look again at once: the lists come back within a batch's walk.
             return Extracted::idle(now_tick, Some(now_tick), true);
         }
         self.refresh_lanes(shard);
@@ -124,13 +119,11 @@ impl HeldWheel {
             more_due && self.hands_out && self.hand_out(shard, (now, now_tick), HAND_OUT_AT_LEAST);
         self.freed.give_back(&shard.pool);
         let wheel_next = self.wheel.next_tick();
-        // With lists out, what is due now is on them (see above).
         let next_due = handed_out.then_some(now_tick).or(wheel_next);
         shard.publish_next_due(next_due.unwrap_or(u64::MAX));
         let for_wheel = [
             more_due.then_some(now_tick),
             wheel_next,
-            // Earlier when a coarse slot with many timers is to be moved down ahead of time.
             self.wheel.move_ahead_tick(),
         ]
         .into_iter()
@@ -158,18 +151,16 @@ impl HeldWheel {
     }
 
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
-    /// Whether anything arrived that the owner must see before `plan`: called after
-    /// publishing the plan, so a producer who missed it is seen here (as is a timer a
-    /// stand-in filed after the owner's last look).
+    /// Whether anything arrived that the owner must see before `plan`: called after publishing the
+    /// plan, so a producer who missed it is seen here.
     pub(crate) fn must_turn_before(&self, shard: &ShardState, plan: u64) -> bool {
         // SAFETY: only the wheel's holder (the inbox's single consumer) calls this.
         let inbox = unsafe { shard.inbox.has_pending() };
-        // Lists a stand-in handed out just before the owner got here: they are due work,
-        // and only a look takes them back.
+        // Lists a stand-in handed out: only a look takes them back.
         if self.handed != 0 {
             return true;
         }
-        // A forwarded batch is seen like the inbox: its need may be a message's lazy one.
+        // A forwarded batch's need may be a message's lazy one: seen like the inbox.
         inbox
             || !self.rings_empty()
             || shard.lanes_version.load(Ordering::Acquire) != self.lanes_version
@@ -207,13 +198,11 @@ impl HeldWheel {
         self.lanes_version = version;
     }
 
-    /// Takes the lanes whose need has come (every lane when `all`), and everything
-    /// forwarded: the lanes' forward rings and the inbox.
+    /// Takes the lanes whose need has come (all with `all`), the forward rings and the inbox.
     fn collect(&mut self, shard: &ShardState, now_tick: u64, all: bool) {
         let mut forwarded = [0_u32; CHUNK];
         for lane_index in 0..self.lanes.len() {
-            // No more than a full ring's worth: a producer forwarding as fast as this
-            // receives must not keep the owner from its wheel.
+            // At most a ring's worth: a fast producer must not keep the owner from its wheel.
             let mut took = false;
             for _ in 0..RING / CHUNK {
                 // SAFETY: the wheel's holder is the rings' one consumer.
@@ -225,11 +214,9 @@ impl HeldWheel {
                 self.receive_indices(shard, &forwarded[..taken]);
             }
             if took && self.lanes[lane_index].is_finished() {
-                // Closed with a batch still on the ring, now empty: the next look drops it.
+                // A closed lane's ring is empty now: the next look drops it.
                 shard.lanes_version.fetch_add(1, Ordering::AcqRel);
             }
-            // Only the stacks whose need has come: an old generation taken with the young
-            // stack would reach the wheel before its thread could catch its cancels.
             let chain = self.lanes[lane_index].take_due(now_tick, all);
             self.receive_all(shard, chain);
         }
@@ -238,18 +225,15 @@ impl HeldWheel {
             match unsafe { shard.inbox.pop() } {
                 Pop::Node(node) => Some(node),
                 Pop::Empty => None,
-                // A producer is mid-push; it wakes us if the node is due before our plan.
+                // A producer is mid-push; it wakes us if need be.
                 Pop::Inconsistent => None,
             }
         });
         self.receive_all(shard, inbox);
     }
 
-    /// Receives every node `nodes` yields, in order, [`RECEIVE_AHEAD`] behind taking them:
-    /// an unlink writes both wheel neighbours, lines untouched since filing, and taking the
-    /// next node reads a line the producer just wrote. Asking for each node's neighbours as
-    /// it is taken and receiving it a few nodes later overlaps those misses. Taking ahead
-    /// changes nothing: a node in transit is pushed nowhere else until received.
+    /// Receives every node `nodes` yields, in order, [`RECEIVE_AHEAD`] behind taking them, asking
+    /// for each node's wheel neighbours as it is taken so that the misses overlap.
     fn receive_all(&mut self, shard: &ShardState, nodes: impl Iterator<Item = NonNull<TimerNode>>) {
         let mut ahead = [NonNull::<TimerNode>::dangling(); RECEIVE_AHEAD];
         let mut taken = 0_usize;
@@ -272,9 +256,7 @@ impl HeldWheel {
         }
     }
 
-    /// Receives the nodes at `indices`, in order, asking for each [`RECEIVE_AHEAD`] nodes
-    /// before [`receive_all`](Self::receive_all) takes it (unlike a chain's, these misses
-    /// need not wait for one another).
+    /// Receives the nodes at `indices`, asking for each [`RECEIVE_AHEAD`] nodes ahead.
     fn receive_indices(&mut self, shard: &ShardState, indices: &[u32]) {
         let pool = &shard.pool;
         let nodes = indices.iter().enumerate().filter_map(|(position, &index)| {
@@ -294,47 +276,33 @@ impl HeldWheel {
         // SAFETY: nodes on lanes and the inbox are live pool nodes.
         let node_ref = unsafe { node.as_ref() };
         let received = node_ref.state.receive();
-        if self.finished.is_some() {
-            // Swept up after the last turn: the wheel's lists are gone, so nothing is filed or
-            // unlinked, and nothing is run (any pushing thread may sweep). A new timer was
-            // pushed after the last turn's collection, so its scheduler sees the shutdown and
-            // withdraws it: it stays marked filed, on no list, until that cancel's message
-            // comes back here. No repeating re-arm can arrive: every run ended before the
-            // last turn (it waits for other hands).
-            match received {
-                Received::File | Received::Refile | Received::Ignore => {}
-                Received::UnlinkAndFree | Received::Free => self.free(shard, node),
-            }
-            return;
+        // After the last turn the wheel's lists are gone, so nothing is filed, unlinked or
+        // run. A timer pushed after the last turn's collection is withdrawn by its scheduler,
+        // and stays marked filed until that cancel's message comes back to a sweep.
+        let live = self.finished.is_none();
+        if live && matches!(received, Received::Refile | Received::UnlinkAndFree) {
+            self.wheel
+                .unlink(&mut FiledNodes(&shard.pool), shard.pool.index_of(node));
         }
         match received {
-            Received::File => self.file(shard, node_ref, node_ref.deadline()),
-            Received::Refile => {
-                self.wheel
-                    .unlink(&mut FiledNodes(&shard.pool), shard.pool.index_of(node));
+            Received::File | Received::Refile if live => {
                 self.file(shard, node_ref, node_ref.deadline());
             }
-            Received::UnlinkAndFree => {
-                self.wheel
-                    .unlink(&mut FiledNodes(&shard.pool), shard.pool.index_of(node));
-                self.free(shard, node);
-            }
-            Received::Free => self.free(shard, node),
-            Received::Ignore => {}
+            Received::UnlinkAndFree | Received::Free => self.free(shard, node),
+            _ => {}
         }
     }
 
-    /// Files a node that is marked `FILED` at `deadline` (due at once if already past).
+    /// Files a node marked `FILED` at `deadline` (due at once if past).
     fn file(&mut self, shard: &ShardState, node: &TimerNode, deadline: u64) {
         let index = shard.pool.index_of(NonNull::from(node));
         self.wheel
             .file(&mut FiledNodes(&shard.pool), index, deadline, false);
     }
 
-    /// Gives a node back, or leaves it on `deferred_drops` if dropping its callback runs
-    /// user code ([`DeferredDrops`]).
+    /// Gives a node back, or defers it if dropping its callback runs user code.
     fn free(&mut self, shard: &ShardState, node: NonNull<TimerNode>) {
-        // SAFETY: the caller holds the node exclusively: it is off every list and queue.
+        // SAFETY: the caller holds the node: it is off every list and queue.
         if unsafe {
             node.as_ref()
                 .with_callback(|callback| callback.drops_anything())
@@ -345,15 +313,14 @@ impl HeldWheel {
         runner::free_into(shard, node, &mut self.freed);
     }
 
-    /// Claims due timers onto the run queue while it has room; `true` beside the count if
-    /// it filled up with timers still due.
+    /// Claims due timers onto the run queue while it has room; `true` if it filled with timers
+    /// still due.
     fn claim_due(&mut self, shard: &ShardState, now: Instant, now_tick: u64) -> (usize, bool) {
         let mut filler = shard.run.filler();
         let mut claimed = 0;
         let mut batch = [0_u32; CLAIM_BATCH];
         while filler.room() > 0 {
-            // No more than there is room for: every timer taken off the wheel here is
-            // claimed onto the run queue or filed again before the next batch.
+            // Only what there is room for: each timer taken is claimed or refiled.
             let room = filler.room().min(CLAIM_BATCH);
             let taken =
                 self.wheel
@@ -371,8 +338,8 @@ impl HeldWheel {
         )
     }
 
-    /// Claims a due timer taken off the wheel onto the run queue (1), or leaves it to its
-    /// cancel's message or refiles it (0).
+    /// Claims a due timer onto the run queue (1), or leaves it to its cancel's message or refiles
+    /// it (0).
     fn claim(
         &mut self,
         shard: &ShardState,
@@ -397,8 +364,7 @@ impl HeldWheel {
         }
     }
 
-    /// Hands out the due slots' lists ([`due_lists`]) if they hold `at_least` timers.
-    /// Returns whether it did.
+    /// Hands out the due slots' lists if they hold `at_least` timers; whether it did.
     fn hand_out(
         &mut self,
         shard: &ShardState,
@@ -414,7 +380,7 @@ impl HeldWheel {
         true
     }
 
-    /// Hands out the due lists at once, whatever they hold, for a model or a test to walk.
+    /// Hands out the due lists at once, for a model or a test to walk.
     #[cfg(any(test, loom))]
     pub(crate) fn hand_out_now(&mut self, shard: &ShardState, now: Instant) -> bool {
         if self.handed != 0 || self.finished.is_some() {
@@ -424,9 +390,8 @@ impl HeldWheel {
         self.hand_out(shard, now, 1)
     }
 
-    /// Takes back the lists handed out, refiling what is left and what walkers sent back,
-    /// once all are walked, or with `now` at once (the last turn, no walker in the shard's
-    /// hands). Returns whether it took them.
+    /// Takes back the lists, refiling what is left and what walkers sent back, once all are walked,
+    /// or with `now` at once (the last turn). Returns whether it took them.
     fn take_back(&mut self, shard: &ShardState, now: bool) -> bool {
         if !now && !shard.hand_outs.all_back(self.handed) {
             return false;
@@ -434,49 +399,44 @@ impl HeldWheel {
         let handed = std::mem::take(&mut self.handed);
         shard.hand_outs.take_back(handed, &shard.pool, |index| {
             if let Some(node_ref) = shard.pool.node(index) {
-                // Due ones go on the ready list, and the next claim judges them afresh.
+                // The next claim judges due ones afresh.
                 self.file(shard, node_ref, node_ref.deadline());
             }
         });
         true
     }
 
-    /// The last turn: runs what is claimed, takes everything in transit, then runs or drops
-    /// every pending timer. No other worker holds or can take this shard's timers.
+    /// The last turn: runs what is claimed, takes everything in transit, then runs or drops every
+    /// pending timer.
     pub(crate) fn finish(&mut self, shard: &ShardState, pending: PendingTimers, now: Instant) {
         if self.finished.is_some() {
             return;
         }
-        // Orders the shutdown flag (set before this call) before the lane and inbox reads
-        // below, against a scheduler's push-then-flag-check: either this turn sees its
-        // timer, or the scheduler sees the flag and takes the timer back.
+        // Orders the shutdown flag before the reads below, against a scheduler's
+        // push-then-flag-check: this turn sees its timer, or it sees the flag.
         crate::sync::atomic::fence(crate::sync::atomic::Ordering::SeqCst);
-        // Lists still out go back into the wheel: their timers were not claimed, so
-        // `pending` decides for them as for the rest.
+        // Unclaimed timers on lists still out go back into the wheel.
         if self.handed != 0 {
             self.take_back(shard, true);
         }
-        // Claimed timers were due before the shutdown: they run, whatever `pending` says.
+        // Claimed timers run, whatever `pending` says.
         let (_, now_tick) = self.wheel.catch_up(now);
         while let Some(run) = shard.run.take(MAX_RUN) {
             runner::run(shard, run.indices(), now_tick, true);
         }
         self.lanes_version = u64::MAX;
         self.refresh_lanes(shard);
-        // Collect until no producer holds nodes it took off a lane (it puts them back where
-        // this sees them, see `Lane::enter`) and no push to the inbox is half done.
+        // Collect until no producer holds nodes it took off a lane and no inbox push is half done.
         crate::sync::spin_until(|| {
-            // Busy first: a lane seen idle here has put back everything it took before this
-            // read, so the collection after it finds them.
+            // Busy first: a lane seen idle has put back what it took before this read.
             let busy = self.lanes.iter().any(|lane| lane.is_busy());
             self.collect(shard, u64::MAX, true);
             // SAFETY: the wheel's holder is the inbox's single consumer.
             (!busy && !unsafe { shard.inbox.has_pending() } && self.rings_empty()).then_some(())
         });
         for lane in &self.lanes {
-            // SAFETY: this is the rings' consumer, they are empty, and no reclaim can start
-            // after the shutdown flag (see `Lane::enter`) or is still under way (none was
-            // busy above), so nothing publishes on them again.
+            // SAFETY: this is the rings' consumer, they are empty, and no reclaim can start after
+            // the shutdown flag (`Lane::enter`) or is under way (none was busy).
             unsafe { lane.forward.release() };
         }
         let (mut ran, mut dropped) = (0, 0);
@@ -488,15 +448,14 @@ impl HeldWheel {
         }
         add(&shard.counters.ran_at_shutdown, ran);
         add(&shard.counters.dropped_at_shutdown, dropped);
-        // Under the wheel: the last turn has run callbacks under it anyway, and nobody
-        // stands in after it.
+        // Under the wheel, like the last turn's callbacks.
         self.deferred_drops.take().free(shard);
         self.freed.give_back(&shard.pool);
         self.finished = Some(pending);
     }
 
-    /// Runs or drops (as `pending` says) a timer drained from the wheel, or frees it if
-    /// cancelled; leaves it to a message in transit that names it. Returns runs and drops.
+    /// Runs or drops a timer drained from the wheel, or frees it if cancelled, unless a message in
+    /// transit names it. Returns runs and drops.
     fn settle_at_shutdown(
         &mut self,
         shard: &ShardState,
@@ -505,13 +464,12 @@ impl HeldWheel {
     ) -> (u64, u64) {
         let node = NonNull::from(node_ref);
         loop {
-            // Waits out a resetter's lock: two instructions, unless that thread was preempted.
+            // Waits out a resetter's lock.
             let seen = crate::sync::spin_until(|| {
                 let seen = node_ref.state.observe();
                 (seen.phase() != Phase::Pending || !seen.is_locked()).then_some(seen)
             });
-            // A future waiting on a timer is woken either way: dropping its waker unwoken
-            // would leave its task waiting for ever.
+            // A waker is woken either way, or its task would wait for ever.
             let pending = if seen.is_waker() {
                 PendingTimers::Run
             } else {
@@ -530,8 +488,7 @@ impl HeldWheel {
                         runner::run_callback(shard, node_ref);
                     }
                     if seen.in_transit() {
-                        // A message raced the shutdown: its arrival (swept up after the
-                        // last turn) frees the node. The timer is over either way.
+                        // A message raced the shutdown: its arrival frees the node.
                         node_ref.state.end();
                     } else {
                         self.free(shard, node);
@@ -550,10 +507,9 @@ impl HeldWheel {
         }
     }
 
-    /// After the last turn, takes what threads pushed since (a cancel's message that raced
-    /// the shutdown, a timer scheduled as it began; see
-    /// [`Shard::settle_after_shutdown`](crate::engine::shard::Shard::settle_after_shutdown))
-    /// and frees what is over, running no callback. Before the last turn, nothing.
+    /// After the last turn, takes what threads pushed since
+    /// ([`Shard::settle_after_shutdown`](crate::engine::shard::Shard::settle_after_shutdown)) and
+    /// frees what is over, running no callback.
     pub(crate) fn sweep(&mut self, shard: &ShardState) {
         if self.finished.is_none() {
             return;
@@ -565,7 +521,6 @@ impl HeldWheel {
                 break;
             }
         }
-        // Under the wheel, as in the last turn: nobody stands in any more.
         self.deferred_drops.take().free(shard);
         self.freed.give_back(&shard.pool);
     }

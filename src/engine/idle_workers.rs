@@ -1,10 +1,7 @@
-//! Idle workers: who is parked, the wake-ups, and where a worker with nothing of its own
-//! looks for help to give: stealing part of a backlog ([`stealing`](crate::engine::stealing))
-//! or standing in for a stuck owner ([`stuck_owners`](crate::engine::stuck_owners)).
-//!
-//! Balancing happens at expiry, never at insert. Waking costs system calls, so a helper is
-//! woken only for something to do: an owner with a backlog wakes one parked worker, which
-//! wakes the next if a backlog remains.
+//! Idle workers: who is parked, and where a worker with nothing of its own helps: stealing part of
+//! a backlog ([`stealing`](crate::engine::stealing)) or standing in for a stuck owner
+//! ([`stuck_owners`](crate::engine::stuck_owners)). Waking costs system calls, so a helper is woken
+//! only for something to do.
 
 #![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 
@@ -17,15 +14,13 @@ use crate::tuning::{STEAL_MIN, WAKE_FOR_TICK_PARTS};
 /// The engine's balancing settings and its record of parked workers.
 pub(crate) struct IdleWorkers {
     pub(crate) stealing: bool,
-    /// Ticks an awake owner may go without looking at its wheel before another worker
-    /// stands in; `None`: never.
+    /// Ticks an owner may go without looking at its wheel before another stands in.
     pub(crate) rescue_after: Option<u64>,
-    /// Bit `i % 64` of word `i / 64`: worker `i` is parked and may be woken to help.
+    /// Bit `i % 64` of word `i / 64`: worker `i` is parked.
     idle: Box<[AtomicU64]>,
-    /// 1 while a parked worker's sleep is bounded to watch for stuck owners (at most one).
+    /// 1 while a parked worker watches for stuck owners (at most one).
     pub(super) watching: AtomicU64,
-    /// Nanoseconds of callbacks a backlog must hold before a parked worker is woken for it
-    /// (see [`WAKE_FOR_TICK_PARTS`]).
+    /// Nanoseconds of callbacks a backlog must hold before a parked worker is woken for it.
     pub(super) wake_for_ns: u64,
 }
 
@@ -67,20 +62,19 @@ impl IdleWorkers {
         }
     }
 
-    /// Worker `me` is about to park: it becomes wakeable, and learns until which tick to
-    /// sleep at most to watch for stuck owners. `None` if work is already waiting: then it
-    /// must not park.
+    /// Worker `me` is about to park: it becomes wakeable, and learns until when to watch for stuck
+    /// owners. `None` if work is already waiting: then it must not park.
     pub(crate) fn begin_idle(&self, shards: &[Shard], me: usize, now_tick: u64) -> Option<Idle> {
         self.set_idle(me, true);
-        // One watcher at a time: its wake-ups do not grow with the worker count.
+        // One watcher at a time.
         let watch = self.watch_until(shards, me, now_tick).filter(|_| {
             self.watching
                 .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
         });
         let idle = Idle { watch, me };
-        // After publishing the idle bit (SeqCst): an owner that filled its queue after
-        // this looks at the bits and wakes this worker, or this look sees the backlog.
+        // After publishing the idle bit (SeqCst): an owner that filled its queue since wakes this
+        // worker, or this look sees the backlog.
         if self.work_waiting(shards, me, now_tick) {
             self.end_idle(idle);
             return None;
@@ -108,9 +102,8 @@ impl IdleWorkers {
         }
     }
 
-    /// Whether another shard has a backlog to steal, lists to walk, or a stuck owner with
-    /// timers due. One with nothing due is left to the watch
-    /// ([`watch_until`](Self::watch_until)): standing in again and again would busy a core.
+    /// Whether another shard has a backlog to steal, lists to walk, or a stuck owner with timers
+    /// due (one with nothing due is left to the watch).
     fn work_waiting(&self, shards: &[Shard], me: usize, now_tick: u64) -> bool {
         shards.iter().enumerate().any(|(index, shard)| {
             index != me
@@ -122,8 +115,8 @@ impl IdleWorkers {
         })
     }
 
-    /// Worker `me`, with nothing of its own to do, helps one other shard once: walks its
-    /// lists, stands in for its stuck owner, or steals a run. Returns whether it did.
+    /// Worker `me`, idle, helps one other shard once: walks its lists, stands in for its stuck
+    /// owner, or steals a run. Returns whether it did.
     pub(crate) fn help(
         &self,
         shards: &[Shard],
@@ -139,7 +132,7 @@ impl IdleWorkers {
         (1..shards.len()).any(|offset| {
             let index = (me + offset) % shards.len();
             let shard = &shards[index];
-            // First: while its lists are out, the shard's wheel waits for them.
+            // First: the shard's wheel waits for its lists.
             if self.stealing && self.walk(shard, shutdown, now_tick, &helper) {
                 return true;
             }
@@ -176,10 +169,9 @@ pub(crate) struct Helper<'a> {
 }
 
 impl Helper<'_> {
-    /// Does `work`, user code for another shard, with the helper's own shard marked running
-    /// ([`IdleWorkers::with_user_code`]): it may block, and then the helper's own timers must
-    /// be rescued, and no owner may count on it to watch. Only around work actually taken,
-    /// or every look at a stuck owner would wake another worker to watch.
+    /// Does `work`, user code for another shard, with the helper's own shard marked running: if it
+    /// blocks, the helper's own timers must be rescued. Only around work actually taken, or every
+    /// look at a stuck owner would wake a watcher.
     pub(super) fn with_user_code<R>(
         helper: Option<&Self>,
         now_tick: u64,
@@ -197,14 +189,12 @@ impl Helper<'_> {
     }
 }
 
-/// What user code a worker runs for a shard, which decides how a watcher is seen to.
+/// What user code a worker runs, which decides how a watcher is seen to.
 #[derive(Clone, Copy)]
 pub(crate) enum UserCode {
-    /// Timers' callbacks: a run, recorded, so that a watcher lingers after it.
+    /// Callbacks: a run, recorded, so that a watcher lingers after it.
     Callbacks,
-    /// The drops of captures a look freed: no run is recorded, so a watcher woken for them
-    /// does not linger (drops rarely take long, and lingering after each would cost an idle
-    /// engine wake-ups).
+    /// Captures' drops: no run is recorded, so an idle engine's watcher does not linger.
     Drops,
 }
 

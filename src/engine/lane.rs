@@ -4,13 +4,12 @@
 //! Three lock-free stacks, each emptied whole with one swap: by the producer every
 //! [`CLAIM_EVERY`] pushes (recycling what it cancelled, forwarding the rest on the
 //! [`forward_ring`](crate::engine::forward_ring)), or by the worker once the stack's `need`
-//! tick comes. Only the producer pushes, so the line stays in its core.
+//! tick comes. Only the producer pushes.
 //!
 //! New timers go on the young stack; a claim keeps pending ones there one more claim, then
 //! parks those not due soon on the current old generation. Every [`OLD_HORIZON`] ticks the
 //! generations rotate and the producer takes back the one closed a whole horizon, so a
-//! timer cancelled within one to two horizons is recycled by its own thread; each timer is
-//! walked at most three times.
+//! timer cancelled within one to two horizons is recycled by its own thread.
 
 use std::ptr::NonNull;
 
@@ -39,11 +38,19 @@ impl Staging {
         }
     }
 
-    /// Pushes the chain `first..=last`; returns whether the stack was empty.
+    /// Pushes the chain `first..=last`, needed by `need`; a stack this starts is needed by
+    /// `start()` at the latest. Returns the stack's need if this changed it, for the caller to
+    /// wake the worker.
     ///
     /// # Safety
     /// Only the producer pushes; the chain's nodes are live, the caller's, on no other chain.
-    unsafe fn push(&self, first: NonNull<TimerNode>, last: NonNull<TimerNode>) -> bool {
+    unsafe fn push(
+        &self,
+        first: NonNull<TimerNode>,
+        last: NonNull<TimerNode>,
+        need: u64,
+        start: impl FnOnce() -> u64,
+    ) -> Option<u64> {
         // SAFETY: ground rule 2: the caller holds the nodes.
         let (first, last) = unsafe { (TimerNode::link(first).as_ptr(), TimerNode::link(last)) };
         let mut head = self.head.load(Ordering::Relaxed);
@@ -56,10 +63,21 @@ impl Staging {
                 .head
                 .compare_exchange_weak(head, first, Ordering::SeqCst, Ordering::Relaxed)
             {
-                Ok(_) => return head.is_null(),
+                Ok(_) => break,
                 Err(actual) => head = actual,
             }
         }
+        let was_empty = head.is_null();
+        let published = self.need.load(Ordering::Relaxed);
+        let need = if was_empty {
+            need.min(start())
+        } else {
+            published.min(need)
+        };
+        (need != published || was_empty).then(|| {
+            self.need.store(need, Ordering::SeqCst);
+            need
+        })
     }
 
     fn take(&self) -> Option<NonNull<TimerNode>> {
@@ -82,14 +100,14 @@ impl Staging {
 pub(crate) struct Lane {
     young: Staging,
     old: [Staging; 2],
-    /// Where the producer forwards what it sends on to the owner, as indices.
+    /// Where the producer forwards timers to the owner, as indices.
     pub(crate) forward: ForwardRing,
     producer: UnsafeCell<ProducerSide>,
-    /// Counts the producer keeps (single writer: load and store, no read-modify-write).
+    /// Counts the producer keeps (single writer: load and store).
     pub(crate) scheduled: AtomicU64,
     pub(crate) cancelled: AtomicU64,
     pub(crate) reset: AtomicU64,
-    /// Panics caught while dropping the callbacks of timers this thread recycled.
+    /// Panics caught dropping the callbacks of timers this thread recycled.
     pub(crate) panicked: AtomicU64,
     /// The thread has exited; the worker drops the lane once it is empty.
     closed: AtomicBool,
@@ -102,13 +120,9 @@ pub(crate) struct ProducerSide {
     /// Free nodes of this lane's shard, ready to arm.
     pub(crate) magazine: Magazine,
     pushes: u32,
-    /// The young stack's `need` as last published.
-    need: u64,
     /// Which old generation collects parked timers now.
     old_current: usize,
-    /// Each old generation's `need` as last published.
-    old_need: [u64; 2],
-    /// The tick at which the current generation closes and the other is taken back.
+    /// When the current generation closes and the other is taken back.
     rotate_at: u64,
 }
 
@@ -133,7 +147,7 @@ impl Iterator for Chain {
     }
 }
 
-/// Builds a chain of nodes this thread holds, remembering the earliest tick among them.
+/// Builds a chain of nodes this thread holds, remembering the earliest need among them.
 #[derive(Default)]
 pub(crate) struct ChainBuilder {
     ends: Option<(NonNull<TimerNode>, NonNull<TimerNode>)>,
@@ -184,9 +198,7 @@ impl Lane {
             producer: UnsafeCell::new(ProducerSide {
                 magazine: Magazine::EMPTY,
                 pushes: 0,
-                need: u64::MAX,
                 old_current: 0,
-                old_need: [u64::MAX; 2],
                 rotate_at: 0,
             }),
             scheduled: AtomicU64::new(0),
@@ -207,8 +219,8 @@ impl Lane {
         self.producer.with_mut(|side| f(unsafe { &mut *side }))
     }
 
-    /// Whether [`CLAIM_EVERY`] pushes have passed since the last claim (checked before a
-    /// push, so the latest timer has until the next push to be cancelled locally).
+    /// Whether [`CLAIM_EVERY`] pushes have passed since the last claim (checked before a push, so
+    /// the latest timer can still be cancelled locally).
     ///
     /// # Safety
     /// Only the producer thread may call this.
@@ -218,9 +230,8 @@ impl Lane {
         unsafe { self.with_producer(|side| side.pushes >= CLAIM_EVERY) }
     }
 
-    /// Pushes a node the caller holds, in transit, needed by `need_tick` (`u64::MAX` for
-    /// none). A push onto an empty lane starts a staging whose need is at most `fresh()`.
-    /// Returns the lane's need if this lowered it, for the caller to wake the worker.
+    /// Pushes a node the caller holds, needed by `need_tick` (`u64::MAX`: none), as
+    /// [`Staging::push`] with `fresh` as `start`.
     ///
     /// # Safety
     /// Only the producer thread may push; `node` must be live and on no chain.
@@ -236,8 +247,7 @@ impl Lane {
         unsafe { self.requeue(node, node, need_tick, fresh) }
     }
 
-    /// Pushes a chain back onto the young stack: as [`push`](Self::push), with the chain's
-    /// earliest need, not counted towards the next claim.
+    /// Pushes a chain back onto the young stack, not counted towards the next claim.
     ///
     /// # Safety
     /// Only the producer calls this; the chain is live, the caller's, on no other chain.
@@ -249,22 +259,7 @@ impl Lane {
         fresh: impl FnOnce() -> u64,
     ) -> Option<u64> {
         // SAFETY: forwarded from the caller.
-        let was_empty = unsafe { self.young.push(first, last) };
-        // SAFETY: the caller is the producer thread.
-        unsafe {
-            self.with_producer(|side| {
-                let need = if was_empty {
-                    need_tick.min(fresh())
-                } else {
-                    side.need.min(need_tick)
-                };
-                (need != side.need || was_empty).then(|| {
-                    side.need = need;
-                    self.young.need.store(need, Ordering::SeqCst);
-                    need
-                })
-            })
-        }
+        unsafe { self.young.push(first, last, need_tick, fresh) }
     }
 
     /// Takes the young stack, as the producer reclaiming it.
@@ -273,18 +268,12 @@ impl Lane {
     /// Only the producer thread may call this.
     pub(crate) unsafe fn claim(&self) -> Chain {
         // SAFETY: the caller is the producer thread.
-        unsafe {
-            self.with_producer(|side| {
-                side.pushes = 0;
-                side.need = u64::MAX;
-            })
-        };
+        unsafe { self.with_producer(|side| side.pushes = 0) };
         Chain::one(self.young.take())
     }
 
     /// Moves a chain of pending timers, due no sooner than `earliest`, onto the current old
-    /// generation; `quiet` is by when the worker takes it back should the producer go quiet
-    /// (see [`quiet_need`](crate::engine::producer)). Returns its need if this lowered it.
+    /// generation, needed by `quiet` at the latest.
     ///
     /// # Safety
     /// As for [`requeue`](Self::requeue).
@@ -297,24 +286,8 @@ impl Lane {
     ) -> Option<u64> {
         // SAFETY: the caller is the producer thread.
         let current = unsafe { self.with_producer(|side| side.old_current) };
-        let generation = &self.old[current];
         // SAFETY: forwarded from the caller.
-        let was_empty = unsafe { generation.push(first, last) };
-        // SAFETY: the caller is the producer thread.
-        unsafe {
-            self.with_producer(|side| {
-                let need = if was_empty {
-                    earliest.min(quiet)
-                } else {
-                    side.old_need[current].min(earliest)
-                };
-                (need != side.old_need[current] || was_empty).then(|| {
-                    side.old_need[current] = need;
-                    generation.need.store(need, Ordering::SeqCst);
-                    need
-                })
-            })
-        }
+        unsafe { self.old[current].push(first, last, earliest, || quiet) }
     }
 
     /// Every [`OLD_HORIZON`] ticks: closes the current old generation, takes back the other.
@@ -328,11 +301,9 @@ impl Lane {
                 if now < side.rotate_at {
                     return None;
                 }
-                let aged = 1 - side.old_current;
-                side.old_current = aged;
-                side.old_need[aged] = u64::MAX;
+                side.old_current = 1 - side.old_current;
                 side.rotate_at = now.saturating_add(OLD_HORIZON);
-                Some(aged)
+                Some(side.old_current)
             })
         };
         Chain::one(aged.and_then(|aged| self.old[aged].take()))
@@ -343,9 +314,9 @@ impl Lane {
         Chain([self.young.take(), self.old[0].take(), self.old[1].take()])
     }
 
-    /// The worker's take: only the stacks whose need has come (all when `all`), as taking
-    /// all would bring parked timers to the wheel before their thread could cancel them. A
-    /// stale need makes a take early (harmless) or late (covered by the push's handshake).
+    /// The worker's take: only the stacks whose need has come (all with `all`): parked timers must
+    /// not reach the wheel before their thread could cancel them. A stale need makes a take early
+    /// (harmless) or late (covered by the push's handshake).
     pub(crate) fn take_due(&self, now: u64, all: bool) -> Chain {
         if all {
             return self.take();
@@ -360,7 +331,7 @@ impl Lane {
         Chain([due(&self.young), due(&self.old[0]), due(&self.old[1])])
     }
 
-    /// The tick by which the worker must take this lane (stacks or forward ring), if any.
+    /// The tick by which the worker must take this lane, if any.
     pub(crate) fn need(&self) -> Option<u64> {
         [
             self.young.need(),
@@ -373,9 +344,9 @@ impl Lane {
         .min()
     }
 
-    /// The producer is about to take nodes off the lane; `false`, marking nothing, when
-    /// shutting down (the nodes stay for the last turn). Pairs with the shutdown's flag
-    /// store and the last turn's fenced wait for no lane busy: one sees the other.
+    /// The producer is about to take nodes off the lane; `false` when shutting down (the nodes stay
+    /// for the last turn). Pairs with the shutdown's flag store and the last turn's fenced wait for
+    /// no lane busy.
     pub(crate) fn enter(&self, shutdown: &AtomicBool) -> bool {
         self.busy.store(true, Ordering::SeqCst);
         crate::sync::atomic::fence(Ordering::SeqCst);
@@ -386,7 +357,7 @@ impl Lane {
         true
     }
 
-    /// The producer has put every node it took back where the worker can see it.
+    /// The producer has put back every node it took.
     pub(crate) fn leave(&self) {
         self.busy.store(false, Ordering::Release);
     }
@@ -413,8 +384,8 @@ impl Lane {
     }
 }
 
-// SAFETY: ground rule 3: the producer-only state is touched only by the producer thread
-// (callers of the `unsafe` methods promise it); everything else is atomic.
+// SAFETY: ground rule 3: only the producer thread touches the producer-only state; the rest is
+// atomic.
 unsafe impl Send for Lane {}
 // SAFETY: as above.
 unsafe impl Sync for Lane {}

@@ -1,76 +1,64 @@
-//! The multi-core timer engine: one wheel per shard, each owned by one worker thread, fed
-//! by lock-free lanes from every other thread. Built on [`wheel`](crate::wheel),
-//! [`sync`](crate::sync) (queues, the per-timer state word, the run queue, the std/loom
-//! shim) and [`time`](crate::time).
+//! The multi-core timer engine: one wheel per shard, owned by one worker thread and fed by
+//! lock-free lanes from every other thread.
 //!
 //! # The journey of a timer
 //!
-//! Open the files in this order to follow one timer from `schedule` back to the pool.
-//!
-//! 1. [`TimerEngine::schedule`] calls [`producer`]'s `arm`: the thread's [`context`] names
-//!    its home shard and its [`lane`] into it; the deadline comes from the thread's
-//!    cycle-counter bound on now ([`cycle_clock`](crate::time::cycle_clock)).
-//! 2. A node comes from the thread's magazine of the shard's [`pool`]; the [`callback`] is
-//!    stored inline in the [`timer_node`], whose state word
-//!    ([`timer_state`](crate::sync::timer_state)) says *pending, in transit*.
-//! 3. The node goes onto the thread's [`lane`], a stack only this thread pushes. Every 64
-//!    pushes the thread takes the lane back ([`producer`]'s `reclaim`): timers it has
-//!    cancelled go straight back to its magazine, pending ones are held back a few ticks in
-//!    case they are cancelled too, and the rest go to the owner as indices on the lane's
-//!    [`forward_ring`] (when full, as a chain on the shard's inbox, [`mpsc`](crate::sync::mpsc)).
+//! 1. [`TimerEngine::schedule`] calls [`producer`]'s `arm`: the thread's [`context`] names its home
+//!    shard and its [`lane`] into it; the deadline comes from the thread's cycle-counter bound on
+//!    now ([`cycle_clock`](crate::time::cycle_clock)).
+//! 2. A node comes from the thread's magazine of the shard's [`pool`]; the [`callback`] is stored
+//!    inline in the [`timer_node`], whose state word ([`timer_state`](crate::sync::timer_state))
+//!    says *pending, in transit*.
+//! 3. The node goes onto the thread's [`lane`]. Every 64 pushes the thread takes the lane back
+//!    (`reclaim`): timers it cancelled go back to its magazine, pending ones not due soon are held
+//!    back a few ticks, and the rest go to the owner on the lane's [`forward_ring`] (when full, on
+//!    the shard's inbox).
 //! 4. The shard's owner, a [`worker`], looks at its wheel ([`shard`]'s `owner_look`,
-//!    [`held_wheel`]'s `extract`): it takes every lane whose need has come, the rings and
-//!    the inbox, and files each node in its [`WheelCore`](crate::wheel::core::WheelCore):
-//!    *pending, filed*.
-//! 5. When the node's tick comes, a look claims it (*firing*) onto the shard's
-//!    [`run_queue`](crate::sync::run_queue); a burst too big for the queue is handed out as
-//!    whole lists ([`due_lists`]).
-//! 6. The owner, or an idle worker that steals the run ([`stealing`]), runs it: [`runner`]
-//!    calls the callback (catching a panic, [`panics`]) and gives the node back to the
-//!    pool, or sends a repeating timer ([`periodic`]) back to the owner to be filed again.
+//!    [`held_wheel`]'s `extract`): it takes the lanes whose need has come, the rings and the inbox,
+//!    and files each node in its [`WheelCore`](crate::wheel::core::WheelCore): *pending, filed*.
+//! 5. When its tick comes, a look claims it (*firing*) onto the shard's
+//!    [`run_queue`](crate::sync::run_queue); a burst too big for the queue is handed out as whole
+//!    lists ([`due_lists`]).
+//! 6. The owner, or an idle worker that steals the run ([`stealing`]), runs it: [`runner`] calls
+//!    the callback (catching a panic, [`panics`]) and gives the node back to the pool, or sends a
+//!    repeating timer ([`periodic`]) back to be filed again.
 //!
-//! A cancel or reset changes the node's state word; when the wheel must change, the node
-//! travels to the owner as a message on the canceller's lane, and the owner unlinks and
-//! frees it (captures with a `Drop` are dropped after the look lets go of the wheel,
-//! [`deferred_drops`]). Another worker stands in for an owner stuck in a slow callback
-//! ([`stuck_owners`]). A [driven](EngineBuilder::driven) engine has no worker threads: a
-//! [`driver`] future per shard takes the owner's part. Shutdown gives every shard a last
-//! turn that runs or drops what is pending ([`held_wheel`]'s `finish`).
+//! A cancel or reset changes the node's state word; when the wheel must change, the node travels to
+//! the owner as a message on the canceller's lane. Captures with a `Drop` are dropped once the look
+//! lets go of the wheel ([`deferred_drops`]). Another worker stands in for an owner stuck in a slow
+//! callback ([`stuck_owners`]). A [driven](EngineBuilder::driven) engine has no workers: a
+//! [`driver`] future per shard takes the owner's part. Shutdown gives every shard a last turn
+//! ([`held_wheel`]'s `finish`).
 //!
 //! # Ground rules
 //!
 //! Every `unsafe` block in this layer relies on one of these.
 //!
-//! 1. **A shard's held wheel** ([`held_wheel::HeldWheel`]) is touched only by the thread
-//!    holding the shard's `HELD` bit ([`shard::Shard::with_wheel`]): its owner, a worker
-//!    standing in for a stuck owner for one look, a thread turning a hand-driven engine,
-//!    or after the last turn a thread sweeping what it pushed.
-//! 2. **A node** has a state word ([`TimerState`](crate::sync::timer_state::TimerState))
-//!    that anyone may read and that changes only by compare-and-swaps checking the
-//!    generation, so a stale handle changes nothing; its `deadline` is written by the arming
-//!    thread before it publishes the node, by a resetter under the word's `LOCKED` bit, and
-//!    by whoever runs a repeating timer. Its held part (links and callback) belongs to one
-//!    thread at a time, as the phase says: *free*, whoever took it from the pool; *in
-//!    transit*, the arming thread, then whoever takes it off the one queue it is on;
-//!    *filed*, the wheel's holder, or the holder of the handed-out list it is on
-//!    ([`due_lists`]); *firing*, whoever claimed it, then whoever takes its run-queue entry;
-//!    *cancelled* or *done*, whoever holds it once no message names it (a look keeps
-//!    holding the nodes it leaves to [`deferred_drops`] until their captures are dropped). A
-//!    pending waker timer's `Sleep`, holding the reset lock, may replace the waker in the
-//!    callback cell ([`waker_timer`]).
-//! 3. **Queues have one producer.** A thread's lane and its forward ring are pushed only by
-//!    that thread and taken only by it or the wheel's holder; a producer holding nodes it
-//!    took back marks the lane busy. Only the wheel's holder appends to the run queue; an
-//!    entry belongs to whoever takes it, and a worker other than the owner registers in
-//!    `in_hands` first. The owner's last turn waits for busy lanes and `in_hands` to clear.
-//! 4. **User code** (callbacks, and the `Drop` of their captures) runs holding no wheel and
-//!    no busy lane, except in a shard's last turn or a sweep after it, and may call back
-//!    into any engine, drop it or shut it down: nothing the engine does then waits for what
-//!    its own thread holds. On an engine with workers only workers run callbacks. Shutdown
-//!    sets the flag, then each shard's last turn collects every queue, waits for other
-//!    hands and runs or drops what is pending; a push made after the flag checks it again
-//!    (SeqCst on both sides) and asks for a sweep, and a shutdown or drop on a worker
-//!    thread joins no worker ([`reentrancy`]).
+//! 1. **One wheel holder.** A shard's [`HeldWheel`](held_wheel::HeldWheel) is touched only by the
+//!    thread holding its `HELD` bit ([`Shard::with_wheel`](shard::Shard::with_wheel)): the owner, a
+//!    stand-in for one look, a thread turning a hand-driven engine, or after the last turn a
+//!    sweeping thread.
+//! 2. **One node holder.** A node's state word
+//!    ([`TimerState`](crate::sync::timer_state::TimerState)) changes only by generation-checked
+//!    compare-and-swaps, so a stale handle changes nothing. Its `deadline` is written by the arming
+//!    thread before publishing, by a resetter under `LOCKED`, and by whoever runs a repeating
+//!    timer. Its links and callback belong to one thread at a time, by phase: *free*, whoever took
+//!    it from the pool; *in transit*, the arming thread, then whoever takes it off its queue;
+//!    *filed*, the wheel's holder, or the holder of the handed-out list it is on; *firing*, whoever
+//!    claimed it, then whoever takes its run-queue entry; *cancelled* or *done*, whoever holds it
+//!    once no message names it (a look holds the nodes it leaves to [`deferred_drops`]). A pending
+//!    waker timer's `Sleep`, under the reset lock, may replace the waker ([`waker_timer`]).
+//! 3. **One producer per queue.** A lane and its forward ring are pushed only by their thread and
+//!    taken only by it or the wheel's holder; a producer holding nodes it took back marks the lane
+//!    busy. Only the wheel's holder appends to the run queue; a worker other than the owner
+//!    registers in `in_hands` before taking from it. The last turn waits for busy lanes and
+//!    `in_hands` to clear.
+//! 4. **User code runs holding nothing.** Callbacks and captures' `Drop`s run holding no wheel and
+//!    no busy lane (except in the last turn or a sweep), and may call into any engine, drop it or
+//!    shut it down: nothing the engine then does waits for what its own thread holds
+//!    ([`reentrancy`]). Shutdown sets the flag, then each shard's last turn collects every queue,
+//!    waits for other hands and runs or drops what is pending; a push after the flag checks it
+//!    again (SeqCst on both sides) and asks for a sweep.
 
 pub(crate) mod builder;
 pub(crate) mod callback;
@@ -99,7 +87,6 @@ pub(crate) mod stealing;
 pub(crate) mod stuck_owners;
 pub(crate) mod timer_node;
 pub(crate) mod waker_timer;
-pub(crate) mod wakes;
 // loom models drive engines by hand, without worker threads.
 #[cfg(not(loom))]
 mod worker;
@@ -128,19 +115,15 @@ use crate::time::clock::{Clock, MonotonicClock};
 use crate::time::cycle_clock::CycleScale;
 use crate::time::ticks::{Ticks, nanos_of};
 
-/// Engines made so far in this process: a handle carries its engine's number, so a handle
-/// from one engine is stale in every other.
+/// Engines made so far: a handle carries its engine's number, so it is stale in every other.
 static ENGINES: AtomicU32 = AtomicU32::new(1);
 
 /// A multi-core timer engine.
 ///
-/// Each shard has a hierarchical timing wheel owned by one worker thread (pinned to a CPU by
-/// default) that sleeps until its next deadline. Scheduling takes a node from the thread's
-/// own magazine and pushes it onto the thread's own lane into the shard: no lock, no
-/// allocation, no atomic operation on memory another core writes. Cancels and resets work
-/// from any thread.
+/// Each shard has a timing wheel owned by one worker thread (pinned to a CPU by default).
+/// Scheduling takes a node from the thread's own magazine and pushes it onto the thread's own lane
+/// into the shard: no lock, no allocation. Cancels and resets work from any thread.
 ///
-/// Guarantees:
 /// - **Never early.** A callback runs at or after its deadline, rounded up to the tick.
 /// - **Exactly once.** A one-shot timer runs once, unless [`cancel`](Self::cancel) returned
 ///   `true`, in which case it never runs.
@@ -151,8 +134,8 @@ static ENGINES: AtomicU32 = AtomicU32::new(1);
 ///   cancelled or reset); a repeating period shorter than a tick is one tick; anything
 ///   after shutdown is an error or `false`.
 ///
-/// Callbacks run on the shard's worker thread; a panic is caught and counted in [`Stats`].
-/// Keep callbacks short: while one runs, the shard's other timers wait.
+/// Callbacks run on the shard's worker thread; a panic is caught and counted in [`Stats`]. Keep
+/// them short: while one runs, the shard's other timers wait.
 ///
 /// ```
 /// use corewheel::{ManualClock, TimerEngine};
@@ -181,10 +164,10 @@ static ENGINES: AtomicU32 = AtomicU32::new(1);
 pub struct TimerEngine {
     pub(crate) shared: Arc<EngineShared>,
     threads: StdMutex<Vec<JoinHandle<()>>>,
-    /// Driven by hand (a manual clock, or [`EngineBuilder::driven`]): no worker threads,
-    /// and [`turn`](Self::turn) turns the shards.
+    /// No worker threads (manual clock or [`EngineBuilder::driven`]): [`turn`](Self::turn) turns
+    /// the shards.
     hand_driven: bool,
-    /// Built with [`EngineBuilder::driven`]: its shards wait for their drivers.
+    /// Built with [`EngineBuilder::driven`].
     driven: bool,
     /// Whether a shutdown has begun; held while the first one runs.
     shutdown_started: StdMutex<bool>,
@@ -223,7 +206,7 @@ impl TimerEngine {
         };
         let origin = clock.now();
         let ticks = Ticks::new(builder.tick, origin);
-        // Only worker threads walk handed-out lists while their owner waits for them.
+        // Only worker threads walk handed-out lists.
         let hands_out = !manual && !builder.driven && builder.stealing && workers > 1;
         let shared = Arc::new(EngineShared {
             // Wraps to 1 after four billion engines, never to 0.
@@ -260,8 +243,7 @@ impl TimerEngine {
         Ok(engine)
     }
 
-    /// Starts the workers; returns how many were pinned, once each has tried, so that
-    /// `build` reports what is already true.
+    /// Starts the workers; returns how many were pinned, once each has tried.
     #[cfg(not(loom))]
     fn spawn_workers(&self, workers: usize, pin: bool) -> Result<usize, BuildError> {
         let cores = if pin {
@@ -279,7 +261,7 @@ impl TimerEngine {
                 .name(format!("corewheel-{index}"))
                 .spawn(move || {
                     let pinned_here = core.is_some_and(core_affinity::set_for_current);
-                    // The builder may have given up (another spawn failed): nobody listens.
+                    // Nobody listens if another spawn failed.
                     let _ = pin_result.send(pinned_here);
                     drop(pin_result);
                     worker::run(&shared, index);
@@ -300,26 +282,22 @@ impl TimerEngine {
         }
         drop(threads);
         drop(pin_results);
-        // One result per started worker; a worker that died before sending (it cannot
-        // panic there) closes its sender, which ends the count rather than hanging it.
+        // A worker that died before sending closes its sender, ending the count.
         Ok(pinned.iter().filter(|&pinned_here| pinned_here).count())
     }
 
     #[cfg(loom)]
     fn spawn_workers(&self, _workers: usize, _pin: bool) -> Result<usize, BuildError> {
-        // loom models drive engines by hand.
         Ok(0)
     }
 
     /// Schedules `f` to run once, `delay` from now.
     ///
-    /// A zero delay runs on the next tick; a deadline past the end of the engine's time
-    /// range never fires by itself. "Now" is never underestimated: where the kernel keeps
-    /// time with an invariant time-stamp counter (x86-64 Linux), a thread reads the clock at
-    /// most once a millisecond and extrapolates from the counter, rounding up (a deadline
-    /// may be a few microseconds later, never earlier). Closures of at most
-    /// [`INLINE_CALLBACK_BYTES`](crate::INLINE_CALLBACK_BYTES), word-aligned, are stored in
-    /// the timer's node; larger ones are boxed.
+    /// A zero delay runs on the next tick; a deadline past the engine's time range never fires by
+    /// itself. "Now" is never underestimated: with an invariant time-stamp counter (x86-64 Linux) a
+    /// thread extrapolates the clock from the counter, rounding up. Closures of at most
+    /// [`INLINE_CALLBACK_BYTES`](crate::INLINE_CALLBACK_BYTES), word-aligned, are stored in the
+    /// node; larger ones are boxed.
     #[inline]
     pub fn schedule(
         &self,
@@ -363,9 +341,8 @@ impl TimerEngine {
 
     /// Schedules `f` to run every `period`, choosing what happens to missed ticks.
     ///
-    /// The period is rounded up to whole ticks (at least one). A period over 2^62 - 2 ticks
-    /// is more than a timer can keep: it runs once, `period` from now, then stays pending
-    /// until cancelled. It is never run early.
+    /// The period is rounded up to whole ticks (at least one). A period over 2^62 - 2 ticks runs
+    /// once, then stays pending until cancelled; never early.
     ///
     /// ```
     /// use corewheel::{ManualClock, MissedTicks, TimerEngine};
@@ -402,10 +379,9 @@ impl TimerEngine {
         })
     }
 
-    /// Stops the timer: `true` if and only if this call stopped it from running (for a
-    /// repeating timer, from running again, even mid-callback). O(1) from any thread. The
-    /// node and its captures go back within a few ticks, or up to 32 ticks if the thread
-    /// falls quiet right after cancelling.
+    /// Stops the timer: `true` if and only if this call stopped it from running (for a repeating
+    /// timer, from running again, even mid-callback). O(1) from any thread; the node and its
+    /// captures go back within 32 ticks.
     #[inline]
     pub fn cancel(&self, handle: TimerHandle) -> bool {
         EngineShared::cancel(&self.shared, handle)
@@ -414,10 +390,9 @@ impl TimerEngine {
     /// Moves a pending timer's deadline to `delay` from now. `false` if the timer already
     /// fired or started firing, was cancelled, or the handle is stale.
     ///
-    /// A later deadline is a few atomic operations on the node (the worker moves the timer
-    /// when its old deadline comes round); an earlier one is sent to the worker at once. A
-    /// repeating timer's next run moves, keeping the period from there; it cannot be reset
-    /// while its callback runs.
+    /// A later deadline only changes the node (the worker moves the timer when the old deadline
+    /// comes); an earlier one is sent to the worker. A repeating timer cannot be reset while its
+    /// callback runs.
     #[inline]
     pub fn reset(&self, handle: TimerHandle, delay: Duration) -> bool {
         let tick = EngineShared::deadline_after(&self.shared, delay);
@@ -441,8 +416,8 @@ impl TimerEngine {
         let mut stats = Stats::default();
         for shard in self.shared.shards.iter() {
             let counters = &shard.counters;
-            // Under the lanes lock, so that a closing lane's counts are read either on the
-            // lane or among the retired counts, never both or neither.
+            // Under the lanes lock: a closing lane's counts are read on the lane or as retired,
+            // once.
             let lanes = shard.lanes.lock().unwrap_or_else(|p| p.into_inner());
             let mut one = ShardStats {
                 scheduled: read(&counters.retired_scheduled),
@@ -480,21 +455,19 @@ impl TimerEngine {
         stats
     }
 
-    /// Runs every shard's due work once on the calling thread, at the engine clock's time,
-    /// and returns how many callbacks ran. Only for engines without worker threads
-    /// ([`EngineBuilder::manual_clock`], [`EngineBuilder::driven`], whose drivers skip a
-    /// shard while a `turn` has it); elsewhere, or from inside a callback it runs, returns 0.
+    /// Runs every shard's due work once on the calling thread and returns how many callbacks ran.
+    /// Only for engines without worker threads ([`EngineBuilder::manual_clock`],
+    /// [`EngineBuilder::driven`]); elsewhere, or from inside its own callback, returns 0.
     ///
-    /// Several threads may turn at once. A shard another thread is turning is skipped,
-    /// unless that thread has been in its callbacks for more than
-    /// [`rescue_after`](EngineBuilder::rescue_after) ticks: then this call stands in for it.
+    /// Several threads may turn at once. A shard another thread is turning is skipped, unless that
+    /// thread has been in its callbacks for more than [`rescue_after`](EngineBuilder::rescue_after)
+    /// ticks: then this call stands in for it.
     pub fn turn(&self) -> usize {
         if !self.hand_driven {
             return 0;
         }
         let shared = &*self.shared;
-        // Inside a turn of this engine already, or on an exiting thread that cannot mark
-        // one (a turn from there could not tell a callback's nested turn from its own).
+        // Inside a turn of this engine already, or on an exiting thread that cannot mark one.
         let Ok(turn) = Turn::begin(shared.id.get()) else {
             return 0;
         };
@@ -502,8 +475,7 @@ impl TimerEngine {
         let mut fired = 0;
         for shard in shared.shards.iter() {
             if shared.shutdown.load(Ordering::SeqCst) {
-                // Shut down before this turn began, or by a callback of it or another
-                // thread since: from now on every shard gets its last turn instead.
+                // Shut down meanwhile: every shard gets its last turn instead.
                 break;
             }
             if shard.try_own() {
@@ -519,15 +491,14 @@ impl TimerEngine {
             }
         }
         if shared.shutdown.load(Ordering::SeqCst) {
-            // The last turns of shards nobody is turning are this thread's to make; whoever
-            // is turning one finishes it when that turn ends.
+            // A shard someone else is turning is finished when that turn ends.
             self.finish_manual(false);
         }
         drop(turn);
         fired
     }
 
-    /// Gives back a shard turned by hand, waking its driver (which waits for this).
+    /// Gives back a shard turned by hand, waking its driver.
     fn disown(&self, shard: &Shard) {
         shard.disown();
         if self.driven {
@@ -535,24 +506,20 @@ impl TimerEngine {
         }
     }
 
-    /// A hand-driven owner's turn: looks and runs what it claimed until a look claims
-    /// nothing (a repeating timer that missed ticks may come due again at once), reading
-    /// the clock each look as a worker does. Returns the callbacks run and the last look's
-    /// next tick (`None`: nothing will ever be due).
+    /// A hand-driven owner's turn: looks and runs until a look claims nothing. Returns the
+    /// callbacks run and the last look's next tick.
     fn turn_owned(shared: &EngineShared, shard: &Shard) -> (usize, Option<u64>) {
         let mut fired = 0;
         loop {
             let (now, now_tick) = shared.now_at(shared.clock.now());
             let look = shard.owner_look(now, now_tick);
             shard.set_running(true);
-            // Captures' `Drop`s, outside the wheel, like callbacks (see `DeferredDrops`).
             look.deferred_drops.free(shard);
             while let Some(run) = shard.run.take(MAX_RUN) {
                 fired += runner::run(shard, run.indices(), now_tick, true);
             }
-            // Only a loom model hands lists out on an engine turned by hand: walk what is
-            // open, wait out a walker holding the rest. After a shutdown the last turn
-            // takes them back.
+            // Only loom models hand lists out here: walk what is open, wait out a walker holding
+            // the rest.
             let walked = look.lists_out
                 && shard.walk_hand_outs(&shared.shutdown, 0, |batch, due| {
                     fired += runner::run(shard, batch, due, true);
@@ -570,17 +537,14 @@ impl TimerEngine {
         }
     }
 
-    /// The last turn of every hand-driven shard not finished yet. With `wait`, waits for a
-    /// shard's current turn to end; without, leaves it to the thread turning it, which
-    /// checks the shutdown flag after giving its shards back. The caller is inside a
-    /// [`Turn`], so a nested `turn` from user code gets 0 rather than waiting for a wheel
-    /// its own thread holds.
+    /// The last turn of every hand-driven shard not finished. With `wait`, waits for a shard's
+    /// current turn to end; without, leaves it to the thread turning it. The caller is inside a
+    /// [`Turn`], so a nested `turn` from user code gets 0.
     fn finish_manual(&self, wait: bool) {
         let shared = &*self.shared;
         let (pending, now) = (shared.pending_mode(), shared.clock.now());
         for shard in shared.shards.iter() {
             let owned = if wait {
-                // The turn waited for runs callbacks, which may block.
                 crate::sync::wait_until(|| match shard.is_finished() {
                     true => Some(false),
                     false => shard.try_own().then_some(true),
@@ -600,19 +564,15 @@ impl TimerEngine {
     /// reports how many timers went each way; a later call reports the figures then.
     /// Dropping the engine shuts it down with [`PendingTimers::Drop`].
     ///
-    /// On a worker thread (inside a callback of any engine) it waits for no worker, nor
-    /// does a drop there: the workers finish once their callbacks return. Inside a callback
-    /// of a hand-driven engine's turn, that turn finishes the engine when it ends; a call
-    /// made while another is in progress returns at once. The report counts what was
-    /// settled by then and agrees with [`stats`](Self::stats); a later call from a thread
-    /// that can wait reports the final figures.
+    /// On a worker thread it waits for no worker, nor does a drop there. Inside a callback of a
+    /// hand-driven turn, that turn finishes the engine when it ends; a call made while another is
+    /// in progress returns at once. The report then counts what was settled so far; a later call
+    /// from a thread that can wait reports the final figures.
     ///
-    /// Callbacks a shutdown runs ([`PendingTimers::Run`]) run on the workers (the calling
-    /// thread, hand-driven); a [`turn`](Self::turn) inside one returns 0. After shutdown,
-    /// `turn` makes the last turns nobody else is making and returns 0.
+    /// Callbacks a shutdown runs run on the workers (the calling thread, hand-driven); a
+    /// [`turn`](Self::turn) inside one returns 0.
     pub fn shutdown(&self, pending: PendingTimers) -> ShutdownReport {
-        // Another shutdown in progress (perhaps waiting for the worker this call runs on)
-        // must not be waited for: that could deadlock two callbacks shutting down at once.
+        // Another shutdown in progress may wait for this thread: do not wait for it.
         let started = match self.shutdown_started.try_lock() {
             Ok(started) => Some(started),
             Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
@@ -624,7 +584,7 @@ impl TimerEngine {
                 self.shared.set_pending_mode(pending);
                 self.shared.shutdown.store(true, Ordering::SeqCst);
             }
-            // Also on a later call: the first may have been made where it could not wait.
+            // Also on a later call: the first may have been unable to wait.
             self.finish_workers();
         }
         let mut report = ShutdownReport::default();
@@ -638,22 +598,17 @@ impl TimerEngine {
     /// Makes or waits for every shard's last turn, where the calling thread may wait.
     fn finish_workers(&self) {
         if self.hand_driven {
-            // Drivers make their shards' last turns, or end once another thread has: woken
-            // first, so that a shutdown from inside a callback (returning below) ends them.
+            // Woken first, so that a shutdown from inside a callback ends them too.
             if self.driven {
                 for shard in self.shared.shards.iter() {
                     shard.wake_driver();
                 }
             }
-            // Only a thread nobody can be waiting for may wait for another's turn: not a
-            // worker, inside no turn of any engine (two callbacks on two threads may each be
-            // shutting down the other's engine). Else the turning threads finish them.
+            // Only a thread nobody can be waiting for may wait for another's turn.
             let wait = !reentrancy::is_worker() && !reentrancy::in_any_turn();
             let turn = match Turn::begin(self.shared.id.get()) {
-                // From inside a callback, the turn running it finishes instead, once over.
+                // The turn running this callback finishes instead.
                 Err(reentrancy::NoTurn::Inside) => return,
-                // An exiting thread is inside no turn, and marks none: a nested `turn`
-                // there returns 0 anyway.
                 begun => begun.ok(),
             };
             self.finish_manual(wait);
@@ -665,8 +620,7 @@ impl TimerEngine {
                 thread.unpark();
             }
         }
-        // A worker of any engine waits for no worker: the awaited worker may be waiting for
-        // the callback this one runs. Handles stay for a later call from a thread that can.
+        // A worker waits for no worker (it may be waited for); the handles stay for a later call.
         if reentrancy::is_worker() {
             return;
         }
@@ -676,7 +630,7 @@ impl TimerEngine {
         }
     }
 
-    /// What every thread shares, for hand-driven steps in the loom models and unit tests.
+    /// What every thread shares, for loom models and unit tests.
     #[cfg(any(loom, test))]
     pub(crate) fn shared(&self) -> &EngineShared {
         &self.shared

@@ -1,13 +1,10 @@
-//! A shard's pool of timer nodes: one region reserved up front, carved a chunk at a time as
-//! demand grows, and a bitmap of free nodes shared by every thread.
+//! A shard's pool of timer nodes: one region reserved up front and carved a chunk at a time (so
+//! resident memory follows the peak number of timers), and a bitmap of free nodes shared by every
+//! thread. A node's index is its offset in the region.
 //!
-//! A thread takes free nodes a bitmap word (up to 64) at a time; freeing sets bits again,
-//! one atomic OR per word. Words are taken in turn from a shared cursor, reusing the region
-//! like a ring, so timers armed in turn get neighbouring nodes and later walks go forwards
-//! through memory, where prefetch hides misses (a free stack would scramble that order).
-//!
-//! Memory is first written when carved, so resident memory follows the peak number of
-//! timers, not the capacity. A node's index is its offset in the region.
+//! A thread takes free nodes a bitmap word at a time; freeing sets bits again, one atomic OR per
+//! word. Words are taken in turn from a shared cursor, reusing the region like a ring, so timers
+//! armed in turn get neighbouring nodes and later walks go forwards through memory.
 
 use std::ptr::NonNull;
 
@@ -27,13 +24,12 @@ pub(crate) const MAX_CAPACITY: usize =
 /// Nodes per word of the free bitmap: the most a refill takes at once.
 pub(crate) const BATCH: u32 = u64::BITS;
 
-/// A shard's nodes as its wheel sees them: the owner's view, for filing nodes by index.
+/// A shard's nodes as its wheel sees them, by index.
 pub(crate) struct FiledNodes<'a>(pub(crate) &'a Pool);
 
 impl FiledNodes<'_> {
     #[inline]
     fn node(&self, index: u32) -> &TimerNode {
-        // The wheel holds only indices filed from this pool, whose chunks never go away.
         match self.0.node(index) {
             Some(node) => node,
             None => unreachable!("a wheel index outside its pool"),
@@ -49,8 +45,7 @@ impl Links for FiledNodes<'_> {
 
     #[inline]
     fn links(&self, index: u32) -> (Location, u32, u32) {
-        // SAFETY: ground rule 2: a filed node's links belong to the wheel's holder, and the
-        // wheel's methods run on that thread.
+        // SAFETY: ground rule 2: a filed node's links are the wheel holder's, this thread.
         unsafe { self.node(index).with_links(|links| links.links()) }
     }
 
@@ -87,37 +82,34 @@ pub(crate) struct Pool {
     /// `capacity` node slots; the first `ready` hold initialised nodes.
     region: NonNull<TimerNode>,
     capacity: usize,
-    /// Chunks claimed so far (some may still be being initialised).
+    /// Chunks claimed so far (some perhaps still being initialised).
     claimed: AtomicU64,
     /// Nodes initialised: always a whole number of chunks, published in order.
     ready: AtomicU64,
-    /// Chunks whose nodes are all kept or in the bitmap (see `take_any_word`).
+    /// Chunks whose nodes are all kept or in the bitmap.
     settled: AtomicU64,
-    /// Which nodes are free and held by nobody.
     free: FreeBits,
-    /// The word the next refill looks at first, set past each word taken.
+    /// The word the next refill looks at first.
     cursor: CachePadded<Hint>,
-    /// Nodes carved: a hint for choosing between growing and taking a thin word.
+    /// Nodes carved (a hint).
     carved: Hint,
     /// About how many nodes the bitmap holds (it may lag, even below zero).
     free_count: CachePadded<Hint>,
 }
 
-/// The cursor and counts are hints (the bitmap alone decides who holds a node), so loom
-/// leaves them unmodelled.
+/// Hints (the bitmap alone decides who holds a node), unmodelled by loom.
 #[cfg(not(loom))]
 type Hint = AtomicU64;
 #[cfg(loom)]
 type Hint = std::sync::atomic::AtomicU64;
 
-// SAFETY: nodes are shared only through their atomics and ground rule 2's holder
-// discipline; the pool's own bookkeeping is atomic.
+// SAFETY: nodes are shared only through their atomics and ground rule 2; the rest is atomic.
 unsafe impl Send for Pool {}
 // SAFETY: as above.
 unsafe impl Sync for Pool {}
 
-/// One bit per node, set while the node is free and held by nobody. Whoever clears a bit
-/// (a swap of the whole word) holds that node; whoever sets one gives it up.
+/// One bit per node, set while it is free: whoever clears a bit (swapping the whole word) holds the
+/// node.
 struct FreeBits(Box<[AtomicU64]>);
 
 impl FreeBits {
@@ -127,7 +119,6 @@ impl FreeBits {
         let words = nodes.div_ceil(BATCH as usize);
         let layout = match std::alloc::Layout::array::<AtomicU64>(words) {
             Ok(layout) => layout,
-            // At most MAX_CAPACITY / 64 words: far below the size limit.
             Err(_) => unreachable!("a free bitmap larger than the address space"),
         };
         // SAFETY: the layout has a nonzero size (a pool has at least one chunk).
@@ -136,8 +127,8 @@ impl FreeBits {
             std::alloc::handle_alloc_error(layout)
         }
         let words = std::ptr::slice_from_raw_parts_mut(start, words);
-        // SAFETY: allocated above with the layout of `[AtomicU64; words]` by the global
-        // allocator, as `Box` frees it; all-zero bytes are a valid `AtomicU64` (zero).
+        // SAFETY: allocated above with `[AtomicU64; words]`'s layout, as `Box` frees it; all-zero
+        // bytes are a valid `AtomicU64`.
         Self(unsafe { Box::from_raw(words) })
     }
 
@@ -152,11 +143,11 @@ impl FreeBits {
     #[inline]
     fn take(&self, word: usize) -> Option<u64> {
         let bits = self.0.get(word)?;
-        // A plain read first: a word with nothing free costs no write to a shared line.
+        // A plain read first: an empty word costs no write to a shared line.
         if bits.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        // Acquire: pairs with `give`'s Release, so the new holder sees the nodes' writes.
+        // Acquire: pairs with `give`'s Release.
         let taken = bits.swap(0, Ordering::Acquire);
         (taken != 0).then_some(taken)
     }
@@ -179,17 +170,17 @@ impl FreeBits {
     }
 }
 
-/// Free nodes held by one thread: a bitmap word taken whole, and a chain of nodes put in
-/// one at a time, handed out first (just freed here, their lines are warm).
+/// Free nodes held by one thread: a bitmap word taken whole, and a chain of nodes put in one at a
+/// time, handed out first (their lines are warm).
 pub(crate) struct Magazine {
     first: Option<NonNull<TimerNode>>,
     chained: u32,
-    /// The first node of the word the bits are of, and the word's index.
+    /// The first node of the bits' word, and the word's index.
     base: Option<(NonNull<TimerNode>, usize)>,
     bits: u64,
 }
 
-// SAFETY: a magazine's nodes belong to its holder alone; moving it moves that ownership.
+// SAFETY: a magazine's nodes belong to its holder alone.
 unsafe impl Send for Magazine {}
 
 impl Magazine {
@@ -217,7 +208,6 @@ impl Magazine {
         // SAFETY: a set bit of a word names a carved node of that word, which `base` starts.
         let node = unsafe { base.add(offset) };
         if self.bits != 0 {
-            // The next node was likely last written on another core: fetch its line early.
             // SAFETY: as above.
             TimerNode::prefetch_for_write(unsafe { base.add(self.bits.trailing_zeros() as usize) });
         }
@@ -269,8 +259,7 @@ impl Magazine {
         pool.counted_free(given, 0);
     }
 
-    /// Refills an empty magazine with the free nodes of one word, or from a new chunk.
-    /// `false` when the pool is at its size limit and has nothing free.
+    /// Refills an empty magazine with the free nodes of one word; `false` when the pool is full.
     pub(crate) fn refill(&mut self, pool: &Pool) -> bool {
         debug_assert!(self.first.is_none() && self.bits == 0);
         let taken = pool
@@ -302,7 +291,7 @@ impl Pool {
             .div_ceil(CHUNK_NODES)
             * CHUNK_NODES;
         let layout = Self::layout(capacity);
-        // SAFETY: the layout has a nonzero size (at least one chunk of nonzero-sized nodes).
+        // SAFETY: the layout has a nonzero size (at least one chunk).
         let region = unsafe { std::alloc::alloc(layout) }.cast::<TimerNode>();
         let Some(region) = NonNull::new(region) else {
             std::alloc::handle_alloc_error(layout)
@@ -323,7 +312,6 @@ impl Pool {
     fn layout(capacity: usize) -> std::alloc::Layout {
         match std::alloc::Layout::array::<TimerNode>(capacity) {
             Ok(layout) => layout,
-            // MAX_CAPACITY nodes of 64 bytes is 4 GiB, far below the size limit.
             Err(_) => unreachable!("a pool region larger than the address space"),
         }
     }
@@ -334,8 +322,8 @@ impl Pool {
         if u64::from(index) >= self.ready.load(Ordering::Acquire) {
             return None;
         }
-        // SAFETY: nodes below `ready` were initialised before `ready` was published (the
-        // Acquire above pairs with its Release store), and live until the pool is dropped.
+        // SAFETY: nodes below `ready` were initialised before its Release store, and live as long
+        // as the pool.
         Some(unsafe { self.region.add(index as usize).as_ref() })
     }
 
@@ -361,25 +349,23 @@ impl Pool {
         (self.ready.load(Ordering::Acquire) as usize).div_ceil(BATCH as usize)
     }
 
-    /// The free nodes of the next word at least half free within [`LOOK_WORDS`] (a word
-    /// whose other timers are still ending would split a page between threads). With none,
-    /// `None` (grow, keeping a free band ahead of the cursor) while under a [`SPARE_SHARE`]th
-    /// is free and the pool can grow; else the first thin word seen, or with [`PLENTY_FREE`]
-    /// any word, so a stretch of long-lived timers does not grow the pool on every lap.
+    /// The free nodes of the next word at least half free within [`LOOK_WORDS`]. With none: `None`
+    /// (grow) while under a [`SPARE_SHARE`]th is free and the pool can grow; else the first thin
+    /// word seen, or with [`PLENTY_FREE`] any word, so long-lived timers do not grow the pool on
+    /// every lap.
     fn take_next_word(&self) -> Option<(usize, u64)> {
         let words = self.carved_words();
         if words == 0 {
             return None;
         }
-        // Read once, not moved per word, so the look writes no shared line; two refills
-        // may pick the same word, and the swap gives it to one.
+        // Read once, so the look writes no shared line; the swap settles two refills picking one
+        // word.
         let start = self.cursor.load(Ordering::Relaxed) as usize % words;
         let near = words.min(LOOK_WORDS);
         let mut thin = None;
         let mut word = start;
         for _ in 0..near {
             let here = word;
-            // Wrapped by hand: cheaper than a division per word.
             word = if word + 1 == words { 0 } else { word + 1 };
             match self.free.count(here) {
                 0 => continue,
@@ -395,8 +381,6 @@ impl Pool {
             }
         }
         let free = self.free_count();
-        // At the size limit the fallback looks from the first word on each refill: the
-        // thin word near the cursor is the better take.
         if free < self.carved.load(Ordering::Relaxed) / SPARE_SHARE && self.can_grow() {
             return None;
         }
@@ -419,7 +403,7 @@ impl Pool {
         Some((word, bits))
     }
 
-    /// Whether a chunk is left to carve (a hint; once `false`, final).
+    /// Whether a chunk is left to carve (once `false`, final).
     fn can_grow(&self) -> bool {
         (self.carved.load(Ordering::Relaxed) as usize) < self.capacity
     }
@@ -445,12 +429,11 @@ impl Pool {
     /// About how many nodes the bitmap holds (zero while the count lags below).
     fn free_count(&self) -> u64 {
         let count = self.free_count.load(Ordering::Relaxed);
-        // Wrapped below zero: a refill counted out what a give-back has not counted in.
+        // Below zero: a refill counted out what a give-back has not yet counted in.
         if count > u64::MAX / 2 { 0 } else { count }
     }
 
-    /// The free nodes of any word, for a pool at its size limit. Waits for a chunk still
-    /// being carved (never user code) rather than report full a pool about to gain nodes.
+    /// The free nodes of any word, for a full pool; waits for a chunk still being carved.
     fn take_any_word(&self) -> Option<(usize, u64)> {
         let chunks = (self.capacity / CHUNK_NODES) as u64;
         loop {
@@ -469,7 +452,7 @@ impl Pool {
 
     /// Carves a chunk, keeping its first word for the caller; `None` when none is left.
     fn grow(&self) -> Option<(usize, u64)> {
-        // Checked first: no read-modify-write of the shared count once at the limit.
+        // No shared read-modify-write once at the limit.
         if !self.can_grow() {
             return None;
         }
@@ -479,14 +462,14 @@ impl Pool {
             self.claimed.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        // SAFETY: the chunk is inside the region (capacity is whole chunks), claimed by this
-        // call alone, and unreachable through `node` until `ready` covers it.
+        // SAFETY: the chunk is inside the region, claimed by this call alone, and unreachable
+        // through `node` until `ready` covers it.
         let first = unsafe { self.region.add(start) };
         for offset in 0..CHUNK_NODES {
             // SAFETY: as above; writing initialises the slot without reading it.
             unsafe { first.add(offset).write(TimerNode::new()) };
         }
-        // In chunk order, so `ready` covers initialised nodes only (off the hot path).
+        // In chunk order, so `ready` covers initialised nodes only.
         crate::sync::spin_until(|| {
             (self.ready.load(Ordering::Acquire) == start as u64).then_some(())
         });
@@ -504,9 +487,8 @@ impl Pool {
             self.free.give(word, bits);
             self.counted_free(bits.count_ones(), 0);
         }
-        // After the gives: a refill that sees this chunk settled sees its nodes' bits.
+        // After the gives: a refill that sees this chunk settled sees its bits.
         self.settled.fetch_add(1, Ordering::Release);
-        // Later refills take the rest of this chunk first, in address order.
         if let Some((word, _)) = kept {
             self.cursor.store(word as u64 + 1, Ordering::Relaxed);
         }

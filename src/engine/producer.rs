@@ -1,5 +1,5 @@
-//! The producer side, for any thread: arming a node and sending it on the thread's lane,
-//! taking the lane back to recycle what it already cancelled, cancelling and resetting.
+//! The producer side, for any thread: arming a node and sending it on the thread's lane, taking the
+//! lane back to recycle what it cancelled, cancelling and resetting.
 
 use std::ptr::NonNull;
 use std::time::Duration;
@@ -41,8 +41,7 @@ impl Counted {
         }
     }
 
-    /// The count for threads with no lane (a thread-local destructor's), with the retired
-    /// lanes': a shared read-modify-write only this rare path pays.
+    /// The count for threads with no lane, shared with the retired lanes'.
     fn retired(self, shard: &Shard) -> &AtomicU64 {
         let counters = &shard.counters;
         match self {
@@ -54,14 +53,14 @@ impl Counted {
 }
 
 impl EngineShared {
-    /// The deadline tick `delay` from now, never earlier (see [`nanos_after`](Self::nanos_after)).
+    /// The deadline tick `delay` from now, never earlier.
     #[inline]
     pub(crate) fn deadline_after(this: &Arc<Self>, delay: Duration) -> u64 {
         context::with(this, |context| this.deadline_in(context, delay))
     }
 
     /// An upper bound on now in nanoseconds since the origin, from the thread's cycle-counter
-    /// anchor; `None` without a counter or context (the caller reads the clock).
+    /// anchor; `None` without a counter or context.
     #[inline]
     fn nanos_at_most(&self, context: Option<&Context>) -> Option<u64> {
         let (scale, context) = self.cycles.zip(context)?;
@@ -70,8 +69,7 @@ impl EngineShared {
             .now_at_most(scale, || self.ticks.nanos_since_origin(self.clock.now()))
     }
 
-    /// Whether now has certainly reached `tick` (the clock is read only if the
-    /// cycle-counter bound does not show it ahead).
+    /// Whether now has certainly reached `tick`.
     pub(crate) fn has_reached(this: &Arc<Self>, tick: u64) -> bool {
         let ahead = context::with(this, |context| {
             this.nanos_at_most(context)
@@ -88,8 +86,8 @@ impl EngineShared {
             .unwrap_or_else(|| self.ticks.ceil_after(self.clock.now(), delay))
     }
 
-    /// The deadline `delay` from now, never earlier, in signed nanoseconds since the origin
-    /// (as a [`Sleep`](crate::Sleep) keeps it); `None` on overflow.
+    /// The deadline `delay` from now, never earlier, in signed nanoseconds since the origin (as a
+    /// [`Sleep`](crate::Sleep) keeps it); `None` on overflow.
     #[inline]
     pub(crate) fn nanos_after(this: &Arc<Self>, delay: Duration) -> Option<i64> {
         context::with(this, |context| {
@@ -124,7 +122,7 @@ impl EngineShared {
         })?;
         // SeqCst: see `pushed`.
         if this.shutdown.load(Ordering::SeqCst) && Self::withdraw(this, handle) {
-            // Refused: to the caller, and so to the counts, this timer never existed.
+            // Refused: to the caller and the counts, this timer never existed.
             Self::count(this, handle.shard() as usize, Counted::Schedule, u64::MAX);
             return Err(ScheduleError::Shutdown);
         }
@@ -142,7 +140,7 @@ impl EngineShared {
         let shard_index = context.home;
         let shard = &self.shards[shard_index];
         let lane = context.lane(self, shard_index);
-        // SAFETY: this thread is the lane's producer, and nothing else is borrowing its side.
+        // SAFETY: this thread is the lane's producer, outside any other borrow of its side.
         let node = unsafe {
             lane.with_producer(|side| {
                 side.magazine.take().or_else(|| {
@@ -160,8 +158,7 @@ impl EngineShared {
         Ok(handle)
     }
 
-    /// Arms a node straight from the pool onto the inbox, for a thread whose locals are
-    /// gone (a destructor during thread exit).
+    /// Arms a node straight onto the inbox, for a thread whose locals are gone.
     #[cold]
     fn arm_direct(
         &self,
@@ -211,10 +208,9 @@ impl EngineShared {
         )
     }
 
-    /// Pushes a node this thread holds (in transit) onto its lane into `shard`, waking the
-    /// worker if needed sooner than it plans; reclaims the lane first when due. `need` is
-    /// the deadline, or `u64::MAX` for a message, which travels with the lane's staging
-    /// (only starting one, by [`fresh_need`], reads the clock).
+    /// Pushes a node this thread holds onto its lane into `shard`, waking the worker if needed
+    /// sooner than it plans; reclaims the lane first when due. `need` is the deadline, or
+    /// `u64::MAX` for a message.
     #[inline]
     fn send(&self, lane: &Lane, shard: &Shard, node: NonNull<TimerNode>, need: u64) {
         // SAFETY: this thread is the lane's producer.
@@ -229,9 +225,9 @@ impl EngineShared {
         self.pushed(shard);
     }
 
-    /// After a push onto `shard`: once the last turn is over, only a sweep takes the node.
-    /// SeqCst: pairs with the shutdown's flag store and the last turn's collection, so
-    /// either that collection takes the node or this sees the flag.
+    /// After a push: once the last turn is over, only a sweep takes the node. SeqCst pairs with the
+    /// shutdown's flag store: either the last turn's collection takes the node or this sees the
+    /// flag.
     #[inline]
     fn pushed(&self, shard: &Shard) {
         if self.shutdown.load(Ordering::SeqCst) {
@@ -239,16 +235,15 @@ impl EngineShared {
         }
     }
 
-    /// Takes this thread's young stack (and an old one past its horizon) back: frees timers
-    /// cancelled before they left the thread, parks pending ones not due soon, and forwards
-    /// the rest to the owner in one batch.
+    /// Takes this thread's young stack (and an aged old one) back: frees timers cancelled before
+    /// they left the thread, parks pending ones not due soon, and forwards the rest.
     fn reclaim(&self, lane: &Lane, shard: &Shard) {
         if !lane.enter(&self.shutdown) {
             return;
         }
         let recycled = self.reclaim_entered(lane, shard);
         lane.leave();
-        // Only with the lane left may user code (captures' destructors) run: rule 4.
+        // User code (captures' `Drop`s) only once the lane is left: rule 4.
         for node in recycled {
             self.recycle(lane, node);
         }
@@ -264,8 +259,7 @@ impl EngineShared {
         let mut forward = ForwardBatch::new();
         let mut park = ChainBuilder::default();
         let mut keep = ChainBuilder::default();
-        // Pending nodes published and their needs, for `look_again` (a young stack holds
-        // about `2 * CLAIM_EVERY`); `unseen` if more were published.
+        // Pending nodes published and their needs, for `look_again`; `unseen` if more.
         let mut published = [(None, 0); 2 * CLAIM_EVERY as usize];
         let mut published_count = 0;
         let mut unseen = false;
@@ -277,7 +271,6 @@ impl EngineShared {
                 unseen = true;
             }
         };
-        // Sorts a node taken off the young stack, or (`young` false) the old one.
         let mut sort = |node: NonNull<TimerNode>, young: bool| {
             // SAFETY: nodes on a lane are live pool nodes, held by whoever takes them.
             let node_ref = unsafe { node.as_ref() };
@@ -286,10 +279,9 @@ impl EngineShared {
                 return recycled.push(node, 0);
             }
             let need = forward_need(node_ref, seen, now, shard);
-            // A filed node is a message: its links are the wheel's, so it goes on to the owner.
+            // A filed node is a message: its links are the wheel's.
             if young && !seen.is_filed() && need > park_after {
-                // A first claim keeps a timer young for one more: most are cancelled soon,
-                // and never need the old stack's longer wait.
+                // A timer stays young for one more claim: most are cancelled soon.
                 // SAFETY: held by this thread, taken off its lane, not filed.
                 if unsafe { node_ref.with_links(|links| links.outlive_claim()) } {
                     park.push(node, need);
@@ -319,13 +311,16 @@ impl EngineShared {
                 (unseen, urgent_asked),
                 now,
             );
-            Self::trim_magazine(lane, shard);
+            lane.with_producer(|side| {
+                if side.magazine.len() > MAGAZINE_LIMIT {
+                    side.magazine.give_back(&shard.pool);
+                }
+            });
         }
         recycled.into_chain()
     }
 
-    /// A reclaim's step: puts held-back timers on the old stack (past their first claim)
-    /// or the young one, waking the worker if needed sooner than it plans.
+    /// Puts held-back timers on the old stack (past their first claim) or the young one.
     ///
     /// # Safety
     /// The caller is the lane's producer, and the chains are its own.
@@ -353,9 +348,9 @@ impl EngineShared {
         }
     }
 
-    /// A reclaim's step, once its timers are published: a reset that brought one forward
-    /// meanwhile missed the need it went with, so look at the deadlines again; past what
-    /// `published` holds (`unseen`), re-ask any urgency asked since the reclaim began.
+    /// Once a reclaim's timers are published: a reset that brought one forward meanwhile missed the
+    /// need it went with, so look at the deadlines again; past what `published` holds (`unseen`),
+    /// re-ask any urgency asked since the reclaim began.
     #[inline]
     fn look_again(
         shard: &Shard,
@@ -377,22 +372,6 @@ impl EngineShared {
         if let Some(deadline) = moved {
             shard.make_urgent(deadline);
         }
-    }
-
-    /// A reclaim's last step: hands free nodes back beyond [`MAGAZINE_LIMIT`].
-    ///
-    /// # Safety
-    /// The caller is the lane's producer.
-    #[inline]
-    unsafe fn trim_magazine(lane: &Lane, shard: &Shard) {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            lane.with_producer(|side| {
-                if side.magazine.len() > MAGAZINE_LIMIT {
-                    side.magazine.give_back(&shard.pool);
-                }
-            })
-        };
     }
 
     /// Frees a recyclable node into this thread's magazine.
@@ -424,8 +403,7 @@ impl EngineShared {
         });
     }
 
-    /// Adds `by` to this thread's count of `what` into `shard`: 1, or `u64::MAX` (wrapping)
-    /// to take back a schedule the shutdown refused.
+    /// Adds `by` to this thread's count of `what`: 1, or `u64::MAX` (wrapping) to take one back.
     fn count(this: &Arc<Self>, shard: usize, what: Counted, by: u64) {
         context::with(this, |context| match context {
             Some(context) => {
@@ -437,8 +415,8 @@ impl EngineShared {
         });
     }
 
-    /// Takes back a timer armed into a shutdown, unless the last turn ran or is running it
-    /// (then the schedule stands). Counts no cancel.
+    /// Takes back a timer armed into a shutdown, unless the last turn ran or is running it. Counts
+    /// no cancel.
     #[cold]
     fn withdraw(this: &Arc<Self>, handle: TimerHandle) -> bool {
         Self::stop(this, handle, TimerState::try_withdraw).is_some()
@@ -452,8 +430,7 @@ impl EngineShared {
         true
     }
 
-    /// Stops `handle`'s timer with `how`, messaging its owner where it is filed; returns
-    /// its shard if this did it.
+    /// Stops `handle`'s timer with `how`, messaging its owner where filed; returns its shard.
     #[inline]
     fn stop(
         this: &Arc<Self>,
@@ -489,7 +466,7 @@ impl EngineShared {
     /// A thread's context is dropped: forward its lane, return its magazine, retire the lane.
     pub(crate) fn close_lane(&self, shard_index: usize, lane: &Lane) {
         let shard = &self.shards[shard_index];
-        // At shutdown the nodes stay on the lane, where the worker's last turn takes them.
+        // At shutdown the nodes stay on the lane for the last turn.
         if lane.enter(&self.shutdown) {
             let mut forward = ChainBuilder::default();
             for node in lane.take() {
@@ -509,7 +486,7 @@ impl EngineShared {
 }
 
 /// By when the worker needs a forwarded node: a new timer by its deadline, a message by
-/// [`fresh_need`] or its timer's deadline if sooner (a reset brought it forward).
+/// [`fresh_need`] (or its timer's deadline, if a reset brought it forward).
 fn forward_need(node: &TimerNode, seen: Observed, now: u64, shard: &Shard) -> u64 {
     match seen.phase() {
         Phase::Pending if !seen.is_filed() => node.deadline(),
@@ -518,26 +495,22 @@ fn forward_need(node: &TimerNode, seen: Observed, now: u64, shard: &Shard) -> u6
     }
 }
 
-/// By when the worker must take what a thread starts sending: its planned wake-up within
-/// [`LANE_HORIZON`]..[`IDLE_LANE_HORIZON`] (the latter while it is awake).
+/// By when the worker must take what a thread starts sending.
 #[inline]
 fn fresh_need(shard: &Shard, now: u64) -> u64 {
     riding_planned_wake(shard, now, LANE_HORIZON)
 }
 
-/// By when the worker takes back an old generation parked at tick `now` if its producer
-/// goes quiet: the producer takes it back itself within two horizons while it is busy, so
-/// the worker's fallback rides its planned wake-up within two horizons and
-/// [`IDLE_LANE_HORIZON`]. Sooner, and a busy producer's every park would wake the worker
-/// for a generation it then finds taken.
+/// By when the worker takes back an old generation if its producer goes quiet: a busy producer
+/// takes it back itself within two horizons, and a sooner need would wake the worker for a
+/// generation already gone.
 #[inline]
 fn quiet_need(shard: &Shard, now: u64) -> u64 {
     riding_planned_wake(shard, now, 2 * OLD_HORIZON + 1)
 }
 
-/// The worker's planned wake-up held within `soonest`..=[`IDLE_LANE_HORIZON`] ticks of `now`
-/// (the latter while it is awake: it will plan by then), so that a need costs no wake-up
-/// of its own.
+/// The worker's planned wake-up held within `soonest`..=[`IDLE_LANE_HORIZON`] ticks of `now`, so
+/// that a need costs no wake-up of its own.
 #[inline]
 fn riding_planned_wake(shard: &Shard, now: u64, soonest: u64) -> u64 {
     let latest = now.saturating_add(IDLE_LANE_HORIZON);
@@ -547,20 +520,18 @@ fn riding_planned_wake(shard: &Shard, now: u64, soonest: u64) -> u64 {
     }
 }
 
-/// Whether a node off this thread's lane was cancelled before ever filed: nobody else can
-/// reach it, so this thread frees it.
+/// Cancelled before ever filed: nobody else can reach it, so this thread frees it.
 fn recyclable(seen: Observed) -> bool {
     seen.phase() == Phase::Cancelled && !seen.is_filed()
 }
 
-/// What one reclaim forwards: on the lane's ring [`CHUNK`] at a time, or as one chain on
-/// the shard's inbox when the ring has no room.
+/// What one reclaim forwards: on the lane's ring [`CHUNK`] at a time, or as one chain on the inbox
+/// when the ring is full.
 struct ForwardBatch {
     indices: [u32; CHUNK],
     len: usize,
     /// The earliest need among `indices`.
     need: u64,
-    /// The ring's need after the latest publish, if any.
     published: Option<u64>,
     /// Nodes the ring had no room for.
     overflow: ChainBuilder,
@@ -577,7 +548,7 @@ impl ForwardBatch {
         }
     }
 
-    /// Adds a node the caller holds, in transit, on no chain, needed by `need`.
+    /// Adds a node the caller holds, on no chain.
     ///
     /// # Safety
     /// The caller is `lane`'s producer.
@@ -617,7 +588,7 @@ impl ForwardBatch {
         (self.len, self.need) = (0, u64::MAX);
     }
 
-    /// Sends what is left, waking the owner if it plans to sleep past anything's need.
+    /// Sends what is left, waking the owner if needed.
     ///
     /// # Safety
     /// The caller is `lane`'s producer, and holds every node of the batch.

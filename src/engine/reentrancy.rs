@@ -21,14 +21,13 @@ pub(crate) fn become_worker() {
     let _ = WORKER.try_with(|worker| worker.set(true));
 }
 
-/// Whether the calling thread is a worker of any engine. Such a thread must not wait for
-/// any engine's workers: the one it waits for may be running a callback that waits for it.
+/// Whether the calling thread is a worker of any engine: it must wait for no worker.
 pub(crate) fn is_worker() -> bool {
     WORKER.try_with(Cell::get).unwrap_or(false)
 }
 
-/// Whether the calling thread is inside a turn of any hand-driven engine. Such a thread
-/// must not wait for another thread's turn: that one may be waiting for it.
+/// Whether the calling thread is inside a turn of any hand-driven engine: it must not wait for
+/// another's turn.
 pub(crate) fn in_any_turn() -> bool {
     TURNING
         .try_with(|turning| !turning.borrow().is_empty())
@@ -38,9 +37,9 @@ pub(crate) fn in_any_turn() -> bool {
 /// Why [`Turn::begin`] began no turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NoTurn {
-    /// This thread is already inside a turn of that engine (a callback turning it).
+    /// Already inside a turn of that engine.
     Inside,
-    /// This thread's locals are being destroyed: it is inside no turn, and can mark none.
+    /// This thread's locals are being destroyed.
     Exiting,
 }
 

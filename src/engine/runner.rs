@@ -1,7 +1,5 @@
-//! Running claimed timers, by the owner or any other worker. Claiming a timer gave whoever
-//! took it off the queue the node, so a run needs no wheel: it calls each callback, settles
-//! each node (freed, or sent back to the owner to be filed again), and adds the counts once
-//! per run.
+//! Running claimed timers, by the owner or any other worker: the claim gave the runner the node, so
+//! a run needs no wheel.
 
 use std::ptr::NonNull;
 
@@ -12,13 +10,12 @@ use crate::engine::timer_node::TimerNode;
 use crate::sync::atomic::Ordering;
 use crate::sync::timer_state::{AfterFire, Phase};
 
-/// Runs every timer of `run`, claimed from `shard`'s wheel, at `now_tick`; `by_owner` when
-/// the shard's own worker runs it. Returns the callbacks run.
+/// Runs every claimed timer of `run` at `now_tick`; `by_owner` when the shard's own worker runs it.
+/// Returns the callbacks run.
 pub(crate) fn run(shard: &ShardState, run: &[u32], now_tick: u64, by_owner: bool) -> usize {
     let mut freed = Magazine::EMPTY;
     let (mut fired, mut late, mut completed) = (0_u64, 0_u64, 0_u64);
-    // A run's nodes are independent lines, often last touched on another core: start all
-    // their misses at once rather than one per timer.
+    // Start every node's cache miss at once.
     for &index in run {
         if let Some(node) = shard.pool.node(index) {
             TimerNode::prefetch_for_write(NonNull::from(node));
@@ -35,21 +32,19 @@ pub(crate) fn run(shard: &ShardState, run: &[u32], now_tick: u64, by_owner: bool
             fired += 1;
             late += u64::from(now_tick > due.saturating_add(1));
         }
-        // SAFETY: the timer was claimed for this run, so this thread holds the node until
-        // it settles it below.
+        // SAFETY: claimed for this run, so this thread holds the node until it settles it.
         let period = unsafe { node_ref.with_callback(|callback| callback.period()) };
         let next = period
             .is_repeating()
             .then(|| period.missed.next_after(due, period.ticks, now_tick));
         if let Some(next) = next {
-            // No resetter can touch a firing timer, so the runner may store its deadline.
+            // No resetter touches a firing timer.
             node_ref.deadline.store(next, Ordering::Release);
         }
         match node_ref.state.finish_fire() {
             AfterFire::Rearm => {
                 let need = next.unwrap_or(now_tick + 1);
-                // SAFETY: `finish_fire` marked the node in transit and gave this thread the
-                // push; nothing else touches it until the owner takes it off the inbox.
+                // SAFETY: `finish_fire` marked the node in transit and gave this thread the push.
                 unsafe { shard.send_direct(node, need) };
             }
             AfterFire::RearmOnArrival => {}
@@ -71,16 +66,15 @@ pub(crate) fn run(shard: &ShardState, run: &[u32], now_tick: u64, by_owner: bool
     fired as usize
 }
 
-/// Runs a claimed timer's callback, catching and counting a panic and counting the run.
+/// Runs a claimed timer's callback, counting the run.
 pub(crate) fn run_callback(shard: &ShardState, node: &TimerNode) {
     if run_claimed(shard, node) {
         add(&shard.counters.fired, 1);
     }
 }
 
-/// Runs a claimed timer's callback, catching and counting a panic, unless it must not run
-/// any more: a repeating timer cancelled while queued, or a waker timer whose `Sleep` was
-/// dropped before its wake began. Returns whether it ran.
+/// Runs a claimed timer's callback, catching and counting a panic, unless a repeating timer was
+/// cancelled while queued or a waker timer's `Sleep` was dropped. Returns whether it ran.
 fn run_claimed(shard: &ShardState, node: &TimerNode) -> bool {
     let seen = node.state.observe();
     let run = if seen.is_waker() {
@@ -89,8 +83,7 @@ fn run_claimed(shard: &ShardState, node: &TimerNode) -> bool {
         seen.phase() != Phase::FiringCancelled
     };
     if run {
-        // SAFETY: the caller claimed the timer (Firing), so this thread holds the node
-        // until it settles it.
+        // SAFETY: the caller claimed the timer, so this thread holds the node.
         let panicked = unsafe {
             node.with_callback(|callback| crate::engine::panics::contain(|| callback.call()))
         };
@@ -99,11 +92,10 @@ fn run_claimed(shard: &ShardState, node: &TimerNode) -> bool {
     run
 }
 
-/// Gives back a node the caller holds: drops any callback, moves the generation on, and
-/// puts it on `freed`, handed to the pool once it holds a [`BATCH`].
+/// Gives back a node the caller holds: drops any callback, moves the generation on, and puts it on
+/// `freed`, handed to the pool a [`BATCH`] at a time.
 pub(crate) fn free_into(shard: &ShardState, node: NonNull<TimerNode>, freed: &mut Magazine) {
-    // SAFETY: the caller holds the node exclusively (nothing else will touch it until the
-    // generation moves on below).
+    // SAFETY: the caller holds the node until the generation moves on.
     let node_ref = unsafe { node.as_ref() };
     // SAFETY: as above.
     let panicked = unsafe { node_ref.with_callback(|callback| callback.clear()) };

@@ -1,5 +1,5 @@
-//! One shard: its [`ShardState`], and its held wheel behind a hand-over flag, so another
-//! worker can stand in for a stuck owner.
+//! One shard: its [`ShardState`], and its held wheel behind a hand-over flag, so another worker can
+//! stand in for a stuck owner.
 
 use std::ops::Deref;
 use std::time::Instant;
@@ -18,21 +18,21 @@ const HELD: u8 = 1;
 /// In `wheel_hold`, only with [`HELD`]: a sweep is asked of the holder.
 const SWEEP: u8 = 2;
 
-/// One shard, as seen from any thread: its shared state, and its held wheel.
+/// One shard, as seen from any thread.
 pub(crate) struct Shard {
     parts: ShardState,
-    /// The held wheel, touched only by the thread whose [`HELD`] bit is in `wheel_hold`.
+    /// Touched only by the thread whose [`HELD`] bit is in `wheel_hold`.
     wheel: UnsafeCell<HeldWheel>,
-    /// [`HELD`] while a thread holds the wheel, with [`SWEEP`] when a late pusher at
-    /// shutdown asks the holder to sweep before letting go. One word, changed only by
-    /// read-modify-writes, so a request and a release cannot miss each other.
+    /// [`HELD`] while a thread holds the wheel, with [`SWEEP`] when a late pusher at shutdown asks
+    /// for a sweep. Changed only by read-modify-writes, so a request and a release cannot miss each
+    /// other.
     wheel_hold: CachePadded<AtomicU8>,
-    /// The last turn is over: a later finish must not wait for the wheel (a sweep holds it).
+    /// The last turn is over (a later finish must not wait for a sweep's wheel).
     finished: AtomicBool,
 }
 
-// SAFETY: every field is shared through atomics or lock-free queues, except `wheel`, which
-// only the `HELD` bit's holder touches (ground rule 1).
+// SAFETY: all is atomic or lock-free but `wheel`, which only the `HELD` bit's holder touches
+// (ground rule 1).
 unsafe impl Sync for Shard {}
 
 impl Deref for Shard {
@@ -54,13 +54,13 @@ impl Shard {
         }
     }
 
-    /// Runs `f` on the held wheel unless another thread holds it (`None`). Nobody waits
-    /// long for it: a holder runs user code only in the last turn (ground rules 1 and 4).
+    /// Runs `f` on the held wheel unless another thread holds it (`None`). A holder runs user code
+    /// only in the last turn, so nobody waits long.
     pub(crate) fn with_wheel<R>(&self, f: impl FnOnce(&mut HeldWheel) -> R) -> Option<R> {
         self.try_hold_wheel().then(|| self.held_wheel(f))
     }
 
-    /// [`with_wheel`](Self::with_wheel) for the owner, waiting out a stand-in's short hold.
+    /// [`with_wheel`](Self::with_wheel), waiting out a stand-in's short hold.
     pub(crate) fn with_wheel_waiting<R>(&self, f: impl FnOnce(&mut HeldWheel) -> R) -> R {
         crate::sync::spin_until(|| self.try_hold_wheel().then_some(()));
         self.held_wheel(f)
@@ -72,25 +72,23 @@ impl Shard {
             .is_ok()
     }
 
-    /// Runs `f` on the wheel this thread has just come to hold, then lets it go.
     fn held_wheel<R>(&self, f: impl FnOnce(&mut HeldWheel) -> R) -> R {
-        // SAFETY: ground rule 1: `try_hold_wheel` succeeded, so this thread is the only
-        // holder until `let_go_of_wheel`; its Acquire pairs with the last release.
+        // SAFETY: ground rule 1: `try_hold_wheel` succeeded (Acquire), so this thread holds it
+        // until `let_go_of_wheel`.
         let result = self.wheel.with_mut(|wheel| f(unsafe { &mut *wheel }));
         self.let_go_of_wheel();
         result
     }
 
-    /// Lets the wheel go, first sweeping for each thread that asked meanwhile: the release
-    /// succeeds only on a word with no request, so a later request takes the wheel itself.
     fn let_go_of_wheel(&self) {
-        // Acquire on failure: the sweep must see the push made before the request.
+        // Sweeps for each request first: a release succeeds only on a word with none. Acquire on
+        // failure: the sweep sees the push before the request.
         while self
             .wheel_hold
             .compare_exchange(HELD, 0, Ordering::Release, Ordering::Acquire)
             .is_err()
         {
-            // A read-modify-write, so a request made meanwhile stays and fails the next release.
+            // A read-modify-write: a request made meanwhile fails the next release.
             self.wheel_hold.fetch_and(!SWEEP, Ordering::Relaxed);
             // SAFETY: this thread still holds the wheel.
             self.wheel
@@ -98,19 +96,17 @@ impl Shard {
         }
     }
 
-    /// By a thread that pushed onto this shard, then saw the shutdown: after the last turn
-    /// nobody takes what is pushed, so it sweeps itself, or asks the holder to. Never waits.
+    /// By a thread that pushed, then saw the shutdown: after the last turn nobody takes what is
+    /// pushed, so it sweeps itself, or asks the holder to. Never waits.
     pub(crate) fn settle_after_shutdown(&self) {
-        // Release: a holder seeing the request sees the push. Acquire: taking the wheel
-        // here follows the last holder's release.
+        // Release: a holder seeing the request sees the push. Acquire: follows the last release.
         let before = self.wheel_hold.fetch_or(HELD | SWEEP, Ordering::AcqRel);
         if before & HELD == 0 {
-            // Held now, with this thread's own request in the word.
             self.let_go_of_wheel();
         }
     }
 
-    /// The shard's last turn at shutdown, once no other worker can take its timers.
+    /// The shard's last turn at shutdown.
     pub(crate) fn finish(&self, pending: PendingTimers, now: Instant) {
         if self.is_finished() {
             return;
@@ -124,7 +120,7 @@ impl Shard {
         self.finished.load(Ordering::SeqCst)
     }
 
-    /// The owner's look at its wheel: claims what is due and records its heartbeat.
+    /// The owner's look at its wheel, recording its heartbeat.
     pub(crate) fn owner_look(&self, now: Instant, now_tick: u64) -> Extracted {
         let look = self.with_wheel_waiting(|wheel| wheel.extract(self, now));
         self.beat(now_tick);

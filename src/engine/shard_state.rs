@@ -1,7 +1,6 @@
-//! What every thread shares about one shard but its held wheel (which lives in
-//! [`shard`](crate::engine::shard), built on this): the pool, the inbox, the lanes, the
-//! handshake that wakes the worker, the run queue, and what the owner tells workers that
-//! might stand in for it. Code working on a shard's timers takes this, not a shard.
+//! What every thread shares about one shard but its held wheel ([`shard`](crate::engine::shard)):
+//! the pool, the inbox, the lanes, the worker's wake handshake, the run queue, and what the owner
+//! tells would-be stand-ins.
 
 use crossbeam_utils::CachePadded;
 use std::ptr::NonNull;
@@ -24,56 +23,51 @@ pub(crate) const AWAKE: u64 = 0;
 /// `last_run` of an owner that has not run a timer yet.
 const NEVER_RAN: u64 = u64::MAX;
 
-/// Everything of one shard but its held wheel. See the module documentation.
+/// Everything of one shard but its held wheel.
 pub(crate) struct ShardState {
     pub(crate) pool: Pool,
     /// Batches forwarded from lanes, and single nodes from threads without a lane.
     pub(crate) inbox: Queue<TimerNode>,
-    /// Every open lane into this shard; the worker keeps its own copy, refreshed when
-    /// `lanes_version` moves.
+    /// Every open lane into this shard; the worker's copy is refreshed when `lanes_version` moves.
     pub(crate) lanes: Mutex<Vec<Arc<Lane>>>,
     pub(crate) lanes_version: AtomicU64,
     /// The tick the worker plans to wake at, or [`AWAKE`].
     wake_at: CachePadded<AtomicU64>,
-    /// The earliest tick by which the worker must take every lane, lowered by a reset that
-    /// brings forward a timer still in transit (the lane it sits on does not know).
+    /// The tick by which the worker must take every lane: a reset brought forward a timer still in
+    /// transit, whose lane does not know.
     urgent: CachePadded<AtomicU64>,
-    /// How often the urgent tick was asked for, compared across a reclaim
-    /// ([`ask_again_if_asked_since`](Self::ask_again_if_asked_since)); rarely written.
+    /// How often `urgent` was asked for (see
+    /// [`ask_again_if_asked_since`](Self::ask_again_if_asked_since)).
     urgent_asked: CachePadded<AtomicU64>,
-    /// Nanoseconds a callback of this shard has taken lately (0 before any run; owner
-    /// only): what a backlog is worth in time, for
-    /// [`IdleWorkers::offer`](crate::engine::idle_workers::IdleWorkers::offer).
+    /// Recent nanoseconds per callback (0 before any run; owner only): what a backlog is worth.
     callback_ns: AtomicU64,
-    /// The worker thread, once it runs (engines driven by hand have none).
+    /// The worker thread, once it runs (none for engines driven by hand).
     pub(crate) thread: OnceLock<std::thread::Thread>,
-    /// A driven engine's waiting driver: woken in place of a worker thread.
+    /// A driven engine's driver, woken in place of a worker thread.
     driver: Mutex<Option<Waker>>,
-    /// A driver for this shard exists (see [`claim_driver`](Self::claim_driver)).
+    /// A driver for this shard exists.
     has_driver: AtomicBool,
     pub(crate) counters: ShardCounters,
     /// Timers claimed from the wheel, waiting to run.
     pub(crate) run: RunQueue,
-    /// Lists of due timers the wheel handed out, for any worker to claim and run.
+    /// Lists of due timers handed out to any worker.
     pub(crate) hand_outs: DueLists,
     signals: CachePadded<OwnerSignals>,
-    /// Workers other than the owner that are running, or about to take, this shard's
-    /// timers; the owner's last turn waits for them.
+    /// Workers other than the owner holding or about to take this shard's timers; the last turn
+    /// waits for them.
     in_hands: CachePadded<AtomicU64>,
 }
 
-/// What a shard's owner tells the workers that might stand in for it: written by the owner
-/// (and `next_due` by the wheel's holder), read by the others while they look for work.
+/// Written by the owner (`next_due` by the wheel's holder), read by would-be stand-ins.
 struct OwnerSignals {
-    /// For an engine driven by hand: some thread is turning the shard as its owner.
+    /// Hand-driven: some thread is turning the shard as its owner.
     busy: AtomicBool,
     /// The tick of the owner's latest look at its wheel.
     heartbeat: AtomicU64,
-    /// The owner is running callbacks: only then can it be stuck in one. An owner merely
-    /// awake looks again within moments unless the OS has not scheduled it, and standing in
-    /// for such owners lets many workers on few cores wake each other without end.
+    /// The owner is running callbacks: only then can it be stuck (standing in for a merely
+    /// descheduled owner lets workers on few cores wake each other without end).
     running: AtomicBool,
-    /// The tick at which the owner last began running timers ([`NEVER_RAN`]: never).
+    /// When the owner last began running timers ([`NEVER_RAN`]: never).
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     last_run: AtomicU64,
     /// The wheel's next deadline at its latest look (`u64::MAX`: none).
@@ -137,14 +131,14 @@ impl ShardState {
         self.signals.last_run.store(tick, Ordering::Relaxed);
     }
 
-    /// Whether the owner began running timers within `linger` ticks before `now_tick`.
+    /// Whether the owner began running timers within `linger` ticks of `now_tick`.
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     pub(crate) fn ran_within(&self, linger: u64, now_tick: u64) -> bool {
         let last = self.signals.last_run.load(Ordering::Relaxed);
         last != NEVER_RAN && last.saturating_add(linger) >= now_tick
     }
 
-    /// The owner begins (`true`) or ends a spell of running its timers' callbacks.
+    /// The owner begins or ends running its timers' callbacks.
     pub(crate) fn set_running(&self, running: bool) {
         self.signals.running.store(running, Ordering::SeqCst);
     }
@@ -163,20 +157,17 @@ impl ShardState {
         self.signals.next_due.load(Ordering::Acquire)
     }
 
-    /// Whether the owner is running callbacks and has not looked at its wheel for more
-    /// than `after` ticks: stuck, so another worker may stand in.
+    /// Running callbacks without looking at its wheel for more than `after` ticks: stuck.
     pub(crate) fn is_stuck(&self, now_tick: u64, after: u64) -> bool {
         self.is_running() && now_tick > self.heartbeat().saturating_add(after)
     }
 
-    /// A worker other than the owner is about to take this shard's timers. `false` (and
-    /// nothing taken) once shutdown has begun: the owner's last turn settles them.
+    /// A worker other than the owner is about to take this shard's timers; `false` once shutdown
+    /// has begun.
     pub(crate) fn enter_hands(&self, shutdown: &AtomicBool) -> bool {
         self.in_hands.fetch_add(1, Ordering::SeqCst);
-        // Pairs with the fence in `wait_for_hands`: either the last turn sees this worker in
-        // its hands, or this worker sees the shutdown. The SeqCst accesses alone do not give
-        // that order (a walker could walk lists the last turn is taking back; the loom model
-        // `a_shutdown_against_a_walker_runs_or_drops_each_timer_once` checks it).
+        // Pairs with the fence in `wait_for_hands`: either the last turn sees this worker, or this
+        // worker sees the shutdown (the SeqCst accesses alone do not give that order).
         fence(Ordering::SeqCst);
         if shutdown.load(Ordering::SeqCst) {
             self.leave_hands();
@@ -189,9 +180,8 @@ impl ShardState {
         self.in_hands.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Walks one batch of the handed-out lists (not after shutdown) and, still in the
-    /// shard's hands, calls `run` with what it claimed and the tick it was due by. `walker`
-    /// spreads walkers over the lists. Returns whether it found a list to walk.
+    /// Walks one batch of the handed-out lists and, still in the shard's hands, calls `run` with
+    /// what it claimed and the tick it was due by. Returns whether it found a list to walk.
     pub(crate) fn walk_hand_outs(
         &self,
         shutdown: &AtomicBool,
@@ -214,8 +204,7 @@ impl ShardState {
         walked.is_some()
     }
 
-    /// Waits until no other worker holds this shard's timers (perhaps blocked in a
-    /// callback); the caller has set the shutdown flag, so none will take more.
+    /// Waits until no other worker holds this shard's timers; the caller has set the shutdown flag.
     pub(crate) fn wait_for_hands(&self) {
         // Orders the shutdown flag before the reads of `in_hands` (see `enter_hands`).
         fence(Ordering::SeqCst);
@@ -239,9 +228,8 @@ impl ShardState {
         self.wake_for(0);
     }
 
-    /// Wakes the worker if it plans to sleep past `need` (a tick). The fence pairs with the
-    /// worker's between storing `wake_at` and looking for work: either the worker sees what
-    /// the caller published before this call, or the caller sees the worker's plan.
+    /// Wakes the worker if it plans to sleep past `need`. The fence pairs with the worker's after
+    /// storing `wake_at`: either it sees what the caller published, or the caller sees its plan.
     #[inline]
     pub(crate) fn wake_for(&self, need: u64) {
         fence(Ordering::SeqCst);
@@ -255,8 +243,7 @@ impl ShardState {
         }
     }
 
-    /// A driven shard's driver stores the waker of its current poll, before it publishes
-    /// its plan (see [`driver`](crate::engine::driver)).
+    /// A driver stores its current waker, before it publishes its plan.
     pub(crate) fn register_driver(&self, waker: &Waker) {
         let mut driver = self.driver.lock().unwrap_or_else(|p| p.into_inner());
         if !driver
@@ -267,7 +254,7 @@ impl ShardState {
         }
     }
 
-    /// Makes this shard's driver unless one exists: one at a time, as only one waker is kept.
+    /// Makes this shard's driver unless one exists (only one waker is kept).
     pub(crate) fn claim_driver(&self) -> bool {
         !self.has_driver.swap(true, Ordering::AcqRel)
     }
@@ -277,7 +264,7 @@ impl ShardState {
         self.has_driver.store(false, Ordering::Release);
     }
 
-    /// Wakes a driven shard's driver, if it has been polled; nothing for other engines.
+    /// Wakes a driven shard's driver, if it has been polled.
     pub(crate) fn wake_driver(&self) {
         // Woken outside the lock: a waker may run its task's poll inline.
         let waker = self
@@ -290,14 +277,14 @@ impl ShardState {
         }
     }
 
-    /// Lowers the tick by which the worker must take every lane, and wakes it for that.
+    /// Lowers the tick by which the worker must take every lane, waking it for that.
     pub(crate) fn make_urgent(&self, need: u64) {
         self.urgent_asked.fetch_add(1, Ordering::SeqCst);
         self.urgent.fetch_min(need, Ordering::SeqCst);
         self.wake_for(need);
     }
 
-    /// Folds `callbacks` run in `took` into [`callback_ns`](Self::callback_ns)' average.
+    /// Folds `callbacks` run in `took` into the recent average.
     #[cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
     pub(crate) fn note_run(&self, callbacks: usize, took: std::time::Duration) {
         if callbacks == 0 {
@@ -312,7 +299,7 @@ impl ShardState {
         self.callback_ns.store(average.max(1), Ordering::Relaxed);
     }
 
-    /// Nanoseconds a callback of this shard has taken lately; 0 before any run.
+    /// Recent nanoseconds per callback; 0 before any run.
     pub(crate) fn callback_ns(&self) -> u64 {
         self.callback_ns.load(Ordering::Relaxed)
     }
@@ -323,19 +310,18 @@ impl ShardState {
     }
 
     /// A producer published pending timers it cannot look at again, having read
-    /// [`urgent_asked`](Self::urgent_asked) as `asked` before taking them: if urgency was
-    /// asked since (a reset that brought one forward, whose urgent tick the worker may
-    /// have spent), ask again at `now` so the worker takes everything.
+    /// [`urgent_asked`](Self::urgent_asked) as `asked` first: if urgency was asked since, ask again
+    /// at `now`, as the worker may have spent the urgent tick.
     pub(crate) fn ask_again_if_asked_since(&self, asked: u64, now: u64) {
-        // Pairs with the fence in `take_urgent`: if no ask is seen here, the ask comes
-        // after this thread published, and the take answering it sees what it published.
+        // Pairs with the fence in `take_urgent`: an ask not seen here comes after this publish, and
+        // its take sees it.
         fence(Ordering::SeqCst);
         if self.urgent_asked() != asked {
             self.make_urgent(now);
         }
     }
 
-    /// The worker takes the urgent tick if it has come (`<= now`), leaving a later one.
+    /// The worker takes the urgent tick if it has come, leaving a later one.
     pub(crate) fn take_urgent(&self, now: u64) -> bool {
         let urgent = self.urgent.swap(u64::MAX, Ordering::SeqCst);
         if urgent > now {
@@ -344,9 +330,7 @@ impl ShardState {
             }
             return false;
         }
-        // Pairs with the fence in `ask_again_if_asked_since`: what a producer published
-        // before finding no new ask is seen by the take of the lanes that follows (forward
-        // rings are read with acquire loads only).
+        // Pairs with the fence in `ask_again_if_asked_since`.
         fence(Ordering::SeqCst);
         true
     }
@@ -356,15 +340,14 @@ impl ShardState {
         self.urgent.load(Ordering::SeqCst)
     }
 
-    /// When the worker means to wake next, or [`AWAKE`]: a hint for lanes' needs (no
-    /// timer's timing depends on it).
+    /// When the worker means to wake next, or [`AWAKE`]: a hint for lanes' needs.
     #[inline]
     pub(crate) fn planned_wake(&self) -> u64 {
         self.wake_at.load(Ordering::Relaxed)
     }
 
-    /// When the worker means to wake next, or [`AWAKE`], ordered with the other workers'
-    /// running marks (see [`IdleWorkers::running`](crate::engine::idle_workers::IdleWorkers::running)).
+    /// The worker's plan, SeqCst (see
+    /// [`IdleWorkers::running`](crate::engine::idle_workers::IdleWorkers::running)).
     pub(crate) fn wake_plan(&self) -> u64 {
         self.wake_at.load(Ordering::SeqCst)
     }
@@ -376,7 +359,7 @@ impl ShardState {
         fence(Ordering::SeqCst);
     }
 
-    /// Pushes a node that has no lane to travel on (its thread has no context any more).
+    /// Pushes a node that has no lane to travel on.
     ///
     /// # Safety
     /// `node` must be live, held by the caller, and marked in transit.

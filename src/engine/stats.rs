@@ -2,8 +2,8 @@
 
 /// Counts for one shard, or for the whole engine.
 ///
-/// Read without stopping anyone, so a snapshot taken while timers are in flight can be a
-/// little behind; `pending` is derived and can briefly lag the others.
+/// Read without stopping anyone: a snapshot taken while timers are in flight can be a little
+/// behind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShardStats {
     /// Timers scheduled (a repeating timer counts once).
@@ -22,11 +22,9 @@ pub struct ShardStats {
     pub late: u64,
     /// Callback runs of this shard's timers by another shard's worker.
     pub stolen: u64,
-    /// Timers claimed from this shard's wheel by a worker standing in for its stuck owner
-    /// (also in `stolen` when run).
+    /// Timers claimed from this shard's wheel by a worker standing in for its stuck owner.
     pub rescued: u64,
-    /// Due timers of a burst claimed by another shard's worker (also in `stolen` when
-    /// run); 0 without [`stealing`](crate::EngineBuilder::stealing) or with one worker.
+    /// Due timers of a burst claimed by another shard's worker.
     pub claimed_elsewhere: u64,
     /// Pending timers run by a shutdown that asked for it.
     pub ran_at_shutdown: u64,
@@ -36,9 +34,7 @@ pub struct ShardStats {
     pub wakes: WorkerWakes,
 }
 
-/// How many times a shard's worker woke, by what it had slept until and what it found: at
-/// a light load, most of what the engine costs. An idle engine's counts stay still once
-/// the watch for stuck owners ([`rescue_after`](crate::EngineBuilder::rescue_after)) stops.
+/// How many times a shard's worker woke, by what it had slept until and what it found.
 ///
 /// ```
 /// let engine = corewheel::TimerEngine::builder().workers(1).build()?;

@@ -1,6 +1,5 @@
-//! Stealing: an owner claims due timers onto its shard's run queue; an idle worker takes
-//! about half of a backlog worth waking for, or walks a batch of the lists an owner handed
-//! out for a burst ([`due_lists`](crate::engine::due_lists)), and runs what it took.
+//! Stealing: an idle worker takes about half of a backlog worth waking for, or walks a batch of
+//! handed-out lists ([`due_lists`](crate::engine::due_lists)), and runs what it took.
 
 #![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
 
@@ -13,17 +12,16 @@ use crate::engine::shard::Shard;
 pub(crate) use crate::tuning::STEAL_MIN;
 
 impl IdleWorkers {
-    /// An owner with a fresh backlog wakes a helper if [`worth_waking`](Self::worth_waking);
-    /// `more_due`: its queue filled with timers still due.
+    /// An owner with a fresh backlog (a burst when `more_due`) wakes a helper if it is worth it.
     pub(crate) fn offer(&self, shards: &[Shard], shard: &Shard, more_due: bool) {
         if self.stealing && self.worth_waking(shard, shard.run.len(), more_due) {
             self.wake_one(shards);
         }
     }
 
-    /// Whether `backlog` callbacks queued on `shard` (a burst when `more_due`) are worth
-    /// waking a parked worker for: [`STEAL_MIN`] at least, and a share of a tick's work at
-    /// the shard's recent cost per callback (before any run, [`STEAL_MIN`] alone).
+    /// Whether `backlog` callbacks queued on `shard` are worth waking a parked worker for:
+    /// [`STEAL_MIN`] at least, and a share of a tick's work at the shard's recent cost per
+    /// callback.
     pub(super) fn worth_waking(&self, shard: &Shard, backlog: usize, more_due: bool) -> bool {
         if backlog < STEAL_MIN {
             return false;
@@ -34,8 +32,8 @@ impl IdleWorkers {
             || (backlog as u64).saturating_mul(per_callback) >= self.wake_for_ns
     }
 
-    /// Walks a batch of `shard`'s handed-out lists as `helper` and runs what it claimed,
-    /// waking another worker first if lists are left open. Returns whether it walked one.
+    /// Walks a batch of `shard`'s handed-out lists and runs what it claimed, waking another worker
+    /// if lists are left. Returns whether it walked one.
     pub(super) fn walk(
         &self,
         shard: &Shard,
@@ -48,8 +46,7 @@ impl IdleWorkers {
             if shard.hand_outs.is_open() {
                 self.wake_one(helper.shards);
             }
-            // Its own reading, for the runs' lateness and repeating timers' next deadlines,
-            // unless the owner's at the hand-out was later.
+            // Its own reading, unless the hand-out's was later.
             let now_tick = now_tick.max(due);
             Helper::with_user_code(Some(helper), now_tick, UserCode::Callbacks, || {
                 runner::run(shard, batch, now_tick, false)
@@ -57,8 +54,8 @@ impl IdleWorkers {
         })
     }
 
-    /// Takes about half of `shard`'s backlog (at most a run) and runs it, as `helper` if
-    /// a worker. Returns the callbacks run, `None` if it took nothing.
+    /// Takes about half of `shard`'s backlog (at most a run) and runs it. Returns the callbacks
+    /// run, `None` if it took nothing.
     pub(crate) fn steal(
         &self,
         shards: &[Shard],

@@ -1,15 +1,11 @@
-//! Stuck owners: an owner running user code that has not looked at its wheel for more
-//! than `rescue_after` ticks is stuck, and an idle worker stands in: it takes the wheel for
-//! a moment to claim what has come due, then runs it.
+//! Stuck owners: an owner running user code (callbacks, or captures' drops) that has not looked at
+//! its wheel for more than `rescue_after` ticks is stuck, and an idle worker stands in: it takes
+//! the wheel for a moment to claim what has come due, then runs it.
 //!
-//! Someone must notice while every other worker sleeps: a worker going to sleep while
-//! another owner runs callbacks (or ran some lately) sleeps at most `rescue_after` ticks,
-//! and an owner that starts running callbacks while nobody watches wakes a parked worker to
-//! watch, unless another will look within `rescue_after` ticks anyway. User code is an
-//! owner's callbacks or the captures its look freed
-//! ([`deferred_drops`](crate::engine::deferred_drops)), or either run for another shard by a
-//! helper, which marks its own shard running meanwhile. At most one worker watches, so an
-//! idle engine costs no CPU; while an owner is stuck, the watcher stands in when its timers
+//! Someone must notice while the others sleep: a worker going to sleep while another owner runs
+//! callbacks (or ran some lately) sleeps at most `rescue_after` ticks, and an owner that starts
+//! running callbacks while nobody watches wakes one to watch. At most one worker watches, so an
+//! idle engine costs no CPU.
 //! come due and otherwise looks every `rescue_after` ticks, not spinning a core.
 
 #![cfg_attr(loom, allow(dead_code, reason = "loom models drive engines by hand"))]
@@ -26,8 +22,8 @@ use crate::sync::run_queue::MAX_RUN;
 use crate::tuning::LINGER_PERIODS;
 
 impl IdleWorkers {
-    /// An owner, just marked running, begins running timers at `now_tick`: records the run
-    /// and sees to a watcher ([`watched`](Self::watched)). Returns whether it woke one.
+    /// An owner, just marked running, begins running timers: records the run and sees to a watcher.
+    /// Returns whether it woke one.
     pub(crate) fn running(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
         if self.rescue_after.is_none() {
             return false;
@@ -36,8 +32,8 @@ impl IdleWorkers {
         self.watched(shards, shard, now_tick)
     }
 
-    /// Does `work`, user code a worker runs for `shard`, with `shard` marked running and a
-    /// watcher seen to: user code may block, and then `shard`'s timers must be rescued.
+    /// Does `work`, user code a worker runs for `shard`, with `shard` marked running and a watcher
+    /// seen to.
     pub(crate) fn with_user_code<R>(
         &self,
         (shards, shard): (&[Shard], &Shard),
@@ -55,8 +51,8 @@ impl IdleWorkers {
         done
     }
 
-    /// Wakes a parked worker to watch `shard`, marked running, unless someone watches or
-    /// another worker will look by `rescue_after` ticks on anyway. Returns whether it did.
+    /// Wakes a parked worker to watch `shard` unless someone watches or another worker will look
+    /// within `rescue_after` ticks anyway. Returns whether it did.
     fn watched(&self, shards: &[Shard], shard: &Shard, now_tick: u64) -> bool {
         let Some(after) = self.rescue_after else {
             return false;
@@ -64,7 +60,7 @@ impl IdleWorkers {
         if self.watching.load(Ordering::SeqCst) != 0 {
             return false;
         }
-        // Orders the running mark before the other workers' plans (see `another_looks_by`).
+        // Orders the running mark before the plans' loads (see `another_looks_by`).
         fence(Ordering::SeqCst);
         if another_looks_by(shards, shard, now_tick.saturating_add(after)) {
             return false;
@@ -87,8 +83,7 @@ impl IdleWorkers {
                 continue;
             }
             let tick = if shard.is_stuck(now_tick, after) {
-                // A timer armed on the stuck shard after the last stand-in is on a lane,
-                // not in the published deadline: look again within `after` ticks for it.
+                // A timer armed since the last stand-in is on a lane: look again within `after`.
                 shard
                     .next_due()
                     .min(now_tick.saturating_add(after))
@@ -98,18 +93,15 @@ impl IdleWorkers {
             };
             until = Some(until.map_or(tick, |until| until.min(tick)));
         }
-        // At least a tick on: a watch of `now` (with `rescue_after` 0) would never park.
+        // At least a tick on, or it would never park.
         until.or_else(|| recent.then(|| now_tick.saturating_add(after.max(1))))
     }
 }
 
-/// Whether a worker other than `shard`'s owner sleeps, not running timers, until `tick` at
-/// the latest: going back to sleep then, [`IdleWorkers::begin_idle`] sees `shard` running
-/// and watches it. An awake worker does not count: it may be about to block in callbacks.
-/// Without this, two owners with timers due now and then wake each other at every run.
-///
-/// The caller stores its running mark, fences (SeqCst), then loads the plans; a worker
-/// going to sleep stores its plan, fences, then loads the marks: one sees the other.
+/// Whether another worker sleeps, not running timers, until `tick` at the latest: going back to
+/// sleep, it will see `shard` running and watch it. The caller stores its running mark, fences,
+/// then loads the plans; a worker going to sleep stores its plan, fences, then loads the marks: one
+/// sees the other.
 fn another_looks_by(shards: &[Shard], shard: &Shard, tick: u64) -> bool {
     shards.iter().any(|other| {
         let plan = other.wake_plan();
@@ -118,9 +110,8 @@ fn another_looks_by(shards: &[Shard], shard: &Shard, tick: u64) -> bool {
 }
 
 impl IdleWorkers {
-    /// Stands in for `shard`'s owner: claims what has come due in its wheel (unless the
-    /// owner holds it), then runs up to `runs` runs of its queue (`None`: until empty), as
-    /// `helper` if a worker. Returns the callbacks run.
+    /// Stands in for `shard`'s owner: claims what is due in its wheel (unless the owner holds it),
+    /// then runs up to `runs` runs of its queue (`None`: all). Returns the callbacks run.
     pub(crate) fn stand_in(
         shard: &Shard,
         shutdown: &AtomicBool,

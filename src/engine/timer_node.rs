@@ -9,26 +9,25 @@ use crate::sync::mpsc::{Link, Linked};
 use crate::sync::timer_state::{Phase, TimerState};
 use crate::wheel::location::{Location, NIL};
 
-/// A timer node. `#[repr(C)]` with the link first, so a link pointer is a node pointer;
-/// aligned to 64 bytes, so each visit to a node is at most one cache miss.
+/// A timer node: `#[repr(C)]` with the link first, so a link pointer is a node pointer, in one
+/// 64-byte line.
 #[repr(C, align(64))]
 pub(crate) struct TimerNode {
     link: Link,
-    /// Generation, phase and flags: the one word every thread agrees on.
+    /// Generation, phase and flags.
     pub(crate) state: TimerState,
-    /// The deadline tick (writers: ground rule 2 in [`engine`](crate::engine)).
+    /// The deadline tick (writers: ground rule 2).
     pub(crate) deadline: AtomicU64,
     /// Touched only by the node's holder (ground rule 2).
     links: UnsafeCell<Links>,
-    /// Touched by the node's holder, and by a waker timer's `Sleep` under the reset lock
-    /// (ground rule 2): so apart from the links, which the wheel's holder may be changing.
+    /// The holder's, or a waker timer's `Sleep` under the reset lock (ground rule 2).
     callback: UnsafeCell<Callback>,
 }
 
-/// A node's place on its wheel list, or its transit mark: only its holder touches it.
+/// A node's place on its wheel list, or its transit mark.
 pub(crate) struct Links {
-    /// The node's neighbours on its wheel list while `FILED`, in the low [`INDEX_BITS`];
-    /// the high bits hold the list's location, so the node fits one cache line.
+    /// The node's neighbours while `FILED`, in the low [`INDEX_BITS`]; the high bits hold the
+    /// list's location.
     prev: u32,
     next: u32,
 }
@@ -37,7 +36,7 @@ pub(crate) struct Links {
 pub(crate) const INDEX_BITS: u32 = 26;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 
-/// `Links::next` of a node in transit that has outlived one lane claim (free while unfiled).
+/// `Links::next` of a node in transit that has outlived one lane claim.
 const OUTLIVED_CLAIM: u32 = u32::MAX - 1;
 
 impl Links {
@@ -115,7 +114,7 @@ impl TimerNode {
     /// The caller holds the node (ground rule 2 in [`engine`](crate::engine)).
     #[inline]
     pub(crate) unsafe fn with_links<R>(&self, f: impl FnOnce(&mut Links) -> R) -> R {
-        // SAFETY: the caller's exclusivity makes this the only live reference.
+        // SAFETY: the caller's hold makes this the only reference.
         self.links.with_mut(|links| f(unsafe { &mut *links }))
     }
 
@@ -125,7 +124,7 @@ impl TimerNode {
     /// The caller holds the node, or is its `Sleep` under the reset lock (ground rule 2).
     #[inline]
     pub(crate) unsafe fn with_callback<R>(&self, f: impl FnOnce(&mut Callback) -> R) -> R {
-        // SAFETY: the caller's exclusivity makes this the only live reference.
+        // SAFETY: the caller's hold makes this the only reference.
         self.callback
             .with_mut(|callback| f(unsafe { &mut *callback }))
     }
@@ -135,13 +134,13 @@ impl TimerNode {
         self.deadline.load(Ordering::Acquire)
     }
 
-    /// The next node on whatever chain this node is on (a lane, a magazine), if any.
+    /// The next node on whatever chain this node is on.
     #[inline]
     pub(crate) fn next_in_chain(&self) -> Option<NonNull<TimerNode>> {
         NonNull::new(self.link.next.load(Ordering::Acquire)).map(NonNull::cast)
     }
 
-    /// Asks the CPU to bring `node`'s line into this core's cache for writing (a hint).
+    /// Asks the CPU to bring `node`'s line into this core's cache for writing.
     #[inline]
     pub(crate) fn prefetch_for_write(node: NonNull<TimerNode>) {
         #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
@@ -163,8 +162,7 @@ impl TimerNode {
     }
 }
 
-// SAFETY: `link` is the first field of a `#[repr(C)]` struct, projected from the node's
-// pointer without a reference.
+// SAFETY: `link` is the first field of a `#[repr(C)]` struct.
 unsafe impl Linked for TimerNode {
     unsafe fn link(node: NonNull<Self>) -> NonNull<Link> {
         // SAFETY: `node` is live (caller's contract) and the link is at offset 0.
@@ -176,20 +174,19 @@ unsafe impl Linked for TimerNode {
     }
 }
 
-/// What a walker or the wheel's holder does with a due timer it took off a list.
+/// What becomes of a due timer taken off a list.
 pub(crate) enum Claim {
     /// Moved to firing: the taker holds it, to run.
     Fired,
     /// Cancelled, left to its cancel's message, which frees it.
     Cancelled,
-    /// Not yet: to be filed again at this tick (its new deadline, or the next tick while
-    /// a reset holds it locked).
+    /// Not yet: to be filed again at this tick.
     Refile(u64),
 }
 
 impl TimerNode {
-    /// Claims a timer that was filed, just taken off a due list, as due by `now_tick`: the
-    /// one judgement the wheel's holder and the walkers of handed-out lists share.
+    /// Claims a filed timer just taken off a due list, as due by `now_tick` (the wheel's holder and
+    /// walkers alike).
     pub(crate) fn claim(&self, now_tick: u64) -> Claim {
         loop {
             let seen = self.state.observe();
@@ -205,7 +202,6 @@ impl TimerNode {
                     if deadline > now_tick {
                         return Claim::Refile(deadline);
                     }
-                    // Claimed now: whoever runs it holds it, and a later cancel finds it firing.
                     if self.state.try_fire(seen) {
                         return Claim::Fired;
                     }

@@ -1,17 +1,13 @@
-//! Timers that wake a future's task: the engine's side of a [`Sleep`](crate::Sleep).
+//! Timers that wake a future's task: the engine's side of a [`Sleep`](crate::Sleep). The waker
+//! lives in the node's callback slot; only its `Sleep` holds the handle.
 //!
-//! The waker lives in the node's callback slot, so a sleep allocates nothing. Only its
-//! `Sleep` holds the handle, to reset, re-waker or cancel it:
-//!
-//! - **A new waker** is written under the reset lock, which keeps the timer from firing or
-//!   being freed meanwhile. If the lock cannot be had, the timer has fired.
-//! - **The wake** begins with [`TimerState::begin_wake`](crate::sync::timer_state::TimerState::begin_wake),
-//!   so a drop can defuse one not begun. One under way may land after the drop returns (a
-//!   harmless spurious wake): waiting for it would wait on executor code that may be
-//!   waiting for the dropping thread. A reset never defuses: only the wake tells the task
-//!   that polled (maybe not the resetter) to poll again.
-//! - **At shutdown** a pending waker timer is woken whatever the pending mode, so no task
-//!   waits forever.
+//! - **A new waker** is written under the reset lock, which keeps the timer from firing or being
+//!   freed meanwhile.
+//! - **The wake** begins with
+//!   [`TimerState::begin_wake`](crate::sync::timer_state::TimerState::begin_wake), so a drop can
+//!   defuse one not begun. One under way may land after the drop returns (a harmless spurious
+//!   wake): waiting for it could wait on executor code waiting for the dropping thread.
+//! - **At shutdown** a pending waker timer is woken whatever the pending mode.
 
 use std::task::Waker;
 
@@ -33,19 +29,17 @@ impl EngineShared {
         })
     }
 
-    /// Makes the pending waker timer `handle` wake `waker`; returns the old one (`None` if
-    /// it no longer waits), for the caller to drop after noting the change, as it may panic.
+    /// Makes the pending waker timer `handle` wake `waker`; returns the old one (`None` if it no
+    /// longer waits), for the caller to drop, as it may panic.
     pub(crate) fn replace_waker(&self, handle: TimerHandle, waker: &Waker) -> Option<Waker> {
         let (_, node) = self.lookup(handle)?;
-        // Cloned before the lock, the old one dropped after: executor code must not run
-        // while the owner cannot fire this timer.
+        // Cloned before the lock, dropped after: no executor code under it.
         let new = waker.clone();
         if !node.state.lock_for_reset(handle.generation()) {
             return None;
         }
-        // SAFETY: ground rule 2: the reset lock on a pending waker timer makes this thread
-        // the slot's only user, and the slot holds `arm_waker`'s waker (only a run or a
-        // free empties it, neither possible while pending and locked).
+        // SAFETY: ground rule 2: the reset lock on a pending waker timer makes this thread the
+        // slot's only user, and the slot holds `arm_waker`'s waker.
         let old =
             unsafe { node.with_callback(|callback| std::mem::replace(callback.waker_mut(), new)) };
         node.state.unlock_reset(false);

@@ -1,11 +1,11 @@
 //! A worker thread: the owner of one shard's [`HeldWheel`](crate::engine::held_wheel).
 
+use crate::engine::counters::{Planned, Woke};
 use crate::engine::idle_workers::UserCode;
 use crate::engine::reentrancy;
 use crate::engine::runner;
 use crate::engine::shard_state::AWAKE;
 use crate::engine::shared::EngineShared;
-use crate::engine::wakes::{Planned, Woke};
 use crate::sync::Arc;
 use crate::sync::atomic::Ordering;
 use crate::sync::run_queue::MAX_RUN;
@@ -19,7 +19,6 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
     let shards = &shared.shards[..];
     let idle_workers = &shared.idle_workers;
     shard.beat(shared.now_tick());
-    // The last wake-up, counted once the look after it shows whether timers were due.
     let mut woke_up: Option<Woke> = None;
     loop {
         let (now, now_tick) = shared.now_at(shared.clock.now());
@@ -28,7 +27,6 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
             shard.counters.wakes.count(woke, look.claimed);
         }
         if !look.deferred_drops.is_empty() {
-            // Captures' `Drop`s are user code: a watcher stands in if one blocks.
             idle_workers.with_user_code((shards, shard), now_tick, UserCode::Drops, || {
                 look.deferred_drops.free(shard);
             });
@@ -51,13 +49,12 @@ pub(crate) fn run(shared: &Arc<EngineShared>, index: usize) {
                 });
             shard.note_run(ran, started.elapsed());
         };
-        // One run at a time, looking at the wheel in between, to keep the heartbeat fresh.
+        // One run at a time, to keep the heartbeat fresh.
         if let Some(run) = shard.run.take(MAX_RUN) {
             run_own(run.indices(), now_tick);
             continue;
         }
         if look.lists_out {
-            // Walks its lists with the helpers; the next look takes them back.
             let walked = shard.walk_hand_outs(&shared.shutdown, index, |batch, due| {
                 run_own(batch, now_tick.max(due));
             });
