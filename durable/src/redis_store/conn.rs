@@ -1,6 +1,7 @@
 //! Connections and script calls.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::{Client, Connection, ErrorKind, RedisResult, Value};
@@ -30,6 +31,8 @@ impl Script {
 pub(crate) struct Pool {
     client: Client,
     idle: Mutex<Vec<Connection>>,
+    /// Requests sent: each command, script call or pipeline counts one.
+    round_trips: AtomicU64,
 }
 
 impl Pool {
@@ -37,7 +40,26 @@ impl Pool {
         Ok(Self {
             client: Client::open(url)?,
             idle: Mutex::new(Vec::new()),
+            round_trips: AtomicU64::new(0),
         })
+    }
+
+    /// Requests sent so far: each command, script call or pipeline counts one.
+    pub(crate) fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` requests sent outside [`Pool::with`]'s single one.
+    pub(crate) fn count(&self, n: u64) {
+        self.round_trips.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A new connection of its own, outside the pool (for a subscription).
+    pub(crate) fn connect(&self) -> Result<Connection, Error> {
+        self.count(1);
+        let conn = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
+        conn.set_write_timeout(Some(IO_TIMEOUT))?;
+        Ok(conn)
     }
 
     /// Runs `f` on a pooled connection. A connection that saw an error is dropped rather
@@ -56,6 +78,7 @@ impl Pool {
                 conn
             }
         };
+        self.count(1);
         let result = f(&mut conn)?;
         self.idle
             .lock()
@@ -78,6 +101,7 @@ impl Pool {
                 let sha = match sha {
                     Some(sha) => sha,
                     None => {
+                        self.count(1);
                         let sha: String = redis::cmd("SCRIPT")
                             .arg("LOAD")
                             .arg(script.source)
@@ -93,6 +117,7 @@ impl Pool {
                 }
                 match cmd.query::<Value>(conn) {
                     Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                        self.count(1);
                         *script.sha.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     }
                     other => return other,

@@ -10,20 +10,29 @@
 //! process that fires each task at its due instant.
 //!
 //! How a task travels: [`schedule`](RedisTimers::schedule) writes it to its shard's
-//! `due` sorted set. Each process running handlers fetches, once per
-//! [`RedisOptions::window`] and per shard, the ids due within two windows, and arms them
-//! in its local wheel. When the wheel fires, a handler thread claims the task with one
-//! script: it moves the task from `due` to `lease` (expiry = server now + visibility)
-//! under a fresh token, but only if the task is due by the server's clock and nobody
-//! holds it, so of all the processes that armed it exactly one wins. The lease is renewed
-//! while the handler runs; an ack deletes the task only if the lease is still that
+//! `due` sorted set. Each process running handlers registers in the queue's `members`
+//! set with a heartbeat (once per [`RedisOptions::window`]) and owns the shards that
+//! rendezvous hashing over the live members gives it, so that each shard is armed and
+//! claimed by one process, and a member whose heartbeat lapses has its shards taken over.
+//! Once per window it sweeps each shard it owns: one script that sends the acks finished
+//! since, and returns when the shard next has something claimable (a due time or a lease
+//! expiry). That instant is armed in the process's corewheel wheel, one entry per shard.
+//! A schedule script whose task is due within two windows also publishes a hint, so the
+//! owner arms it at once rather than at its next sweep (a lost hint costs at most one
+//! window). When the wheel fires for a shard, a handler thread sweeps it again, claiming
+//! in one script every task due by the server's clock (up to a batch), each under a fresh
+//! token and a lease (expiry = server now + visibility), and learns the shard's next
+//! instant. Claims are atomic on the server, so if two processes briefly both think they
+//! own a shard (membership changing), each task is still claimed by exactly one. The
+//! lease is renewed while the handler runs; an ack (carried by the shard's next sweep,
+//! or flushed after a short delay) deletes the task only if the lease is still that
 //! token's; a failure puts it back with a backoff, or among the dead letters. A lease
-//! that runs out (the consumer died) puts the task back at its next fetch.
+//! that runs out (the consumer died) makes the task claimable again at its expiry.
 
 mod conn;
 mod scripts;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -33,16 +42,17 @@ use std::time::{Duration, Instant, SystemTime};
 use corewheel::{TimerKey, Wheel};
 
 use self::conn::{Pool, Script, array, bytes, int, unexpected};
-use crate::clock::{ceil_ms, floor_ms, to_system};
+use crate::clock::{ceil_ms, to_system};
 use crate::error::Error;
 use crate::options::RetryPolicy;
 use crate::task::Task;
 use crate::timers::{check_id, check_task, spawn};
+use redis::Value;
 
 static SCHEDULE: Script = Script::new(scripts::SCHEDULE);
 static CANCEL: Script = Script::new(scripts::CANCEL);
-static FETCH: Script = Script::new(scripts::FETCH);
-static CLAIM: Script = Script::new(scripts::CLAIM);
+static SWEEP: Script = Script::new(scripts::SWEEP);
+static HEARTBEAT: Script = Script::new(scripts::HEARTBEAT);
 static CLAIM_NEXT: Script = Script::new(scripts::CLAIM_NEXT);
 static RENEW: Script = Script::new(scripts::RENEW);
 static ACK: Script = Script::new(scripts::ACK);
@@ -58,6 +68,9 @@ const MAX_BACKOFF_MS: u64 = 1_000_000_000_000;
 /// The longest a handler thread sleeps between looks at its wheel, so that close is
 /// noticed promptly.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
+
+/// A member whose heartbeat is older than this many windows is taken for dead.
+const HEARTBEAT_WINDOWS: u32 = 3;
 
 /// Options for [`RedisTimers::open`].
 #[derive(Clone, Debug)]
@@ -91,9 +104,12 @@ impl RedisOptions {
         self
     }
 
-    /// How often each handling process fetches what is due soon, per shard (default one
-    /// second); it fetches two windows ahead, so a task is armed in the wheel before it
-    /// is due. An idle queue costs one round trip per shard per window.
+    /// How often each handling process sweeps the shards it owns and renews its
+    /// membership (default one second). A sweep learns when the shard next has something
+    /// claimable and arms it if that is within two windows; a task scheduled for sooner
+    /// is hinted to the owner at once. An idle queue costs, per window, one round trip
+    /// per shard plus one heartbeat per handling process; a member that dies has its
+    /// shards taken over after three windows.
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
@@ -113,8 +129,8 @@ impl RedisOptions {
         self
     }
 
-    /// The most tasks one fetch returns per shard (default 10 000). When a fetch is full
-    /// the next one comes without waiting a window.
+    /// The most tasks one sweep claims from a shard (default 10 000; run_handler uses at
+    /// most four per handler thread). When a sweep is full the next one comes at once.
     pub fn fetch_limit(mut self, limit: usize) -> Self {
         self.fetch_limit = limit;
         self
@@ -171,15 +187,6 @@ pub enum Failed {
     Dead,
 }
 
-/// The outcome of one claim attempt by id.
-enum Claimed {
-    Held(Claim),
-    /// Due only in this many milliseconds by the server's clock.
-    Early(u64),
-    /// Cancelled, acked, or held by another consumer.
-    Gone,
-}
-
 /// The names of one shard's keys, in the order the scripts take them.
 struct ShardKeys([String; 7]);
 
@@ -197,13 +204,21 @@ impl ShardKeys {
     }
 }
 
-/// This process's wheel of tasks due soon: ids only, since the claim fetches the
-/// payload.
+/// This process's view of its shards: when each next has something claimable, the
+/// claims waiting for a handler thread, and the acks waiting for a sweep.
 struct Local {
-    wheel: Wheel<Box<[u8]>>,
-    /// Each armed id's wheel key and due time (server ms), so that a fetch arms an id
-    /// once and re-arms it if its due time moved.
-    armed: HashMap<Box<[u8]>, (TimerKey, u64)>,
+    /// Fires a shard at the instant it next has something claimable.
+    wheel: Wheel<usize>,
+    /// Per shard: its armed wheel entry and instant (server ms).
+    wakes: Vec<Option<(TimerKey, u64)>>,
+    /// Per shard: whether this process owns it, by the last heartbeat.
+    owned: Vec<bool>,
+    /// Claimed tasks no handler thread has taken yet.
+    ready: VecDeque<Claim>,
+    /// Per shard: finished claims (id, token) whose ack no sweep has carried yet.
+    acks: Vec<Vec<(Box<[u8]>, String)>>,
+    /// When the oldest unsent ack finished.
+    acks_since: Option<Instant>,
 }
 
 struct Inner {
@@ -213,11 +228,16 @@ struct Inner {
     options: RedisOptions,
     local: Mutex<Local>,
     local_changed: Condvar,
-    /// The wheel's instants as wall-clock milliseconds: `origin` is `origin_ms`.
+    /// The wheel's instants as wall-clock microseconds: `origin` is `origin_us`.
     origin: Instant,
-    origin_ms: u64,
-    /// The server's clock minus this machine's, in ms, as the last fetch measured it.
-    offset_ms: AtomicI64,
+    origin_us: u64,
+    /// The server's clock minus this machine's, in µs, as the last sweep measured it.
+    offset_us: AtomicI64,
+    /// This process's name among the members: random, fresh per open.
+    member: String,
+    /// `{queue}:members` and `{queue}:hints`.
+    members_key: String,
+    hint_channel: String,
     stopping: AtomicBool,
     handlers_started: AtomicBool,
     /// Claims whose handler is running, by token, for the renewer.
@@ -280,24 +300,31 @@ impl RedisTimers {
             .map(|s| ShardKeys::new(queue, s))
             .collect();
         let origin = Instant::now();
-        let origin_ms = floor_ms(SystemTime::now());
+        let origin_us = micros(SystemTime::now());
         Ok(RedisTimers {
             inner: Arc::new(Inner {
                 pool,
                 queue: queue.into(),
                 keys,
-                options,
                 local: Mutex::new(Local {
                     wheel: Wheel::new(Duration::from_millis(1), origin),
-                    armed: HashMap::new(),
+                    wakes: vec![None; options.shards as usize],
+                    owned: vec![false; options.shards as usize],
+                    ready: VecDeque::new(),
+                    acks: vec![Vec::new(); options.shards as usize],
+                    acks_since: None,
                 }),
                 local_changed: Condvar::new(),
                 origin,
-                origin_ms,
-                offset_ms: AtomicI64::new(0),
+                origin_us,
+                offset_us: AtomicI64::new(0),
+                member: new_token(),
+                members_key: format!("{{{queue}}}:members"),
+                hint_channel: format!("{{{queue}}}:hints"),
                 stopping: AtomicBool::new(false),
                 handlers_started: AtomicBool::new(false),
                 active: Mutex::new(HashMap::new()),
+                options,
             }),
             threads: Mutex::new(Vec::new()),
         })
@@ -336,17 +363,24 @@ impl RedisTimers {
                 ceil_ms(due),
             ));
         }
+        let horizon = self.inner.horizon_ms().to_string();
         for (shard, tasks) in by_shard {
             let dues: Vec<String> = tasks.iter().map(|t| t.2.to_string()).collect();
-            let mut args: Vec<&[u8]> = Vec::with_capacity(tasks.len() * 3);
+            let shard_arg = shard.to_string();
+            let mut args: Vec<&[u8]> = Vec::with_capacity(tasks.len() * 3 + 3);
+            args.extend([
+                self.inner.hint_channel.as_bytes(),
+                shard_arg.as_bytes(),
+                horizon.as_bytes(),
+            ]);
             for (t, due) in tasks.iter().zip(&dues) {
                 args.extend([&t.0[..], &t.1[..], due.as_bytes()]);
             }
             self.inner
                 .pool
                 .eval(&SCHEDULE, &self.inner.keys[shard].first(5), &args)?;
-            for (id, _, due) in tasks {
-                self.inner.arm_if_soon(id, due);
+            if let Some(soonest) = tasks.iter().map(|t| t.2).min() {
+                self.inner.arm_if_owned(shard, soonest);
             }
         }
         Ok(())
@@ -425,8 +459,10 @@ impl RedisTimers {
     }
 
     /// Runs `handler` on every due task, on `threads` threads of its own (at least one),
-    /// plus a thread that fetches what is due soon into this process's wheel and one that
-    /// renews the leases of running handlers.
+    /// plus a thread that keeps this process's membership alive and sweeps the shards it
+    /// owns every window, one that listens for hints of tasks due soon, and one that
+    /// renews the leases of claimed tasks. Each handler thread claims, when the wheel
+    /// fires for a shard, up to four tasks per handler thread in one script.
     ///
     /// `Ok` acks the task. `Err` or a panic is a failure: retried after the backoff, and
     /// a dead letter after the last attempt. A task whose consumer died, or whose
@@ -441,16 +477,27 @@ impl RedisTimers {
             return Err(Error::BadOptions("run_handler was already called"));
         }
         let handler = Arc::new(handler);
+        let threads = threads.max(1);
+        let batch = threads
+            .saturating_mul(4)
+            .min(self.inner.options.fetch_limit);
         let mut list = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        // Subscribed before the first sweep, so that no hint falls between the two.
+        let (subscribed, wait) = std::sync::mpsc::sync_channel(1);
         let inner = Arc::clone(&self.inner);
-        list.push(spawn("cwr-fetch", move || fetcher(&inner))?);
+        list.push(spawn("cwr-hints", move || listener(&inner, subscribed))?);
+        if wait.recv_timeout(Duration::from_secs(1)).is_err() {
+            eprintln!("corewheel-durable: hints not subscribed yet; sweeps still find tasks");
+        }
+        let inner = Arc::clone(&self.inner);
+        list.push(spawn("cwr-members", move || member(&inner))?);
         let inner = Arc::clone(&self.inner);
         list.push(spawn("cwr-renew", move || renewer(&inner))?);
-        for i in 0..threads.max(1) {
+        for i in 0..threads {
             let inner = Arc::clone(&self.inner);
             let handler = Arc::clone(&handler);
             list.push(spawn(&format!("cwr-handler-{i}"), move || {
-                consume(&inner, &*handler)
+                consume(&inner, &*handler, batch)
             })?);
         }
         Ok(())
@@ -520,9 +567,25 @@ impl RedisTimers {
         Ok(total)
     }
 
-    /// Tasks armed in this process's wheel: those due within about two windows.
+    /// What this process holds in memory: shards armed in its wheel (each at the instant
+    /// it next has something claimable, within about two windows) plus claimed tasks
+    /// waiting for a handler thread.
     pub fn in_memory(&self) -> usize {
-        self.inner.local().armed.len()
+        let local = self.inner.local();
+        local.wakes.iter().flatten().count() + local.ready.len()
+    }
+
+    /// Requests this instance sent to Redis so far, from every thread: each command,
+    /// script call or pipeline counts one (a script load too); hints received on the
+    /// subscription count nothing.
+    pub fn round_trips(&self) -> u64 {
+        self.inner.pool.round_trips()
+    }
+
+    /// How many shards this process owns, by its last heartbeat (0 before
+    /// [`run_handler`](RedisTimers::run_handler)).
+    pub fn owned_shards(&self) -> usize {
+        self.inner.local().owned.iter().filter(|&&o| o).count()
     }
 
     /// The queue's name.
@@ -541,10 +604,14 @@ impl RedisTimers {
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.local_changed.notify_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        let stopped = !threads.is_empty();
         for thread in threads {
             if thread.thread().id() != std::thread::current().id() {
                 let _ = thread.join();
             }
+        }
+        if stopped {
+            self.inner.leave();
         }
     }
 }
@@ -558,6 +625,10 @@ impl Drop for RedisTimers {
 impl Inner {
     fn local(&self) -> MutexGuard<'_, Local> {
         self.local.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn active(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+        self.active.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn stopping(&self) -> bool {
@@ -577,61 +648,224 @@ impl Inner {
         u64::try_from(self.options.window.as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// How far ahead a shard's next instant is armed, and a schedule hinted: two windows.
+    fn horizon_ms(&self) -> u64 {
+        self.window_ms().saturating_mul(2)
+    }
+
     /// The local instant at which the server's clock reads `server_ms`.
     fn instant(&self, server_ms: u64) -> Instant {
-        let local_ms = server_ms.saturating_add_signed(-self.offset_ms.load(Ordering::Relaxed));
-        self.origin + Duration::from_millis(local_ms.saturating_sub(self.origin_ms))
+        let local_us = server_ms
+            .saturating_mul(1000)
+            .saturating_add_signed(-self.offset_us.load(Ordering::Relaxed));
+        self.origin + Duration::from_micros(local_us.saturating_sub(self.origin_us))
     }
 
     /// The server's clock now, as this process estimates it.
     fn server_now_ms(&self) -> u64 {
-        floor_ms(SystemTime::now()).saturating_add_signed(self.offset_ms.load(Ordering::Relaxed))
+        micros(SystemTime::now()).saturating_add_signed(self.offset_us.load(Ordering::Relaxed))
+            / 1000
     }
 
-    /// Arms `id` in the wheel for `due` (server ms), unless it is armed for that already.
-    fn arm(&self, local: &mut Local, id: Box<[u8]>, due: u64) {
-        if let Some((key, armed_due)) = local.armed.get(&id) {
-            if *armed_due == due {
+    /// Records the server's clock as a reply read it (`server_us`), between `before` and
+    /// `after` (local wall µs): the server read it about halfway through the round trip.
+    fn measured(&self, before: u64, after: u64, server_us: i64) {
+        let local_mid = i64::try_from(before / 2 + after / 2).unwrap_or(i64::MAX);
+        self.offset_us
+            .store(server_us.saturating_sub(local_mid), Ordering::Relaxed);
+    }
+
+    /// Arms `shard` to fire at `at` (server ms), unless it fires by then already.
+    fn arm(&self, local: &mut Local, shard: usize, at: u64) {
+        if let Some((key, armed)) = local.wakes[shard] {
+            if armed <= at {
                 return;
             }
-            local.wheel.cancel(*key);
+            local.wheel.cancel(key);
         }
-        let key = local.wheel.insert(self.instant(due), id.clone());
-        local.armed.insert(id, (key, due));
+        let key = local.wheel.insert(self.instant(at), shard);
+        local.wakes[shard] = Some((key, at));
     }
 
-    /// A task this process scheduled for within the fetch horizon is armed at once, so
-    /// that it is not a window late; other processes' tasks wait for the next fetch.
-    fn arm_if_soon(&self, id: Box<[u8]>, due: u64) {
-        if self.handlers_started.load(Ordering::Acquire)
-            && due <= self.server_now_ms().saturating_add(2 * self.window_ms())
+    /// Arms `shard` for `at` if this process handles tasks, owns the shard, and `at` is
+    /// within the horizon (a later one is found by a sweep).
+    fn arm_if_owned(&self, shard: usize, at: u64) {
+        if !self.handlers_started.load(Ordering::Acquire)
+            || at > self.server_now_ms().saturating_add(self.horizon_ms())
         {
-            let mut local = self.local();
-            self.arm(&mut local, id, due);
+            return;
+        }
+        let mut local = self.local();
+        if local.owned[shard] {
+            self.arm(&mut local, shard, at);
             drop(local);
             self.local_changed.notify_all();
         }
     }
 
-    fn claim(&self, id: &[u8]) -> Result<Claimed, Error> {
-        let shard = self.shard_of(id);
-        let token = new_token();
-        let vis = self.visibility_ms().to_string();
-        let reply = self.pool.eval(
-            &CLAIM,
-            &self.keys[shard].first(5),
-            &[id, token.as_bytes(), vis.as_bytes()],
-        )?;
-        let parts = array(&reply)?;
-        match parts.first().map(int).transpose()? {
-            Some(1) => Ok(Claimed::Held(self.held(shard, id, token, parts)?)),
-            Some(-1) => {
-                let wait = parts.get(1).map(int).transpose()?.unwrap_or(1);
-                Ok(Claimed::Early(u64::try_from(wait).unwrap_or(1)))
-            }
-            Some(0) => Ok(Claimed::Gone),
-            _ => Err(unexpected(&reply)),
+    /// A hint `"<shard> <due ms>"` from another process's schedule.
+    fn hinted(&self, hint: &[u8]) {
+        let text = String::from_utf8_lossy(hint);
+        if let Some((shard, due)) = text.split_once(' ')
+            && let (Ok(shard), Ok(due)) = (shard.parse::<usize>(), due.parse::<u64>())
+            && shard < self.keys.len()
+        {
+            self.arm_if_owned(shard, due);
         }
+    }
+
+    /// Keeps this process among the queue's members and recomputes the shards it owns:
+    /// each shard goes to the live member that rendezvous hashing ranks first for it.
+    fn heartbeat(&self) -> Result<(), Error> {
+        let ttl = self
+            .window_ms()
+            .saturating_mul(u64::from(HEARTBEAT_WINDOWS))
+            .to_string();
+        let reply = self.pool.eval(
+            &HEARTBEAT,
+            &[&self.members_key],
+            &[self.member.as_bytes(), ttl.as_bytes()],
+        )?;
+        let members = array(&reply)?
+            .iter()
+            .map(bytes)
+            .collect::<Result<Vec<&[u8]>, Error>>()?;
+        let owned: Vec<bool> = (0..self.keys.len())
+            .map(|shard| {
+                members
+                    .iter()
+                    .max_by_key(|m| (rendezvous(m, shard), **m))
+                    .is_some_and(|m| *m == self.member.as_bytes())
+            })
+            .collect();
+        let mut local = self.local();
+        for (shard, &mine) in owned.iter().enumerate() {
+            if !mine && let Some((key, _)) = local.wakes[shard].take() {
+                local.wheel.cancel(key);
+            }
+        }
+        local.owned = owned;
+        Ok(())
+    }
+
+    /// On close: sends the acks no sweep carried, and leaves the members, so that the
+    /// others take this process's shards at their next heartbeat.
+    fn leave(&self) {
+        let shards: Vec<usize> = {
+            let local = self.local();
+            (0..self.keys.len())
+                .filter(|&s| !local.acks[s].is_empty())
+                .collect()
+        };
+        for shard in shards {
+            if let Err(e) = self.sweep(shard, 0) {
+                eprintln!("corewheel-durable: acking on close: {e}");
+            }
+        }
+        let left = self.pool.with(|conn| {
+            redis::cmd("ZREM")
+                .arg(&self.members_key)
+                .arg(&self.member)
+                .query::<()>(conn)
+        });
+        if let Err(e) = left {
+            eprintln!("corewheel-durable: leaving the members: {e}");
+        }
+    }
+
+    /// One sweep of `shard`: sends its unsent acks, claims up to `limit` tasks claimable
+    /// now into the ready queue, and arms the shard's next instant if this process owns
+    /// it. Returns how many it claimed.
+    fn sweep(&self, shard: usize, limit: usize) -> Result<usize, Error> {
+        let acks = {
+            let mut local = self.local();
+            let acks = std::mem::take(&mut local.acks[shard]);
+            if local.acks.iter().all(Vec::is_empty) {
+                local.acks_since = None;
+            }
+            acks
+        };
+        let vis = self.visibility_ms().to_string();
+        let limit_arg = limit.to_string();
+        let base = new_token();
+        let nacks = acks.len().to_string();
+        let mut args: Vec<&[u8]> = vec![
+            vis.as_bytes(),
+            limit_arg.as_bytes(),
+            base.as_bytes(),
+            nacks.as_bytes(),
+        ];
+        for (id, token) in &acks {
+            args.extend([&id[..], token.as_bytes()]);
+        }
+        let before = micros(SystemTime::now());
+        let reply = match self.pool.eval(&SWEEP, &self.keys[shard].first(5), &args) {
+            Ok(reply) => reply,
+            Err(e) => {
+                // Perhaps applied, perhaps not: sent again, an applied ack is refused
+                // harmlessly.
+                let mut local = self.local();
+                local.acks[shard].extend(acks);
+                local.acks_since.get_or_insert_with(Instant::now);
+                return Err(e);
+            }
+        };
+        let after = micros(SystemTime::now());
+        let parts = array(&reply)?;
+        let field = |i: usize| parts.get(i).ok_or_else(|| unexpected(&reply));
+        let now = int(field(0)?)?;
+        let sub_ms = int(field(4)?)?;
+        self.measured(
+            before,
+            after,
+            now.saturating_mul(1000).saturating_add(sub_ms),
+        );
+        let wake = int(field(2)?)?;
+        let n = usize::try_from(int(field(3)?)?).unwrap_or(0);
+        if parts.len() != 5 + 5 * n {
+            return Err(unexpected(&reply));
+        }
+        let mut claims = Vec::with_capacity(n);
+        for (i, record) in parts[5..].chunks(5).enumerate() {
+            let [id, payload, attempt, due, until] = record else {
+                return Err(unexpected(&reply));
+            };
+            claims.push(Claim {
+                task: Task {
+                    id: bytes(id)?.into(),
+                    payload: bytes(payload)?.into(),
+                    due_ms: u64::try_from(int(due)?).unwrap_or(0),
+                    attempt: u32::try_from(int(attempt)?).unwrap_or(1),
+                    seq: 0,
+                    bucket: 0,
+                },
+                shard,
+                token: format!("{base}:{}", i + 1),
+                lease_until_ms: u64::try_from(int(until)?).unwrap_or(0),
+            });
+        }
+        {
+            // Acked or refused, the claim is no longer this process's to renew.
+            let mut active = self.active();
+            for (_, token) in &acks {
+                active.remove(token);
+            }
+            for claim in &claims {
+                active.insert(claim.token.clone(), (shard, claim.task.id.clone()));
+            }
+        }
+        let mut local = self.local();
+        local.ready.extend(claims);
+        let now = u64::try_from(now).unwrap_or(0);
+        if let Ok(wake) = u64::try_from(wake)
+            && local.owned[shard]
+            && wake <= now.saturating_add(self.horizon_ms())
+        {
+            self.arm(&mut local, shard, wake.max(now));
+        }
+        drop(local);
+        self.local_changed.notify_all();
+        Ok(n)
     }
 
     /// A claim from a `{1, payload, attempt, due, lease expiry, ...}` reply.
@@ -640,9 +874,9 @@ impl Inner {
         shard: usize,
         id: &[u8],
         token: String,
-        parts: &[redis::Value],
+        parts: &[Value],
     ) -> Result<Claim, Error> {
-        let field = |i: usize| parts.get(i).ok_or_else(|| unexpected(&redis::Value::Nil));
+        let field = |i: usize| parts.get(i).ok_or_else(|| unexpected(&Value::Nil));
         let payload = bytes(field(1)?)?;
         let attempt = u32::try_from(int(field(2)?)?).unwrap_or(1);
         let due_ms = u64::try_from(int(field(3)?)?).unwrap_or(0);
@@ -684,13 +918,17 @@ impl Inner {
         }
     }
 
-    fn fail(&self, shard: usize, id: &[u8], token: &str, attempt: u32) -> Result<Failed, Error> {
-        // Capped at about 31 years: Lua numbers are doubles, and a due time past 2^53 ms
-        // would no longer print as the integer the scripts parse back.
-        let backoff = u64::try_from(self.options.retry.backoff(attempt).as_millis())
+    /// The backoff before retry `attempt + 1`, in ms. Capped at about 31 years: Lua
+    /// numbers are doubles, and a due time past 2^53 ms would no longer print as the
+    /// integer the scripts parse back.
+    fn backoff_ms(&self, attempt: u32) -> u64 {
+        u64::try_from(self.options.retry.backoff(attempt).as_millis())
             .unwrap_or(u64::MAX)
             .min(MAX_BACKOFF_MS)
-            .to_string();
+    }
+
+    fn fail(&self, shard: usize, id: &[u8], token: &str, attempt: u32) -> Result<Failed, Error> {
+        let backoff = self.backoff_ms(attempt).to_string();
         let max = self.options.retry.max_attempts.to_string();
         let reply = self.pool.eval(
             &FAIL,
@@ -704,88 +942,110 @@ impl Inner {
         }
     }
 
-    /// One fetch of a shard: arms what is due within two windows. Returns whether the
-    /// fetch was full, so more may be due.
-    fn fetch(&self, shard: usize) -> Result<bool, Error> {
-        let ahead = self.window_ms().saturating_mul(2).to_string();
-        let limit = self.options.fetch_limit.to_string();
-        let before = floor_ms(SystemTime::now());
-        let reply = self.pool.eval(
-            &FETCH,
-            &self.keys[shard].first(5),
-            &[ahead.as_bytes(), limit.as_bytes()],
-        )?;
-        let after = floor_ms(SystemTime::now());
-        let parts = array(&reply)?;
-        let server_now = parts.first().map(int).transpose()?.unwrap_or(0);
-        // The server read its clock about halfway through the round trip.
-        let local_mid = i64::try_from(before / 2 + after / 2).unwrap_or(i64::MAX);
-        self.offset_ms
-            .store(server_now.saturating_sub(local_mid), Ordering::Relaxed);
-        let mut local = self.local();
-        let mut count = 0;
-        for pair in parts[1..].chunks(2) {
-            let [id, due] = pair else {
-                return Err(unexpected(&reply));
-            };
-            let due = u64::try_from(int(due)?).unwrap_or(0);
-            self.arm(&mut local, bytes(id)?.into(), due);
-            count += 1;
-        }
-        drop(local);
-        self.local_changed.notify_all();
-        Ok(count >= self.options.fetch_limit)
-    }
-
     /// Waits up to `wait`, or until close.
     fn pause(&self, wait: Duration) {
-        let local = self.local();
-        if !self.stopping() {
-            let _ = self.local_changed.wait_timeout(local, wait);
+        let until = Instant::now() + wait;
+        while !self.stopping() && Instant::now() < until {
+            let local = self.local();
+            if self.stopping() {
+                return;
+            }
+            let _ = self
+                .local_changed
+                .wait_timeout(local, until.saturating_duration_since(Instant::now()));
         }
     }
 }
 
-/// The fetch thread: every window, arms what each shard has due within two windows.
-fn fetcher(inner: &Inner) {
+/// Rendezvous hashing's rank of `member` for `shard`: every process computes the same.
+fn rendezvous(member: &[u8], shard: usize) -> u64 {
+    // SplitMix64's finalizer over the member's CRC32 and the shard.
+    let mut x = (u64::from(crc32fast::hash(member)) << 32) ^ shard as u64;
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The members thread: every window, a heartbeat (which recomputes the shards owned),
+/// then a sweep of each owned shard that sends its acks and arms its next instant. It
+/// claims nothing itself, so that what a sweep finds due is claimed by a handler thread
+/// through the wheel.
+fn member(inner: &Inner) {
     while !inner.stopping() {
-        let mut full = false;
-        for shard in 0..inner.keys.len() {
-            match inner.fetch(shard) {
-                Ok(f) => full |= f,
-                Err(e) => eprintln!("corewheel-durable: fetching from redis: {e}"),
+        if let Err(e) = inner.heartbeat() {
+            eprintln!("corewheel-durable: heartbeat to redis: {e}");
+        }
+        let owned: Vec<usize> = {
+            let local = inner.local();
+            (0..inner.keys.len()).filter(|&s| local.owned[s]).collect()
+        };
+        for shard in owned {
+            if inner.stopping() {
+                return;
+            }
+            if let Err(e) = inner.sweep(shard, 0) {
+                eprintln!("corewheel-durable: sweeping a shard: {e}");
             }
         }
-        let wait = if full {
-            Duration::from_millis(1)
-        } else {
-            inner.options.window
+        inner.pause(inner.options.window);
+    }
+}
+
+/// The hints thread: subscribed to the queue's hint channel, arms what other processes
+/// schedule for soon in the shards this process owns. Reconnects after an error; a hint
+/// lost meanwhile costs that task at most one window.
+fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
+    let mut first = Some(subscribed);
+    while !inner.stopping() {
+        let mut conn = match inner.pool.connect() {
+            Ok(conn) => conn,
+            Err(e) => {
+                eprintln!("corewheel-durable: connecting for hints: {e}");
+                inner.pause(inner.options.window);
+                continue;
+            }
         };
-        let until = Instant::now() + wait;
-        while !inner.stopping() && Instant::now() < until {
-            inner.pause(until.saturating_duration_since(Instant::now()));
+        let mut pubsub = conn.as_pubsub();
+        inner.pool.count(1);
+        let ready = pubsub
+            .subscribe(&inner.hint_channel)
+            .and_then(|()| pubsub.set_read_timeout(Some(IDLE_WAIT * 5)));
+        if let Err(e) = ready {
+            eprintln!("corewheel-durable: subscribing to hints: {e}");
+            inner.pause(inner.options.window);
+            continue;
+        }
+        if let Some(tx) = first.take() {
+            let _ = tx.send(());
+        }
+        while !inner.stopping() {
+            match pubsub.get_message() {
+                Ok(msg) => inner.hinted(msg.get_payload_bytes()),
+                Err(e) if e.is_timeout() => {}
+                Err(e) => {
+                    eprintln!("corewheel-durable: hints connection: {e}");
+                    break;
+                }
+            }
         }
     }
 }
 
 /// The renew thread: every third of the visibility timeout, renews the lease of every
-/// running handler's task, so a live consumer keeps what it holds.
+/// claim this process holds (waiting, running, or finished and not yet acked), so a live
+/// consumer keeps what it holds.
 fn renewer(inner: &Inner) {
     let period = inner.options.visibility / 3;
     while !inner.stopping() {
-        let until = Instant::now() + period;
-        while !inner.stopping() && Instant::now() < until {
-            inner.pause(until.saturating_duration_since(Instant::now()));
-        }
+        inner.pause(period);
         let active: Vec<(String, usize, Box<[u8]>)> = inner
-            .active
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .active()
             .iter()
             .map(|(token, (shard, id))| (token.clone(), *shard, id.clone()))
             .collect();
         for (token, shard, id) in active {
-            // A lost lease is left for the handler's ack to find out.
+            // A lost lease is left for the ack to find out.
             if let Err(Error::Redis(e)) = inner.renew(shard, &id, &token) {
                 eprintln!("corewheel-durable: renewing a lease: {e}");
             }
@@ -793,93 +1053,128 @@ fn renewer(inner: &Inner) {
     }
 }
 
-/// A handler thread: takes what its wheel fires, claims it, runs the handler, and acks
-/// or fails it.
-fn consume<E>(inner: &Inner, handler: &(dyn Fn(&Task) -> Result<(), E> + Send + Sync)) {
-    while let Some(id) = next_fired(inner) {
-        let claim = match inner.claim(&id) {
-            Ok(Claimed::Held(claim)) => claim,
-            Ok(Claimed::Early(ms)) => {
-                // Our estimate of the server's clock ran ahead: wait the rest in the
-                // wheel. A task now due much later is left for a later fetch.
-                if ms <= inner.window_ms().saturating_mul(2) {
-                    let due = inner.server_now_ms().saturating_add(ms);
-                    let mut local = inner.local();
-                    let key = local
-                        .wheel
-                        .insert(Instant::now() + Duration::from_millis(ms), id.clone());
-                    // A fetch may have armed it again meanwhile: one wheel entry per id.
-                    if let Some((stale, _)) = local.armed.insert(id, (key, due)) {
-                        local.wheel.cancel(stale);
-                    }
-                }
+/// What a handler thread does next.
+enum Work {
+    /// Run the handler on a claimed task.
+    Run(Claim),
+    /// Sweep a shard whose instant came: claim what is due.
+    Sweep(usize),
+    /// Send the acks that waited too long for a sweep, from these shards.
+    Flush(Vec<usize>),
+}
+
+/// A handler thread: runs claimed tasks, sweeps shards when the wheel fires, and sends
+/// acks no sweep carried in time.
+fn consume<E>(
+    inner: &Inner,
+    handler: &(dyn Fn(&Task) -> Result<(), E> + Send + Sync),
+    batch: usize,
+) {
+    while let Some(work) = next_work(inner) {
+        let shards = match work {
+            Work::Run(claim) => {
+                run(inner, claim, handler);
                 continue;
             }
-            Ok(Claimed::Gone) => continue,
-            Err(e) => {
-                // Not claimed as far as we know: another process's wheel, or our next
-                // fetch, delivers it.
-                eprintln!("corewheel-durable: claiming a task: {e}");
-                continue;
+            Work::Sweep(shard) => vec![shard],
+            Work::Flush(shards) => shards,
+        };
+        for shard in shards {
+            // Not claimed as far as we know: the next sweep finds it again.
+            if let Err(e) = inner.sweep(shard, batch) {
+                eprintln!("corewheel-durable: claiming from redis: {e}");
             }
-        };
-        inner
-            .active
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(claim.token.clone(), (claim.shard, claim.task.id.clone()));
-        let ok = matches!(
-            catch_unwind(AssertUnwindSafe(|| handler(&claim.task))),
-            Ok(Ok(()))
-        );
-        inner
-            .active
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&claim.token);
-        let done = if ok {
-            inner.ack(claim.shard, &claim.task.id, &claim.token)
-        } else {
-            inner
-                .fail(
-                    claim.shard,
-                    &claim.task.id,
-                    &claim.token,
-                    claim.task.attempt,
-                )
-                .map(|_| ())
-        };
-        match done {
-            // Cancelled, replaced, or the lease lapsed: the task is someone else's now.
-            Ok(()) | Err(Error::LeaseLost) => {}
-            Err(e) => eprintln!("corewheel-durable: finishing a task: {e}"),
         }
     }
 }
 
-/// The next id the wheel fires, or `None` once closing.
-fn next_fired(inner: &Inner) -> Option<Box<[u8]>> {
+/// Runs the handler on `claim`; an ack waits for a sweep of its shard, a failure is
+/// sent at once.
+fn run<E>(inner: &Inner, claim: Claim, handler: &(dyn Fn(&Task) -> Result<(), E> + Send + Sync)) {
+    let ok = matches!(
+        catch_unwind(AssertUnwindSafe(|| handler(&claim.task))),
+        Ok(Ok(()))
+    );
+    let Claim {
+        task, shard, token, ..
+    } = claim;
+    if ok {
+        let mut local = inner.local();
+        local.acks[shard].push((task.id, token));
+        local.acks_since.get_or_insert_with(Instant::now);
+        drop(local);
+        inner.local_changed.notify_all();
+        return;
+    }
+    inner.active().remove(&token);
+    match inner.fail(shard, &task.id, &token, task.attempt) {
+        Ok(Failed::Retrying) => {
+            // Armed here even if another process owns the shard: this one knows now.
+            let at = inner
+                .server_now_ms()
+                .saturating_add(inner.backoff_ms(task.attempt));
+            if at <= inner.server_now_ms().saturating_add(inner.horizon_ms()) {
+                let mut local = inner.local();
+                inner.arm(&mut local, shard, at);
+                drop(local);
+                inner.local_changed.notify_all();
+            }
+        }
+        // Dead, or cancelled, replaced, or the lease lapsed: someone else's now.
+        Ok(Failed::Dead) | Err(Error::LeaseLost) => {}
+        Err(e) => eprintln!("corewheel-durable: failing a task: {e}"),
+    }
+}
+
+/// The next thing for a handler thread to do, or `None` once closing and no claimed
+/// task waits.
+fn next_work(inner: &Inner) -> Option<Work> {
+    // The longest a finished task waits for a sweep of its shard to carry its ack (a
+    // claim there, or the members thread's sweep each window) before it is sent alone:
+    // a window, or a quarter of the visibility timeout if that is shorter, so the lease
+    // cannot lapse first.
+    let ack_delay = inner.options.window.min(inner.options.visibility / 4);
     let mut local = inner.local();
     loop {
+        if let Some(claim) = local.ready.pop_front() {
+            return Some(Work::Run(claim));
+        }
         if inner.stopping() {
             return None;
         }
         let now = Instant::now();
-        if let Some(id) = local.wheel.poll_expired(now) {
-            local.armed.remove(&id);
-            return Some(id);
+        if let Some(shard) = local.wheel.poll_expired(now) {
+            local.wakes[shard] = None;
+            return Some(Work::Sweep(shard));
         }
-        let wait = local
-            .wheel
-            .next_deadline()
-            .map_or(IDLE_WAIT, |at| at.saturating_duration_since(now))
-            .clamp(Duration::from_micros(100), IDLE_WAIT);
+        let mut wait = IDLE_WAIT;
+        if let Some(since) = local.acks_since {
+            let flush_at = since + ack_delay;
+            if flush_at <= now {
+                local.acks_since = None;
+                let shards = (0..local.acks.len())
+                    .filter(|&s| !local.acks[s].is_empty())
+                    .collect();
+                return Some(Work::Flush(shards));
+            }
+            wait = wait.min(flush_at - now);
+        }
+        if let Some(at) = local.wheel.next_deadline() {
+            wait = wait.min(at.saturating_duration_since(now));
+        }
         local = inner
             .local_changed
-            .wait_timeout(local, wait)
+            .wait_timeout(local, wait.max(Duration::from_micros(100)))
             .map(|(guard, _)| guard)
             .unwrap_or_else(|p| p.into_inner().0);
     }
+}
+
+/// Microseconds since the Unix epoch (0 before it).
+fn micros(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// A lease token: 128 random bits, so no two claims share one.

@@ -42,21 +42,30 @@ end
     };
 }
 
-/// KEYS due lease task meta token; ARGV triples (id, payload, due ms). Schedules or
-/// replaces each task, from attempt 1; a lease on an old version is dropped, so that
-/// version's ack is refused and cannot delete the new one.
+/// KEYS due lease task meta token; ARGV hint channel, shard, horizon ms, then triples
+/// (id, payload, due ms). Schedules or replaces each task, from attempt 1; a lease on an
+/// old version is dropped, so that version's ack is refused and cannot delete the new
+/// one. If a task is due within the horizon, publishes `"<shard> <earliest due>"` on the
+/// hint channel, so that the process that owns the shard arms it at once instead of at
+/// its next fetch.
 pub(crate) const SCHEDULE: &str = concat!(
     prelude!(),
     r#"
-for i = 1, #ARGV, 3 do
+local soonest = nil
+for i = 4, #ARGV, 3 do
   local id, p, d = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   redis.call('ZADD', KEYS[1], d, id)
   redis.call('ZREM', KEYS[2], id)
   redis.call('HSET', KEYS[3], id, p)
   redis.call('HSET', KEYS[4], id, '1 ' .. d)
   redis.call('HDEL', KEYS[5], id)
+  d = tonumber(d)
+  if soonest == nil or d < soonest then soonest = d end
 end
-return #ARGV / 3
+if soonest ~= nil and soonest <= now_ms() + tonumber(ARGV[3]) then
+  redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' ' .. string.format('%d', soonest))
+end
+return (#ARGV - 3) / 3
 "#
 );
 
@@ -75,50 +84,71 @@ return 0
 "#
 );
 
-/// KEYS due lease task meta token; ARGV ahead ms, limit. Puts tasks whose lease ran out
-/// back among the pending (with their due time, so they come first), then returns
-/// `{server now, id, due, id, due, ...}` for at most `limit` tasks due by now + ahead.
-pub(crate) const FETCH: &str = concat!(
+/// KEYS due lease task meta token; ARGV visibility ms, limit, token base, number of
+/// acks, then pairs (id, token) to ack. The one step of a handling process on a shard:
+/// first acks each pair whose lease is still that token's (deleting the task), then
+/// claims up to `limit` tasks, those whose lease ran out first, then those due by the
+/// server's clock, the i-th under the token `<base>:<i>`. Returns `{server now, acked,
+/// next, n, the server's microseconds past now, then n times (id, payload, attempt, due,
+/// lease expiry)}`: `acked` a string of
+/// `1`/`0` per ack pair (`0`: refused, the lease was lost), `next` the earliest instant
+/// something more may be claimable (a due time or a lease expiry; -1 if the shard is
+/// empty).
+pub(crate) const SWEEP: &str = concat!(
     prelude!(),
     r#"
-local now = now_ms()
-local limit = tonumber(ARGV[2])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(expired) do
-  local _, d = string.match(redis.call('HGET', KEYS[4], id) or '', '^(%d+) (%d+)$')
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('HDEL', KEYS[5], id)
-  redis.call('ZADD', KEYS[1], tonumber(d) or now, id)
+local vis, limit, base, nacks = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local acked = {}
+for i = 0, nacks - 1 do
+  local id, tok = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+  if owned(KEYS[2], KEYS[5], id, tok, now) then
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('HDEL', KEYS[3], id)
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[5], id)
+    acked[#acked + 1] = '1'
+  else
+    acked[#acked + 1] = '0'
+  end
 end
-local out = {now}
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + tonumber(ARGV[1]),
-  'WITHSCORES', 'LIMIT', 0, limit)
-for i = 1, #due, 2 do
-  out[#out + 1] = due[i]
-  out[#out + 1] = math.floor(tonumber(due[i + 1]))
+local out = {now, table.concat(acked), -1, 0, tonumber(t[2]) % 1000}
+local n = 0
+if limit > 0 then
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+  if #ids < limit then
+    local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit - #ids)
+    for _, id in ipairs(due) do ids[#ids + 1] = id end
+  end
+  for _, id in ipairs(ids) do
+    n = n + 1
+    local r = lease_it(id, base .. ':' .. n, vis, now)
+    out[#out + 1] = id
+    for j = 2, 5 do out[#out + 1] = r[j] end
+  end
 end
+out[4] = n
+local wake = -1
+local d = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #d > 0 then wake = math.floor(tonumber(d[2])) end
+local l = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if #l > 0 and (wake < 0 or tonumber(l[2]) < wake) then wake = math.floor(tonumber(l[2])) end
+out[3] = wake
 return out
 "#
 );
 
-/// KEYS due lease task meta token; ARGV id, token, visibility ms. Claims `id` if it is
-/// due by the server's clock and not leased (or its lease ran out): `{1, payload,
-/// attempt, due,
-/// lease expiry}`; `{-1, ms}` if it is due only in `ms`; `{0}` if it is gone or held.
-pub(crate) const CLAIM: &str = concat!(
+/// KEYS members; ARGV member id, time to live ms. Registers (or keeps alive) a handling
+/// process, drops those whose heartbeat lapsed by the server's clock, and returns the
+/// live members. Its key has the queue's own hash tag, apart from every shard's.
+pub(crate) const HEARTBEAT: &str = concat!(
     prelude!(),
     r#"
-local id, tok, vis = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
-local d = redis.call('ZSCORE', KEYS[1], id)
-if d then
-  d = tonumber(d)
-  if d > now then return {-1, d - now} end
-  return lease_it(id, tok, vis, now)
-end
-local l = redis.call('ZSCORE', KEYS[2], id)
-if l and tonumber(l) <= now then return lease_it(id, tok, vis, now) end
-return {0}
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZRANGE', KEYS[1], 0, -1)
 "#
 );
 

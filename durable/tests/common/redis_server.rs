@@ -45,6 +45,11 @@ impl Server {
         Some(server)
     }
 
+    /// The server process's id (for reading its CPU time from `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
