@@ -67,7 +67,7 @@ impl Lateness {
     }
 
     /// Adds another record's timers to this one.
-    pub fn absorb(&mut self, other: Lateness) {
+    pub fn absorb(&mut self, other: &Lateness) {
         // Both histograms have the same bounds, so adding cannot fail.
         let _ = self.histogram.add(&other.histogram);
         self.early += other.early;
@@ -200,7 +200,7 @@ pub mod worker_records {
             let record =
                 std::mem::take(&mut *record.lock().unwrap_or_else(PoisonError::into_inner));
             per_worker.push(record.len());
-            all.absorb(record);
+            all.absorb(&record);
         }
         per_worker.sort_unstable_by(|a, b| b.cmp(a));
         (all, per_worker)

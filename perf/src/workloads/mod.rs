@@ -113,8 +113,8 @@ impl Workload {
             BurstSteal => (&workers, &[1, 0], RUNS, "stealing"),
             SteadyMix => (&most, &rate, 1, ""),
             LightLoad => (&most, &steady_mix::LIGHT_RATES, RUNS, "timers/s"),
-            Proxy if proxy::wrk_missing() => (&[], &[0], RUNS, ""),
-            Proxy => (&[1], &[0], RUNS, ""),
+            Proxy if proxy::wrk_missing() => (&[1], &[1], RUNS, ""),
+            Proxy => (&[1], &[0, 1], RUNS, ""),
             _ => (&all, &[0], RUNS, ""),
         };
         let mut cells = Vec::new();
