@@ -87,9 +87,7 @@ async fn tokio_share<F: Future + Send + 'static>(
         for slot in window.iter_mut().take(config.window) {
             put(slot, &mut share);
         }
-        if !line.arrive_and_wait() {
-            return Err("the run was called off".to_string());
-        }
+        line.arrive_and_wait()?;
         let len = window.len();
         for op in 0..ops as usize {
             put(&mut window[op % len], &mut share);
@@ -120,10 +118,10 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             tokio_share(i, line, config, tokio::time::sleep)
         }),
         Subject::TokioTimeout => parallel::on_tokio(config.threads, |i, line| {
-            tokio_share(i, line, config, async_timers::tokio_timeout_read)
+            tokio_share(i, line, config, async_timers::tokio_timeout)
         }),
         Subject::PingoraTimeout => parallel::on_tokio(config.threads, |i, line| {
-            tokio_share(i, line, config, async_timers::pingora_timeout_read)
+            tokio_share(i, line, config, async_timers::pingora_timeout)
         }),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }

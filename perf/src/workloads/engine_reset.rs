@@ -80,9 +80,7 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
             share.due_at_once += u64::from(register(timer.as_mut(), cx));
         }
         share.scheduled = connections;
-        if !line.arrive_and_wait() {
-            return Err("the run was called off".to_string());
-        }
+        line.arrive_and_wait()?;
         for _ in 0..share_of(config.resets, config.threads, index) {
             let deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
             timers[rng.u64(..connections) as usize]

@@ -1,19 +1,12 @@
 //! steady-mix and light-load: a proxy's timers at a sustained rate. A million timers live (light-load: a second's
 //! worth), and for a fixed time T tasks keep arming new ones at an offered rate, 90% of them request timeouts that
-//! are cancelled when the response comes and 10% that fire. The figure that matters is the CPU each subject spends
-//! per timer at the same load, every thread of the process included (the engine's workers, tokio's workers and
-//! driver, the heap's timer thread); the achieved rate shows whether it kept up.
+//! are cancelled when the response comes and 10% that fire. What matters is the CPU each subject spends per timer at
+//! the same load, every thread of the process included; the achieved rate shows whether it kept up.
 //!
-//! Each task owns a ring of slots, one live timer each, and visits the slots in turn at its share of the rate, so
-//! that every slot comes round once a ring period (about 1 s at the defaults). At its turn a slot's timer is retired
-//! and a new one armed in its place: a timer meant to be cancelled (delay a ring period plus 1..30 s) is cancelled,
-//! as its response has arrived, and finding it fired means the task fell a whole period behind; a timer meant to fire
-//! (delay 1 ms..half a ring period) must have fired by then, and one still pending 50 ms or more after its deadline
-//! is late.
-//!
-//! Every subject is driven the same way, from one task per thread on a tokio runtime of as many workers, each pacing
-//! itself in 1 ms steps with tokio's `sleep` and catching up on what a late wake-up left, as a service on tokio would
-//! arm its timers: the application's own wake-ups cost every subject the same, and the difference is the timers'.
+//! Each task owns a ring of slots, one live timer each, and turns the slots at its share of the rate, so that every
+//! slot comes round once a ring period. At its turn a slot's timer is retired (cancelled, or checked to have fired)
+//! and a new one armed. Every subject is driven from tokio tasks paced by tokio's `sleep` in 1 ms steps, as a service
+//! on tokio would arm its timers, so the application's own wake-ups cost every subject the same.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -66,9 +59,7 @@ impl Config {
     }
 }
 
-/// What the slots' turns found, summed over the tasks: timers armed (the first fill included) and turns taken; at a
-/// turn, a request timeout cancelled or found fired, a firing timer found fired or still pending (`LATE` or more
-/// after its deadline, or less); after the run, what the rings still held, cancelled or found fired.
+/// What the slots' turns found, summed over the tasks; `left_*`: what the rings held after the run.
 #[derive(Debug, Default, Clone, Copy)]
 struct Counts {
     armed: u64,
@@ -83,18 +74,6 @@ struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, o: &Counts) {
-        self.armed += o.armed;
-        self.turns += o.turns;
-        self.cancelled += o.cancelled;
-        self.fired_before_cancel += o.fired_before_cancel;
-        self.fired += o.fired;
-        self.late += o.late;
-        self.not_yet_fired += o.not_yet_fired;
-        self.left_cancelled += o.left_cancelled;
-        self.left_fired += o.left_fired;
-    }
-
     /// Every cancel that stopped a timer, and every timer that fired.
     fn stopped_and_fired(&self) -> (u64, u64) {
         (
@@ -116,9 +95,8 @@ trait Slots: Send + 'static {
     fn len(&self) -> usize;
 }
 
-/// One task's ring: whether each slot's timer is meant to fire, each one's deadline on the ring's schedule (the task
-/// arms no earlier than its schedule, so lateness judged by it is never overstated), its slot visits a second and how
-/// long a slot takes to come round.
+/// One task's ring: whether each slot's timer is meant to fire and its deadline on the ring's schedule (the task arms
+/// no earlier than its schedule, so lateness judged by it is never overstated).
 struct Ring {
     rng: fastrand::Rng,
     fires: Vec<bool>,
@@ -142,7 +120,6 @@ impl Ring {
         }
     }
 
-    /// A new timer's fate and delay.
     fn draw(&mut self) -> (bool, Duration) {
         let period = self.period.as_nanos() as u64;
         match self.rng.u64(..FIRE_ONE_IN) {
@@ -157,7 +134,6 @@ impl Ring {
         }
     }
 
-    /// When turn `turn` is due, counted from the run's start.
     fn turn_time(&self, turn: u64) -> Duration {
         Duration::from_secs_f64(turn as f64 / self.rate)
     }
@@ -180,7 +156,6 @@ impl Ring {
         Ok(())
     }
 
-    /// Takes turns until `elapsed` of the run's time has had its share of them.
     fn catch_up(
         &mut self,
         slots: &mut impl Slots,
@@ -210,7 +185,6 @@ impl Ring {
         Ok(())
     }
 
-    /// Cancels what the ring still holds, after the timed part.
     fn empty(&mut self, slots: &mut impl Slots) {
         for slot in 0..slots.len() {
             match slots.cancel(slot) {
@@ -221,7 +195,6 @@ impl Ring {
     }
 }
 
-/// The slots of a structure the tasks share (the engine, the locked heap): a handle each.
 struct SharedSlots<S: SharedTimers> {
     subject: Arc<S>,
     handles: Vec<Option<S::Handle>>,
@@ -277,8 +250,7 @@ impl Slots for TokioSlots {
     }
 }
 
-/// One run's figures from the start line to the end line: the process's CPU time and context switches, the threaded
-/// engine's worker wake-ups by cause; on light-load's median run, the CPU per timer over the subject's runs.
+/// One run's figures from the start line to the end line; `spread`: light-load's CPU per timer over the runs.
 struct Run {
     wall: Duration,
     cpu: Option<Duration>,
@@ -288,14 +260,12 @@ struct Run {
     spread: Option<String>,
 }
 
-/// The start and end lines of a run.
 #[derive(Default)]
 struct Lines {
     start: StartLine,
     end: StartLine,
 }
 
-/// One task's part: its ring, filled untimed, turned in 1 ms steps for the run's duration.
 async fn part(
     mut slots: impl Slots,
     index: usize,
@@ -304,9 +274,7 @@ async fn part(
 ) -> Result<Counts, String> {
     let mut ring = Ring::new(index, config);
     let filled = with_context(|cx| ring.fill(&mut slots, cx)).await;
-    if !lines.start.arrive_and_wait_yielding().await {
-        return Err("the run was called off".to_string());
-    }
+    lines.start.arrive_and_wait_yielding().await?;
     filled?;
     let start = Instant::now();
     while start.elapsed() < config.duration {
@@ -314,15 +282,12 @@ async fn part(
         with_context(|cx| ring.catch_up(&mut slots, elapsed, cx)).await?;
         tokio::time::sleep(STEP).await;
     }
-    if !lines.end.arrive_and_wait_yielding().await {
-        return Err("the run was called off".to_string());
-    }
+    lines.end.arrive_and_wait_yielding().await?;
     ring.empty(&mut slots);
     Ok(ring.counts)
 }
 
-/// Runs a ring per task on `runtime` (one worker per task) over `slots(index)`, and times the run from the start line
-/// to the end line; `engine` is read for its workers' wakes.
+/// Runs a ring per task on `runtime` over `slots(index)`, timed from the start line to the end line.
 fn on_runtime<S: Slots>(
     runtime: Runtime,
     config: Config,
@@ -351,19 +316,29 @@ fn on_runtime<S: Slots>(
         let switches = process_context_switches()
             .zip(switches)
             .map(|(a, b)| a.saturating_sub(b));
-        let wakes = wakes().zip(woke).map(|(a, b)| WorkerWakes {
-            due: a.due - b.due,
-            wheel: a.wheel - b.wheel,
-            lane: a.lane - b.lane,
-            watch: a.watch - b.watch,
-            woken: a.woken - b.woken,
+        let wakes = wakes().zip(woke).map(|(a, b)| {
+            let [due, wheel, lane, watch, woken] = [
+                a.due - b.due,
+                a.wheel - b.wheel,
+                a.lane - b.lane,
+                a.watch - b.watch,
+                a.woken - b.woken,
+            ];
+            WorkerWakes {
+                due,
+                wheel,
+                lane,
+                watch,
+                woken,
+            }
         });
+        let (wall, counts) = (lines.end.go() - start, Counts::default());
         Ok(Run {
-            wall: lines.end.go() - start,
+            wall,
             cpu,
             switches,
             wakes,
-            counts: Counts::default(),
+            counts,
             spread: None,
         })
     });
@@ -372,12 +347,26 @@ fn on_runtime<S: Slots>(
     // The main thread's failure first: the tasks' are then only that it called them off.
     let mut run = timed?;
     for part in parts {
-        run.counts.add(&part?);
+        let (c, p) = (&mut run.counts, part?);
+        (c.armed, c.turns, c.cancelled) = (
+            c.armed + p.armed,
+            c.turns + p.turns,
+            c.cancelled + p.cancelled,
+        );
+        (c.fired, c.late, c.not_yet_fired) = (
+            c.fired + p.fired,
+            c.late + p.late,
+            c.not_yet_fired + p.not_yet_fired,
+        );
+        c.fired_before_cancel += p.fired_before_cancel;
+        (c.left_cancelled, c.left_fired) = (
+            c.left_cancelled + p.left_cancelled,
+            c.left_fired + p.left_fired,
+        );
     }
     Ok(run)
 }
 
-/// The run, once the engine has settled, if its counts match what the rings saw, timer for timer.
 fn engine_saw(engine: &TimerEngine, run: Run) -> Result<Run, String> {
     let settled = engine::settle(engine)?;
     let (stopped, fired) = run.counts.stopped_and_fired();
@@ -385,7 +374,6 @@ fn engine_saw(engine: &TimerEngine, run: Run) -> Result<Run, String> {
     Ok(run)
 }
 
-/// Each task's slots on a structure the tasks share.
 fn shared<S: SharedTimers>(subject: &Arc<S>, config: Config) -> impl Fn(usize) -> SharedSlots<S> {
     move |index| SharedSlots {
         subject: Arc::clone(subject),
@@ -393,7 +381,6 @@ fn shared<S: SharedTimers>(subject: &Arc<S>, config: Config) -> impl Fn(usize) -
     }
 }
 
-/// One run of `subject` at `config`.
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     let runtime = tokio_sleep::runtime(config.threads)?;
     match subject {
@@ -446,7 +433,6 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     }
 }
 
-/// steady-mix: `plan`'s subjects once each for `seconds`, with `live` timers live.
 pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
     let config = |cell: &Cell| Config {
         threads: cell.threads,
@@ -467,9 +453,7 @@ pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
     }
 }
 
-/// What one wake-up of a thread that does nothing else costs in CPU here, when an engine with worker threads is among
-/// the subjects (see [`wake_floor`]): a thread sleeping until each millisecond for two seconds, after the subjects'
-/// runs.
+/// What a bare thread's wake-up costs in CPU here (see [`wake_floor`]), when the threaded engine is among the subjects.
 fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
     if !plan
         .cells
@@ -481,8 +465,7 @@ fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
     wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)).cpu_per_wake
 }
 
-/// light-load: the mix at each of [`LIGHT_RATES`], each subject's runs a third of `seconds` (at least 1 s), in turns;
-/// a table per rate, each row its subject's median run by CPU per timer.
+/// light-load: the mix at each of [`LIGHT_RATES`], each run a third of `seconds`; each row its median run.
 pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
     let duration =
         (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
@@ -519,12 +502,10 @@ pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
     }
 }
 
-/// The process's CPU time per timer over a run.
 fn cpu_per_timer_of(run: &Run) -> Option<f64> {
     Some(run.cpu?.as_nanos() as f64 / run.counts.turns.max(1) as f64)
 }
 
-/// Prints the table of `cells`' runs (one each) at `config`.
 fn table(
     plan: &Plan,
     config: Config,
