@@ -13,8 +13,8 @@ use corewheel::TimerEngine;
 use tokio_util::time::DelayQueue;
 
 use crate::peers::binary_heap::TombstoneHeap;
-use crate::peers::{PolledQueue, Subject, TimerQueue, delay_queue, engine, wheel};
-use crate::report::{Col, Csv, Row, Sheet, Table, thousands};
+use crate::peers::{PolledQueue, Subject, TICK, TimerQueue, engine};
+use crate::report::{Col, Csv, Sheet, Table, thousands};
 use crate::runner::{self, Cell, Plan};
 use crate::sys::{process_cpu_time, thread_cpu_time};
 use crate::workloads::lateness::{Lateness, LatenessSummary, worker_records};
@@ -116,7 +116,7 @@ fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
 
 /// The same on a DelayQueue in a runtime, awaiting its stream of expired timers.
 fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
-    delay_queue::runtime()?.block_on(async {
+    crate::peers::runtime()?.block_on(async {
         let (mut lateness, mut queue) = (Lateness::default(), DelayQueue::new());
         let armed = arm(timers, |deadline| {
             queue.arm(deadline, deadline);
@@ -162,7 +162,10 @@ fn storm_engine(timers: u64, tick: Duration) -> Result<Storm, String> {
 
 fn storm(subject: Subject, timers: u64, tick: Duration) -> Result<Storm, String> {
     match subject {
-        Subject::Corewheel => storm_polled(wheel::new_wheel_ticking::<Instant>(tick), timers),
+        Subject::Corewheel => storm_polled(
+            corewheel::Wheel::<Instant>::new(tick, Instant::now()),
+            timers,
+        ),
         Subject::DelayQueue => storm_delay_queue(timers),
         Subject::BinaryHeap => storm_polled(TombstoneHeap::<Instant>::new(), timers),
         Subject::Engine => storm_engine(timers, tick),
@@ -219,7 +222,7 @@ fn floor_table(timers: u64, csv: &mut Csv) {
         ]
         .concat(),
     );
-    for tick in std::iter::once(wheel::TICK).chain(FINE_TICKS) {
+    for tick in std::iter::once(TICK).chain(FINE_TICKS) {
         let sleeper = wake_floor::sleep_through(tick, Duration::from_nanos(SPREAD_NS));
         let (over, floor) = (
             sleeper.oversleep_summary(),
@@ -260,7 +263,7 @@ fn floor_table(timers: u64, csv: &mut Csv) {
 /// The storms to run: every subject at the default tick, then the engine and the wheel at each finer tick; a cell's
 /// setting is its tick in microseconds.
 pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
-    let default = wheel::TICK.as_micros() as u64;
+    let default = TICK.as_micros() as u64;
     let mut cells: Vec<Cell> = subjects
         .iter()
         .map(|&subject| Cell {
@@ -284,7 +287,7 @@ pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
 
 /// The row's and the CSV's name: the subject's, with the tick when it is not the default.
 fn case_name(cell: &Cell) -> String {
-    match cell.param == wheel::TICK.as_micros() as u64 {
+    match cell.param == TICK.as_micros() as u64 {
         true => cell.subject.name().to_string(),
         false => format!("{}-{}us", cell.subject.name(), cell.param),
     }
@@ -299,7 +302,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let witnessed = witness.join().ok().flatten();
         storm.map(|storm| (storm, witnessed))
     });
-    let default = wheel::TICK.as_micros() as u64;
+    let default = TICK.as_micros() as u64;
     let mut errors = Vec::new();
     for fine in [false, true] {
         let title = match fine {
@@ -363,12 +366,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
                     Some(late.early as f64),
                 ]
             });
-            sheet.rows.push(Row {
-                name,
-                subject: cell.subject,
-                threads: 1,
-                values,
-            });
+            sheet.push(&name, cell.subject, values);
         }
         if sheet.rows.is_empty() {
             continue;

@@ -139,10 +139,10 @@ fn run_on(subject: &dyn Keyed, on_engine: bool, config: Config) -> Result<Run, S
 /// One run of `subject`; the keys left pending are dropped with it, untimed.
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     match subject {
-        Subject::Keyed => run_on(&keyed::keyed_timers(&engine::build()?), true, config),
-        Subject::MutexMap => run_on(&MutexMap::new(&engine::build()?), true, config),
+        Subject::Keyed => run_on(&keyed::keyed_timers(&engine::build(false)?), true, config),
+        Subject::MutexMap => run_on(&MutexMap::new(&engine::build(false)?), true, config),
         Subject::DelayQueueMap => {
-            let runtime = crate::peers::delay_queue::runtime()?;
+            let runtime = crate::peers::runtime()?;
             let queue = DelayQueueMap::default();
             // Every thread inserts into the queue, which needs the runtime's context.
             let body = |index, gate: &Gate| {

@@ -151,7 +151,7 @@ impl Measure<u64> for Live1m {
 /// engine-live-1m on the engine. Its workers file what the lanes forward on their own time, so the insert lasts until
 /// they are quiet, and the cancel until the engine has settled.
 fn measure_engine(timers: u64) -> Result<Readings, String> {
-    let (engine, mut rng, mut r) = (engine::build()?, rng(0), Readings::default());
+    let (engine, mut rng, mut r) = (engine::build(false)?, rng(0), Readings::default());
     let mut handles = touched_vec(timers)?;
     r.bytes("rss_before", sys::resident_bytes());
     let (cpu, workers, started) = (

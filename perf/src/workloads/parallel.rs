@@ -165,7 +165,7 @@ pub fn on_engine(
     settle: bool,
     body: impl Fn(&TimerEngine, usize, &Gate) -> Result<Share, String> + Sync,
 ) -> Result<Run, String> {
-    let engine = engine::build()?;
+    let engine = engine::build(false)?;
     let settled = |shares: &[Share]| {
         if !settle {
             return Ok(None);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use corewheel_proxy::{Client, Command, Config, LatenessSummary, run_blocking, serve_backend};
 
 use crate::peers::Subject;
-use crate::report::{Col, Row, Sheet, thousands};
+use crate::report::{Col, Sheet, thousands};
 use crate::runner::{self, Plan, median};
 use crate::sys::threads_cpu_time;
 use crate::workloads::{Out, lateness::Lateness};
@@ -351,12 +351,7 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
                 mid(|r| r.proxy_cpu.as_secs_f64() / r.wall.as_secs_f64()),
             ]
         });
-        sheet.rows.push(Row {
-            name,
-            subject: cell.subject,
-            threads: 1,
-            values,
-        });
+        sheet.push(&name, cell.subject, values);
     }
     if !sheet.rows.is_empty() {
         sheet.note(format!("each run: a fresh proxy (its default threads: one per CPU) in a child process, 1 s of wrk to warm it up, then {seconds} s measured; req/s and latency as wrk reports them (p50/p99 of its latency distribution), {} connections kept alive", thousands(u64::from(CONNECTIONS))));
@@ -416,12 +411,7 @@ fn accuracy_table<'a>(
             row.extend([c(client.p50), c(client.p99), c(client.max), p(all.proxy.p50_us), p(all.proxy.p99_us), p(all.proxy.max_us)]);
             row
         });
-        sheet.rows.push(Row {
-            name,
-            subject: cell.subject,
-            threads: 1,
-            values,
-        });
+        sheet.push(&name, cell.subject, values);
     }
     sheet.note("every slow request must be answered 504, none before its deadline by the client's clock (taken before the send) nor by the proxy's, and counted once by the proxy; every fast one answered 200; lost: any request answered otherwise or not at all");
     sheet.note("client late: the 504's arrival - (send + deadline), loopback and the harness's own scheduling included; proxy late: from the deadline to when the waiting task ran, by the proxy's timer clock (0.1 ms buckets; p50/p99 the worst run's)");

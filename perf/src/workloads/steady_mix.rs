@@ -385,12 +385,12 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     let runtime = tokio_sleep::runtime(config.threads)?;
     match subject {
         Subject::Engine => {
-            let engine = Arc::new(engine::build()?);
+            let engine = Arc::new(engine::build(false)?);
             let run = on_runtime(runtime, config, Some(&engine), shared(&engine, config))?;
             engine_saw(&engine, run)
         }
         Subject::EngineDriven => {
-            let engine = Arc::new(engine::build_driven()?);
+            let engine = Arc::new(engine::build(true)?);
             for driver in engine.drivers(|at| tokio::time::sleep_until(at.into())) {
                 runtime.spawn(driver);
             }
