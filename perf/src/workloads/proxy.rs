@@ -202,95 +202,39 @@ fn wrk_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
     })
 }
 
-/// What one accuracy run saw: requests sent slow and fast, the slow ones answered 504 and the fast ones 200, their
-/// lateness by the client's clock (from before the send), and the proxy's own count and lateness of its deadlines.
-#[derive(Default)]
-struct Accuracy {
-    slow: u64,
-    timed_out: u64,
-    fast: u64,
-    answered: u64,
-    client: Lateness,
-    proxy: LatenessSummary,
-}
+/// What one accuracy run saw: each request's kind (slow or not), its status (0: failed) and time from before its send
+/// to its answer; and the proxy's own count and lateness of its deadlines.
+type Accuracy = (Vec<(bool, u16, Duration)>, LatenessSummary);
 
 /// One accuracy run: a fresh proxy with a request deadline of [`DEADLINE`], [`CLIENTS`] keep-alive clients sending
 /// [`PER_CLIENT`] requests each, one in [`SLOW_ONE_IN`] of them one the backend answers only long past the deadline.
 fn accuracy_run(subject: Subject, backend: SocketAddr) -> Result<Accuracy, String> {
-    let proxy = ProxyChild::start(
-        subject,
-        backend,
-        &format!("--request-timeout {}", DEADLINE.as_millis()),
-    )?;
+    let deadline = format!("--request-timeout {}", DEADLINE.as_millis());
+    let proxy = ProxyChild::start(subject, backend, &deadline)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build();
-    let runtime = runtime.map_err(|e| e.to_string())?;
-    let addr = proxy.1;
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            runtime.spawn(async move {
-                let mut client = Client::connect(addr).await.map_err(|e| e.to_string())?;
-                let mut seen = Accuracy::default();
-                for i in 0..PER_CLIENT {
-                    let slow = (c * PER_CLIENT + i).is_multiple_of(SLOW_ONE_IN);
-                    let sent = Instant::now();
-                    let status = client.get(if slow { SLOW_PATH } else { "/" }).await;
-                    let (status, at) = (status.map_or(0, |(s, _)| s.as_u16()), Instant::now());
-                    match slow {
-                        true => {
-                            (seen.slow, seen.timed_out) =
-                                (seen.slow + 1, seen.timed_out + u64::from(status == 504))
-                        }
-                        false => {
-                            (seen.fast, seen.answered) =
-                                (seen.fast + 1, seen.answered + u64::from(status == 200))
-                        }
-                    }
-                    if slow && status == 504 {
-                        seen.client.record(sent + DEADLINE, at, at);
-                    }
-                }
-                Ok::<_, String>(seen)
-            })
-        })
-        .collect();
-    let mut all = Accuracy::default();
-    for seen in runtime.block_on(super::parallel::join_all(clients)) {
-        all.absorb(&seen?);
-    }
-    all.proxy = proxy.deadlines()?;
-    Ok(all)
-}
-
-impl Accuracy {
-    fn absorb(&mut self, other: &Accuracy) {
-        (self.slow, self.timed_out) = (self.slow + other.slow, self.timed_out + other.timed_out);
-        (self.fast, self.answered) = (self.fast + other.fast, self.answered + other.answered);
-        self.client.absorb(&other.client);
-        let (a, b) = (&mut self.proxy, other.proxy);
-        (a.count, a.early) = (a.count + b.count, a.early + b.early);
-        (a.p50_us, a.p99_us, a.max_us) = (
-            a.p50_us.max(b.p50_us),
-            a.p99_us.max(b.p99_us),
-            a.max_us.max(b.max_us),
-        );
-    }
+    let (runtime, addr) = (runtime.map_err(|e| e.to_string())?, proxy.1);
+    let client = |c: usize| async move {
+        let mut client = Client::connect(addr).await.map_err(|e| e.to_string())?;
+        let mut seen = Vec::new();
+        for slow in (0..PER_CLIENT).map(|i| (c * PER_CLIENT + i).is_multiple_of(SLOW_ONE_IN)) {
+            let sent = Instant::now();
+            let status = client.get(if slow { SLOW_PATH } else { "/" }).await;
+            seen.push((slow, status.map_or(0, |(s, _)| s.as_u16()), sent.elapsed()));
+        }
+        Ok(seen)
+    };
+    let clients = (0..CLIENTS).map(|c| runtime.spawn(client(c))).collect();
+    let seen = runtime.block_on(super::parallel::join_all(clients));
+    let seen = seen.into_iter().collect::<Result<Vec<_>, String>>()?;
+    Ok((seen.concat(), proxy.deadlines()?))
 }
 
 enum Measured {
     Wrk(WrkRun),
     Accuracy(Accuracy),
-}
-
-impl Measured {
-    fn wrk(&self) -> Option<&WrkRun> {
-        match self {
-            Measured::Wrk(run) => Some(run),
-            Measured::Accuracy(_) => None,
-        }
-    }
 }
 
 /// Runs `plan`'s cells (wrk runs at setting 0, accuracy runs at 1) in turns and prints a table for each.
@@ -338,7 +282,13 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
     for (cell, result) in cells(0) {
         let name = timer(cell.subject).to_string();
         let values = result.as_ref().map_err(Clone::clone).map(|runs| {
-            let runs: Vec<&WrkRun> = runs.iter().filter_map(Measured::wrk).collect();
+            let runs: Vec<&WrkRun> = runs
+                .iter()
+                .filter_map(|run| match run {
+                    Measured::Wrk(run) => Some(run),
+                    Measured::Accuracy(_) => None,
+                })
+                .collect();
             for error in runs.iter().flat_map(|run| &run.errors) {
                 sheet.note(format!("{name}: wrk: {error}"));
             }
@@ -392,26 +342,39 @@ fn accuracy_table<'a>(
     let mut sheet = Sheet::new("proxy-accuracy", title, DEADLINE.as_millis() as u64, cols);
     let mut errors = Vec::new();
     for (cell, result) in cells {
-        let name = timer(cell.subject).to_string();
+        let name = timer(cell.subject);
         let values = result.as_ref().map_err(Clone::clone).map(|runs| {
-            let mut all = Accuracy::default();
-            for run in runs {
-                if let Measured::Accuracy(seen) = run {
-                    all.absorb(seen);
+            let (mut client, mut proxy, mut n) = (Lateness::default(), LatenessSummary::default(), [0; 4]);
+            for (answers, by_proxy) in runs.iter().filter_map(|run| match run {
+                Measured::Accuracy(run) => Some(run),
+                Measured::Wrk(_) => None,
+            }) {
+                for &(slow, status, took) in answers {
+                    let index = usize::from(!slow) * 2;
+                    n[index] += 1;
+                    n[index + 1] += u64::from(status == if slow { 504 } else { 200 });
+                    if slow && status == 504 {
+                        let sent = Instant::now();
+                        client.record(sent + DEADLINE, sent + took, sent + took);
+                    }
                 }
+                (proxy.count, proxy.early) = (proxy.count + by_proxy.count, proxy.early + by_proxy.early);
+                let [p50, p99, max] = [by_proxy.p50_us, by_proxy.p99_us, by_proxy.max_us];
+                (proxy.p50_us, proxy.p99_us) = (proxy.p50_us.max(p50), proxy.p99_us.max(p99));
+                proxy.max_us = proxy.max_us.max(max);
             }
-            let client = all.client.summarize();
-            let lost = (all.slow - all.timed_out) + (all.fast - all.answered);
-            if client.early + all.proxy.early + lost > 0 || all.proxy.count != all.timed_out {
-                errors.push(format!("ERROR: proxy accuracy: {name}: {} early by the client's clock, {} by the proxy's, {lost} lost, the proxy counted {} deadlines for {} 504s", client.early, all.proxy.early, all.proxy.count, all.timed_out));
+            let (client, [slow, timed_out, fast, answered]) = (client.summarize(), n);
+            let lost = (slow - timed_out) + (fast - answered);
+            if client.early + proxy.early + lost > 0 || proxy.count != timed_out {
+                errors.push(format!("ERROR: proxy accuracy: {name}: {} early by the client's clock, {} by the proxy's, {lost} lost, the proxy counted {} deadlines for {timed_out} 504s", client.early, proxy.early, proxy.count));
             }
-            let (c, p) = (|d: Duration| Some(d.as_secs_f64() * 1e3), |us: u64| Some(us as f64 / 1e3));
-            let counts = [all.slow, all.timed_out, all.proxy.count, client.early, all.proxy.early, all.answered, lost];
+            let counts = [slow, timed_out, proxy.count, client.early, proxy.early, answered, lost];
             let mut row: Vec<Option<f64>> = counts.iter().map(|&n| Some(n as f64)).collect();
-            row.extend([c(client.p50), c(client.p99), c(client.max), p(all.proxy.p50_us), p(all.proxy.p99_us), p(all.proxy.max_us)]);
+            let late = [client.p50, client.p99, client.max].map(|d| Some(d.as_secs_f64() * 1e3));
+            row.extend(late.into_iter().chain([proxy.p50_us, proxy.p99_us, proxy.max_us].map(|us| Some(us as f64 / 1e3))));
             row
         });
-        sheet.push(&name, cell.subject, values);
+        sheet.push(name, cell.subject, values);
     }
     sheet.note("every slow request must be answered 504, none before its deadline by the client's clock (taken before the send) nor by the proxy's, and counted once by the proxy; every fast one answered 200; lost: any request answered otherwise or not at all");
     sheet.note("client late: the 504's arrival - (send + deadline), loopback and the harness's own scheduling included; proxy late: from the deadline to when the waiting task ran, by the proxy's timer clock (0.1 ms buckets; p50/p99 the worst run's)");
