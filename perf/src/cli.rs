@@ -90,8 +90,8 @@ pub struct Sizes {
 }
 
 impl Options {
-    /// Parses the process's arguments, keeping the first of any repeated list item and filling in the thread counts
-    /// the machine decides.
+    /// Parses the process's arguments, keeping the first of any repeated list item; the thread counts default to 1
+    /// up to the CPU count.
     pub fn from_args() -> Self {
         Self::parse().normalized()
     }
@@ -102,32 +102,30 @@ impl Options {
         dedup(&mut self.threads);
         dedup(&mut self.windows);
         if self.threads.is_empty() {
-            let cpus = crate::peers::engine::cpus().min(1024) as u16;
-            self.threads = (1..=cpus).collect();
+            self.threads = (1..=crate::peers::engine::cpus().min(1024) as u16).collect();
         }
         self
     }
 
-    /// The sizes these options ask for.
     pub fn sizes(&self) -> Sizes {
         let scale = if self.full { 10 } else { 1 };
+        let (live_timers, storm_timers) = (
+            self.timers.unwrap_or(1_000_000 * scale),
+            self.timers.unwrap_or(1_000_000),
+        );
+        let (arm_cancel_ops, reset_ops) = (2_000_000 * scale, 2_000_000 * scale);
+        let async_ops = self.async_ops.unwrap_or(1_000_000 * scale);
         Sizes {
-            arm_cancel_ops: 2_000_000 * scale,
-            live_timers: self.timers.unwrap_or(1_000_000 * scale),
-            reset_ops: 2_000_000 * scale,
-            storm_timers: self.timers.unwrap_or(1_000_000),
-            async_ops: self.async_ops.unwrap_or(1_000_000 * scale),
+            arm_cancel_ops,
+            live_timers,
+            reset_ops,
+            storm_timers,
+            async_ops,
         }
     }
 
-    /// The thread counts, as counts.
     pub fn thread_counts(&self) -> Vec<usize> {
         self.threads.iter().map(|&t| usize::from(t)).collect()
-    }
-
-    /// The most application threads asked for.
-    pub fn max_threads(&self) -> usize {
-        self.thread_counts().into_iter().max().unwrap_or(1)
     }
 }
 
@@ -156,14 +154,12 @@ mod tests {
     #[test]
     fn defaults_and_flags() {
         let defaults = parse(&[]).expect("no arguments run");
-        assert_eq!(
-            (
-                defaults.threads[0],
-                defaults.sizes().live_timers,
-                &defaults.windows[..]
-            ),
-            (1, 1_000_000, &[16, 10_000][..])
+        let figures = (
+            defaults.threads[0],
+            defaults.sizes().live_timers,
+            &defaults.windows[..],
         );
+        assert_eq!(figures, (1, 1_000_000, &[16, 10_000][..]));
         assert_eq!(
             (defaults.workloads, defaults.peers),
             (Workload::defaults(), Subject::ALL.to_vec())
@@ -174,15 +170,17 @@ mod tests {
             (options.mix_rate, options.sizes().async_ops, options.timers),
             (2_000, 5_000, Some(100_000))
         );
+        let chosen = (options.workloads, options.peers);
         assert_eq!(
-            (options.workloads, options.peers),
+            chosen,
             (
                 vec![Workload::FireStorm, Workload::ArmCancel],
                 vec![Subject::Corewheel]
             )
         );
+        let lists = (options.threads, options.windows, options.save);
         assert_eq!(
-            (options.threads, options.windows, options.save),
+            lists,
             (vec![1, 2, 4], vec![0, 16], Some("perf/results".into()))
         );
     }

@@ -54,8 +54,7 @@ crate::named::named_enum! {
 }
 
 impl Workload {
-    /// What a run without `--workloads` runs: all but the proxy, which needs wrk, opens hundreds of sockets and
-    /// starts processes.
+    /// What a run without `--workloads` runs: all but the proxy, which needs wrk and starts processes.
     pub fn defaults() -> Vec<Workload> {
         Self::ALL
             .iter()
@@ -92,17 +91,14 @@ impl Workload {
     /// What this workload will measure under `options`: its cells and runs.
     pub fn plan(self, options: &Options) -> Plan {
         use Workload::*;
-        let mut subjects: Vec<Subject> = options
-            .peers
-            .iter()
-            .copied()
-            .filter(|&s| self.drives(s))
-            .collect();
+        let drives = options.peers.iter().copied().filter(|&s| self.drives(s));
+        let mut subjects: Vec<Subject> = drives.collect();
         if matches!(self, AsyncSleep | AsyncTimeout | AsyncReset) {
             // corewheel's rows first, then the peers in the order given.
             subjects.sort_by_key(|subject| !subject.is_corewheel());
         }
-        let (all, most) = (options.thread_counts(), [options.max_threads()]);
+        let all = options.thread_counts();
+        let most = [all.iter().copied().max().unwrap_or(1)];
         let workers: Vec<usize> = all.iter().copied().filter(|&n| n > 1).collect();
         let windows: Vec<u64> = options.windows.iter().map(|&w| u64::from(w)).collect();
         let rate = [options.mix_rate];
@@ -118,14 +114,15 @@ impl Workload {
             _ => (&all, &[0], RUNS, ""),
         };
         let mut cells = Vec::new();
-        for &param in params {
-            for &threads in threads {
-                cells.extend(subjects.iter().map(|&subject| Cell {
-                    subject,
-                    threads,
-                    param,
-                }));
-            }
+        for (&param, &threads) in params
+            .iter()
+            .flat_map(|p| threads.iter().map(move |t| (p, t)))
+        {
+            cells.extend(subjects.iter().map(|&subject| Cell {
+                subject,
+                threads,
+                param,
+            }));
         }
         if self == FireStorm {
             cells = fire_storm::cells(&subjects);
@@ -185,9 +182,7 @@ pub fn ns_per(elapsed: Duration, count: u64) -> f64 {
 /// runs (ns per operation), with the runs' range in a note.
 pub fn cost_sheet(
     plan: &Plan,
-    title: String,
-    unit: &str,
-    metrics: (&'static str, &'static str),
+    (title, unit, metrics): (String, &str, (&'static str, &'static str)),
     timers: u64,
     runs: &[Result<Vec<f64>, String>],
 ) -> Sheet {
@@ -209,10 +204,9 @@ pub fn cost_sheet(
         });
         sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));
     }
+    let (runs, spreads) = (plan.runs, spreads.join(", "));
     sheet.note(format!(
-        "median of {} runs per subject, taken in turns; ns/{unit} range: {}",
-        plan.runs,
-        spreads.join(", ")
+        "median of {runs} runs per subject, taken in turns; ns/{unit} range: {spreads}"
     ));
     sheet
 }

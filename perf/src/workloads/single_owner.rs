@@ -116,7 +116,7 @@ pub fn arm_cancel(plan: &Plan, ops: u64, out: &mut Out) {
         thousands(ops),
         thousands(WINDOW as u64)
     );
-    let mut sheet = cost_sheet(plan, title, "op", ("ns_per_op", "mops_per_s"), ops, &runs);
+    let mut sheet = cost_sheet(plan, (title, "op", ("ns_per_op", "mops_per_s")), ops, &runs);
     sheet.note(
         "op = arm one timer (delay uniform in 1 ms..30 s) + cancel the one armed 10,000 ops earlier; nothing fires",
     );
@@ -140,14 +140,8 @@ pub fn reset_heavy(plan: &Plan, resets: u64, out: &mut Out) {
         thousands(CONNECTIONS as u64),
         thousands(resets)
     );
-    let mut sheet = cost_sheet(
-        plan,
-        title,
-        "reset",
-        ("ns_per_reset", "mresets_per_s"),
-        CONNECTIONS as u64,
-        &runs,
-    );
+    let metrics = ("ns_per_reset", "mresets_per_s");
+    let mut sheet = cost_sheet(plan, (title, "reset", metrics), CONNECTIONS as u64, &runs);
     sheet.note("reset = move a random connection's idle timer to now + 30 s; corewheel Wheel::reset, DelayQueue::reset_at, binary-heap tombstone + push");
     sheet.note(
         "every new deadline is the latest yet (now + a constant), a binary heap's best case: its push never sifts up",
