@@ -24,7 +24,6 @@ pub struct Plots {
     lateness: Vec<(String, Vec<(f64, f64)>)>,
 }
 
-/// One line of a plot.
 struct Series {
     name: String,
     points: Vec<(f64, f64)>,
@@ -77,7 +76,6 @@ impl Plots {
     }
 }
 
-/// Each subject's (threads, throughput) points.
 type PointsBySubject<'a> = BTreeMap<&'a str, Vec<(f64, f64)>>;
 
 /// Per engine workload in the CSV with a throughput metric: its axis label and one series per subject, thread counts

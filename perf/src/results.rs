@@ -12,7 +12,6 @@ use crate::workloads::Out;
 
 /// The run's summary (its command line, machine and tables) and the CSV of every figure it measured.
 pub const SUMMARY: &str = "summary.md";
-/// The CSV of every figure the run measured.
 pub const CSV: &str = "results.csv";
 
 /// Makes a fresh folder for this run: `<target>/perf-runs/<UTC date and time>`, with a suffix if a run that began in

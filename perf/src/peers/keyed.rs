@@ -1,10 +1,7 @@
-//! The keyed-timer subjects: corewheel's `KeyedTimers`, and what users build today for a timer per key: a
-//! `Mutex<HashMap>` of handles over the same engine, and tokio-util's `DelayQueue` with a key map behind one lock.
-//! Also the two candidate maps alone (dashmap, scc), doing the map operations `KeyedTimers` does, without timers: how
-//! the map was chosen, and what the timers add over it.
-//!
-//! Each handler or expiry does nothing: the keyed workloads set their keys 30 s out, so nothing comes due during a
-//! run.
+//! The keyed-timer subjects: corewheel's `KeyedTimers`, and what users build today for a timer per key (a
+//! `Mutex<HashMap>` of handles over the same engine, tokio-util's `DelayQueue` with a key map behind one lock); and the
+//! two candidate maps alone (dashmap, scc), doing `KeyedTimers`' map operations without timers: how the map was
+//! chosen, and what the timers add over it. Nothing comes due during a run, so the handlers do nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -53,7 +50,6 @@ pub struct MutexMap<'e> {
 }
 
 impl<'e> MutexMap<'e> {
-    /// An empty map over `engine`.
     pub fn new(engine: &'e TimerEngine) -> Self {
         Self {
             engine,
@@ -107,7 +103,6 @@ impl Keyed for MutexMap<'_> {
 #[derive(Default)]
 pub struct DelayQueueMap(Mutex<QueueAndKeys>);
 
-/// The queue of (key, value) entries and each key's entry in it.
 type QueueAndKeys = (DelayQueue<(u64, u64)>, HashMap<u64, Key>);
 
 impl Keyed for DelayQueueMap {

@@ -1,10 +1,6 @@
-//! burst-steal: a million timers scheduled from one thread, so all on that thread's shard, all due within the same 10
-//! ms, fired on the real clock by a TimerEngine with one worker per thread count, stealing on and off. Reports when
-//! the last one fired, lateness percentiles, and what share the other workers ran.
-//!
-//! Each callback records its lateness on the worker thread that runs it, in that thread's own buffer (an uncontended
-//! lock), so the callback adds no cross-core traffic of its own and the two settings are compared on the engine's
-//! work alone.
+//! burst-steal: a million timers scheduled from one thread, so all on its shard, all due within the same 10 ms, fired
+//! on the real clock by an engine with one worker per thread count, stealing on and off. Each callback records its
+//! lateness on its worker's own buffer, so the settings are compared on the engine's work alone.
 
 use std::time::{Duration, Instant};
 
@@ -17,19 +13,15 @@ use crate::workloads::lateness::{LatenessSummary, worker_records};
 use crate::workloads::{Out, rng};
 
 const NAME: &str = "burst-steal";
-/// All deadlines fall within this window.
 const SPREAD_NS: u64 = 10_000_000;
 /// From the start of scheduling to the window: long enough to schedule a million timers (tens of milliseconds) with
 /// room for a slow spell.
 const LEAD: Duration = Duration::from_millis(600);
-/// How long to wait for the last fire before calling timers lost.
 const GIVE_UP: Duration = Duration::from_secs(60);
 
 struct Burst {
-    /// From the first deadline to the last fire.
     last_fire: Duration,
     lateness: LatenessSummary,
-    /// Fires per worker thread, most first.
     per_worker: Vec<u64>,
     stolen: u64,
     /// Timers claimed by a worker other than the owner (`Stats::claimed_elsewhere`).

@@ -1,13 +1,8 @@
-//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine` against tokio's `sleep`,
-//! tokio's `timeout()`, pingora-timeout's `timeout()` and a `Mutex<BinaryHeap>` shared by the threads.
-//!
-//! Each thread keeps a window of K requests in flight: it arms a timer for a new request (delay uniform in 1 ms..30
-//! s) and cancels the one armed K operations earlier, whose response has arrived; window 0 arms a timer and cancels
-//! it at once. At the end each thread cancels what it still has in flight. The engine's threads are plain threads
-//! calling `schedule` and `cancel`; tokio's are the T workers of a runtime, each running one task that registers a
-//! `Sleep` (or polls a `timeout()` around a pending read) per request and drops it to cancel. A run is timed from the
-//! moment every thread has its window armed until the work is done: for the engine, until it has settled, so that the
-//! workers' share of the work is inside the time.
+//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine` against tokio's `sleep`
+//! and `timeout()`, pingora-timeout's `timeout()` and a `Mutex<BinaryHeap>` shared by the threads. Each thread keeps
+//! a window of K requests in flight: it arms a timer for a new request and cancels the one armed K operations
+//! earlier (window 0: at once). A run is timed from the moment every thread has its window armed until the work is
+//! done: for the engine, until it has settled, so that the workers' share of the work is inside the time.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,7 +23,6 @@ struct Config {
     timers: u64,
 }
 
-/// A plain thread's share on a structure the threads share.
 fn thread_share<S: SharedTimers>(
     subject: &S,
     index: usize,
@@ -127,7 +121,6 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     }
 }
 
-/// Runs `plan`'s cells and prints a table per window.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,

@@ -1,12 +1,8 @@
 //! engine-reset: idle timeouts from T application threads, corewheel's `TimerEngine` against tokio's `Sleep::reset`
-//! and a `Mutex<BinaryHeap>` shared by the threads.
-//!
-//! 100,000 connections, split evenly over the threads; every connection has an idle timer of 30 s. Each read or write
-//! on a connection pushes its timer back to now + 30 s on the real clock: each thread picks one of its own
-//! connections at random and resets its timer, `engine.reset(handle, 30 s)` or `sleep.as_mut().reset(Instant::now() +
-//! 30 s)`. Nothing comes due during a run, so both take their "later deadline" path: a few atomic operations on the
-//! timer's own entry, the move deferred until the old deadline comes round. So the engine's workers have nothing to
-//! settle, and it is dropped untimed.
+//! and a `Mutex<BinaryHeap>` shared by the threads: 100,000 connections split over the threads, each with an idle
+//! timer of 30 s, each read or write pushing it back to now + 30 s. Nothing comes due during a run, so both wheels
+//! take their "later deadline" path (the move deferred until the old deadline comes round) and the engine's workers
+//! have nothing to settle: it is dropped untimed.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,9 +17,7 @@ use crate::runner::{Cell, Plan};
 use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
 use crate::workloads::{Out, rng};
 
-/// Connections over all threads, each with one idle timer.
 const CONNECTIONS: u64 = 100_000;
-/// How long a connection may stay idle.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +26,6 @@ struct Config {
     resets: u64,
 }
 
-/// A plain thread's share on a structure the threads share.
 fn thread_share<S: SharedTimers>(
     subject: &S,
     index: usize,
@@ -111,7 +104,6 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     }
 }
 
-/// Runs `plan`'s cells and prints the table.
 pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,

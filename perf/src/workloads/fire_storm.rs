@@ -51,18 +51,17 @@ struct Storm {
 }
 
 impl Storm {
-    /// The storm armed as `armed` says, fired with `cpu` since `armed_at`.
     fn new(
-        armed: (Duration, Instant),
-        armed_at: Instant,
+        (armed, armed_at): ((Duration, Instant), Instant),
         cpu: Option<Duration>,
-        lateness: Lateness,
+        late: Lateness,
     ) -> Self {
+        let lateness = late.summarize();
         Self {
             armed,
             armed_at,
             fire_cpu: cpu,
-            lateness: lateness.summarize(),
+            lateness,
         }
     }
 }
@@ -106,12 +105,8 @@ fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
             lateness.record(deadline, now, Instant::now());
         }
     }
-    Ok(Storm::new(
-        armed,
-        armed_at,
-        crate::sys::cpu_between(cpu, thread_cpu_time()),
-        lateness,
-    ))
+    let cpu = crate::sys::cpu_between(cpu, thread_cpu_time());
+    Ok(Storm::new((armed, armed_at), cpu, lateness))
 }
 
 /// The same on a DelayQueue in a runtime, awaiting its stream of expired timers.
@@ -129,12 +124,8 @@ fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
             let fired_at = Instant::now();
             lateness.record(expired.into_inner(), fired_at, fired_at);
         }
-        Ok(Storm::new(
-            armed,
-            armed_at,
-            crate::sys::cpu_between(cpu, thread_cpu_time()),
-            lateness,
-        ))
+        let cpu = crate::sys::cpu_between(cpu, thread_cpu_time());
+        Ok(Storm::new((armed, armed_at), cpu, lateness))
     })
 }
 
@@ -157,7 +148,7 @@ fn storm_engine(timers: u64, tick: Duration) -> Result<Storm, String> {
     engine::wait_until_fired(&engine, timers, Duration::from_millis(5), GIVE_UP)?;
     let cpu = crate::sys::cpu_between(cpu, process_cpu_time());
     drop(engine);
-    Ok(Storm::new(armed, armed_at, cpu, worker_records::take().0))
+    Ok(Storm::new((armed, armed_at), cpu, worker_records::take().0))
 }
 
 fn storm(subject: Subject, timers: u64, tick: Duration) -> Result<Storm, String> {
@@ -207,21 +198,26 @@ fn floor_table(timers: u64, csv: &mut Csv) {
     let title = format!(
         "{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)"
     );
-    let header = [
-        "tick us",
-        "wake-ups",
-        "p50 oversleep us",
-        "p99 oversleep us",
-        "max oversleep us",
-    ];
-    let mut table = Table::new(
-        title,
-        &[
-            &header[..],
-            &["storm floor p50 late us", "p99 late us", "max late us"],
-        ]
-        .concat(),
+    let (over, late) = (
+        ["p50 oversleep us", "p99 oversleep us", "max oversleep us"],
+        ["p99 late us", "max late us"],
     );
+    let header = [
+        &["tick us", "wake-ups"][..],
+        &over,
+        &["storm floor p50 late us"],
+        &late,
+    ]
+    .concat();
+    let mut table = Table::new(title, &header);
+    let names = [
+        "oversleep_p50",
+        "oversleep_p99",
+        "oversleep_max",
+        "lateness_p50",
+        "lateness_p99",
+        "lateness_max",
+    ];
     for tick in std::iter::once(TICK).chain(FINE_TICKS) {
         let sleeper = wake_floor::sleep_through(tick, Duration::from_nanos(SPREAD_NS));
         let (over, floor) = (
@@ -230,19 +226,11 @@ fn floor_table(timers: u64, csv: &mut Csv) {
         );
         let figures = [
             over.p50, over.p99, over.max, floor.p50, floor.p99, floor.max,
-        ]
-        .map(|d| d.as_secs_f64() * 1e6);
+        ];
+        let figures = figures.map(|d| d.as_secs_f64() * 1e6);
         let mut cells = vec![tick.as_micros().to_string(), thousands(over.fired)];
         cells.extend(figures.iter().map(|us| format!("{us:.0}")));
         table.row(cells);
-        let names = [
-            "oversleep_p50",
-            "oversleep_p99",
-            "oversleep_max",
-            "lateness_p50",
-            "lateness_p99",
-            "lateness_max",
-        ];
         let metrics: Vec<_> = names
             .into_iter()
             .zip(figures)
@@ -263,24 +251,20 @@ fn floor_table(timers: u64, csv: &mut Csv) {
 /// The storms to run: every subject at the default tick, then the engine and the wheel at each finer tick; a cell's
 /// setting is its tick in microseconds.
 pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
-    let default = TICK.as_micros() as u64;
+    let cell = |subject, tick: Duration| Cell {
+        subject,
+        threads: 1,
+        param: tick.as_micros() as u64,
+    };
     let mut cells: Vec<Cell> = subjects
         .iter()
-        .map(|&subject| Cell {
-            subject,
-            threads: 1,
-            param: default,
-        })
+        .map(|&subject| cell(subject, TICK))
         .collect();
     for tick in FINE_TICKS {
         let fine = subjects
             .iter()
             .filter(|s| matches!(s, Subject::Engine | Subject::Corewheel));
-        cells.extend(fine.map(|&subject| Cell {
-            subject,
-            threads: 1,
-            param: tick.as_micros() as u64,
-        }));
+        cells.extend(fine.map(|&subject| cell(subject, tick)));
     }
     cells
 }

@@ -1,15 +1,7 @@
 //! keyed-*: a timer per key from 1..N threads, corewheel's `KeyedTimers` against what users build today (a
 //! `Mutex<HashMap>` of handles over the same engine, and tokio-util's `DelayQueue` with a key map behind one lock),
-//! and the candidate maps alone.
-//!
-//! Each thread works on keys of its own (its index in the high bits), as a server's connections or cache entries are
-//! spread over threads; every deadline is 30 s out, so nothing comes due during a run.
-//!
-//! - keyed-set-remove: a request's timer per key. Set a new key, remove the one set 16 operations earlier; one
-//!   operation is a set and a remove.
-//! - keyed-set-over: set over an existing key (10,000 per thread, set untimed first), which replaces its value and
-//!   deadline.
-//! - keyed-move: move an existing key's deadline (the same 10,000 keys per thread).
+//! and the candidate maps alone. Each thread works on keys of its own (its index in the high bits); every deadline is
+//! 30 s out, so nothing comes due during a run.
 
 use std::time::{Duration, Instant};
 
@@ -27,7 +19,6 @@ pub const KEYS_PER_THREAD: u64 = 10_000;
 pub const WINDOW: u64 = 16;
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Which keyed workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     SetRemove,
@@ -36,7 +27,6 @@ enum Kind {
 }
 
 impl Kind {
-    /// What one operation is, for the table's unit and first note.
     fn operation(self) -> (&'static str, &'static str) {
         match self {
             Kind::SetRemove => (
@@ -157,7 +147,6 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     }
 }
 
-/// Runs `plan`'s cells of keyed `workload` and prints the table.
 pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     let kind = match workload {
         Workload::KeyedSetOver => Kind::SetOver,

@@ -61,12 +61,10 @@ impl Lateness {
         self.last_fire = Some(self.last_fire.map_or(fired_at, |last| last.max(fired_at)));
     }
 
-    /// Timers recorded.
     pub fn len(&self) -> u64 {
         self.histogram.len()
     }
 
-    /// Adds another record's timers to this one.
     pub fn absorb(&mut self, other: &Lateness) {
         // Both histograms have the same bounds, so adding cannot fail.
         let _ = self.histogram.add(&other.histogram);
@@ -75,7 +73,6 @@ impl Lateness {
         self.last_fire = self.last_fire.max(other.last_fire);
     }
 
-    /// The percentiles and the distribution.
     pub fn summarize(self) -> LatenessSummary {
         let at = |q: f64| Duration::from_nanos(self.histogram.value_at_quantile(q));
         let mut shares: Vec<f64> = (0..=200)
@@ -143,7 +140,6 @@ pub mod worker_records {
 
     use super::Lateness;
 
-    /// One worker thread's record of the timers it ran.
     type Record = Arc<Mutex<Lateness>>;
 
     /// Every worker thread's record, registered on its first fire.
@@ -157,7 +153,6 @@ pub mod worker_records {
         static RECORD: RefCell<Option<Record>> = const { RefCell::new(None) };
     }
 
-    /// Before a run: clears the records and makes one per worker.
     pub fn prepare(workers: usize) {
         RECORDS
             .lock()

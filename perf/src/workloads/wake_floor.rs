@@ -1,8 +1,7 @@
-//! The machine's floor under every timer: a thread that does nothing but sleep until each tick boundary, the way an
-//! engine's worker sleeps until its next due tick. How late it wakes bounds how late any timer fired by a sleeping
-//! thread must be on this machine at this moment, and what a wake-up costs bounds what a timer thread of its own
-//! costs at light load. Measured in the same run as the subjects, because this project's VMs change speed from one
-//! half hour to the next.
+//! The machine's floor under every timer: a thread that does nothing but sleep until each tick boundary, as an
+//! engine's worker does. How late it wakes bounds how late any timer fired by a sleeping thread must be on this
+//! machine at this moment, and what a wake-up costs bounds a timer thread's cost at light load. Measured in the same
+//! run as the subjects, because this project's VMs change speed from one half hour to the next.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +9,6 @@ use crate::sys::{cpu_between, process_cpu_time};
 use crate::workloads::lateness::{Lateness, LatenessSummary};
 use crate::workloads::rng;
 
-/// What a thread that only sleeps saw.
 pub struct Sleeper {
     /// How far past each boundary it woke, in order.
     pub oversleeps: Vec<Duration>,
