@@ -63,7 +63,12 @@ struct State(Option<ProgressBar>, Option<Instant>, u64, u64, String);
 static STATE: Mutex<State> = Mutex::new(State(None, None, 0, 0, String::new()));
 
 fn state() -> MutexGuard<'static, State> {
-    STATE.lock().unwrap_or_else(PoisonError::into_inner)
+    lock(&STATE)
+}
+
+/// Locks `mutex`; a poisoned lock only means a thread panicked while holding it, which the run reports.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Starts the progress display for `total` runs: a bar on a terminal, lines elsewhere.

@@ -19,10 +19,8 @@ pub const TIMER_THREAD_PREFIX: &str = "mutex-heap-";
 struct Shared(Mutex<(TombstoneHeap<u64>, bool)>, Condvar, AtomicU64);
 
 impl Shared {
-    /// A poisoned lock only means a thread panicked while holding it; the heap is still whole, and the run reports
-    /// the panic.
     fn lock(&self) -> MutexGuard<'_, (TombstoneHeap<u64>, bool)> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::runner::lock(&self.0)
     }
 }
 

@@ -61,10 +61,6 @@ impl Lateness {
         self.last_fire = Some(self.last_fire.map_or(fired_at, |last| last.max(fired_at)));
     }
 
-    pub fn len(&self) -> u64 {
-        self.histogram.len()
-    }
-
     pub fn absorb(&mut self, other: &Lateness) {
         // Both histograms have the same bounds, so adding cannot fail.
         let _ = self.histogram.add(&other.histogram);
@@ -135,10 +131,11 @@ mod tests {
 /// the records are process-wide.
 pub mod worker_records {
     use std::cell::RefCell;
-    use std::sync::{Arc, Mutex, PoisonError};
+    use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
     use super::Lateness;
+    use crate::runner::lock;
 
     type Record = Arc<Mutex<Lateness>>;
 
@@ -154,13 +151,8 @@ pub mod worker_records {
     }
 
     pub fn prepare(workers: usize) {
-        RECORDS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-        *SPARE.lock().unwrap_or_else(PoisonError::into_inner) = (0..workers)
-            .map(|_| Arc::new(Mutex::new(Lateness::default())))
-            .collect();
+        lock(&RECORDS).clear();
+        *lock(&SPARE) = (0..workers).map(|_| Record::default()).collect();
     }
 
     /// Records one fire on the calling worker thread: the callback's whole work.
@@ -169,32 +161,22 @@ pub mod worker_records {
         RECORD.with(|record| {
             let mut record = record.borrow_mut();
             let record = record.get_or_insert_with(|| {
-                let spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner).pop();
-                let fresh = spare.unwrap_or_default();
-                RECORDS
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(Arc::clone(&fresh));
+                let fresh = lock(&SPARE).pop().unwrap_or_default();
+                lock(&RECORDS).push(Arc::clone(&fresh));
                 fresh
             });
-            record
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .record(deadline, fired_at, fired_at);
+            lock(record).record(deadline, fired_at, fired_at);
         });
     }
 
     /// After a run whose engine has been dropped: every fire in one record, and how many each worker thread ran, most
     /// first.
     pub fn take() -> (Lateness, Vec<u64>) {
-        SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
-        let records = std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));
-        let mut all = Lateness::default();
-        let mut per_worker = Vec::new();
-        for record in records {
-            let record =
-                std::mem::take(&mut *record.lock().unwrap_or_else(PoisonError::into_inner));
-            per_worker.push(record.len());
+        lock(&SPARE).clear();
+        let (mut all, mut per_worker) = (Lateness::default(), Vec::new());
+        for record in std::mem::take(&mut *lock(&RECORDS)) {
+            let record = std::mem::take(&mut *lock(&record));
+            per_worker.push(record.histogram.len());
             all.absorb(&record);
         }
         per_worker.sort_unstable_by(|a, b| b.cmp(a));

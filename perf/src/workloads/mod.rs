@@ -147,9 +147,9 @@ impl Workload {
             Workload::FireStorm => fire_storm::run(plan, sizes.storm_timers, out),
             Workload::BurstSteal => burst_steal::run(plan, sizes.storm_timers, out),
             Workload::SteadyMix => {
-                steady_mix::run(plan, sizes.storm_timers, options.mix_seconds, out)
+                steady_mix::run(plan, Some(sizes.storm_timers), options.mix_seconds, out)
             }
-            Workload::LightLoad => steady_mix::run_light(plan, options.mix_seconds, out),
+            Workload::LightLoad => steady_mix::run(plan, None, options.mix_seconds, out),
             Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
                 async_timers::run(self, plan, sizes.async_ops, out)
             }

@@ -411,21 +411,18 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             })
         }
         Subject::TokioSleep => on_runtime(runtime, config, None, |index| {
-            TokioSlots(
-                (0..config.ring_slots(index))
-                    .map(|_| Box::pin(None))
-                    .collect(),
-            )
+            let slots = (0..config.ring_slots(index)).map(|_| Box::pin(None));
+            TokioSlots(slots.collect())
         }),
         Subject::MutexHeap => {
             let heap = Arc::new(SharedHeap::start()?);
             let run = on_runtime(runtime, config, None, shared(&heap, config))?;
             let (_, fired) = run.counts.stopped_and_fired();
-            match heap.fired() == fired {
+            let heap_fired = heap.fired();
+            match heap_fired == fired {
                 true => Ok(run),
                 false => Err(format!(
-                    "the heap fired {} timers, the rings saw {fired} fire",
-                    heap.fired()
+                    "the heap fired {heap_fired} timers, the rings saw {fired} fire"
                 )),
             }
         }
@@ -433,72 +430,48 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     }
 }
 
-pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
-    let config = |cell: &Cell| Config {
-        threads: cell.threads,
-        live,
-        rate: cell.param,
-        duration: Duration::from_secs(seconds),
-    };
-    let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
-    let wake_cost = bare_wake_cost(plan);
-    if let Some(cell) = plan.cells.first() {
-        table(
-            plan,
-            config(cell),
-            &plan.cells.iter().zip(&results).collect::<Vec<_>>(),
-            wake_cost,
-            out,
-        );
-    }
-}
-
-/// What a bare thread's wake-up costs in CPU here (see [`wake_floor`]), when the threaded engine is among the subjects.
-fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
-    if !plan
-        .cells
-        .iter()
-        .any(|cell| cell.subject == Subject::Engine)
-    {
-        return None;
-    }
-    wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)).cpu_per_wake
-}
-
-/// light-load: the mix at each of [`LIGHT_RATES`], each run a third of `seconds`; each row its median run.
-pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
-    let duration =
-        (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
-    let config = |cell: &Cell| Config {
-        threads: cell.threads,
-        live: cell.param,
-        rate: cell.param,
-        duration,
+/// Runs `plan`'s cells, each run `seconds` split over the plan's runs (at least 1 s), with `live` timers live (light
+/// load: a second's worth); a table per rate, each row its subject's median run by CPU per timer.
+pub fn run(plan: &Plan, live: Option<u64>, seconds: u64, out: &mut Out) {
+    let duration = (Duration::from_secs(seconds) / plan.runs as u32).max(Duration::from_secs(1));
+    let config = |cell: &Cell| {
+        let (threads, rate) = (cell.threads, cell.param);
+        Config {
+            threads,
+            live: live.unwrap_or(rate),
+            rate,
+            duration,
+        }
     };
     let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
     let cost = |run: &Run| cpu_per_timer_of(run).unwrap_or(f64::NAN);
-    let medians: Vec<Result<Vec<Run>, String>> = results
-        .into_iter()
-        .map(|runs| {
-            let mut runs = runs?;
-            runs.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
-            let spread = runner::spread(runs.iter().map(cost));
-            let mut median = runs.swap_remove(runs.len() / 2);
-            median.spread = Some(spread);
-            Ok(vec![median])
-        })
-        .collect();
-    let wake_cost = bare_wake_cost(plan);
-    for rate in LIGHT_RATES {
+    let median = |runs: Result<Vec<Run>, String>| {
+        let mut runs = runs?;
+        runs.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
+        let spread = (plan.runs > 1).then(|| runner::spread(runs.iter().map(cost)));
+        let mut median = runs.swap_remove(runs.len() / 2);
+        median.spread = spread;
+        Ok(vec![median])
+    };
+    let medians: Vec<Result<Vec<Run>, String>> = results.into_iter().map(median).collect();
+    // What a bare thread's wake-up costs in CPU here (see `wake_floor`), for the threaded engine's note.
+    let engine = plan
+        .cells
+        .iter()
+        .any(|cell| cell.subject == Subject::Engine);
+    let wake_cost =
+        engine.then(|| wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)));
+    let wake_cost = wake_cost.and_then(|sleeper| sleeper.cpu_per_wake);
+    let mut rates: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
+    rates.dedup();
+    for rate in rates {
         let cells: Vec<_> = plan
             .cells
             .iter()
             .zip(&medians)
             .filter(|(cell, _)| cell.param == rate)
             .collect();
-        if let Some((cell, _)) = cells.first() {
-            table(plan, config(cell), &cells, wake_cost, out);
-        }
+        table(plan, config(cells[0].0), &cells, wake_cost, out);
     }
 }
 
