@@ -130,7 +130,7 @@ impl Options {
 }
 
 /// Keeps the first occurrence of each item, in order.
-fn dedup<T: PartialEq + Copy>(items: &mut Vec<T>) {
+pub fn dedup<T: PartialEq + Copy>(items: &mut Vec<T>) {
     let mut seen = Vec::with_capacity(items.len());
     items.retain(|item| {
         let new = !seen.contains(item);

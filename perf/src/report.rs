@@ -227,17 +227,11 @@ impl Sheet {
 
     /// Prints the table and adds every figure, ratio and scaling to `csv`.
     pub fn finish(mut self, csv: &mut Csv) {
-        let mut peers: Vec<Subject> = Vec::new();
-        for row in self.rows.iter().filter(|row| !row.subject.is_corewheel()) {
-            if !peers.contains(&row.subject) {
-                peers.push(row.subject);
-            }
-        }
-        if self
-            .rows
-            .iter()
-            .all(|row| row.subject == self.rows[0].subject)
-        {
+        let mut peers: Vec<Subject> = self.rows.iter().map(|row| row.subject).collect();
+        peers.retain(|subject| !subject.is_corewheel());
+        crate::cli::dedup(&mut peers);
+        let first = self.rows.first().map(|row| row.subject);
+        if self.rows.iter().all(|row| Some(row.subject) == first) {
             peers.clear();
         }
         let ratio_cols: Vec<usize> = (0..self.cols.len())
@@ -254,16 +248,22 @@ impl Sheet {
         ];
         header.extend(self.cols.iter().map(|col| col.header.clone()));
         for &col in &ratio_cols {
-            header.extend(peers.iter().map(|peer| match ratio_cols.len() {
-                1 => format!("vs {}", peer.name()),
-                _ => format!("vs {} {}", peer.name(), self.cols[col].header),
-            }));
+            let what = if ratio_cols.len() == 1 {
+                String::new()
+            } else {
+                format!(" {}", self.cols[col].header)
+            };
+            header.extend(peers.iter().map(|peer| format!("vs {}{what}", peer.name())));
         }
         header.extend(self.scaling.map(|_| "vs own 1 thread".to_string()));
-        let header: Vec<&str> = header.iter().map(String::as_str).collect();
-        let mut table = Table::new(self.title.clone(), &header);
-        let show =
-            |ratio: Option<f64>| ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
+        let mut table = Table::new(
+            self.title.clone(),
+            &header.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        let show = |same: bool, ratio: Option<f64>| match (same, ratio) {
+            (true, _) => "-".to_string(),
+            (false, ratio) => ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x")),
+        };
         for row in &self.rows {
             let values = match &row.values {
                 Ok(values) => values,
@@ -273,10 +273,12 @@ impl Sheet {
                     continue;
                 }
             };
-            let mut cells = vec![match threads {
-                true => format!("{}, {}", row.name, row.threads),
-                false => row.name.clone(),
-            }];
+            let name = if threads {
+                format!("{}, {}", row.name, row.threads)
+            } else {
+                row.name.clone()
+            };
+            let mut cells = vec![name];
             let mut put = |metric: &str, value: f64, unit: &'static str| {
                 let at = (row.threads, self.timers);
                 csv.push_metrics(&self.workload, &row.name, at, &[(metric, value, unit)]);
@@ -291,14 +293,11 @@ impl Sheet {
                 for peer in &peers {
                     let other = self.find(*peer, row.threads);
                     let ratio = other.and_then(|other| self.ratio(row, other, col));
-                    cells.push(if row.subject == *peer {
-                        "-".to_string()
-                    } else {
-                        show(ratio)
-                    });
-                    if let (0, true, Some(ratio), Some(metric)) =
-                        (i, row.subject.is_corewheel(), ratio, peer.ratio_metric())
-                    {
+                    cells.push(show(row.subject == *peer, ratio));
+                    let metric = peer
+                        .ratio_metric()
+                        .filter(|_| i == 0 && row.subject.is_corewheel());
+                    if let (Some(ratio), Some(metric)) = (ratio, metric) {
                         put(&metric, ratio, "x");
                     }
                 }
@@ -306,11 +305,7 @@ impl Sheet {
             if let Some(col) = self.scaling {
                 let one = self.find(row.subject, 1).filter(|_| row.threads > 1);
                 let scaling = one.and_then(|one| self.ratio(row, one, col));
-                cells.push(if row.threads == 1 {
-                    "-".to_string()
-                } else {
-                    show(scaling)
-                });
+                cells.push(show(row.threads == 1, scaling));
                 if let Some(scaling) = scaling {
                     put("scaling_vs_1_thread", scaling, "x");
                 }
