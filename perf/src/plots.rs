@@ -216,23 +216,17 @@ mod tests {
         }
         let plots = throughput_series(&csv);
         let (workload, _, series) = &plots[0];
-        assert_eq!(
-            (plots.len(), workload.as_str(), series[0].0.as_str()),
-            (1, "engine-reset", "engine")
-        );
-        assert_eq!(
-            (&series[0].1[..], &series[1].1[..]),
-            (&[(1.0, 17.0), (2.0, 50.0)][..], &[(1.0, 8.0)][..])
-        );
+        let first = (plots.len(), workload.as_str(), series[0].0.as_str());
+        assert_eq!(first, (1, "engine-reset", "engine"));
+        let points = (&series[0].1[..], &series[1].1[..]);
+        assert_eq!(points, (&[(1.0, 17.0), (2.0, 50.0)][..], &[(1.0, 8.0)][..]));
         let dir = std::env::temp_dir().join(format!("corewheel-plots-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temp dir");
         let mut extra = Plots::default();
         extra.add_lateness("corewheel", vec![(0.0, 0.0), (700.0, 0.5), (1500.0, 1.0)]);
         let written = extra.write(&csv, &dir, "test machine").expect("plots");
-        let svgs: Vec<String> = written
-            .iter()
-            .map(|path| std::fs::read_to_string(path).expect("written"))
-            .collect();
+        let read = |path: &std::path::PathBuf| std::fs::read_to_string(path).expect("written");
+        let svgs: Vec<String> = written.iter().map(read).collect();
         assert!(svgs.len() == 2 && svgs.iter().all(|svg| svg.starts_with("<svg")));
         assert!(svgs[0].contains("tokio-sleep") && svgs[0].contains("test machine"));
         std::fs::remove_dir_all(&dir).ok();

@@ -117,12 +117,8 @@ mod tests {
             Some(1.0),
             "the CDF ends at every timer"
         );
-        assert!(
-            summary
-                .cdf
-                .windows(2)
-                .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1)
-        );
+        let rising = |w: &[(f64, f64)]| w[0].0 <= w[1].0 && w[0].1 <= w[1].1;
+        assert!(summary.cdf.windows(2).all(rising));
     }
 }
 
