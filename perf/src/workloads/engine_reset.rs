@@ -13,18 +13,15 @@ use tokio::time::Sleep;
 use crate::peers::tokio_sleep::{StartLine, register, with_context};
 use crate::peers::{SharedTimers, Subject};
 use crate::report::thousands;
-use crate::runner::{Cell, Plan};
+use crate::runner::Plan;
 use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
 use crate::workloads::{Out, rng};
 
 const CONNECTIONS: u64 = 100_000;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-#[derive(Debug, Clone, Copy)]
-struct Config {
-    threads: usize,
-    resets: u64,
-}
+/// A run's application threads and resets.
+type Config = (usize, u64);
 
 fn thread_share<S: SharedTimers>(
     subject: &S,
@@ -32,7 +29,7 @@ fn thread_share<S: SharedTimers>(
     gate: &Gate,
     config: Config,
 ) -> Result<Share, String> {
-    let connections = share_of(CONNECTIONS, config.threads, index);
+    let connections = share_of(CONNECTIONS, config.0, index);
     let mut rng = rng(index as u64 + 7);
     let mut share = Share::new();
     let timers: Result<Vec<S::Handle>, String> = (0..connections)
@@ -41,7 +38,7 @@ fn thread_share<S: SharedTimers>(
     gate.wait();
     let mut timers = timers?;
     share.scheduled = connections;
-    for _ in 0..share_of(config.resets, config.threads, index) {
+    for _ in 0..share_of(config.1, config.0, index) {
         let connection = rng.u64(..connections) as usize;
         match subject.reset(timers[connection], IDLE_TIMEOUT) {
             Some(moved) => timers[connection] = moved,
@@ -62,7 +59,7 @@ fn thread_share<S: SharedTimers>(
 
 /// One task's share on tokio: its connections' sleeps, pushed back with `Sleep::reset`.
 async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Result<Share, String> {
-    let connections = share_of(CONNECTIONS, config.threads, index);
+    let connections = share_of(CONNECTIONS, config.0, index);
     let mut timers: Vec<Pin<Box<Sleep>>> = (0..connections)
         .map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)))
         .collect();
@@ -74,7 +71,7 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
         }
         share.scheduled = connections;
         line.arrive_and_wait()?;
-        for _ in 0..share_of(config.resets, config.threads, index) {
+        for _ in 0..share_of(config.1, config.0, index) {
             let deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
             timers[rng.u64(..connections) as usize]
                 .as_mut()
@@ -90,16 +87,17 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
 }
 
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
+    let threads = config.0;
     match subject {
-        Subject::Engine => parallel::on_engine(config.threads, false, |e, i, gate| {
+        Subject::Engine => parallel::on_engine(threads, false, |e, i, gate| {
             thread_share(e, i, gate, config)
         }),
-        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| {
-            thread_share(h, i, gate, config)
-        }),
-        Subject::TokioSleep => parallel::on_tokio(config.threads, |index, line| {
-            tokio_share(index, line, config)
-        }),
+        Subject::MutexHeap => {
+            parallel::on_mutex_heap(threads, |h, i, gate| thread_share(h, i, gate, config))
+        }
+        Subject::TokioSleep => {
+            parallel::on_tokio(threads, |index, line| tokio_share(index, line, config))
+        }
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
@@ -108,21 +106,12 @@ pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,
         |_| resets,
-        |cell: &Cell| {
-            measure(
-                cell.subject,
-                Config {
-                    threads: cell.threads,
-                    resets,
-                },
-            )
-        },
+        |cell| measure(cell.subject, (cell.threads, resets)),
     );
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
+    let (connections, resets_text) = (thousands(CONNECTIONS), thousands(resets));
     let title = format!(
-        "engine-reset ({} connections over the threads, {} resets per run, idle timeout 30 s)",
-        thousands(CONNECTIONS),
-        thousands(resets)
+        "engine-reset ({connections} connections over the threads, {resets_text} resets per run, idle timeout 30 s)"
     );
     let too_late = "found already fired by a reset";
     let mut sheet = threads_sheet(
