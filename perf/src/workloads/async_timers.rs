@@ -13,10 +13,10 @@ use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use crate::peers::Subject;
-use crate::peers::async_timers::{self as timers, Reset};
+use crate::peers::async_timers::{self as timers, Reset, Reset::InPlace, Reset::Recreate};
 use crate::peers::tokio_sleep::{StartLine, check_spread, register, runtime, with_context};
 use crate::report::{Col, Sheet, thousands};
-use crate::runner::{Plan, RUNS};
+use crate::runner::{Cell, Plan, RUNS};
 use crate::sys::{cpu_between, process_cpu_time};
 use crate::workloads::parallel::{self, Run, Share};
 use crate::workloads::{Out, Workload, request_timeout, rng};
@@ -168,22 +168,22 @@ fn measure(workload: Workload, subject: Subject, config: (usize, u64)) -> Result
             at,
             false,
             (tokio_sleep, tokio_timeout),
-            Reset::InPlace(tokio_reset),
+            InPlace(tokio_reset),
         ),
         Subject::AsyncIo => by_workload(
             at,
             false,
             (async_io_sleep, async_io_timeout),
-            Reset::InPlace(async_io_reset),
+            InPlace(async_io_reset),
         ),
         Subject::PingoraTimeout => {
-            by_workload(at, false, (pingora_sleep, pingora_timeout), Reset::Recreate)
+            by_workload(at, false, (pingora_sleep, pingora_timeout), Recreate)
         }
         Subject::CorewheelAsync => by_workload(
             at,
             true,
             (corewheel_sleep, corewheel_timeout),
-            Reset::InPlace(corewheel_reset),
+            InPlace(corewheel_reset),
         ),
         _ => Err(format!("{} is not an async subject", subject.name())),
     }
@@ -191,17 +191,14 @@ fn measure(workload: Workload, subject: Subject, config: (usize, u64)) -> Result
 
 /// Runs `plan`'s cells of async `workload` and prints its table.
 pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
-    let results = parallel::measure(
-        plan,
-        |cell| ops * cell.threads as u64,
-        |cell| measure(workload, cell.subject, (cell.threads, ops)),
-    );
-    let reset = workload == Workload::AsyncReset;
-    let (unit, name, ops_text) = (
-        if reset { "reset" } else { "timer" },
-        workload.name(),
-        thousands(ops),
-    );
+    let measure = |cell: &Cell| measure(workload, cell.subject, (cell.threads, ops));
+    let results = parallel::measure(plan, |cell| ops * cell.threads as u64, measure);
+    let unit = if workload == Workload::AsyncReset {
+        "reset"
+    } else {
+        "timer"
+    };
+    let (name, ops_text) = (workload.name(), thousands(ops));
     let title = match workload {
         Workload::AsyncSleep => format!(
             "{name} (poll a sleep once and drop it; {ops_text} per thread per run, delays uniform in 1 ms..30 s)"

@@ -313,24 +313,16 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             Col::new("early", "early_fires", "count", 0),
         ];
         let mut sheet = Sheet::new(NAME, title, timers, cols);
-        for (cell, result) in plan
-            .cells
-            .iter()
-            .zip(&results)
-            .filter(|(c, _)| (c.param != default) == fine)
-        {
+        let cells = plan.cells.iter().zip(&results);
+        for (cell, result) in cells.filter(|(c, _)| (c.param != default) == fine) {
             let name = case_name(cell);
             let values = result.as_ref().map_err(Clone::clone).map(|runs| {
                 let (storm, witnessed) = &runs[0];
                 let late = &storm.lateness;
                 out.plots.add_lateness(&name, late.cdf.clone());
                 if late.early > 0 || late.fired != timers {
-                    errors.push(format!(
-                        "ERROR: {name} fired {} of {} timers, {} of them EARLY, before their deadline",
-                        thousands(late.fired),
-                        thousands(timers),
-                        thousands(late.early)
-                    ));
+                    let (fired, all, early) = (thousands(late.fired), thousands(timers), thousands(late.early));
+                    errors.push(format!("ERROR: {name} fired {fired} of {all} timers, {early} of them EARLY, before their deadline"));
                 }
                 if storm.armed_at > storm.armed.1 {
                     sheet.note(format!("{name}: inserting took past the first deadline, so early timers' lateness includes the rest of the inserting"));
@@ -338,17 +330,10 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
                 let cost = storm.fire_cpu.map(|cpu| ns_per(cpu, late.fired));
                 let span = late.last_fire.map(|last| last.saturating_duration_since(storm.armed.1));
                 let us = |d: Duration| Some(d.as_secs_f64() * 1e6);
-                vec![
-                    Some(ns_per(storm.armed.0, timers)),
-                    cost,
-                    cost.map(|ns| 1e3 / ns),
-                    span.map(|span| span.as_secs_f64() * 1e3),
-                    us(late.p50),
-                    us(late.p99),
-                    us(late.max),
-                    witnessed.and_then(us),
-                    Some(late.early as f64),
-                ]
+                let mut row = vec![Some(ns_per(storm.armed.0, timers)), cost, cost.map(|ns| 1e3 / ns)];
+                row.extend([span.map(|span| span.as_secs_f64() * 1e3), us(late.p50), us(late.p99), us(late.max)]);
+                row.extend([witnessed.and_then(us), Some(late.early as f64)]);
+                row
             });
             sheet.push(&name, cell.subject, values);
         }

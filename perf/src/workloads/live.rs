@@ -128,8 +128,8 @@ impl Measure<u64> for Live1m {
         let started = Instant::now();
         let missing = keys
             .iter()
-            .filter(|&&key| black_box(queue.cancel(key)).is_none())
-            .count();
+            .filter(|&&key| black_box(queue.cancel(key)).is_none());
+        let missing = missing.count();
         r.per("ns_per_cancel", Some(started.elapsed()), timers);
         r.bytes("rss_cancelled", sys::resident_bytes());
         r.bytes("own_cancelled", queue.accounted_bytes().map(|b| b as u64));
@@ -143,51 +143,46 @@ impl Measure<u64> for Live1m {
     }
 }
 
+/// The process's and the engine workers' CPU time, and the time, at the start of a timed part.
+fn marks() -> (Option<Duration>, Option<Duration>, Instant) {
+    (
+        process_cpu_time(),
+        engine::workers_cpu_time(),
+        Instant::now(),
+    )
+}
+
 /// engine-live-1m on the engine. Its workers file what the lanes forward on their own time, so the insert lasts until
 /// they are quiet, and the cancel until the engine has settled.
 fn measure_engine(timers: u64) -> Result<Readings, String> {
     let (engine, mut rng, mut r) = (engine::build(false)?, rng(0), Readings::default());
     let mut handles = touched_vec(timers)?;
     r.bytes("rss_before", sys::resident_bytes());
-    let (cpu, workers, started) = (
-        process_cpu_time(),
-        engine::workers_cpu_time(),
-        Instant::now(),
-    );
+    let (cpu, workers, started) = marks();
     for i in 0..timers {
         let handle = engine.schedule(request_timeout(&mut rng), on_timeout(i));
         handles.push(handle.map_err(|error| format!("schedule failed: {error}"))?);
     }
     r.per("ns_per_insert", Some(started.elapsed()), timers);
-    let filed = sys::wait_until_quiet(
-        engine::workers_cpu_time,
-        Duration::from_millis(5),
-        Duration::from_secs(5),
-    );
+    let (every, limit) = (Duration::from_millis(5), Duration::from_secs(5));
+    let filed = sys::wait_until_quiet(engine::workers_cpu_time, every, limit);
     r.per("cpu_insert", cpu_between(cpu, process_cpu_time()), timers);
     r.per("worker_insert", cpu_between(workers, filed), timers);
     r.bytes("rss_live", sys::resident_bytes());
     r.bytes("huge_live", sys::huge_page_bytes());
     r.bytes("own_live", Some(engine.stats().pool_bytes as u64));
     rng.shuffle(&mut handles);
-    let (cpu, workers, started) = (
-        process_cpu_time(),
-        engine::workers_cpu_time(),
-        Instant::now(),
-    );
+    let (cpu, workers, started) = marks();
     let fired = handles
         .iter()
-        .filter(|&&handle| !black_box(engine.cancel(handle)))
-        .count() as u64;
+        .filter(|&&handle| !black_box(engine.cancel(handle)));
+    let fired = fired.count() as u64;
     r.per("ns_per_cancel", Some(started.elapsed()), timers);
     let settled = engine::settle(&engine)?;
     engine::check_counts(&settled.stats, timers, timers - fired, fired)?;
     r.per("cpu_cancel", cpu_between(cpu, settled.process_cpu), timers);
-    r.per(
-        "worker_cancel",
-        cpu_between(workers, settled.workers_cpu),
-        timers,
-    );
+    let workers_cpu = cpu_between(workers, settled.workers_cpu);
+    r.per("worker_cancel", workers_cpu, timers);
     r.set("settle_ms", Some(settled.waited.as_secs_f64() * 1e3));
     r.set("fired", Some(fired as f64));
     r.bytes("rss_cancelled", sys::resident_bytes());
@@ -229,9 +224,10 @@ fn measure_tokio(timers: u64) -> Result<Readings, String> {
         r.bytes("rss_cancelled", sys::resident_bytes());
         Ok::<_, String>(r)
     });
-    let mut r = runtime
+    let task = runtime
         .block_on(task)
-        .map_err(|error| format!("the task failed: {error}"))??;
+        .map_err(|error| format!("the task failed: {error}"));
+    let mut r = task??;
     drop(runtime);
     r.bytes("rss_after", sys::resident_bytes());
     Ok(r)

@@ -41,6 +41,13 @@ const STEP: Duration = Duration::from_millis(1);
 /// A firing timer still pending this long after its deadline, at its slot's turn, is late.
 const LATE: Duration = Duration::from_millis(50);
 
+/// `a.f op b.f` for each field `f` named.
+macro_rules! fieldwise {
+    ($a:expr, $op:tt, $b:expr, $($field:ident),+) => {
+        $($a.$field $op $b.$field;)+
+    };
+}
+
 /// The shape of one run: `live` timers live and `rate` armed a second, all tasks together.
 #[derive(Debug, Clone, Copy)]
 struct Config {
@@ -316,21 +323,9 @@ fn on_runtime<S: Slots>(
         let switches = process_context_switches()
             .zip(switches)
             .map(|(a, b)| a.saturating_sub(b));
-        let wakes = wakes().zip(woke).map(|(a, b)| {
-            let [due, wheel, lane, watch, woken] = [
-                a.due - b.due,
-                a.wheel - b.wheel,
-                a.lane - b.lane,
-                a.watch - b.watch,
-                a.woken - b.woken,
-            ];
-            WorkerWakes {
-                due,
-                wheel,
-                lane,
-                watch,
-                woken,
-            }
+        let wakes = wakes().zip(woke).map(|(mut a, b)| {
+            fieldwise!(a, -=, b, due, wheel, lane, watch, woken);
+            a
         });
         let (wall, counts) = (lines.end.go() - start, Counts::default());
         Ok(Run {
@@ -348,21 +343,8 @@ fn on_runtime<S: Slots>(
     let mut run = timed?;
     for part in parts {
         let (c, p) = (&mut run.counts, part?);
-        (c.armed, c.turns, c.cancelled) = (
-            c.armed + p.armed,
-            c.turns + p.turns,
-            c.cancelled + p.cancelled,
-        );
-        (c.fired, c.late, c.not_yet_fired) = (
-            c.fired + p.fired,
-            c.late + p.late,
-            c.not_yet_fired + p.not_yet_fired,
-        );
-        c.fired_before_cancel += p.fired_before_cancel;
-        (c.left_cancelled, c.left_fired) = (
-            c.left_cancelled + p.left_cancelled,
-            c.left_fired + p.left_fired,
-        );
+        fieldwise!(c, +=, p, armed, turns, cancelled, fired_before_cancel, fired, late, not_yet_fired);
+        fieldwise!(c, +=, p, left_cancelled, left_fired);
     }
     Ok(run)
 }
