@@ -111,17 +111,9 @@ impl Drop for ProxyChild {
     }
 }
 
-/// What one measured wrk run found.
-struct WrkRun {
-    rate: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    requests: f64,
-    /// wrk's socket errors and non-2xx answers, as it words them.
-    errors: Vec<String>,
-    proxy_cpu: Duration,
-    wall: Duration,
-}
+/// One wrk run's figures in the table's column order (req/s, p50 and p99 ms, the proxy's CPU µs per request and
+/// its cores busy), and wrk's socket errors and non-2xx answers as it words them.
+type WrkRun = ([f64; 5], Vec<String>);
 
 /// A latency as wrk prints it (`812.00us`, `8.12ms`, `1.02s`), in milliseconds.
 fn millis(text: &str) -> Option<f64> {
@@ -157,14 +149,9 @@ fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> 
 /// Runs wrk against `addr` for `seconds`, and returns its report.
 fn wrk(addr: SocketAddr, seconds: u64) -> Result<String, String> {
     let (connections, duration) = (format!("-c{CONNECTIONS}"), format!("-d{seconds}s"));
+    let url = format!("http://{addr}/");
     let output = Process::new("wrk")
-        .args([
-            "-t1",
-            &connections,
-            &duration,
-            "--latency",
-            &format!("http://{addr}/"),
-        ])
+        .args(["-t1", &connections, &duration, "--latency", &url])
         .stdin(Stdio::null())
         .output()
         .map_err(|error| format!("could not run wrk: {error}"))?;
@@ -190,16 +177,18 @@ fn wrk_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
         .zip(before)
         .map(|(a, b)| a.saturating_sub(b))
         .ok_or("no CPU time for the proxy")?;
-    let (rate, p50_ms, p99_ms, requests, errors) = parse_wrk(&report)?;
-    Ok(WrkRun {
-        rate,
-        p50_ms,
-        p99_ms,
-        requests,
+    let (rate, p50, p99, requests, errors) = parse_wrk(&report)?;
+    let cpu = proxy_cpu.as_secs_f64();
+    Ok((
+        [
+            rate,
+            p50,
+            p99,
+            cpu * 1e6 / requests.max(1.0),
+            cpu / wall.as_secs_f64(),
+        ],
         errors,
-        proxy_cpu,
-        wall,
-    })
+    ))
 }
 
 /// What one accuracy run saw: each request's kind (slow or not), its status (0: failed) and time from before its send
@@ -235,6 +224,22 @@ fn accuracy_run(subject: Subject, backend: SocketAddr) -> Result<Accuracy, Strin
 enum Measured {
     Wrk(WrkRun),
     Accuracy(Accuracy),
+}
+
+impl Measured {
+    fn wrk(&self) -> Option<&WrkRun> {
+        match self {
+            Measured::Wrk(run) => Some(run),
+            Measured::Accuracy(_) => None,
+        }
+    }
+
+    fn accuracy(&self) -> Option<&Accuracy> {
+        match self {
+            Measured::Accuracy(run) => Some(run),
+            Measured::Wrk(_) => None,
+        }
+    }
 }
 
 /// Runs `plan`'s cells (wrk runs at setting 0, accuracy runs at 1) in turns and prints a table for each.
@@ -282,24 +287,13 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
     for (cell, result) in cells(0) {
         let name = timer(cell.subject).to_string();
         let values = result.as_ref().map_err(Clone::clone).map(|runs| {
-            let runs: Vec<&WrkRun> = runs
-                .iter()
-                .filter_map(|run| match run {
-                    Measured::Wrk(run) => Some(run),
-                    Measured::Accuracy(_) => None,
-                })
-                .collect();
-            for error in runs.iter().flat_map(|run| &run.errors) {
+            let runs: Vec<&WrkRun> = runs.iter().filter_map(Measured::wrk).collect();
+            for error in runs.iter().flat_map(|run| &run.1) {
                 sheet.note(format!("{name}: wrk: {error}"));
             }
-            let mid = |f: fn(&WrkRun) -> f64| Some(median(runs.iter().map(|r| f(r))));
-            vec![
-                mid(|r| r.rate),
-                mid(|r| r.p50_ms),
-                mid(|r| r.p99_ms),
-                mid(|r| r.proxy_cpu.as_secs_f64() * 1e6 / r.requests.max(1.0)),
-                mid(|r| r.proxy_cpu.as_secs_f64() / r.wall.as_secs_f64()),
-            ]
+            (0..5)
+                .map(|i| Some(median(runs.iter().map(|run| run.0[i]))))
+                .collect()
         });
         sheet.push(&name, cell.subject, values);
     }
@@ -345,10 +339,7 @@ fn accuracy_table<'a>(
         let name = timer(cell.subject);
         let values = result.as_ref().map_err(Clone::clone).map(|runs| {
             let (mut client, mut proxy, mut n) = (Lateness::default(), LatenessSummary::default(), [0; 4]);
-            for (answers, by_proxy) in runs.iter().filter_map(|run| match run {
-                Measured::Accuracy(run) => Some(run),
-                Measured::Wrk(_) => None,
-            }) {
+            for (answers, by_proxy) in runs.iter().filter_map(Measured::accuracy) {
                 for &(slow, status, took) in answers {
                     let index = usize::from(!slow) * 2;
                     n[index] += 1;
