@@ -76,16 +76,15 @@ impl Run {
 }
 
 /// The medians of several runs' figures, each in ns per unit of work (the settle wait in µs, not per unit), the wall
-/// figure's range, and the largest pool any run ended with.
-#[derive(Debug, Clone, Copy)]
+/// figure's `min-max`, and the largest pool any run ended with.
+#[derive(Debug, Clone)]
 pub struct PerUnit {
     pub wall: f64,
     pub app: f64,
     pub cpu: Option<f64>,
     pub worker_cpu: Option<f64>,
     pub settle_us: Option<f64>,
-    pub wall_min: f64,
-    pub wall_max: f64,
+    pub wall_range: String,
     pub pool_max: Option<u64>,
 }
 
@@ -98,15 +97,13 @@ impl PerUnit {
             values.filter(|v| !v.is_empty()).map(median)
         };
         let walls: Vec<f64> = runs.iter().map(|run| per(run.wall)).collect();
-        let wall_min = walls.iter().copied().fold(f64::INFINITY, f64::min);
         Self {
             wall: median(walls.iter().copied()),
             app: median(runs.iter().map(|run| per(run.app))),
             cpu: optional(&|run| run.cpu.map(per)),
             worker_cpu: optional(&|run| run.worker_cpu.map(per)),
             settle_us: optional(&|run| run.settle.map(|d| d.as_secs_f64() * 1e6)),
-            wall_min,
-            wall_max: walls.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            wall_range: runner::spread(walls.iter().copied()),
             pool_max: runs.iter().filter_map(|run| run.pool_bytes).max(),
         }
     }
@@ -272,7 +269,7 @@ pub fn add_rows<'a>(
     for (cell, result) in cells {
         let values = result.as_ref().map(|m| {
             let (per, name) = (&m.per, format!("{}, {}", cell.subject.name(), cell.threads));
-            spreads.push(format!("{name}: {:.1}-{:.1}", per.wall_min, per.wall_max));
+            spreads.push(format!("{name}: {}", per.wall_range));
             if m.too_late > 0 {
                 let (n, runs) = (thousands(m.too_late), runner::RUNS);
                 notes.push(format!("{name}: {n} timers {too_late}, over {runs} runs"));
