@@ -78,17 +78,6 @@ fn count<const LOW: u64, const HIGH: u64>(text: &str) -> Result<u64, String> {
     }
 }
 
-/// How big each workload runs: operations per run of arm-cancel and engine-arm-cancel, live-1m's timers, resets (and
-/// keyed operations) per run, storm and mix timers, and operations per thread in each async run.
-#[derive(Debug, Clone, Copy)]
-pub struct Sizes {
-    pub arm_cancel_ops: u64,
-    pub live_timers: u64,
-    pub reset_ops: u64,
-    pub storm_timers: u64,
-    pub async_ops: u64,
-}
-
 impl Options {
     /// Parses the process's arguments, keeping the first of any repeated list item; the thread counts default to 1
     /// up to the CPU count.
@@ -107,21 +96,21 @@ impl Options {
         self
     }
 
-    pub fn sizes(&self) -> Sizes {
+    /// How big each workload runs, full sizes ten times the default: operations per run of arm-cancel and
+    /// engine-arm-cancel, and resets (and keyed operations) per run; live-1m's timers; storm and mix timers; and
+    /// operations per thread in each async run.
+    pub fn sizes(&self) -> [u64; 4] {
         let scale = if self.full { 10 } else { 1 };
-        let (live_timers, storm_timers) = (
+        let (live, storm) = (
             self.timers.unwrap_or(1_000_000 * scale),
             self.timers.unwrap_or(1_000_000),
         );
-        let (arm_cancel_ops, reset_ops) = (2_000_000 * scale, 2_000_000 * scale);
-        let async_ops = self.async_ops.unwrap_or(1_000_000 * scale);
-        Sizes {
-            arm_cancel_ops,
-            live_timers,
-            reset_ops,
-            storm_timers,
-            async_ops,
-        }
+        [
+            2_000_000 * scale,
+            live,
+            storm,
+            self.async_ops.unwrap_or(1_000_000 * scale),
+        ]
     }
 
     pub fn thread_counts(&self) -> Vec<usize> {
@@ -156,7 +145,7 @@ mod tests {
         let defaults = parse(&[]).expect("no arguments run");
         let figures = (
             defaults.threads[0],
-            defaults.sizes().live_timers,
+            defaults.sizes()[1],
             &defaults.windows[..],
         );
         assert_eq!(figures, (1, 1_000_000, &[16, 10_000][..]));
@@ -167,7 +156,7 @@ mod tests {
         let args = "--workloads fire-storm,arm-cancel,fire-storm --peers=corewheel --timers 100_000 --full --threads=1,2,4 --windows 0,16 --mix-rate=2,000 --async-ops=5,000 --save perf/results";
         let options = parse(&args.split(' ').collect::<Vec<_>>()).expect("valid");
         assert_eq!(
-            (options.mix_rate, options.sizes().async_ops, options.timers),
+            (options.mix_rate, options.sizes()[3], options.timers),
             (2_000, 5_000, Some(100_000))
         );
         let chosen = (options.workloads, options.peers);

@@ -137,24 +137,22 @@ impl Workload {
 
     /// Runs `plan` (this workload's) and prints its tables.
     pub fn run(self, plan: &Plan, options: &Options, out: &mut Out) {
-        let sizes = options.sizes();
+        let [ops, live, storm, async_ops] = options.sizes();
         match self {
-            Workload::ArmCancel => single_owner::arm_cancel(plan, sizes.arm_cancel_ops, out),
-            Workload::EngineArmCancel => engine_arm_cancel::run(plan, sizes.arm_cancel_ops, out),
-            Workload::Live1m | Workload::EngineLive1m => live::run(plan, sizes.live_timers, out),
-            Workload::ResetHeavy => single_owner::reset_heavy(plan, sizes.reset_ops, out),
-            Workload::EngineReset => engine_reset::run(plan, sizes.reset_ops, out),
-            Workload::FireStorm => fire_storm::run(plan, sizes.storm_timers, out),
-            Workload::BurstSteal => burst_steal::run(plan, sizes.storm_timers, out),
-            Workload::SteadyMix => {
-                steady_mix::run(plan, Some(sizes.storm_timers), options.mix_seconds, out)
-            }
+            Workload::ArmCancel => single_owner::arm_cancel(plan, ops, out),
+            Workload::EngineArmCancel => engine_arm_cancel::run(plan, ops, out),
+            Workload::Live1m | Workload::EngineLive1m => live::run(plan, live, out),
+            Workload::ResetHeavy => single_owner::reset_heavy(plan, ops, out),
+            Workload::EngineReset => engine_reset::run(plan, ops, out),
+            Workload::FireStorm => fire_storm::run(plan, storm, out),
+            Workload::BurstSteal => burst_steal::run(plan, storm, out),
+            Workload::SteadyMix => steady_mix::run(plan, Some(storm), options.mix_seconds, out),
             Workload::LightLoad => steady_mix::run(plan, None, options.mix_seconds, out),
             Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
-                async_timers::run(self, plan, sizes.async_ops, out)
+                async_timers::run(self, plan, async_ops, out)
             }
             Workload::KeyedSetRemove | Workload::KeyedSetOver | Workload::KeyedMove => {
-                keyed::run(self, plan, sizes.reset_ops, out)
+                keyed::run(self, plan, ops, out)
             }
             Workload::Proxy => proxy::run(plan, options.wrk_seconds, out),
         }
