@@ -78,20 +78,9 @@ fn count<const LOW: u64, const HIGH: u64>(text: &str) -> Result<u64, String> {
     }
 }
 
-/// How big each workload runs: operations per run of arm-cancel and engine-arm-cancel, live-1m's timers, resets (and
-/// keyed operations) per run, storm and mix timers, and operations per thread in each async run.
-#[derive(Debug, Clone, Copy)]
-pub struct Sizes {
-    pub arm_cancel_ops: u64,
-    pub live_timers: u64,
-    pub reset_ops: u64,
-    pub storm_timers: u64,
-    pub async_ops: u64,
-}
-
 impl Options {
-    /// Parses the process's arguments, keeping the first of any repeated list item and filling in the thread counts
-    /// the machine decides.
+    /// Parses the process's arguments, keeping the first of any repeated list item; the thread counts default to 1
+    /// up to the CPU count.
     pub fn from_args() -> Self {
         Self::parse().normalized()
     }
@@ -102,37 +91,35 @@ impl Options {
         dedup(&mut self.threads);
         dedup(&mut self.windows);
         if self.threads.is_empty() {
-            let cpus = crate::peers::engine::cpus().min(1024) as u16;
-            self.threads = (1..=cpus).collect();
+            self.threads = (1..=crate::peers::engine::cpus().min(1024) as u16).collect();
         }
         self
     }
 
-    /// The sizes these options ask for.
-    pub fn sizes(&self) -> Sizes {
+    /// How big each workload runs, full sizes ten times the default: operations per run of arm-cancel and
+    /// engine-arm-cancel, and resets (and keyed operations) per run; live-1m's timers; storm and mix timers; and
+    /// operations per thread in each async run.
+    pub fn sizes(&self) -> [u64; 4] {
         let scale = if self.full { 10 } else { 1 };
-        Sizes {
-            arm_cancel_ops: 2_000_000 * scale,
-            live_timers: self.timers.unwrap_or(1_000_000 * scale),
-            reset_ops: 2_000_000 * scale,
-            storm_timers: self.timers.unwrap_or(1_000_000),
-            async_ops: self.async_ops.unwrap_or(1_000_000 * scale),
-        }
+        let (live, storm) = (
+            self.timers.unwrap_or(1_000_000 * scale),
+            self.timers.unwrap_or(1_000_000),
+        );
+        [
+            2_000_000 * scale,
+            live,
+            storm,
+            self.async_ops.unwrap_or(1_000_000 * scale),
+        ]
     }
 
-    /// The thread counts, as counts.
     pub fn thread_counts(&self) -> Vec<usize> {
         self.threads.iter().map(|&t| usize::from(t)).collect()
-    }
-
-    /// The most application threads asked for.
-    pub fn max_threads(&self) -> usize {
-        self.thread_counts().into_iter().max().unwrap_or(1)
     }
 }
 
 /// Keeps the first occurrence of each item, in order.
-fn dedup<T: PartialEq + Copy>(items: &mut Vec<T>) {
+pub fn dedup<T: PartialEq + Copy>(items: &mut Vec<T>) {
     let mut seen = Vec::with_capacity(items.len());
     items.retain(|item| {
         let new = !seen.contains(item);
@@ -156,14 +143,12 @@ mod tests {
     #[test]
     fn defaults_and_flags() {
         let defaults = parse(&[]).expect("no arguments run");
-        assert_eq!(
-            (
-                defaults.threads[0],
-                defaults.sizes().live_timers,
-                &defaults.windows[..]
-            ),
-            (1, 1_000_000, &[16, 10_000][..])
+        let figures = (
+            defaults.threads[0],
+            defaults.sizes()[1],
+            &defaults.windows[..],
         );
+        assert_eq!(figures, (1, 1_000_000, &[16, 10_000][..]));
         assert_eq!(
             (defaults.workloads, defaults.peers),
             (Workload::defaults(), Subject::ALL.to_vec())
@@ -171,18 +156,20 @@ mod tests {
         let args = "--workloads fire-storm,arm-cancel,fire-storm --peers=corewheel --timers 100_000 --full --threads=1,2,4 --windows 0,16 --mix-rate=2,000 --async-ops=5,000 --save perf/results";
         let options = parse(&args.split(' ').collect::<Vec<_>>()).expect("valid");
         assert_eq!(
-            (options.mix_rate, options.sizes().async_ops, options.timers),
+            (options.mix_rate, options.sizes()[3], options.timers),
             (2_000, 5_000, Some(100_000))
         );
+        let chosen = (options.workloads, options.peers);
         assert_eq!(
-            (options.workloads, options.peers),
+            chosen,
             (
                 vec![Workload::FireStorm, Workload::ArmCancel],
                 vec![Subject::Corewheel]
             )
         );
+        let lists = (options.threads, options.windows, options.save);
         assert_eq!(
-            (options.threads, options.windows, options.save),
+            lists,
             (vec![1, 2, 4], vec![0, 16], Some("perf/results".into()))
         );
     }

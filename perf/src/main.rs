@@ -1,9 +1,6 @@
-//! corewheel-perf: the million-timer workload harness.
-//!
-//! Runs each workload against corewheel and real peer crates in one process run, prints a table per workload, and
-//! writes the run's CSV, plots and summary into a folder of its own (see `results`). This file holds the order things
-//! run in: every workload's plan is made first, so that the progress display knows the total, then each plan goes
-//! through the runner.
+//! corewheel-perf: the million-timer workload harness. Runs each workload against corewheel and real peer crates in
+//! one process run, prints a table per workload, and writes the run's CSV, plots and summary into a folder of its own
+//! (see `results`). Every workload's plan is made first, so that the progress display knows the total.
 
 mod cli;
 mod named;
@@ -48,7 +45,7 @@ fn main() -> ExitCode {
     let mut out = Out::default();
     for plan in &plans {
         let name = plan.workload.name();
-        if plan.cells.is_empty() && plan.workload != workloads::Workload::Proxy {
+        if plan.cells.is_empty() {
             runner::print(&format!(
                 "{name}: skipped: none of the chosen peers and thread counts is one it runs\n"
             ));
@@ -63,23 +60,13 @@ fn main() -> ExitCode {
             runner::print(&format!(
                 "{name}: (other processes used {share:.0}% of the CPUs while this workload ran{warning})\n"
             ));
-            out.csv.push_metrics(
-                name,
-                "machine",
-                (0, 0),
-                &[("other_processes_cpu_share", share, "%")],
-            );
+            let metric = [("other_processes_cpu_share", share, "%")];
+            out.csv.push_metrics(name, "machine", (0, 0), &metric);
         }
         runner::workload(&format!("finished workload {name}"));
     }
     runner::finish();
-    match results::write(
-        &out.csv,
-        &out.plots,
-        &run_dir,
-        options.save.as_deref(),
-        began.elapsed(),
-    ) {
+    match results::write(&out, &run_dir, options.save.as_deref(), began.elapsed()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("corewheel-perf: {error}");
@@ -90,15 +77,30 @@ fn main() -> ExitCode {
 
 /// The run's header: what it runs, on what, and where its results go.
 fn header(options: &Options, run_dir: &std::path::Path) -> String {
-    let list =
-        |items: &mut dyn Iterator<Item = u64>| items.map(thousands).collect::<Vec<_>>().join(", ");
-    let threads = list(&mut options.threads.iter().map(|&t| u64::from(t)));
-    let windows = list(&mut options.windows.iter().map(|&w| u64::from(w)));
+    let list = |items: &[u64]| {
+        items
+            .iter()
+            .map(|&n| thousands(n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let threads = list(
+        &options
+            .threads
+            .iter()
+            .map(|&t| u64::from(t))
+            .collect::<Vec<_>>(),
+    );
+    let windows = list(
+        &options
+            .windows
+            .iter()
+            .map(|&w| u64::from(w))
+            .collect::<Vec<_>>(),
+    );
+    let (machine, results) = (plots::machine(), run_dir.display());
     let mut out = format!(
-        "corewheel-perf: the million-timer workload harness\n\
-         machine:   {}\nallocator: mimalloc\nresults:   {}\n",
-        plots::machine(),
-        run_dir.display()
+        "corewheel-perf: the million-timer workload harness\nmachine:   {machine}\nallocator: mimalloc\nresults:   {results}\n"
     );
     if cfg!(debug_assertions) {
         out.push_str("WARNING:   debug build: the numbers mean nothing; use cargo run --release\n");

@@ -9,7 +9,7 @@ use plotters::prelude::*;
 
 use crate::report::Csv;
 
-/// The CSV metrics that are a throughput, in millions of units a second.
+/// The CSV metrics that are a throughput, in millions of units a second, and their axis labels.
 const THROUGHPUT_METRICS: [(&str, &str); 2] = [
     ("mtimers_per_s", "million timers / s"),
     ("mresets_per_s", "million resets / s"),
@@ -17,24 +17,21 @@ const THROUGHPUT_METRICS: [(&str, &str); 2] = [
 
 const SIZE: (u32, u32) = (760, 460);
 
-/// What the run gathered for plots that the CSV does not hold in full.
+/// What the run gathered for plots that the CSV does not hold in full: per fire-storm subject, its lateness CDF as
+/// (lateness in microseconds, share of timers at or below it).
 #[derive(Default)]
-pub struct Plots {
-    /// Per fire-storm subject: (lateness in microseconds, share of timers at or below it).
-    lateness: Vec<(String, Vec<(f64, f64)>)>,
-}
+pub struct Plots(Vec<Series>);
 
-/// One line of a plot.
-struct Series {
-    name: String,
-    points: Vec<(f64, f64)>,
-}
+/// One line of a plot: its name and points.
+type Series = (String, Vec<(f64, f64)>);
+
+/// Each subject's (threads, throughput) points.
+type BySubject<'a> = BTreeMap<&'a str, Vec<(f64, f64)>>;
 
 impl Plots {
-    /// Adds a fire-storm subject's lateness CDF: (lateness in microseconds, share of timers at or below it).
     pub fn add_lateness(&mut self, subject: &str, cdf: Vec<(f64, f64)>) {
         if !cdf.is_empty() {
-            self.lateness.push((subject.to_string(), cdf));
+            self.0.push((subject.to_string(), cdf));
         }
     }
 
@@ -52,76 +49,63 @@ impl Plots {
             )?;
             written.push(path);
         }
-        if !self.lateness.is_empty() {
-            let series: Vec<Series> = (self.lateness.iter())
-                .map(|(name, cdf)| Series {
-                    name: name.clone(),
-                    points: cdf.iter().map(|&(us, q)| (us / 1e3, q)).collect(),
-                })
-                .collect();
+        if !self.0.is_empty() {
+            let in_ms = |(name, cdf): &Series| {
+                (
+                    name.clone(),
+                    cdf.iter().map(|&(us, q)| (us / 1e3, q)).collect(),
+                )
+            };
+            let series: Vec<Series> = self.0.iter().map(in_ms).collect();
             let path = dir.join("fire-storm-lateness.svg");
             let title = format!("fire-storm: lateness CDF ({machine})");
-            line_chart(
-                &path,
-                (
-                    &title,
-                    "lateness, ms",
-                    "share of timers fired at most this late",
-                ),
-                &series,
-                false,
-            )?;
+            let labels = (
+                title.as_str(),
+                "lateness, ms",
+                "share of timers fired at most this late",
+            );
+            line_chart(&path, labels, &series, false)?;
             written.push(path);
         }
         Ok(written)
     }
 }
 
-/// Each subject's (threads, throughput) points.
-type PointsBySubject<'a> = BTreeMap<&'a str, Vec<(f64, f64)>>;
-
-/// Per engine workload in the CSV with a throughput metric: its axis label and one series per subject, thread counts
-/// ascending.
+/// Per engine or async workload in the CSV with a throughput metric: its axis label and one series per subject,
+/// thread counts ascending.
 fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
-    let mut by_workload: BTreeMap<&str, (&'static str, PointsBySubject)> = BTreeMap::new();
+    let mut by_workload: BTreeMap<&str, (&'static str, BySubject)> = BTreeMap::new();
     for row in csv.rows() {
-        let Some(&(_, label)) = THROUGHPUT_METRICS
+        let label = THROUGHPUT_METRICS
             .iter()
-            .find(|(metric, _)| *metric == row.metric)
+            .find(|(metric, _)| *metric == row.metric);
+        // The single-thread workloads run at one thread count only.
+        let threaded = row.workload.starts_with("engine-") || row.workload.starts_with("async-");
+        let Some(&(_, label)) =
+            label.filter(|_| threaded && row.threads > 0 && row.value.is_finite())
         else {
             continue;
         };
-        // The single-thread workloads run at one thread count only.
-        if !(row.workload.starts_with("engine-") || row.workload.starts_with("async-"))
-            || row.threads == 0
-            || !row.value.is_finite()
-        {
-            continue;
-        }
-        by_workload
+        let (_, subjects) = by_workload
             .entry(&row.workload)
-            .or_insert((label, BTreeMap::new()))
-            .1
+            .or_insert((label, BTreeMap::new()));
+        subjects
             .entry(&row.subject)
             .or_default()
             .push((f64::from(row.threads), row.value));
     }
-    by_workload
-        .into_iter()
-        .map(|(workload, (label, subjects))| {
-            let series = subjects
-                .into_iter()
-                .map(|(name, mut points)| {
-                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    Series {
-                        name: name.to_string(),
-                        points,
-                    }
-                })
-                .collect();
-            (workload.to_string(), label, series)
-        })
-        .collect()
+    let sorted = |(name, mut points): (&str, Vec<(f64, f64)>)| {
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        (name.to_string(), points)
+    };
+    let plot = |(workload, (label, subjects)): (&str, (_, BySubject))| {
+        (
+            workload.to_string(),
+            label,
+            subjects.into_iter().map(sorted).collect(),
+        )
+    };
+    by_workload.into_iter().map(plot).collect()
 }
 
 /// A line chart of `series`, with a legend; `marks` puts a dot on every point (for a few measured points, as against
@@ -132,9 +116,10 @@ fn line_chart(
     series: &[Series],
     marks: bool,
 ) -> Result<(), String> {
+    use SeriesLabelPosition::{LowerRight, UpperLeft};
     let (title, x_label, y_label) = labels;
     let failed = |error: &dyn std::fmt::Display| format!("plot {}: {error}", path.display());
-    let points = series.iter().flat_map(|s| s.points.iter());
+    let points = series.iter().flat_map(|s| s.1.iter());
     let (x_min, x_max, y_max) = points.fold(
         (f64::INFINITY, f64::NEG_INFINITY, 0.0_f64),
         |(x_min, x_max, y_max), &(x, y)| (x_min.min(x), x_max.max(x), y_max.max(y)),
@@ -168,14 +153,14 @@ fn line_chart(
         let color = Palette99::pick(index).to_rgba();
         let style = ShapeStyle::from(color).stroke_width(2);
         chart
-            .draw_series(LineSeries::new(line.points.iter().copied(), style))
+            .draw_series(LineSeries::new(line.1.iter().copied(), style))
             .map_err(|e| failed(&e))?
-            .label(line.name.as_str())
+            .label(line.0.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         if marks {
             chart
                 .draw_series(
-                    line.points
+                    line.1
                         .iter()
                         .map(|&point| Circle::new(point, 4, color.filled())),
                 )
@@ -184,11 +169,7 @@ fn line_chart(
     }
     chart
         .configure_series_labels()
-        .position(if marks {
-            SeriesLabelPosition::UpperLeft
-        } else {
-            SeriesLabelPosition::LowerRight
-        })
+        .position(if marks { UpperLeft } else { LowerRight })
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()
@@ -235,23 +216,17 @@ mod tests {
         }
         let plots = throughput_series(&csv);
         let (workload, _, series) = &plots[0];
-        assert_eq!(
-            (plots.len(), workload.as_str(), series[0].name.as_str()),
-            (1, "engine-reset", "engine")
-        );
-        assert_eq!(
-            (&series[0].points[..], &series[1].points[..]),
-            (&[(1.0, 17.0), (2.0, 50.0)][..], &[(1.0, 8.0)][..])
-        );
+        let first = (plots.len(), workload.as_str(), series[0].0.as_str());
+        assert_eq!(first, (1, "engine-reset", "engine"));
+        let points = (&series[0].1[..], &series[1].1[..]);
+        assert_eq!(points, (&[(1.0, 17.0), (2.0, 50.0)][..], &[(1.0, 8.0)][..]));
         let dir = std::env::temp_dir().join(format!("corewheel-plots-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temp dir");
         let mut extra = Plots::default();
         extra.add_lateness("corewheel", vec![(0.0, 0.0), (700.0, 0.5), (1500.0, 1.0)]);
         let written = extra.write(&csv, &dir, "test machine").expect("plots");
-        let svgs: Vec<String> = written
-            .iter()
-            .map(|path| std::fs::read_to_string(path).expect("written"))
-            .collect();
+        let read = |path: &std::path::PathBuf| std::fs::read_to_string(path).expect("written");
+        let svgs: Vec<String> = written.iter().map(read).collect();
         assert!(svgs.len() == 2 && svgs.iter().all(|svg| svg.starts_with("<svg")));
         assert!(svgs[0].contains("tokio-sleep") && svgs[0].contains("test machine"));
         std::fs::remove_dir_all(&dir).ok();

@@ -1,5 +1,5 @@
-//! Output: the aligned tables printed per workload, the ratio sheets most workloads print (a row per subject, ratio
-//! columns against each peer), and the CSV written at the end.
+//! Output: the aligned tables printed per workload, the sheets most workloads print (a row per subject, ratio columns
+//! against each peer), and the CSV written at the end.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -15,23 +15,21 @@ pub struct Table {
 }
 
 impl Table {
-    /// An empty table with these headers.
     pub fn new(title: impl Into<String>, header: &[&str]) -> Self {
         let header = header.iter().map(|cell| cell.to_string()).collect();
+        let (rows, notes) = (Vec::new(), Vec::new());
         Self {
             title: title.into(),
             header,
-            rows: Vec::new(),
-            notes: Vec::new(),
+            rows,
+            notes,
         }
     }
 
-    /// Adds a row of cells.
     pub fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
-    /// Adds a note line under the table.
     pub fn note(&mut self, line: impl Into<String>) {
         self.notes.push(line.into());
     }
@@ -50,10 +48,9 @@ impl Table {
             let mut line = String::new();
             for (i, width) in widths.iter().enumerate() {
                 let cell = row.get(i).map_or("", String::as_str);
-                let _ = if i == 0 {
-                    write!(line, "{cell:<width$}")
-                } else {
-                    write!(line, "  {cell:>width$}")
+                let _ = match i {
+                    0 => write!(line, "{cell:<width$}"),
+                    _ => write!(line, "  {cell:>width$}"),
                 };
             }
             let _ = writeln!(out, "{}", line.trim_end());
@@ -94,8 +91,8 @@ pub fn figure(value: Option<f64>, digits: usize) -> String {
     }
 }
 
-/// A column of a [`Sheet`]: its header, its CSV metric and unit, its decimals, whether higher is better (a rate) or
-/// lower (a cost), and whether rows get ratios against the peers on it.
+/// A column of a [`Sheet`]: its header, CSV metric and unit, decimals, whether higher is better (a rate), and whether
+/// rows get ratios against the peers on it.
 pub struct Col {
     header: String,
     metric: String,
@@ -113,18 +110,19 @@ impl Col {
         unit: &'static str,
         digits: usize,
     ) -> Self {
-        let (header, metric) = (header.into(), metric.into());
+        let (header, metric, higher_is_better, ratios) =
+            (header.into(), metric.into(), false, false);
         Self {
             header,
             metric,
             unit,
             digits,
-            higher_is_better: false,
-            ratios: false,
+            higher_is_better,
+            ratios,
         }
     }
 
-    /// The same column, for a figure where higher is better (a rate).
+    /// The same column, for a figure where higher is better.
     pub fn rate(self) -> Self {
         Self {
             higher_is_better: true,
@@ -141,9 +139,8 @@ impl Col {
     }
 }
 
-/// One row of a [`Sheet`]: a subject at a thread count, its figures in column order.
+/// One row of a [`Sheet`]: its name (the CSV's subject), a subject at a thread count, its figures in column order.
 pub struct Row {
-    /// The first cell and the CSV's subject.
     pub name: String,
     pub subject: Subject,
     pub threads: usize,
@@ -152,35 +149,34 @@ pub struct Row {
 
 /// A workload's table and CSV rows from one set of figures: a row per subject (and thread count), a column per
 /// figure, and ratio columns against every peer (every subject that is not corewheel's) at the same thread count.
+/// `scaling` names the column (a cost) whose 1-thread figure gives each row a "vs own 1 thread" column; a sheet with
+/// one names its rows with their thread count. `timers` is the CSV's column of that name.
 pub struct Sheet {
     pub workload: String,
     pub title: String,
-    /// The CSV's `timers` column.
     pub timers: u64,
     pub cols: Vec<Col>,
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
-    /// The column (a cost) whose 1-thread figure gives each row a "vs own 1 thread" column; a sheet with one names
-    /// its rows with their thread count.
     pub scaling: Option<usize>,
 }
 
 impl Sheet {
-    /// An empty sheet.
     pub fn new(
         workload: impl Into<String>,
         title: impl Into<String>,
         timers: u64,
         cols: Vec<Col>,
     ) -> Self {
-        let (workload, title) = (workload.into(), title.into());
+        let (workload, title, rows, notes) =
+            (workload.into(), title.into(), Vec::new(), Vec::new());
         Self {
             workload,
             title,
             timers,
             cols,
-            rows: Vec::new(),
-            notes: Vec::new(),
+            rows,
+            notes,
             scaling: None,
         }
     }
@@ -192,15 +188,21 @@ impl Sheet {
         threads: usize,
         values: Result<Vec<Option<f64>>, String>,
     ) {
+        self.push(subject.name(), subject, values);
+        self.rows.last_mut().expect("pushed").threads = threads;
+    }
+
+    /// Adds a row of one thread named `name`.
+    pub fn push(&mut self, name: &str, subject: Subject, values: Result<Vec<Option<f64>>, String>) {
+        let name = name.to_string();
         self.rows.push(Row {
-            name: subject.name().to_string(),
+            name,
             subject,
-            threads,
+            threads: 1,
             values,
         });
     }
 
-    /// Adds a note under the table.
     pub fn note(&mut self, line: impl Into<String>) {
         self.notes.push(line.into());
     }
@@ -225,17 +227,11 @@ impl Sheet {
 
     /// Prints the table and adds every figure, ratio and scaling to `csv`.
     pub fn finish(mut self, csv: &mut Csv) {
-        let mut peers: Vec<Subject> = Vec::new();
-        for row in self.rows.iter().filter(|row| !row.subject.is_corewheel()) {
-            if !peers.contains(&row.subject) {
-                peers.push(row.subject);
-            }
-        }
-        if self
-            .rows
-            .iter()
-            .all(|row| row.subject == self.rows[0].subject)
-        {
+        let mut peers: Vec<Subject> = self.rows.iter().map(|row| row.subject).collect();
+        peers.retain(|subject| !subject.is_corewheel());
+        crate::cli::dedup(&mut peers);
+        let first = self.rows.first().map(|row| row.subject);
+        if self.rows.iter().all(|row| Some(row.subject) == first) {
             peers.clear();
         }
         let ratio_cols: Vec<usize> = (0..self.cols.len())
@@ -252,48 +248,40 @@ impl Sheet {
         ];
         header.extend(self.cols.iter().map(|col| col.header.clone()));
         for &col in &ratio_cols {
-            header.extend(peers.iter().map(|peer| match ratio_cols.len() {
-                1 => format!("vs {}", peer.name()),
-                _ => format!("vs {} {}", peer.name(), self.cols[col].header),
-            }));
+            let what = if ratio_cols.len() == 1 {
+                String::new()
+            } else {
+                format!(" {}", self.cols[col].header)
+            };
+            header.extend(peers.iter().map(|peer| format!("vs {}{what}", peer.name())));
         }
         header.extend(self.scaling.map(|_| "vs own 1 thread".to_string()));
-        let mut table = Table {
-            title: self.title.clone(),
-            header,
-            rows: Vec::new(),
-            notes: Vec::new(),
+        let mut table = Table::new(
+            self.title.clone(),
+            &header.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        let show = |same: bool, ratio: Option<f64>| match (same, ratio) {
+            (true, _) => "-".to_string(),
+            (false, ratio) => ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x")),
         };
-        let mut errors = Vec::new();
-        let show =
-            |ratio: Option<f64>| ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
         for row in &self.rows {
             let values = match &row.values {
                 Ok(values) => values,
                 Err(error) => {
                     table.row(vec![row.name.clone(), "error".to_string()]);
-                    errors.push(format!("ERROR: {}: {error}", row.name));
+                    self.notes.push(format!("ERROR: {}: {error}", row.name));
                     continue;
                 }
             };
-            let mut cells = vec![if threads {
+            let name = if threads {
                 format!("{}, {}", row.name, row.threads)
             } else {
                 row.name.clone()
-            }];
+            };
+            let mut cells = vec![name];
             let mut put = |metric: &str, value: f64, unit: &'static str| {
-                let (workload, subject, threads) =
-                    (self.workload.clone(), row.name.clone(), row.threads as u32);
-                let metric = metric.to_string();
-                csv.push(CsvRow {
-                    workload,
-                    subject,
-                    threads,
-                    timers: self.timers,
-                    metric,
-                    value,
-                    unit,
-                });
+                let at = (row.threads, self.timers);
+                csv.push_metrics(&self.workload, &row.name, at, &[(metric, value, unit)]);
             };
             for (col, value) in self.cols.iter().zip(values) {
                 cells.push(figure(*value, col.digits));
@@ -303,17 +291,13 @@ impl Sheet {
             }
             for (i, &col) in ratio_cols.iter().enumerate() {
                 for peer in &peers {
-                    let ratio = self
-                        .find(*peer, row.threads)
-                        .and_then(|other| self.ratio(row, other, col));
-                    cells.push(if row.subject == *peer {
-                        "-".to_string()
-                    } else {
-                        show(ratio)
-                    });
-                    if let (0, true, Some(ratio), Some(metric)) =
-                        (i, row.subject.is_corewheel(), ratio, peer.ratio_metric())
-                    {
+                    let other = self.find(*peer, row.threads);
+                    let ratio = other.and_then(|other| self.ratio(row, other, col));
+                    cells.push(show(row.subject == *peer, ratio));
+                    let metric = peer
+                        .ratio_metric()
+                        .filter(|_| i == 0 && row.subject.is_corewheel());
+                    if let (Some(ratio), Some(metric)) = (ratio, metric) {
                         put(&metric, ratio, "x");
                     }
                 }
@@ -321,18 +305,13 @@ impl Sheet {
             if let Some(col) = self.scaling {
                 let one = self.find(row.subject, 1).filter(|_| row.threads > 1);
                 let scaling = one.and_then(|one| self.ratio(row, one, col));
-                cells.push(if row.threads == 1 {
-                    "-".to_string()
-                } else {
-                    show(scaling)
-                });
+                cells.push(show(row.threads == 1, scaling));
                 if let Some(scaling) = scaling {
                     put("scaling_vs_1_thread", scaling, "x");
                 }
             }
             table.row(cells);
         }
-        self.notes.extend(errors);
         if !peers.is_empty() && !ratio_cols.is_empty() {
             self.notes.push(RATIO_LEGEND.to_string());
         }
@@ -363,12 +342,6 @@ pub struct Csv {
 }
 
 impl Csv {
-    /// Adds a row.
-    pub fn push(&mut self, row: CsvRow) {
-        self.rows.push(row);
-    }
-
-    /// Every row so far, in the order pushed.
     pub fn rows(&self) -> &[CsvRow] {
         &self.rows
     }
@@ -387,10 +360,11 @@ impl Csv {
                 subject.to_string(),
                 metric.to_string(),
             );
-            self.push(CsvRow {
+            let threads = threads as u32;
+            self.rows.push(CsvRow {
                 workload,
                 subject,
-                threads: threads as u32,
+                threads,
                 timers,
                 metric,
                 value,
@@ -412,9 +386,9 @@ impl Csv {
                     .map_err(|e| e.to_string())?;
                 out.flush().map_err(|e| e.to_string())
             });
-        written
-            .and_then(|()| std::fs::rename(&partial, path).map_err(|e| e.to_string()))
-            .map_err(|error| format!("could not write {}: {error}", path.display()))
+        let renamed =
+            written.and_then(|()| std::fs::rename(&partial, path).map_err(|e| e.to_string()));
+        renamed.map_err(|error| format!("could not write {}: {error}", path.display()))
     }
 }
 
@@ -425,10 +399,8 @@ mod tests {
 
     #[test]
     fn numbers_and_tables_read_as_printed() {
-        assert_eq!(
-            (thousands(0), thousands(999), thousands(20_000_000)),
-            ("0".into(), "999".into(), "20,000,000".into())
-        );
+        let grouped = (thousands(0), thousands(999), thousands(20_000_000));
+        assert_eq!(grouped, ("0".into(), "999".into(), "20,000,000".into()));
         assert_eq!(
             (figure(Some(1234.4), 0), figure(None, 1)),
             ("1,234".into(), "n/a".into())
@@ -465,14 +437,8 @@ mod tests {
             .map(|r| (r.subject.as_str(), r.metric.as_str(), r.value))
             .collect();
         assert!(rows.contains(&("engine", "vs_tokio_sleep", 3.0)));
-        assert!(
-            rows.iter()
-                .any(|r| r.0 == "engine" && r.1 == "scaling_vs_1_thread" && r.2 == 2.0)
-        );
-        assert_eq!(
-            rows.iter().filter(|m| m.0 == "tokio-sleep").count(),
-            2,
-            "the 1-thread figures only"
-        );
+        assert!(rows.contains(&("engine", "scaling_vs_1_thread", 2.0)));
+        let tokio = rows.iter().filter(|m| m.0 == "tokio-sleep").count();
+        assert_eq!(tokio, 2, "the 1-thread figures only");
     }
 }

@@ -8,12 +8,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use crate::plots::Plots;
-use crate::report::Csv;
+use crate::workloads::Out;
 
 /// The run's summary (its command line, machine and tables) and the CSV of every figure it measured.
 pub const SUMMARY: &str = "summary.md";
-/// The CSV of every figure the run measured.
 pub const CSV: &str = "results.csv";
 
 /// Makes a fresh folder for this run: `<target>/perf-runs/<UTC date and time>`, with a suffix if a run that began in
@@ -43,19 +41,13 @@ fn target_dir() -> PathBuf {
 }
 
 /// Writes the run's CSV, plots and summary into `run_dir`, then over `save` when asked, and says where each went.
-pub fn write(
-    csv: &Csv,
-    plots: &Plots,
-    run_dir: &Path,
-    save: Option<&Path>,
-    took: Duration,
-) -> Result<(), String> {
-    csv.write(&run_dir.join(CSV))?;
+pub fn write(out: &Out, run_dir: &Path, save: Option<&Path>, took: Duration) -> Result<(), String> {
+    out.csv.write(&run_dir.join(CSV))?;
     let machine = crate::plots::machine();
-    plots.write(csv, run_dir, &machine)?;
+    out.plots.write(&out.csv, run_dir, &machine)?;
     let summary = run_dir.join(SUMMARY);
-    fs::write(&summary, summary_text(run_dir, &machine, took))
-        .map_err(|error| format!("could not write {}: {error}", summary.display()))?;
+    let written = fs::write(&summary, summary_text(run_dir, &machine, took));
+    written.map_err(|error| format!("could not write {}: {error}", summary.display()))?;
     println!("\nresults of this run: {}", run_dir.display());
     println!("  (results.csv, summary.md and the plots; nothing in the source tree changed)");
     if let Some(dest) = save {

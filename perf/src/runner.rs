@@ -1,10 +1,10 @@
-//! The one runner every workload goes through: a workload's plan is its list of cells (a subject at a setting) and a
-//! number of runs; the runner measures every cell that many times, the cells taking turns so that a slow spell of the
-//! machine hits them alike, and counts each run on the progress display. All plans are made before the first run, so
-//! the display's total is their sum and the count ends at N/N.
+//! The one runner every workload goes through: a plan is a list of cells (a subject at a setting) and a number of
+//! runs; the runner measures every cell that many times, the cells taking turns so that a slow spell of the machine
+//! hits them alike, and counts each run on the progress display. All plans are made before the first run, so the
+//! display's total is their sum and the count ends at N/N.
 //!
-//! On a terminal progress is an indicatif bar; elsewhere (a log, CI, `| tee`) each run gets a line on stderr as it
-//! starts and ends. Everything printed through [`print`] is also kept for the run's `summary.md`.
+//! On a terminal progress is an indicatif bar; elsewhere (a log, `| tee`) each run gets a line on stderr as it starts
+//! and ends. Everything printed through [`print`] is also kept for the run's `summary.md`.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -26,13 +26,12 @@ pub struct Cell {
     pub param: u64,
 }
 
-/// What a workload will measure: its cells, each `runs` times.
+/// What a workload will measure: its cells, each `runs` times; `param` names a cell's setting in progress lines.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub workload: Workload,
     pub cells: Vec<Cell>,
     pub runs: usize,
-    /// What a cell's setting is, for progress lines (`window`), empty where it has none.
     pub param: &'static str,
 }
 
@@ -47,36 +46,29 @@ impl Plan {
             "" => String::new(),
             name => format!(", {name} {}", cell.param),
         };
+        let (workload, subject) = (self.workload.name(), cell.subject.name());
         format!(
-            "{}/{} ({} threads{param}, run {})",
-            self.workload.name(),
-            cell.subject.name(),
+            "{workload}/{subject} ({} threads{param}, run {})",
             cell.threads,
             run + 1
         )
     }
 }
 
-/// The progress display's state: the bar (`None`: lines on stderr), when the runs began, the runs planned and made,
-/// and everything printed, for the summary.
-struct State {
-    bar: Option<ProgressBar>,
-    began: Option<Instant>,
-    total: u64,
-    done: u64,
-    transcript: String,
-}
+/// The progress display: the bar (`None`: lines on stderr), when the runs began, the runs planned and made, and
+/// everything printed, for the summary.
+#[derive(Default)]
+struct State(Option<ProgressBar>, Option<Instant>, u64, u64, String);
 
-static STATE: Mutex<State> = Mutex::new(State {
-    bar: None,
-    began: None,
-    total: 0,
-    done: 0,
-    transcript: String::new(),
-});
+static STATE: Mutex<State> = Mutex::new(State(None, None, 0, 0, String::new()));
 
 fn state() -> MutexGuard<'static, State> {
-    STATE.lock().unwrap_or_else(PoisonError::into_inner)
+    lock(&STATE)
+}
+
+/// Locks `mutex`; a poisoned lock only means a thread panicked while holding it, which the run reports.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Starts the progress display for `total` runs: a bar on a terminal, lines elsewhere.
@@ -88,7 +80,7 @@ pub fn start(total: u64) {
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let mut state = state();
-    (state.bar, state.began, state.total) = (
+    (state.0, state.1, state.2) = (
         (!bar.is_hidden()).then_some(bar),
         Some(Instant::now()),
         total,
@@ -98,8 +90,8 @@ pub fn start(total: u64) {
 /// Prints `text` and a newline to stdout, with the bar out of the way, and keeps it for the summary.
 pub fn print(text: &str) {
     let mut state = state();
-    state.transcript.push_str(&format!("{text}\n"));
-    match &state.bar {
+    state.4.push_str(&format!("{text}\n"));
+    match &state.0 {
         Some(bar) => bar.suspend(|| println!("{text}")),
         None => println!("{text}"),
     }
@@ -107,12 +99,12 @@ pub fn print(text: &str) {
 
 /// Everything printed through [`print`] so far.
 pub fn transcript() -> String {
-    state().transcript.clone()
+    state().4.clone()
 }
 
 /// A line on stderr in lines mode, stamped with the time since the start.
 fn line(state: &State, text: &str) {
-    if let (None, Some(began)) = (&state.bar, state.began) {
+    if let (None, Some(began)) = (&state.0, state.1) {
         eprintln!("[{:>7.1}s] {text}", began.elapsed().as_secs_f64());
     }
 }
@@ -125,20 +117,20 @@ pub fn workload(text: &str) {
 /// Counts one run as ended (it began at `ran`) or skipped, and says so.
 fn step(what: &str, ran: Option<Instant>) {
     let mut state = state();
-    state.done += 1;
-    let (done, total) = (state.done, state.total);
-    match (&state.bar, ran) {
+    state.3 += 1;
+    let (done, total) = (state.3, state.2);
+    match (&state.0, ran) {
         (Some(bar), _) => {
             bar.inc(1);
             bar.set_message(what.to_string());
         }
-        (None, Some(began)) => line(
-            &state,
-            &format!(
-                "{done}/{total} done     {what} in {:.1} s",
-                began.elapsed().as_secs_f64()
-            ),
-        ),
+        (None, Some(began)) => {
+            let took = began.elapsed().as_secs_f64();
+            line(
+                &state,
+                &format!("{done}/{total} done     {what} in {took:.1} s"),
+            );
+        }
         (None, None) => line(&state, &format!("{done}/{total} skipped  {what}")),
     }
 }
@@ -146,13 +138,10 @@ fn step(what: &str, ran: Option<Instant>) {
 /// Takes the bar off the terminal and says how many runs were made.
 pub fn finish() {
     let state = state();
-    if let Some(bar) = &state.bar {
+    if let Some(bar) = &state.0 {
         bar.finish_and_clear();
     }
-    line(
-        &state,
-        &format!("finished: {}/{} runs", state.done, state.total),
-    );
+    line(&state, &format!("finished: {}/{} runs", state.3, state.2));
 }
 
 /// Measures every cell of `plan` `plan.runs` times, in turns: every cell once, then every cell again. A cell whose
@@ -161,11 +150,8 @@ pub fn in_turns<R>(
     plan: &Plan,
     mut measure: impl FnMut(&Cell) -> Result<R, String>,
 ) -> Vec<Result<Vec<R>, String>> {
-    let mut results: Vec<Result<Vec<R>, String>> = plan
-        .cells
-        .iter()
-        .map(|_| Ok(Vec::with_capacity(plan.runs)))
-        .collect();
+    let mut results: Vec<Result<Vec<R>, String>> =
+        plan.cells.iter().map(|_| Ok(Vec::new())).collect();
     for run in 0..plan.runs {
         for (cell, result) in plan.cells.iter().zip(results.iter_mut()) {
             let label = plan.label(cell, run);
@@ -176,7 +162,7 @@ pub fn in_turns<R>(
             let state = state();
             line(
                 &state,
-                &format!("{}/{} started  {label}", state.done + 1, state.total),
+                &format!("{}/{} started  {label}", state.3 + 1, state.2),
             );
             drop(state);
             let began = Instant::now();
@@ -200,11 +186,10 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
 
 /// `min-max` of the values, for the notes under a table.
 pub fn spread(values: impl IntoIterator<Item = f64>) -> String {
+    let fold = |(lo, hi): (f64, f64), v: f64| (lo.min(v), hi.max(v));
     let (min, max) = values
         .into_iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-            (lo.min(v), hi.max(v))
-        });
+        .fold((f64::INFINITY, f64::NEG_INFINITY), fold);
     format!("{min:.1}-{max:.1}")
 }
 
@@ -216,14 +201,12 @@ mod tests {
 
     #[test]
     fn median_and_spread() {
-        assert_eq!(
-            (
-                median([3.0, 1.0, 2.0]),
-                median([4.0, 1.0]),
-                spread([3.0, 1.24, 2.0])
-            ),
-            (2.0, 4.0, "1.2-3.0".into())
+        let figures = (
+            median([3.0, 1.0, 2.0]),
+            median([4.0, 1.0]),
+            spread([3.0, 1.24, 2.0]),
         );
+        assert_eq!(figures, (2.0, 4.0, "1.2-3.0".into()));
         assert!(median([]).is_nan());
     }
 
@@ -252,14 +235,10 @@ mod tests {
                 _ => Ok(order.len()),
             }
         });
+        let corewheel = Subject::Corewheel;
         assert_eq!(
             order,
-            [
-                Subject::Corewheel,
-                Subject::BinaryHeap,
-                Subject::Corewheel,
-                Subject::Corewheel
-            ]
+            [corewheel, Subject::BinaryHeap, corewheel, corewheel]
         );
         assert_eq!(results, [Ok(vec![1, 3, 4]), Err("broke".to_string())]);
     }

@@ -1,10 +1,7 @@
 //! What the operating system says about this process and the machine: CPU time (the calling thread's, the process's,
 //! and that of threads named with a prefix), context switches, resident memory, huge pages, and how busy other
-//! processes kept the CPUs. Linux only; elsewhere every reading is `None` and the tables say `n/a`.
-//!
-//! Wall time says nothing about the cost of work that sleeps (a fire storm waits for its deadlines) or that other
-//! threads do (an engine's workers), so the workloads read CPU time; RSS shows what a structure costs the machine,
-//! slack and fragmentation included.
+//! processes kept the CPUs. Linux only; elsewhere every reading is `None` and the tables say `n/a`. Wall time says
+//! nothing of work that sleeps or that other threads do (an engine's workers), so the workloads read CPU time.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +15,6 @@ fn clock(id: libc::clockid_t) -> Option<Duration> {
     (rc == 0).then(|| Duration::new(now.tv_sec as u64, now.tv_nsec as u32))
 }
 
-/// This thread's CPU time so far.
 pub fn thread_cpu_time() -> Option<Duration> {
     clock(libc::CLOCK_THREAD_CPUTIME_ID)
 }
@@ -33,11 +29,10 @@ pub fn cpu_between(earlier: Option<Duration>, later: Option<Duration>) -> Option
     Some(later?.saturating_sub(earlier?))
 }
 
-/// Whether a thread name is `prefix` followed by a number (`corewheel-0`), which the harness's own threads
-/// (`corewheel-perf`) are not.
+/// Whether a thread name is `prefix` followed by a number (`corewheel-0`), which `corewheel-perf` is not.
 pub fn is_numbered(name: &str, prefix: &str) -> bool {
-    name.strip_prefix(prefix)
-        .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
+    let rest = name.strip_prefix(prefix);
+    rest.is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Each live thread of process `pid` (`self` for this one): its name and a file of its `/proc` folder.
@@ -45,21 +40,23 @@ fn tasks(pid: &str, file: &str) -> Vec<(String, String)> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
-    dir.flatten()
-        .filter_map(|task| {
-            let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
-            let text = std::fs::read_to_string(task.path().join(file)).ok()?;
-            Some((name.trim_end().to_string(), text))
-        })
-        .collect()
+    let read = |task: std::fs::DirEntry| {
+        let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
+        Some((
+            name.trim_end().to_string(),
+            std::fs::read_to_string(task.path().join(file)).ok()?,
+        ))
+    };
+    dir.flatten().filter_map(read).collect()
 }
 
 /// Summed CPU time (from `schedstat`) of process `pid`'s live threads whose name passes `keep`; `None` where that is
 /// missing or no thread passes.
 pub fn threads_cpu_time(pid: &str, keep: impl Fn(&str) -> bool) -> Option<Duration> {
-    let times: Vec<u64> = tasks(pid, "schedstat")
+    let tasks = tasks(pid, "schedstat")
         .into_iter()
-        .filter(|(name, _)| keep(name))
+        .filter(|(name, _)| keep(name));
+    let times: Vec<u64> = tasks
         .filter_map(|(_, stat)| stat.split_whitespace().next()?.parse().ok())
         .collect();
     (!times.is_empty()).then(|| Duration::from_nanos(times.iter().sum()))
@@ -70,16 +67,12 @@ pub fn named_threads_cpu_time(prefix: &str) -> Option<Duration> {
     threads_cpu_time("self", |name| is_numbered(name, prefix))
 }
 
-/// Context switches (voluntary and not) of this process's live threads so far: at light load, mostly how often they
-/// went to sleep and woke.
+/// Context switches (voluntary and not) of this process's live threads so far.
 pub fn process_context_switches() -> Option<u64> {
     let tasks = tasks("self", "status");
-    let switches = tasks.iter().flat_map(|(_, status)| {
-        status
-            .lines()
-            .filter(|line| line.contains("ctxt_switches"))
-            .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
-    });
+    let lines = tasks.iter().flat_map(|(_, status)| status.lines());
+    let switches = lines.filter(|line| line.contains("ctxt_switches"));
+    let switches = switches.filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok());
     (!tasks.is_empty()).then(|| switches.sum())
 }
 
@@ -93,8 +86,7 @@ pub fn resident_bytes() -> Option<u64> {
 }
 
 /// Bytes of this process's anonymous memory on transparent huge pages: on a virtual machine whether a structure
-/// landed on them can change a cache-missing operation's cost several times over, and the kernel decides it, so the
-/// output reports it.
+/// landed on them can change a cache-missing operation's cost several times over, and the kernel decides it.
 pub fn huge_page_bytes() -> Option<u64> {
     let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
     let line = rollup
@@ -125,13 +117,11 @@ pub fn wait_until_quiet(
 fn machine_busy() -> Option<Duration> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().next()?.strip_prefix("cpu ")?;
-    let busy: u64 = line
-        .split_whitespace()
-        .take(8)
-        .enumerate()
+    let fields = line.split_whitespace().take(8).enumerate();
+    let busy = fields
         .filter(|(i, _)| *i != 3 && *i != 4)
-        .map(|(_, ticks)| ticks.parse::<u64>().ok())
-        .sum::<Option<u64>>()?;
+        .map(|(_, ticks)| ticks.parse::<u64>().ok());
+    let busy = busy.sum::<Option<u64>>()?;
     // SAFETY: sysconf reads a configuration value (the clock ticks a second /proc counts in) and touches no memory.
     let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
         .ok()
@@ -142,8 +132,7 @@ fn machine_busy() -> Option<Duration> {
 /// CPU time of this process and of its children that have been waited for.
 fn own_cpu() -> Option<Duration> {
     let usage = |who| {
-        // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite, and it is valid and writable for
-        // the whole call.
+        // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite, valid and writable for the call.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         let rc = unsafe { libc::getrusage(who, &mut usage) };
         let time = |t: libc::timeval| {
@@ -156,27 +145,18 @@ fn own_cpu() -> Option<Duration> {
 
 /// How busy other processes kept the machine while a workload ran: on a small shared machine another process that
 /// takes a CPU turns a timed loop's nanoseconds into the scheduler's milliseconds, so each workload's output says so.
-pub struct LoadMeter {
-    started: Instant,
-    busy: Option<Duration>,
-    own: Option<Duration>,
-}
+pub struct LoadMeter(Instant, Option<Duration>, Option<Duration>);
 
 impl LoadMeter {
-    /// Takes the readings at the start of a workload.
     pub fn start() -> Self {
-        Self {
-            started: Instant::now(),
-            busy: machine_busy(),
-            own: own_cpu(),
-        }
+        Self(Instant::now(), machine_busy(), own_cpu())
     }
 
     /// CPU time other processes used since `start`, as a share of all the CPUs (0 to 1).
     pub fn others_share(&self) -> Option<f64> {
-        let wall = self.started.elapsed().as_secs_f64();
-        let busy = machine_busy()?.saturating_sub(self.busy?).as_secs_f64();
-        let own = own_cpu()?.saturating_sub(self.own?).as_secs_f64();
+        let wall = self.0.elapsed().as_secs_f64();
+        let busy = machine_busy()?.saturating_sub(self.1?).as_secs_f64();
+        let own = own_cpu()?.saturating_sub(self.2?).as_secs_f64();
         let cpus = crate::peers::engine::cpus() as f64;
         (wall > 0.0).then(|| ((busy - own).max(0.0) / (wall * cpus)).min(1.0))
     }
@@ -184,14 +164,10 @@ impl LoadMeter {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        LoadMeter, is_numbered, named_threads_cpu_time, process_cpu_time, thread_cpu_time,
-    };
-    use std::time::Duration;
+    use super::*;
 
     /// Threads named with a prefix and a number are found and their CPU time counted (the spinner spins for 20 ms of
-    /// its own CPU time: on a loaded machine 20 ms of wall time may hold almost none); the harness's own threads are
-    /// not.
+    /// its own CPU time: on a loaded machine 20 ms of wall time may hold almost none); the harness's own are not.
     #[test]
     fn named_threads_are_found_and_their_time_counted() {
         assert!(
@@ -213,15 +189,15 @@ mod tests {
         };
         let spinner = std::thread::Builder::new()
             .name("cpu-time-test-1".to_string())
-            .spawn(spin)
-            .expect("a thread");
+            .spawn(spin);
+        let spinner = spinner.expect("a thread");
         spun.recv_timeout(Duration::from_secs(60))
             .expect("20 ms of CPU within a minute");
+        let named = named_threads_cpu_time("cpu-time-test-").expect("the named thread");
         assert!(
-            named_threads_cpu_time("cpu-time-test-").expect("the named thread")
-                >= Duration::from_millis(5)
+            named >= Duration::from_millis(5)
+                && named_threads_cpu_time("no-such-thread-name").is_none()
         );
-        assert!(named_threads_cpu_time("no-such-thread-name").is_none());
         spinner.thread().unpark();
         spinner.join().expect("joined");
         assert!(process_cpu_time().expect("a process CPU clock") > before);

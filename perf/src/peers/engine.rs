@@ -1,9 +1,7 @@
 //! corewheel's `TimerEngine` as a subject: built the way a service builds it (one worker per CPU, pinned, 1 ms tick)
-//! and driven from application threads with `schedule`, `cancel` and `reset`.
-//!
-//! The engine does part of each timer's work on its workers: filing timers that leave a thread's lane, unlinking and
-//! freeing the ones cancelled after that. So a measurement ends only when the engine has settled: every scheduled
-//! timer cancelled or fired by the counts in `stats()`, and every pool node free again.
+//! and driven from application threads. The engine does part of each timer's work on its workers (filing timers that
+//! leave a thread's lane, unlinking the ones cancelled after that), so a measurement ends only when it has settled:
+//! every timer cancelled or fired by its `stats()`, and every pool node free again.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,17 +10,13 @@ use std::time::{Duration, Instant};
 use corewheel::{Stats, TimerEngine, TimerHandle};
 
 use super::SharedTimers;
-use crate::sys as cpu_time;
-
-/// The prefix of the engine's worker thread names (`corewheel-0`, `corewheel-1`, ...).
-pub const WORKER_PREFIX: &str = "corewheel-";
+use crate::sys::{named_threads_cpu_time, process_cpu_time};
 
 /// How long a run waits for the engine to settle before calling it a failure.
-pub const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+const SETTLE_LIMIT: Duration = Duration::from_secs(10);
 
-/// Callbacks the engine ran, across every engine workload. The timers are request and idle timeouts, so their
-/// callbacks do what a timeout handler's first step does: note it.
-pub static CALLBACKS_RUN: AtomicU64 = AtomicU64::new(0);
+/// Callbacks the engine ran: a timeout handler's first step is to note the timeout.
+static CALLBACKS_RUN: AtomicU64 = AtomicU64::new(0);
 
 /// The timeout handler of request `id`: two words of captures, stored in the timer's node without an allocation.
 #[inline]
@@ -38,8 +32,8 @@ impl SharedTimers for TimerEngine {
 
     #[inline]
     fn arm(&self, delay: Duration, id: u64) -> Result<TimerHandle, String> {
-        self.schedule(delay, on_timeout(id))
-            .map_err(|error| format!("schedule failed: {error}"))
+        let scheduled = self.schedule(delay, on_timeout(id));
+        scheduled.map_err(|error| format!("schedule failed: {error}"))
     }
 
     #[inline]
@@ -62,56 +56,47 @@ pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |cpus| cpus.get())
 }
 
-/// An engine as a service makes one: one worker per CPU, pinned.
-pub fn build() -> Result<TimerEngine, String> {
-    TimerEngine::builder()
-        .workers(cpus())
+/// An engine as a service makes one: one worker per CPU, pinned; `driven`: no worker threads, its drivers spawned by
+/// the caller on its runtime.
+pub fn build(driven: bool) -> Result<TimerEngine, String> {
+    let mut builder = TimerEngine::builder().workers(cpus());
+    if driven {
+        builder = builder.driven();
+    }
+    builder
         .build()
         .map_err(|error| format!("could not start the engine: {error}"))
 }
 
-/// The engine as a service on tokio builds it to ride the runtime's wake-ups: one shard per CPU, no worker threads
-/// (see [`Subject::EngineDriven`](super::Subject::EngineDriven)); the caller spawns its drivers.
-pub fn build_driven() -> Result<TimerEngine, String> {
-    TimerEngine::builder()
-        .workers(cpus())
-        .driven()
-        .build()
-        .map_err(|error| format!("could not start the engine: {error}"))
-}
-
-/// What a run's wait for the engine to settle found.
+/// What a run's wait for the engine to settle found: how long it waited, the stats, and the process's and the
+/// workers' CPU time, read before the walk of the pool that confirmed every node free (the harness's check, not the
+/// engine's work).
 pub struct Settled {
-    /// From the call to the moment the engine was seen settled.
     pub waited: Duration,
     pub stats: Stats,
-    /// The process's CPU time, and the workers', read once the workers were quiet and before the walk of the pool
-    /// that confirmed every node free: that walk is the harness's check, not the engine's work.
     pub process_cpu: Option<Duration>,
     pub workers_cpu: Option<Duration>,
 }
 
-/// Waits until every timer the engine was given has been cancelled or has fired, and every node is back in its pool:
-/// the engine has nothing left to do for this run.
+/// Waits until every timer the engine was given has been cancelled or has fired, and every node is back in its pool.
 ///
-/// Counting free nodes walks the whole pool (a million nodes in engine-live-1m), and every node read takes a line the
-/// workers may still be writing. So once a walk has found nodes in use and took long (over 100 µs), the next waits
-/// until the workers have used less than a quarter of a core over at least 1 ms (or 50 ms more have passed), and
-/// never comes sooner than four times the last walk's length after it. The CPU readings it returns leave out the
-/// final walk only: earlier ones that found nodes in use are counted. Otherwise the check would cost more CPU than
-/// the cancels it waits for, and slow the workers it watches.
+/// Counting free nodes walks the whole pool, and every node read takes a line the workers may still be writing. So
+/// once a walk found nodes in use and took over 100 µs, the next waits until the workers have used less than a
+/// quarter of a core over at least 1 ms (or 50 ms more have passed), and never comes sooner than four times the last
+/// walk's length after it: otherwise the check would cost more CPU than the cancels it waits for.
 pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
-    const LONG_WALK: Duration = Duration::from_micros(100);
-    const WATCH: Duration = Duration::from_millis(1);
-    const STILL_WALK: Duration = Duration::from_millis(50);
+    let (long_walk, watch, still_walk) = (
+        Duration::from_micros(100),
+        Duration::from_millis(1),
+        Duration::from_millis(50),
+    );
     let started = Instant::now();
     let (mut pause, mut last_walk, mut walk_after) =
         (Duration::from_micros(20), Duration::ZERO, started);
     let (mut mark, mut quiet) = ((started, workers_cpu_time()), false);
     loop {
-        let stats = engine.stats();
-        let now = Instant::now();
-        if now - mark.0 >= WATCH {
+        let (stats, now) = (engine.stats(), Instant::now());
+        if now - mark.0 >= watch {
             let workers = workers_cpu_time();
             quiet = match (mark.1, workers) {
                 (Some(before), Some(after)) => (after.saturating_sub(before)) * 4 < now - mark.0,
@@ -119,23 +104,18 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
             };
             mark = (now, workers);
         }
-        // Quiet, or a while since the last walk: workers that never go quiet (a callback spinning) must not make a
-        // settled engine look unsettled.
-        let waited_enough = now >= walk_after + STILL_WALK;
-        if stats.total.pending == 0
-            && now >= walk_after
-            && (last_walk <= LONG_WALK || quiet || waited_enough)
-        {
-            let (waited, process_cpu, workers_cpu) = (
-                started.elapsed(),
-                cpu_time::process_cpu_time(),
-                workers_cpu_time(),
-            );
+        // A while since the last walk also counts: workers that never go quiet must not keep a settled engine
+        // looking unsettled.
+        let walk_now = last_walk <= long_walk || quiet || now >= walk_after + still_walk;
+        if stats.total.pending == 0 && now >= walk_after && walk_now {
+            let (waited, process_cpu, workers_cpu) =
+                (started.elapsed(), process_cpu_time(), workers_cpu_time());
             let walk = Instant::now();
             if engine.nodes_in_use() == 0 {
+                let stats = engine.stats();
                 return Ok(Settled {
                     waited,
-                    stats: engine.stats(),
+                    stats,
                     process_cpu,
                     workers_cpu,
                 });
@@ -144,10 +124,9 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
             walk_after = Instant::now() + last_walk * 4;
         }
         if started.elapsed() > SETTLE_LIMIT {
+            let (pending, in_use) = (stats.total.pending, engine.nodes_in_use());
             return Err(format!(
-                "the engine did not settle within {SETTLE_LIMIT:?}: {} timers pending, {} nodes in use, stats {:?}",
-                stats.total.pending,
-                engine.nodes_in_use(),
+                "the engine did not settle within {SETTLE_LIMIT:?}: {pending} timers pending, {in_use} nodes in use, stats {:?}",
                 stats.total
             ));
         }
@@ -156,8 +135,7 @@ pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
     }
 }
 
-/// Checks the engine's counts at the end of a run: everything scheduled was cancelled or fired, and as many as the
-/// application threads were told.
+/// Checks the engine's counts at the end of a run against what the application threads were told.
 pub fn check_counts(
     stats: &Stats,
     scheduled: u64,
@@ -165,26 +143,28 @@ pub fn check_counts(
     not_cancelled: u64,
 ) -> Result<(), String> {
     let total = &stats.total;
-    if total.scheduled != scheduled
-        || total.cancelled != cancelled
-        || total.fired != not_cancelled
-        || total.panicked != 0
+    let told = (scheduled, cancelled, not_cancelled, 0);
+    if (
+        total.scheduled,
+        total.cancelled,
+        total.fired,
+        total.panicked,
+    ) == told
     {
-        return Err(format!(
-            "the engine's counts disagree with the run: scheduled {} (the threads scheduled {scheduled}), cancelled {} (cancel returned true {cancelled} times), fired {} (cancel returned false {not_cancelled} times), panicked {}",
-            total.scheduled, total.cancelled, total.fired, total.panicked
-        ));
+        return Ok(());
     }
-    Ok(())
+    Err(format!(
+        "the engine's counts disagree with the run: scheduled {} (the threads scheduled {scheduled}), cancelled {} (cancel returned true {cancelled} times), fired {} (cancel returned false {not_cancelled} times), panicked {}",
+        total.scheduled, total.cancelled, total.fired, total.panicked
+    ))
 }
 
-/// CPU time the engine's worker threads have used so far.
+/// CPU time the engine's worker threads (`corewheel-0`, `corewheel-1`, ...) have used so far.
 pub fn workers_cpu_time() -> Option<Duration> {
-    cpu_time::named_threads_cpu_time(WORKER_PREFIX)
+    named_threads_cpu_time("corewheel-")
 }
 
-/// Waits, polling the engine's stats every `every`, until `timers` have fired; an error naming how many had if that
-/// takes longer than `give_up`.
+/// Waits, polling the engine's stats every `every`, until `timers` have fired; an error if that takes over `give_up`.
 pub fn wait_until_fired(
     engine: &TimerEngine,
     timers: u64,
@@ -194,9 +174,9 @@ pub fn wait_until_fired(
     let limit = Instant::now() + give_up;
     while engine.stats().total.fired < timers {
         if Instant::now() > limit {
+            let fired = engine.stats().total.fired;
             return Err(format!(
-                "only {} of {timers} timers fired within {give_up:?}",
-                engine.stats().total.fired
+                "only {fired} of {timers} timers fired within {give_up:?}"
             ));
         }
         std::thread::sleep(every);

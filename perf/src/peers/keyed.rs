@@ -1,18 +1,17 @@
-//! The keyed-timer subjects: corewheel's `KeyedTimers`, and what users build today for a timer per key: a
-//! `Mutex<HashMap>` of handles over the same engine, and tokio-util's `DelayQueue` with a key map behind one lock.
-//! Also the two candidate maps alone (dashmap, scc), doing the map operations `KeyedTimers` does, without timers: how
-//! the map was chosen, and what the timers add over it.
-//!
-//! Each handler or expiry does nothing: the keyed workloads set their keys 30 s out, so nothing comes due during a
-//! run.
+//! The keyed-timer subjects: corewheel's `KeyedTimers`, and what users build today for a timer per key (a
+//! `Mutex<HashMap>` of handles over the same engine, tokio-util's `DelayQueue` with a key map behind one lock); and the
+//! two candidate maps alone (dashmap, scc), doing `KeyedTimers`' map operations without timers: how the map was
+//! chosen, and what the timers add over it. Nothing comes due during a run, so the handlers do nothing.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corewheel::{KeyedTimers, TimerEngine, TimerHandle};
 use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key;
+
+use crate::runner::lock;
 
 /// What the keyed workloads do to a subject, from any thread.
 pub trait Keyed: Sync {
@@ -26,9 +25,8 @@ pub trait Keyed: Sync {
 
 impl Keyed for KeyedTimers<'_, u64, u64> {
     fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
-        KeyedTimers::set(self, key, value, delay)
-            .map(drop)
-            .map_err(|error| error.to_string())
+        let set = KeyedTimers::set(self, key, value, delay);
+        set.map(drop).map_err(|error| error.to_string())
     }
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
@@ -47,73 +45,61 @@ pub fn keyed_timers(engine: &TimerEngine) -> KeyedTimers<'_, u64, u64> {
 
 /// A timer per key as a user writes it over the engine: one `Mutex<HashMap>` of values and handles, whose expiry
 /// callbacks take their key out under the same lock.
-pub struct MutexMap<'e> {
-    engine: &'e TimerEngine,
-    map: Arc<Mutex<HashMap<u64, (u64, TimerHandle)>>>,
-}
+pub struct MutexMap<'e>(
+    &'e TimerEngine,
+    Arc<Mutex<HashMap<u64, (u64, TimerHandle)>>>,
+);
 
 impl<'e> MutexMap<'e> {
-    /// An empty map over `engine`.
     pub fn new(engine: &'e TimerEngine) -> Self {
-        Self {
-            engine,
-            map: Arc::default(),
-        }
+        Self(engine, Arc::default())
     }
 }
 
 impl Keyed for MutexMap<'_> {
     fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(&self.1);
         if let Some(slot) = map.get_mut(&key)
-            && self.engine.reset(slot.1, delay)
+            && self.0.reset(slot.1, delay)
         {
             slot.0 = value;
             return Ok(());
         }
-        let shared = Arc::clone(&self.map);
+        let shared = Arc::clone(&self.1);
+        let expire = move || {
+            lock(&shared).remove(&key);
+        };
         let timer = self
-            .engine
-            .schedule(delay, move || {
-                let _expired = shared
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&key);
-            })
+            .0
+            .schedule(delay, expire)
             .map_err(|error| error.to_string())?;
         map.insert(key, (value, timer));
         Ok(())
     }
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
-        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        map.get(&key)
-            .is_some_and(|&(_, timer)| self.engine.reset(timer, delay))
+        lock(&self.1)
+            .get(&key)
+            .is_some_and(|&(_, timer)| self.0.reset(timer, delay))
     }
 
     fn remove(&self, key: u64) -> bool {
-        let taken = self
-            .map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
-        taken.is_some_and(|(_, timer)| self.engine.cancel(timer))
+        let taken = lock(&self.1).remove(&key);
+        taken.is_some_and(|(_, timer)| self.0.cancel(timer))
     }
 }
 
 /// tokio-util's `DelayQueue` with a key map, behind one lock, as users share it between threads today: the queue
-/// holds each key's value, the map each key's queue entry. Its methods need a tokio runtime's context (the queue arms
-/// a tokio `Sleep`).
+/// holds each key's (key, value), the map each key's queue entry. Its methods need a tokio runtime's context (the
+/// queue arms a tokio `Sleep`).
 #[derive(Default)]
 pub struct DelayQueueMap(Mutex<QueueAndKeys>);
 
-/// The queue of (key, value) entries and each key's entry in it.
 type QueueAndKeys = (DelayQueue<(u64, u64)>, HashMap<u64, Key>);
 
 impl Keyed for DelayQueueMap {
     fn set(&self, key: u64, value: u64, delay: Duration) -> Result<(), String> {
-        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let (queue, keys) = &mut *guard;
+        let (queue, keys) = &mut *lock(&self.0);
         // A new value needs a new entry: the queue has no way to replace one in place.
         if let Some(old) = keys.remove(&key) {
             queue.remove(&old);
@@ -123,16 +109,14 @@ impl Keyed for DelayQueueMap {
     }
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
-        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let (queue, keys) = &mut *guard;
+        let (queue, keys) = &mut *lock(&self.0);
         keys.get(&key)
             .map(|entry| queue.reset(entry, delay))
             .is_some()
     }
 
     fn remove(&self, key: u64) -> bool {
-        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let (queue, keys) = &mut *guard;
+        let (queue, keys) = &mut *lock(&self.0);
         keys.remove(&key)
             .map(|entry| queue.remove(&entry))
             .is_some()

@@ -1,19 +1,25 @@
-//! The subjects a workload drives: corewheel's `Wheel` and real peer crates, behind one small trait so that every
-//! subject runs exactly the same harness loop; and the multi-thread subjects, corewheel's `TimerEngine` and tokio's
-//! `sleep`, which the engine workloads drive from several threads the way their users do.
+//! The subjects a workload drives: corewheel's `Wheel` and real peer crates behind one small trait each, so that
+//! every subject runs exactly the same harness loop; and the multi-thread subjects, driven from several threads the
+//! way their users do.
 
 pub mod async_timers;
 pub mod binary_heap;
-pub mod delay_queue;
 pub mod engine;
 pub mod keyed;
 pub mod mutex_heap;
 pub mod tokio_sleep;
-pub mod wheel;
 
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use binary_heap::TombstoneHeap;
+use corewheel::{TimerKey, Wheel};
+use tokio::runtime::{Builder, Runtime};
+use tokio_util::time::DelayQueue;
+use tokio_util::time::delay_queue::{Expired, Key};
+
+/// The wheel's tick: the resolution DelayQueue has too, so lateness compares like with like.
+pub const TICK: Duration = Duration::from_millis(1);
 
 crate::named::named_enum! {
     /// One timer structure under test.
@@ -39,8 +45,7 @@ crate::named::named_enum! {
 }
 
 impl Subject {
-    /// A structure one thread owns, driven through [`TimerQueue`] by the single-thread workloads; the others are
-    /// driven from several threads.
+    /// A structure one thread owns, driven through [`TimerQueue`]; the others are driven from several threads.
     pub fn is_single_owner(self) -> bool {
         matches!(
             self,
@@ -63,43 +68,28 @@ impl Subject {
     }
 }
 
-/// What plain application threads do to a timer structure they all share: the engine, or the locked heap. One call
-/// each of the structure's own operations.
+/// What plain application threads do to a timer structure they all share (the engine, the locked heap): one call each
+/// of the structure's own operations. `cancel` is `false` if the timer had fired; `reset` returns what names the timer
+/// from then on, `None` if it had fired.
 pub trait SharedTimers: Sync {
-    /// What the structure hands back to name a timer.
     type Handle: Copy + Send;
-
-    /// Arms timer `id` to fire `delay` from now.
     fn arm(&self, delay: Duration, id: u64) -> Result<Self::Handle, String>;
-
-    /// `true` if the timer was pending and is now stopped; `false` if it had fired.
     fn cancel(&self, handle: Self::Handle) -> bool;
-
-    /// Moves a pending timer to `delay` from now, and returns what names it from then on; `None` if it had fired.
     fn reset(&self, handle: Self::Handle, delay: Duration) -> Option<Self::Handle>;
-
-    /// Whether the timer is still waiting to fire.
     fn is_pending(&self, handle: Self::Handle) -> bool;
 }
 
-/// What the single-owner workloads do to a timer structure.
-///
-/// The methods are the structure's own operations, one call each, so the harness measures the structure and not an
-/// adapter.
+/// What the single-owner workloads do to a timer structure: its own operations, one call each, so the harness
+/// measures the structure and not an adapter. `cancel` returns `None` if the key names no pending timer; `reset`
+/// returns the key that now names the timer (a tombstone heap has to mint a new one).
 pub trait TimerQueue<T> {
-    /// What the structure hands back to name a timer.
     type Key: Copy;
-
     fn arm(&mut self, deadline: Instant, value: T) -> Self::Key;
-
-    /// Stops the timer, returning its value, or `None` if the key names no pending timer.
     fn cancel(&mut self, key: Self::Key) -> Option<T>;
-
-    /// Moves the timer's deadline and returns the key that now names it (a tombstone heap has to mint a new one).
     fn reset(&mut self, key: Self::Key, deadline: Instant) -> Self::Key;
 
     /// Puts the structure in the state a live event loop keeps it in, by polling it once. Fails if that poll fired a
-    /// timer, which would mean the machine stalled for milliseconds and the run's bookkeeping no longer holds.
+    /// timer: the machine stalled for milliseconds and the run's bookkeeping no longer holds.
     fn settle(&mut self) -> Result<(), String> {
         Ok(())
     }
@@ -115,23 +105,15 @@ pub trait TimerQueue<T> {
     }
 }
 
-/// A queue that its owner drives by polling with the current time, the way an event loop drives its timers;
-/// DelayQueue is driven by its runtime instead.
+/// A queue its owner drives by polling with the current time, as an event loop does (DelayQueue's runtime drives it).
 pub trait PolledQueue<T> {
-    /// When the next timer is due, or `None` when none is pending.
     fn next_deadline(&mut self) -> Option<Instant>;
-
-    /// The next timer due at `now`, or `None` once nothing is.
     fn pop_expired(&mut self, now: Instant) -> Option<T>;
 }
 
-/// A measurement that runs the same code on any single-owner structure: a trait rather than a closure because the
-/// measurement is generic over the structure.
+/// A measurement that runs the same code on any single-owner structure (a trait: it is generic over the structure).
 pub trait Measure<T> {
-    /// What the measurement finds.
     type Output;
-
-    /// Measures `queue`.
     fn measure<Q: TimerQueue<T>>(self, queue: &mut Q) -> Result<Self::Output, String>;
 }
 
@@ -141,12 +123,96 @@ pub fn measure_fresh<T, M: Measure<T>>(
     measurement: M,
 ) -> Result<M::Output, String> {
     match subject {
-        Subject::Corewheel => measurement.measure(&mut wheel::new_wheel::<T>()),
-        Subject::DelayQueue => delay_queue::with_queue(|queue| measurement.measure(queue))?,
+        Subject::Corewheel => measurement.measure(&mut Wheel::<T>::new(TICK, Instant::now())),
+        Subject::DelayQueue => {
+            runtime()?.block_on(async move { measurement.measure(&mut DelayQueue::new()) })
+        }
         Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
         _ => Err(format!(
             "{} is not a single-owner structure",
             subject.name()
         )),
+    }
+}
+
+impl<T> TimerQueue<T> for Wheel<T> {
+    type Key = TimerKey;
+
+    #[inline]
+    fn arm(&mut self, deadline: Instant, value: T) -> TimerKey {
+        self.insert(deadline, value)
+    }
+
+    #[inline]
+    fn cancel(&mut self, key: TimerKey) -> Option<T> {
+        Wheel::cancel(self, key)
+    }
+
+    #[inline]
+    fn reset(&mut self, key: TimerKey, deadline: Instant) -> TimerKey {
+        let moved = Wheel::reset(self, key, deadline);
+        debug_assert!(moved, "the harness reset a stale key");
+        key
+    }
+
+    fn release_spare_memory(&mut self) -> bool {
+        self.shrink_to_fit();
+        true
+    }
+
+    fn accounted_bytes(&self) -> Option<usize> {
+        Some(self.allocated_bytes())
+    }
+}
+
+impl<T> PolledQueue<T> for Wheel<T> {
+    fn next_deadline(&mut self) -> Option<Instant> {
+        Wheel::next_deadline(self)
+    }
+
+    fn pop_expired(&mut self, now: Instant) -> Option<T> {
+        self.poll_expired(now)
+    }
+}
+
+/// The current_thread runtime with the time driver that DelayQueue runs in (it arms a tokio `Sleep`), as its users
+/// run it.
+pub fn runtime() -> Result<Runtime, String> {
+    let runtime = Builder::new_current_thread().enable_time().build();
+    runtime.map_err(|error| format!("could not start a tokio runtime: {error}"))
+}
+
+impl<T> TimerQueue<T> for DelayQueue<T> {
+    type Key = Key;
+
+    #[inline]
+    fn arm(&mut self, deadline: Instant, value: T) -> Key {
+        self.insert_at(value, deadline.into())
+    }
+
+    #[inline]
+    fn cancel(&mut self, key: Key) -> Option<T> {
+        self.try_remove(&key).map(Expired::into_inner)
+    }
+
+    #[inline]
+    fn reset(&mut self, key: Key, deadline: Instant) -> Key {
+        self.reset_at(&key, deadline.into());
+        key
+    }
+
+    /// A queue that its task has polled holds a registered Sleep and the task's waker, and its later inserts and
+    /// resets go through that Sleep: measuring a never-polled queue would skip that cost.
+    fn settle(&mut self) -> Result<(), String> {
+        let stalled = "a timer fired while the queue was being set up: the machine stalled for milliseconds; run again";
+        match self.poll_expired(&mut Context::from_waker(Waker::noop())) {
+            Poll::Pending | Poll::Ready(None) => Ok(()),
+            Poll::Ready(Some(_)) => Err(stalled.to_string()),
+        }
+    }
+
+    fn release_spare_memory(&mut self) -> bool {
+        self.shrink_to_fit();
+        true
     }
 }

@@ -1,18 +1,10 @@
 //! The async workloads: timer futures from 1..N threads, corewheel's async layer against tokio's timer, async-io
 //! (smol) and pingora-timeout, in the same setup: a tokio runtime of T workers, one task per worker, each held at a
 //! start line until all run on workers of their own (corewheel's and async-io's futures are runtime-agnostic, so the
-//! timer is the only difference), each doing the same number of operations.
+//! timer is the only difference).
 //!
-//! - async-sleep: a request timeout answered in time: a sleep (delay uniform in 1 ms..30 s) polled once, which arms
-//!   it with the task's waker, and dropped, which cancels it.
-//! - async-timeout: the same with `timeout()` around a read that is pending.
-//! - async-reset: idle timeouts: 10,000 connections per task, each with a 30 s sleep armed untimed; each read (a
-//!   random connection) pushes its sleep to now + 30 s with the timer's own reset (pingora-timeout has none: its
-//!   sleep is replaced by a new one).
-//!
-//! The cost is the process's CPU time per operation, every thread's (the timers' own threads included), until the
-//! work's deferred part is done too (the engine seen settled, then the process seen idle); the wall time to the last
-//! task's end gives throughput and scaling.
+//! The cost is the process's CPU time per operation, every thread's, until the work's deferred part is done too (the
+//! engine seen settled, then the process seen idle); the wall time to the last task's end gives throughput.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -21,7 +13,7 @@ use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use crate::peers::Subject;
-use crate::peers::async_timers::{self as timers, Reset as Move};
+use crate::peers::async_timers::{self as timers, Reset, Reset::InPlace, Reset::Recreate};
 use crate::peers::tokio_sleep::{StartLine, check_spread, register, runtime, with_context};
 use crate::report::{Col, Sheet, thousands};
 use crate::runner::{Cell, Plan, RUNS};
@@ -29,81 +21,57 @@ use crate::sys::{cpu_between, process_cpu_time};
 use crate::workloads::parallel::{self, Run, Share};
 use crate::workloads::{Out, Workload, request_timeout, rng};
 
-/// Connections per thread in async-reset, each with one idle timer.
+/// Connections per thread in async-reset, each with an idle timer of `IDLE_TIMEOUT`.
 const CONNECTIONS: u64 = 10_000;
-/// How long a connection may stay idle.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a run waits for the process to go idle after its work before it gives up waiting (and measures anyway).
-const QUIET_LIMIT: Duration = Duration::from_secs(2);
-
-/// Which of the three workloads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Sleep,
-    Timeout,
-    Reset,
-}
-
-/// The lines the tasks of a run pass: set up, where they block (each holding its worker thread) while the main thread
-/// lets that set-up's deferred work finish (the engine's workers filing timers, a reactor draining its queue) so that
-/// none of it falls inside the timed run; then the start.
+/// The lines the tasks of a run pass: set up, where they block (each holding its worker) while the main thread lets
+/// the set-up's deferred work finish so that none of it falls inside the timed run; then the start.
 struct Lines {
     set_up: Barrier,
     released: Barrier,
     start: StartLine,
 }
 
-impl Lines {
-    /// A task's way from its set-up to the start: `false` if the run was called off.
-    fn set_up_then_start(&self) -> bool {
-        self.set_up.wait();
-        self.released.wait();
-        self.start.arrive_and_wait()
-    }
-}
+/// Idle timers handed back still armed, so that their drop is not in the run.
+type Idle<F> = Vec<Pin<Box<F>>>;
 
 /// One task's share: `ops` timers made by `arm`, each polled once and dropped; or, with `reset`, `ops` resets of its
-/// connections' idle timers, which it hands back still armed, so that their drop is not in the run.
+/// connections' idle timers.
 async fn share<F: Future + Send + 'static>(
-    index: usize,
-    lines: Arc<Lines>,
-    ops: u64,
+    (index, lines, ops): (usize, Arc<Lines>, u64),
     arm: fn(Duration) -> F,
-    reset: Option<Move<F>>,
-) -> Result<(Share, Vec<Pin<Box<F>>>), String> {
+    reset: Option<Reset<F>>,
+) -> Result<(Share, Idle<F>), String> {
     let connections = if reset.is_some() { CONNECTIONS } else { 0 };
-    let mut idle: Vec<Pin<Box<F>>> = (0..connections)
+    let mut idle: Idle<F> = (0..connections)
         .map(|_| Box::pin(arm(IDLE_TIMEOUT)))
         .collect();
     with_context(move |cx| {
-        let mut rng = rng(index as u64 + 13);
-        let mut share = Share::new();
-        // One timer before the run, as a server has had many before any one: whatever the subject starts on its first
-        // use (a process-wide engine or reactor, a thread's state) is started untimed.
+        let (mut rng, mut share) = (rng(index as u64 + 13), Share::new());
+        // One timer before the run: whatever the subject starts on its first use is started untimed.
         let _ = register(pin!(arm(IDLE_TIMEOUT)), cx);
         for timer in &mut idle {
             share.due_at_once += u64::from(register(timer.as_mut(), cx));
         }
-        if !lines.set_up_then_start() {
-            return Err("the run was called off".to_string());
-        }
+        lines.set_up.wait();
+        lines.released.wait();
+        lines.start.arrive_and_wait()?;
         for _ in 0..ops {
-            match &reset {
-                None => {
-                    share.due_at_once +=
-                        u64::from(register(pin!(arm(request_timeout(&mut rng))), cx))
+            let due_at_once = match reset {
+                None => register(pin!(arm(request_timeout(&mut rng))), cx),
+                Some(Reset::InPlace(reset)) => {
+                    let connection = rng.u64(..CONNECTIONS) as usize;
+                    reset(idle[connection].as_mut(), Instant::now() + IDLE_TIMEOUT);
+                    false
                 }
-                Some(Move::InPlace(reset)) => reset(
-                    idle[rng.u64(..CONNECTIONS) as usize].as_mut(),
-                    Instant::now() + IDLE_TIMEOUT,
-                ),
-                Some(Move::Recreate) => {
+                Some(Reset::Recreate) => {
                     let mut timer = idle[rng.u64(..CONNECTIONS) as usize].as_mut();
                     timer.set(arm(IDLE_TIMEOUT));
-                    share.due_at_once += u64::from(register(timer, cx));
+                    register(timer, cx)
                 }
-            }
+            };
+            share.due_at_once += u64::from(due_at_once);
         }
         share.done = Instant::now();
         Ok((share, idle))
@@ -111,122 +79,111 @@ async fn share<F: Future + Send + 'static>(
     .await
 }
 
-/// Waits until this process has used less than 5% of one CPU over a millisecond: the timers' own threads have done
-/// what the run left them. Returns its CPU time then.
+/// Waits until this process has used less than 5% of one CPU over a millisecond, and returns its CPU time then.
 fn wait_until_quiet() -> Option<Duration> {
-    crate::sys::wait_until_quiet(process_cpu_time, Duration::from_millis(1), QUIET_LIMIT)
+    let (every, limit) = (Duration::from_millis(1), Duration::from_secs(2));
+    crate::sys::wait_until_quiet(process_cpu_time, every, limit)
 }
 
-/// Runs a [`share`] per task on a fresh runtime of `config.threads` workers. Once every task is set up (and blocked),
-/// waits for the process to go idle; then lets them to the start line. Timed from the start to the last task's end
-/// (wall), and to the end of the deferred work (CPU): `settle`'s wait for it where the subject shows it, then the
-/// process idle. The connections' timers must all still be pending afterwards, or a reset lost one.
+/// Runs a [`share`] per task on a fresh runtime of `threads` workers; once every task is set up, waits for the
+/// process to go idle, then starts them. CPU is read until `settle` (where the subject shows its deferred work) and
+/// the process idle. The connections' timers must all still be pending afterwards, or a reset lost one.
 fn on_runtime<F: Future + Send + 'static>(
-    config: Config,
-    settle: Option<fn() -> Result<(), String>>,
+    (threads, ops): (usize, u64),
+    settle: bool,
     arm: fn(Duration) -> F,
-    reset: Option<fn() -> Move<F>>,
+    reset: Option<Reset<F>>,
 ) -> Result<Run, String> {
-    let tasks = config.threads;
-    let runtime = runtime(tasks)?;
+    let runtime = runtime(threads)?;
+    let barrier = || Barrier::new(threads + 1);
+    let (set_up, released, start) = (barrier(), barrier(), StartLine::default());
     let lines = Arc::new(Lines {
-        set_up: Barrier::new(tasks + 1),
-        released: Barrier::new(tasks + 1),
-        start: StartLine::default(),
+        set_up,
+        released,
+        start,
     });
-    let handles: Vec<_> = (0..tasks)
-        .map(|index| {
-            runtime.spawn(share(
-                index,
-                Arc::clone(&lines),
-                config.ops,
-                arm,
-                reset.map(|reset| reset()),
-            ))
-        })
-        .collect();
+    let spawn = |index| runtime.spawn(share((index, Arc::clone(&lines), ops), arm, reset));
+    let handles: Vec<_> = (0..threads).map(spawn).collect();
     lines.set_up.wait();
     wait_until_quiet();
     lines.released.wait();
-    lines.start.gather(tasks)?;
+    lines.start.gather(threads)?;
     let cpu = process_cpu_time();
     let start = lines.start.go();
     let results = runtime.block_on(parallel::join_all(handles));
-    let settled = settle.map_or(Ok(()), |settle| settle());
+    let settled = if settle {
+        timers::settle_corewheel()
+    } else {
+        Ok(())
+    };
     let cpu = cpu_between(cpu, wait_until_quiet());
     settled?;
-    let (shares, mut idle): (Vec<Share>, Vec<_>) = results
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .unzip();
+    let results: Vec<(Share, Idle<F>)> = results.into_iter().collect::<Result<_, _>>()?;
+    let (shares, mut idle): (Vec<Share>, Vec<_>) = results.into_iter().unzip();
     check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
     let mut cx = Context::from_waker(Waker::noop());
     let fired = runtime.block_on(async {
-        idle.iter_mut()
+        let mut ready = idle
+            .iter_mut()
             .flatten()
-            .map(|timer| usize::from(timer.as_mut().poll(&mut cx).is_ready()))
-            .sum::<usize>()
+            .map(|t| t.as_mut().poll(&mut cx).is_ready());
+        ready.by_ref().filter(|&ready| ready).count()
     });
-    {
-        let _guard = runtime.enter();
-        drop(idle);
+    let guard = runtime.enter();
+    drop(idle);
+    drop(guard);
+    match fired {
+        0 => Ok(Run {
+            cpu,
+            ..Run::of(start, &shares)
+        }),
+        _ => Err(format!("{fired} connections' idle timers fired")),
     }
-    if fired > 0 {
-        return Err(format!("{fired} connections' idle timers fired"));
-    }
-    Ok(Run {
-        cpu,
-        ..Run::of(start, &shares)
-    })
 }
 
-/// One measurement's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Config {
-    threads: usize,
-    /// Operations per thread.
-    ops: u64,
+/// A subject's sleep, and its timeout around a pending read.
+type Make<S, T> = (fn(Duration) -> S, fn(Duration) -> T);
+
+/// The subject's futures for `workload`: its sleep, its timeout around a pending read, or its sleep and reset.
+/// corewheel's sleeps and timeouts wait for the default engine to settle; its idle sleeps stay pending, so there the
+/// wait for the process to go idle stands for it.
+fn by_workload<S: Future + Send + 'static, T: Future + Send + 'static>(
+    (workload, config): (Workload, (usize, u64)),
+    corewheel: bool,
+    (sleep, timeout): Make<S, T>,
+    reset: Reset<S>,
+) -> Result<Run, String> {
+    match workload {
+        Workload::AsyncTimeout => on_runtime(config, corewheel, timeout, None),
+        Workload::AsyncReset => on_runtime(config, false, sleep, Some(reset)),
+        _ => on_runtime(config, corewheel, sleep, None),
+    }
 }
 
-/// One run of `kind` for `subject`. corewheel's runs wait for the default engine to settle (every timer's cancel done
-/// by its workers) before the CPU reading; the idle sleeps of async-reset stay pending, so there the wait for the
-/// process to go idle stands for it.
-fn measure(kind: Kind, subject: Subject, config: Config) -> Result<Run, String> {
-    use Kind::*;
-    use Subject::*;
-    let settle = Some(timers::settle_corewheel as fn() -> Result<(), String>);
-    match (subject, kind) {
-        (Tokio, Sleep) => on_runtime(config, None, timers::tokio_sleep, None),
-        (Tokio, Timeout) => on_runtime(config, None, timers::tokio_timeout_read, None),
-        (Tokio, Reset) => on_runtime(
-            config,
-            None,
-            timers::tokio_sleep,
-            Some(|| Move::InPlace(timers::tokio_reset)),
+fn measure(workload: Workload, subject: Subject, config: (usize, u64)) -> Result<Run, String> {
+    use timers::*;
+    let at = (workload, config);
+    match subject {
+        Subject::Tokio => by_workload(
+            at,
+            false,
+            (tokio_sleep, tokio_timeout),
+            InPlace(tokio_reset),
         ),
-        (AsyncIo, Sleep) => on_runtime(config, None, timers::async_io_sleep, None),
-        (AsyncIo, Timeout) => on_runtime(config, None, timers::async_io_timeout_read, None),
-        (AsyncIo, Reset) => on_runtime(
-            config,
-            None,
-            timers::async_io_sleep,
-            Some(|| Move::InPlace(timers::async_io_reset)),
+        Subject::AsyncIo => by_workload(
+            at,
+            false,
+            (async_io_sleep, async_io_timeout),
+            InPlace(async_io_reset),
         ),
-        (PingoraTimeout, Sleep) => on_runtime(config, None, timers::pingora_sleep, None),
-        (PingoraTimeout, Timeout) => on_runtime(config, None, timers::pingora_timeout_read, None),
-        (PingoraTimeout, Reset) => {
-            on_runtime(config, None, timers::pingora_sleep, Some(|| Move::Recreate))
+        Subject::PingoraTimeout => {
+            by_workload(at, false, (pingora_sleep, pingora_timeout), Recreate)
         }
-        (CorewheelAsync, Sleep) => on_runtime(config, settle, timers::corewheel_sleep, None),
-        (CorewheelAsync, Timeout) => {
-            on_runtime(config, settle, timers::corewheel_timeout_read, None)
-        }
-        (CorewheelAsync, Reset) => on_runtime(
-            config,
-            None,
-            timers::corewheel_sleep,
-            Some(|| Move::InPlace(timers::corewheel_reset)),
+        Subject::CorewheelAsync => by_workload(
+            at,
+            true,
+            (corewheel_sleep, corewheel_timeout),
+            InPlace(corewheel_reset),
         ),
         _ => Err(format!("{} is not an async subject", subject.name())),
     }
@@ -234,42 +191,22 @@ fn measure(kind: Kind, subject: Subject, config: Config) -> Result<Run, String> 
 
 /// Runs `plan`'s cells of async `workload` and prints its table.
 pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
-    let kind = match workload {
-        Workload::AsyncTimeout => Kind::Timeout,
-        Workload::AsyncReset => Kind::Reset,
-        _ => Kind::Sleep,
+    let measure = |cell: &Cell| measure(workload, cell.subject, (cell.threads, ops));
+    let results = parallel::measure(plan, |cell| ops * cell.threads as u64, measure);
+    let unit = if workload == Workload::AsyncReset {
+        "reset"
+    } else {
+        "timer"
     };
-    let results = parallel::measure(
-        plan,
-        |cell| ops * cell.threads as u64,
-        |cell: &Cell| {
-            measure(
-                kind,
-                cell.subject,
-                Config {
-                    threads: cell.threads,
-                    ops,
-                },
-            )
-        },
-    );
-    let (unit, name, ops_text) = (
-        if kind == Kind::Reset {
-            "reset"
-        } else {
-            "timer"
-        },
-        workload.name(),
-        thousands(ops),
-    );
-    let title = match kind {
-        Kind::Sleep => format!(
+    let (name, ops_text) = (workload.name(), thousands(ops));
+    let title = match workload {
+        Workload::AsyncSleep => format!(
             "{name} (poll a sleep once and drop it; {ops_text} per thread per run, delays uniform in 1 ms..30 s)"
         ),
-        Kind::Timeout => format!(
+        Workload::AsyncTimeout => format!(
             "{name} (timeout() around a pending read, polled once and dropped; {ops_text} per thread per run, delays uniform in 1 ms..30 s)"
         ),
-        Kind::Reset => format!(
+        _ => format!(
             "{name} (10,000 connections per thread, each with a 30 s idle sleep; {ops_text} resets per thread per run)"
         ),
     };
@@ -286,38 +223,24 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     ];
     let mut sheet = Sheet::new(name, title, ops, cols);
     sheet.scaling = Some(1);
-    let mut spreads = Vec::new();
-    let mut notes = Vec::new();
-    for (cell, result) in plan.cells.iter().zip(&results) {
-        let values = result.as_ref().map(|m| {
-            let label = format!("{}, {}", cell.subject.name(), cell.threads);
-            spreads.push(format!(
-                "{label}: {:.1}-{:.1}",
-                m.per.wall_min, m.per.wall_max
-            ));
-            if m.too_late > 0 {
-                notes.push(format!(
-                    "{label}: {} timers were due at once when polled, over {RUNS} runs",
-                    thousands(m.too_late)
-                ));
-            }
-            vec![m.per.cpu, Some(m.per.wall), Some(1e3 / m.per.wall)]
-        });
-        sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));
-    }
-    sheet.note(match kind {
-        Kind::Sleep => "timer = make a sleep, poll it once (which arms it with the task's waker), drop it (which cancels it)",
-        Kind::Timeout => "timer = make a timeout() around a read that is pending and never woken, poll it once (the read, then the timer armed), drop it",
-        Kind::Reset => "reset = push a random connection's idle sleep (the task's own) to now + 30 s: Sleep::reset / Timer::set_at; pingora-timeout has no reset, so its sleep is replaced by a new one and polled once; nothing is due during a run, so the work both wheels defer to the old deadline is not in it",
+    let too_late = "timers were due at once when polled";
+    let notes = parallel::add_rows(
+        &mut sheet,
+        plan.cells.iter().zip(&results),
+        too_late,
+        |per| vec![per.cpu, Some(per.wall), Some(1e3 / per.wall)],
+    );
+    sheet.note(match workload {
+        Workload::AsyncSleep => "timer = make a sleep, poll it once (which arms it with the task's waker), drop it (which cancels it)",
+        Workload::AsyncTimeout => "timer = make a timeout() around a read that is pending and never woken, poll it once (the read, then the timer armed), drop it",
+        _ => "reset = push a random connection's idle sleep (the task's own) to now + 30 s: Sleep::reset / Timer::set_at; pingora-timeout has no reset, so its sleep is replaced by a new one and polled once; nothing is due during a run, so the work both wheels defer to the old deadline is not in it",
     });
     sheet.note(format!("CPU ns/{unit} = process CPU time (every thread: the tasks', the timers' own threads) from the start line until the deferred work is done (corewheel: the engine settled; then, for every subject, the process idle) / {unit}s; ns/{unit} = wall time from the start line to the last task's end / {unit}s, all threads together" ));
     sheet.note("setup: a tokio rt-multi-thread runtime of T workers, one task per worker (held at a start line until all run at once), the same for every subject; corewheel-async and async-io run their runtime-agnostic futures in it");
     sheet.note(format!(
         "median of {RUNS} runs per subject, taken in turns; ns/{unit} range: {}",
-        spreads.join(", ")
+        notes.0
     ));
-    for note in notes {
-        sheet.note(note);
-    }
+    sheet.notes.extend(notes.1);
     sheet.finish(&mut out.csv);
 }

@@ -1,10 +1,6 @@
-//! burst-steal: a million timers scheduled from one thread, so all on that thread's shard, all due within the same 10
-//! ms, fired on the real clock by a TimerEngine with one worker per thread count, stealing on and off. Reports when
-//! the last one fired, lateness percentiles, and what share the other workers ran.
-//!
-//! Each callback records its lateness on the worker thread that runs it, in that thread's own buffer (an uncontended
-//! lock), so the callback adds no cross-core traffic of its own and the two settings are compared on the engine's
-//! work alone.
+//! burst-steal: a million timers scheduled from one thread, so all on its shard, all due within the same 10 ms, fired
+//! on the real clock by an engine with one worker per thread count, stealing on and off. Each callback records its
+//! lateness on its worker's own buffer, so the settings are compared on the engine's work alone.
 
 use std::time::{Duration, Instant};
 
@@ -17,19 +13,15 @@ use crate::workloads::lateness::{LatenessSummary, worker_records};
 use crate::workloads::{Out, rng};
 
 const NAME: &str = "burst-steal";
-/// All deadlines fall within this window.
 const SPREAD_NS: u64 = 10_000_000;
 /// From the start of scheduling to the window: long enough to schedule a million timers (tens of milliseconds) with
 /// room for a slow spell.
 const LEAD: Duration = Duration::from_millis(600);
-/// How long to wait for the last fire before calling timers lost.
 const GIVE_UP: Duration = Duration::from_secs(60);
 
 struct Burst {
-    /// From the first deadline to the last fire.
     last_fire: Duration,
     lateness: LatenessSummary,
-    /// Fires per worker thread, most first.
     per_worker: Vec<u64>,
     stolen: u64,
     /// Timers claimed by a worker other than the owner (`Stats::claimed_elsewhere`).
@@ -41,15 +33,14 @@ fn burst(workers: usize, stealing: bool, timers: u64) -> Result<Burst, String> {
     let engine = TimerEngine::builder()
         .workers(workers)
         .stealing(stealing)
-        .build()
-        .map_err(|error| format!("could not start the engine: {error}"))?;
+        .build();
+    let engine = engine.map_err(|error| format!("could not start the engine: {error}"))?;
     let mut rng = rng(0);
     let first = Instant::now() + LEAD;
     for _ in 0..timers {
         let deadline = first + Duration::from_nanos(rng.u64(..SPREAD_NS));
-        engine
-            .schedule_at(deadline, move || worker_records::record(deadline))
-            .map_err(|error| format!("schedule failed: {error}"))?;
+        let scheduled = engine.schedule_at(deadline, move || worker_records::record(deadline));
+        scheduled.map_err(|error| format!("schedule failed: {error}"))?;
     }
     if Instant::now() > first {
         return Err("scheduling took longer than the lead before the burst".to_string());
@@ -60,9 +51,8 @@ fn burst(workers: usize, stealing: bool, timers: u64) -> Result<Burst, String> {
     drop(engine);
     let (all, per_worker) = worker_records::take();
     let lateness = all.summarize();
-    let last_fire = lateness
-        .last_fire
-        .map_or(Duration::ZERO, |last| last.saturating_duration_since(first));
+    let after_first = |last: Instant| last.saturating_duration_since(first);
+    let last_fire = lateness.last_fire.map_or(Duration::ZERO, after_first);
     Ok(Burst {
         last_fire,
         lateness,
@@ -78,12 +68,6 @@ fn ms(duration: Duration) -> f64 {
 
 /// Runs `plan`'s bursts (each worker count above 1, stealing on and off, in turns) and prints the table.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
-    if plan.cells.is_empty() {
-        runner::print(&format!(
-            "{NAME}: skipped: stealing needs at least 2 workers (--threads)\n"
-        ));
-        return;
-    }
     let results = runner::in_turns(plan, |cell| burst(cell.threads, cell.param == 1, timers));
     let title = format!(
         "{NAME} ({} timers from one thread onto one shard, due within 10 ms; median of {RUNS} runs)",
@@ -128,25 +112,15 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             ));
         }
         // The run whose last fire is the median's, for its split across workers.
-        let typical = runs.iter().min_by(|a, b| {
-            (ms(a.last_fire) - last_fire)
-                .abs()
-                .total_cmp(&(ms(b.last_fire) - last_fire).abs())
-        });
-        let split = typical.map_or(String::new(), |b| {
-            let shares: Vec<String> = b
-                .per_worker
-                .iter()
-                .map(|&n| format!("{:.0}%", 100.0 * n as f64 / timers as f64))
-                .collect();
-            shares.join("/")
-        });
-        // Stealing on is measured beside stealing off at the same worker count.
-        let off = plan
-            .cells
+        let off_median = |b: &&Burst| (ms(b.last_fire) - last_fire).abs();
+        let typical = runs
             .iter()
-            .zip(&results)
-            .find(|(c, _)| c.threads == workers && c.param == 0);
+            .min_by(|a, b| off_median(a).total_cmp(&off_median(b)));
+        let share = |n: &u64| format!("{:.0}%", 100.0 * *n as f64 / timers as f64);
+        let split = typical.map_or(Vec::new(), |b| b.per_worker.iter().map(share).collect());
+        // Stealing on is measured beside stealing off at the same worker count.
+        let mut cells = plan.cells.iter().zip(&results);
+        let off = cells.find(|(c, _)| c.threads == workers && c.param == 0);
         let ratio = match (stealing, off.and_then(|(_, r)| r.as_ref().ok())) {
             (true, Some(off)) => format!("{:.2}x", last(off) / last_fire),
             _ => String::new(),
@@ -160,7 +134,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             format!("{max:.2}"),
             format!("{elsewhere:.0}%"),
             format!("{claimed:.0}%"),
-            split,
+            split.join("/"),
             thousands(early),
             ratio,
         ]);

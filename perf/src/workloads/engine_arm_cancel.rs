@@ -1,13 +1,8 @@
-//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine` against tokio's `sleep`,
-//! tokio's `timeout()`, pingora-timeout's `timeout()` and a `Mutex<BinaryHeap>` shared by the threads.
-//!
-//! Each thread keeps a window of K requests in flight: it arms a timer for a new request (delay uniform in 1 ms..30
-//! s) and cancels the one armed K operations earlier, whose response has arrived; window 0 arms a timer and cancels
-//! it at once. At the end each thread cancels what it still has in flight. The engine's threads are plain threads
-//! calling `schedule` and `cancel`; tokio's are the T workers of a runtime, each running one task that registers a
-//! `Sleep` (or polls a `timeout()` around a pending read) per request and drops it to cancel. A run is timed from the
-//! moment every thread has its window armed until the work is done: for the engine, until it has settled, so that the
-//! workers' share of the work is inside the time.
+//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine` against tokio's `sleep`
+//! and `timeout()`, pingora-timeout's `timeout()` and a `Mutex<BinaryHeap>` shared by the threads. Each thread keeps
+//! a window of K requests in flight: it arms a timer for a new request and cancels the one armed K operations
+//! earlier (window 0: at once). A run is timed from the moment every thread has its window armed until the work is
+//! done: for the engine, until it has settled, so that the workers' share of the work is inside the time.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,14 +16,9 @@ use crate::runner::{Cell, Plan};
 use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
 use crate::workloads::{Out, request_timeout, rng};
 
-#[derive(Debug, Clone, Copy)]
-struct Config {
-    threads: usize,
-    window: usize,
-    timers: u64,
-}
+/// A run's application threads, requests in flight per thread, and timers over the threads.
+type Config = (usize, usize, u64);
 
-/// A plain thread's share on a structure the threads share.
 fn thread_share<S: SharedTimers>(
     subject: &S,
     index: usize,
@@ -37,12 +27,12 @@ fn thread_share<S: SharedTimers>(
 ) -> Result<Share, String> {
     let mut rng = rng(index as u64 + 1);
     let mut share = Share::new();
-    let window: Result<Vec<S::Handle>, String> = (0..config.window as u64)
+    let window: Result<Vec<S::Handle>, String> = (0..config.1 as u64)
         .map(|i| subject.arm(request_timeout(&mut rng), i))
         .collect();
     gate.wait();
     let mut window = window?;
-    let ops = share_of(config.timers, config.threads, index);
+    let ops = share_of(config.2, config.0, index);
     share.scheduled = window.len() as u64 + ops;
     let mut count = |cancelled: bool| match cancelled {
         true => share.cancelled += 1,
@@ -72,9 +62,9 @@ async fn tokio_share<F: Future + Send + 'static>(
     config: Config,
     arm: fn(Duration) -> F,
 ) -> Result<Share, String> {
-    let ops = share_of(config.timers, config.threads, index);
+    let ops = share_of(config.2, config.0, index);
     let mut window: Vec<Pin<Box<Option<F>>>> =
-        (0..config.window.max(1)).map(|_| Box::pin(None)).collect();
+        (0..config.1.max(1)).map(|_| Box::pin(None)).collect();
     with_context(|cx| {
         let mut rng = rng(index as u64 + 1);
         let mut share = Share::new();
@@ -84,23 +74,21 @@ async fn tokio_share<F: Future + Send + 'static>(
                 share.due_at_once += u64::from(register(timer, cx));
             }
         };
-        for slot in window.iter_mut().take(config.window) {
+        for slot in window.iter_mut().take(config.1) {
             put(slot, &mut share);
         }
-        if !line.arrive_and_wait() {
-            return Err("the run was called off".to_string());
-        }
+        line.arrive_and_wait()?;
         let len = window.len();
         for op in 0..ops as usize {
             put(&mut window[op % len], &mut share);
-            if config.window == 0 {
+            if config.1 == 0 {
                 window[0].as_mut().set(None);
             }
         }
         for slot in &mut window {
             slot.as_mut().set(None);
         }
-        share.scheduled = config.window as u64 + ops;
+        share.scheduled = config.1 as u64 + ops;
         share.cancelled = share.scheduled;
         share.done = Instant::now();
         Ok(share)
@@ -109,63 +97,52 @@ async fn tokio_share<F: Future + Send + 'static>(
 }
 
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
+    let threads = config.0;
     match subject {
-        Subject::Engine => parallel::on_engine(config.threads, true, |e, i, gate| {
-            thread_share(e, i, gate, config)
-        }),
-        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| {
-            thread_share(h, i, gate, config)
-        }),
-        Subject::TokioSleep => parallel::on_tokio(config.threads, |i, line| {
+        Subject::Engine => {
+            parallel::on_engine(threads, true, |e, i, gate| thread_share(e, i, gate, config))
+        }
+        Subject::MutexHeap => {
+            parallel::on_mutex_heap(threads, |h, i, gate| thread_share(h, i, gate, config))
+        }
+        Subject::TokioSleep => parallel::on_tokio(threads, |i, line| {
             tokio_share(i, line, config, tokio::time::sleep)
         }),
-        Subject::TokioTimeout => parallel::on_tokio(config.threads, |i, line| {
-            tokio_share(i, line, config, async_timers::tokio_timeout_read)
+        Subject::TokioTimeout => parallel::on_tokio(threads, |i, line| {
+            tokio_share(i, line, config, async_timers::tokio_timeout)
         }),
-        Subject::PingoraTimeout => parallel::on_tokio(config.threads, |i, line| {
-            tokio_share(i, line, config, async_timers::pingora_timeout_read)
+        Subject::PingoraTimeout => parallel::on_tokio(threads, |i, line| {
+            tokio_share(i, line, config, async_timers::pingora_timeout)
         }),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
 
-/// Runs `plan`'s cells and prints a table per window.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
-    let results = parallel::measure(
-        plan,
-        |_| timers,
-        |cell: &Cell| {
-            let config = Config {
-                threads: cell.threads,
-                window: cell.param as usize,
-                timers,
-            };
-            measure(cell.subject, config)
-        },
-    );
+    let config = |cell: &Cell| (cell.threads, cell.param as usize, timers);
+    let results = parallel::measure(plan, |_| timers, |cell| measure(cell.subject, config(cell)));
     let mut windows: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
     windows.dedup();
     for window in windows {
-        let cells: Vec<_> = plan
+        let cells = plan
             .cells
             .iter()
             .zip(&results)
-            .filter(|(cell, _)| cell.param == window)
-            .collect();
+            .filter(|(cell, _)| cell.param == window);
+        let cells: Vec<_> = cells.collect();
+        let (window_text, timers_text) = (thousands(window), thousands(timers));
         let title = format!(
-            "engine-arm-cancel (window {} per thread, {} timers per run, delays uniform in 1 ms..30 s)",
-            thousands(window),
-            thousands(timers)
+            "engine-arm-cancel (window {window_text} per thread, {timers_text} timers per run, delays uniform in 1 ms..30 s)"
         );
         let too_late = "fired before their cancel (the cancel then returns false)";
         let name = format!("engine-arm-cancel-w{window}");
         let mut sheet = threads_sheet((name, title), ("timer", timers), too_late, &cells);
         sheet.note(match window {
             0 => "timer = arm one (delay uniform in 1 ms..30 s) and cancel it at once".to_string(),
-            _ => format!("timer = arm one and cancel the one this thread armed {} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)", thousands(window) ),
+            _ => format!("timer = arm one and cancel the one this thread armed {window_text} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)"),
         });
         sheet.note("ns/timer = wall time / timers, all threads together, from the moment every thread has its window armed to the end; for the engine the end is when stats() shows every timer cancelled or fired and every pool node is free, so its workers' share is inside");
-        sheet.note(format!("engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending; mutex-heap: T plain threads sharing one locked heap", engine::cpus() ));
+        sheet.note(format!("engine: {} pinned workers, the T application threads are plain threads; tokio-sleep: a runtime of T workers, one task each, its Sleeps polled once with the task's waker and dropped; tokio-timeout, pingora-timeout: the same, each request a timeout() around a read that is pending; mutex-heap: T plain threads sharing one locked heap", engine::cpus()));
         sheet.finish(&mut out.csv);
     }
 }

@@ -1,12 +1,8 @@
 //! engine-reset: idle timeouts from T application threads, corewheel's `TimerEngine` against tokio's `Sleep::reset`
-//! and a `Mutex<BinaryHeap>` shared by the threads.
-//!
-//! 100,000 connections, split evenly over the threads; every connection has an idle timer of 30 s. Each read or write
-//! on a connection pushes its timer back to now + 30 s on the real clock: each thread picks one of its own
-//! connections at random and resets its timer, `engine.reset(handle, 30 s)` or `sleep.as_mut().reset(Instant::now() +
-//! 30 s)`. Nothing comes due during a run, so both take their "later deadline" path: a few atomic operations on the
-//! timer's own entry, the move deferred until the old deadline comes round. So the engine's workers have nothing to
-//! settle, and it is dropped untimed.
+//! and a `Mutex<BinaryHeap>` shared by the threads: 100,000 connections split over the threads, each with an idle
+//! timer of 30 s, each read or write pushing it back to now + 30 s. Nothing comes due during a run, so both wheels
+//! take their "later deadline" path (the move deferred until the old deadline comes round) and the engine's workers
+//! have nothing to settle: it is dropped untimed.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,29 +13,23 @@ use tokio::time::Sleep;
 use crate::peers::tokio_sleep::{StartLine, register, with_context};
 use crate::peers::{SharedTimers, Subject};
 use crate::report::thousands;
-use crate::runner::{Cell, Plan};
+use crate::runner::Plan;
 use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
 use crate::workloads::{Out, rng};
 
-/// Connections over all threads, each with one idle timer.
 const CONNECTIONS: u64 = 100_000;
-/// How long a connection may stay idle.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-#[derive(Debug, Clone, Copy)]
-struct Config {
-    threads: usize,
-    resets: u64,
-}
+/// A run's application threads and resets.
+type Config = (usize, u64);
 
-/// A plain thread's share on a structure the threads share.
 fn thread_share<S: SharedTimers>(
     subject: &S,
     index: usize,
     gate: &Gate,
     config: Config,
 ) -> Result<Share, String> {
-    let connections = share_of(CONNECTIONS, config.threads, index);
+    let connections = share_of(CONNECTIONS, config.0, index);
     let mut rng = rng(index as u64 + 7);
     let mut share = Share::new();
     let timers: Result<Vec<S::Handle>, String> = (0..connections)
@@ -48,7 +38,7 @@ fn thread_share<S: SharedTimers>(
     gate.wait();
     let mut timers = timers?;
     share.scheduled = connections;
-    for _ in 0..share_of(config.resets, config.threads, index) {
+    for _ in 0..share_of(config.1, config.0, index) {
         let connection = rng.u64(..connections) as usize;
         match subject.reset(timers[connection], IDLE_TIMEOUT) {
             Some(moved) => timers[connection] = moved,
@@ -69,7 +59,7 @@ fn thread_share<S: SharedTimers>(
 
 /// One task's share on tokio: its connections' sleeps, pushed back with `Sleep::reset`.
 async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Result<Share, String> {
-    let connections = share_of(CONNECTIONS, config.threads, index);
+    let connections = share_of(CONNECTIONS, config.0, index);
     let mut timers: Vec<Pin<Box<Sleep>>> = (0..connections)
         .map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)))
         .collect();
@@ -80,10 +70,8 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
             share.due_at_once += u64::from(register(timer.as_mut(), cx));
         }
         share.scheduled = connections;
-        if !line.arrive_and_wait() {
-            return Err("the run was called off".to_string());
-        }
-        for _ in 0..share_of(config.resets, config.threads, index) {
+        line.arrive_and_wait()?;
+        for _ in 0..share_of(config.1, config.0, index) {
             let deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
             timers[rng.u64(..connections) as usize]
                 .as_mut()
@@ -99,40 +87,31 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
 }
 
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
+    let threads = config.0;
     match subject {
-        Subject::Engine => parallel::on_engine(config.threads, false, |e, i, gate| {
+        Subject::Engine => parallel::on_engine(threads, false, |e, i, gate| {
             thread_share(e, i, gate, config)
         }),
-        Subject::MutexHeap => parallel::on_mutex_heap(config.threads, |h, i, gate| {
-            thread_share(h, i, gate, config)
-        }),
-        Subject::TokioSleep => parallel::on_tokio(config.threads, |index, line| {
-            tokio_share(index, line, config)
-        }),
+        Subject::MutexHeap => {
+            parallel::on_mutex_heap(threads, |h, i, gate| thread_share(h, i, gate, config))
+        }
+        Subject::TokioSleep => {
+            parallel::on_tokio(threads, |index, line| tokio_share(index, line, config))
+        }
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }
 
-/// Runs `plan`'s cells and prints the table.
 pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
     let results = parallel::measure(
         plan,
         |_| resets,
-        |cell: &Cell| {
-            measure(
-                cell.subject,
-                Config {
-                    threads: cell.threads,
-                    resets,
-                },
-            )
-        },
+        |cell| measure(cell.subject, (cell.threads, resets)),
     );
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
+    let (connections, resets_text) = (thousands(CONNECTIONS), thousands(resets));
     let title = format!(
-        "engine-reset ({} connections over the threads, {} resets per run, idle timeout 30 s)",
-        thousands(CONNECTIONS),
-        thousands(resets)
+        "engine-reset ({connections} connections over the threads, {resets_text} resets per run, idle timeout 30 s)"
     );
     let too_late = "found already fired by a reset";
     let mut sheet = threads_sheet(

@@ -13,8 +13,8 @@ use corewheel::TimerEngine;
 use tokio_util::time::DelayQueue;
 
 use crate::peers::binary_heap::TombstoneHeap;
-use crate::peers::{PolledQueue, Subject, TimerQueue, delay_queue, engine, wheel};
-use crate::report::{Col, Csv, Row, Sheet, Table, thousands};
+use crate::peers::{PolledQueue, Subject, TICK, TimerQueue, engine};
+use crate::report::{Col, Csv, Sheet, Table, thousands};
 use crate::runner::{self, Cell, Plan};
 use crate::sys::{process_cpu_time, thread_cpu_time};
 use crate::workloads::lateness::{Lateness, LatenessSummary, worker_records};
@@ -51,18 +51,17 @@ struct Storm {
 }
 
 impl Storm {
-    /// The storm armed as `armed` says, fired with `cpu` since `armed_at`.
     fn new(
-        armed: (Duration, Instant),
-        armed_at: Instant,
+        (armed, armed_at): ((Duration, Instant), Instant),
         cpu: Option<Duration>,
-        lateness: Lateness,
+        late: Lateness,
     ) -> Self {
+        let lateness = late.summarize();
         Self {
             armed,
             armed_at,
             fire_cpu: cpu,
-            lateness: lateness.summarize(),
+            lateness,
         }
     }
 }
@@ -106,17 +105,13 @@ fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
             lateness.record(deadline, now, Instant::now());
         }
     }
-    Ok(Storm::new(
-        armed,
-        armed_at,
-        crate::sys::cpu_between(cpu, thread_cpu_time()),
-        lateness,
-    ))
+    let cpu = crate::sys::cpu_between(cpu, thread_cpu_time());
+    Ok(Storm::new((armed, armed_at), cpu, lateness))
 }
 
 /// The same on a DelayQueue in a runtime, awaiting its stream of expired timers.
 fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
-    delay_queue::runtime()?.block_on(async {
+    crate::peers::runtime()?.block_on(async {
         let (mut lateness, mut queue) = (Lateness::default(), DelayQueue::new());
         let armed = arm(timers, |deadline| {
             queue.arm(deadline, deadline);
@@ -129,12 +124,8 @@ fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
             let fired_at = Instant::now();
             lateness.record(expired.into_inner(), fired_at, fired_at);
         }
-        Ok(Storm::new(
-            armed,
-            armed_at,
-            crate::sys::cpu_between(cpu, thread_cpu_time()),
-            lateness,
-        ))
+        let cpu = crate::sys::cpu_between(cpu, thread_cpu_time());
+        Ok(Storm::new((armed, armed_at), cpu, lateness))
     })
 }
 
@@ -157,12 +148,15 @@ fn storm_engine(timers: u64, tick: Duration) -> Result<Storm, String> {
     engine::wait_until_fired(&engine, timers, Duration::from_millis(5), GIVE_UP)?;
     let cpu = crate::sys::cpu_between(cpu, process_cpu_time());
     drop(engine);
-    Ok(Storm::new(armed, armed_at, cpu, worker_records::take().0))
+    Ok(Storm::new((armed, armed_at), cpu, worker_records::take().0))
 }
 
 fn storm(subject: Subject, timers: u64, tick: Duration) -> Result<Storm, String> {
     match subject {
-        Subject::Corewheel => storm_polled(wheel::new_wheel_ticking::<Instant>(tick), timers),
+        Subject::Corewheel => storm_polled(
+            corewheel::Wheel::<Instant>::new(tick, Instant::now()),
+            timers,
+        ),
         Subject::DelayQueue => storm_delay_queue(timers),
         Subject::BinaryHeap => storm_polled(TombstoneHeap::<Instant>::new(), timers),
         Subject::Engine => storm_engine(timers, tick),
@@ -204,22 +198,27 @@ fn floor_table(timers: u64, csv: &mut Csv) {
     let title = format!(
         "{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)"
     );
-    let header = [
-        "tick us",
-        "wake-ups",
-        "p50 oversleep us",
-        "p99 oversleep us",
-        "max oversleep us",
-    ];
-    let mut table = Table::new(
-        title,
-        &[
-            &header[..],
-            &["storm floor p50 late us", "p99 late us", "max late us"],
-        ]
-        .concat(),
+    let (over, late) = (
+        ["p50 oversleep us", "p99 oversleep us", "max oversleep us"],
+        ["p99 late us", "max late us"],
     );
-    for tick in std::iter::once(wheel::TICK).chain(FINE_TICKS) {
+    let header = [
+        &["tick us", "wake-ups"][..],
+        &over,
+        &["storm floor p50 late us"],
+        &late,
+    ]
+    .concat();
+    let mut table = Table::new(title, &header);
+    let names = [
+        "oversleep_p50",
+        "oversleep_p99",
+        "oversleep_max",
+        "lateness_p50",
+        "lateness_p99",
+        "lateness_max",
+    ];
+    for tick in std::iter::once(TICK).chain(FINE_TICKS) {
         let sleeper = wake_floor::sleep_through(tick, Duration::from_nanos(SPREAD_NS));
         let (over, floor) = (
             sleeper.oversleep_summary(),
@@ -227,19 +226,11 @@ fn floor_table(timers: u64, csv: &mut Csv) {
         );
         let figures = [
             over.p50, over.p99, over.max, floor.p50, floor.p99, floor.max,
-        ]
-        .map(|d| d.as_secs_f64() * 1e6);
+        ];
+        let figures = figures.map(|d| d.as_secs_f64() * 1e6);
         let mut cells = vec![tick.as_micros().to_string(), thousands(over.fired)];
         cells.extend(figures.iter().map(|us| format!("{us:.0}")));
         table.row(cells);
-        let names = [
-            "oversleep_p50",
-            "oversleep_p99",
-            "oversleep_max",
-            "lateness_p50",
-            "lateness_p99",
-            "lateness_max",
-        ];
         let metrics: Vec<_> = names
             .into_iter()
             .zip(figures)
@@ -260,31 +251,27 @@ fn floor_table(timers: u64, csv: &mut Csv) {
 /// The storms to run: every subject at the default tick, then the engine and the wheel at each finer tick; a cell's
 /// setting is its tick in microseconds.
 pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
-    let default = wheel::TICK.as_micros() as u64;
+    let cell = |subject, tick: Duration| Cell {
+        subject,
+        threads: 1,
+        param: tick.as_micros() as u64,
+    };
     let mut cells: Vec<Cell> = subjects
         .iter()
-        .map(|&subject| Cell {
-            subject,
-            threads: 1,
-            param: default,
-        })
+        .map(|&subject| cell(subject, TICK))
         .collect();
     for tick in FINE_TICKS {
         let fine = subjects
             .iter()
             .filter(|s| matches!(s, Subject::Engine | Subject::Corewheel));
-        cells.extend(fine.map(|&subject| Cell {
-            subject,
-            threads: 1,
-            param: tick.as_micros() as u64,
-        }));
+        cells.extend(fine.map(|&subject| cell(subject, tick)));
     }
     cells
 }
 
 /// The row's and the CSV's name: the subject's, with the tick when it is not the default.
 fn case_name(cell: &Cell) -> String {
-    match cell.param == wheel::TICK.as_micros() as u64 {
+    match cell.param == TICK.as_micros() as u64 {
         true => cell.subject.name().to_string(),
         false => format!("{}-{}us", cell.subject.name(), cell.param),
     }
@@ -299,7 +286,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let witnessed = witness.join().ok().flatten();
         storm.map(|storm| (storm, witnessed))
     });
-    let default = wheel::TICK.as_micros() as u64;
+    let default = TICK.as_micros() as u64;
     let mut errors = Vec::new();
     for fine in [false, true] {
         let title = match fine {
@@ -326,24 +313,16 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             Col::new("early", "early_fires", "count", 0),
         ];
         let mut sheet = Sheet::new(NAME, title, timers, cols);
-        for (cell, result) in plan
-            .cells
-            .iter()
-            .zip(&results)
-            .filter(|(c, _)| (c.param != default) == fine)
-        {
+        let cells = plan.cells.iter().zip(&results);
+        for (cell, result) in cells.filter(|(c, _)| (c.param != default) == fine) {
             let name = case_name(cell);
             let values = result.as_ref().map_err(Clone::clone).map(|runs| {
                 let (storm, witnessed) = &runs[0];
                 let late = &storm.lateness;
                 out.plots.add_lateness(&name, late.cdf.clone());
                 if late.early > 0 || late.fired != timers {
-                    errors.push(format!(
-                        "ERROR: {name} fired {} of {} timers, {} of them EARLY, before their deadline",
-                        thousands(late.fired),
-                        thousands(timers),
-                        thousands(late.early)
-                    ));
+                    let (fired, all, early) = (thousands(late.fired), thousands(timers), thousands(late.early));
+                    errors.push(format!("ERROR: {name} fired {fired} of {all} timers, {early} of them EARLY, before their deadline"));
                 }
                 if storm.armed_at > storm.armed.1 {
                     sheet.note(format!("{name}: inserting took past the first deadline, so early timers' lateness includes the rest of the inserting"));
@@ -351,24 +330,12 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
                 let cost = storm.fire_cpu.map(|cpu| ns_per(cpu, late.fired));
                 let span = late.last_fire.map(|last| last.saturating_duration_since(storm.armed.1));
                 let us = |d: Duration| Some(d.as_secs_f64() * 1e6);
-                vec![
-                    Some(ns_per(storm.armed.0, timers)),
-                    cost,
-                    cost.map(|ns| 1e3 / ns),
-                    span.map(|span| span.as_secs_f64() * 1e3),
-                    us(late.p50),
-                    us(late.p99),
-                    us(late.max),
-                    witnessed.and_then(us),
-                    Some(late.early as f64),
-                ]
+                let mut row = vec![Some(ns_per(storm.armed.0, timers)), cost, cost.map(|ns| 1e3 / ns)];
+                row.extend([span.map(|span| span.as_secs_f64() * 1e3), us(late.p50), us(late.p99), us(late.max)]);
+                row.extend([witnessed.and_then(us), Some(late.early as f64)]);
+                row
             });
-            sheet.rows.push(Row {
-                name,
-                subject: cell.subject,
-                threads: 1,
-                values,
-            });
+            sheet.push(&name, cell.subject, values);
         }
         if sheet.rows.is_empty() {
             continue;

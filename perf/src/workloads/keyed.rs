@@ -1,15 +1,7 @@
 //! keyed-*: a timer per key from 1..N threads, corewheel's `KeyedTimers` against what users build today (a
 //! `Mutex<HashMap>` of handles over the same engine, and tokio-util's `DelayQueue` with a key map behind one lock),
-//! and the candidate maps alone.
-//!
-//! Each thread works on keys of its own (its index in the high bits), as a server's connections or cache entries are
-//! spread over threads; every deadline is 30 s out, so nothing comes due during a run.
-//!
-//! - keyed-set-remove: a request's timer per key. Set a new key, remove the one set 16 operations earlier; one
-//!   operation is a set and a remove.
-//! - keyed-set-over: set over an existing key (10,000 per thread, set untimed first), which replaces its value and
-//!   deadline.
-//! - keyed-move: move an existing key's deadline (the same 10,000 keys per thread).
+//! and the candidate maps alone. Each thread works on keys of its own (its index in the high bits); every deadline is
+//! 30 s out, so nothing comes due during a run.
 
 use std::time::{Duration, Instant};
 
@@ -22,164 +14,99 @@ use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet
 use crate::workloads::{Out, Workload, rng};
 
 /// Keys each thread sets before keyed-set-over and keyed-move begin.
-pub const KEYS_PER_THREAD: u64 = 10_000;
+const KEYS_PER_THREAD: u64 = 10_000;
 /// Keys a thread holds in keyed-set-remove: each is removed this many sets later.
-pub const WINDOW: u64 = 16;
+const WINDOW: u64 = 16;
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Which keyed workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    SetRemove,
-    SetOver,
-    Move,
-}
-
-impl Kind {
-    /// What one operation is, for the table's unit and first note.
-    fn operation(self) -> (&'static str, &'static str) {
-        match self {
-            Kind::SetRemove => (
-                "op",
-                "op = set a new key (30 s) and remove the key this thread set 16 operations earlier",
-            ),
-            Kind::SetOver => (
-                "set",
-                "set = set a random one of the thread's 10,000 pending keys again: a new value and a deadline 30 s from now",
-            ),
-            Kind::Move => (
-                "move",
-                "move = move a random one of the thread's 10,000 pending keys to 30 s from now",
-            ),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Config {
-    kind: Kind,
-    threads: usize,
-    ops: u64,
-}
-
-/// One thread's share: sets up its keys, waits at the gate, then does its operations.
+/// One thread's share of `workload`'s `ops` over `threads`: sets up its keys, waits at the gate, then does its
+/// operations; any key not pending when the thread comes back to it fails the run.
 fn thread_share(
     subject: &dyn Keyed,
-    index: usize,
-    gate: &Gate,
-    config: Config,
+    (index, gate): (usize, &Gate),
+    (workload, threads, ops): (Workload, usize, u64),
 ) -> Result<Share, String> {
-    let base = (index as u64) << 40;
-    let ops = share_of(config.ops, config.threads, index);
-    let mut share = Share::new();
-    let mut rng = rng(index as u64 + 29);
-    let setup: Result<(), String> = if config.kind == Kind::SetRemove {
-        Ok(())
-    } else {
-        (0..KEYS_PER_THREAD).try_for_each(|key| subject.set(base + key, key, DEADLINE))
+    let (base, ops) = ((index as u64) << 40, share_of(ops, threads, index));
+    let (mut share, mut rng) = (Share::new(), rng(index as u64 + 29));
+    let setup = match workload {
+        Workload::KeyedSetRemove => Ok(()),
+        _ => (0..KEYS_PER_THREAD).try_for_each(|key| subject.set(base + key, key, DEADLINE)),
     };
     gate.wait();
     setup?;
-    match config.kind {
-        Kind::SetRemove => {
-            for op in 0..ops {
+    let mut missing = 0;
+    for op in 0..ops {
+        let pending = match workload {
+            Workload::KeyedSetRemove => {
                 subject.set(base + op, op, DEADLINE)?;
-                if op >= WINDOW && !subject.remove(base + op - WINDOW) {
-                    share.too_late += 1;
-                }
+                op < WINDOW || subject.remove(base + op - WINDOW)
             }
-            for op in ops.saturating_sub(WINDOW)..ops {
-                if !subject.remove(base + op) {
-                    share.too_late += 1;
-                }
-            }
-        }
-        Kind::SetOver => {
-            for op in 0..ops {
+            Workload::KeyedSetOver => {
                 subject.set(base + rng.u64(..KEYS_PER_THREAD), op, DEADLINE)?;
+                true
             }
-        }
-        Kind::Move => {
-            for _ in 0..ops {
-                if !subject.move_to(base + rng.u64(..KEYS_PER_THREAD), DEADLINE) {
-                    share.too_late += 1;
-                }
-            }
-        }
+            _ => subject.move_to(base + rng.u64(..KEYS_PER_THREAD), DEADLINE),
+        };
+        missing += u64::from(!pending);
+    }
+    if workload == Workload::KeyedSetRemove {
+        missing += (ops.saturating_sub(WINDOW)..ops)
+            .filter(|&op| !subject.remove(base + op))
+            .count() as u64;
     }
     share.done = Instant::now();
-    if share.too_late > 0 {
-        return Err(format!(
-            "{} keys were not pending when the thread came back to them",
-            share.too_late
-        ));
+    match missing {
+        0 => Ok(share),
+        _ => Err(format!(
+            "{missing} keys were not pending when the thread came back to them"
+        )),
     }
-    Ok(share)
 }
 
-fn no_workers() -> Option<Duration> {
-    None
-}
-
-/// Runs the threads against `subject`, counting the engine's workers' CPU if `on_engine`.
-fn run_on(subject: &dyn Keyed, on_engine: bool, config: Config) -> Result<Run, String> {
-    let workers_cpu = if on_engine {
-        engine::workers_cpu_time
-    } else {
-        no_workers
+/// One run of `subject`, counting the engine's workers' CPU where it has them; the keys left pending are dropped
+/// with it, untimed.
+fn measure(subject: Subject, config: (Workload, usize, u64)) -> Result<Run, String> {
+    let run = |keyed: &dyn Keyed, workers_cpu: fn() -> Option<Duration>| {
+        let body = |i, gate: &Gate| thread_share(keyed, (i, gate), config);
+        parallel::on_threads(config.1, workers_cpu, body, |_| Ok(None))
     };
-    parallel::on_threads(
-        config.threads,
-        workers_cpu,
-        |i, gate| thread_share(subject, i, gate, config),
-        |_| Ok(None),
-    )
-}
-
-/// One run of `subject`; the keys left pending are dropped with it, untimed.
-fn measure(subject: Subject, config: Config) -> Result<Run, String> {
+    let (workers, none): (fn() -> _, fn() -> _) = (engine::workers_cpu_time, || None);
     match subject {
-        Subject::Keyed => run_on(&keyed::keyed_timers(&engine::build()?), true, config),
-        Subject::MutexMap => run_on(&MutexMap::new(&engine::build()?), true, config),
+        Subject::Keyed => run(&keyed::keyed_timers(&engine::build(false)?), workers),
+        Subject::MutexMap => run(&MutexMap::new(&engine::build(false)?), workers),
         Subject::DelayQueueMap => {
-            let runtime = crate::peers::delay_queue::runtime()?;
-            let queue = DelayQueueMap::default();
+            let (runtime, queue) = (crate::peers::runtime()?, DelayQueueMap::default());
             // Every thread inserts into the queue, which needs the runtime's context.
             let body = |index, gate: &Gate| {
                 let _context = runtime.enter();
-                thread_share(&queue, index, gate, config)
+                thread_share(&queue, (index, gate), config)
             };
-            parallel::on_threads(config.threads, no_workers, body, |_| Ok(None))
+            parallel::on_threads(config.1, none, body, |_| Ok(None))
         }
-        Subject::Dashmap => run_on(&DashMapOnly::default(), false, config),
-        Subject::Scc => run_on(&SccOnly::default(), false, config),
+        Subject::Dashmap => run(&DashMapOnly::default(), none),
+        Subject::Scc => run(&SccOnly::default(), none),
         _ => Err(format!("{} is not a keyed subject", subject.name())),
     }
 }
 
-/// Runs `plan`'s cells of keyed `workload` and prints the table.
 pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
-    let kind = match workload {
-        Workload::KeyedSetOver => Kind::SetOver,
-        Workload::KeyedMove => Kind::Move,
-        _ => Kind::SetRemove,
-    };
-    let results = parallel::measure(
-        plan,
-        |_| ops,
-        |cell: &Cell| {
-            measure(
-                cell.subject,
-                Config {
-                    kind,
-                    threads: cell.threads,
-                    ops,
-                },
-            )
-        },
-    );
+    let config = |cell: &Cell| (workload, cell.threads, ops);
+    let results = parallel::measure(plan, |_| ops, |cell| measure(cell.subject, config(cell)));
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
-    let (unit, operation) = kind.operation();
+    let (unit, operation) = match workload {
+        Workload::KeyedSetRemove => (
+            "op",
+            "op = set a new key (30 s) and remove the key this thread set 16 operations earlier",
+        ),
+        Workload::KeyedSetOver => (
+            "set",
+            "set = set a random one of the thread's 10,000 pending keys again: a new value and a deadline 30 s from now",
+        ),
+        _ => (
+            "move",
+            "move = move a random one of the thread's 10,000 pending keys to 30 s from now",
+        ),
+    };
     let name = workload.name();
     let title = format!(
         "{name} ({} operations per run over the threads; deadlines 30 s out, nothing due)",

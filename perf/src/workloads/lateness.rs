@@ -61,13 +61,7 @@ impl Lateness {
         self.last_fire = Some(self.last_fire.map_or(fired_at, |last| last.max(fired_at)));
     }
 
-    /// Timers recorded.
-    pub fn len(&self) -> u64 {
-        self.histogram.len()
-    }
-
-    /// Adds another record's timers to this one.
-    pub fn absorb(&mut self, other: Lateness) {
+    pub fn absorb(&mut self, other: &Lateness) {
         // Both histograms have the same bounds, so adding cannot fail.
         let _ = self.histogram.add(&other.histogram);
         self.early += other.early;
@@ -75,7 +69,6 @@ impl Lateness {
         self.last_fire = self.last_fire.max(other.last_fire);
     }
 
-    /// The percentiles and the distribution.
     pub fn summarize(self) -> LatenessSummary {
         let at = |q: f64| Duration::from_nanos(self.histogram.value_at_quantile(q));
         let mut shares: Vec<f64> = (0..=200)
@@ -124,12 +117,8 @@ mod tests {
             Some(1.0),
             "the CDF ends at every timer"
         );
-        assert!(
-            summary
-                .cdf
-                .windows(2)
-                .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1)
-        );
+        let rising = |w: &[(f64, f64)]| w[0].0 <= w[1].0 && w[0].1 <= w[1].1;
+        assert!(summary.cdf.windows(2).all(rising));
     }
 }
 
@@ -138,12 +127,12 @@ mod tests {
 /// the records are process-wide.
 pub mod worker_records {
     use std::cell::RefCell;
-    use std::sync::{Arc, Mutex, PoisonError};
+    use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
     use super::Lateness;
+    use crate::runner::lock;
 
-    /// One worker thread's record of the timers it ran.
     type Record = Arc<Mutex<Lateness>>;
 
     /// Every worker thread's record, registered on its first fire.
@@ -157,15 +146,9 @@ pub mod worker_records {
         static RECORD: RefCell<Option<Record>> = const { RefCell::new(None) };
     }
 
-    /// Before a run: clears the records and makes one per worker.
     pub fn prepare(workers: usize) {
-        RECORDS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-        *SPARE.lock().unwrap_or_else(PoisonError::into_inner) = (0..workers)
-            .map(|_| Arc::new(Mutex::new(Lateness::default())))
-            .collect();
+        lock(&RECORDS).clear();
+        *lock(&SPARE) = (0..workers).map(|_| Record::default()).collect();
     }
 
     /// Records one fire on the calling worker thread: the callback's whole work.
@@ -174,33 +157,23 @@ pub mod worker_records {
         RECORD.with(|record| {
             let mut record = record.borrow_mut();
             let record = record.get_or_insert_with(|| {
-                let spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner).pop();
-                let fresh = spare.unwrap_or_default();
-                RECORDS
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(Arc::clone(&fresh));
+                let fresh = lock(&SPARE).pop().unwrap_or_default();
+                lock(&RECORDS).push(Arc::clone(&fresh));
                 fresh
             });
-            record
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .record(deadline, fired_at, fired_at);
+            lock(record).record(deadline, fired_at, fired_at);
         });
     }
 
     /// After a run whose engine has been dropped: every fire in one record, and how many each worker thread ran, most
     /// first.
     pub fn take() -> (Lateness, Vec<u64>) {
-        SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
-        let records = std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));
-        let mut all = Lateness::default();
-        let mut per_worker = Vec::new();
-        for record in records {
-            let record =
-                std::mem::take(&mut *record.lock().unwrap_or_else(PoisonError::into_inner));
-            per_worker.push(record.len());
-            all.absorb(record);
+        lock(&SPARE).clear();
+        let (mut all, mut per_worker) = (Lateness::default(), Vec::new());
+        for record in std::mem::take(&mut *lock(&RECORDS)) {
+            let record = std::mem::take(&mut *lock(&record));
+            per_worker.push(record.histogram.len());
+            all.absorb(&record);
         }
         per_worker.sort_unstable_by(|a, b| b.cmp(a));
         (all, per_worker)

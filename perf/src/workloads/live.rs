@@ -1,12 +1,10 @@
 //! live-1m and engine-live-1m: a million live timers. One thread inserts them (delays uniform in 1 ms..30 s), the
 //! process's resident memory is read with all of them live, then they are cancelled in a random order and the memory
-//! read again. live-1m drives the single-owner structures; engine-live-1m the `TimerEngine` (`schedule` from one
-//! thread, its handles in a vector) against tokio's `sleep` (one task holds boxed `Sleep`s, each polled once with its
-//! waker, and drops them: in real code a Sleep lives in its task's future, on the heap too).
+//! read again. live-1m drives the single-owner structures; engine-live-1m the `TimerEngine` against tokio's `sleep`
+//! (one task holds boxed `Sleep`s, each polled once: in real code a Sleep lives in its task's future, on the heap too).
 //!
-//! Each run is a fresh child process of this binary, so that its RSS delta is its own: in one process a subject
-//! measured after another would reuse the pages the first one freed. A run's readings are named values, which the
-//! child prints as `name value` lines.
+//! Each run is a fresh child process of this binary, so that its RSS delta is its own (in one process a subject would
+//! reuse the pages the one before freed); the child prints its readings as `name value` lines.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -70,11 +68,11 @@ impl Readings {
     fn decode(text: &str) -> Result<Self, String> {
         let mut readings = Self::default();
         for line in text.lines() {
-            let bad = || format!("the child printed {line:?}");
-            let (name, value) = line.split_once(' ').ok_or_else(bad)?;
-            readings
-                .0
-                .insert(name.to_string(), value.parse().map_err(|_| bad())?);
+            let value = line
+                .split_once(' ')
+                .and_then(|(name, v)| Some((name, v.parse().ok()?)));
+            let (name, value) = value.ok_or_else(|| format!("the child printed {line:?}"))?;
+            readings.0.insert(name.to_string(), value);
         }
         Ok(readings)
     }
@@ -100,10 +98,7 @@ impl Readings {
 fn touched_vec<T>(n: u64) -> Result<Vec<T>, String> {
     let n = usize::try_from(n).map_err(|_| "too many timers for this machine")?;
     let mut values: Vec<T> = Vec::with_capacity(n);
-    values
-        .spare_capacity_mut()
-        .iter_mut()
-        .for_each(|slot| *slot = MaybeUninit::zeroed());
+    values.spare_capacity_mut().fill_with(MaybeUninit::zeroed);
     black_box(values.as_mut_ptr());
     Ok(values)
 }
@@ -133,8 +128,8 @@ impl Measure<u64> for Live1m {
         let started = Instant::now();
         let missing = keys
             .iter()
-            .filter(|&&key| black_box(queue.cancel(key)).is_none())
-            .count();
+            .filter(|&&key| black_box(queue.cancel(key)).is_none());
+        let missing = missing.count();
         r.per("ns_per_cancel", Some(started.elapsed()), timers);
         r.bytes("rss_cancelled", sys::resident_bytes());
         r.bytes("own_cancelled", queue.accounted_bytes().map(|b| b as u64));
@@ -148,51 +143,46 @@ impl Measure<u64> for Live1m {
     }
 }
 
-/// engine-live-1m on the engine. Its workers file what the lanes forward on their own time, so the insert lasts until
-/// they are quiet, and the cancel until the engine has settled.
-fn measure_engine(timers: u64) -> Result<Readings, String> {
-    let (engine, mut rng, mut r) = (engine::build()?, rng(0), Readings::default());
-    let mut handles = touched_vec(timers)?;
-    r.bytes("rss_before", sys::resident_bytes());
-    let (cpu, workers, started) = (
+/// The process's and the engine workers' CPU time, and the time, at the start of a timed part.
+fn marks() -> (Option<Duration>, Option<Duration>, Instant) {
+    (
         process_cpu_time(),
         engine::workers_cpu_time(),
         Instant::now(),
-    );
+    )
+}
+
+/// engine-live-1m on the engine. Its workers file what the lanes forward on their own time, so the insert lasts until
+/// they are quiet, and the cancel until the engine has settled.
+fn measure_engine(timers: u64) -> Result<Readings, String> {
+    let (engine, mut rng, mut r) = (engine::build(false)?, rng(0), Readings::default());
+    let mut handles = touched_vec(timers)?;
+    r.bytes("rss_before", sys::resident_bytes());
+    let (cpu, workers, started) = marks();
     for i in 0..timers {
         let handle = engine.schedule(request_timeout(&mut rng), on_timeout(i));
         handles.push(handle.map_err(|error| format!("schedule failed: {error}"))?);
     }
     r.per("ns_per_insert", Some(started.elapsed()), timers);
-    let filed = sys::wait_until_quiet(
-        engine::workers_cpu_time,
-        Duration::from_millis(5),
-        Duration::from_secs(5),
-    );
+    let (every, limit) = (Duration::from_millis(5), Duration::from_secs(5));
+    let filed = sys::wait_until_quiet(engine::workers_cpu_time, every, limit);
     r.per("cpu_insert", cpu_between(cpu, process_cpu_time()), timers);
     r.per("worker_insert", cpu_between(workers, filed), timers);
     r.bytes("rss_live", sys::resident_bytes());
     r.bytes("huge_live", sys::huge_page_bytes());
     r.bytes("own_live", Some(engine.stats().pool_bytes as u64));
     rng.shuffle(&mut handles);
-    let (cpu, workers, started) = (
-        process_cpu_time(),
-        engine::workers_cpu_time(),
-        Instant::now(),
-    );
+    let (cpu, workers, started) = marks();
     let fired = handles
         .iter()
-        .filter(|&&handle| !black_box(engine.cancel(handle)))
-        .count() as u64;
+        .filter(|&&handle| !black_box(engine.cancel(handle)));
+    let fired = fired.count() as u64;
     r.per("ns_per_cancel", Some(started.elapsed()), timers);
     let settled = engine::settle(&engine)?;
     engine::check_counts(&settled.stats, timers, timers - fired, fired)?;
     r.per("cpu_cancel", cpu_between(cpu, settled.process_cpu), timers);
-    r.per(
-        "worker_cancel",
-        cpu_between(workers, settled.workers_cpu),
-        timers,
-    );
+    let workers_cpu = cpu_between(workers, settled.workers_cpu);
+    r.per("worker_cancel", workers_cpu, timers);
     r.set("settle_ms", Some(settled.waited.as_secs_f64() * 1e3));
     r.set("fired", Some(fired as f64));
     r.bytes("rss_cancelled", sys::resident_bytes());
@@ -234,15 +224,16 @@ fn measure_tokio(timers: u64) -> Result<Readings, String> {
         r.bytes("rss_cancelled", sys::resident_bytes());
         Ok::<_, String>(r)
     });
-    let mut r = runtime
+    let task = runtime
         .block_on(task)
-        .map_err(|error| format!("the task failed: {error}"))??;
+        .map_err(|error| format!("the task failed: {error}"));
+    let mut r = task??;
     drop(runtime);
     r.bytes("rss_after", sys::resident_bytes());
     Ok(r)
 }
 
-/// The child's side: makes the measurement `spec` names and prints its readings.
+/// The child's side: makes the measurement `spec` (`workload subject timers`) names and prints its readings.
 pub fn child_main(spec: &str) -> ExitCode {
     let words: Vec<&str> = spec.split_whitespace().collect();
     let subject = |name: &str| Subject::ALL.iter().copied().find(|s| s.name() == name);
@@ -256,29 +247,25 @@ pub fn child_main(spec: &str) -> ExitCode {
         _ => Err(format!("{ENV}={spec:?} names no measurement")),
     };
     match result {
-        Ok(readings) => {
-            print!("{}", readings.encode());
-            ExitCode::SUCCESS
-        }
+        Ok(readings) => print!("{}", readings.encode()),
         Err(error) => {
             eprintln!("corewheel-perf: {spec}: {error}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
     }
+    ExitCode::SUCCESS
 }
 
 /// One run of `subject` in a child process.
 fn in_child(workload: Workload, subject: Subject, timers: u64) -> Result<Readings, String> {
     let exe = std::env::current_exe().map_err(|error| format!("no harness executable: {error}"))?;
+    let spec = format!("{} {} {timers}", workload.name(), subject.name());
     let output = Command::new(exe)
-        .env(
-            ENV,
-            format!("{} {} {timers}", workload.name(), subject.name()),
-        )
+        .env(ENV, spec)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
-        .output()
-        .map_err(|error| format!("could not start a child process: {error}"))?;
+        .output();
+    let output = output.map_err(|error| format!("could not start a child process: {error}"))?;
     match output.status.success() {
         true => Readings::decode(&String::from_utf8_lossy(&output.stdout)),
         false => Err(format!("the child process failed ({})", output.status)),
@@ -344,46 +331,38 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     for (cell, runs) in plan.cells.iter().zip(runs) {
         let r = runs.map(|runs| {
             let range = |key: &str| spread(runs.iter().filter_map(|run| run.get(key)));
-            spreads.push(format!(
-                "{} {} / {}",
-                cell.subject.name(),
-                range("ns_per_insert"),
-                range("ns_per_cancel")
-            ));
+            let (insert, cancel) = (range("ns_per_insert"), range("ns_per_cancel"));
+            spreads.push(format!("{} {insert} / {cancel}", cell.subject.name()));
             Readings::median_of(&runs)
         });
         let speeds = r.as_ref().map(|r| {
             let (insert, cancel) = (r.get("ns_per_insert"), r.get("ns_per_cancel"));
-            let mut row = vec![
-                insert,
-                insert.map(|ns| 1e3 / ns),
-                cancel,
-                cancel.map(|ns| 1e3 / ns),
-            ];
+            let rate = |ns: Option<f64>| ns.map(|ns| 1e3 / ns);
+            let mut row = vec![insert, rate(insert), cancel, rate(cancel)];
             row.extend(extra.iter().filter(|_| engine).map(|&key| r.get(key)));
             row
         });
         speed.add(cell.subject, 1, speeds.map_err(Clone::clone));
         let memories = r.map(|r| {
             let per_timer = |bytes: Option<f64>| bytes.map(|b| b / timers.max(1) as f64);
-            let mib = |bytes: Option<f64>| bytes.map(|b| b / MIB);
             let huge = r
                 .get("huge_live")
                 .zip(r.get("rss_live"))
                 .map(|(h, l)| h / l.max(1.0) * 100.0);
-            let rss_per_timer = per_timer(r.mib_above("rss_live").map(|m| m * MIB));
-            let (live, cancelled, after) = (
-                r.mib_above("rss_live"),
-                r.mib_above("rss_cancelled"),
-                r.mib_above("rss_after"),
+            let live = r.mib_above("rss_live");
+            let (rss_per_timer, own_per_timer) = (
+                per_timer(live.map(|m| m * MIB)),
+                per_timer(r.get("own_live")),
             );
+            let (cancelled, after) = (r.mib_above("rss_cancelled"), r.mib_above("rss_after"));
+            let own_cancelled = r.get("own_cancelled").map(|b| b / MIB);
             vec![
                 rss_per_timer,
-                per_timer(r.get("own_live")),
+                own_per_timer,
                 live,
                 huge,
                 cancelled,
-                mib(r.get("own_cancelled")),
+                own_cancelled,
                 after,
             ]
         });

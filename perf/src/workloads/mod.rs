@@ -54,8 +54,7 @@ crate::named::named_enum! {
 }
 
 impl Workload {
-    /// What a run without `--workloads` runs: all but the proxy, which needs wrk, opens hundreds of sockets and
-    /// starts processes.
+    /// What a run without `--workloads` runs: all but the proxy, which needs wrk and starts processes.
     pub fn defaults() -> Vec<Workload> {
         Self::ALL
             .iter()
@@ -92,17 +91,14 @@ impl Workload {
     /// What this workload will measure under `options`: its cells and runs.
     pub fn plan(self, options: &Options) -> Plan {
         use Workload::*;
-        let mut subjects: Vec<Subject> = options
-            .peers
-            .iter()
-            .copied()
-            .filter(|&s| self.drives(s))
-            .collect();
+        let drives = options.peers.iter().copied().filter(|&s| self.drives(s));
+        let mut subjects: Vec<Subject> = drives.collect();
         if matches!(self, AsyncSleep | AsyncTimeout | AsyncReset) {
             // corewheel's rows first, then the peers in the order given.
             subjects.sort_by_key(|subject| !subject.is_corewheel());
         }
-        let (all, most) = (options.thread_counts(), [options.max_threads()]);
+        let all = options.thread_counts();
+        let most = [all.iter().copied().max().unwrap_or(1)];
         let workers: Vec<usize> = all.iter().copied().filter(|&n| n > 1).collect();
         let windows: Vec<u64> = options.windows.iter().map(|&w| u64::from(w)).collect();
         let rate = [options.mix_rate];
@@ -113,19 +109,20 @@ impl Workload {
             BurstSteal => (&workers, &[1, 0], RUNS, "stealing"),
             SteadyMix => (&most, &rate, 1, ""),
             LightLoad => (&most, &steady_mix::LIGHT_RATES, RUNS, "timers/s"),
-            Proxy if proxy::wrk_missing() => (&[], &[0], RUNS, ""),
-            Proxy => (&[1], &[0], RUNS, ""),
+            Proxy if proxy::wrk_missing() => (&[1], &[1], RUNS, ""),
+            Proxy => (&[1], &[0, 1], RUNS, ""),
             _ => (&all, &[0], RUNS, ""),
         };
         let mut cells = Vec::new();
-        for &param in params {
-            for &threads in threads {
-                cells.extend(subjects.iter().map(|&subject| Cell {
-                    subject,
-                    threads,
-                    param,
-                }));
-            }
+        for (&param, &threads) in params
+            .iter()
+            .flat_map(|p| threads.iter().map(move |t| (p, t)))
+        {
+            cells.extend(subjects.iter().map(|&subject| Cell {
+                subject,
+                threads,
+                param,
+            }));
         }
         if self == FireStorm {
             cells = fire_storm::cells(&subjects);
@@ -140,24 +137,22 @@ impl Workload {
 
     /// Runs `plan` (this workload's) and prints its tables.
     pub fn run(self, plan: &Plan, options: &Options, out: &mut Out) {
-        let sizes = options.sizes();
+        let [ops, live, storm, async_ops] = options.sizes();
         match self {
-            Workload::ArmCancel => single_owner::arm_cancel(plan, sizes.arm_cancel_ops, out),
-            Workload::EngineArmCancel => engine_arm_cancel::run(plan, sizes.arm_cancel_ops, out),
-            Workload::Live1m | Workload::EngineLive1m => live::run(plan, sizes.live_timers, out),
-            Workload::ResetHeavy => single_owner::reset_heavy(plan, sizes.reset_ops, out),
-            Workload::EngineReset => engine_reset::run(plan, sizes.reset_ops, out),
-            Workload::FireStorm => fire_storm::run(plan, sizes.storm_timers, out),
-            Workload::BurstSteal => burst_steal::run(plan, sizes.storm_timers, out),
-            Workload::SteadyMix => {
-                steady_mix::run(plan, sizes.storm_timers, options.mix_seconds, out)
-            }
-            Workload::LightLoad => steady_mix::run_light(plan, options.mix_seconds, out),
+            Workload::ArmCancel => single_owner::arm_cancel(plan, ops, out),
+            Workload::EngineArmCancel => engine_arm_cancel::run(plan, ops, out),
+            Workload::Live1m | Workload::EngineLive1m => live::run(plan, live, out),
+            Workload::ResetHeavy => single_owner::reset_heavy(plan, ops, out),
+            Workload::EngineReset => engine_reset::run(plan, ops, out),
+            Workload::FireStorm => fire_storm::run(plan, storm, out),
+            Workload::BurstSteal => burst_steal::run(plan, storm, out),
+            Workload::SteadyMix => steady_mix::run(plan, Some(storm), options.mix_seconds, out),
+            Workload::LightLoad => steady_mix::run(plan, None, options.mix_seconds, out),
             Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
-                async_timers::run(self, plan, sizes.async_ops, out)
+                async_timers::run(self, plan, async_ops, out)
             }
             Workload::KeyedSetRemove | Workload::KeyedSetOver | Workload::KeyedMove => {
-                keyed::run(self, plan, sizes.reset_ops, out)
+                keyed::run(self, plan, ops, out)
             }
             Workload::Proxy => proxy::run(plan, options.wrk_seconds, out),
         }
@@ -185,9 +180,7 @@ pub fn ns_per(elapsed: Duration, count: u64) -> f64 {
 /// runs (ns per operation), with the runs' range in a note.
 pub fn cost_sheet(
     plan: &Plan,
-    title: String,
-    unit: &str,
-    metrics: (&'static str, &'static str),
+    (title, unit, metrics): (String, &str, (&'static str, &'static str)),
     timers: u64,
     runs: &[Result<Vec<f64>, String>],
 ) -> Sheet {
@@ -209,10 +202,9 @@ pub fn cost_sheet(
         });
         sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));
     }
+    let (runs, spreads) = (plan.runs, spreads.join(", "));
     sheet.note(format!(
-        "median of {} runs per subject, taken in turns; ns/{unit} range: {}",
-        plan.runs,
-        spreads.join(", ")
+        "median of {runs} runs per subject, taken in turns; ns/{unit} range: {spreads}"
     ));
     sheet
 }

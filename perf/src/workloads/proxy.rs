@@ -1,30 +1,32 @@
-//! proxy: corewheel-proxy on loopback under wrk, each timer back-end in turns.
-//!
-//! The load generator is wrk (`wrk -t1 -c256 --latency`), not a client of ours, so the figures do not depend on code
-//! this project wrote. The proxy runs in a child process of the harness (the proxy crate's own entry point, as the
-//! `corewheel-proxy` binary runs it), so that its CPU time, read from `/proc/<pid>/task/*/schedstat`, is its own; the
-//! backend it forwards to answers at once, on a tokio runtime in the harness's process. Each run is a fresh proxy: a
-//! second of wrk to warm it up, then the measured run. Without wrk on the PATH the workload says so loudly and runs
-//! nothing.
+//! proxy: corewheel-proxy on loopback under wrk, each timer back-end in turns, and an accuracy check of its request
+//! deadlines. wrk is the load generator so that the figures do not depend on a client of ours; without wrk the wrk
+//! runs are skipped loudly. The proxy runs in a child process (the proxy crate's own entry point) so that its CPU time
+//! is its own; the backend answers on a thread of the harness, at once unless a request's `delay_ms` asks otherwise.
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::{BufRead, BufReader, Read, Write as _};
 use std::net::{SocketAddr, TcpListener};
-use std::process::{Command as Process, ExitCode, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command as Process, ExitCode, Stdio};
+use std::time::{Duration, Instant};
 
-use corewheel_proxy::{Command, Config, run_blocking, serve_backend};
+use corewheel_proxy::{Client, Command, Config, LatenessSummary, run_blocking, serve_backend};
 
 use crate::peers::Subject;
-use crate::report::{Col, Row, Sheet, thousands};
+use crate::report::{Col, Sheet, thousands};
 use crate::runner::{self, Plan, median};
 use crate::sys::threads_cpu_time;
-use crate::workloads::Out;
+use crate::workloads::{Out, lateness::Lateness};
 
-/// Set in the proxy child's environment to its command line, arguments separated by spaces (none of them holds one).
+/// Set in the proxy child's environment to its command line, arguments separated by spaces.
 pub const ENV: &str = "COREWHEEL_PERF_PROXY";
-
 /// wrk's connections, all on its one thread: enough to keep a 2-core proxy saturated.
 const CONNECTIONS: u32 = 256;
+/// The accuracy check's request deadline, its clients, requests per client, and the backend's delay for one in
+/// `SLOW_ONE_IN` of them: far past the deadline, so that each of those must time out.
+const DEADLINE: Duration = Duration::from_millis(250);
+const CLIENTS: usize = 50;
+const PER_CLIENT: usize = 8;
+const SLOW_ONE_IN: usize = 4;
+const SLOW_PATH: &str = "/?delay_ms=5000";
 
 /// Whether wrk is missing from the PATH.
 pub fn wrk_missing() -> bool {
@@ -32,7 +34,6 @@ pub fn wrk_missing() -> bool {
     !std::env::split_paths(&paths).any(|dir| dir.join("wrk").is_file())
 }
 
-/// The proxy's `--timer` for a subject.
 fn timer(subject: Subject) -> &'static str {
     match subject {
         Subject::Tokio => "tokio",
@@ -41,40 +42,78 @@ fn timer(subject: Subject) -> &'static str {
     }
 }
 
-/// The proxy child's side: serves with the command line `args` until it is killed, after printing the address it
-/// listens on.
+/// The proxy child's side: prints where it listens and serves; once its stdin closes it prints how late its request
+/// deadlines fired by its own clock (`deadline` and a [`LatenessSummary`] line) and exits.
 pub fn serve(args: &str) -> ExitCode {
-    let config = match Config::parse_args(args.split_whitespace()) {
-        Ok(Command::Run(config)) => config,
-        _ => {
-            eprintln!("corewheel-perf: {ENV}={args:?} is not a proxy command line");
-            return ExitCode::from(2);
-        }
+    let Ok(Command::Run(config)) = Config::parse_args(args.split_whitespace()) else {
+        eprintln!("corewheel-perf: {ENV}={args:?} is not a proxy command line");
+        return ExitCode::from(2);
     };
-    let served = run_blocking(config, |addr, _| {
+    let served = run_blocking(config, |addr, stats| {
         println!("{addr}");
         let _ = std::io::stdout().flush();
+        std::thread::spawn(move || {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            println!("deadline {}", stats.deadlines.summary().to_line());
+            let _ = std::io::stdout().flush();
+            std::process::exit(0);
+        });
     });
-    match served {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("corewheel-proxy: {error}");
-            ExitCode::FAILURE
-        }
+    if let Err(error) = served {
+        eprintln!("corewheel-proxy: {error}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// A proxy child on `subject`'s timers in front of `backend`, with `extra` flags; killed on drop.
+struct ProxyChild(Child, SocketAddr, BufReader<std::process::ChildStdout>);
+
+impl ProxyChild {
+    fn start(subject: Subject, backend: SocketAddr, extra: &str) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("no harness executable: {e}"))?;
+        let args = format!(
+            "--listen 127.0.0.1:0 --upstream {backend} --timer {} {extra}",
+            timer(subject)
+        );
+        let mut child = Process::new(exe);
+        child
+            .env(ENV, args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = child
+            .spawn()
+            .map_err(|e| format!("could not start the proxy: {e}"))?;
+        let mut stdout = BufReader::new(child.stdout.take().ok_or("the proxy has no stdout")?);
+        let mut line = String::new();
+        let _ = stdout.read_line(&mut line);
+        let addr = line.trim().parse().ok();
+        let proxy = Self(child, addr.unwrap_or(SocketAddr::from(([0; 4], 0))), stdout);
+        addr.map(|_| proxy)
+            .ok_or(format!("the proxy said {line:?}, not where it listens"))
+    }
+
+    /// Closes its stdin and reads what it says of its deadlines on the way out.
+    fn deadlines(mut self) -> Result<LatenessSummary, String> {
+        drop(self.0.stdin.take());
+        let mut said = String::new();
+        let _ = self.2.read_to_string(&mut said);
+        let line = said.lines().find_map(|line| line.strip_prefix("deadline "));
+        line.and_then(LatenessSummary::from_line)
+            .ok_or(format!("the proxy said {said:?}, not its deadlines"))
     }
 }
 
-/// What one measured wrk run found.
-struct WrkRun {
-    requests_per_s: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    requests: f64,
-    /// wrk's socket errors and non-2xx answers, as it words them.
-    errors: Vec<String>,
-    proxy_cpu: Duration,
-    wall: Duration,
+impl Drop for ProxyChild {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
+
+/// One wrk run's figures in the table's column order (req/s, p50 and p99 ms, the proxy's CPU µs per request and
+/// its cores busy), and wrk's socket errors and non-2xx answers as it words them.
+type WrkRun = ([f64; 5], Vec<String>);
 
 /// A latency as wrk prints it (`812.00us`, `8.12ms`, `1.02s`), in milliseconds.
 fn millis(text: &str) -> Option<f64> {
@@ -84,8 +123,7 @@ fn millis(text: &str) -> Option<f64> {
     Some(number.parse::<f64>().ok()? * scale)
 }
 
-/// Reads wrk's report: its rate, its latency distribution's median and 99th percentile, its request count and any
-/// errors.
+/// Reads wrk's report: its rate, latency median and 99th percentile, request count and any errors.
 fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> {
     let field = |prefix: &str| {
         report
@@ -100,98 +138,119 @@ fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> 
     let p99 = field("99%").and_then(millis).ok_or_else(missing)?;
     let requests = report
         .lines()
-        .find_map(|line| line.trim().split_once(" requests in ")?.0.parse().ok())
-        .ok_or_else(missing)?;
+        .find_map(|line| line.trim().split_once(" requests in ")?.0.parse().ok());
     let errors = ["Socket errors:", "Non-2xx or 3xx responses:"]
         .into_iter()
         .filter_map(|prefix| field(prefix).map(|v| format!("{prefix} {v}")))
         .collect();
-    Ok((rate, p50, p99, requests, errors))
+    Ok((rate, p50, p99, requests.ok_or_else(missing)?, errors))
 }
 
 /// Runs wrk against `addr` for `seconds`, and returns its report.
 fn wrk(addr: SocketAddr, seconds: u64) -> Result<String, String> {
+    let (connections, duration) = (format!("-c{CONNECTIONS}"), format!("-d{seconds}s"));
+    let url = format!("http://{addr}/");
     let output = Process::new("wrk")
-        .args([
-            "-t1",
-            &format!("-c{CONNECTIONS}"),
-            &format!("-d{seconds}s"),
-            "--latency",
-        ])
-        .arg(format!("http://{addr}/"))
+        .args(["-t1", &connections, &duration, "--latency", &url])
         .stdin(Stdio::null())
         .output()
         .map_err(|error| format!("could not run wrk: {error}"))?;
-    if !output.status.success() {
-        return Err(format!(
+    match output.status.success() {
+        true => Ok(String::from_utf8_lossy(&output.stdout).into_owned()),
+        false => Err(format!(
             "wrk failed ({}): {}",
             output.status,
             String::from_utf8_lossy(&output.stderr)
-        ));
+        )),
     }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// One run: a fresh proxy on `subject`'s timers in front of `backend`, warmed up, then measured under wrk.
-fn one_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun, String> {
-    let exe = std::env::current_exe().map_err(|error| format!("no harness executable: {error}"))?;
-    let args = format!(
-        "--listen 127.0.0.1:0 --upstream {backend} --timer {}",
-        timer(subject)
-    );
-    let mut child = Process::new(exe)
-        .env(ENV, args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|error| format!("could not start the proxy: {error}"))?;
-    let measured = (|| {
-        let mut line = String::new();
-        let stdout = child.stdout.take().ok_or("the proxy has no stdout")?;
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .map_err(|error| error.to_string())?;
-        let addr: SocketAddr = line
-            .trim()
-            .parse()
-            .map_err(|_| format!("the proxy said {line:?}, not where it listens"))?;
-        wrk(addr, 1)?;
-        let pid = child.id().to_string();
-        let before = threads_cpu_time(&pid, |_| true);
-        let began = std::time::Instant::now();
-        let report = wrk(addr, seconds)?;
-        let wall = began.elapsed();
-        let after = threads_cpu_time(&pid, |_| true);
-        let proxy_cpu = after
-            .zip(before)
-            .map(|(a, b)| a.saturating_sub(b))
-            .ok_or("no CPU time for the proxy")?;
-        let (requests_per_s, p50_ms, p99_ms, requests, errors) = parse_wrk(&report)?;
-        Ok(WrkRun {
-            requests_per_s,
-            p50_ms,
-            p99_ms,
-            requests,
-            errors,
-            proxy_cpu,
-            wall,
-        })
-    })();
-    let _ = child.kill();
-    let _ = child.wait();
-    measured
+/// One wrk run: a fresh proxy, a second of wrk to warm it up, then the measured run.
+fn wrk_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun, String> {
+    let proxy = ProxyChild::start(subject, backend, "")?;
+    wrk(proxy.1, 1)?;
+    let pid = proxy.0.id().to_string();
+    let (before, began) = (threads_cpu_time(&pid, |_| true), Instant::now());
+    let report = wrk(proxy.1, seconds)?;
+    let (wall, after) = (began.elapsed(), threads_cpu_time(&pid, |_| true));
+    let proxy_cpu = after
+        .zip(before)
+        .map(|(a, b)| a.saturating_sub(b))
+        .ok_or("no CPU time for the proxy")?;
+    let (rate, p50, p99, requests, errors) = parse_wrk(&report)?;
+    let cpu = proxy_cpu.as_secs_f64();
+    Ok((
+        [
+            rate,
+            p50,
+            p99,
+            cpu * 1e6 / requests.max(1.0),
+            cpu / wall.as_secs_f64(),
+        ],
+        errors,
+    ))
 }
 
-/// Runs `plan`'s proxies under wrk, `seconds` each, in turns, and prints the table.
+/// What one accuracy run saw: each request's kind (slow or not), its status (0: failed) and time from before its send
+/// to its answer; and the proxy's own count and lateness of its deadlines.
+type Accuracy = (Vec<(bool, u16, Duration)>, LatenessSummary);
+
+/// One accuracy run: a fresh proxy with a request deadline of [`DEADLINE`], [`CLIENTS`] keep-alive clients sending
+/// [`PER_CLIENT`] requests each, one in [`SLOW_ONE_IN`] of them one the backend answers only long past the deadline.
+fn accuracy_run(subject: Subject, backend: SocketAddr) -> Result<Accuracy, String> {
+    let deadline = format!("--request-timeout {}", DEADLINE.as_millis());
+    let proxy = ProxyChild::start(subject, backend, &deadline)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    let (runtime, addr) = (runtime.map_err(|e| e.to_string())?, proxy.1);
+    let client = |c: usize| async move {
+        let mut client = Client::connect(addr).await.map_err(|e| e.to_string())?;
+        let mut seen = Vec::new();
+        for slow in (0..PER_CLIENT).map(|i| (c * PER_CLIENT + i).is_multiple_of(SLOW_ONE_IN)) {
+            let sent = Instant::now();
+            let status = client.get(if slow { SLOW_PATH } else { "/" }).await;
+            seen.push((slow, status.map_or(0, |(s, _)| s.as_u16()), sent.elapsed()));
+        }
+        Ok(seen)
+    };
+    let clients = (0..CLIENTS).map(|c| runtime.spawn(client(c))).collect();
+    let seen = runtime.block_on(super::parallel::join_all(clients));
+    let seen = seen.into_iter().collect::<Result<Vec<_>, String>>()?;
+    Ok((seen.concat(), proxy.deadlines()?))
+}
+
+enum Measured {
+    Wrk(WrkRun),
+    Accuracy(Accuracy),
+}
+
+impl Measured {
+    fn wrk(&self) -> Option<&WrkRun> {
+        match self {
+            Measured::Wrk(run) => Some(run),
+            Measured::Accuracy(_) => None,
+        }
+    }
+
+    fn accuracy(&self) -> Option<&Accuracy> {
+        match self {
+            Measured::Accuracy(run) => Some(run),
+            Measured::Wrk(_) => None,
+        }
+    }
+}
+
+/// Runs `plan`'s cells (wrk runs at setting 0, accuracy runs at 1) in turns and prints a table for each.
 pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
     if wrk_missing() {
         runner::print(
             "########################################################################\n\
-             ## proxy: SKIPPED: it needs wrk, which is not on the PATH.\n\
+             ## proxy: wrk runs SKIPPED: they need wrk, which is not on the PATH.\n\
              ## Install it with: apt-get install wrk  (Debian's package)\n\
              ########################################################################\n",
         );
-        return;
     }
     let backend = match start_backend() {
         Ok(backend) => backend,
@@ -201,7 +260,16 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
             ));
         }
     };
-    let results = runner::in_turns(plan, |cell| one_run(cell.subject, backend, seconds));
+    let results = runner::in_turns(plan, |cell| match cell.param {
+        0 => wrk_run(cell.subject, backend, seconds).map(Measured::Wrk),
+        _ => accuracy_run(cell.subject, backend).map(Measured::Accuracy),
+    });
+    let cells = |param| {
+        plan.cells
+            .iter()
+            .zip(&results)
+            .filter(move |(cell, _)| cell.param == param)
+    };
     let cols = vec![
         Col::new("req/s", "requests_per_s", "1/s", 0)
             .rate()
@@ -216,36 +284,96 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
         plan.runs
     );
     let mut sheet = Sheet::new("proxy", title, u64::from(CONNECTIONS), cols);
-    for (cell, result) in plan.cells.iter().zip(&results) {
+    for (cell, result) in cells(0) {
         let name = timer(cell.subject).to_string();
         let values = result.as_ref().map_err(Clone::clone).map(|runs| {
-            for error in runs.iter().flat_map(|run| &run.errors) {
+            let runs: Vec<&WrkRun> = runs.iter().filter_map(Measured::wrk).collect();
+            for error in runs.iter().flat_map(|run| &run.1) {
                 sheet.note(format!("{name}: wrk: {error}"));
             }
-            let mid = |f: fn(&WrkRun) -> f64| Some(median(runs.iter().map(f)));
-            vec![
-                mid(|r| r.requests_per_s),
-                mid(|r| r.p50_ms),
-                mid(|r| r.p99_ms),
-                mid(|r| r.proxy_cpu.as_secs_f64() * 1e6 / r.requests.max(1.0)),
-                mid(|r| r.proxy_cpu.as_secs_f64() / r.wall.as_secs_f64()),
-            ]
+            (0..5)
+                .map(|i| Some(median(runs.iter().map(|run| run.0[i]))))
+                .collect()
         });
-        sheet.rows.push(Row {
-            name,
-            subject: cell.subject,
-            threads: 1,
-            values,
-        });
+        sheet.push(&name, cell.subject, values);
     }
-    sheet.note(format!("each run: a fresh proxy (its default threads: one per CPU) in a child process, 1 s of wrk to warm it up, then {seconds} s measured; req/s and latency as wrk reports them (p50/p99 of its latency distribution), {} connections kept alive", thousands(u64::from(CONNECTIONS)) ));
-    sheet.note("proxy CPU: the proxy process's threads' CPU time (schedstat) over the measured run, per request wrk completed, and over wall time; wrk and the backend share the machine's cores with it");
-    sheet.note("corewheel: the default engine and HyperTimer; corewheel-driven: a driven engine whose drivers run on the proxy's runtime; tokio: tokio::time and hyper-util's TokioTimer");
+    if !sheet.rows.is_empty() {
+        sheet.note(format!("each run: a fresh proxy (its default threads: one per CPU) in a child process, 1 s of wrk to warm it up, then {seconds} s measured; req/s and latency as wrk reports them (p50/p99 of its latency distribution), {} connections kept alive", thousands(u64::from(CONNECTIONS))));
+        sheet.note("proxy CPU: the proxy process's threads' CPU time (schedstat) over the measured run, per request wrk completed, and over wall time; wrk and the backend share the machine's cores with it");
+        sheet.note("corewheel: the default engine and HyperTimer; corewheel-driven: a driven engine whose drivers run on the proxy's runtime; tokio: tokio::time and hyper-util's TokioTimer");
+        sheet.finish(&mut out.csv);
+    }
+    accuracy_table(plan, cells(1), out);
+}
+
+fn accuracy_table<'a>(
+    plan: &Plan,
+    cells: impl Iterator<Item = (&'a runner::Cell, &'a Result<Vec<Measured>, String>)>,
+    out: &mut Out,
+) {
+    let count = |header: &str, metric: &str| Col::new(header, metric, "count", 0);
+    let ms = |header: &str, metric: &str| Col::new(header, metric, "ms", 2);
+    let cols = vec![
+        count("slow", "slow_requests"),
+        count("504 at deadline", "answered_504"),
+        count("proxy counted", "proxy_deadlines_fired"),
+        count("early client", "early_client"),
+        count("early proxy", "early_proxy"),
+        count("fast 200", "fast_answered_200"),
+        count("lost", "lost"),
+        ms("client late p50 ms", "client_late_p50"),
+        ms("p99", "client_late_p99"),
+        ms("max", "client_late_max"),
+        ms("proxy late p50 ms", "proxy_late_p50"),
+        ms("p99", "proxy_late_p99"),
+        ms("max", "proxy_late_max"),
+    ];
+    let title = format!(
+        "proxy accuracy (request deadline {} ms; {CLIENTS} keep-alive clients, {PER_CLIENT} requests each, 1 in {SLOW_ONE_IN} delayed by the backend far past the deadline; {} runs per timer, summed)",
+        DEADLINE.as_millis(),
+        plan.runs
+    );
+    let mut sheet = Sheet::new("proxy-accuracy", title, DEADLINE.as_millis() as u64, cols);
+    let mut errors = Vec::new();
+    for (cell, result) in cells {
+        let name = timer(cell.subject);
+        let values = result.as_ref().map_err(Clone::clone).map(|runs| {
+            let (mut client, mut proxy, mut n) = (Lateness::default(), LatenessSummary::default(), [0; 4]);
+            for (answers, by_proxy) in runs.iter().filter_map(Measured::accuracy) {
+                for &(slow, status, took) in answers {
+                    let index = usize::from(!slow) * 2;
+                    n[index] += 1;
+                    n[index + 1] += u64::from(status == if slow { 504 } else { 200 });
+                    if slow && status == 504 {
+                        let sent = Instant::now();
+                        client.record(sent + DEADLINE, sent + took, sent + took);
+                    }
+                }
+                (proxy.count, proxy.early) = (proxy.count + by_proxy.count, proxy.early + by_proxy.early);
+                let [p50, p99, max] = [by_proxy.p50_us, by_proxy.p99_us, by_proxy.max_us];
+                (proxy.p50_us, proxy.p99_us) = (proxy.p50_us.max(p50), proxy.p99_us.max(p99));
+                proxy.max_us = proxy.max_us.max(max);
+            }
+            let (client, [slow, timed_out, fast, answered]) = (client.summarize(), n);
+            let lost = (slow - timed_out) + (fast - answered);
+            if client.early + proxy.early + lost > 0 || proxy.count != timed_out {
+                errors.push(format!("ERROR: proxy accuracy: {name}: {} early by the client's clock, {} by the proxy's, {lost} lost, the proxy counted {} deadlines for {timed_out} 504s", client.early, proxy.early, proxy.count));
+            }
+            let counts = [slow, timed_out, proxy.count, client.early, proxy.early, answered, lost];
+            let mut row: Vec<Option<f64>> = counts.iter().map(|&n| Some(n as f64)).collect();
+            let late = [client.p50, client.p99, client.max].map(|d| Some(d.as_secs_f64() * 1e3));
+            row.extend(late.into_iter().chain([proxy.p50_us, proxy.p99_us, proxy.max_us].map(|us| Some(us as f64 / 1e3))));
+            row
+        });
+        sheet.push(name, cell.subject, values);
+    }
+    sheet.note("every slow request must be answered 504, none before its deadline by the client's clock (taken before the send) nor by the proxy's, and counted once by the proxy; every fast one answered 200; lost: any request answered otherwise or not at all");
+    sheet.note("client late: the 504's arrival - (send + deadline), loopback and the harness's own scheduling included; proxy late: from the deadline to when the waiting task ran, by the proxy's timer clock (0.1 ms buckets; p50/p99 the worst run's)");
+    sheet.notes.extend(errors);
     sheet.finish(&mut out.csv);
 }
 
-/// Starts the backend the proxies forward to: an HTTP/1.1 server that answers at once, on a thread and a runtime of
-/// its own, serving until the harness exits.
+/// Starts the backend the proxies forward to, on a thread and a runtime of its own, serving until the harness exits.
 fn start_backend() -> Result<SocketAddr, String> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
     listener
@@ -254,8 +382,8 @@ fn start_backend() -> Result<SocketAddr, String> {
     let addr = listener.local_addr().map_err(|error| error.to_string())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build();
+    let runtime = runtime.map_err(|e| e.to_string())?;
     std::thread::spawn(move || {
         runtime.block_on(async move {
             match tokio::net::TcpListener::from_std(listener) {

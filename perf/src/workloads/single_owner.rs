@@ -1,11 +1,7 @@
-//! The single-thread workloads on the single-owner structures (corewheel's `Wheel`, DelayQueue, the tombstone heap),
-//! each timing one kind of operation; nothing fires.
-//!
-//! - arm-cancel: request timeouts. Almost every request finishes before its timeout, so the timer is armed and then
-//!   cancelled. One thread keeps a window of 10,000 outstanding timers: each operation arms a new one and cancels the
-//!   one armed 10,000 earlier.
-//! - reset-heavy: idle timeouts. 100,000 connections; each operation picks one at random and moves its deadline to
-//!   "now" + 30 s, where "now" advances 1 µs per operation (the clock is simulated: nothing waits).
+//! The single-thread workloads on the single-owner structures, each timing one kind of operation; nothing fires.
+//! arm-cancel: request timeouts, a window of 10,000 outstanding timers, each operation arming a new one and cancelling
+//! the oldest. reset-heavy: idle timeouts, 100,000 connections, each operation moving a random one's deadline to
+//! "now" + 30 s, where "now" advances 1 µs per operation (the clock is simulated: nothing waits).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -17,9 +13,7 @@ use crate::workloads::{Out, cost_sheet, ns_per, request_timeout, rng};
 
 /// Timers arm-cancel keeps between an arm and its cancel.
 const WINDOW: usize = 10_000;
-/// reset-heavy's connections, each with one idle timer.
 const CONNECTIONS: usize = 100_000;
-/// How long a connection may stay idle.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// arm-cancel's measurement: `ops` arms, each with the cancel of the oldest in the window.
@@ -105,7 +99,6 @@ impl Measure<u64> for ResetHeavy {
     }
 }
 
-/// arm-cancel: runs `plan`'s subjects and prints the table.
 pub fn arm_cancel(plan: &Plan, ops: u64, out: &mut Out) {
     let runs = in_turns(plan, |cell| {
         measure_fresh(cell.subject, ArmCancel(ops)).map(|took| ns_per(took, ops))
@@ -116,7 +109,7 @@ pub fn arm_cancel(plan: &Plan, ops: u64, out: &mut Out) {
         thousands(ops),
         thousands(WINDOW as u64)
     );
-    let mut sheet = cost_sheet(plan, title, "op", ("ns_per_op", "mops_per_s"), ops, &runs);
+    let mut sheet = cost_sheet(plan, (title, "op", ("ns_per_op", "mops_per_s")), ops, &runs);
     sheet.note(
         "op = arm one timer (delay uniform in 1 ms..30 s) + cancel the one armed 10,000 ops earlier; nothing fires",
     );
@@ -130,7 +123,6 @@ pub fn arm_cancel(plan: &Plan, ops: u64, out: &mut Out) {
     sheet.finish(&mut out.csv);
 }
 
-/// reset-heavy: runs `plan`'s subjects and prints the table.
 pub fn reset_heavy(plan: &Plan, resets: u64, out: &mut Out) {
     let runs = in_turns(plan, |cell| {
         measure_fresh(cell.subject, ResetHeavy(resets)).map(|took| ns_per(took, resets))
@@ -140,14 +132,8 @@ pub fn reset_heavy(plan: &Plan, resets: u64, out: &mut Out) {
         thousands(CONNECTIONS as u64),
         thousands(resets)
     );
-    let mut sheet = cost_sheet(
-        plan,
-        title,
-        "reset",
-        ("ns_per_reset", "mresets_per_s"),
-        CONNECTIONS as u64,
-        &runs,
-    );
+    let metrics = ("ns_per_reset", "mresets_per_s");
+    let mut sheet = cost_sheet(plan, (title, "reset", metrics), CONNECTIONS as u64, &runs);
     sheet.note("reset = move a random connection's idle timer to now + 30 s; corewheel Wheel::reset, DelayQueue::reset_at, binary-heap tombstone + push");
     sheet.note(
         "every new deadline is the latest yet (now + a constant), a binary heap's best case: its push never sifts up",

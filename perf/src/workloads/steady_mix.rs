@@ -1,19 +1,12 @@
 //! steady-mix and light-load: a proxy's timers at a sustained rate. A million timers live (light-load: a second's
 //! worth), and for a fixed time T tasks keep arming new ones at an offered rate, 90% of them request timeouts that
-//! are cancelled when the response comes and 10% that fire. The figure that matters is the CPU each subject spends
-//! per timer at the same load, every thread of the process included (the engine's workers, tokio's workers and
-//! driver, the heap's timer thread); the achieved rate shows whether it kept up.
+//! are cancelled when the response comes and 10% that fire. What matters is the CPU each subject spends per timer at
+//! the same load, every thread of the process included; the achieved rate shows whether it kept up.
 //!
-//! Each task owns a ring of slots, one live timer each, and visits the slots in turn at its share of the rate, so
-//! that every slot comes round once a ring period (about 1 s at the defaults). At its turn a slot's timer is retired
-//! and a new one armed in its place: a timer meant to be cancelled (delay a ring period plus 1..30 s) is cancelled,
-//! as its response has arrived, and finding it fired means the task fell a whole period behind; a timer meant to fire
-//! (delay 1 ms..half a ring period) must have fired by then, and one still pending 50 ms or more after its deadline
-//! is late.
-//!
-//! Every subject is driven the same way, from one task per thread on a tokio runtime of as many workers, each pacing
-//! itself in 1 ms steps with tokio's `sleep` and catching up on what a late wake-up left, as a service on tokio would
-//! arm its timers: the application's own wake-ups cost every subject the same, and the difference is the timers'.
+//! Each task owns a ring of slots, one live timer each, and turns the slots at its share of the rate, so that every
+//! slot comes round once a ring period. At its turn a slot's timer is retired (cancelled, or checked to have fired)
+//! and a new one armed. Every subject is driven from tokio tasks paced by tokio's `sleep` in 1 ms steps, as a service
+//! on tokio would arm its timers, so the application's own wake-ups cost every subject the same.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -48,6 +41,13 @@ const STEP: Duration = Duration::from_millis(1);
 /// A firing timer still pending this long after its deadline, at its slot's turn, is late.
 const LATE: Duration = Duration::from_millis(50);
 
+/// `a.f op b.f` for each field `f` named.
+macro_rules! fieldwise {
+    ($a:expr, $op:tt, $b:expr, $($field:ident),+) => {
+        $($a.$field $op $b.$field;)+
+    };
+}
+
 /// The shape of one run: `live` timers live and `rate` armed a second, all tasks together.
 #[derive(Debug, Clone, Copy)]
 struct Config {
@@ -66,9 +66,7 @@ impl Config {
     }
 }
 
-/// What the slots' turns found, summed over the tasks: timers armed (the first fill included) and turns taken; at a
-/// turn, a request timeout cancelled or found fired, a firing timer found fired or still pending (`LATE` or more
-/// after its deadline, or less); after the run, what the rings still held, cancelled or found fired.
+/// What the slots' turns found, summed over the tasks; `left_*`: what the rings held after the run.
 #[derive(Debug, Default, Clone, Copy)]
 struct Counts {
     armed: u64,
@@ -83,18 +81,6 @@ struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, o: &Counts) {
-        self.armed += o.armed;
-        self.turns += o.turns;
-        self.cancelled += o.cancelled;
-        self.fired_before_cancel += o.fired_before_cancel;
-        self.fired += o.fired;
-        self.late += o.late;
-        self.not_yet_fired += o.not_yet_fired;
-        self.left_cancelled += o.left_cancelled;
-        self.left_fired += o.left_fired;
-    }
-
     /// Every cancel that stopped a timer, and every timer that fired.
     fn stopped_and_fired(&self) -> (u64, u64) {
         (
@@ -116,9 +102,8 @@ trait Slots: Send + 'static {
     fn len(&self) -> usize;
 }
 
-/// One task's ring: whether each slot's timer is meant to fire, each one's deadline on the ring's schedule (the task
-/// arms no earlier than its schedule, so lateness judged by it is never overstated), its slot visits a second and how
-/// long a slot takes to come round.
+/// One task's ring: whether each slot's timer is meant to fire and its deadline on the ring's schedule (the task arms
+/// no earlier than its schedule, so lateness judged by it is never overstated).
 struct Ring {
     rng: fastrand::Rng,
     fires: Vec<bool>,
@@ -142,7 +127,6 @@ impl Ring {
         }
     }
 
-    /// A new timer's fate and delay.
     fn draw(&mut self) -> (bool, Duration) {
         let period = self.period.as_nanos() as u64;
         match self.rng.u64(..FIRE_ONE_IN) {
@@ -157,7 +141,6 @@ impl Ring {
         }
     }
 
-    /// When turn `turn` is due, counted from the run's start.
     fn turn_time(&self, turn: u64) -> Duration {
         Duration::from_secs_f64(turn as f64 / self.rate)
     }
@@ -180,7 +163,6 @@ impl Ring {
         Ok(())
     }
 
-    /// Takes turns until `elapsed` of the run's time has had its share of them.
     fn catch_up(
         &mut self,
         slots: &mut impl Slots,
@@ -210,7 +192,6 @@ impl Ring {
         Ok(())
     }
 
-    /// Cancels what the ring still holds, after the timed part.
     fn empty(&mut self, slots: &mut impl Slots) {
         for slot in 0..slots.len() {
             match slots.cancel(slot) {
@@ -221,7 +202,6 @@ impl Ring {
     }
 }
 
-/// The slots of a structure the tasks share (the engine, the locked heap): a handle each.
 struct SharedSlots<S: SharedTimers> {
     subject: Arc<S>,
     handles: Vec<Option<S::Handle>>,
@@ -277,8 +257,7 @@ impl Slots for TokioSlots {
     }
 }
 
-/// One run's figures from the start line to the end line: the process's CPU time and context switches, the threaded
-/// engine's worker wake-ups by cause; on light-load's median run, the CPU per timer over the subject's runs.
+/// One run's figures from the start line to the end line; `spread`: light-load's CPU per timer over the runs.
 struct Run {
     wall: Duration,
     cpu: Option<Duration>,
@@ -288,14 +267,12 @@ struct Run {
     spread: Option<String>,
 }
 
-/// The start and end lines of a run.
 #[derive(Default)]
 struct Lines {
     start: StartLine,
     end: StartLine,
 }
 
-/// One task's part: its ring, filled untimed, turned in 1 ms steps for the run's duration.
 async fn part(
     mut slots: impl Slots,
     index: usize,
@@ -304,9 +281,7 @@ async fn part(
 ) -> Result<Counts, String> {
     let mut ring = Ring::new(index, config);
     let filled = with_context(|cx| ring.fill(&mut slots, cx)).await;
-    if !lines.start.arrive_and_wait_yielding().await {
-        return Err("the run was called off".to_string());
-    }
+    lines.start.arrive_and_wait_yielding().await?;
     filled?;
     let start = Instant::now();
     while start.elapsed() < config.duration {
@@ -314,15 +289,12 @@ async fn part(
         with_context(|cx| ring.catch_up(&mut slots, elapsed, cx)).await?;
         tokio::time::sleep(STEP).await;
     }
-    if !lines.end.arrive_and_wait_yielding().await {
-        return Err("the run was called off".to_string());
-    }
+    lines.end.arrive_and_wait_yielding().await?;
     ring.empty(&mut slots);
     Ok(ring.counts)
 }
 
-/// Runs a ring per task on `runtime` (one worker per task) over `slots(index)`, and times the run from the start line
-/// to the end line; `engine` is read for its workers' wakes.
+/// Runs a ring per task on `runtime` over `slots(index)`, timed from the start line to the end line.
 fn on_runtime<S: Slots>(
     runtime: Runtime,
     config: Config,
@@ -351,19 +323,17 @@ fn on_runtime<S: Slots>(
         let switches = process_context_switches()
             .zip(switches)
             .map(|(a, b)| a.saturating_sub(b));
-        let wakes = wakes().zip(woke).map(|(a, b)| WorkerWakes {
-            due: a.due - b.due,
-            wheel: a.wheel - b.wheel,
-            lane: a.lane - b.lane,
-            watch: a.watch - b.watch,
-            woken: a.woken - b.woken,
+        let wakes = wakes().zip(woke).map(|(mut a, b)| {
+            fieldwise!(a, -=, b, due, wheel, lane, watch, woken);
+            a
         });
+        let (wall, counts) = (lines.end.go() - start, Counts::default());
         Ok(Run {
-            wall: lines.end.go() - start,
+            wall,
             cpu,
             switches,
             wakes,
-            counts: Counts::default(),
+            counts,
             spread: None,
         })
     });
@@ -372,12 +342,13 @@ fn on_runtime<S: Slots>(
     // The main thread's failure first: the tasks' are then only that it called them off.
     let mut run = timed?;
     for part in parts {
-        run.counts.add(&part?);
+        let (c, p) = (&mut run.counts, part?);
+        fieldwise!(c, +=, p, armed, turns, cancelled, fired_before_cancel, fired, late, not_yet_fired);
+        fieldwise!(c, +=, p, left_cancelled, left_fired);
     }
     Ok(run)
 }
 
-/// The run, once the engine has settled, if its counts match what the rings saw, timer for timer.
 fn engine_saw(engine: &TimerEngine, run: Run) -> Result<Run, String> {
     let settled = engine::settle(engine)?;
     let (stopped, fired) = run.counts.stopped_and_fired();
@@ -385,7 +356,6 @@ fn engine_saw(engine: &TimerEngine, run: Run) -> Result<Run, String> {
     Ok(run)
 }
 
-/// Each task's slots on a structure the tasks share.
 fn shared<S: SharedTimers>(subject: &Arc<S>, config: Config) -> impl Fn(usize) -> SharedSlots<S> {
     move |index| SharedSlots {
         subject: Arc::clone(subject),
@@ -393,17 +363,16 @@ fn shared<S: SharedTimers>(subject: &Arc<S>, config: Config) -> impl Fn(usize) -
     }
 }
 
-/// One run of `subject` at `config`.
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     let runtime = tokio_sleep::runtime(config.threads)?;
     match subject {
         Subject::Engine => {
-            let engine = Arc::new(engine::build()?);
+            let engine = Arc::new(engine::build(false)?);
             let run = on_runtime(runtime, config, Some(&engine), shared(&engine, config))?;
             engine_saw(&engine, run)
         }
         Subject::EngineDriven => {
-            let engine = Arc::new(engine::build_driven()?);
+            let engine = Arc::new(engine::build(true)?);
             for driver in engine.drivers(|at| tokio::time::sleep_until(at.into())) {
                 runtime.spawn(driver);
             }
@@ -424,21 +393,18 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             })
         }
         Subject::TokioSleep => on_runtime(runtime, config, None, |index| {
-            TokioSlots(
-                (0..config.ring_slots(index))
-                    .map(|_| Box::pin(None))
-                    .collect(),
-            )
+            let slots = (0..config.ring_slots(index)).map(|_| Box::pin(None));
+            TokioSlots(slots.collect())
         }),
         Subject::MutexHeap => {
             let heap = Arc::new(SharedHeap::start()?);
             let run = on_runtime(runtime, config, None, shared(&heap, config))?;
             let (_, fired) = run.counts.stopped_and_fired();
-            match heap.fired() == fired {
+            let heap_fired = heap.fired();
+            match heap_fired == fired {
                 true => Ok(run),
                 false => Err(format!(
-                    "the heap fired {} timers, the rings saw {fired} fire",
-                    heap.fired()
+                    "the heap fired {heap_fired} timers, the rings saw {fired} fire"
                 )),
             }
         }
@@ -446,85 +412,55 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     }
 }
 
-/// steady-mix: `plan`'s subjects once each for `seconds`, with `live` timers live.
-pub fn run(plan: &Plan, live: u64, seconds: u64, out: &mut Out) {
-    let config = |cell: &Cell| Config {
-        threads: cell.threads,
-        live,
-        rate: cell.param,
-        duration: Duration::from_secs(seconds),
-    };
-    let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
-    let wake_cost = bare_wake_cost(plan);
-    if let Some(cell) = plan.cells.first() {
-        table(
-            plan,
-            config(cell),
-            &plan.cells.iter().zip(&results).collect::<Vec<_>>(),
-            wake_cost,
-            out,
-        );
-    }
-}
-
-/// What one wake-up of a thread that does nothing else costs in CPU here, when an engine with worker threads is among
-/// the subjects (see [`wake_floor`]): a thread sleeping until each millisecond for two seconds, after the subjects'
-/// runs.
-fn bare_wake_cost(plan: &Plan) -> Option<Duration> {
-    if !plan
-        .cells
-        .iter()
-        .any(|cell| cell.subject == Subject::Engine)
-    {
-        return None;
-    }
-    wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)).cpu_per_wake
-}
-
-/// light-load: the mix at each of [`LIGHT_RATES`], each subject's runs a third of `seconds` (at least 1 s), in turns;
-/// a table per rate, each row its subject's median run by CPU per timer.
-pub fn run_light(plan: &Plan, seconds: u64, out: &mut Out) {
-    let duration =
-        (Duration::from_secs(seconds) / plan.runs.max(1) as u32).max(Duration::from_secs(1));
-    let config = |cell: &Cell| Config {
-        threads: cell.threads,
-        live: cell.param,
-        rate: cell.param,
-        duration,
+/// Runs `plan`'s cells, each run `seconds` split over the plan's runs (at least 1 s), with `live` timers live (light
+/// load: a second's worth); a table per rate, each row its subject's median run by CPU per timer.
+pub fn run(plan: &Plan, live: Option<u64>, seconds: u64, out: &mut Out) {
+    let duration = (Duration::from_secs(seconds) / plan.runs as u32).max(Duration::from_secs(1));
+    let config = |cell: &Cell| {
+        let (threads, rate) = (cell.threads, cell.param);
+        Config {
+            threads,
+            live: live.unwrap_or(rate),
+            rate,
+            duration,
+        }
     };
     let results = runner::in_turns(plan, |cell| measure(cell.subject, config(cell)));
     let cost = |run: &Run| cpu_per_timer_of(run).unwrap_or(f64::NAN);
-    let medians: Vec<Result<Vec<Run>, String>> = results
-        .into_iter()
-        .map(|runs| {
-            let mut runs = runs?;
-            runs.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
-            let spread = runner::spread(runs.iter().map(cost));
-            let mut median = runs.swap_remove(runs.len() / 2);
-            median.spread = Some(spread);
-            Ok(vec![median])
-        })
-        .collect();
-    let wake_cost = bare_wake_cost(plan);
-    for rate in LIGHT_RATES {
+    let median = |runs: Result<Vec<Run>, String>| {
+        let mut runs = runs?;
+        runs.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
+        let spread = (plan.runs > 1).then(|| runner::spread(runs.iter().map(cost)));
+        let mut median = runs.swap_remove(runs.len() / 2);
+        median.spread = spread;
+        Ok(vec![median])
+    };
+    let medians: Vec<Result<Vec<Run>, String>> = results.into_iter().map(median).collect();
+    // What a bare thread's wake-up costs in CPU here (see `wake_floor`), for the threaded engine's note.
+    let engine = plan
+        .cells
+        .iter()
+        .any(|cell| cell.subject == Subject::Engine);
+    let wake_cost =
+        engine.then(|| wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)));
+    let wake_cost = wake_cost.and_then(|sleeper| sleeper.cpu_per_wake);
+    let mut rates: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
+    rates.dedup();
+    for rate in rates {
         let cells: Vec<_> = plan
             .cells
             .iter()
             .zip(&medians)
             .filter(|(cell, _)| cell.param == rate)
             .collect();
-        if let Some((cell, _)) = cells.first() {
-            table(plan, config(cell), &cells, wake_cost, out);
-        }
+        table(plan, config(cells[0].0), &cells, wake_cost, out);
     }
 }
 
-/// The process's CPU time per timer over a run.
 fn cpu_per_timer_of(run: &Run) -> Option<f64> {
     Some(run.cpu?.as_nanos() as f64 / run.counts.turns.max(1) as f64)
 }
 
-/// Prints the table of `cells`' runs (one each) at `config`.
 fn table(
     plan: &Plan,
     config: Config,

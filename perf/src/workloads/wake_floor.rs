@@ -1,8 +1,7 @@
-//! The machine's floor under every timer: a thread that does nothing but sleep until each tick boundary, the way an
-//! engine's worker sleeps until its next due tick. How late it wakes bounds how late any timer fired by a sleeping
-//! thread must be on this machine at this moment, and what a wake-up costs bounds what a timer thread of its own
-//! costs at light load. Measured in the same run as the subjects, because this project's VMs change speed from one
-//! half hour to the next.
+//! The machine's floor under every timer: a thread that does nothing but sleep until each tick boundary, as an
+//! engine's worker does. How late it wakes bounds how late any timer fired by a sleeping thread must be on this
+//! machine at this moment, and what a wake-up costs bounds a timer thread's cost at light load. Measured in the same
+//! run as the subjects, because this project's VMs change speed from one half hour to the next.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +9,6 @@ use crate::sys::{cpu_between, process_cpu_time};
 use crate::workloads::lateness::{Lateness, LatenessSummary};
 use crate::workloads::rng;
 
-/// What a thread that only sleeps saw.
 pub struct Sleeper {
     /// How far past each boundary it woke, in order.
     pub oversleeps: Vec<Duration>,
@@ -101,8 +99,9 @@ mod tests {
     /// boundary.
     #[test]
     fn the_floor_is_the_rounding_and_the_late_wake_ups() {
+        let (oversleeps, ms) = (vec![Duration::ZERO; 1000], Duration::from_millis);
         let mut sleeper = Sleeper {
-            oversleeps: vec![Duration::ZERO; 1000],
+            oversleeps,
             cpu_per_wake: None,
         };
         let floor = sleeper.storm_floor(TICK, 100_000);
@@ -110,22 +109,12 @@ mod tests {
         assert!(floor.max < TICK && floor.p99 > TICK * 98 / 100, "{floor:?}");
         assert!(
             floor.p50 > TICK * 45 / 100 && floor.p50 < TICK * 55 / 100,
-            "{:?}",
-            floor.p50
+            "{floor:?}"
         );
-        sleeper.oversleeps[500] = Duration::from_millis(3);
+        sleeper.oversleeps[500] = ms(3);
         let floor = sleeper.storm_floor(TICK, 100_000);
-        assert!(
-            floor.max >= Duration::from_millis(3) && floor.max < Duration::from_millis(4),
-            "{:?}",
-            floor.max
-        );
-        assert_eq!(sleeper.oversleep_summary().max, Duration::from_millis(3));
-        assert_eq!(
-            super::sleep_through(TICK, Duration::from_millis(20))
-                .oversleeps
-                .len(),
-            20
-        );
+        assert!(floor.max >= ms(3) && floor.max < ms(4), "{floor:?}");
+        assert_eq!(sleeper.oversleep_summary().max, ms(3));
+        assert_eq!(super::sleep_through(TICK, ms(20)).oversleeps.len(), 20);
     }
 }
