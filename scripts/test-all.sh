@@ -124,8 +124,14 @@ stage_benches() { cargo test -p corewheel --bench '*'; }
 # Optimised, but with debug assertions: the wheel's list invariants (a list's length never
 # going below zero) are what catch a timer unlinked from a list the wheel no longer holds.
 stage_loom() {
+  # Two models at once (the cores); the longest model then runs beside all the others.
+  local saved=$test_threads
+  test_threads=2
   RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \
-    cargo test -p corewheel-loom-tests --release --test '*'
+    run_tests -p corewheel-loom-tests --release --tests
+  local status=$?
+  test_threads=$saved
+  return "$status"
 }
 stage_miri() {
   if ! cargo +nightly miri --version >/dev/null 2>&1; then
