@@ -424,3 +424,169 @@ fn a_consumer_killed_while_holding_leases_loses_them() {
     let late = log.values().filter(|runs| runs[0].0 >= first_lapse).count();
     assert!(late >= 20, "only {late} deliveries waited for a lease");
 }
+
+#[test]
+fn absurd_window_and_visibility_are_refused_not_a_thread_panic() {
+    let Some(server) = Server::start("absurd_options") else {
+        return;
+    };
+    // Duration::MAX as a window made the members thread panic adding it to an Instant
+    // (and a member with a window that long would hold its shards for ever once dead).
+    for options in [
+        opts().window(Duration::MAX),
+        opts().window(Duration::from_secs(u64::MAX / 4)),
+        opts().visibility(Duration::MAX),
+    ] {
+        assert!(
+            matches!(
+                RedisTimers::open(&server.url(), "absurd", options.clone()),
+                Err(Error::BadOptions(_))
+            ),
+            "{options:?} was accepted"
+        );
+    }
+    // The largest accepted ones (a day, a year, as documented) still run: a task due now is delivered.
+    let t = RedisTimers::open(
+        &server.url(),
+        "absurd",
+        opts()
+            .window(Duration::from_secs(24 * 3600))
+            .visibility(Duration::from_secs(365 * 24 * 3600)),
+    )
+    .unwrap();
+    let log: Log = Arc::default();
+    t.run_handler(1, recording(&log)).unwrap();
+    t.schedule("now", b"", SystemTime::now()).unwrap();
+    wait_until("delivery", Duration::from_secs(5), || {
+        log.lock().unwrap().contains_key("now")
+    });
+    // Its ack waits for a sweep (a day away) or close, which sends it.
+    let checker = RedisTimers::open(&server.url(), "absurd", opts()).unwrap();
+    t.close().unwrap();
+    assert_eq!(checker.pending().unwrap(), 0);
+}
+
+#[test]
+fn a_url_that_is_not_redis_is_a_typed_error_not_a_hang() {
+    // A listener that accepts and never answers, and URLs of other schemes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}/", silent.local_addr().unwrap());
+    let started = Instant::now();
+    assert!(matches!(
+        RedisTimers::open(&url, "q", opts()),
+        Err(Error::Redis(_))
+    ));
+    assert!(started.elapsed() < Duration::from_secs(15));
+    for url in ["http://127.0.0.1:1/", "not a url", ""] {
+        assert!(
+            matches!(RedisTimers::open(url, "q", opts()), Err(Error::Redis(_))),
+            "{url:?}"
+        );
+    }
+}
+
+#[test]
+fn due_times_before_the_epoch_and_in_year_9999_are_kept_not_a_panic() {
+    let Some(server) = Server::start("extreme_due") else {
+        return;
+    };
+    let t = RedisTimers::open(&server.url(), "extreme", opts()).unwrap();
+    let epoch = std::time::UNIX_EPOCH;
+    let y9999 = epoch + Duration::from_secs(253_402_300_799);
+    t.schedule("before", b"", epoch - Duration::from_secs(10))
+        .unwrap();
+    t.schedule("far", b"", y9999).unwrap();
+    t.schedule("farthest", b"", epoch + Duration::from_secs(u64::MAX / 2))
+        .unwrap();
+    let log: Log = Arc::default();
+    t.run_handler(1, recording(&log)).unwrap();
+    wait_until("the past one", Duration::from_secs(5), || {
+        log.lock().unwrap().contains_key("before")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log["before"][0].1, epoch);
+    assert_eq!(t.pending().unwrap(), 2);
+}
+
+#[test]
+fn requeued_and_hand_failed_tasks_are_hinted_not_left_for_the_next_window() {
+    let Some(server) = Server::start("hinted_retries") else {
+        return;
+    };
+    // A long window, and a lease longer than two of them, so that only a hint (or a
+    // sweep a window later) can arm what becomes due.
+    let options = opts()
+        .shards(1)
+        .window(Duration::from_secs(3))
+        .visibility(Duration::from_secs(10))
+        .retry(RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(100),
+            multiplier: 1,
+            max_backoff: Duration::from_millis(100),
+        });
+    let producer = RedisTimers::open(&server.url(), "hinted", options.clone()).unwrap();
+    producer.schedule("manual", b"", SystemTime::now()).unwrap();
+    let claim = producer.claim_next().unwrap().expect("the due task");
+    let seen: Arc<Mutex<Vec<(String, u32, Instant)>>> = Arc::default();
+    let consumer = RedisTimers::open(&server.url(), "hinted", options).unwrap();
+    {
+        let seen = Arc::clone(&seen);
+        consumer
+            .run_handler(1, move |task| {
+                let id = String::from_utf8_lossy(task.id()).into_owned();
+                let fail = id == "doomed";
+                seen.lock()
+                    .unwrap()
+                    .push((id, task.attempt(), Instant::now()));
+                if fail { Err("doomed") } else { Ok(()) }
+            })
+            .unwrap();
+    }
+    // The consumer's first sweep has run by now; its next is three seconds away.
+    std::thread::sleep(Duration::from_millis(300));
+    let seen_of = |id: &str, attempt: u32| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .find(|s| s.0 == id && s.1 == attempt)
+            .map(|s| s.2)
+    };
+    // A hand-written consumer fails its claim: the retry, 100 ms later, is the
+    // handling process's to run.
+    let failed_at = Instant::now();
+    assert_eq!(
+        producer.fail(&claim).unwrap(),
+        corewheel_durable::Failed::Retrying
+    );
+    wait_until("the retry", Duration::from_secs(5), || {
+        seen_of("manual", 2).is_some()
+    });
+    let late = seen_of("manual", 2).unwrap() - failed_at;
+    assert!(
+        late < Duration::from_secs(1),
+        "retry delivered {late:?} after fail"
+    );
+    // A dead letter requeued by another process.
+    producer.schedule("doomed", b"", SystemTime::now()).unwrap();
+    wait_until("the dead letter", Duration::from_secs(5), || {
+        !producer.dead_letters().unwrap().is_empty()
+    });
+    let requeued_at = Instant::now();
+    producer.requeue("doomed").unwrap();
+    wait_until("the requeued task", Duration::from_secs(5), || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.0 == "doomed")
+            .count()
+            == 3
+    });
+    let late = seen.lock().unwrap().last().unwrap().2 - requeued_at;
+    assert!(
+        late < Duration::from_secs(1),
+        "requeue delivered {late:?} after"
+    );
+}

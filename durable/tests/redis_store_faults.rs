@@ -29,6 +29,16 @@ fn opts() -> RedisOptions {
         .visibility(VISIBILITY)
 }
 
+/// A relay in front of `server`, for a network that can pause.
+fn relay_to(server: &Server) -> Relay {
+    let url = server.url();
+    Relay::start(
+        url.trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_string(),
+    )
+}
+
 fn us(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
 }
@@ -259,12 +269,7 @@ fn a_network_pause_longer_than_a_lease_hands_the_task_over_and_refuses_the_late_
     let Some(server) = Server::start("network_pause") else {
         return;
     };
-    let upstream = server
-        .url()
-        .trim_start_matches("redis://")
-        .trim_end_matches('/')
-        .to_string();
-    let relay = Relay::start(upstream);
+    let relay = relay_to(&server);
     let paused = RedisTimers::open(&relay.url(), "pause", opts()).unwrap();
     let due = SystemTime::now();
     paused.schedule("job", b"p", due).unwrap();
@@ -324,4 +329,117 @@ fn a_network_pause_longer_than_a_lease_hands_the_task_over_and_refuses_the_late_
         Duration::from_secs(5),
         || live.pending().unwrap() == 0,
     );
+}
+
+#[test]
+fn close_returns_when_the_hints_subscription_stalls_after_connecting() {
+    let Some(server) = Server::start("stalled_subscribe") else {
+        return;
+    };
+    let relay = relay_to(&server);
+    let t = RedisTimers::open(&relay.url(), "stall", opts()).unwrap();
+    t.run_handler(1, |_| Ok::<(), ()>(())).unwrap();
+    // The network fails right after the hints thread's next connect: its handshake is
+    // answered, its SUBSCRIBE never is.
+    relay.stall_subscribes();
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(killed, 1, "the hints connection");
+    std::thread::sleep(Duration::from_millis(500));
+    let (done, closed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        t.close().unwrap();
+        let _ = done.send(());
+    });
+    assert!(
+        closed.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "close hung on a subscription that never answered"
+    );
+}
+
+#[test]
+fn a_claim_whose_lease_lapsed_while_it_waited_for_a_handler_is_not_run() {
+    let Some(server) = Server::start("stale_claim") else {
+        return;
+    };
+    let relay = relay_to(&server);
+    let options = opts().shards(1);
+    // (consumer, id, started, ended)
+    type Runs = Arc<Mutex<Vec<(u8, String, Instant, Option<Instant>)>>>;
+    let runs: Runs = Arc::default();
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let handler = |who: u8, runs: &Runs, gate: &Arc<(Mutex<bool>, std::sync::Condvar)>| {
+        let (runs, gate) = (Arc::clone(runs), Arc::clone(gate));
+        move |task: &corewheel_durable::Task| {
+            let id = String::from_utf8_lossy(task.id()).into_owned();
+            let i = {
+                let mut runs = runs.lock().unwrap();
+                runs.push((who, id.clone(), Instant::now(), None));
+                runs.len() - 1
+            };
+            if who == 1 && id == "a" {
+                let (open, cv) = &*gate;
+                let mut open = open.lock().unwrap();
+                while !*open {
+                    open = cv.wait(open).unwrap();
+                }
+            } else if who == 2 {
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+            runs.lock().unwrap()[i].3 = Some(Instant::now());
+            Ok::<(), ()>(())
+        }
+    };
+    // Consumer 1, behind the relay, one handler thread: it claims both tasks in one
+    // sweep, runs "a" (held at the gate), and "b" waits in its ready queue.
+    let c1 = RedisTimers::open(&relay.url(), "stale", options.clone()).unwrap();
+    c1.run_handler(1, handler(1, &runs, &gate)).unwrap();
+    wait_until("consumer 1 owns the shard", Duration::from_secs(5), || {
+        c1.owned_shards() == 1
+    });
+    let now = SystemTime::now();
+    c1.schedule_batch([("a", b"", now), ("b", b"", now)])
+        .unwrap();
+    // One sweep claimed both (they were scheduled in one script, due at once).
+    wait_until("a running, b waiting", Duration::from_secs(5), || {
+        !runs.lock().unwrap().is_empty()
+    });
+    // The network fails for longer than a lease: consumer 1 can neither renew nor
+    // heartbeat; consumer 2 takes the shard and, once the leases lapse, both tasks.
+    relay.freeze();
+    let c2 = RedisTimers::open(&server.url(), "stale", options).unwrap();
+    c2.run_handler(2, handler(2, &runs, &gate)).unwrap();
+    wait_until("consumer 2 runs b", Duration::from_secs(10), || {
+        runs.lock().unwrap().iter().any(|r| r.0 == 2 && r.1 == "b")
+    });
+    relay.thaw();
+    {
+        let (open, cv) = &*gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let runs = runs.lock().unwrap().clone();
+    let b2 = runs.iter().find(|r| r.0 == 2 && r.1 == "b").unwrap();
+    if let Some(r) = runs.iter().find(|r| r.0 == 1 && r.1 == "b") {
+        panic!(
+            "consumer 1 ran b on a lapsed claim, {:?} after consumer 2 started it (consumer 2 {})",
+            r.2 - b2.2,
+            if b2.3.is_none_or(|end| end > r.2) {
+                "still running it under a valid lease"
+            } else {
+                "done"
+            }
+        );
+    }
+    drop(c1);
+    drop(c2);
 }

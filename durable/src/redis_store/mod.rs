@@ -62,6 +62,12 @@ static REQUEUE: Script = Script::new(scripts::REQUEUE);
 /// The most shards a queue may have.
 pub const MAX_SHARDS: u32 = 16_384;
 
+/// The longest window accepted: a day.
+const MAX_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest visibility timeout accepted: a year.
+const MAX_VISIBILITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The longest backoff the scripts are given, in ms (about 31 years).
 const MAX_BACKOFF_MS: u64 = 1_000_000_000_000;
 
@@ -109,7 +115,7 @@ impl RedisOptions {
     /// claimable and arms it if that is within two windows; a task scheduled for sooner
     /// is hinted to the owner at once. An idle queue costs, per window, one round trip
     /// per shard plus one heartbeat per handling process; a member that dies has its
-    /// shards taken over after three windows.
+    /// shards taken over after three windows. At least 1 ms and at most a day.
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
@@ -117,7 +123,8 @@ impl RedisOptions {
 
     /// How long a claim holds a task before another consumer may take it (default 30 s).
     /// Renewed every third of this while the handler runs, so it bounds how long a dead
-    /// consumer's tasks wait, not how long a handler may take.
+    /// consumer's tasks wait, not how long a handler may take. At least 30 ms and at
+    /// most a year.
     pub fn visibility(mut self, visibility: Duration) -> Self {
         self.visibility = visibility;
         self
@@ -140,11 +147,11 @@ impl RedisOptions {
         if self.shards == 0 || self.shards > MAX_SHARDS {
             return Err(Error::BadOptions("shards must be 1 to MAX_SHARDS"));
         }
-        if self.window < Duration::from_millis(1) {
-            return Err(Error::BadOptions("window under 1 ms"));
+        if self.window < Duration::from_millis(1) || self.window > MAX_WINDOW {
+            return Err(Error::BadOptions("window under 1 ms or over a day"));
         }
-        if self.visibility < Duration::from_millis(30) {
-            return Err(Error::BadOptions("visibility under 30 ms"));
+        if self.visibility < Duration::from_millis(30) || self.visibility > MAX_VISIBILITY {
+            return Err(Error::BadOptions("visibility under 30 ms or over a year"));
         }
         if self.retry.max_attempts == 0 {
             return Err(Error::BadOptions("max_attempts must be at least 1"));
@@ -244,8 +251,10 @@ struct Inner {
     active: Mutex<HashMap<String, Held>>,
 }
 
-/// A running handler's claim, for the renewer: its shard and task id.
-type Held = (usize, Box<[u8]>);
+/// A running handler's claim, for the renewer: its shard, task id, and lease expiry
+/// (server ms) as last granted, so that a claim whose lease lapsed before its handler
+/// started is dropped rather than run beside the consumer that took it over.
+type Held = (usize, Box<[u8]>, u64);
 
 /// A checked task of a schedule call: id, payload, due ms.
 type NewTask = (Box<[u8]>, Box<[u8]>, u64);
@@ -540,13 +549,16 @@ impl RedisTimers {
         let id = id.as_ref();
         check_id(id)?;
         let shard = self.inner.shard_of(id);
-        let reply = self
-            .inner
-            .pool
-            .eval(&REQUEUE, &self.inner.keys[shard].first(7), &[id])?;
+        let shard_arg = shard.to_string();
+        let reply = self.inner.pool.eval(
+            &REQUEUE,
+            &self.inner.keys[shard].first(7),
+            &[id, self.inner.hint_channel.as_bytes(), shard_arg.as_bytes()],
+        )?;
         if int(&reply)? == 0 {
             return Err(Error::NotDead);
         }
+        self.inner.arm_if_owned(shard, self.inner.server_now_ms());
         Ok(())
     }
 
@@ -633,6 +645,14 @@ impl Inner {
 
     fn stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Whether the claim with `token` has lost its lease, as far as this process knows:
+    /// a renewal was refused, or its last granted expiry has passed by the server's clock.
+    fn lapsed(&self, token: &str) -> bool {
+        self.active()
+            .get(token)
+            .is_none_or(|held| held.2 <= self.server_now_ms())
     }
 
     /// The shard of an id: a CRC32 of its bytes, so every process agrees.
@@ -851,7 +871,10 @@ impl Inner {
                 active.remove(token);
             }
             for claim in &claims {
-                active.insert(claim.token.clone(), (shard, claim.task.id.clone()));
+                active.insert(
+                    claim.token.clone(),
+                    (shard, claim.task.id.clone(), claim.lease_until_ms),
+                );
             }
         }
         let mut local = self.local();
@@ -930,10 +953,19 @@ impl Inner {
     fn fail(&self, shard: usize, id: &[u8], token: &str, attempt: u32) -> Result<Failed, Error> {
         let backoff = self.backoff_ms(attempt).to_string();
         let max = self.options.retry.max_attempts.to_string();
+        let (shard_arg, horizon) = (shard.to_string(), self.horizon_ms().to_string());
         let reply = self.pool.eval(
             &FAIL,
             &self.keys[shard].first(7),
-            &[id, token.as_bytes(), backoff.as_bytes(), max.as_bytes()],
+            &[
+                id,
+                token.as_bytes(),
+                backoff.as_bytes(),
+                max.as_bytes(),
+                self.hint_channel.as_bytes(),
+                shard_arg.as_bytes(),
+                horizon.as_bytes(),
+            ],
         )?;
         match int(&reply)? {
             1 => Ok(Failed::Retrying),
@@ -1042,12 +1074,21 @@ fn renewer(inner: &Inner) {
         let active: Vec<(String, usize, Box<[u8]>)> = inner
             .active()
             .iter()
-            .map(|(token, (shard, id))| (token.clone(), *shard, id.clone()))
+            .map(|(token, (shard, id, _))| (token.clone(), *shard, id.clone()))
             .collect();
         for (token, shard, id) in active {
-            // A lost lease is left for the ack to find out.
-            if let Err(Error::Redis(e)) = inner.renew(shard, &id, &token) {
-                eprintln!("corewheel-durable: renewing a lease: {e}");
+            // A lost lease is left for the ack to find out, and keeps a handler from
+            // starting on it.
+            match inner.renew(shard, &id, &token) {
+                Ok(until) => {
+                    if let Some(held) = inner.active().get_mut(&token) {
+                        held.2 = until;
+                    }
+                }
+                Err(Error::LeaseLost) => {
+                    inner.active().remove(&token);
+                }
+                Err(e) => eprintln!("corewheel-durable: renewing a lease: {e}"),
             }
         }
     }
@@ -1073,6 +1114,12 @@ fn consume<E>(
     while let Some(work) = next_work(inner) {
         let shards = match work {
             Work::Run(claim) => {
+                if inner.lapsed(&claim.token) {
+                    // Its lease ran out while it waited (renewals failed): another
+                    // consumer may hold it now, so it is not run here.
+                    inner.active().remove(&claim.token);
+                    continue;
+                }
                 run(inner, claim, handler);
                 continue;
             }
