@@ -590,3 +590,98 @@ fn requeued_and_hand_failed_tasks_are_hinted_not_left_for_the_next_window() {
         "requeue delivered {late:?} after"
     );
 }
+
+#[test]
+fn a_handler_that_blocks_for_ever_does_not_strand_the_shards_its_process_owns() {
+    let Some(server) = Server::start("stuck_handler") else {
+        return;
+    };
+    let options = opts().shards(8);
+    let log: Log = Arc::default();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = Arc::new(Mutex::new(released));
+    let blocked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Consumer 1's only handler thread blocks on "stuck" (for ever, as far as the queue
+    // can tell), while its members thread keeps heartbeating.
+    let stuck = RedisTimers::open(&server.url(), "stuck", options.clone()).unwrap();
+    {
+        let (record, released) = (recording(&log), Arc::clone(&released));
+        let blocked = Arc::clone(&blocked);
+        stuck
+            .run_handler(1, move |task| {
+                if task.id() == b"stuck" {
+                    blocked.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let _ = released
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(Duration::from_secs(30));
+                }
+                record(task)
+            })
+            .unwrap();
+    }
+    stuck.schedule("stuck", b"", SystemTime::now()).unwrap();
+    wait_until("the stuck handler", Duration::from_secs(5), || {
+        blocked.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    let healthy = RedisTimers::open(&server.url(), "stuck", options).unwrap();
+    healthy.run_handler(2, recording(&log)).unwrap();
+    wait_until("both members own shards", Duration::from_secs(5), || {
+        healthy.owned_shards() > 0 && healthy.owned_shards() < 8
+    });
+    healthy
+        .schedule_batch((0..40).map(|i| (format!("t{i}"), b"".to_vec(), SystemTime::now())))
+        .unwrap();
+    let delivered = || {
+        (0..40)
+            .filter(|i| log.lock().unwrap().contains_key(&format!("t{i}")))
+            .count()
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while delivered() < 40 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let n = delivered();
+    drop(release);
+    assert_eq!(
+        n, 40,
+        "tasks in the stuck process's shards were not delivered"
+    );
+    wait_until("the stuck task's ack", Duration::from_secs(5), || {
+        healthy.pending().unwrap() == 0
+    });
+    drop(stuck);
+    let log = log.lock().unwrap();
+    assert!(log.values().all(|runs| runs.len() == 1), "{log:?}");
+}
+
+#[test]
+fn a_producer_with_a_shorter_window_than_the_consumer_still_hints_its_tasks() {
+    let Some(server) = Server::start("mixed_windows") else {
+        return;
+    };
+    let log: Log = Arc::default();
+    let consumer = RedisTimers::open(
+        &server.url(),
+        "mixed",
+        opts().window(Duration::from_secs(3)),
+    )
+    .unwrap();
+    consumer.run_handler(1, recording(&log)).unwrap();
+    // The consumer's first sweep has run; its next is three seconds away.
+    std::thread::sleep(Duration::from_millis(300));
+    let producer = RedisTimers::open(
+        &server.url(),
+        "mixed",
+        opts().window(Duration::from_millis(10)),
+    )
+    .unwrap();
+    let due = SystemTime::now() + Duration::from_millis(500);
+    producer.schedule("soon", b"", due).unwrap();
+    wait_until("delivery", Duration::from_secs(5), || {
+        log.lock().unwrap().contains_key("soon")
+    });
+    let ran = log.lock().unwrap()["soon"][0].0;
+    let late = ran.duration_since(due).unwrap();
+    assert!(late < Duration::from_millis(500), "{late:?} late");
+}

@@ -443,3 +443,46 @@ fn a_claim_whose_lease_lapsed_while_it_waited_for_a_handler_is_not_run() {
     drop(c1);
     drop(c2);
 }
+
+#[test]
+fn close_while_redis_answers_nothing_returns_in_seconds_not_one_timeout_per_ack() {
+    let Some(server) = Server::start("close_unanswered") else {
+        return;
+    };
+    // A long window and lease, so that finished tasks wait for their acks (and are
+    // renewed meanwhile) across many shards.
+    let options = opts()
+        .window(Duration::from_secs(2))
+        .visibility(Duration::from_secs(9));
+    let t = RedisTimers::open(&server.url(), "unanswered", options).unwrap();
+    let done = Arc::new(Mutex::new(0));
+    {
+        let done = Arc::clone(&done);
+        t.run_handler(4, move |_| {
+            *done.lock().unwrap() += 1;
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    t.schedule_batch((0..48).map(|i| (format!("t{i}"), b"".to_vec(), SystemTime::now())))
+        .unwrap();
+    wait_until("every task run", Duration::from_secs(10), || {
+        *done.lock().unwrap() == 48
+    });
+    // Let the renewer start a round while the server is stopped.
+    server.pause();
+    std::thread::sleep(Duration::from_secs(3));
+    let (closed_tx, closed) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        t.close().unwrap();
+        let _ = closed_tx.send(());
+    });
+    let result = closed.recv_timeout(Duration::from_secs(20));
+    server.resume();
+    assert!(
+        result.is_ok(),
+        "close took over 20 s with redis stopped ({:?} so far)",
+        started.elapsed()
+    );
+}

@@ -17,7 +17,8 @@
 //! Once per window it sweeps each shard it owns: one script that sends the acks finished
 //! since, and returns when the shard next has something claimable (a due time or a lease
 //! expiry). That instant is armed in the process's corewheel wheel, one entry per shard.
-//! A schedule script whose task is due within two windows also publishes a hint, so the
+//! A schedule script whose task is due within two of the longest windows allowed (two
+//! days: the scheduler does not know the owner's window) also publishes a hint, so the
 //! owner arms it at once rather than at its next sweep (a lost hint costs at most one
 //! window). When the wheel fires for a shard, a handler thread sweeps it again, claiming
 //! in one script every task due by the server's clock (up to a batch), each under a fresh
@@ -64,6 +65,11 @@ pub const MAX_SHARDS: u32 = 16_384;
 
 /// The longest window accepted: a day.
 const MAX_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// How far ahead a schedule or retry is hinted: the horizon of a consumer with the
+/// longest window, since the scheduling process cannot know the windows of the shard's
+/// owner (each consumer ignores hints beyond its own horizon).
+const HINT_HORIZON_MS: u64 = 2 * MAX_WINDOW.as_secs() * 1000;
 
 /// The longest visibility timeout accepted: a year.
 const MAX_VISIBILITY: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -115,7 +121,9 @@ impl RedisOptions {
     /// claimable and arms it if that is within two windows; a task scheduled for sooner
     /// is hinted to the owner at once. An idle queue costs, per window, one round trip
     /// per shard plus one heartbeat per handling process; a member that dies has its
-    /// shards taken over after three windows. At least 1 ms and at most a day.
+    /// shards taken over after three windows, and so does one whose handler threads have
+    /// all been busy for two windows while a shard of its was due. At least 1 ms and at
+    /// most a day.
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
@@ -372,7 +380,7 @@ impl RedisTimers {
                 ceil_ms(due),
             ));
         }
-        let horizon = self.inner.horizon_ms().to_string();
+        let horizon = HINT_HORIZON_MS.to_string();
         for (shard, tasks) in by_shard {
             let dues: Vec<String> = tasks.iter().map(|t| t.2.to_string()).collect();
             let shard_arg = shard.to_string();
@@ -647,6 +655,19 @@ impl Inner {
         self.stopping.load(Ordering::Acquire)
     }
 
+    /// Whether a shard's armed instant passed two windows ago and no handler thread has
+    /// taken it: they are all busy.
+    fn stalled(&self) -> bool {
+        let late = self
+            .server_now_ms()
+            .saturating_sub(self.window_ms().saturating_mul(2));
+        self.local()
+            .wakes
+            .iter()
+            .flatten()
+            .any(|&(_, at)| at < late)
+    }
+
     /// Whether the claim with `token` has lost its lease, as far as this process knows:
     /// a renewal was refused, or its last granted expiry has passed by the server's clock.
     fn lapsed(&self, token: &str) -> bool {
@@ -668,7 +689,7 @@ impl Inner {
         u64::try_from(self.options.window.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// How far ahead a shard's next instant is armed, and a schedule hinted: two windows.
+    /// How far ahead a shard's next instant is armed, and a hint taken: two windows.
     fn horizon_ms(&self) -> u64 {
         self.window_ms().saturating_mul(2)
     }
@@ -779,7 +800,11 @@ impl Inner {
         };
         for shard in shards {
             if let Err(e) = self.sweep(shard, 0) {
+                // The server is not answering: each further call would wait out its own
+                // timeout. The acks not sent are redelivered once their leases lapse,
+                // and the membership lapses by itself.
                 eprintln!("corewheel-durable: acking on close: {e}");
+                return;
             }
         }
         let left = self.pool.with(|conn| {
@@ -953,7 +978,7 @@ impl Inner {
     fn fail(&self, shard: usize, id: &[u8], token: &str, attempt: u32) -> Result<Failed, Error> {
         let backoff = self.backoff_ms(attempt).to_string();
         let max = self.options.retry.max_attempts.to_string();
-        let (shard_arg, horizon) = (shard.to_string(), self.horizon_ms().to_string());
+        let (shard_arg, horizon) = (shard.to_string(), HINT_HORIZON_MS.to_string());
         let reply = self.pool.eval(
             &FAIL,
             &self.keys[shard].first(7),
@@ -1003,9 +1028,17 @@ fn rendezvous(member: &[u8], shard: usize) -> u64 {
 /// then a sweep of each owned shard that sends its acks and arms its next instant. It
 /// claims nothing itself, so that what a sweep finds due is claimed by a handler thread
 /// through the wheel.
+///
+/// While no handler thread has taken a shard's instant for two windows (every handler
+/// blocked), it skips the heartbeat, so that its membership lapses and the others take
+/// over its shards rather than leave their tasks to wait for a thread here.
 fn member(inner: &Inner) {
     while !inner.stopping() {
-        if let Err(e) = inner.heartbeat() {
+        if inner.stalled() {
+            eprintln!(
+                "corewheel-durable: every handler thread busy for two windows; not renewing membership"
+            );
+        } else if let Err(e) = inner.heartbeat() {
             eprintln!("corewheel-durable: heartbeat to redis: {e}");
         }
         let owned: Vec<usize> = {
@@ -1077,6 +1110,9 @@ fn renewer(inner: &Inner) {
             .map(|(token, (shard, id, _))| (token.clone(), *shard, id.clone()))
             .collect();
         for (token, shard, id) in active {
+            if inner.stopping() {
+                return;
+            }
             // A lost lease is left for the ack to find out, and keeps a handler from
             // starting on it.
             match inner.renew(shard, &id, &token) {
@@ -1087,6 +1123,12 @@ fn renewer(inner: &Inner) {
                 }
                 Err(Error::LeaseLost) => {
                     inner.active().remove(&token);
+                }
+                Err(e @ Error::Redis(_)) => {
+                    // Not answering: the rest would each wait out a timeout. The next
+                    // round, a third of a lease later, tries again.
+                    eprintln!("corewheel-durable: renewing a lease: {e}");
+                    break;
                 }
                 Err(e) => eprintln!("corewheel-durable: renewing a lease: {e}"),
             }
@@ -1127,9 +1169,12 @@ fn consume<E>(
             Work::Flush(shards) => shards,
         };
         for shard in shards {
-            // Not claimed as far as we know: the next sweep finds it again.
+            // Not claimed as far as we know: the next sweep finds it again. After an
+            // error the other shards' acks wait for the next flush rather than each
+            // wait out a timeout now.
             if let Err(e) = inner.sweep(shard, batch) {
                 eprintln!("corewheel-durable: claiming from redis: {e}");
+                break;
             }
         }
     }
