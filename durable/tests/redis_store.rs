@@ -436,6 +436,8 @@ fn absurd_window_and_visibility_are_refused_not_a_thread_panic() {
         opts().window(Duration::MAX),
         opts().window(Duration::from_secs(u64::MAX / 4)),
         opts().visibility(Duration::MAX),
+        opts().shards(1_000_000_000),
+        opts().fetch_limit(0),
     ] {
         assert!(
             matches!(
@@ -684,4 +686,112 @@ fn a_producer_with_a_shorter_window_than_the_consumer_still_hints_its_tasks() {
     let ran = log.lock().unwrap()["soon"][0].0;
     let late = ran.duration_since(due).unwrap();
     assert!(late < Duration::from_millis(500), "{late:?} late");
+}
+
+#[test]
+fn a_panicking_handler_is_a_failure_and_the_task_is_retried() {
+    let Some(server) = Server::start("panicking_handler") else {
+        return;
+    };
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        initial_backoff: Duration::from_millis(50),
+        multiplier: 1,
+        max_backoff: Duration::from_millis(50),
+    };
+    let t = RedisTimers::open(&server.url(), "panics", opts().retry(policy)).unwrap();
+    let log: Log = Arc::default();
+    {
+        let record = recording(&log);
+        t.run_handler(1, move |task| {
+            record(task)?;
+            if task.attempt() == 1 {
+                panic!("a handler bug");
+            }
+            Ok::<(), String>(())
+        })
+        .unwrap();
+    }
+    t.schedule("p", b"", SystemTime::now()).unwrap();
+    wait_until("the retry acked", Duration::from_secs(5), || {
+        t.pending().unwrap() == 0
+    });
+    let attempts: Vec<u32> = log.lock().unwrap()["p"].iter().map(|r| r.2).collect();
+    assert_eq!(attempts, vec![1, 2]);
+    assert!(t.dead_letters().unwrap().is_empty());
+}
+
+#[test]
+fn dropping_the_store_from_inside_its_own_handler_returns() {
+    let Some(server) = Server::start("drop_in_handler") else {
+        return;
+    };
+    let slot: Arc<Mutex<Option<RedisTimers>>> = Arc::default();
+    let (dropped_tx, dropped) = std::sync::mpsc::channel();
+    let t = RedisTimers::open(&server.url(), "selfdrop", opts()).unwrap();
+    {
+        let (slot, dropped_tx) = (Arc::clone(&slot), Mutex::new(dropped_tx));
+        t.run_handler(2, move |_| {
+            let taken = slot.lock().unwrap().take();
+            drop(taken);
+            let _ = dropped_tx.lock().unwrap().send(());
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    {
+        let mut slot = slot.lock().unwrap();
+        t.schedule("x", b"", SystemTime::now()).unwrap();
+        *slot = Some(t);
+    }
+    assert!(
+        dropped.recv_timeout(Duration::from_secs(15)).is_ok(),
+        "drop inside the handler hung"
+    );
+    assert!(slot.lock().unwrap().is_none());
+}
+
+#[test]
+fn a_fetch_limit_of_one_still_drains_a_backlog_due_at_open() {
+    let Some(server) = Server::start("fetch_limit_one") else {
+        return;
+    };
+    let producer = RedisTimers::open(&server.url(), "limit", opts()).unwrap();
+    let past = SystemTime::now() - Duration::from_secs(3600);
+    producer
+        .schedule_batch((0..100).map(|i| (format!("b{i}"), b"".to_vec(), past)))
+        .unwrap();
+    let log: Log = Arc::default();
+    let t = RedisTimers::open(&server.url(), "limit", opts().fetch_limit(1)).unwrap();
+    t.run_handler(3, recording(&log)).unwrap();
+    wait_until("the backlog drained", Duration::from_secs(10), || {
+        producer.pending().unwrap() == 0
+    });
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 100);
+    assert!(log.values().all(|runs| runs.len() == 1));
+}
+
+#[test]
+fn a_claim_acked_through_another_queue_is_refused_not_a_panic() {
+    let Some(server) = Server::start("foreign_claim") else {
+        return;
+    };
+    let wide = RedisTimers::open(&server.url(), "wide", opts().shards(64)).unwrap();
+    let narrow = RedisTimers::open(&server.url(), "narrow", opts().shards(1)).unwrap();
+    // Ids until one lands past shard 0 of the wide queue.
+    wide.schedule_batch((0..8).map(|i| (format!("w{i}"), b"".to_vec(), SystemTime::now())))
+        .unwrap();
+    let mut claims = Vec::new();
+    while let Some(claim) = wide.claim_next().unwrap() {
+        claims.push(claim);
+    }
+    assert_eq!(claims.len(), 8);
+    for mut claim in claims {
+        assert!(matches!(narrow.ack(&claim), Err(Error::LeaseLost)));
+        assert!(matches!(narrow.fail(&claim), Err(Error::LeaseLost)));
+        assert!(matches!(narrow.renew(&mut claim), Err(Error::LeaseLost)));
+        wide.ack(&claim).unwrap();
+    }
+    assert_eq!(wide.pending().unwrap(), 0);
 }

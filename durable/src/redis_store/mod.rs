@@ -449,6 +449,7 @@ impl RedisTimers {
     /// Extends the lease of `claim` by the visibility timeout from now.
     /// [`Error::LeaseLost`] if it had run out, or the task was cancelled or replaced.
     pub fn renew(&self, claim: &mut Claim) -> Result<(), Error> {
+        self.check_claim(claim)?;
         let until = self
             .inner
             .renew(claim.shard, &claim.task.id, &claim.token)?;
@@ -457,9 +458,10 @@ impl RedisTimers {
     }
 
     /// Finishes the task: it is deleted and never delivered again. [`Error::LeaseLost`]
-    /// if the lease had run out (another consumer may be running it) or the task was
-    /// cancelled or replaced; then nothing changes.
+    /// if the lease had run out (another consumer may be running it), the task was
+    /// cancelled or replaced, or the claim came from another queue; then nothing changes.
     pub fn ack(&self, claim: &Claim) -> Result<(), Error> {
+        self.check_claim(claim)?;
         self.inner.ack(claim.shard, &claim.task.id, &claim.token)
     }
 
@@ -467,12 +469,23 @@ impl RedisTimers {
     /// or becomes a dead letter after its last attempt. [`Error::LeaseLost`] as for
     /// [`ack`](RedisTimers::ack).
     pub fn fail(&self, claim: &Claim) -> Result<Failed, Error> {
+        self.check_claim(claim)?;
         self.inner.fail(
             claim.shard,
             &claim.task.id,
             &claim.token,
             claim.task.attempt,
         )
+    }
+
+    /// A claim from a queue with more shards (another queue's) holds nothing here: its
+    /// shard would index past this queue's keys.
+    fn check_claim(&self, claim: &Claim) -> Result<(), Error> {
+        if claim.shard < self.inner.keys.len() {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost)
+        }
     }
 
     /// Runs `handler` on every due task, on `threads` threads of its own (at least one),
