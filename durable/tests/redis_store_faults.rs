@@ -526,3 +526,123 @@ fn redis_killed_and_restarted_mid_run_still_delivers_every_task_never_early() {
         }
     }
 }
+
+/// The child of [`a_consumer_whose_wall_clock_is_ahead_or_steps_is_never_early_nor_late_by_the_step`]:
+/// a consumer run under the clock shim, printing `RAN <id>` as each handler starts. A
+/// no-op in a normal run.
+#[test]
+fn child_skewed_consumer() {
+    let Ok(url) = std::env::var("CWR_SKEW_URL") else {
+        return;
+    };
+    let t = RedisTimers::open(&url, "skew", opts()).unwrap();
+    t.run_handler(2, |task| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "\nRAN {}", String::from_utf8_lossy(task.id())).unwrap();
+        out.flush().unwrap();
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn a_consumer_whose_wall_clock_is_ahead_or_steps_is_never_early_nor_late_by_the_step() {
+    let Some(server) = Server::start("skewed_consumer") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let shim = dir.path().join("skew_clock.so");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&shim)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/common/skew_clock.c"
+        ))
+        .arg("-ldl")
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("\n!!! skewed_consumer: no C compiler to build the clock shim, SKIPPED.\n");
+        return;
+    }
+    let skew = dir.path().join("skew_ms");
+    // The consumer's wall clock runs 2 s ahead of the server's (and this test's).
+    std::fs::write(&skew, "2000").unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_skewed_consumer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CWR_SKEW_URL", server.url())
+        .env("CWR_SKEW_FILE", &skew)
+        .env("LD_PRELOAD", &shim)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, ran) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some((_, id)) = line.split_once("RAN ") {
+                let _ = tx.send((id.trim().to_string(), SystemTime::now()));
+            }
+        }
+    });
+    let producer = RedisTimers::open(&server.url(), "skew", opts()).unwrap();
+    wait_until("the consumer's membership", Duration::from_secs(10), || {
+        producer.pending().is_ok() && {
+            let mut conn = redis::Client::open(server.url())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            redis::cmd("ZCARD")
+                .arg("{skew}:members")
+                .query::<u64>(&mut conn)
+                .unwrap()
+                == 1
+        }
+    });
+    let check = |round: &str| {
+        let start = SystemTime::now();
+        let due: HashMap<String, SystemTime> = (0..20)
+            .map(|i| {
+                (
+                    format!("{round}{i}"),
+                    start + Duration::from_millis(300 + i * 50),
+                )
+            })
+            .collect();
+        producer
+            .schedule_batch(due.iter().map(|(id, d)| (id.clone(), Vec::new(), *d)))
+            .unwrap();
+        let mut worst = Duration::ZERO;
+        for _ in 0..due.len() {
+            let (id, at) = ran
+                .recv_timeout(Duration::from_secs(15))
+                .expect("a delivery");
+            let due = due[&id];
+            // Seen after the handler started: a start this much early would show.
+            assert!(
+                at >= due,
+                "{id} ran {:?} early",
+                due.duration_since(at).unwrap()
+            );
+            worst = worst.max(at.duration_since(due).unwrap());
+        }
+        assert!(
+            worst < Duration::from_millis(800),
+            "{round}: a task ran {worst:?} late"
+        );
+    };
+    check("ahead");
+    // Then its clock steps 5 s further ahead (an NTP step), while it runs.
+    std::fs::write(&skew, "7000").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    check("stepped");
+    let _ = child.kill();
+    let _ = child.wait();
+}

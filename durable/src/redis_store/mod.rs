@@ -246,7 +246,8 @@ struct Inner {
     /// The wheel's instants as wall-clock microseconds: `origin` is `origin_us`.
     origin: Instant,
     origin_us: u64,
-    /// The server's clock minus this machine's, in µs, as the last sweep measured it.
+    /// The server's clock minus this process's (`local_us`), in µs, as the last sweep
+    /// measured it.
     offset_us: AtomicI64,
     /// This process's name among the members: random, fresh per open.
     member: String,
@@ -715,9 +716,18 @@ impl Inner {
         self.origin + Duration::from_micros(local_us.saturating_sub(self.origin_us))
     }
 
+    /// This process's clock in wall-clock µs: the wall clock read once at open, moved on
+    /// by the monotonic clock since, so that a step of the wall clock (an NTP step)
+    /// changes neither the server's offset nor the instants the wheel fires at.
+    fn local_us(&self) -> u64 {
+        let since = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.origin_us.saturating_add(since)
+    }
+
     /// The server's clock now, as this process estimates it.
     fn server_now_ms(&self) -> u64 {
-        micros(SystemTime::now()).saturating_add_signed(self.offset_us.load(Ordering::Relaxed))
+        self.local_us()
+            .saturating_add_signed(self.offset_us.load(Ordering::Relaxed))
             / 1000
     }
 
@@ -856,7 +866,7 @@ impl Inner {
         for (id, token) in &acks {
             args.extend([&id[..], token.as_bytes()]);
         }
-        let before = micros(SystemTime::now());
+        let before = self.local_us();
         let reply = match self.pool.eval(&SWEEP, &self.keys[shard].first(5), &args) {
             Ok(reply) => reply,
             Err(e) => {
@@ -868,7 +878,7 @@ impl Inner {
                 return Err(e);
             }
         };
-        let after = micros(SystemTime::now());
+        let after = self.local_us();
         let parts = array(&reply)?;
         let field = |i: usize| parts.get(i).ok_or_else(|| unexpected(&reply));
         let now = int(field(0)?)?;
