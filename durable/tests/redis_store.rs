@@ -424,3 +424,374 @@ fn a_consumer_killed_while_holding_leases_loses_them() {
     let late = log.values().filter(|runs| runs[0].0 >= first_lapse).count();
     assert!(late >= 20, "only {late} deliveries waited for a lease");
 }
+
+#[test]
+fn absurd_window_and_visibility_are_refused_not_a_thread_panic() {
+    let Some(server) = Server::start("absurd_options") else {
+        return;
+    };
+    // Duration::MAX as a window made the members thread panic adding it to an Instant
+    // (and a member with a window that long would hold its shards for ever once dead).
+    for options in [
+        opts().window(Duration::MAX),
+        opts().window(Duration::from_secs(u64::MAX / 4)),
+        opts().visibility(Duration::MAX),
+        opts().shards(1_000_000_000),
+        opts().fetch_limit(0),
+    ] {
+        assert!(
+            matches!(
+                RedisTimers::open(&server.url(), "absurd", options.clone()),
+                Err(Error::BadOptions(_))
+            ),
+            "{options:?} was accepted"
+        );
+    }
+    // The largest accepted ones (a day, a year, as documented) still run: a task due now is delivered.
+    let t = RedisTimers::open(
+        &server.url(),
+        "absurd",
+        opts()
+            .window(Duration::from_secs(24 * 3600))
+            .visibility(Duration::from_secs(365 * 24 * 3600)),
+    )
+    .unwrap();
+    let log: Log = Arc::default();
+    t.run_handler(1, recording(&log)).unwrap();
+    t.schedule("now", b"", SystemTime::now()).unwrap();
+    wait_until("delivery", Duration::from_secs(5), || {
+        log.lock().unwrap().contains_key("now")
+    });
+    // Its ack waits for a sweep (a day away) or close, which sends it.
+    let checker = RedisTimers::open(&server.url(), "absurd", opts()).unwrap();
+    t.close().unwrap();
+    assert_eq!(checker.pending().unwrap(), 0);
+}
+
+#[test]
+fn a_url_that_is_not_redis_is_a_typed_error_not_a_hang() {
+    // A listener that accepts and never answers, and URLs of other schemes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}/", silent.local_addr().unwrap());
+    let started = Instant::now();
+    assert!(matches!(
+        RedisTimers::open(&url, "q", opts()),
+        Err(Error::Redis(_))
+    ));
+    assert!(started.elapsed() < Duration::from_secs(15));
+    for url in ["http://127.0.0.1:1/", "not a url", ""] {
+        assert!(
+            matches!(RedisTimers::open(url, "q", opts()), Err(Error::Redis(_))),
+            "{url:?}"
+        );
+    }
+}
+
+#[test]
+fn due_times_before_the_epoch_and_in_year_9999_are_kept_not_a_panic() {
+    let Some(server) = Server::start("extreme_due") else {
+        return;
+    };
+    let t = RedisTimers::open(&server.url(), "extreme", opts()).unwrap();
+    let epoch = std::time::UNIX_EPOCH;
+    let y9999 = epoch + Duration::from_secs(253_402_300_799);
+    t.schedule("before", b"", epoch - Duration::from_secs(10))
+        .unwrap();
+    t.schedule("far", b"", y9999).unwrap();
+    t.schedule("farthest", b"", epoch + Duration::from_secs(u64::MAX / 2))
+        .unwrap();
+    let log: Log = Arc::default();
+    t.run_handler(1, recording(&log)).unwrap();
+    wait_until("the past one", Duration::from_secs(5), || {
+        log.lock().unwrap().contains_key("before")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log["before"][0].1, epoch);
+    assert_eq!(t.pending().unwrap(), 2);
+}
+
+#[test]
+fn requeued_and_hand_failed_tasks_are_hinted_not_left_for_the_next_window() {
+    let Some(server) = Server::start("hinted_retries") else {
+        return;
+    };
+    // A long window, and a lease longer than two of them, so that only a hint (or a
+    // sweep a window later) can arm what becomes due.
+    let options = opts()
+        .shards(1)
+        .window(Duration::from_secs(3))
+        .visibility(Duration::from_secs(10))
+        .retry(RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(100),
+            multiplier: 1,
+            max_backoff: Duration::from_millis(100),
+        });
+    let producer = RedisTimers::open(&server.url(), "hinted", options.clone()).unwrap();
+    producer.schedule("manual", b"", SystemTime::now()).unwrap();
+    let claim = producer.claim_next().unwrap().expect("the due task");
+    let seen: Arc<Mutex<Vec<(String, u32, Instant)>>> = Arc::default();
+    let consumer = RedisTimers::open(&server.url(), "hinted", options).unwrap();
+    {
+        let seen = Arc::clone(&seen);
+        consumer
+            .run_handler(1, move |task| {
+                let id = String::from_utf8_lossy(task.id()).into_owned();
+                let fail = id == "doomed";
+                seen.lock()
+                    .unwrap()
+                    .push((id, task.attempt(), Instant::now()));
+                if fail { Err("doomed") } else { Ok(()) }
+            })
+            .unwrap();
+    }
+    // The consumer's first sweep has run by now; its next is three seconds away.
+    std::thread::sleep(Duration::from_millis(300));
+    let seen_of = |id: &str, attempt: u32| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .find(|s| s.0 == id && s.1 == attempt)
+            .map(|s| s.2)
+    };
+    // A hand-written consumer fails its claim: the retry, 100 ms later, is the
+    // handling process's to run.
+    let failed_at = Instant::now();
+    assert_eq!(
+        producer.fail(&claim).unwrap(),
+        corewheel_durable::Failed::Retrying
+    );
+    wait_until("the retry", Duration::from_secs(5), || {
+        seen_of("manual", 2).is_some()
+    });
+    let late = seen_of("manual", 2).unwrap() - failed_at;
+    assert!(
+        late < Duration::from_secs(1),
+        "retry delivered {late:?} after fail"
+    );
+    // A dead letter requeued by another process.
+    producer.schedule("doomed", b"", SystemTime::now()).unwrap();
+    wait_until("the dead letter", Duration::from_secs(5), || {
+        !producer.dead_letters().unwrap().is_empty()
+    });
+    let requeued_at = Instant::now();
+    producer.requeue("doomed").unwrap();
+    wait_until("the requeued task", Duration::from_secs(5), || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.0 == "doomed")
+            .count()
+            == 3
+    });
+    let late = seen.lock().unwrap().last().unwrap().2 - requeued_at;
+    assert!(
+        late < Duration::from_secs(1),
+        "requeue delivered {late:?} after"
+    );
+}
+
+#[test]
+fn a_handler_that_blocks_for_ever_does_not_strand_the_shards_its_process_owns() {
+    let Some(server) = Server::start("stuck_handler") else {
+        return;
+    };
+    let options = opts().shards(8);
+    let log: Log = Arc::default();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = Arc::new(Mutex::new(released));
+    let blocked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Consumer 1's only handler thread blocks on "stuck" (for ever, as far as the queue
+    // can tell), while its members thread keeps heartbeating.
+    let stuck = RedisTimers::open(&server.url(), "stuck", options.clone()).unwrap();
+    {
+        let (record, released) = (recording(&log), Arc::clone(&released));
+        let blocked = Arc::clone(&blocked);
+        stuck
+            .run_handler(1, move |task| {
+                if task.id() == b"stuck" {
+                    blocked.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let _ = released
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(Duration::from_secs(30));
+                }
+                record(task)
+            })
+            .unwrap();
+    }
+    stuck.schedule("stuck", b"", SystemTime::now()).unwrap();
+    wait_until("the stuck handler", Duration::from_secs(5), || {
+        blocked.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    let healthy = RedisTimers::open(&server.url(), "stuck", options).unwrap();
+    healthy.run_handler(2, recording(&log)).unwrap();
+    wait_until("both members own shards", Duration::from_secs(5), || {
+        healthy.owned_shards() > 0 && healthy.owned_shards() < 8
+    });
+    healthy
+        .schedule_batch((0..40).map(|i| (format!("t{i}"), b"".to_vec(), SystemTime::now())))
+        .unwrap();
+    let delivered = || {
+        (0..40)
+            .filter(|i| log.lock().unwrap().contains_key(&format!("t{i}")))
+            .count()
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while delivered() < 40 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let n = delivered();
+    drop(release);
+    assert_eq!(
+        n, 40,
+        "tasks in the stuck process's shards were not delivered"
+    );
+    wait_until("the stuck task's ack", Duration::from_secs(5), || {
+        healthy.pending().unwrap() == 0
+    });
+    drop(stuck);
+    let log = log.lock().unwrap();
+    assert!(log.values().all(|runs| runs.len() == 1), "{log:?}");
+}
+
+#[test]
+fn a_producer_with_a_shorter_window_than_the_consumer_still_hints_its_tasks() {
+    let Some(server) = Server::start("mixed_windows") else {
+        return;
+    };
+    let log: Log = Arc::default();
+    let consumer = RedisTimers::open(
+        &server.url(),
+        "mixed",
+        opts().window(Duration::from_secs(3)),
+    )
+    .unwrap();
+    consumer.run_handler(1, recording(&log)).unwrap();
+    // The consumer's first sweep has run; its next is three seconds away.
+    std::thread::sleep(Duration::from_millis(300));
+    let producer = RedisTimers::open(
+        &server.url(),
+        "mixed",
+        opts().window(Duration::from_millis(10)),
+    )
+    .unwrap();
+    let due = SystemTime::now() + Duration::from_millis(500);
+    producer.schedule("soon", b"", due).unwrap();
+    wait_until("delivery", Duration::from_secs(5), || {
+        log.lock().unwrap().contains_key("soon")
+    });
+    let ran = log.lock().unwrap()["soon"][0].0;
+    let late = ran.duration_since(due).unwrap();
+    assert!(late < Duration::from_millis(500), "{late:?} late");
+}
+
+#[test]
+fn a_panicking_handler_is_a_failure_and_the_task_is_retried() {
+    let Some(server) = Server::start("panicking_handler") else {
+        return;
+    };
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        initial_backoff: Duration::from_millis(50),
+        multiplier: 1,
+        max_backoff: Duration::from_millis(50),
+    };
+    let t = RedisTimers::open(&server.url(), "panics", opts().retry(policy)).unwrap();
+    let log: Log = Arc::default();
+    {
+        let record = recording(&log);
+        t.run_handler(1, move |task| {
+            record(task)?;
+            if task.attempt() == 1 {
+                panic!("a handler bug");
+            }
+            Ok::<(), String>(())
+        })
+        .unwrap();
+    }
+    t.schedule("p", b"", SystemTime::now()).unwrap();
+    wait_until("the retry acked", Duration::from_secs(5), || {
+        t.pending().unwrap() == 0
+    });
+    let attempts: Vec<u32> = log.lock().unwrap()["p"].iter().map(|r| r.2).collect();
+    assert_eq!(attempts, vec![1, 2]);
+    assert!(t.dead_letters().unwrap().is_empty());
+}
+
+#[test]
+fn dropping_the_store_from_inside_its_own_handler_returns() {
+    let Some(server) = Server::start("drop_in_handler") else {
+        return;
+    };
+    let slot: Arc<Mutex<Option<RedisTimers>>> = Arc::default();
+    let (dropped_tx, dropped) = std::sync::mpsc::channel();
+    let t = RedisTimers::open(&server.url(), "selfdrop", opts()).unwrap();
+    {
+        let (slot, dropped_tx) = (Arc::clone(&slot), Mutex::new(dropped_tx));
+        t.run_handler(2, move |_| {
+            let taken = slot.lock().unwrap().take();
+            drop(taken);
+            let _ = dropped_tx.lock().unwrap().send(());
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    {
+        let mut slot = slot.lock().unwrap();
+        t.schedule("x", b"", SystemTime::now()).unwrap();
+        *slot = Some(t);
+    }
+    assert!(
+        dropped.recv_timeout(Duration::from_secs(15)).is_ok(),
+        "drop inside the handler hung"
+    );
+    assert!(slot.lock().unwrap().is_none());
+}
+
+#[test]
+fn a_fetch_limit_of_one_still_drains_a_backlog_due_at_open() {
+    let Some(server) = Server::start("fetch_limit_one") else {
+        return;
+    };
+    let producer = RedisTimers::open(&server.url(), "limit", opts()).unwrap();
+    let past = SystemTime::now() - Duration::from_secs(3600);
+    producer
+        .schedule_batch((0..100).map(|i| (format!("b{i}"), b"".to_vec(), past)))
+        .unwrap();
+    let log: Log = Arc::default();
+    let t = RedisTimers::open(&server.url(), "limit", opts().fetch_limit(1)).unwrap();
+    t.run_handler(3, recording(&log)).unwrap();
+    wait_until("the backlog drained", Duration::from_secs(10), || {
+        producer.pending().unwrap() == 0
+    });
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 100);
+    assert!(log.values().all(|runs| runs.len() == 1));
+}
+
+#[test]
+fn a_claim_acked_through_another_queue_is_refused_not_a_panic() {
+    let Some(server) = Server::start("foreign_claim") else {
+        return;
+    };
+    let wide = RedisTimers::open(&server.url(), "wide", opts().shards(64)).unwrap();
+    let narrow = RedisTimers::open(&server.url(), "narrow", opts().shards(1)).unwrap();
+    // Ids until one lands past shard 0 of the wide queue.
+    wide.schedule_batch((0..8).map(|i| (format!("w{i}"), b"".to_vec(), SystemTime::now())))
+        .unwrap();
+    let mut claims = Vec::new();
+    while let Some(claim) = wide.claim_next().unwrap() {
+        claims.push(claim);
+    }
+    assert_eq!(claims.len(), 8);
+    for mut claim in claims {
+        assert!(matches!(narrow.ack(&claim), Err(Error::LeaseLost)));
+        assert!(matches!(narrow.fail(&claim), Err(Error::LeaseLost)));
+        assert!(matches!(narrow.renew(&mut claim), Err(Error::LeaseLost)));
+        wide.ack(&claim).unwrap();
+    }
+    assert_eq!(wide.pending().unwrap(), 0);
+}

@@ -29,6 +29,16 @@ fn opts() -> RedisOptions {
         .visibility(VISIBILITY)
 }
 
+/// A relay in front of `server`, for a network that can pause.
+fn relay_to(server: &Server) -> Relay {
+    let url = server.url();
+    Relay::start(
+        url.trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_string(),
+    )
+}
+
 fn us(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
 }
@@ -259,12 +269,7 @@ fn a_network_pause_longer_than_a_lease_hands_the_task_over_and_refuses_the_late_
     let Some(server) = Server::start("network_pause") else {
         return;
     };
-    let upstream = server
-        .url()
-        .trim_start_matches("redis://")
-        .trim_end_matches('/')
-        .to_string();
-    let relay = Relay::start(upstream);
+    let relay = relay_to(&server);
     let paused = RedisTimers::open(&relay.url(), "pause", opts()).unwrap();
     let due = SystemTime::now();
     paused.schedule("job", b"p", due).unwrap();
@@ -324,4 +329,320 @@ fn a_network_pause_longer_than_a_lease_hands_the_task_over_and_refuses_the_late_
         Duration::from_secs(5),
         || live.pending().unwrap() == 0,
     );
+}
+
+#[test]
+fn close_returns_when_the_hints_subscription_stalls_after_connecting() {
+    let Some(server) = Server::start("stalled_subscribe") else {
+        return;
+    };
+    let relay = relay_to(&server);
+    let t = RedisTimers::open(&relay.url(), "stall", opts()).unwrap();
+    t.run_handler(1, |_| Ok::<(), ()>(())).unwrap();
+    // The network fails right after the hints thread's next connect: its handshake is
+    // answered, its SUBSCRIBE never is.
+    relay.stall_subscribes();
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(killed, 1, "the hints connection");
+    std::thread::sleep(Duration::from_millis(500));
+    let (done, closed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        t.close().unwrap();
+        let _ = done.send(());
+    });
+    assert!(
+        closed.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "close hung on a subscription that never answered"
+    );
+}
+
+#[test]
+fn a_claim_whose_lease_lapsed_while_it_waited_for_a_handler_is_not_run() {
+    let Some(server) = Server::start("stale_claim") else {
+        return;
+    };
+    let relay = relay_to(&server);
+    let options = opts().shards(1);
+    // (consumer, id, started, ended)
+    type Runs = Arc<Mutex<Vec<(u8, String, Instant, Option<Instant>)>>>;
+    let runs: Runs = Arc::default();
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let handler = |who: u8, runs: &Runs, gate: &Arc<(Mutex<bool>, std::sync::Condvar)>| {
+        let (runs, gate) = (Arc::clone(runs), Arc::clone(gate));
+        move |task: &corewheel_durable::Task| {
+            let id = String::from_utf8_lossy(task.id()).into_owned();
+            let i = {
+                let mut runs = runs.lock().unwrap();
+                runs.push((who, id.clone(), Instant::now(), None));
+                runs.len() - 1
+            };
+            if who == 1 && id == "a" {
+                let (open, cv) = &*gate;
+                let mut open = open.lock().unwrap();
+                while !*open {
+                    open = cv.wait(open).unwrap();
+                }
+            } else if who == 2 {
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+            runs.lock().unwrap()[i].3 = Some(Instant::now());
+            Ok::<(), ()>(())
+        }
+    };
+    // Consumer 1, behind the relay, one handler thread: it claims both tasks in one
+    // sweep, runs "a" (held at the gate), and "b" waits in its ready queue.
+    let c1 = RedisTimers::open(&relay.url(), "stale", options.clone()).unwrap();
+    c1.run_handler(1, handler(1, &runs, &gate)).unwrap();
+    wait_until("consumer 1 owns the shard", Duration::from_secs(5), || {
+        c1.owned_shards() == 1
+    });
+    let now = SystemTime::now();
+    c1.schedule_batch([("a", b"", now), ("b", b"", now)])
+        .unwrap();
+    // One sweep claimed both (they were scheduled in one script, due at once).
+    wait_until("a running, b waiting", Duration::from_secs(5), || {
+        !runs.lock().unwrap().is_empty()
+    });
+    // The network fails for longer than a lease: consumer 1 can neither renew nor
+    // heartbeat; consumer 2 takes the shard and, once the leases lapse, both tasks.
+    relay.freeze();
+    let c2 = RedisTimers::open(&server.url(), "stale", options).unwrap();
+    c2.run_handler(2, handler(2, &runs, &gate)).unwrap();
+    wait_until("consumer 2 runs b", Duration::from_secs(10), || {
+        runs.lock().unwrap().iter().any(|r| r.0 == 2 && r.1 == "b")
+    });
+    relay.thaw();
+    {
+        let (open, cv) = &*gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let runs = runs.lock().unwrap().clone();
+    let b2 = runs.iter().find(|r| r.0 == 2 && r.1 == "b").unwrap();
+    if let Some(r) = runs.iter().find(|r| r.0 == 1 && r.1 == "b") {
+        panic!(
+            "consumer 1 ran b on a lapsed claim, {:?} after consumer 2 started it (consumer 2 {})",
+            r.2 - b2.2,
+            if b2.3.is_none_or(|end| end > r.2) {
+                "still running it under a valid lease"
+            } else {
+                "done"
+            }
+        );
+    }
+    drop(c1);
+    drop(c2);
+}
+
+#[test]
+fn close_while_redis_answers_nothing_returns_in_seconds_not_one_timeout_per_ack() {
+    let Some(server) = Server::start("close_unanswered") else {
+        return;
+    };
+    // A long window and lease, so that finished tasks wait for their acks (and are
+    // renewed meanwhile) across many shards.
+    let options = opts()
+        .window(Duration::from_secs(2))
+        .visibility(Duration::from_secs(9));
+    let t = RedisTimers::open(&server.url(), "unanswered", options).unwrap();
+    let done = Arc::new(Mutex::new(0));
+    {
+        let done = Arc::clone(&done);
+        t.run_handler(4, move |_| {
+            *done.lock().unwrap() += 1;
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    t.schedule_batch((0..48).map(|i| (format!("t{i}"), b"".to_vec(), SystemTime::now())))
+        .unwrap();
+    wait_until("every task run", Duration::from_secs(10), || {
+        *done.lock().unwrap() == 48
+    });
+    // Let the renewer start a round while the server is stopped.
+    server.pause();
+    std::thread::sleep(Duration::from_secs(3));
+    let (closed_tx, closed) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        t.close().unwrap();
+        let _ = closed_tx.send(());
+    });
+    let result = closed.recv_timeout(Duration::from_secs(20));
+    server.resume();
+    assert!(
+        result.is_ok(),
+        "close took over 20 s with redis stopped ({:?} so far)",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn redis_killed_and_restarted_mid_run_still_delivers_every_task_never_early() {
+    let Some(mut server) = Server::start("redis_restart_mid_run") else {
+        return;
+    };
+    let log = Arc::new(Mutex::new(HashMap::<String, Vec<SystemTime>>::new()));
+    let t = RedisTimers::open(&server.url(), "midrun", opts()).unwrap();
+    {
+        let log = Arc::clone(&log);
+        t.run_handler(2, move |task| {
+            log.lock()
+                .unwrap()
+                .entry(String::from_utf8_lossy(task.id()).into_owned())
+                .or_default()
+                .push(SystemTime::now());
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    let start = SystemTime::now();
+    let due: HashMap<String, SystemTime> = (0..60)
+        .map(|i| (format!("m{i}"), start + Duration::from_millis(100 + i * 20)))
+        .collect();
+    t.schedule_batch(due.iter().map(|(id, d)| (id.clone(), Vec::new(), *d)))
+        .unwrap();
+    // Mid-run: some delivered, some claimed, most pending.
+    std::thread::sleep(Duration::from_millis(400));
+    server.crash_and_restart();
+    wait_until("every task acked", Duration::from_secs(20), || {
+        t.pending().is_ok_and(|n| n == 0)
+    });
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), due.len(), "tasks lost in the restart");
+    for (id, runs) in log.iter() {
+        for ran in runs {
+            assert!(*ran >= due[id], "{id} ran early");
+        }
+    }
+}
+
+/// The child of [`a_consumer_whose_wall_clock_is_ahead_or_steps_is_never_early_nor_late_by_the_step`]:
+/// a consumer run under the clock shim, printing `RAN <id>` as each handler starts. A
+/// no-op in a normal run.
+#[test]
+fn child_skewed_consumer() {
+    let Ok(url) = std::env::var("CWR_SKEW_URL") else {
+        return;
+    };
+    let t = RedisTimers::open(&url, "skew", opts()).unwrap();
+    t.run_handler(2, |task| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "\nRAN {}", String::from_utf8_lossy(task.id())).unwrap();
+        out.flush().unwrap();
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn a_consumer_whose_wall_clock_is_ahead_or_steps_is_never_early_nor_late_by_the_step() {
+    let Some(server) = Server::start("skewed_consumer") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let shim = dir.path().join("skew_clock.so");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&shim)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/common/skew_clock.c"
+        ))
+        .arg("-ldl")
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("\n!!! skewed_consumer: no C compiler to build the clock shim, SKIPPED.\n");
+        return;
+    }
+    let skew = dir.path().join("skew_ms");
+    // The consumer's wall clock runs 2 s ahead of the server's (and this test's).
+    std::fs::write(&skew, "2000").unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_skewed_consumer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CWR_SKEW_URL", server.url())
+        .env("CWR_SKEW_FILE", &skew)
+        .env("LD_PRELOAD", &shim)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, ran) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some((_, id)) = line.split_once("RAN ") {
+                let _ = tx.send((id.trim().to_string(), SystemTime::now()));
+            }
+        }
+    });
+    let producer = RedisTimers::open(&server.url(), "skew", opts()).unwrap();
+    wait_until("the consumer's membership", Duration::from_secs(10), || {
+        producer.pending().is_ok() && {
+            let mut conn = redis::Client::open(server.url())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            redis::cmd("ZCARD")
+                .arg("{skew}:members")
+                .query::<u64>(&mut conn)
+                .unwrap()
+                == 1
+        }
+    });
+    let check = |round: &str| {
+        let start = SystemTime::now();
+        let due: HashMap<String, SystemTime> = (0..20)
+            .map(|i| {
+                (
+                    format!("{round}{i}"),
+                    start + Duration::from_millis(300 + i * 50),
+                )
+            })
+            .collect();
+        producer
+            .schedule_batch(due.iter().map(|(id, d)| (id.clone(), Vec::new(), *d)))
+            .unwrap();
+        let mut worst = Duration::ZERO;
+        for _ in 0..due.len() {
+            let (id, at) = ran
+                .recv_timeout(Duration::from_secs(15))
+                .expect("a delivery");
+            let due = due[&id];
+            // Seen after the handler started: a start this much early would show.
+            assert!(
+                at >= due,
+                "{id} ran {:?} early",
+                due.duration_since(at).unwrap()
+            );
+            worst = worst.max(at.duration_since(due).unwrap());
+        }
+        assert!(
+            worst < Duration::from_millis(800),
+            "{round}: a task ran {worst:?} late"
+        );
+    };
+    check("ahead");
+    // Then its clock steps 5 s further ahead (an NTP step), while it runs.
+    std::fs::write(&skew, "7000").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    check("stepped");
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -54,10 +54,13 @@ impl Pool {
         self.round_trips.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// A new connection of its own, outside the pool (for a subscription).
+    /// A new connection of its own, outside the pool (for a subscription). Reads time
+    /// out too, so that a server that stops answering (before the caller sets its own
+    /// timeout) cannot hang the subscribe, and with it close.
     pub(crate) fn connect(&self) -> Result<Connection, Error> {
         self.count(1);
         let conn = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
+        conn.set_read_timeout(Some(IO_TIMEOUT))?;
         conn.set_write_timeout(Some(IO_TIMEOUT))?;
         Ok(conn)
     }

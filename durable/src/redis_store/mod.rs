@@ -17,7 +17,8 @@
 //! Once per window it sweeps each shard it owns: one script that sends the acks finished
 //! since, and returns when the shard next has something claimable (a due time or a lease
 //! expiry). That instant is armed in the process's corewheel wheel, one entry per shard.
-//! A schedule script whose task is due within two windows also publishes a hint, so the
+//! A schedule script whose task is due within two of the longest windows allowed (two
+//! days: the scheduler does not know the owner's window) also publishes a hint, so the
 //! owner arms it at once rather than at its next sweep (a lost hint costs at most one
 //! window). When the wheel fires for a shard, a handler thread sweeps it again, claiming
 //! in one script every task due by the server's clock (up to a batch), each under a fresh
@@ -61,6 +62,17 @@ static REQUEUE: Script = Script::new(scripts::REQUEUE);
 
 /// The most shards a queue may have.
 pub const MAX_SHARDS: u32 = 16_384;
+
+/// The longest window accepted: a day.
+const MAX_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// How far ahead a schedule or retry is hinted: the horizon of a consumer with the
+/// longest window, since the scheduling process cannot know the windows of the shard's
+/// owner (each consumer ignores hints beyond its own horizon).
+const HINT_HORIZON_MS: u64 = 2 * MAX_WINDOW.as_secs() * 1000;
+
+/// The longest visibility timeout accepted: a year.
+const MAX_VISIBILITY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The longest backoff the scripts are given, in ms (about 31 years).
 const MAX_BACKOFF_MS: u64 = 1_000_000_000_000;
@@ -109,7 +121,9 @@ impl RedisOptions {
     /// claimable and arms it if that is within two windows; a task scheduled for sooner
     /// is hinted to the owner at once. An idle queue costs, per window, one round trip
     /// per shard plus one heartbeat per handling process; a member that dies has its
-    /// shards taken over after three windows.
+    /// shards taken over after three windows, and so does one whose handler threads have
+    /// all been busy for two windows while a shard of its was due. At least 1 ms and at
+    /// most a day.
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
@@ -117,7 +131,8 @@ impl RedisOptions {
 
     /// How long a claim holds a task before another consumer may take it (default 30 s).
     /// Renewed every third of this while the handler runs, so it bounds how long a dead
-    /// consumer's tasks wait, not how long a handler may take.
+    /// consumer's tasks wait, not how long a handler may take. At least 30 ms and at
+    /// most a year.
     pub fn visibility(mut self, visibility: Duration) -> Self {
         self.visibility = visibility;
         self
@@ -140,11 +155,11 @@ impl RedisOptions {
         if self.shards == 0 || self.shards > MAX_SHARDS {
             return Err(Error::BadOptions("shards must be 1 to MAX_SHARDS"));
         }
-        if self.window < Duration::from_millis(1) {
-            return Err(Error::BadOptions("window under 1 ms"));
+        if self.window < Duration::from_millis(1) || self.window > MAX_WINDOW {
+            return Err(Error::BadOptions("window under 1 ms or over a day"));
         }
-        if self.visibility < Duration::from_millis(30) {
-            return Err(Error::BadOptions("visibility under 30 ms"));
+        if self.visibility < Duration::from_millis(30) || self.visibility > MAX_VISIBILITY {
+            return Err(Error::BadOptions("visibility under 30 ms or over a year"));
         }
         if self.retry.max_attempts == 0 {
             return Err(Error::BadOptions("max_attempts must be at least 1"));
@@ -231,7 +246,8 @@ struct Inner {
     /// The wheel's instants as wall-clock microseconds: `origin` is `origin_us`.
     origin: Instant,
     origin_us: u64,
-    /// The server's clock minus this machine's, in µs, as the last sweep measured it.
+    /// The server's clock minus this process's (`local_us`), in µs, as the last sweep
+    /// measured it.
     offset_us: AtomicI64,
     /// This process's name among the members: random, fresh per open.
     member: String,
@@ -244,8 +260,10 @@ struct Inner {
     active: Mutex<HashMap<String, Held>>,
 }
 
-/// A running handler's claim, for the renewer: its shard and task id.
-type Held = (usize, Box<[u8]>);
+/// A running handler's claim, for the renewer: its shard, task id, and lease expiry
+/// (server ms) as last granted, so that a claim whose lease lapsed before its handler
+/// started is dropped rather than run beside the consumer that took it over.
+type Held = (usize, Box<[u8]>, u64);
 
 /// A checked task of a schedule call: id, payload, due ms.
 type NewTask = (Box<[u8]>, Box<[u8]>, u64);
@@ -363,7 +381,7 @@ impl RedisTimers {
                 ceil_ms(due),
             ));
         }
-        let horizon = self.inner.horizon_ms().to_string();
+        let horizon = HINT_HORIZON_MS.to_string();
         for (shard, tasks) in by_shard {
             let dues: Vec<String> = tasks.iter().map(|t| t.2.to_string()).collect();
             let shard_arg = shard.to_string();
@@ -432,6 +450,7 @@ impl RedisTimers {
     /// Extends the lease of `claim` by the visibility timeout from now.
     /// [`Error::LeaseLost`] if it had run out, or the task was cancelled or replaced.
     pub fn renew(&self, claim: &mut Claim) -> Result<(), Error> {
+        self.check_claim(claim)?;
         let until = self
             .inner
             .renew(claim.shard, &claim.task.id, &claim.token)?;
@@ -440,9 +459,10 @@ impl RedisTimers {
     }
 
     /// Finishes the task: it is deleted and never delivered again. [`Error::LeaseLost`]
-    /// if the lease had run out (another consumer may be running it) or the task was
-    /// cancelled or replaced; then nothing changes.
+    /// if the lease had run out (another consumer may be running it), the task was
+    /// cancelled or replaced, or the claim came from another queue; then nothing changes.
     pub fn ack(&self, claim: &Claim) -> Result<(), Error> {
+        self.check_claim(claim)?;
         self.inner.ack(claim.shard, &claim.task.id, &claim.token)
     }
 
@@ -450,12 +470,23 @@ impl RedisTimers {
     /// or becomes a dead letter after its last attempt. [`Error::LeaseLost`] as for
     /// [`ack`](RedisTimers::ack).
     pub fn fail(&self, claim: &Claim) -> Result<Failed, Error> {
+        self.check_claim(claim)?;
         self.inner.fail(
             claim.shard,
             &claim.task.id,
             &claim.token,
             claim.task.attempt,
         )
+    }
+
+    /// A claim from a queue with more shards (another queue's) holds nothing here: its
+    /// shard would index past this queue's keys.
+    fn check_claim(&self, claim: &Claim) -> Result<(), Error> {
+        if claim.shard < self.inner.keys.len() {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost)
+        }
     }
 
     /// Runs `handler` on every due task, on `threads` threads of its own (at least one),
@@ -540,13 +571,16 @@ impl RedisTimers {
         let id = id.as_ref();
         check_id(id)?;
         let shard = self.inner.shard_of(id);
-        let reply = self
-            .inner
-            .pool
-            .eval(&REQUEUE, &self.inner.keys[shard].first(7), &[id])?;
+        let shard_arg = shard.to_string();
+        let reply = self.inner.pool.eval(
+            &REQUEUE,
+            &self.inner.keys[shard].first(7),
+            &[id, self.inner.hint_channel.as_bytes(), shard_arg.as_bytes()],
+        )?;
         if int(&reply)? == 0 {
             return Err(Error::NotDead);
         }
+        self.inner.arm_if_owned(shard, self.inner.server_now_ms());
         Ok(())
     }
 
@@ -635,6 +669,27 @@ impl Inner {
         self.stopping.load(Ordering::Acquire)
     }
 
+    /// Whether a shard's armed instant passed two windows ago and no handler thread has
+    /// taken it: they are all busy.
+    fn stalled(&self) -> bool {
+        let late = self
+            .server_now_ms()
+            .saturating_sub(self.window_ms().saturating_mul(2));
+        self.local()
+            .wakes
+            .iter()
+            .flatten()
+            .any(|&(_, at)| at < late)
+    }
+
+    /// Whether the claim with `token` has lost its lease, as far as this process knows:
+    /// a renewal was refused, or its last granted expiry has passed by the server's clock.
+    fn lapsed(&self, token: &str) -> bool {
+        self.active()
+            .get(token)
+            .is_none_or(|held| held.2 <= self.server_now_ms())
+    }
+
     /// The shard of an id: a CRC32 of its bytes, so every process agrees.
     fn shard_of(&self, id: &[u8]) -> usize {
         crc32fast::hash(id) as usize % self.keys.len()
@@ -648,7 +703,7 @@ impl Inner {
         u64::try_from(self.options.window.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// How far ahead a shard's next instant is armed, and a schedule hinted: two windows.
+    /// How far ahead a shard's next instant is armed, and a hint taken: two windows.
     fn horizon_ms(&self) -> u64 {
         self.window_ms().saturating_mul(2)
     }
@@ -661,9 +716,18 @@ impl Inner {
         self.origin + Duration::from_micros(local_us.saturating_sub(self.origin_us))
     }
 
+    /// This process's clock in wall-clock µs: the wall clock read once at open, moved on
+    /// by the monotonic clock since, so that a step of the wall clock (an NTP step)
+    /// changes neither the server's offset nor the instants the wheel fires at.
+    fn local_us(&self) -> u64 {
+        let since = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.origin_us.saturating_add(since)
+    }
+
     /// The server's clock now, as this process estimates it.
     fn server_now_ms(&self) -> u64 {
-        micros(SystemTime::now()).saturating_add_signed(self.offset_us.load(Ordering::Relaxed))
+        self.local_us()
+            .saturating_add_signed(self.offset_us.load(Ordering::Relaxed))
             / 1000
     }
 
@@ -759,7 +823,11 @@ impl Inner {
         };
         for shard in shards {
             if let Err(e) = self.sweep(shard, 0) {
+                // The server is not answering: each further call would wait out its own
+                // timeout. The acks not sent are redelivered once their leases lapse,
+                // and the membership lapses by itself.
                 eprintln!("corewheel-durable: acking on close: {e}");
+                return;
             }
         }
         let left = self.pool.with(|conn| {
@@ -798,7 +866,7 @@ impl Inner {
         for (id, token) in &acks {
             args.extend([&id[..], token.as_bytes()]);
         }
-        let before = micros(SystemTime::now());
+        let before = self.local_us();
         let reply = match self.pool.eval(&SWEEP, &self.keys[shard].first(5), &args) {
             Ok(reply) => reply,
             Err(e) => {
@@ -810,7 +878,7 @@ impl Inner {
                 return Err(e);
             }
         };
-        let after = micros(SystemTime::now());
+        let after = self.local_us();
         let parts = array(&reply)?;
         let field = |i: usize| parts.get(i).ok_or_else(|| unexpected(&reply));
         let now = int(field(0)?)?;
@@ -851,7 +919,10 @@ impl Inner {
                 active.remove(token);
             }
             for claim in &claims {
-                active.insert(claim.token.clone(), (shard, claim.task.id.clone()));
+                active.insert(
+                    claim.token.clone(),
+                    (shard, claim.task.id.clone(), claim.lease_until_ms),
+                );
             }
         }
         let mut local = self.local();
@@ -930,10 +1001,19 @@ impl Inner {
     fn fail(&self, shard: usize, id: &[u8], token: &str, attempt: u32) -> Result<Failed, Error> {
         let backoff = self.backoff_ms(attempt).to_string();
         let max = self.options.retry.max_attempts.to_string();
+        let (shard_arg, horizon) = (shard.to_string(), HINT_HORIZON_MS.to_string());
         let reply = self.pool.eval(
             &FAIL,
             &self.keys[shard].first(7),
-            &[id, token.as_bytes(), backoff.as_bytes(), max.as_bytes()],
+            &[
+                id,
+                token.as_bytes(),
+                backoff.as_bytes(),
+                max.as_bytes(),
+                self.hint_channel.as_bytes(),
+                shard_arg.as_bytes(),
+                horizon.as_bytes(),
+            ],
         )?;
         match int(&reply)? {
             1 => Ok(Failed::Retrying),
@@ -971,9 +1051,17 @@ fn rendezvous(member: &[u8], shard: usize) -> u64 {
 /// then a sweep of each owned shard that sends its acks and arms its next instant. It
 /// claims nothing itself, so that what a sweep finds due is claimed by a handler thread
 /// through the wheel.
+///
+/// While no handler thread has taken a shard's instant for two windows (every handler
+/// blocked), it skips the heartbeat, so that its membership lapses and the others take
+/// over its shards rather than leave their tasks to wait for a thread here.
 fn member(inner: &Inner) {
     while !inner.stopping() {
-        if let Err(e) = inner.heartbeat() {
+        if inner.stalled() {
+            eprintln!(
+                "corewheel-durable: every handler thread busy for two windows; not renewing membership"
+            );
+        } else if let Err(e) = inner.heartbeat() {
             eprintln!("corewheel-durable: heartbeat to redis: {e}");
         }
         let owned: Vec<usize> = {
@@ -1042,12 +1130,30 @@ fn renewer(inner: &Inner) {
         let active: Vec<(String, usize, Box<[u8]>)> = inner
             .active()
             .iter()
-            .map(|(token, (shard, id))| (token.clone(), *shard, id.clone()))
+            .map(|(token, (shard, id, _))| (token.clone(), *shard, id.clone()))
             .collect();
         for (token, shard, id) in active {
-            // A lost lease is left for the ack to find out.
-            if let Err(Error::Redis(e)) = inner.renew(shard, &id, &token) {
-                eprintln!("corewheel-durable: renewing a lease: {e}");
+            if inner.stopping() {
+                return;
+            }
+            // A lost lease is left for the ack to find out, and keeps a handler from
+            // starting on it.
+            match inner.renew(shard, &id, &token) {
+                Ok(until) => {
+                    if let Some(held) = inner.active().get_mut(&token) {
+                        held.2 = until;
+                    }
+                }
+                Err(Error::LeaseLost) => {
+                    inner.active().remove(&token);
+                }
+                Err(e @ Error::Redis(_)) => {
+                    // Not answering: the rest would each wait out a timeout. The next
+                    // round, a third of a lease later, tries again.
+                    eprintln!("corewheel-durable: renewing a lease: {e}");
+                    break;
+                }
+                Err(e) => eprintln!("corewheel-durable: renewing a lease: {e}"),
             }
         }
     }
@@ -1073,6 +1179,12 @@ fn consume<E>(
     while let Some(work) = next_work(inner) {
         let shards = match work {
             Work::Run(claim) => {
+                if inner.lapsed(&claim.token) {
+                    // Its lease ran out while it waited (renewals failed): another
+                    // consumer may hold it now, so it is not run here.
+                    inner.active().remove(&claim.token);
+                    continue;
+                }
                 run(inner, claim, handler);
                 continue;
             }
@@ -1080,9 +1192,12 @@ fn consume<E>(
             Work::Flush(shards) => shards,
         };
         for shard in shards {
-            // Not claimed as far as we know: the next sweep finds it again.
+            // Not claimed as far as we know: the next sweep finds it again. After an
+            // error the other shards' acks wait for the next flush rather than each
+            // wait out a timeout now.
             if let Err(e) = inner.sweep(shard, batch) {
                 eprintln!("corewheel-durable: claiming from redis: {e}");
+                break;
             }
         }
     }

@@ -202,9 +202,11 @@ return 1
 );
 
 /// KEYS due lease task meta token dead deadmeta; ARGV id, token, backoff ms, max
-/// attempts. If the lease is still held: the task goes back among the pending, due after
-/// the backoff with the next attempt number (1), or becomes a dead letter once it has had
-/// `max attempts` (2). Else 0 and nothing changes.
+/// attempts, hint channel, shard, horizon ms. If the lease is still held: the task goes
+/// back among the pending, due after the backoff with the next attempt number (1), or
+/// becomes a dead letter once it has had `max attempts` (2). Else 0 and nothing changes.
+/// A retry due within the horizon is hinted as [`SCHEDULE`] does, so the shard's owner
+/// arms it even when another process (a hand-written consumer) failed it.
 pub(crate) const FAIL: &str = concat!(
     prelude!(),
     r#"
@@ -225,13 +227,16 @@ end
 local next_due = now + tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], next_due, id)
 redis.call('HSET', KEYS[4], id, (a + 1) .. ' ' .. next_due)
+if tonumber(ARGV[3]) <= tonumber(ARGV[7]) then
+  redis.call('PUBLISH', ARGV[5], ARGV[6] .. ' ' .. string.format('%d', next_due))
+end
 return 1
 "#
 );
 
-/// KEYS due lease task meta token dead deadmeta; ARGV id. Moves a dead letter back among
-/// the pending, due now, from attempt 1 (replacing a task of that id): 1; or 0 if there
-/// is no such dead letter.
+/// KEYS due lease task meta token dead deadmeta; ARGV id, hint channel, shard. Moves a
+/// dead letter back among the pending, due now, from attempt 1 (replacing a task of that
+/// id), and hints it as [`SCHEDULE`] does: 1; or 0 if there is no such dead letter.
 pub(crate) const REQUEUE: &str = concat!(
     prelude!(),
     r#"
@@ -246,6 +251,7 @@ redis.call('HSET', KEYS[4], id, '1 ' .. now)
 redis.call('HDEL', KEYS[5], id)
 redis.call('HDEL', KEYS[6], id)
 redis.call('HDEL', KEYS[7], id)
+redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. string.format('%d', now))
 return 1
 "#
 );

@@ -68,6 +68,26 @@ impl Server {
         panic!("redis-server did not answer on port {}", self.port);
     }
 
+    /// Stops the server with SIGSTOP: it holds its connections and answers nothing (the
+    /// kernel still accepts new ones) until [`Server::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Continues a server stopped by [`Server::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     /// Kills the server with SIGKILL and starts it again on the same port and files.
     pub fn crash_and_restart(&mut self) {
         self.child.kill().unwrap();

@@ -14,6 +14,7 @@ pub struct Relay {
     port: u16,
     frozen: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    stall_subscribe: Arc<AtomicBool>,
 }
 
 impl Relay {
@@ -24,18 +25,27 @@ impl Relay {
         listener.set_nonblocking(true).unwrap();
         let frozen = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
-        let (f, s) = (Arc::clone(&frozen), Arc::clone(&stop));
+        let stall_subscribe = Arc::new(AtomicBool::new(false));
+        let (f, s, st) = (
+            Arc::clone(&frozen),
+            Arc::clone(&stop),
+            Arc::clone(&stall_subscribe),
+        );
         std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((client, _)) => {
                         let server = TcpStream::connect(&upstream).unwrap();
-                        for (from, to) in [
-                            (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                            (server, client),
+                        for (from, to, stall) in [
+                            (
+                                client.try_clone().unwrap(),
+                                server.try_clone().unwrap(),
+                                Some(Arc::clone(&st)),
+                            ),
+                            (server, client, None),
                         ] {
                             let (f, s) = (Arc::clone(&f), Arc::clone(&s));
-                            std::thread::spawn(move || pump(from, to, &f, &s));
+                            std::thread::spawn(move || pump(from, to, &f, &s, stall));
                         }
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -45,7 +55,12 @@ impl Relay {
                 }
             }
         });
-        Relay { port, frozen, stop }
+        Relay {
+            port,
+            frozen,
+            stop,
+            stall_subscribe,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -60,6 +75,13 @@ impl Relay {
     pub fn thaw(&self) {
         self.frozen.store(false, Ordering::SeqCst);
     }
+
+    /// From now on, a connection whose client sends `SUBSCRIBE` stops moving bytes (both
+    /// ways) from that request on: a network that fails right after a subscriber
+    /// connected, its handshake answered.
+    pub fn stall_subscribes(&self) {
+        self.stall_subscribe.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Drop for Relay {
@@ -68,8 +90,15 @@ impl Drop for Relay {
     }
 }
 
-/// Copies `from` to `to` while not frozen; ends when either side closes.
-fn pump(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool, stop: &AtomicBool) {
+/// Copies `from` to `to` while not frozen; ends when either side closes. With `stall`
+/// set, a chunk holding `SUBSCRIBE` is swallowed and nothing more moves this way.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    frozen: &AtomicBool,
+    stop: &AtomicBool,
+    stall: Option<Arc<AtomicBool>>,
+) {
     from.set_read_timeout(Some(Duration::from_millis(5)))
         .unwrap();
     let mut buf = [0u8; 16 * 1024];
@@ -81,6 +110,15 @@ fn pump(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool, stop: &Atom
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                if stall.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+                    && buf[..n].windows(9).any(|w| w == b"SUBSCRIBE")
+                {
+                    // Held open, silent, until the relay stops.
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    break;
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     break;
                 }
