@@ -106,7 +106,7 @@ fn a_dead_consumers_lease_runs_out_and_the_task_is_delivered_again() {
         return;
     };
     let dead = RedisTimers::open(&server.url(), "lapse", opts()).unwrap();
-    dead.schedule("job", b"p", SystemTime::now()).unwrap();
+    dead.schedule("job", b"p", a_second_ago()).unwrap();
     // The consumer claims and then "dies": it never acks, fails or renews.
     let claim = dead.claim_next().unwrap().expect("the due task");
     assert_eq!(claim.task().attempt(), 1);
@@ -138,7 +138,7 @@ fn an_ack_after_the_lease_lapsed_is_refused_and_the_task_stays() {
         return;
     };
     let t = RedisTimers::open(&server.url(), "late-ack", opts()).unwrap();
-    t.schedule("job", b"p", SystemTime::now()).unwrap();
+    t.schedule("job", b"p", a_second_ago()).unwrap();
     let mut first = t.claim_next().unwrap().unwrap();
     // Nothing else is due while it is held.
     assert!(t.claim_next().unwrap().is_none());
@@ -530,7 +530,7 @@ fn requeued_and_hand_failed_tasks_are_hinted_not_left_for_the_next_window() {
             max_backoff: Duration::from_millis(100),
         });
     let producer = RedisTimers::open(&server.url(), "hinted", options.clone()).unwrap();
-    producer.schedule("manual", b"", SystemTime::now()).unwrap();
+    producer.schedule("manual", b"", a_second_ago()).unwrap();
     let claim = producer.claim_next().unwrap().expect("the due task");
     let seen: Arc<Mutex<Vec<(String, u32, Instant)>>> = Arc::default();
     let consumer = RedisTimers::open(&server.url(), "hinted", options).unwrap();
@@ -794,4 +794,10 @@ fn a_claim_acked_through_another_queue_is_refused_not_a_panic() {
         wide.ack(&claim).unwrap();
     }
     assert_eq!(wide.pending().unwrap(), 0);
+}
+
+/// A due time already passed by the server's clock too: a task due "now" is stored at
+/// the next whole millisecond, so a claim within the same millisecond finds nothing.
+fn a_second_ago() -> SystemTime {
+    SystemTime::now() - Duration::from_secs(1)
 }

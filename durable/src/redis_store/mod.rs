@@ -77,9 +77,14 @@ const MAX_VISIBILITY: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The longest backoff the scripts are given, in ms (about 31 years).
 const MAX_BACKOFF_MS: u64 = 1_000_000_000_000;
 
-/// The longest a handler thread sleeps between looks at its wheel, so that close is
-/// noticed promptly.
-const IDLE_WAIT: Duration = Duration::from_millis(20);
+/// The longest a handler thread sleeps with nothing armed. Every change it waits for
+/// (an arm, a finished task, close) is made under the lock and notified, so this only
+/// bounds the harm of a missed notification.
+const IDLE_WAIT: Duration = Duration::from_secs(1);
+
+/// How long the hints thread blocks reading its subscription before it looks whether
+/// the queue is closing.
+const HINT_READ_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A member whose heartbeat is older than this many windows is taken for dead.
 const HEARTBEAT_WINDOWS: u32 = 3;
@@ -636,6 +641,9 @@ impl RedisTimers {
 
     fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::Release);
+        // Taken and released so that no waiter is between its look at `stopping` and
+        // its wait: the notification cannot be missed.
+        drop(self.inner.local());
         self.inner.local_changed.notify_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
         let stopped = !threads.is_empty();
@@ -1098,7 +1106,7 @@ fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
         inner.pool.count(1);
         let ready = pubsub
             .subscribe(&inner.hint_channel)
-            .and_then(|()| pubsub.set_read_timeout(Some(IDLE_WAIT * 5)));
+            .and_then(|()| pubsub.set_read_timeout(Some(HINT_READ_TIMEOUT)));
         if let Err(e) = ready {
             eprintln!("corewheel-durable: subscribing to hints: {e}");
             inner.pause(inner.options.window);
