@@ -50,9 +50,12 @@ pub(crate) const RING_WAKE_AT: u64 = RING as u64 / 4;
 
 // ----- The node pool -----
 
-/// Nodes carved from a pool's reserved region at a time: a chunk is the unit of growth.
-#[cfg(not(loom))]
+/// Nodes carved from a pool's reserved region at a time: a chunk is the unit of growth
+/// (smaller under loom and Miri, which interpret every node carved).
+#[cfg(not(any(loom, miri)))]
 pub(crate) const CHUNK_NODES: usize = 1024;
+#[cfg(all(miri, not(loom)))]
+pub(crate) const CHUNK_NODES: usize = 256;
 #[cfg(loom)]
 pub(crate) const CHUNK_NODES: usize = 4;
 

@@ -622,7 +622,7 @@ mod tests {
         let pool = Pool::new();
         let words = take_words(&pool, CHUNK_NODES / BATCH as usize);
         assert_eq!(pool.chunks(), 1);
-        let (thin, thick) = (&words[2], &words[5]);
+        let (thin, thick) = (&words[1], &words[words.len() - 1]);
         give_back(&pool, thin[..1].iter().copied());
         give_back(&pool, thick[..40].iter().copied());
         let taken = take_words(&pool, 1).remove(0);
@@ -639,8 +639,9 @@ mod tests {
     fn a_thin_word_is_taken_once_an_eighth_of_the_pool_is_free() {
         let pool = Pool::new();
         let words = take_words(&pool, CHUNK_NODES / BATCH as usize);
-        // 20 nodes of each of nine words: over an eighth of the pool, no word half free.
-        for word in &words[..9] {
+        // 20 nodes of each of a few words: over an eighth of the pool, no word half free.
+        let thin_words = CHUNK_NODES / 8 / 20 + 1;
+        for word in &words[..thin_words] {
             give_back(&pool, word[..20].iter().copied());
         }
         let taken = take_words(&pool, 1).remove(0);

@@ -14,7 +14,11 @@
 use std::mem::size_of;
 
 /// Entries per chunk. A power of two so that index to (chunk, offset) is a shift and a mask.
+/// Smaller under Miri, which interprets every entry a chunk initialises.
+#[cfg(not(miri))]
 pub(crate) const CHUNK_LEN: usize = 1024;
+#[cfg(miri)]
+pub(crate) const CHUNK_LEN: usize = 256;
 const CHUNK_SHIFT: u32 = CHUNK_LEN.trailing_zeros();
 const OFFSET_MASK: u32 = CHUNK_LEN as u32 - 1;
 /// The largest chunk count whose indices stay below `u32::MAX`, which callers use as "none".
