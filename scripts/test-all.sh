@@ -80,10 +80,17 @@ WARN
 }
 # Tests at once under nextest: most wait on the clock rather than use a core.
 test_threads=6
-# Runs the given tests (cargo test's target flags, then optionally `--skip PATTERN` or
-# `--exact-filter PATTERN`) under nextest if it is there, else cargo test.
+# Under nextest every stage picks its tests out of one build of the whole workspace with
+# every feature on (the first stage builds it), so that each crate is compiled once rather
+# than once per feature set that a stage's packages happen to ask for. The loom models,
+# built with other flags, are apart.
+workspace=(--workspace --exclude corewheel-loom-tests --all-features)
+# run_tests EXPR [cargo test's target flags] [--skip PATTERN | --only PATTERN]: under
+# nextest, the tests of the workspace build that the filterset EXPR selects; without it,
+# `cargo test` with the target flags and the test-name filter.
 run_tests() {
-  local targets=() skip="" only=""
+  local expr=$1 targets=() skip="" only=""
+  shift
   while [ $# -gt 0 ]; do
     case $1 in
       --skip) skip=$2; shift 2 ;;
@@ -92,10 +99,7 @@ run_tests() {
     esac
   done
   if [ "$have_nextest" = 1 ]; then
-    local filter=()
-    [ -n "$skip" ] && filter=(-E "not test(/^${skip}/)")
-    [ -n "$only" ] && filter=(-E "test(/^${only}/)")
-    cargo nextest run --no-fail-fast --test-threads "$test_threads" "${targets[@]}" "${filter[@]}"
+    cargo nextest run --no-fail-fast --test-threads "$test_threads" "${workspace[@]}" -E "$expr"
   else
     local args=()
     [ -n "$skip" ] && args=(--skip "$skip")
@@ -104,34 +108,55 @@ run_tests() {
   fi
 }
 
+model_tests="binary($property_binary) & test(/^${property_filter}/)"
 stage_unit() {
-  run_tests -p corewheel --lib && run_tests -p corewheel-perf --bins
+  if [ "$have_nextest" = 1 ]; then
+    run_tests 'package(corewheel) & kind(lib) | package(corewheel-perf) & kind(bin)'
+  else
+    run_tests '' -p corewheel --lib && run_tests '' -p corewheel-perf --bins
+  fi
 }
 stage_integration() {
-  local status=0
-  run_tests -p corewheel "${integration_flags[@]}" || status=$?
-  run_tests -p corewheel --test "$property_binary" --skip "$property_filter" || status=$?
-  return "$status"
+  if [ "$have_nextest" = 1 ]; then
+    run_tests "package(corewheel) & kind(test) & !binary($soak_binary) & !($model_tests)"
+  else
+    local status=0
+    run_tests '' -p corewheel "${integration_flags[@]}" || status=$?
+    run_tests '' -p corewheel --test "$property_binary" --skip "$property_filter" || status=$?
+    return "$status"
+  fi
 }
 # Long real-time stress loops, apart so that the stages before them report quickly.
-stage_soak() { run_tests -p corewheel --test "$soak_binary"; }
+stage_soak() { run_tests "package(corewheel) & binary($soak_binary)" -p corewheel --test "$soak_binary"; }
 # The reverse proxy on corewheel (proxy/): its unit tests and its loopback tests.
-stage_proxy() { run_tests -p corewheel-proxy; }
-stage_property() { run_tests -p corewheel --test "$property_binary" --only "$property_filter"; }
-stage_doc() { cargo test -p corewheel --doc; }
+stage_proxy() { run_tests 'package(corewheel-proxy)' -p corewheel-proxy; }
+stage_property() {
+  run_tests "package(corewheel) & $model_tests" -p corewheel --test "$property_binary" \
+    --only "$property_filter"
+}
+stage_doc() {
+  if [ "$have_nextest" = 1 ]; then cargo test "${workspace[@]}" --doc; else cargo test -p corewheel --doc; fi
+}
 # criterion runs each benchmark once, as a check that it works, when run under cargo test.
-stage_benches() { cargo test -p corewheel --bench '*'; }
+stage_benches() {
+  if [ "$have_nextest" = 1 ]; then
+    cargo test "${workspace[@]}" --benches
+  else
+    cargo test -p corewheel --bench '*'
+  fi
+}
 # Optimised, but with debug assertions: the wheel's list invariants (a list's length never
 # going below zero) are what catch a timer unlinked from a list the wheel no longer holds.
 stage_loom() {
   # Two models at once (the cores); the longest model then runs beside all the others.
-  local saved=$test_threads
-  test_threads=2
-  RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \
-    run_tests -p corewheel-loom-tests --release --tests
-  local status=$?
-  test_threads=$saved
-  return "$status"
+  local flags=(-p corewheel-loom-tests --release --tests)
+  if [ "$have_nextest" = 1 ]; then
+    RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \
+      cargo nextest run --no-fail-fast --test-threads 2 "${flags[@]}"
+  else
+    RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \
+      cargo test --no-fail-fast "${flags[@]}"
+  fi
 }
 stage_miri() {
   if ! cargo +nightly miri --version >/dev/null 2>&1; then
@@ -189,7 +214,7 @@ stage_durable() {
     return 0
   fi
   ensure_redis_server
-  run_tests -p corewheel-durable --all-features
+  run_tests 'package(corewheel-durable)' -p corewheel-durable --all-features
 }
 
 describe() {
