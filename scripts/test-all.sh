@@ -140,7 +140,7 @@ stage_doc() {
 # criterion runs each benchmark once, as a check that it works, when run under cargo test.
 stage_benches() {
   if [ "$have_nextest" = 1 ]; then
-    cargo test "${workspace[@]}" --benches
+    cargo test "${workspace[@]}" --bench '*'
   else
     cargo test -p corewheel --bench '*'
   fi
