@@ -77,27 +77,15 @@ fn main() -> ExitCode {
 
 /// The run's header: what it runs, on what, and where its results go.
 fn header(options: &Options, run_dir: &std::path::Path) -> String {
-    let list = |items: &[u64]| {
+    let list = |items: Vec<u64>| {
         items
-            .iter()
-            .map(|&n| thousands(n))
+            .into_iter()
+            .map(thousands)
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let threads = list(
-        &options
-            .threads
-            .iter()
-            .map(|&t| u64::from(t))
-            .collect::<Vec<_>>(),
-    );
-    let windows = list(
-        &options
-            .windows
-            .iter()
-            .map(|&w| u64::from(w))
-            .collect::<Vec<_>>(),
-    );
+    let threads = list(options.threads.iter().map(|&t| u64::from(t)).collect());
+    let windows = list(options.windows.iter().map(|&w| u64::from(w)).collect());
     let (machine, results) = (plots::machine(), run_dir.display());
     let mut out = format!(
         "corewheel-perf: the million-timer workload harness\nmachine:   {machine}\nallocator: mimalloc\nresults:   {results}\n"

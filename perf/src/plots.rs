@@ -71,8 +71,7 @@ impl Plots {
     }
 }
 
-/// Per engine or async workload in the CSV with a throughput metric: its axis label and one series per subject,
-/// thread counts ascending.
+/// Per engine or async workload with a throughput metric: its axis label and a series per subject by threads.
 fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
     let mut by_workload: BTreeMap<&str, (&'static str, BySubject)> = BTreeMap::new();
     for row in csv.rows() {
@@ -108,8 +107,7 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
     by_workload.into_iter().map(plot).collect()
 }
 
-/// A line chart of `series`, with a legend; `marks` puts a dot on every point (for a few measured points, as against
-/// a dense curve).
+/// A line chart of `series`, with a legend; `marks` puts a dot on every point (a few measured points).
 fn line_chart(
     path: &Path,
     labels: (&str, &str, &str),
@@ -177,8 +175,7 @@ fn line_chart(
     root.present().map_err(|e| failed(&e))
 }
 
-/// The machine in a few words, for plot titles: its CPU model where the system says, and the CPUs this process may
-/// use.
+/// The machine in a few words, for plot titles: its CPU model where known, and the CPUs this process may use.
 pub fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
     let model = std::fs::read_to_string("/proc/cpuinfo")

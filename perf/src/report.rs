@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::peers::Subject;
 
 /// A printed table: a title, a header row, rows, and notes under it.
+#[derive(Default)]
 pub struct Table {
     title: String,
     header: Vec<String>,
@@ -16,13 +17,10 @@ pub struct Table {
 
 impl Table {
     pub fn new(title: impl Into<String>, header: &[&str]) -> Self {
-        let header = header.iter().map(|cell| cell.to_string()).collect();
-        let (rows, notes) = (Vec::new(), Vec::new());
         Self {
             title: title.into(),
-            header,
-            rows,
-            notes,
+            header: header.iter().map(|cell| cell.to_string()).collect(),
+            ..Self::default()
         }
     }
 
@@ -110,15 +108,13 @@ impl Col {
         unit: &'static str,
         digits: usize,
     ) -> Self {
-        let (header, metric, higher_is_better, ratios) =
-            (header.into(), metric.into(), false, false);
         Self {
-            header,
-            metric,
+            header: header.into(),
+            metric: metric.into(),
             unit,
             digits,
-            higher_is_better,
-            ratios,
+            higher_is_better: false,
+            ratios: false,
         }
     }
 
@@ -147,10 +143,8 @@ pub struct Row {
     pub values: Result<Vec<Option<f64>>, String>,
 }
 
-/// A workload's table and CSV rows from one set of figures: a row per subject (and thread count), a column per
-/// figure, and ratio columns against every peer (every subject that is not corewheel's) at the same thread count.
-/// `scaling` names the column (a cost) whose 1-thread figure gives each row a "vs own 1 thread" column; a sheet with
-/// one names its rows with their thread count. `timers` is the CSV's column of that name.
+/// A workload's table and CSV rows: a row per subject (and thread count), a column per figure, and ratio columns
+/// against every peer at the same thread count; `scaling` names the cost column that gives "vs own 1 thread".
 pub struct Sheet {
     pub workload: String,
     pub title: String,
@@ -168,15 +162,13 @@ impl Sheet {
         timers: u64,
         cols: Vec<Col>,
     ) -> Self {
-        let (workload, title, rows, notes) =
-            (workload.into(), title.into(), Vec::new(), Vec::new());
         Self {
-            workload,
-            title,
+            workload: workload.into(),
+            title: title.into(),
             timers,
             cols,
-            rows,
-            notes,
+            rows: Vec::new(),
+            notes: Vec::new(),
             scaling: None,
         }
     }
@@ -238,14 +230,8 @@ impl Sheet {
             .filter(|&c| self.cols[c].ratios)
             .collect();
         let threads = self.scaling.is_some();
-        let mut header = vec![
-            if threads {
-                "subject, threads"
-            } else {
-                "subject"
-            }
-            .to_string(),
-        ];
+        let suffix = if threads { ", threads" } else { "" };
+        let mut header = vec![format!("subject{suffix}")];
         header.extend(self.cols.iter().map(|col| col.header.clone()));
         for &col in &ratio_cols {
             let what = if ratio_cols.len() == 1 {
@@ -273,12 +259,10 @@ impl Sheet {
                     continue;
                 }
             };
-            let name = if threads {
-                format!("{}, {}", row.name, row.threads)
-            } else {
-                row.name.clone()
-            };
-            let mut cells = vec![name];
+            let mut cells = vec![row.name.clone()];
+            if threads {
+                cells[0] = format!("{}, {}", row.name, row.threads);
+            }
             let mut put = |metric: &str, value: f64, unit: &'static str| {
                 let at = (row.threads, self.timers);
                 csv.push_metrics(&self.workload, &row.name, at, &[(metric, value, unit)]);
@@ -355,18 +339,12 @@ impl Csv {
         metrics: &[(&str, f64, &'static str)],
     ) {
         for &(metric, value, unit) in metrics {
-            let (workload, subject, metric) = (
-                workload.to_string(),
-                subject.to_string(),
-                metric.to_string(),
-            );
-            let threads = threads as u32;
             self.rows.push(CsvRow {
-                workload,
-                subject,
-                threads,
+                workload: workload.to_string(),
+                subject: subject.to_string(),
+                threads: threads as u32,
                 timers,
-                metric,
+                metric: metric.to_string(),
                 value,
                 unit,
             });

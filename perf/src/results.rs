@@ -14,8 +14,7 @@ use crate::workloads::Out;
 pub const SUMMARY: &str = "summary.md";
 pub const CSV: &str = "results.csv";
 
-/// Makes a fresh folder for this run: `<target>/perf-runs/<UTC date and time>`, with a suffix if a run that began in
-/// the same second already has that name.
+/// Makes this run's folder, `<target>/perf-runs/<UTC date and time>`, suffixed if that name is taken.
 pub fn create() -> io::Result<PathBuf> {
     let (runs, stamp) = (target_dir().join("perf-runs"), utc_stamp(SystemTime::now()));
     fs::create_dir_all(&runs)?;
@@ -31,8 +30,7 @@ pub fn create() -> io::Result<PathBuf> {
         .ok_or_else(|| io::Error::other("no free run folder"))
 }
 
-/// The target directory this binary was built into (`<target>/<profile>/corewheel-perf`), so that `CARGO_TARGET_DIR`
-/// is respected.
+/// The target directory this binary was built into, so that `CARGO_TARGET_DIR` is respected.
 fn target_dir() -> PathBuf {
     std::env::current_exe()
         .ok()

@@ -1,10 +1,7 @@
-//! The one runner every workload goes through: a plan is a list of cells (a subject at a setting) and a number of
-//! runs; the runner measures every cell that many times, the cells taking turns so that a slow spell of the machine
-//! hits them alike, and counts each run on the progress display. All plans are made before the first run, so the
-//! display's total is their sum and the count ends at N/N.
-//!
-//! On a terminal progress is an indicatif bar; elsewhere (a log, `| tee`) each run gets a line on stderr as it starts
-//! and ends. Everything printed through [`print`] is also kept for the run's `summary.md`.
+//! The one runner every workload goes through: it measures each cell of a plan (a subject at a setting) a number of
+//! times, the cells taking turns so that a slow spell of the machine hits them alike, and counts each run on the
+//! progress display (an indicatif bar on a terminal, stderr lines elsewhere). All plans are made first, so the count
+//! ends at N/N. Everything printed through [`print`] is also kept for the run's `summary.md`.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -175,6 +172,18 @@ pub fn in_turns<R>(
         }
     }
     results
+}
+
+/// `plan`'s cells with their results, in groups of one setting each, in the plan's order.
+pub fn by_param<'a, R>(plan: &'a Plan, results: &'a [R]) -> Vec<Vec<(&'a Cell, &'a R)>> {
+    let mut groups: Vec<Vec<(&Cell, &R)>> = Vec::new();
+    for (cell, result) in plan.cells.iter().zip(results) {
+        match groups.last_mut() {
+            Some(group) if group[0].0.param == cell.param => group.push((cell, result)),
+            _ => groups.push(vec![(cell, result)]),
+        }
+    }
+    groups
 }
 
 /// The median (the upper middle for an even count); `NaN` when there is none.

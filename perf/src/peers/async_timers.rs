@@ -1,18 +1,14 @@
-//! The async timers of the async-* workloads, each made the way its users make it: corewheel's `sleep`, `timeout` and
-//! `Sleep::reset` on the default engine; tokio's; async-io's `Timer` (smol's), its timeout written as smol's
-//! documentation writes one (`read.or(timer)`); pingora-timeout's `sleep` and `timeout` (10 ms ticks, one timer per
-//! tick shared by every sleep due in it), which has no reset: an idle timeout is pushed back by a new sleep.
-//!
-//! The read a timeout wraps is [`PendingRead`]: pending on every poll and never woken, so the timeout's own cost is
-//! all that is measured.
+//! The async timers of the async-* workloads, each made the way its users make it: corewheel's and tokio's `sleep`,
+//! `timeout` and reset; async-io's `Timer`, its timeout as smol's documentation writes one (`read.or(timer)`); and
+//! pingora-timeout's `sleep` and `timeout`, which has no reset: an idle timeout is pushed back by a new sleep.
+//! A timeout wraps [`PendingRead`], never ready nor woken, so that only the timeout's own cost is measured.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-/// A read whose response has not arrived. Polling a timeout around it once arms the timer (pingora arms it only
-/// then); dropping the timeout cancels it, as a proxy's request timeouts go.
+/// A read whose response has not arrived: a timeout around it is armed by its first poll, cancelled by its drop.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PendingRead;
 
@@ -38,10 +34,6 @@ impl<F> Clone for Reset<F> {
 
 impl<F> Copy for Reset<F> {}
 
-pub fn corewheel_sleep(delay: Duration) -> corewheel::Sleep<'static> {
-    corewheel::sleep(delay)
-}
-
 pub fn corewheel_timeout(delay: Duration) -> corewheel::Timeout<'static, PendingRead> {
     corewheel::timeout(delay, PendingRead)
 }
@@ -55,20 +47,12 @@ pub fn settle_corewheel() -> Result<(), String> {
     super::engine::settle(corewheel::default_engine()).map(drop)
 }
 
-pub fn tokio_sleep(delay: Duration) -> tokio::time::Sleep {
-    tokio::time::sleep(delay)
-}
-
 pub fn tokio_timeout(delay: Duration) -> tokio::time::Timeout<PendingRead> {
     tokio::time::timeout(delay, PendingRead)
 }
 
 pub fn tokio_reset(sleep: Pin<&mut tokio::time::Sleep>, deadline: Instant) {
     sleep.reset(deadline.into());
-}
-
-pub fn async_io_sleep(delay: Duration) -> async_io::Timer {
-    async_io::Timer::after(delay)
 }
 
 pub fn async_io_timeout(delay: Duration) -> impl Future<Output = ()> + Send {
@@ -79,10 +63,6 @@ pub fn async_io_timeout(delay: Duration) -> impl Future<Output = ()> + Send {
 
 pub fn async_io_reset(timer: Pin<&mut async_io::Timer>, deadline: Instant) {
     timer.get_mut().set_at(deadline);
-}
-
-pub fn pingora_sleep(delay: Duration) -> impl Future<Output = ()> + Send {
-    pingora_timeout::sleep(delay)
 }
 
 pub fn pingora_timeout(delay: Duration) -> impl Future + Send {
@@ -102,17 +82,19 @@ mod tests {
         rt.block_on(async {
             let delay = Duration::from_millis(250);
             let (mut cw, mut cw_t) = (
-                Box::pin(corewheel_sleep(delay)),
+                Box::pin(corewheel::sleep(delay)),
                 Box::pin(corewheel_timeout(delay)),
             );
-            let (mut tokio, mut tokio_t) =
-                (Box::pin(tokio_sleep(delay)), Box::pin(tokio_timeout(delay)));
+            let (mut tokio, mut tokio_t) = (
+                Box::pin(tokio::time::sleep(delay)),
+                Box::pin(tokio_timeout(delay)),
+            );
             let (mut smol, mut smol_t) = (
-                Box::pin(async_io_sleep(delay)),
+                Box::pin(async_io::Timer::after(delay)),
                 Box::pin(async_io_timeout(delay)),
             );
             let (mut pg, mut pg_t) = (
-                Box::pin(pingora_sleep(delay)),
+                Box::pin(pingora_timeout::sleep(delay)),
                 Box::pin(pingora_timeout(delay)),
             );
             let done = with_context(|cx| {
@@ -125,9 +107,11 @@ mod tests {
             });
             assert_eq!(done.await, [false; 4], "none was done at once");
             let long = Duration::from_secs(30);
-            let mut cw_r = Box::pin(corewheel_sleep(long));
-            let (mut tokio_r, mut smol_r) =
-                (Box::pin(tokio_sleep(long)), Box::pin(async_io_sleep(long)));
+            let mut cw_r = Box::pin(corewheel::sleep(long));
+            let (mut tokio_r, mut smol_r) = (
+                Box::pin(tokio::time::sleep(long)),
+                Box::pin(async_io::Timer::after(long)),
+            );
             with_context(|cx| {
                 let _ = [register(cw_r.as_mut(), cx), register(tokio_r.as_mut(), cx)];
                 register(smol_r.as_mut(), cx)

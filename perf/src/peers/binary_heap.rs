@@ -42,41 +42,10 @@ impl<T> Default for TombstoneHeap<T> {
 }
 
 impl<T> TombstoneHeap<T> {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn insert(&mut self, deadline: Instant, value: T) -> HeapKey {
-        let slot = match self.free.pop() {
-            Some(slot) => slot,
-            None => {
-                self.slots.push((0, None));
-                u32::try_from(self.slots.len() - 1).expect("more than 2^32 heap timers")
-            }
-        };
-        let entry = &mut self.slots[slot as usize];
-        entry.1 = Some(value);
-        self.heap.push(Reverse((deadline, slot, entry.0)));
-        self.live += 1;
-        HeapKey(slot, entry.0)
-    }
-
     /// The slot `key` names, if its timer is pending.
     fn pending(&mut self, key: HeapKey) -> Option<&mut (u32, Option<T>)> {
         let slot = self.slots.get_mut(key.0 as usize)?;
         (slot.0 == key.1 && slot.1.is_some()).then_some(slot)
-    }
-
-    /// Tombstones the timer's entry and returns its value, or `None` if it is not pending.
-    pub fn cancel(&mut self, key: HeapKey) -> Option<T> {
-        let slot = self.pending(key)?;
-        // Wrapping is harmless: a slot would need 2^32 reuses while one of its old entries still sat in the heap.
-        slot.0 = slot.0.wrapping_add(1);
-        let value = slot.1.take();
-        self.free.push(key.0);
-        self.live -= 1;
-        self.rebuild_if_mostly_tombstones();
-        value
     }
 
     pub fn contains(&self, key: HeapKey) -> bool {
@@ -94,8 +63,19 @@ impl<T> TombstoneHeap<T> {
         Some(HeapKey(key.0, generation))
     }
 
+    fn rebuild_if_mostly_tombstones(&mut self) {
+        let tombstones = self.heap.len() - self.live;
+        if tombstones > self.live && tombstones > MIN_TOMBSTONES_TO_REBUILD {
+            let slots = &self.slots;
+            self.heap
+                .retain(|Reverse((_, slot, generation))| slots[*slot as usize].0 == *generation);
+        }
+    }
+}
+
+impl<T> PolledQueue<T> for TombstoneHeap<T> {
     /// The earliest live deadline, dropping tombstones that have reached the top.
-    pub fn next_deadline(&mut self) -> Option<Instant> {
+    fn next_deadline(&mut self) -> Option<Instant> {
         while let Some(&Reverse((deadline, slot, generation))) = self.heap.peek() {
             if self.slots[slot as usize].0 == generation {
                 return Some(deadline);
@@ -106,7 +86,7 @@ impl<T> TombstoneHeap<T> {
     }
 
     /// The value of a timer due at `now`, or `None` once nothing is due.
-    pub fn pop_expired(&mut self, now: Instant) -> Option<T> {
+    fn pop_expired(&mut self, now: Instant) -> Option<T> {
         if self.next_deadline()? > now {
             return None;
         }
@@ -117,31 +97,6 @@ impl<T> TombstoneHeap<T> {
         self.live -= 1;
         entry.1.take()
     }
-
-    fn rebuild_if_mostly_tombstones(&mut self) {
-        let tombstones = self.heap.len() - self.live;
-        if tombstones > self.live && tombstones > MIN_TOMBSTONES_TO_REBUILD {
-            let slots = &self.slots;
-            self.heap
-                .retain(|Reverse((_, slot, generation))| slots[*slot as usize].0 == *generation);
-        }
-    }
-
-    /// Bytes of the heap's, slot table's and free list's buffers.
-    pub fn allocated_bytes(&self) -> usize {
-        let slots = self.slots.capacity() * size_of::<(u32, Option<T>)>();
-        self.heap.capacity() * size_of::<Entry>() + slots + self.free.capacity() * size_of::<u32>()
-    }
-}
-
-impl<T> PolledQueue<T> for TombstoneHeap<T> {
-    fn next_deadline(&mut self) -> Option<Instant> {
-        TombstoneHeap::next_deadline(self)
-    }
-
-    fn pop_expired(&mut self, now: Instant) -> Option<T> {
-        TombstoneHeap::pop_expired(self, now)
-    }
 }
 
 impl<T> TimerQueue<T> for TombstoneHeap<T> {
@@ -149,12 +104,31 @@ impl<T> TimerQueue<T> for TombstoneHeap<T> {
 
     #[inline]
     fn arm(&mut self, deadline: Instant, value: T) -> HeapKey {
-        self.insert(deadline, value)
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push((0, None));
+                u32::try_from(self.slots.len() - 1).expect("more than 2^32 heap timers")
+            }
+        };
+        let entry = &mut self.slots[slot as usize];
+        entry.1 = Some(value);
+        self.heap.push(Reverse((deadline, slot, entry.0)));
+        self.live += 1;
+        HeapKey(slot, entry.0)
     }
 
+    /// Tombstones the timer's entry and returns its value, or `None` if it is not pending.
     #[inline]
     fn cancel(&mut self, key: HeapKey) -> Option<T> {
-        TombstoneHeap::cancel(self, key)
+        let slot = self.pending(key)?;
+        // Wrapping is harmless: a slot would need 2^32 reuses while one of its old entries still sat in the heap.
+        slot.0 = slot.0.wrapping_add(1);
+        let value = slot.1.take();
+        self.free.push(key.0);
+        self.live -= 1;
+        self.rebuild_if_mostly_tombstones();
+        value
     }
 
     #[inline]
@@ -164,21 +138,32 @@ impl<T> TimerQueue<T> for TombstoneHeap<T> {
         moved.unwrap_or(key)
     }
 
+    /// Bytes of the heap's, slot table's and free list's buffers.
     fn accounted_bytes(&self) -> Option<usize> {
-        Some(self.allocated_bytes())
+        let slots = self.slots.capacity() * size_of::<(u32, Option<T>)>();
+        Some(
+            self.heap.capacity() * size_of::<Entry>()
+                + slots
+                + self.free.capacity() * size_of::<u32>(),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::TombstoneHeap;
+    use crate::peers::{PolledQueue, TimerQueue};
     use std::time::{Duration, Instant};
 
     #[test]
     fn fires_in_deadline_order_and_skips_cancelled_and_reset_entries() {
-        let (t0, ms, mut heap) = (Instant::now(), Duration::from_millis, TombstoneHeap::new());
-        let (a, b) = (heap.insert(t0 + ms(3), "a"), heap.insert(t0 + ms(1), "b"));
-        heap.insert(t0 + ms(2), "c");
+        let (t0, ms, mut heap) = (
+            Instant::now(),
+            Duration::from_millis,
+            TombstoneHeap::default(),
+        );
+        let (a, b) = (heap.arm(t0 + ms(3), "a"), heap.arm(t0 + ms(1), "b"));
+        heap.arm(t0 + ms(2), "c");
         assert_eq!((heap.cancel(b), heap.cancel(b)), (Some("b"), None));
         let a = heap.reset(a, t0 + ms(5)).expect("a is live");
         assert_eq!(heap.next_deadline(), Some(t0 + ms(2)));
@@ -194,9 +179,9 @@ mod tests {
 
     #[test]
     fn rebuild_keeps_live_timers() {
-        let (t0, mut heap) = (Instant::now(), TombstoneHeap::new());
+        let (t0, mut heap) = (Instant::now(), TombstoneHeap::default());
         let keys: Vec<_> = (0..10_000u64)
-            .map(|i| heap.insert(t0 + Duration::from_nanos(i), i))
+            .map(|i| heap.arm(t0 + Duration::from_nanos(i), i))
             .collect();
         assert!(keys[..9_000].iter().all(|&key| heap.cancel(key).is_some()));
         assert!(heap.heap.len() < 10_000, "the tombstones were rebuilt away");

@@ -56,8 +56,7 @@ pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |cpus| cpus.get())
 }
 
-/// An engine as a service makes one: one worker per CPU, pinned; `driven`: no worker threads, its drivers spawned by
-/// the caller on its runtime.
+/// An engine as a service makes one: a pinned worker per CPU; `driven`: no workers, the caller runs its drivers.
 pub fn build(driven: bool) -> Result<TimerEngine, String> {
     let mut builder = TimerEngine::builder().workers(cpus());
     if driven {
@@ -79,11 +78,9 @@ pub struct Settled {
 }
 
 /// Waits until every timer the engine was given has been cancelled or has fired, and every node is back in its pool.
-///
-/// Counting free nodes walks the whole pool, and every node read takes a line the workers may still be writing. So
-/// once a walk found nodes in use and took over 100 µs, the next waits until the workers have used less than a
-/// quarter of a core over at least 1 ms (or 50 ms more have passed), and never comes sooner than four times the last
-/// walk's length after it: otherwise the check would cost more CPU than the cancels it waits for.
+/// A walk of the pool reads lines the workers may be writing, so after a slow walk (over 100 µs) the next waits for
+/// the workers to go quiet (or 50 ms), and for four times the last walk's length: the check must cost less than the
+/// cancels it waits for.
 pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
     let (long_walk, watch, still_walk) = (
         Duration::from_micros(100),

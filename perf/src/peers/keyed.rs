@@ -43,8 +43,7 @@ pub fn keyed_timers(engine: &TimerEngine) -> KeyedTimers<'_, u64, u64> {
     KeyedTimers::with_engine(engine, |_, _| {})
 }
 
-/// A timer per key as a user writes it over the engine: one `Mutex<HashMap>` of values and handles, whose expiry
-/// callbacks take their key out under the same lock.
+/// A timer per key as users write it: a `Mutex<HashMap>` of values and handles, expiry removing under the lock.
 pub struct MutexMap<'e>(
     &'e TimerEngine,
     Arc<Mutex<HashMap<u64, (u64, TimerHandle)>>>,
@@ -126,8 +125,7 @@ impl Keyed for DelayQueueMap {
 /// The slot `KeyedTimers` keeps per key (a value and a handle), for the map-only subjects.
 type Slot = (u64, u64, u64);
 
-/// dashmap alone: `set` is an entry upsert, `move_to` a `get_mut`, `remove` a removal, with as many shards as
-/// `KeyedTimers` gives its map (16 per CPU, not dashmap's default 4).
+/// dashmap alone (upsert, `get_mut`, remove), with `KeyedTimers`' shard count (16 per CPU, not dashmap's 4).
 pub struct DashMapOnly(dashmap::DashMap<u64, Slot>);
 
 impl Default for DashMapOnly {

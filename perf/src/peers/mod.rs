@@ -68,9 +68,8 @@ impl Subject {
     }
 }
 
-/// What plain application threads do to a timer structure they all share (the engine, the locked heap): one call each
-/// of the structure's own operations. `cancel` is `false` if the timer had fired; `reset` returns what names the timer
-/// from then on, `None` if it had fired.
+/// What application threads do to a timer structure they share (the engine, the locked heap), one call each; `cancel`
+/// is `false` if the timer had fired, `reset` returns what names the timer from then on (`None`: it had fired).
 pub trait SharedTimers: Sync {
     type Handle: Copy + Send;
     fn arm(&self, delay: Duration, id: u64) -> Result<Self::Handle, String>;
@@ -79,9 +78,8 @@ pub trait SharedTimers: Sync {
     fn is_pending(&self, handle: Self::Handle) -> bool;
 }
 
-/// What the single-owner workloads do to a timer structure: its own operations, one call each, so the harness
-/// measures the structure and not an adapter. `cancel` returns `None` if the key names no pending timer; `reset`
-/// returns the key that now names the timer (a tombstone heap has to mint a new one).
+/// What the single-owner workloads do to a structure: its own operations, one call each; `cancel` returns `None` for
+/// a key naming no pending timer, `reset` the key now naming the timer (a tombstone heap mints a new one).
 pub trait TimerQueue<T> {
     type Key: Copy;
     fn arm(&mut self, deadline: Instant, value: T) -> Self::Key;
@@ -127,7 +125,7 @@ pub fn measure_fresh<T, M: Measure<T>>(
         Subject::DelayQueue => {
             runtime()?.block_on(async move { measurement.measure(&mut DelayQueue::new()) })
         }
-        Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::new()),
+        Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::default()),
         _ => Err(format!(
             "{} is not a single-owner structure",
             subject.name()
@@ -175,8 +173,7 @@ impl<T> PolledQueue<T> for Wheel<T> {
     }
 }
 
-/// The current_thread runtime with the time driver that DelayQueue runs in (it arms a tokio `Sleep`), as its users
-/// run it.
+/// The current_thread runtime with the time driver that DelayQueue runs in, as its users run it.
 pub fn runtime() -> Result<Runtime, String> {
     let runtime = Builder::new_current_thread().enable_time().build();
     runtime.map_err(|error| format!("could not start a tokio runtime: {error}"))

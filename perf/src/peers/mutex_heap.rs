@@ -8,8 +8,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::SharedTimers;
 use super::binary_heap::{HeapKey, TombstoneHeap};
+use super::{PolledQueue, SharedTimers, TimerQueue};
 
 /// The timer thread's name, by which its CPU time is found.
 pub const TIMER_THREAD_PREFIX: &str = "mutex-heap-";
@@ -66,7 +66,7 @@ impl SharedTimers for SharedHeap {
     #[inline]
     fn arm(&self, delay: Duration, id: u64) -> Result<HeapKey, String> {
         let deadline = Instant::now() + delay;
-        Ok(self.put(deadline, |heap| heap.insert(deadline, id)))
+        Ok(self.put(deadline, |heap| heap.arm(deadline, id)))
     }
 
     #[inline]

@@ -43,10 +43,7 @@ impl StartLine {
     /// the task holds its worker thread.
     pub fn arrive_and_wait(&self) -> Result<(), String> {
         self.arrived.fetch_add(1, Ordering::AcqRel);
-        while !self.go.load(Ordering::Acquire) {
-            if self.failed.load(Ordering::Acquire) {
-                return Err(CALLED_OFF.to_string());
-            }
+        while !self.gone()? {
             std::hint::spin_loop();
         }
         Ok(())
@@ -57,10 +54,7 @@ impl StartLine {
     pub async fn arrive_and_wait_yielding(&self) -> Result<(), String> {
         self.arrived.fetch_add(1, Ordering::AcqRel);
         let mut spins = 0_u32;
-        while !self.go.load(Ordering::Acquire) {
-            if self.failed.load(Ordering::Acquire) {
-                return Err(CALLED_OFF.to_string());
-            }
+        while !self.gone()? {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1 << 12) {
                 tokio::task::yield_now().await;
@@ -68,6 +62,14 @@ impl StartLine {
             std::hint::spin_loop();
         }
         Ok(())
+    }
+
+    /// Whether the main thread said go; an error once it called the run off.
+    fn gone(&self) -> Result<bool, String> {
+        match self.failed.load(Ordering::Acquire) {
+            true => Err(CALLED_OFF.to_string()),
+            false => Ok(self.go.load(Ordering::Acquire)),
+        }
     }
 
     /// Called by the main thread: waits until `tasks` tasks have arrived; fails (and releases them) if they never all

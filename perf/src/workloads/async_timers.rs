@@ -1,10 +1,7 @@
-//! The async workloads: timer futures from 1..N threads, corewheel's async layer against tokio's timer, async-io
-//! (smol) and pingora-timeout, in the same setup: a tokio runtime of T workers, one task per worker, each held at a
-//! start line until all run on workers of their own (corewheel's and async-io's futures are runtime-agnostic, so the
-//! timer is the only difference).
-//!
-//! The cost is the process's CPU time per operation, every thread's, until the work's deferred part is done too (the
-//! engine seen settled, then the process seen idle); the wall time to the last task's end gives throughput.
+//! The async workloads: timer futures from 1..N threads, corewheel's async layer against tokio, async-io (smol) and
+//! pingora-timeout, all on a tokio runtime of T workers, one task per worker, so the timer is the only difference.
+//! The cost is the process's CPU time per operation until the deferred work is done too (the engine settled, then
+//! the process idle); the wall time to the last task's end gives throughput.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -16,7 +13,7 @@ use crate::peers::Subject;
 use crate::peers::async_timers::{self as timers, Reset, Reset::InPlace, Reset::Recreate};
 use crate::peers::tokio_sleep::{StartLine, check_spread, register, runtime, with_context};
 use crate::report::{Col, Sheet, thousands};
-use crate::runner::{Cell, Plan, RUNS};
+use crate::runner::{Cell, Plan};
 use crate::sys::{cpu_between, process_cpu_time};
 use crate::workloads::parallel::{self, Run, Share};
 use crate::workloads::{Out, Workload, request_timeout, rng};
@@ -25,8 +22,7 @@ use crate::workloads::{Out, Workload, request_timeout, rng};
 const CONNECTIONS: u64 = 10_000;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The lines the tasks of a run pass: set up, where they block (each holding its worker) while the main thread lets
-/// the set-up's deferred work finish so that none of it falls inside the timed run; then the start.
+/// The lines the tasks pass: set up (the main thread then lets the set-up's deferred work finish), then the start.
 struct Lines {
     set_up: Barrier,
     released: Barrier,
@@ -36,8 +32,7 @@ struct Lines {
 /// Idle timers handed back still armed, so that their drop is not in the run.
 type Idle<F> = Vec<Pin<Box<F>>>;
 
-/// One task's share: `ops` timers made by `arm`, each polled once and dropped; or, with `reset`, `ops` resets of its
-/// connections' idle timers.
+/// One task's share: `ops` timers made by `arm`, polled once and dropped; with `reset`, `ops` idle-timer resets.
 async fn share<F: Future + Send + 'static>(
     (index, lines, ops): (usize, Arc<Lines>, u64),
     arm: fn(Duration) -> F,
@@ -167,22 +162,23 @@ fn measure(workload: Workload, subject: Subject, config: (usize, u64)) -> Result
         Subject::Tokio => by_workload(
             at,
             false,
-            (tokio_sleep, tokio_timeout),
+            (tokio::time::sleep, tokio_timeout),
             InPlace(tokio_reset),
         ),
         Subject::AsyncIo => by_workload(
             at,
             false,
-            (async_io_sleep, async_io_timeout),
+            (async_io::Timer::after, async_io_timeout),
             InPlace(async_io_reset),
         ),
         Subject::PingoraTimeout => {
-            by_workload(at, false, (pingora_sleep, pingora_timeout), Recreate)
+            let make: Make<_, _> = (pingora_timeout::sleep, pingora_timeout);
+            by_workload(at, false, make, Recreate)
         }
         Subject::CorewheelAsync => by_workload(
             at,
             true,
-            (corewheel_sleep, corewheel_timeout),
+            (corewheel::sleep, corewheel_timeout),
             InPlace(corewheel_reset),
         ),
         _ => Err(format!("{} is not an async subject", subject.name())),
@@ -199,48 +195,39 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
         "timer"
     };
     let (name, ops_text) = (workload.name(), thousands(ops));
-    let title = match workload {
-        Workload::AsyncSleep => format!(
-            "{name} (poll a sleep once and drop it; {ops_text} per thread per run, delays uniform in 1 ms..30 s)"
+    let (what, per, op) = match workload {
+        Workload::AsyncSleep => (
+            "poll a sleep once and drop it",
+            "per thread per run, delays uniform in 1 ms..30 s",
+            "timer = make a sleep, poll it once (which arms it with the task's waker), drop it (which cancels it)",
         ),
-        Workload::AsyncTimeout => format!(
-            "{name} (timeout() around a pending read, polled once and dropped; {ops_text} per thread per run, delays uniform in 1 ms..30 s)"
+        Workload::AsyncTimeout => (
+            "timeout() around a pending read, polled once and dropped",
+            "per thread per run, delays uniform in 1 ms..30 s",
+            "timer = make a timeout() around a read that is pending and never woken, poll it once (the read, then the timer armed), drop it",
         ),
-        _ => format!(
-            "{name} (10,000 connections per thread, each with a 30 s idle sleep; {ops_text} resets per thread per run)"
+        _ => (
+            "10,000 connections per thread, each with a 30 s idle sleep",
+            "resets per thread per run",
+            "reset = push a random connection's idle sleep (the task's own) to now + 30 s: Sleep::reset / Timer::set_at; pingora-timeout has no reset, so its sleep is replaced by a new one and polled once; nothing is due during a run, so the work both wheels defer to the old deadline is not in it",
         ),
     };
+    let ns = |h: &str, m: &str| Col::new(format!("{h}/{unit}"), format!("{m}_per_{unit}"), "ns", 1);
     let cols = vec![
-        Col::new(
-            format!("CPU ns/{unit}"),
-            format!("cpu_ns_per_{unit}"),
-            "ns",
-            1,
-        )
-        .ratios(),
-        Col::new(format!("ns/{unit}"), format!("ns_per_{unit}"), "ns", 1),
+        ns("CPU ns", "cpu_ns").ratios(),
+        ns("ns", "ns"),
         Col::new(format!("M{unit}s/s"), format!("m{unit}s_per_s"), "M/s", 2).rate(),
     ];
+    let title = format!("{name} ({what}; {ops_text} {per})");
     let mut sheet = Sheet::new(name, title, ops, cols);
     sheet.scaling = Some(1);
-    let too_late = "timers were due at once when polled";
-    let notes = parallel::add_rows(
-        &mut sheet,
-        plan.cells.iter().zip(&results),
-        too_late,
-        |per| vec![per.cpu, Some(per.wall), Some(1e3 / per.wall)],
-    );
-    sheet.note(match workload {
-        Workload::AsyncSleep => "timer = make a sleep, poll it once (which arms it with the task's waker), drop it (which cancels it)",
-        Workload::AsyncTimeout => "timer = make a timeout() around a read that is pending and never woken, poll it once (the read, then the timer armed), drop it",
-        _ => "reset = push a random connection's idle sleep (the task's own) to now + 30 s: Sleep::reset / Timer::set_at; pingora-timeout has no reset, so its sleep is replaced by a new one and polled once; nothing is due during a run, so the work both wheels defer to the old deadline is not in it",
-    });
+    sheet.note(op);
     sheet.note(format!("CPU ns/{unit} = process CPU time (every thread: the tasks', the timers' own threads) from the start line until the deferred work is done (corewheel: the engine settled; then, for every subject, the process idle) / {unit}s; ns/{unit} = wall time from the start line to the last task's end / {unit}s, all threads together" ));
     sheet.note("setup: a tokio rt-multi-thread runtime of T workers, one task per worker (held at a start line until all run at once), the same for every subject; corewheel-async and async-io run their runtime-agnostic futures in it");
-    sheet.note(format!(
-        "median of {RUNS} runs per subject, taken in turns; ns/{unit} range: {}",
-        notes.0
-    ));
-    sheet.notes.extend(notes.1);
+    let cells = plan.cells.iter().zip(&results);
+    let too_late = "timers were due at once when polled";
+    parallel::add_rows(&mut sheet, cells, (unit, too_late), |per| {
+        vec![per.cpu, Some(per.wall), Some(1e3 / per.wall)]
+    });
     sheet.finish(&mut out.csv);
 }

@@ -14,8 +14,7 @@ use crate::workloads::{Out, rng};
 
 const NAME: &str = "burst-steal";
 const SPREAD_NS: u64 = 10_000_000;
-/// From the start of scheduling to the window: long enough to schedule a million timers (tens of milliseconds) with
-/// room for a slow spell.
+/// From the start of scheduling to the window: room to schedule a million timers (tens of ms) and a slow spell.
 const LEAD: Duration = Duration::from_millis(600);
 const GIVE_UP: Duration = Duration::from_secs(60);
 

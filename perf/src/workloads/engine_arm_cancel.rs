@@ -1,8 +1,7 @@
-//! engine-arm-cancel: request timeouts from T application threads, corewheel's `TimerEngine` against tokio's `sleep`
-//! and `timeout()`, pingora-timeout's `timeout()` and a `Mutex<BinaryHeap>` shared by the threads. Each thread keeps
-//! a window of K requests in flight: it arms a timer for a new request and cancels the one armed K operations
-//! earlier (window 0: at once). A run is timed from the moment every thread has its window armed until the work is
-//! done: for the engine, until it has settled, so that the workers' share of the work is inside the time.
+//! engine-arm-cancel: request timeouts from T application threads, the `TimerEngine` against tokio's `sleep` and
+//! `timeout()`, pingora-timeout and a shared `Mutex<BinaryHeap>`. Each thread arms a timer per request and cancels
+//! the one armed K operations earlier (window 0: at once); for the engine a run lasts until it has settled, so that
+//! its workers' share is inside the time.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::peers::tokio_sleep::{StartLine, register, with_context};
 use crate::peers::{SharedTimers, Subject, async_timers, engine};
 use crate::report::thousands;
-use crate::runner::{Cell, Plan};
+use crate::runner::{self, Cell, Plan};
 use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
 use crate::workloads::{Out, request_timeout, rng};
 
@@ -121,15 +120,8 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     let config = |cell: &Cell| (cell.threads, cell.param as usize, timers);
     let results = parallel::measure(plan, |_| timers, |cell| measure(cell.subject, config(cell)));
-    let mut windows: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
-    windows.dedup();
-    for window in windows {
-        let cells = plan
-            .cells
-            .iter()
-            .zip(&results)
-            .filter(|(cell, _)| cell.param == window);
-        let cells: Vec<_> = cells.collect();
+    for cells in runner::by_param(plan, &results) {
+        let window = cells[0].0.param;
         let (window_text, timers_text) = (thousands(window), thousands(timers));
         let title = format!(
             "engine-arm-cancel (window {window_text} per thread, {timers_text} timers per run, delays uniform in 1 ms..30 s)"

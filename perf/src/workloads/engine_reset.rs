@@ -1,8 +1,6 @@
-//! engine-reset: idle timeouts from T application threads, corewheel's `TimerEngine` against tokio's `Sleep::reset`
-//! and a `Mutex<BinaryHeap>` shared by the threads: 100,000 connections split over the threads, each with an idle
-//! timer of 30 s, each read or write pushing it back to now + 30 s. Nothing comes due during a run, so both wheels
-//! take their "later deadline" path (the move deferred until the old deadline comes round) and the engine's workers
-//! have nothing to settle: it is dropped untimed.
+//! engine-reset: idle timeouts from T application threads, the `TimerEngine` against tokio's `Sleep::reset` and a
+//! shared `Mutex<BinaryHeap>`: 100,000 connections split over the threads, each read or write pushing its 30 s idle
+//! timer back. Nothing comes due, so the engine has nothing to settle and is dropped untimed.
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -1,9 +1,7 @@
-//! fire-storm: a million timers all due within one second (deadlines uniform in [start + 1 s, start + 2 s)), fired on
-//! the real clock the way each subject's users fire them: corewheel and the heap by a loop that sleeps until the next
-//! deadline and then drains what is due, DelayQueue by awaiting its stream in a tokio runtime, and the TimerEngine by
-//! its own two workers, the timers armed from one thread. Beside each storm, witness threads (one pinned to each
-//! core) only sleep until each millisecond; after the storms, the floor table shows what the machine alone does to a
-//! sleeping thread.
+//! fire-storm: a million timers due within one second, fired on the real clock the way each subject's users fire
+//! them: corewheel and the heap by a loop that sleeps until the next deadline and drains what is due, DelayQueue by
+//! its stream in a tokio runtime, the TimerEngine by its own two workers. Witness threads (one pinned per core) sleep
+//! until each millisecond beside each storm; the floor table shows what the machine alone does to a sleeping thread.
 
 use std::future::poll_fn;
 use std::thread;
@@ -23,15 +21,13 @@ use crate::workloads::{Out, ns_per, rng, wake_floor};
 const NAME: &str = "fire-storm";
 const FIRST_DUE: Duration = Duration::from_secs(1);
 const SPREAD_NS: u64 = 1_000_000_000;
-/// The longest one sleep of the driving loops. An event loop bounds its wait so that it notices new work; here the
-/// bound only splits the wait for the first deadline.
+/// The longest one sleep of the driving loops, as an event loop bounds its wait to notice new work.
 const SLEEP_CAP: Duration = Duration::from_millis(10);
 /// Worker threads of the engine's storm, whatever the machine: the row compares machines.
 const ENGINE_WORKERS: usize = 2;
 /// How long the engine's storm may take to fire before its timers are called lost.
 const GIVE_UP: Duration = Duration::from_secs(60);
-/// How often the witnesses wake: often enough to catch any stall of a millisecond, seldom enough to cost the storm's
-/// threads little.
+/// How often the witnesses wake: often enough to catch a stall of a millisecond, cheaply.
 const WITNESS_PERIOD: Duration = Duration::from_millis(1);
 
 /// The finer ticks of the second table: the default's rounding up to a whole tick makes every timer up to a tick late
@@ -66,8 +62,7 @@ impl Storm {
     }
 }
 
-/// Arms the storm's deadlines through `put`; returns how long that took and the first deadline. Each timer's value is
-/// its own deadline, so whoever fires it can tell how late it is.
+/// Arms the storm through `put`, each value its own deadline; returns how long that took and the first deadline.
 fn arm<E>(
     timers: u64,
     mut put: impl FnMut(Instant) -> Result<(), E>,
@@ -83,8 +78,7 @@ fn arm<E>(
     Ok((start.elapsed(), first))
 }
 
-/// Arms the storm on a queue its owner polls, then sleeps until each next deadline and drains what is due, as an
-/// event loop does.
+/// Arms the storm on a polled queue, then sleeps until each next deadline and drains what is due, as an event loop.
 fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
     mut queue: Q,
     timers: u64,
@@ -129,8 +123,7 @@ fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
     })
 }
 
-/// Arms the storm on a [`TimerEngine`] from this thread, so all on one shard, and lets its workers fire it: each
-/// callback records its lateness on the worker that runs it.
+/// Arms the storm on a [`TimerEngine`] from this thread (one shard); each callback records lateness on its worker.
 fn storm_engine(timers: u64, tick: Duration) -> Result<Storm, String> {
     worker_records::prepare(ENGINE_WORKERS);
     let built = TimerEngine::builder()
@@ -158,7 +151,7 @@ fn storm(subject: Subject, timers: u64, tick: Duration) -> Result<Storm, String>
             timers,
         ),
         Subject::DelayQueue => storm_delay_queue(timers),
-        Subject::BinaryHeap => storm_polled(TombstoneHeap::<Instant>::new(), timers),
+        Subject::BinaryHeap => storm_polled(TombstoneHeap::<Instant>::default(), timers),
         Subject::Engine => storm_engine(timers, tick),
         _ => Err(format!("{} is not a fire-storm subject", subject.name())),
     }
@@ -190,10 +183,8 @@ fn witness() -> thread::JoinHandle<Option<Duration>> {
     })
 }
 
-/// The machine's floor under the storm, at each tick the tables used: a thread that only sleeps until each tick
-/// boundary for a second, how late it woke, and the lateness a storm would have had if each tick's timers had fired,
-/// at no cost, the moment that thread woke. No subject can do better on this machine over the same second; measured
-/// after the storms, in the same run, because the VM's stalls come and go.
+/// The machine's floor under the storm at each tick: how late a thread that only sleeps until each tick boundary woke,
+/// and the storm's lateness had each tick's timers fired then at no cost. Measured after the storms, in the same run.
 fn floor_table(timers: u64, csv: &mut Csv) {
     let title = format!(
         "{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)"
@@ -248,8 +239,7 @@ fn floor_table(timers: u64, csv: &mut Csv) {
     table.print();
 }
 
-/// The storms to run: every subject at the default tick, then the engine and the wheel at each finer tick; a cell's
-/// setting is its tick in microseconds.
+/// The storms: every subject at the default tick, then the engine and the wheel at each finer tick (param: us).
 pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
     let cell = |subject, tick: Duration| Cell {
         subject,
@@ -277,8 +267,7 @@ fn case_name(cell: &Cell) -> String {
     }
 }
 
-/// Runs `plan`'s storms, each beside its witnesses, and prints the default tick's table, the finer ticks' and the
-/// machine's floor.
+/// Runs `plan`'s storms beside their witnesses; prints the default tick's table, the finer ticks' and the floor.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     let results = runner::in_turns(plan, |cell| {
         let witness = witness();

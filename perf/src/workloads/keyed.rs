@@ -19,8 +19,7 @@ const KEYS_PER_THREAD: u64 = 10_000;
 const WINDOW: u64 = 16;
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// One thread's share of `workload`'s `ops` over `threads`: sets up its keys, waits at the gate, then does its
-/// operations; any key not pending when the thread comes back to it fails the run.
+/// One thread's share of `workload`'s `ops`: its keys set up, then its operations; a key found not pending fails.
 fn thread_share(
     subject: &dyn Keyed,
     (index, gate): (usize, &Gate),
@@ -63,8 +62,7 @@ fn thread_share(
     }
 }
 
-/// One run of `subject`, counting the engine's workers' CPU where it has them; the keys left pending are dropped
-/// with it, untimed.
+/// One run of `subject`, with the engine's workers' CPU where it has them; the keys left are dropped untimed.
 fn measure(subject: Subject, config: (Workload, usize, u64)) -> Result<Run, String> {
     let run = |keyed: &dyn Keyed, workers_cpu: fn() -> Option<Duration>| {
         let body = |i, gate: &Gate| thread_share(keyed, (i, gate), config);

@@ -122,9 +122,8 @@ mod tests {
     }
 }
 
-/// Lateness recorded by a timer engine's callbacks, each on the worker thread that runs it, in that thread's own
-/// buffer (an uncontended lock), so that recording adds no cross-core traffic of its own. One engine run at a time:
-/// the records are process-wide.
+/// Lateness recorded by an engine's callbacks in their worker's own buffer, so that recording adds no cross-core
+/// traffic. One engine run at a time: the records are process-wide.
 pub mod worker_records {
     use std::cell::RefCell;
     use std::sync::{Arc, Mutex};

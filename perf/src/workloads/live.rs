@@ -1,10 +1,7 @@
-//! live-1m and engine-live-1m: a million live timers. One thread inserts them (delays uniform in 1 ms..30 s), the
-//! process's resident memory is read with all of them live, then they are cancelled in a random order and the memory
-//! read again. live-1m drives the single-owner structures; engine-live-1m the `TimerEngine` against tokio's `sleep`
-//! (one task holds boxed `Sleep`s, each polled once: in real code a Sleep lives in its task's future, on the heap too).
-//!
-//! Each run is a fresh child process of this binary, so that its RSS delta is its own (in one process a subject would
-//! reuse the pages the one before freed); the child prints its readings as `name value` lines.
+//! live-1m and engine-live-1m: one thread inserts a million timers (delays uniform in 1 ms..30 s), RSS is read with
+//! all of them live, then they are cancelled in a random order and RSS read again. live-1m drives the single-owner
+//! structures; engine-live-1m the `TimerEngine` against tokio's `sleep` (boxed, as a Sleep in a task's future is).
+//! Each run is a fresh child process, so that its RSS delta is its own; the child prints `name value` lines.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -93,8 +90,7 @@ impl Readings {
     }
 }
 
-/// A vector for `n` of the harness's own values (keys, handles, sleeps) with its pages touched, so that an RSS delta
-/// read afterwards is the structure's alone.
+/// A vector for `n` of the harness's own values, its pages touched so that later RSS deltas are the structure's.
 fn touched_vec<T>(n: u64) -> Result<Vec<T>, String> {
     let n = usize::try_from(n).map_err(|_| "too many timers for this machine")?;
     let mut values: Vec<T> = Vec::with_capacity(n);
@@ -274,10 +270,8 @@ fn in_child(workload: Workload, subject: Subject, timers: u64) -> Result<Reading
 
 /// Runs `plan`'s subjects, each run in a fresh process, and prints the speed and memory tables.
 pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
-    let (name, engine) = (
-        plan.workload.name(),
-        plan.workload == Workload::EngineLive1m,
-    );
+    let name = plan.workload.name();
+    let engine = plan.workload == Workload::EngineLive1m;
     let runs = runner::in_turns(plan, |cell| in_child(plan.workload, cell.subject, timers));
     let mut cols = vec![
         Col::new("ns/insert", "ns_per_insert", "ns", 1).ratios(),
@@ -345,25 +339,16 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         speed.add(cell.subject, 1, speeds.map_err(Clone::clone));
         let memories = r.map(|r| {
             let per_timer = |bytes: Option<f64>| bytes.map(|b| b / timers.max(1) as f64);
-            let huge = r
-                .get("huge_live")
-                .zip(r.get("rss_live"))
-                .map(|(h, l)| h / l.max(1.0) * 100.0);
-            let live = r.mib_above("rss_live");
-            let (rss_per_timer, own_per_timer) = (
+            let (live, huge) = (r.mib_above("rss_live"), r.get("huge_live"));
+            vec![
                 per_timer(live.map(|m| m * MIB)),
                 per_timer(r.get("own_live")),
-            );
-            let (cancelled, after) = (r.mib_above("rss_cancelled"), r.mib_above("rss_after"));
-            let own_cancelled = r.get("own_cancelled").map(|b| b / MIB);
-            vec![
-                rss_per_timer,
-                own_per_timer,
                 live,
-                huge,
-                cancelled,
-                own_cancelled,
-                after,
+                huge.zip(r.get("rss_live"))
+                    .map(|(h, l)| h / l.max(1.0) * 100.0),
+                r.mib_above("rss_cancelled"),
+                r.get("own_cancelled").map(|b| b / MIB),
+                r.mib_above("rss_after"),
             ]
         });
         memory.add(cell.subject, 1, memories);

@@ -165,8 +165,7 @@ pub fn request_timeout(rng: &mut fastrand::Rng) -> Duration {
     Duration::from_nanos(rng.u64(1_000_000..30_000_000_000))
 }
 
-/// The random numbers every workload starts from, so that every run draws the same timers; `stream` tells apart the
-/// threads of one run.
+/// The random numbers every workload starts from, so every run draws the same timers; `stream` tells threads apart.
 pub fn rng(stream: u64) -> fastrand::Rng {
     fastrand::Rng::with_seed(0x9E37_79B9_7F4A_7C15 ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03))
 }
@@ -176,8 +175,7 @@ pub fn ns_per(elapsed: Duration, count: u64) -> f64 {
     elapsed.as_nanos() as f64 / count.max(1) as f64
 }
 
-/// The sheet of a workload that times one kind of operation per subject: its median cost and rate from each cell's
-/// runs (ns per operation), with the runs' range in a note.
+/// The sheet of a single-operation workload: each cell's median ns per operation and rate, the runs' range noted.
 pub fn cost_sheet(
     plan: &Plan,
     (title, unit, metrics): (String, &str, (&'static str, &'static str)),

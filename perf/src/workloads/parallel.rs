@@ -75,8 +75,7 @@ impl Run {
     }
 }
 
-/// The medians of several runs' figures, each in ns per unit of work (the settle wait in µs, not per unit), the wall
-/// figure's `min-max`, and the largest pool any run ended with.
+/// The medians of runs' figures in ns per unit (settle wait in µs), the wall figure's `min-max`, the largest pool.
 #[derive(Debug, Clone)]
 pub struct PerUnit {
     pub wall: f64,
@@ -191,8 +190,7 @@ pub fn on_mutex_heap(
     })
 }
 
-/// Runs `body(index, line)` as `tasks` tasks of a fresh runtime with as many worker threads: each sets up, calls
-/// `line.arrive_and_wait()`, does the timed work and reports. Every task must have run on a worker of its own.
+/// Runs `body(index, line)` as `tasks` tasks of a runtime of as many workers, each on a worker of its own.
 pub fn on_tokio<F, Fut>(tasks: usize, body: F) -> Result<Run, String>
 where
     F: Fn(usize, Arc<StartLine>) -> Fut,
@@ -232,8 +230,7 @@ pub fn share_of(total: u64, parts: usize, index: usize) -> u64 {
     total / parts + u64::from((index as u64) < total % parts)
 }
 
-/// A cell's runs, summed up: the medians per unit of work, and the timers that fired (or were due) before the
-/// workload meant to cancel or move them, over all runs.
+/// A cell's runs summed up: medians per unit, and timers that fired or were due too soon, over all runs.
 pub struct Measured {
     pub per: PerUnit,
     pub too_late: u64,
@@ -257,14 +254,14 @@ pub fn measure(
     plan.cells.iter().zip(runs).map(sum).collect()
 }
 
-/// Adds a row per cell to `sheet` with `row`'s figures; returns the cells' wall ranges, and a note for each cell with
+/// Adds a row per cell to `sheet` with `row`'s figures, then notes the runs' ns/`unit` ranges and each cell with
 /// timers `too_late` (what such a timer did).
 pub fn add_rows<'a>(
     sheet: &mut Sheet,
     cells: impl IntoIterator<Item = (&'a Cell, &'a Result<Measured, String>)>,
-    too_late: &str,
+    (unit, too_late): (&str, &str),
     row: impl Fn(&PerUnit) -> Vec<Option<f64>>,
-) -> (String, Vec<String>) {
+) {
     let (mut spreads, mut notes) = (Vec::new(), Vec::new());
     for (cell, result) in cells {
         let values = result.as_ref().map(|m| {
@@ -278,11 +275,14 @@ pub fn add_rows<'a>(
         });
         sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));
     }
-    (spreads.join(", "), notes)
+    let (runs, spreads) = (runner::RUNS, spreads.join(", "));
+    sheet.note(format!(
+        "median of {runs} runs per subject, taken in turns; ns/{unit} range: {spreads}"
+    ));
+    sheet.notes.extend(notes);
 }
 
-/// The sheet of a multi-thread workload: a row per cell with its medians per `unit` of work (`units` a run), ratios
-/// against the peers and against each subject's own 1-thread figure.
+/// A multi-thread workload's sheet: medians per `unit` (`units` a run), ratios to peers and to one thread.
 pub fn threads_sheet(
     (workload, title): (String, String),
     (unit, units): (&str, u64),
@@ -293,44 +293,18 @@ pub fn threads_sheet(
         .iter()
         .any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
     let what = if unit == "reset" { "reset" } else { "timer" };
+    let ns = |h: &str, m: &str| Col::new(format!("{h}/{unit}"), format!("{m}_per_{what}"), "ns", 1);
     let mut cols = vec![
-        Col::new(format!("ns/{unit}"), format!("ns_per_{what}"), "ns", 1).ratios(),
+        ns("ns", "ns").ratios(),
         Col::new(format!("M{unit}s/s"), format!("m{what}s_per_s"), "M/s", 2).rate(),
-        Col::new(
-            format!("CPU ns/{unit}"),
-            format!("cpu_ns_per_{what}"),
-            "ns",
-            1,
-        ),
-        Col::new(
-            format!("worker CPU ns/{unit}"),
-            format!("worker_cpu_ns_per_{what}"),
-            "ns",
-            1,
-        ),
-        Col::new(
-            format!("app ns/{unit}"),
-            format!("app_ns_per_{what}"),
-            "ns",
-            1,
-        ),
+        ns("CPU ns", "cpu_ns"),
+        ns("worker CPU ns", "worker_cpu_ns"),
+        ns("app ns", "app_ns"),
     ];
     cols.extend(settles.then(|| Col::new("settle us", "settle_wait", "us", 0)));
     cols.push(Col::new("pool MiB", "engine_pool_mib_max", "MiB", 1));
     let mut sheet = Sheet::new(workload, title, units, cols);
     sheet.scaling = Some(0);
-    let (spreads, notes) = add_rows(&mut sheet, cells.iter().copied(), too_late, |per| {
-        let mut row = vec![
-            Some(per.wall),
-            Some(1e3 / per.wall),
-            per.cpu,
-            per.worker_cpu,
-        ];
-        row.push(Some(per.app));
-        row.extend(settles.then_some(per.settle_us));
-        row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
-        row
-    });
     sheet.note(format!("CPU ns/{unit}: process CPU time over the run (every thread: application, engine workers, tokio workers) / {unit}s; worker CPU: the engine's worker threads alone (mutex-heap: its timer thread); app ns/{unit}: start to the last application thread's end"));
     if settles {
         sheet.note(
@@ -338,11 +312,18 @@ pub fn threads_sheet(
         );
     }
     sheet.note("pool MiB: the engine's stats().pool_bytes at the end of a run, the largest of the runs: node memory the engine keeps until it is dropped");
-    sheet.note(format!(
-        "median of {} runs per subject, taken in turns; ns/{unit} range: {spreads}",
-        runner::RUNS
-    ));
-    sheet.notes.extend(notes);
+    add_rows(&mut sheet, cells.iter().copied(), (unit, too_late), |per| {
+        let mut row = vec![
+            Some(per.wall),
+            Some(1e3 / per.wall),
+            per.cpu,
+            per.worker_cpu,
+            Some(per.app),
+        ];
+        row.extend(settles.then_some(per.settle_us));
+        row.push(per.pool_max.map(|b| b as f64 / (1024.0 * 1024.0)));
+        row
+    });
     sheet
 }
 

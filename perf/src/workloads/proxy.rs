@@ -111,8 +111,7 @@ impl Drop for ProxyChild {
     }
 }
 
-/// One wrk run's figures in the table's column order (req/s, p50 and p99 ms, the proxy's CPU µs per request and
-/// its cores busy), and wrk's socket errors and non-2xx answers as it words them.
+/// One wrk run's figures in the table's column order, and wrk's socket errors and non-2xx answers.
 type WrkRun = ([f64; 5], Vec<String>);
 
 /// A latency as wrk prints it (`812.00us`, `8.12ms`, `1.02s`), in milliseconds.
@@ -195,8 +194,7 @@ fn wrk_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
 /// to its answer; and the proxy's own count and lateness of its deadlines.
 type Accuracy = (Vec<(bool, u16, Duration)>, LatenessSummary);
 
-/// One accuracy run: a fresh proxy with a request deadline of [`DEADLINE`], [`CLIENTS`] keep-alive clients sending
-/// [`PER_CLIENT`] requests each, one in [`SLOW_ONE_IN`] of them one the backend answers only long past the deadline.
+/// One accuracy run: a fresh proxy, [`CLIENTS`] keep-alive clients, one request in [`SLOW_ONE_IN`] answered late.
 fn accuracy_run(subject: Subject, backend: SocketAddr) -> Result<Accuracy, String> {
     let deadline = format!("--request-timeout {}", DEADLINE.as_millis());
     let proxy = ProxyChild::start(subject, backend, &deadline)?;
@@ -221,26 +219,8 @@ fn accuracy_run(subject: Subject, backend: SocketAddr) -> Result<Accuracy, Strin
     Ok((seen.concat(), proxy.deadlines()?))
 }
 
-enum Measured {
-    Wrk(WrkRun),
-    Accuracy(Accuracy),
-}
-
-impl Measured {
-    fn wrk(&self) -> Option<&WrkRun> {
-        match self {
-            Measured::Wrk(run) => Some(run),
-            Measured::Accuracy(_) => None,
-        }
-    }
-
-    fn accuracy(&self) -> Option<&Accuracy> {
-        match self {
-            Measured::Accuracy(run) => Some(run),
-            Measured::Wrk(_) => None,
-        }
-    }
-}
+/// A cell's run: a wrk run or an accuracy run, by the cell's setting.
+type Measured = (Option<WrkRun>, Option<Accuracy>);
 
 /// Runs `plan`'s cells (wrk runs at setting 0, accuracy runs at 1) in turns and prints a table for each.
 pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
@@ -261,8 +241,8 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
         }
     };
     let results = runner::in_turns(plan, |cell| match cell.param {
-        0 => wrk_run(cell.subject, backend, seconds).map(Measured::Wrk),
-        _ => accuracy_run(cell.subject, backend).map(Measured::Accuracy),
+        0 => wrk_run(cell.subject, backend, seconds).map(|run| (Some(run), None)),
+        _ => accuracy_run(cell.subject, backend).map(|run| (None, Some(run))),
     });
     let cells = |param| {
         plan.cells
@@ -287,7 +267,7 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
     for (cell, result) in cells(0) {
         let name = timer(cell.subject).to_string();
         let values = result.as_ref().map_err(Clone::clone).map(|runs| {
-            let runs: Vec<&WrkRun> = runs.iter().filter_map(Measured::wrk).collect();
+            let runs: Vec<&WrkRun> = runs.iter().filter_map(|run| run.0.as_ref()).collect();
             for error in runs.iter().flat_map(|run| &run.1) {
                 sheet.note(format!("{name}: wrk: {error}"));
             }
@@ -339,7 +319,7 @@ fn accuracy_table<'a>(
         let name = timer(cell.subject);
         let values = result.as_ref().map_err(Clone::clone).map(|runs| {
             let (mut client, mut proxy, mut n) = (Lateness::default(), LatenessSummary::default(), [0; 4]);
-            for (answers, by_proxy) in runs.iter().filter_map(Measured::accuracy) {
+            for (answers, by_proxy) in runs.iter().filter_map(|run| run.1.as_ref()) {
                 for &(slow, status, took) in answers {
                     let index = usize::from(!slow) * 2;
                     n[index] += 1;

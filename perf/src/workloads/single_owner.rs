@@ -47,8 +47,7 @@ impl Measure<u64> for ArmCancel {
     }
 }
 
-/// The harness's own cost per operation (drawing a delay, computing a deadline, the window's bookkeeping), measured
-/// with a structure that does nothing. Every row includes it.
+/// The harness's own cost per operation (delay, deadline, window), on a structure that does nothing: in every row.
 struct Nothing;
 
 impl TimerQueue<u64> for Nothing {

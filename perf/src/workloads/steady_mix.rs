@@ -1,12 +1,8 @@
-//! steady-mix and light-load: a proxy's timers at a sustained rate. A million timers live (light-load: a second's
-//! worth), and for a fixed time T tasks keep arming new ones at an offered rate, 90% of them request timeouts that
-//! are cancelled when the response comes and 10% that fire. What matters is the CPU each subject spends per timer at
-//! the same load, every thread of the process included; the achieved rate shows whether it kept up.
-//!
-//! Each task owns a ring of slots, one live timer each, and turns the slots at its share of the rate, so that every
-//! slot comes round once a ring period. At its turn a slot's timer is retired (cancelled, or checked to have fired)
-//! and a new one armed. Every subject is driven from tokio tasks paced by tokio's `sleep` in 1 ms steps, as a service
-//! on tokio would arm its timers, so the application's own wake-ups cost every subject the same.
+//! steady-mix and light-load: a proxy's timers at a sustained rate. With a million timers live (light-load: a
+//! second's worth), tasks arm new ones at an offered rate, 90% request timeouts cancelled when the response comes and
+//! 10% that fire; what matters is the CPU per timer, every thread of the process included. Each task turns a ring of
+//! slots (one live timer each) at its share of the rate: a slot's timer is retired and a new one armed. Every subject
+//! is driven from tokio tasks paced by tokio's `sleep` in 1 ms steps, so the application's wake-ups cost all alike.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,8 +24,7 @@ use crate::sys::{cpu_between, process_context_switches, process_cpu_time};
 use crate::workloads::parallel::{self, share_of};
 use crate::workloads::{Out, Workload, rng, wake_floor};
 
-/// light-load's rates, timers armed per second, each with about a second's worth of timers live: what the timers cost
-/// a process that has little for them to do.
+/// light-load's rates, timers armed per second, each with a second's worth live: the timers' cost at light load.
 pub const LIGHT_RATES: [u64; 2] = [1_000, 10_000];
 
 /// One in this many timers is left to fire.
@@ -102,8 +97,7 @@ trait Slots: Send + 'static {
     fn len(&self) -> usize;
 }
 
-/// One task's ring: whether each slot's timer is meant to fire and its deadline on the ring's schedule (the task arms
-/// no earlier than its schedule, so lateness judged by it is never overstated).
+/// One task's ring: whether each slot's timer is meant to fire, and its deadline on the ring's schedule.
 struct Ring {
     rng: fastrand::Rng,
     fires: Vec<bool>,
@@ -227,8 +221,7 @@ where
     }
 }
 
-/// tokio's slots: a pinned `Option<Sleep>` each, reused, so that arming writes a new `Sleep` over the empty slot
-/// without an allocation, and polls it with the task's waker.
+/// tokio's slots: a pinned `Option<Sleep>` each, reused so that arming allocates nothing, polled with the waker.
 struct TokioSlots(Vec<Pin<Box<Option<Sleep>>>>);
 
 impl Slots for TokioSlots {
@@ -399,21 +392,19 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
         Subject::MutexHeap => {
             let heap = Arc::new(SharedHeap::start()?);
             let run = on_runtime(runtime, config, None, shared(&heap, config))?;
-            let (_, fired) = run.counts.stopped_and_fired();
-            let heap_fired = heap.fired();
-            match heap_fired == fired {
-                true => Ok(run),
-                false => Err(format!(
+            let (fired, heap_fired) = (run.counts.stopped_and_fired().1, heap.fired());
+            if heap_fired != fired {
+                return Err(format!(
                     "the heap fired {heap_fired} timers, the rings saw {fired} fire"
-                )),
+                ));
             }
+            Ok(run)
         }
         _ => Err(format!("{} is not a steady-mix subject", subject.name())),
     }
 }
 
-/// Runs `plan`'s cells, each run `seconds` split over the plan's runs (at least 1 s), with `live` timers live (light
-/// load: a second's worth); a table per rate, each row its subject's median run by CPU per timer.
+/// Runs `plan`'s cells, `seconds` split over the runs (at least 1 s each); a table per rate, median run by CPU.
 pub fn run(plan: &Plan, live: Option<u64>, seconds: u64, out: &mut Out) {
     let duration = (Duration::from_secs(seconds) / plan.runs as u32).max(Duration::from_secs(1));
     let config = |cell: &Cell| {
@@ -441,18 +432,10 @@ pub fn run(plan: &Plan, live: Option<u64>, seconds: u64, out: &mut Out) {
         .cells
         .iter()
         .any(|cell| cell.subject == Subject::Engine);
-    let wake_cost =
-        engine.then(|| wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)));
-    let wake_cost = wake_cost.and_then(|sleeper| sleeper.cpu_per_wake);
-    let mut rates: Vec<u64> = plan.cells.iter().map(|cell| cell.param).collect();
-    rates.dedup();
-    for rate in rates {
-        let cells: Vec<_> = plan
-            .cells
-            .iter()
-            .zip(&medians)
-            .filter(|(cell, _)| cell.param == rate)
-            .collect();
+    let wake_cost = engine
+        .then(|| wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)))
+        .and_then(|sleeper| sleeper.cpu_per_wake);
+    for cells in runner::by_param(plan, &medians) {
         table(plan, config(cells[0].0), &cells, wake_cost, out);
     }
 }

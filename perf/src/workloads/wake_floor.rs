@@ -1,7 +1,6 @@
-//! The machine's floor under every timer: a thread that does nothing but sleep until each tick boundary, as an
-//! engine's worker does. How late it wakes bounds how late any timer fired by a sleeping thread must be on this
-//! machine at this moment, and what a wake-up costs bounds a timer thread's cost at light load. Measured in the same
-//! run as the subjects, because this project's VMs change speed from one half hour to the next.
+//! The machine's floor under every timer: a thread that only sleeps until each tick boundary, as an engine's worker
+//! does. How late it wakes bounds any sleeping thread's timers here and now, and a wake-up's cost bounds a timer
+//! thread's at light load. Measured in the same run as the subjects, as these VMs change speed.
 
 use std::time::{Duration, Instant};
 
@@ -12,21 +11,18 @@ use crate::workloads::rng;
 pub struct Sleeper {
     /// How far past each boundary it woke, in order.
     pub oversleeps: Vec<Duration>,
-    /// The process's CPU time per wake-up over the whole sleep, when the platform reads it: with nothing else
-    /// running, the wake-ups' own cost.
+    /// The process's CPU time per wake-up, where the platform reads it: with nothing else running, their own cost.
     pub cpu_per_wake: Option<Duration>,
 }
 
-/// Sleeps (with `park_timeout`, as the engine's workers do) until each of the boundaries `tick` apart over `span`
-/// from now, and records how late each wake-up came. A wake-up later than a whole tick makes the next boundaries late
-/// too, as it would a worker's next ticks.
+/// Sleeps (with `park_timeout`, as the engine's workers do) until each boundary `tick` apart over `span` from now,
+/// recording how late each wake-up came; one over a tick late makes the next late too, as a worker's would be.
 pub fn sleep_through(tick: Duration, span: Duration) -> Sleeper {
     let boundaries = u32::try_from(span.as_nanos() / tick.as_nanos().max(1)).unwrap_or(u32::MAX);
     sleep_from(Instant::now(), tick, boundaries)
 }
 
-/// [`sleep_through`] over `boundaries` boundaries `tick` apart after `from`, which may be ahead: a witness started
-/// beside a storm sleeps until the storm's first second begins.
+/// [`sleep_through`] over `boundaries` boundaries `tick` apart after `from`, which may be ahead (a storm's witness).
 pub fn sleep_from(from: Instant, tick: Duration, boundaries: u32) -> Sleeper {
     let (mut oversleeps, mut cpu) = (Vec::with_capacity(boundaries as usize), None);
     for boundary in 0..=boundaries {
