@@ -149,14 +149,10 @@ stage_benches() {
 # going below zero) are what catch a timer unlinked from a list the wheel no longer holds.
 stage_loom() {
   # Two models at once (the cores); the longest model then runs beside all the others.
-  local flags=(-p corewheel-loom-tests --release --tests)
-  if [ "$have_nextest" = 1 ]; then
-    RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \
-      cargo nextest run --no-fail-fast --test-threads 2 "${flags[@]}"
-  else
-    RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \
-      cargo test --no-fail-fast "${flags[@]}"
-  fi
+  local runner=(test)
+  [ "$have_nextest" = 1 ] && runner=(nextest run --test-threads 2)
+  RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \
+    cargo "${runner[@]}" --no-fail-fast -p corewheel-loom-tests --release --tests
 }
 stage_miri() {
   if ! cargo +nightly miri --version >/dev/null 2>&1; then
