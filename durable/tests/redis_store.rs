@@ -161,32 +161,94 @@ fn renewal_keeps_a_slow_handler_from_being_raced() {
     let Some(server) = Server::start("renewal") else {
         return;
     };
+    // The handler runs for three leases. A renewal every 200 ms leaves 400 ms of slack
+    // for a renewal that a loaded machine holds back (an fsync stall on the server).
     let runs = Arc::new(Mutex::new(0));
     let consumers: Vec<RedisTimers> = (0..2)
         .map(|_| {
             let t = RedisTimers::open(
                 &server.url(),
                 "slow",
-                opts().visibility(Duration::from_millis(150)),
+                opts().visibility(Duration::from_millis(600)),
             )
             .unwrap();
             let runs = Arc::clone(&runs);
             t.run_handler(1, move |_| {
                 *runs.lock().unwrap() += 1;
-                std::thread::sleep(Duration::from_millis(700));
+                std::thread::sleep(Duration::from_millis(1800));
                 Ok::<(), ()>(())
             })
             .unwrap();
             t
         })
         .collect();
-    consumers[0]
-        .schedule("slow", b"", SystemTime::now())
-        .unwrap();
+    consumers[0].schedule("slow", b"", a_second_ago()).unwrap();
     wait_until("ack", Duration::from_secs(10), || {
         consumers[0].pending().unwrap() == 0
     });
     assert_eq!(*runs.lock().unwrap(), 1);
+}
+
+/// Members whose heartbeat has not lapsed by the server's clock.
+fn live_members(server: &Server, queue: &str) -> usize {
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let (secs, micros): (String, String) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let now_ms = secs.parse::<u64>().unwrap() * 1000 + micros.parse::<u64>().unwrap() / 1000;
+    redis::cmd("ZCOUNT")
+        .arg(format!("{{{queue}}}:members"))
+        .arg(format!("({now_ms}"))
+        .arg("+inf")
+        .query(&mut conn)
+        .unwrap()
+}
+
+#[test]
+fn a_handler_running_for_many_windows_keeps_its_process_a_member() {
+    let Some(server) = Server::start("long_handler") else {
+        return;
+    };
+    // The only handler thread runs one task for ten windows and three leases, while
+    // nothing else is due: the process is busy, not stuck, and its own renewed lease is
+    // not work waiting. It stays a member the whole time. (A heartbeat lives three
+    // windows, 600 ms: slack for a server that stalls on an fsync.)
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let t = RedisTimers::open(
+        &server.url(),
+        "long",
+        opts()
+            .window(Duration::from_millis(200))
+            .visibility(Duration::from_millis(600)),
+    )
+    .unwrap();
+    {
+        let running = Arc::clone(&running);
+        t.run_handler(1, move |_| {
+            running.store(true, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(2000));
+            running.store(false, std::sync::atomic::Ordering::SeqCst);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    wait_until("membership", Duration::from_secs(5), || {
+        live_members(&server, "long") == 1
+    });
+    t.schedule("long", b"", a_second_ago()).unwrap();
+    wait_until("the handler", Duration::from_secs(5), || {
+        running.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    let mut lapsed = 0;
+    while running.load(std::sync::atomic::Ordering::SeqCst) {
+        if live_members(&server, "long") == 0 {
+            lapsed += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(lapsed, 0, "the busy process's membership lapsed");
+    wait_until("ack", Duration::from_secs(5), || t.pending().unwrap() == 0);
 }
 
 #[test]

@@ -233,6 +233,10 @@ struct Local {
     wakes: Vec<Option<(TimerKey, u64)>>,
     /// Per shard: whether this process owns it, by the last heartbeat.
     owned: Vec<bool>,
+    /// Per shard: since when (server ms) a sweep has found something claimable there and
+    /// no handler thread has claimed from it. Its own claims' leases do not count: the
+    /// renewer keeps them from being claimable.
+    claimable_since: Vec<Option<u64>>,
     /// Claimed tasks no handler thread has taken yet.
     ready: VecDeque<Claim>,
     /// Per shard: finished claims (id, token) whose ack no sweep has carried yet.
@@ -333,6 +337,7 @@ impl RedisTimers {
                     wheel: Wheel::new(Duration::from_millis(1), origin),
                     wakes: vec![None; options.shards as usize],
                     owned: vec![false; options.shards as usize],
+                    claimable_since: vec![None; options.shards as usize],
                     ready: VecDeque::new(),
                     acks: vec![Vec::new(); options.shards as usize],
                     acks_since: None,
@@ -677,17 +682,15 @@ impl Inner {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Whether a shard's armed instant passed two windows ago and no handler thread has
-    /// taken it: they are all busy.
+    /// Whether a shard this process owns has had something claimable, by the server, for
+    /// two windows while no handler thread claimed from it: they are all busy.
     fn stalled(&self) -> bool {
         let late = self
             .server_now_ms()
             .saturating_sub(self.window_ms().saturating_mul(2));
-        self.local()
-            .wakes
-            .iter()
-            .flatten()
-            .any(|&(_, at)| at < late)
+        let local = self.local();
+        (0..local.owned.len())
+            .any(|s| local.owned[s] && local.claimable_since[s].is_some_and(|since| since < late))
     }
 
     /// Whether the claim with `token` has lost its lease, as far as this process knows:
@@ -812,8 +815,11 @@ impl Inner {
             .collect();
         let mut local = self.local();
         for (shard, &mine) in owned.iter().enumerate() {
-            if !mine && let Some((key, _)) = local.wakes[shard].take() {
-                local.wheel.cancel(key);
+            if !mine {
+                local.claimable_since[shard] = None;
+                if let Some((key, _)) = local.wakes[shard].take() {
+                    local.wheel.cancel(key);
+                }
             }
         }
         local.owned = owned;
@@ -936,6 +942,12 @@ impl Inner {
         let mut local = self.local();
         local.ready.extend(claims);
         let now = u64::try_from(now).unwrap_or(0);
+        let claimable_now = u64::try_from(wake).is_ok_and(|wake| wake <= now);
+        local.claimable_since[shard] = if n == 0 && claimable_now {
+            Some(local.claimable_since[shard].unwrap_or(now))
+        } else {
+            None
+        };
         if let Ok(wake) = u64::try_from(wake)
             && local.owned[shard]
             && wake <= now.saturating_add(self.horizon_ms())
@@ -1060,8 +1072,8 @@ fn rendezvous(member: &[u8], shard: usize) -> u64 {
 /// claims nothing itself, so that what a sweep finds due is claimed by a handler thread
 /// through the wheel.
 ///
-/// While no handler thread has taken a shard's instant for two windows (every handler
-/// blocked), it skips the heartbeat, so that its membership lapses and the others take
+/// While a shard it owns has had something claimable for two windows and no handler
+/// thread claimed from it (every handler blocked), it skips the heartbeat, so that its membership lapses and the others take
 /// over its shards rather than leave their tasks to wait for a thread here.
 fn member(inner: &Inner) {
     while !inner.stopping() {
