@@ -596,7 +596,7 @@ fn compare(args: &[String]) {
         "| redb {REDB_VERSION}, group commit | one write transaction per group, Durability::Immediate ({commits} commits) | {rate:.0} | - | - | - | - | - | - |"
     );
     let mut floors = vec![("corewheel-durable run", l.floor)];
-    if let Some(server) = Server::start("durable_bench: the Redis rows") {
+    if let Some(server) = Server::start_fsyncing("durable_bench: the Redis rows") {
         let rate = redis_throughput(&server, threads, total);
         for (name, interval) in [
             ("Redis ZSET, 1 s poll", Duration::from_secs(1)),

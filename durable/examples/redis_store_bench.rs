@@ -77,7 +77,7 @@ fn main() {
         child(&kind);
         return;
     }
-    let Some(server) = Server::start("redis_store_bench") else {
+    let Some(server) = Server::start_fsyncing("redis_store_bench") else {
         return;
     };
     let url = server.url();

@@ -1,5 +1,5 @@
 //! The Redis store against a real `redis-server`: started per test on a free loopback
-//! port, with an append-only file fsynced before each reply, in a temp dir, and killed
+//! port, with an append-only file written before each reply, in a temp dir, and killed
 //! at the end. No mock. Without `redis-server` every test says so loudly and passes.
 #![cfg(feature = "redis")]
 
@@ -162,7 +162,7 @@ fn renewal_keeps_a_slow_handler_from_being_raced() {
         return;
     };
     // The handler runs for three leases. A renewal every 200 ms leaves 400 ms of slack
-    // for a renewal that a loaded machine holds back (an fsync stall on the server).
+    // for a renewal that a loaded machine holds back.
     let runs = Arc::new(Mutex::new(0));
     let consumers: Vec<RedisTimers> = (0..2)
         .map(|_| {
@@ -213,7 +213,7 @@ fn a_handler_running_for_many_windows_keeps_its_process_a_member() {
     // The only handler thread runs one task for ten windows and three leases, while
     // nothing else is due: the process is busy, not stuck, and its own renewed lease is
     // not work waiting. It stays a member the whole time. (A heartbeat lives three
-    // windows, 600 ms: slack for a server that stalls on an fsync.)
+    // windows, 600 ms: slack for a loaded machine.)
     let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let t = RedisTimers::open(
         &server.url(),
