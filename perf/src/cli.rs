@@ -101,20 +101,10 @@ impl Options {
     /// operations per thread in each async run.
     pub fn sizes(&self) -> [u64; 4] {
         let scale = if self.full { 10 } else { 1 };
-        let (live, storm) = (
-            self.timers.unwrap_or(1_000_000 * scale),
-            self.timers.unwrap_or(1_000_000),
-        );
-        [
-            2_000_000 * scale,
-            live,
-            storm,
-            self.async_ops.unwrap_or(1_000_000 * scale),
-        ]
-    }
-
-    pub fn thread_counts(&self) -> Vec<usize> {
-        self.threads.iter().map(|&t| usize::from(t)).collect()
+        let live = self.timers.unwrap_or(1_000_000 * scale);
+        let storm = self.timers.unwrap_or(1_000_000);
+        let async_ops = self.async_ops.unwrap_or(1_000_000 * scale);
+        [2_000_000 * scale, live, storm, async_ops]
     }
 }
 

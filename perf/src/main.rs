@@ -77,15 +77,9 @@ fn main() -> ExitCode {
 
 /// The run's header: what it runs, on what, and where its results go.
 fn header(options: &Options, run_dir: &std::path::Path) -> String {
-    let list = |items: Vec<u64>| {
-        items
-            .into_iter()
-            .map(thousands)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let threads = list(options.threads.iter().map(|&t| u64::from(t)).collect());
-    let windows = list(options.windows.iter().map(|&w| u64::from(w)).collect());
+    let list = |items: Vec<u64>| items.into_iter().map(thousands).collect::<Vec<_>>();
+    let threads = list(options.threads.iter().map(|&t| u64::from(t)).collect()).join(", ");
+    let windows = list(options.windows.iter().map(|&w| u64::from(w)).collect()).join(", ");
     let (machine, results) = (plots::machine(), run_dir.display());
     let mut out = format!(
         "corewheel-perf: the million-timer workload harness\nmachine:   {machine}\nallocator: mimalloc\nresults:   {results}\n"
@@ -99,16 +93,10 @@ fn header(options: &Options, run_dir: &std::path::Path) -> String {
          threads:   {threads} (the multi-thread workloads; steady-mix and light-load run on the largest)\n\
          windows:   {windows} requests in flight per thread (engine-arm-cancel)\nsubjects:\n"
     ));
-    for subject in &options.peers {
-        out.push_str(&format!("  {:<19}{}\n", subject.name(), subject.describe()));
-    }
+    let named = |name: &str, describe: &str| format!("  {name:<19}{describe}\n");
+    let (peers, workloads) = (options.peers.iter(), options.workloads.iter());
+    out.extend(peers.map(|s| named(s.name(), s.describe())));
     out.push_str("workloads:\n");
-    for workload in &options.workloads {
-        out.push_str(&format!(
-            "  {:<19}{}\n",
-            workload.name(),
-            workload.describe()
-        ));
-    }
+    out.extend(workloads.map(|w| named(w.name(), w.describe())));
     out
 }

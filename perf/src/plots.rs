@@ -18,7 +18,7 @@ const THROUGHPUT_METRICS: [(&str, &str); 2] = [
 const SIZE: (u32, u32) = (760, 460);
 
 /// What the run gathered for plots that the CSV does not hold in full: per fire-storm subject, its lateness CDF as
-/// (lateness in microseconds, share of timers at or below it).
+/// (lateness in milliseconds, share of timers at or below it).
 #[derive(Default)]
 pub struct Plots(Vec<Series>);
 
@@ -31,7 +31,8 @@ type BySubject<'a> = BTreeMap<&'a str, Vec<(f64, f64)>>;
 impl Plots {
     pub fn add_lateness(&mut self, subject: &str, cdf: Vec<(f64, f64)>) {
         if !cdf.is_empty() {
-            self.0.push((subject.to_string(), cdf));
+            let in_ms = cdf.into_iter().map(|(us, q)| (us / 1e3, q));
+            self.0.push((subject.to_string(), in_ms.collect()));
         }
     }
 
@@ -41,30 +42,16 @@ impl Plots {
         for (workload, y_label, series) in throughput_series(csv) {
             let path = dir.join(format!("{workload}.svg"));
             let title = format!("{workload}: throughput against threads ({machine})");
-            line_chart(
-                &path,
-                (&title, "application threads", y_label),
-                &series,
-                true,
-            )?;
+            let labels = (title.as_str(), "application threads", y_label);
+            line_chart(&path, labels, &series, true)?;
             written.push(path);
         }
         if !self.0.is_empty() {
-            let in_ms = |(name, cdf): &Series| {
-                (
-                    name.clone(),
-                    cdf.iter().map(|&(us, q)| (us / 1e3, q)).collect(),
-                )
-            };
-            let series: Vec<Series> = self.0.iter().map(in_ms).collect();
             let path = dir.join("fire-storm-lateness.svg");
             let title = format!("fire-storm: lateness CDF ({machine})");
-            let labels = (
-                title.as_str(),
-                "lateness, ms",
-                "share of timers fired at most this late",
-            );
-            line_chart(&path, labels, &series, false)?;
+            let y_label = "share of timers fired at most this late";
+            let labels = (title.as_str(), "lateness, ms", y_label);
+            line_chart(&path, labels, &self.0, false)?;
             written.push(path);
         }
         Ok(written)
@@ -74,7 +61,7 @@ impl Plots {
 /// Per engine or async workload with a throughput metric: its axis label and a series per subject by threads.
 fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
     let mut by_workload: BTreeMap<&str, (&'static str, BySubject)> = BTreeMap::new();
-    for row in csv.rows() {
+    for row in &csv.rows {
         let label = THROUGHPUT_METRICS
             .iter()
             .find(|(metric, _)| *metric == row.metric);
@@ -98,11 +85,8 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
         (name.to_string(), points)
     };
     let plot = |(workload, (label, subjects)): (&str, (_, BySubject))| {
-        (
-            workload.to_string(),
-            label,
-            subjects.into_iter().map(sorted).collect(),
-        )
+        let series = subjects.into_iter().map(sorted).collect();
+        (workload.to_string(), label, series)
     };
     by_workload.into_iter().map(plot).collect()
 }
@@ -156,13 +140,11 @@ fn line_chart(
             .label(line.0.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         if marks {
-            chart
-                .draw_series(
-                    line.1
-                        .iter()
-                        .map(|&point| Circle::new(point, 4, color.filled())),
-                )
-                .map_err(|e| failed(&e))?;
+            let dots = line
+                .1
+                .iter()
+                .map(|&point| Circle::new(point, 4, color.filled()));
+            chart.draw_series(dots).map_err(|e| failed(&e))?;
         }
     }
     chart
@@ -177,17 +159,13 @@ fn line_chart(
 
 /// The machine in a few words, for plot titles: its CPU model where known, and the CPUs this process may use.
 pub fn machine() -> String {
-    let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|line| line.starts_with("model name"))
-                .and_then(|line| line.split_once(':'))
-                .map(|(_, model)| model.trim().to_string())
-        });
-    match model {
-        Some(model) => format!("{cpus} CPUs, {model}"),
+    let cpus = crate::peers::engine::cpus();
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find_map(|line| line.strip_prefix("model name"));
+    match model.and_then(|rest| rest.split_once(':')) {
+        Some((_, model)) => format!("{cpus} CPUs, {}", model.trim()),
         None => format!("{cpus} CPUs"),
     }
 }

@@ -16,10 +16,10 @@ pub struct Table {
 }
 
 impl Table {
-    pub fn new(title: impl Into<String>, header: &[&str]) -> Self {
+    pub fn new(title: impl Into<String>, header: &[impl ToString]) -> Self {
         Self {
             title: title.into(),
-            header: header.iter().map(|cell| cell.to_string()).collect(),
+            header: header.iter().map(ToString::to_string).collect(),
             ..Self::default()
         }
     }
@@ -70,14 +70,9 @@ pub const RATIO_LEGEND: &str = "vs X = how many times better this row is than X'
 
 /// `1234567` as `1,234,567`.
 pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let groups: Vec<&str> = digits
-        .as_bytes()
-        .rchunks(3)
-        .rev()
-        .map(|g| std::str::from_utf8(g).unwrap_or(""))
-        .collect();
-    groups.join(",")
+    let digits = n.to_string().into_bytes();
+    let groups = digits.rchunks(3).rev().map(String::from_utf8_lossy);
+    groups.collect::<Vec<_>>().join(",")
 }
 
 /// A figure with `digits` decimals; whole numbers grouped by thousands; `n/a` for none.
@@ -119,19 +114,15 @@ impl Col {
     }
 
     /// The same column, for a figure where higher is better.
-    pub fn rate(self) -> Self {
-        Self {
-            higher_is_better: true,
-            ..self
-        }
+    pub fn rate(mut self) -> Self {
+        self.higher_is_better = true;
+        self
     }
 
     /// The same column, with a ratio column against each peer.
-    pub fn ratios(self) -> Self {
-        Self {
-            ratios: true,
-            ..self
-        }
+    pub fn ratios(mut self) -> Self {
+        self.ratios = true;
+        self
     }
 }
 
@@ -140,11 +131,15 @@ pub struct Row {
     pub name: String,
     pub subject: Subject,
     pub threads: usize,
-    pub values: Result<Vec<Option<f64>>, String>,
+    pub values: Values,
 }
+
+/// A row's figures in column order, or why it has none.
+pub type Values = Result<Vec<Option<f64>>, String>;
 
 /// A workload's table and CSV rows: a row per subject (and thread count), a column per figure, and ratio columns
 /// against every peer at the same thread count; `scaling` names the cost column that gives "vs own 1 thread".
+#[derive(Default)]
 pub struct Sheet {
     pub workload: String,
     pub title: String,
@@ -156,36 +151,24 @@ pub struct Sheet {
 }
 
 impl Sheet {
-    pub fn new(
-        workload: impl Into<String>,
-        title: impl Into<String>,
-        timers: u64,
-        cols: Vec<Col>,
-    ) -> Self {
+    pub fn new(workload: impl ToString, title: impl ToString, timers: u64, cols: Vec<Col>) -> Self {
         Self {
-            workload: workload.into(),
-            title: title.into(),
+            workload: workload.to_string(),
+            title: title.to_string(),
             timers,
             cols,
-            rows: Vec::new(),
-            notes: Vec::new(),
-            scaling: None,
+            ..Self::default()
         }
     }
 
     /// Adds a row named after its subject.
-    pub fn add(
-        &mut self,
-        subject: Subject,
-        threads: usize,
-        values: Result<Vec<Option<f64>>, String>,
-    ) {
+    pub fn add(&mut self, subject: Subject, threads: usize, values: Values) {
         self.push(subject.name(), subject, values);
         self.rows.last_mut().expect("pushed").threads = threads;
     }
 
     /// Adds a row of one thread named `name`.
-    pub fn push(&mut self, name: &str, subject: Subject, values: Result<Vec<Option<f64>>, String>) {
+    pub fn push(&mut self, name: &str, subject: Subject, values: Values) {
         let name = name.to_string();
         self.rows.push(Row {
             name,
@@ -234,18 +217,14 @@ impl Sheet {
         let mut header = vec![format!("subject{suffix}")];
         header.extend(self.cols.iter().map(|col| col.header.clone()));
         for &col in &ratio_cols {
-            let what = if ratio_cols.len() == 1 {
-                String::new()
-            } else {
-                format!(" {}", self.cols[col].header)
+            let what = match ratio_cols.len() {
+                1 => String::new(),
+                _ => format!(" {}", self.cols[col].header),
             };
             header.extend(peers.iter().map(|peer| format!("vs {}{what}", peer.name())));
         }
         header.extend(self.scaling.map(|_| "vs own 1 thread".to_string()));
-        let mut table = Table::new(
-            self.title.clone(),
-            &header.iter().map(String::as_str).collect::<Vec<_>>(),
-        );
+        let mut table = Table::new(self.title.clone(), &header);
         let show = |same: bool, ratio: Option<f64>| match (same, ratio) {
             (true, _) => "-".to_string(),
             (false, ratio) => ratio.map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x")),
@@ -322,14 +301,10 @@ pub struct CsvRow {
 /// The results of the whole run, written as CSV once every workload has finished.
 #[derive(Default)]
 pub struct Csv {
-    rows: Vec<CsvRow>,
+    pub rows: Vec<CsvRow>,
 }
 
 impl Csv {
-    pub fn rows(&self) -> &[CsvRow] {
-        &self.rows
-    }
-
     /// Several metrics of one subject in one workload, at `threads` and `timers`.
     pub fn push_metrics(
         &mut self,
@@ -355,18 +330,13 @@ impl Csv {
     /// file where scripts expect a complete one.
     pub fn write(&self, path: &Path) -> Result<(), String> {
         let partial = path.with_extension("csv.tmp");
-        let written = csv::Writer::from_path(&partial)
-            .map_err(|e| e.to_string())
-            .and_then(|mut out| {
-                self.rows
-                    .iter()
-                    .try_for_each(|row| out.serialize(row))
-                    .map_err(|e| e.to_string())?;
-                out.flush().map_err(|e| e.to_string())
-            });
-        let renamed =
-            written.and_then(|()| std::fs::rename(&partial, path).map_err(|e| e.to_string()));
-        renamed.map_err(|error| format!("could not write {}: {error}", path.display()))
+        let write = || -> Result<(), Box<dyn std::error::Error>> {
+            let mut out = csv::Writer::from_path(&partial)?;
+            self.rows.iter().try_for_each(|row| out.serialize(row))?;
+            out.flush()?;
+            Ok(std::fs::rename(&partial, path)?)
+        };
+        write().map_err(|error| format!("could not write {}: {error}", path.display()))
     }
 }
 
@@ -410,7 +380,7 @@ mod tests {
         let mut csv = Csv::default();
         sheet.finish(&mut csv);
         let rows: Vec<_> = csv
-            .rows()
+            .rows
             .iter()
             .map(|r| (r.subject.as_str(), r.metric.as_str(), r.value))
             .collect();

@@ -18,16 +18,13 @@ pub const CSV: &str = "results.csv";
 pub fn create() -> io::Result<PathBuf> {
     let (runs, stamp) = (target_dir().join("perf-runs"), utc_stamp(SystemTime::now()));
     fs::create_dir_all(&runs)?;
-    let mut tries = (1..1000).map(|n| {
-        runs.join(if n == 1 {
-            stamp.clone()
-        } else {
-            format!("{stamp}-{n}")
-        })
-    });
-    tries
-        .find_map(|dir| fs::create_dir(&dir).map(|()| dir).ok())
-        .ok_or_else(|| io::Error::other("no free run folder"))
+    let name = |n| match n {
+        1 => stamp.clone(),
+        n => format!("{stamp}-{n}"),
+    };
+    let mut tries = (1..1000).map(|n| runs.join(name(n)));
+    let free = tries.find_map(|dir| fs::create_dir(&dir).map(|()| dir).ok());
+    free.ok_or_else(|| io::Error::other("no free run folder"))
 }
 
 /// The target directory this binary was built into, so that `CARGO_TARGET_DIR` is respected.
@@ -51,35 +48,27 @@ pub fn write(out: &Out, run_dir: &Path, save: Option<&Path>, took: Duration) -> 
     if let Some(dest) = save {
         let written = copy_set(run_dir, dest)
             .map_err(|error| format!("could not save to {}: {error}", dest.display()))?;
-        println!(
-            "saved as the reference set: {} ({written} files)",
-            dest.display()
-        );
+        let dest = dest.display();
+        println!("saved as the reference set: {dest} ({written} files)");
     }
     Ok(())
 }
 
 /// The run's `summary.md`: its command line, machine, duration and every table it printed.
 fn summary_text(run_dir: &Path, machine: &str, took: Duration) -> String {
-    let name = run_dir
-        .file_name()
-        .map_or_else(String::new, |name| name.to_string_lossy().into_owned());
+    let name = run_dir.file_name().unwrap_or_default().to_string_lossy();
     let args: Vec<String> = std::env::args_os()
         .skip(1)
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect();
-    let command = match args.is_empty() {
-        true => "cargo run --release -p corewheel-perf".to_string(),
-        false => format!(
-            "cargo run --release -p corewheel-perf -- {}",
-            args.join(" ")
-        ),
-    };
+    let mut command = "cargo run --release -p corewheel-perf".to_string();
+    if !args.is_empty() {
+        command = format!("{command} -- {}", args.join(" "));
+    }
+    let (took, transcript) = (took.as_secs_f64(), crate::runner::transcript());
     format!(
-        "# corewheel-perf run {name}\n\n- command: `{command}`\n- machine: {machine}, mimalloc\n- took: {:.0} s\n\n\
-         Every figure is in `results.csv` beside this file; the tables as printed:\n\n```text\n{}```\n",
-        took.as_secs_f64(),
-        crate::runner::transcript()
+        "# corewheel-perf run {name}\n\n- command: `{command}`\n- machine: {machine}, mimalloc\n- took: {took:.0} s\n\n\
+         Every figure is in `results.csv` beside this file; the tables as printed:\n\n```text\n{transcript}```\n"
     )
 }
 

@@ -44,11 +44,8 @@ impl Plan {
             name => format!(", {name} {}", cell.param),
         };
         let (workload, subject) = (self.workload.name(), cell.subject.name());
-        format!(
-            "{workload}/{subject} ({} threads{param}, run {})",
-            cell.threads,
-            run + 1
-        )
+        let (threads, run) = (cell.threads, run + 1);
+        format!("{workload}/{subject} ({threads} threads{param}, run {run})")
     }
 }
 
@@ -77,11 +74,8 @@ pub fn start(total: u64) {
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let mut state = state();
-    (state.0, state.1, state.2) = (
-        (!bar.is_hidden()).then_some(bar),
-        Some(Instant::now()),
-        total,
-    );
+    state.0 = (!bar.is_hidden()).then_some(bar);
+    (state.1, state.2) = (Some(Instant::now()), total);
 }
 
 /// Prints `text` and a newline to stdout, with the bar out of the way, and keeps it for the summary.
@@ -116,19 +110,16 @@ fn step(what: &str, ran: Option<Instant>) {
     let mut state = state();
     state.3 += 1;
     let (done, total) = (state.3, state.2);
-    match (&state.0, ran) {
-        (Some(bar), _) => {
+    let text = match ran.map(|began| began.elapsed().as_secs_f64()) {
+        Some(took) => format!("{done}/{total} done     {what} in {took:.1} s"),
+        None => format!("{done}/{total} skipped  {what}"),
+    };
+    match &state.0 {
+        Some(bar) => {
             bar.inc(1);
             bar.set_message(what.to_string());
         }
-        (None, Some(began)) => {
-            let took = began.elapsed().as_secs_f64();
-            line(
-                &state,
-                &format!("{done}/{total} done     {what} in {took:.1} s"),
-            );
-        }
-        (None, None) => line(&state, &format!("{done}/{total} skipped  {what}")),
+        None => line(&state, &text),
     }
 }
 
@@ -157,10 +148,8 @@ pub fn in_turns<R>(
                 continue;
             };
             let state = state();
-            line(
-                &state,
-                &format!("{}/{} started  {label}", state.3 + 1, state.2),
-            );
+            let (next, total) = (state.3 + 1, state.2);
+            line(&state, &format!("{next}/{total} started  {label}"));
             drop(state);
             let began = Instant::now();
             let measured = measure(cell);

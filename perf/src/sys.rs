@@ -6,11 +6,8 @@
 use std::time::{Duration, Instant};
 
 fn clock(id: libc::clockid_t) -> Option<Duration> {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec for the whole call.
+    // SAFETY: an all-zero timespec is a valid value, and `now` is valid and writable for the whole call.
+    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::clock_gettime(id, &mut now) };
     (rc == 0).then(|| Duration::new(now.tv_sec as u64, now.tv_nsec as u32))
 }
@@ -37,17 +34,12 @@ pub fn is_numbered(name: &str, prefix: &str) -> bool {
 
 /// Each live thread of process `pid` (`self` for this one): its name and a file of its `/proc` folder.
 fn tasks(pid: &str, file: &str) -> Vec<(String, String)> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
     let read = |task: std::fs::DirEntry| {
-        let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
-        Some((
-            name.trim_end().to_string(),
-            std::fs::read_to_string(task.path().join(file)).ok()?,
-        ))
+        let read = |name| std::fs::read_to_string(task.path().join(name)).ok();
+        Some((read("comm")?.trim_end().to_string(), read(file)?))
     };
-    dir.flatten().filter_map(read).collect()
+    let entries = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter();
+    entries.flatten().flatten().filter_map(read).collect()
 }
 
 /// Summed CPU time (from `schedstat`) of process `pid`'s live threads whose name passes `keep`; `None` where that is

@@ -140,12 +140,9 @@ impl<T> TimerQueue<T> for TombstoneHeap<T> {
 
     /// Bytes of the heap's, slot table's and free list's buffers.
     fn accounted_bytes(&self) -> Option<usize> {
+        let heap = self.heap.capacity() * size_of::<Entry>();
         let slots = self.slots.capacity() * size_of::<(u32, Option<T>)>();
-        Some(
-            self.heap.capacity() * size_of::<Entry>()
-                + slots
-                + self.free.capacity() * size_of::<u32>(),
-        )
+        Some(heap + slots + self.free.capacity() * size_of::<u32>())
     }
 }
 

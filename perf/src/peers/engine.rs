@@ -58,13 +58,9 @@ pub fn cpus() -> usize {
 
 /// An engine as a service makes one: a pinned worker per CPU; `driven`: no workers, the caller runs its drivers.
 pub fn build(driven: bool) -> Result<TimerEngine, String> {
-    let mut builder = TimerEngine::builder().workers(cpus());
-    if driven {
-        builder = builder.driven();
-    }
-    builder
-        .build()
-        .map_err(|error| format!("could not start the engine: {error}"))
+    let builder = TimerEngine::builder().workers(cpus());
+    let built = if driven { builder.driven() } else { builder }.build();
+    built.map_err(|error| format!("could not start the engine: {error}"))
 }
 
 /// What a run's wait for the engine to settle found: how long it waited, the stats, and the process's and the
@@ -82,11 +78,8 @@ pub struct Settled {
 /// the workers to go quiet (or 50 ms), and for four times the last walk's length: the check must cost less than the
 /// cancels it waits for.
 pub fn settle(engine: &TimerEngine) -> Result<Settled, String> {
-    let (long_walk, watch, still_walk) = (
-        Duration::from_micros(100),
-        Duration::from_millis(1),
-        Duration::from_millis(50),
-    );
+    let (long_walk, still_walk) = (Duration::from_micros(100), Duration::from_millis(50));
+    let watch = Duration::from_millis(1);
     let started = Instant::now();
     let (mut pause, mut last_walk, mut walk_after) =
         (Duration::from_micros(20), Duration::ZERO, started);
@@ -139,20 +132,13 @@ pub fn check_counts(
     cancelled: u64,
     not_cancelled: u64,
 ) -> Result<(), String> {
-    let total = &stats.total;
-    let told = (scheduled, cancelled, not_cancelled, 0);
-    if (
-        total.scheduled,
-        total.cancelled,
-        total.fired,
-        total.panicked,
-    ) == told
-    {
+    let t = &stats.total;
+    if (t.scheduled, t.cancelled, t.fired, t.panicked) == (scheduled, cancelled, not_cancelled, 0) {
         return Ok(());
     }
     Err(format!(
         "the engine's counts disagree with the run: scheduled {} (the threads scheduled {scheduled}), cancelled {} (cancel returned true {cancelled} times), fired {} (cancel returned false {not_cancelled} times), panicked {}",
-        total.scheduled, total.cancelled, total.fired, total.panicked
+        t.scheduled, t.cancelled, t.fired, t.panicked
     ))
 }
 

@@ -68,10 +68,7 @@ impl Keyed for MutexMap<'_> {
         let expire = move || {
             lock(&shared).remove(&key);
         };
-        let timer = self
-            .0
-            .schedule(delay, expire)
-            .map_err(|error| error.to_string())?;
+        let timer = self.0.schedule(delay, expire).map_err(|e| e.to_string())?;
         map.insert(key, (value, timer));
         Ok(())
     }
@@ -130,10 +127,8 @@ pub struct DashMapOnly(dashmap::DashMap<u64, Slot>);
 
 impl Default for DashMapOnly {
     fn default() -> Self {
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        Self(dashmap::DashMap::with_shard_amount(
-            (cpus * 16).next_power_of_two(),
-        ))
+        let shards = (super::engine::cpus() * 16).next_power_of_two();
+        Self(dashmap::DashMap::with_shard_amount(shards))
     }
 }
 

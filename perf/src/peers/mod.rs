@@ -47,10 +47,8 @@ crate::named::named_enum! {
 impl Subject {
     /// A structure one thread owns, driven through [`TimerQueue`]; the others are driven from several threads.
     pub fn is_single_owner(self) -> bool {
-        matches!(
-            self,
-            Subject::Corewheel | Subject::DelayQueue | Subject::BinaryHeap
-        )
+        use Subject::*;
+        matches!(self, Corewheel | DelayQueue | BinaryHeap)
     }
 
     /// corewheel's own subjects, whose rows get the "vs peer" ratio columns.
@@ -126,10 +124,7 @@ pub fn measure_fresh<T, M: Measure<T>>(
             runtime()?.block_on(async move { measurement.measure(&mut DelayQueue::new()) })
         }
         Subject::BinaryHeap => measurement.measure(&mut TombstoneHeap::<T>::default()),
-        _ => Err(format!(
-            "{} is not a single-owner structure",
-            subject.name()
-        )),
+        _ => Err(format!("{subject} is not a single-owner structure")),
     }
 }
 

@@ -102,13 +102,10 @@ pub fn check_spread(threads: &[ThreadId]) -> Result<(), String> {
     let mut distinct = threads.to_vec();
     distinct.sort_by_key(|id| format!("{id:?}"));
     distinct.dedup();
-    match distinct.len() == threads.len() {
+    let (tasks, ran_on) = (threads.len(), distinct.len());
+    match tasks == ran_on {
         true => Ok(()),
-        false => Err(format!(
-            "{} tasks ran on only {} worker threads",
-            threads.len(),
-            distinct.len()
-        )),
+        false => Err(format!("{tasks} tasks ran on only {ran_on} worker threads")),
     }
 }
 

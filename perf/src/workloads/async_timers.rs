@@ -22,12 +22,9 @@ use crate::workloads::{Out, Workload, request_timeout, rng};
 const CONNECTIONS: u64 = 10_000;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The lines the tasks pass: set up (the main thread then lets the set-up's deferred work finish), then the start.
-struct Lines {
-    set_up: Barrier,
-    released: Barrier,
-    start: StartLine,
-}
+/// The lines the tasks pass: set up and released (the main thread lets the set-up's deferred work finish between
+/// them), then the start.
+struct Lines(Barrier, Barrier, StartLine);
 
 /// Idle timers handed back still armed, so that their drop is not in the run.
 type Idle<F> = Vec<Pin<Box<F>>>;
@@ -39,19 +36,19 @@ async fn share<F: Future + Send + 'static>(
     reset: Option<Reset<F>>,
 ) -> Result<(Share, Idle<F>), String> {
     let connections = if reset.is_some() { CONNECTIONS } else { 0 };
-    let mut idle: Idle<F> = (0..connections)
-        .map(|_| Box::pin(arm(IDLE_TIMEOUT)))
-        .collect();
+    let idle_timer = || Box::pin(arm(IDLE_TIMEOUT));
+    let mut idle: Idle<F> = (0..connections).map(|_| idle_timer()).collect();
+    let Lines(set_up, released, start) = &*lines;
     with_context(move |cx| {
         let (mut rng, mut share) = (rng(index as u64 + 13), Share::new());
         // One timer before the run: whatever the subject starts on its first use is started untimed.
         let _ = register(pin!(arm(IDLE_TIMEOUT)), cx);
         for timer in &mut idle {
-            share.due_at_once += u64::from(register(timer.as_mut(), cx));
+            share.too_late += u64::from(register(timer.as_mut(), cx));
         }
-        lines.set_up.wait();
-        lines.released.wait();
-        lines.start.arrive_and_wait()?;
+        set_up.wait();
+        released.wait();
+        start.arrive_and_wait()?;
         for _ in 0..ops {
             let due_at_once = match reset {
                 None => register(pin!(arm(request_timeout(&mut rng))), cx),
@@ -66,7 +63,7 @@ async fn share<F: Future + Send + 'static>(
                     register(timer, cx)
                 }
             };
-            share.due_at_once += u64::from(due_at_once);
+            share.too_late += u64::from(due_at_once);
         }
         share.done = Instant::now();
         Ok((share, idle))
@@ -91,26 +88,18 @@ fn on_runtime<F: Future + Send + 'static>(
 ) -> Result<Run, String> {
     let runtime = runtime(threads)?;
     let barrier = || Barrier::new(threads + 1);
-    let (set_up, released, start) = (barrier(), barrier(), StartLine::default());
-    let lines = Arc::new(Lines {
-        set_up,
-        released,
-        start,
-    });
+    let lines = Arc::new(Lines(barrier(), barrier(), StartLine::default()));
     let spawn = |index| runtime.spawn(share((index, Arc::clone(&lines), ops), arm, reset));
     let handles: Vec<_> = (0..threads).map(spawn).collect();
-    lines.set_up.wait();
+    let Lines(set_up, released, start_line) = &*lines;
+    set_up.wait();
     wait_until_quiet();
-    lines.released.wait();
-    lines.start.gather(threads)?;
+    released.wait();
+    start_line.gather(threads)?;
     let cpu = process_cpu_time();
-    let start = lines.start.go();
+    let start = start_line.go();
     let results = runtime.block_on(parallel::join_all(handles));
-    let settled = if settle {
-        timers::settle_corewheel()
-    } else {
-        Ok(())
-    };
+    let settled = settle.then(timers::settle_corewheel).unwrap_or(Ok(()));
     let cpu = cpu_between(cpu, wait_until_quiet());
     settled?;
     let results: Vec<(Share, Idle<F>)> = results.into_iter().collect::<Result<_, _>>()?;
@@ -159,28 +148,22 @@ fn measure(workload: Workload, subject: Subject, config: (usize, u64)) -> Result
     use timers::*;
     let at = (workload, config);
     match subject {
-        Subject::Tokio => by_workload(
-            at,
-            false,
-            (tokio::time::sleep, tokio_timeout),
-            InPlace(tokio_reset),
-        ),
-        Subject::AsyncIo => by_workload(
-            at,
-            false,
-            (async_io::Timer::after, async_io_timeout),
-            InPlace(async_io_reset),
-        ),
+        Subject::Tokio => {
+            let make: Make<_, _> = (tokio::time::sleep, tokio_timeout);
+            by_workload(at, false, make, InPlace(tokio_reset))
+        }
+        Subject::AsyncIo => {
+            let make: Make<_, _> = (async_io::Timer::after, async_io_timeout);
+            by_workload(at, false, make, InPlace(async_io_reset))
+        }
         Subject::PingoraTimeout => {
             let make: Make<_, _> = (pingora_timeout::sleep, pingora_timeout);
             by_workload(at, false, make, Recreate)
         }
-        Subject::CorewheelAsync => by_workload(
-            at,
-            true,
-            (corewheel::sleep, corewheel_timeout),
-            InPlace(corewheel_reset),
-        ),
+        Subject::CorewheelAsync => {
+            let make: Make<_, _> = (corewheel::sleep, corewheel_timeout);
+            by_workload(at, true, make, InPlace(corewheel_reset))
+        }
         _ => Err(format!("{} is not an async subject", subject.name())),
     }
 }
@@ -189,24 +172,22 @@ fn measure(workload: Workload, subject: Subject, config: (usize, u64)) -> Result
 pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
     let measure = |cell: &Cell| measure(workload, cell.subject, (cell.threads, ops));
     let results = parallel::measure(plan, |cell| ops * cell.threads as u64, measure);
-    let unit = if workload == Workload::AsyncReset {
-        "reset"
-    } else {
-        "timer"
-    };
     let (name, ops_text) = (workload.name(), thousands(ops));
-    let (what, per, op) = match workload {
+    let (unit, what, per, op) = match workload {
         Workload::AsyncSleep => (
+            "timer",
             "poll a sleep once and drop it",
             "per thread per run, delays uniform in 1 ms..30 s",
             "timer = make a sleep, poll it once (which arms it with the task's waker), drop it (which cancels it)",
         ),
         Workload::AsyncTimeout => (
+            "timer",
             "timeout() around a pending read, polled once and dropped",
             "per thread per run, delays uniform in 1 ms..30 s",
             "timer = make a timeout() around a read that is pending and never woken, poll it once (the read, then the timer armed), drop it",
         ),
         _ => (
+            "reset",
             "10,000 connections per thread, each with a 30 s idle sleep",
             "resets per thread per run",
             "reset = push a random connection's idle sleep (the task's own) to now + 30 s: Sleep::reset / Timer::set_at; pingora-timeout has no reset, so its sleep is replaced by a new one and polled once; nothing is due during a run, so the work both wheels defer to the old deadline is not in it",

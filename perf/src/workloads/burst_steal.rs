@@ -72,17 +72,16 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         "{NAME} ({} timers from one thread onto one shard, due within 10 ms; median of {RUNS} runs)",
         thousands(timers)
     );
-    let header = "workers|stealing|last fire ms|p50 late ms|p99 late ms|max late ms|run elsewhere|claimed elsewhere";
-    let header: Vec<&str> = header
-        .split('|')
-        .chain(["per worker", "early", "on/off"])
-        .collect();
-    let mut table = Table::new(title, &header);
+    let header = "workers|stealing|last fire ms|p50 late ms|p99 late ms|max late ms|run elsewhere|claimed elsewhere|per worker|early|on/off";
+    let mut table = Table::new(title, &header.split('|').collect::<Vec<_>>());
     let mut errors = Vec::new();
     let last = |runs: &[Burst]| median(runs.iter().map(|b| ms(b.last_fire)));
     for (cell, runs) in plan.cells.iter().zip(&results) {
         let (workers, stealing) = (cell.threads, cell.param == 1);
-        let on_off = if stealing { "on" } else { "off" };
+        let (on_off, subject) = match stealing {
+            true => ("on", "engine"),
+            false => ("off", "engine-no-steal"),
+        };
         let runs = match runs {
             Ok(runs) => runs,
             Err(error) => {
@@ -91,11 +90,6 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
                 ));
                 continue;
             }
-        };
-        let subject = if stealing {
-            "engine"
-        } else {
-            "engine-no-steal"
         };
         let middle = |f: &dyn Fn(&Burst) -> f64| median(runs.iter().map(f));
         let last_fire = last(runs);
@@ -137,9 +131,9 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             thousands(early),
             ratio,
         ]);
+        let range = spread(runs.iter().map(|b| ms(b.last_fire)));
         table.note(format!(
-            "{workers} workers, stealing {on_off}: last fire {} ms over the runs",
-            spread(runs.iter().map(|b| ms(b.last_fire)))
+            "{workers} workers, stealing {on_off}: last fire {range} ms over the runs"
         ));
         let metrics = [
             ("last_fire_after_first_deadline", last_fire, "ms"),
@@ -157,7 +151,5 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     table.note("run elsewhere: share of the timers run by a worker other than their shard's owner (Stats::stolen); claimed elsewhere: share claimed off the owner's handed-out due lists by another worker (Stats::claimed_elsewhere)");
     table.note("per worker: share of the timers each worker thread ran, in the median run; on/off: last fire with stealing off / with stealing on: above 1 means stealing finished sooner");
     table.print();
-    for error in &errors {
-        runner::print(error);
-    }
+    errors.iter().for_each(|error| runner::print(error));
 }

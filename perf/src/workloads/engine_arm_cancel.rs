@@ -24,8 +24,7 @@ fn thread_share<S: SharedTimers>(
     gate: &Gate,
     config: Config,
 ) -> Result<Share, String> {
-    let mut rng = rng(index as u64 + 1);
-    let mut share = Share::new();
+    let (mut rng, mut share) = (rng(index as u64 + 1), Share::new());
     let window: Result<Vec<S::Handle>, String> = (0..config.1 as u64)
         .map(|i| subject.arm(request_timeout(&mut rng), i))
         .collect();
@@ -65,12 +64,11 @@ async fn tokio_share<F: Future + Send + 'static>(
     let mut window: Vec<Pin<Box<Option<F>>>> =
         (0..config.1.max(1)).map(|_| Box::pin(None)).collect();
     with_context(|cx| {
-        let mut rng = rng(index as u64 + 1);
-        let mut share = Share::new();
+        let (mut rng, mut share) = (rng(index as u64 + 1), Share::new());
         let mut put = |slot: &mut Pin<Box<Option<F>>>, share: &mut Share| {
             slot.as_mut().set(Some(arm(request_timeout(&mut rng))));
             if let Some(timer) = slot.as_mut().as_pin_mut() {
-                share.due_at_once += u64::from(register(timer, cx));
+                share.too_late += u64::from(register(timer, cx));
             }
         };
         for slot in window.iter_mut().take(config.1) {

@@ -11,7 +11,7 @@ use tokio::time::Sleep;
 use crate::peers::tokio_sleep::{StartLine, register, with_context};
 use crate::peers::{SharedTimers, Subject};
 use crate::report::thousands;
-use crate::runner::Plan;
+use crate::runner::{Cell, Plan};
 use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
 use crate::workloads::{Out, rng};
 
@@ -28,8 +28,7 @@ fn thread_share<S: SharedTimers>(
     config: Config,
 ) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.0, index);
-    let mut rng = rng(index as u64 + 7);
-    let mut share = Share::new();
+    let (mut rng, mut share) = (rng(index as u64 + 7), Share::new());
     let timers: Result<Vec<S::Handle>, String> = (0..connections)
         .map(|c| subject.arm(IDLE_TIMEOUT, c))
         .collect();
@@ -45,11 +44,7 @@ fn thread_share<S: SharedTimers>(
     }
     share.done = Instant::now();
     // Every connection's timer must still be pending, or a reset lost it.
-    match timers
-        .iter()
-        .filter(|&&handle| !subject.is_pending(handle))
-        .count()
-    {
+    match timers.iter().filter(|&&h| !subject.is_pending(h)).count() {
         0 => Ok(share),
         lost => Err(format!("{lost} connections lost their idle timer")),
     }
@@ -58,14 +53,12 @@ fn thread_share<S: SharedTimers>(
 /// One task's share on tokio: its connections' sleeps, pushed back with `Sleep::reset`.
 async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.0, index);
-    let mut timers: Vec<Pin<Box<Sleep>>> = (0..connections)
-        .map(|_| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)))
-        .collect();
+    let idle = || Box::pin(tokio::time::sleep(IDLE_TIMEOUT));
+    let mut timers: Vec<Pin<Box<Sleep>>> = (0..connections).map(|_| idle()).collect();
     with_context(|cx| {
-        let mut rng = rng(index as u64 + 7);
-        let mut share = Share::new();
+        let (mut rng, mut share) = (rng(index as u64 + 7), Share::new());
         for timer in &mut timers {
-            share.due_at_once += u64::from(register(timer.as_mut(), cx));
+            share.too_late += u64::from(register(timer.as_mut(), cx));
         }
         share.scheduled = connections;
         line.arrive_and_wait()?;
@@ -101,23 +94,16 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
 }
 
 pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
-    let results = parallel::measure(
-        plan,
-        |_| resets,
-        |cell| measure(cell.subject, (cell.threads, resets)),
-    );
+    let measure = |cell: &Cell| measure(cell.subject, (cell.threads, resets));
+    let results = parallel::measure(plan, |_| resets, measure);
     let cells: Vec<_> = plan.cells.iter().zip(&results).collect();
     let (connections, resets_text) = (thousands(CONNECTIONS), thousands(resets));
     let title = format!(
         "engine-reset ({connections} connections over the threads, {resets_text} resets per run, idle timeout 30 s)"
     );
     let too_late = "found already fired by a reset";
-    let mut sheet = threads_sheet(
-        ("engine-reset".into(), title),
-        ("reset", resets),
-        too_late,
-        &cells,
-    );
+    let name = ("engine-reset".to_string(), title);
+    let mut sheet = threads_sheet(name, ("reset", resets), too_late, &cells);
     sheet.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s) / a tombstone and a new entry in the locked heap; each new deadline is later, so neither wheel moves the timer yet");
     sheet.note("ns/reset = wall time / resets, all threads together, from the moment every thread has its connections' timers armed (untimed); nothing is due during a run, so the engine's workers have nothing to settle");
     sheet.finish(&mut out.csv);

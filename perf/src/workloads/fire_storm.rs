@@ -164,22 +164,16 @@ fn witness() -> thread::JoinHandle<Option<Duration>> {
     let from = Instant::now() + FIRST_DUE;
     let boundaries = (SPREAD_NS / WITNESS_PERIOD.as_nanos() as u64) as u32;
     thread::spawn(move || {
-        let witnesses: Vec<_> = (core_affinity::get_core_ids()
-            .unwrap_or_default()
-            .into_iter())
-        .map(|core| {
+        let witness = move |core| {
             thread::spawn(move || {
                 core_affinity::set_for_current(core);
-                wake_floor::sleep_from(from, WITNESS_PERIOD, boundaries)
-                    .oversleep_summary()
-                    .max
+                let slept = wake_floor::sleep_from(from, WITNESS_PERIOD, boundaries);
+                slept.oversleep_summary().max
             })
-        })
-        .collect();
-        witnesses
-            .into_iter()
-            .filter_map(|witness| witness.join().ok())
-            .max()
+        };
+        let cores = core_affinity::get_core_ids().unwrap_or_default();
+        let witnesses: Vec<_> = cores.into_iter().map(witness).collect();
+        witnesses.into_iter().filter_map(|w| w.join().ok()).max()
     })
 }
 
@@ -189,50 +183,21 @@ fn floor_table(timers: u64, csv: &mut Csv) {
     let title = format!(
         "{NAME} floor (no timers: a thread that only sleeps until each tick boundary for 1 s)"
     );
-    let (over, late) = (
-        ["p50 oversleep us", "p99 oversleep us", "max oversleep us"],
-        ["p99 late us", "max late us"],
-    );
-    let header = [
-        &["tick us", "wake-ups"][..],
-        &over,
-        &["storm floor p50 late us"],
-        &late,
-    ]
-    .concat();
-    let mut table = Table::new(title, &header);
-    let names = [
-        "oversleep_p50",
-        "oversleep_p99",
-        "oversleep_max",
-        "lateness_p50",
-        "lateness_p99",
-        "lateness_max",
-    ];
+    let header = "tick us|wake-ups|p50 oversleep us|p99 oversleep us|max oversleep us|storm floor p50 late us|p99 late us|max late us";
+    let mut table = Table::new(title, &header.split('|').collect::<Vec<_>>());
+    let names = "oversleep_p50 oversleep_p99 oversleep_max lateness_p50 lateness_p99 lateness_max";
     for tick in std::iter::once(TICK).chain(FINE_TICKS) {
         let sleeper = wake_floor::sleep_through(tick, Duration::from_nanos(SPREAD_NS));
-        let (over, floor) = (
-            sleeper.oversleep_summary(),
-            sleeper.storm_floor(tick, timers),
-        );
-        let figures = [
-            over.p50, over.p99, over.max, floor.p50, floor.p99, floor.max,
-        ];
-        let figures = figures.map(|d| d.as_secs_f64() * 1e6);
+        let over = sleeper.oversleep_summary();
+        let floor = sleeper.storm_floor(tick, timers);
+        let us = |s: &LatenessSummary| [s.p50, s.p99, s.max].map(|d| d.as_secs_f64() * 1e6);
+        let figures = [us(&over), us(&floor)].concat();
         let mut cells = vec![tick.as_micros().to_string(), thousands(over.fired)];
         cells.extend(figures.iter().map(|us| format!("{us:.0}")));
         table.row(cells);
-        let metrics: Vec<_> = names
-            .into_iter()
-            .zip(figures)
-            .map(|(name, us)| (name, us, "us"))
-            .collect();
-        csv.push_metrics(
-            NAME,
-            &format!("floor-{}us", tick.as_micros()),
-            (1, timers),
-            &metrics,
-        );
+        let metrics = names.split(' ').zip(figures).map(|(n, us)| (n, us, "us"));
+        let subject = format!("floor-{}us", tick.as_micros());
+        csv.push_metrics(NAME, &subject, (1, timers), &metrics.collect::<Vec<_>>());
     }
     table.note("oversleep: how long after each boundary the thread woke (std::thread::park_timeout, as the engine's workers sleep); a wake-up more than a tick late makes the next boundaries late too");
     table.note("storm floor: the storm's deadlines rounded up to the tick, each fired the moment the thread woke at its boundary, at no cost: what a structure that rounds to this tick could at best have done over that second");
@@ -276,25 +241,18 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         storm.map(|storm| (storm, witnessed))
     });
     let default = TICK.as_micros() as u64;
-    let mut errors = Vec::new();
+    let (mut errors, timers_text) = (Vec::new(), thousands(timers));
     for fine in [false, true] {
         let title = match fine {
-            false => format!(
-                "{NAME} (1 thread, {} timers due within 1 s, real clock)",
-                thousands(timers)
-            ),
+            false => format!("{NAME} (1 thread, {timers_text} timers due within 1 s, real clock)"),
             true => format!("{NAME} at finer ticks (the same storm; the tick is the only change)"),
         };
+        let ms = |header, metric| Col::new(header, metric, "ms", 1);
         let cols = vec![
             Col::new("ns/insert", "ns_per_insert", "ns", 1),
             Col::new("fire CPU ns/timer", "fire_cpu_ns_per_timer", "ns", 1).ratios(),
             Col::new("M fired/CPU-s", "m_fired_per_cpu_s", "M/s", 2).rate(),
-            Col::new(
-                "first due..last fired ms",
-                "first_due_to_last_fired",
-                "ms",
-                1,
-            ),
+            ms("first due..last fired ms", "first_due_to_last_fired"),
             Col::new("p50 late us", "lateness_p50", "us", 0),
             Col::new("p99 late us", "lateness_p99", "us", 0),
             Col::new("max late us", "lateness_max", "us", 0),
@@ -335,7 +293,5 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         sheet.finish(&mut out.csv);
     }
     floor_table(timers, &mut out.csv);
-    for error in &errors {
-        runner::print(error);
-    }
+    errors.iter().for_each(|error| runner::print(error));
 }

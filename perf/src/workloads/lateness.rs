@@ -71,18 +71,11 @@ impl Lateness {
 
     pub fn summarize(self) -> LatenessSummary {
         let at = |q: f64| Duration::from_nanos(self.histogram.value_at_quantile(q));
-        let mut shares: Vec<f64> = (0..=200)
-            .map(|i| f64::from(i) / 200.0)
-            .chain([0.999])
-            .collect();
+        let shares = (0..=200).map(|i| f64::from(i) / 200.0);
+        let mut shares: Vec<f64> = shares.chain([0.999]).collect();
         shares.sort_by(f64::total_cmp);
-        let cdf = match self.histogram.is_empty() {
-            true => Vec::new(),
-            false => shares
-                .into_iter()
-                .map(|q| (at(q).as_secs_f64() * 1e6, q))
-                .collect(),
-        };
+        let cdf = shares.into_iter().map(|q| (at(q).as_secs_f64() * 1e6, q));
+        let cdf = cdf.filter(|_| !self.histogram.is_empty()).collect();
         LatenessSummary {
             cdf,
             fired: self.histogram.len(),

@@ -77,12 +77,7 @@ impl Readings {
     /// Each reading's median over runs (absent if any run lacks it).
     fn median_of(runs: &[Readings]) -> Self {
         let mut out = Self::default();
-        for name in runs
-            .first()
-            .map(|first| first.0.keys())
-            .into_iter()
-            .flatten()
-        {
+        for name in runs.first().into_iter().flat_map(|first| first.0.keys()) {
             let values: Option<Vec<f64>> = runs.iter().map(|run| run.get(name)).collect();
             out.set(name, values.map(median));
         }
@@ -258,7 +253,6 @@ fn in_child(workload: Workload, subject: Subject, timers: u64) -> Result<Reading
     let spec = format!("{} {} {timers}", workload.name(), subject.name());
     let output = Command::new(exe)
         .env(ENV, spec)
-        .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output();
     let output = output.map_err(|error| format!("could not start a child process: {error}"))?;
@@ -279,14 +273,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         Col::new("ns/cancel", "ns_per_cancel", "ns", 1).ratios(),
         Col::new("Mcancels/s", "mcancels_per_s", "M/s", 2).rate(),
     ];
-    let extra = [
-        "cpu_insert",
-        "cpu_cancel",
-        "worker_insert",
-        "worker_cancel",
-        "settle_ms",
-        "fired",
-    ];
+    let extra = "cpu_insert cpu_cancel worker_insert worker_cancel settle_ms fired";
     if engine {
         cols.extend([
             Col::new("CPU ns/insert", "cpu_ns_per_insert", "ns", 1).ratios(),
@@ -303,6 +290,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
     );
     let mut speed = Sheet::new(name, title, timers, cols);
     let last = if engine { "dropped" } else { "shrunk" };
+    let (last_header, last_metric) = (format!("{last} MiB"), format!("rss_{last}_above_baseline"));
     let memory_cols = vec![
         Col::new("B/timer RSS", "bytes_per_timer_rss", "B", 1).ratios(),
         Col::new("B/timer own count", "bytes_per_timer_own_count", "B", 1),
@@ -310,12 +298,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         Col::new("on huge pages %", "huge_page_share_live", "%", 0),
         Col::new("cancelled MiB", "rss_cancelled_above_baseline", "MiB", 1),
         Col::new("own count cancelled MiB", "own_count_cancelled", "MiB", 1),
-        Col::new(
-            format!("{last} MiB"),
-            format!("rss_{last}_above_baseline"),
-            "MiB",
-            1,
-        ),
+        Col::new(last_header, last_metric, "MiB", 1),
     ];
     let title = format!(
         "{name} memory (process RSS with mimalloc; MiB above the RSS just before the first insert)"
@@ -333,7 +316,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             let (insert, cancel) = (r.get("ns_per_insert"), r.get("ns_per_cancel"));
             let rate = |ns: Option<f64>| ns.map(|ns| 1e3 / ns);
             let mut row = vec![insert, rate(insert), cancel, rate(cancel)];
-            row.extend(extra.iter().filter(|_| engine).map(|&key| r.get(key)));
+            row.extend(extra.split(' ').filter(|_| engine).map(|key| r.get(key)));
             row
         });
         speed.add(cell.subject, 1, speeds.map_err(Clone::clone));
@@ -353,14 +336,8 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         });
         memory.add(cell.subject, 1, memories);
     }
-    let runs = format!(
-        "median of {} runs per subject, taken in turns, each in a fresh process",
-        plan.runs
-    );
-    speed.note(format!(
-        "{runs}; ns/insert / ns/cancel range: {}",
-        spreads.join(", ")
-    ));
+    let (runs, spreads) = (plan.runs, spreads.join(", "));
+    speed.note(format!("median of {runs} runs per subject, taken in turns, each in a fresh process; ns/insert / ns/cancel range: {spreads}"));
     speed.note(match engine {
         false => "insert: delay uniform in 1 ms..30 s, no capacity hint, into a fresh process (first-touch page faults included); cancel: every timer, in a random permutation; nothing fires".to_string(),
         true => format!("ns/insert, ns/cancel: the application thread's wall time per engine.schedule / per registration of a boxed Sleep, per engine.cancel (random order) / per drop of a Sleep; CPU: process CPU time (every thread) per timer, from the first insert until the engine's {} pinned workers went idle (they file what the lanes forward), and from the first cancel until the engine settled; worker CPU: the engine's workers alone", engine::cpus()),

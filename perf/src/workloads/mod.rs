@@ -20,8 +20,8 @@ use std::time::Duration;
 use crate::cli::Options;
 use crate::peers::Subject;
 use crate::plots::Plots;
-use crate::report::{Col, Csv, Sheet};
-use crate::runner::{Cell, Plan, RUNS, median, spread};
+use crate::report::Csv;
+use crate::runner::{Cell, Plan, RUNS};
 
 /// What the workloads write into: the CSV rows and the plots' extra data.
 #[derive(Default)]
@@ -97,7 +97,7 @@ impl Workload {
             // corewheel's rows first, then the peers in the order given.
             subjects.sort_by_key(|subject| !subject.is_corewheel());
         }
-        let all = options.thread_counts();
+        let all: Vec<usize> = options.threads.iter().map(|&t| t.into()).collect();
         let most = [all.iter().copied().max().unwrap_or(1)];
         let workers: Vec<usize> = all.iter().copied().filter(|&n| n > 1).collect();
         let windows: Vec<u64> = options.windows.iter().map(|&w| u64::from(w)).collect();
@@ -137,24 +137,21 @@ impl Workload {
 
     /// Runs `plan` (this workload's) and prints its tables.
     pub fn run(self, plan: &Plan, options: &Options, out: &mut Out) {
+        use Workload::*;
         let [ops, live, storm, async_ops] = options.sizes();
         match self {
-            Workload::ArmCancel => single_owner::arm_cancel(plan, ops, out),
-            Workload::EngineArmCancel => engine_arm_cancel::run(plan, ops, out),
-            Workload::Live1m | Workload::EngineLive1m => live::run(plan, live, out),
-            Workload::ResetHeavy => single_owner::reset_heavy(plan, ops, out),
-            Workload::EngineReset => engine_reset::run(plan, ops, out),
-            Workload::FireStorm => fire_storm::run(plan, storm, out),
-            Workload::BurstSteal => burst_steal::run(plan, storm, out),
-            Workload::SteadyMix => steady_mix::run(plan, Some(storm), options.mix_seconds, out),
-            Workload::LightLoad => steady_mix::run(plan, None, options.mix_seconds, out),
-            Workload::AsyncSleep | Workload::AsyncTimeout | Workload::AsyncReset => {
-                async_timers::run(self, plan, async_ops, out)
-            }
-            Workload::KeyedSetRemove | Workload::KeyedSetOver | Workload::KeyedMove => {
-                keyed::run(self, plan, ops, out)
-            }
-            Workload::Proxy => proxy::run(plan, options.wrk_seconds, out),
+            ArmCancel => single_owner::arm_cancel(plan, ops, out),
+            EngineArmCancel => engine_arm_cancel::run(plan, ops, out),
+            Live1m | EngineLive1m => live::run(plan, live, out),
+            ResetHeavy => single_owner::reset_heavy(plan, ops, out),
+            EngineReset => engine_reset::run(plan, ops, out),
+            FireStorm => fire_storm::run(plan, storm, out),
+            BurstSteal => burst_steal::run(plan, storm, out),
+            SteadyMix => steady_mix::run(plan, Some(storm), options.mix_seconds, out),
+            LightLoad => steady_mix::run(plan, None, options.mix_seconds, out),
+            AsyncSleep | AsyncTimeout | AsyncReset => async_timers::run(self, plan, async_ops, out),
+            KeyedSetRemove | KeyedSetOver | KeyedMove => keyed::run(self, plan, ops, out),
+            Proxy => proxy::run(plan, options.wrk_seconds, out),
         }
     }
 }
@@ -173,36 +170,4 @@ pub fn rng(stream: u64) -> fastrand::Rng {
 /// Nanoseconds per item, from a duration over `count` items.
 pub fn ns_per(elapsed: Duration, count: u64) -> f64 {
     elapsed.as_nanos() as f64 / count.max(1) as f64
-}
-
-/// The sheet of a single-operation workload: each cell's median ns per operation and rate, the runs' range noted.
-pub fn cost_sheet(
-    plan: &Plan,
-    (title, unit, metrics): (String, &str, (&'static str, &'static str)),
-    timers: u64,
-    runs: &[Result<Vec<f64>, String>],
-) -> Sheet {
-    let cols = vec![
-        Col::new(format!("ns/{unit}"), metrics.0, "ns", 1).ratios(),
-        Col::new(format!("M{unit}s/s"), metrics.1, "M/s", 2).rate(),
-    ];
-    let mut sheet = Sheet::new(plan.workload.name(), title, timers, cols);
-    let mut spreads = Vec::new();
-    for (cell, runs) in plan.cells.iter().zip(runs) {
-        let values = runs.as_ref().map(|runs| {
-            let ns = median(runs.iter().copied());
-            spreads.push(format!(
-                "{} {}",
-                cell.subject.name(),
-                spread(runs.iter().copied())
-            ));
-            vec![Some(ns), Some(1e3 / ns)]
-        });
-        sheet.add(cell.subject, cell.threads, values.map_err(Clone::clone));
-    }
-    let (runs, spreads) = (plan.runs, spreads.join(", "));
-    sheet.note(format!(
-        "median of {runs} runs per subject, taken in turns; ns/{unit} range: {spreads}"
-    ));
-    sheet
 }

@@ -17,7 +17,7 @@ use crate::runner::{self, Cell, Plan, median};
 use crate::sys::{cpu_between, process_cpu_time};
 
 /// What one application thread or task did: when its timed work ended, timers armed (prefill included), cancels that
-/// stopped a timer, cancels or resets that found it fired, and timers already due when registered.
+/// stopped a timer, and timers too late: cancels or resets that found them fired, or already due when registered.
 #[derive(Debug, Clone, Copy)]
 pub struct Share {
     pub done: Instant,
@@ -25,21 +25,19 @@ pub struct Share {
     pub scheduled: u64,
     pub cancelled: u64,
     pub too_late: u64,
-    pub due_at_once: u64,
 }
 
 impl Share {
     /// An empty share of the calling thread.
     pub fn new() -> Self {
         let (done, thread) = (Instant::now(), std::thread::current().id());
-        let (scheduled, cancelled, too_late, due_at_once) = (0, 0, 0, 0);
+        let (scheduled, cancelled, too_late) = (0, 0, 0);
         Self {
             done,
             thread,
             scheduled,
             cancelled,
             too_late,
-            due_at_once,
         }
     }
 }
@@ -54,7 +52,6 @@ pub struct Run {
     pub worker_cpu: Option<Duration>,
     pub settle: Option<Duration>,
     pub too_late: u64,
-    pub due_at_once: u64,
     pub pool_bytes: Option<u64>,
 }
 
@@ -63,19 +60,18 @@ impl Run {
     pub fn of(start: Instant, shares: &[Share]) -> Self {
         let end = shares.iter().map(|share| share.done).max().unwrap_or(start);
         let too_late = shares.iter().map(|share| share.too_late).sum();
-        let due_at_once = shares.iter().map(|share| share.due_at_once).sum();
         let (wall, app) = (end - start, end - start);
         Self {
             wall,
             app,
             too_late,
-            due_at_once,
             ..Self::default()
         }
     }
 }
 
-/// The medians of runs' figures in ns per unit (settle wait in µs), the wall figure's `min-max`, the largest pool.
+/// The medians of runs' figures in ns per unit (settle wait in µs), the wall figure's `min-max`, the largest pool, and
+/// the timers too late over all runs.
 #[derive(Debug, Clone)]
 pub struct PerUnit {
     pub wall: f64,
@@ -85,6 +81,7 @@ pub struct PerUnit {
     pub settle_us: Option<f64>,
     pub wall_range: String,
     pub pool_max: Option<u64>,
+    pub too_late: u64,
 }
 
 impl PerUnit {
@@ -104,6 +101,7 @@ impl PerUnit {
             settle_us: optional(&|run| run.settle.map(|d| d.as_secs_f64() * 1e6)),
             wall_range: runner::spread(walls.iter().copied()),
             pool_max: runs.iter().filter_map(|run| run.pool_bytes).max(),
+            too_late: runs.iter().map(|run| run.too_late).sum(),
         }
     }
 }
@@ -230,45 +228,32 @@ pub fn share_of(total: u64, parts: usize, index: usize) -> u64 {
     total / parts + u64::from((index as u64) < total % parts)
 }
 
-/// A cell's runs summed up: medians per unit, and timers that fired or were due too soon, over all runs.
-pub struct Measured {
-    pub per: PerUnit,
-    pub too_late: u64,
-}
-
 /// Measures every cell of `plan` through the runner; `units` is a cell's units of work per run.
 pub fn measure(
     plan: &Plan,
     units: impl Fn(&Cell) -> u64,
     measure: impl FnMut(&Cell) -> Result<Run, String>,
-) -> Vec<Result<Measured, String>> {
-    let runs = runner::in_turns(plan, measure);
-    let sum = |(cell, runs): (&Cell, Result<Vec<Run>, String>)| {
-        let runs = runs?;
-        let too_late = runs.iter().map(|run| run.too_late + run.due_at_once).sum();
-        Ok(Measured {
-            per: PerUnit::of(&runs, units(cell)),
-            too_late,
-        })
-    };
-    plan.cells.iter().zip(runs).map(sum).collect()
+) -> Vec<Result<PerUnit, String>> {
+    let runs = runner::in_turns(plan, measure).into_iter();
+    let of = |(cell, runs): (&Cell, Result<Vec<Run>, String>)| Ok(PerUnit::of(&runs?, units(cell)));
+    plan.cells.iter().zip(runs).map(of).collect()
 }
 
 /// Adds a row per cell to `sheet` with `row`'s figures, then notes the runs' ns/`unit` ranges and each cell with
 /// timers `too_late` (what such a timer did).
 pub fn add_rows<'a>(
     sheet: &mut Sheet,
-    cells: impl IntoIterator<Item = (&'a Cell, &'a Result<Measured, String>)>,
+    cells: impl IntoIterator<Item = (&'a Cell, &'a Result<PerUnit, String>)>,
     (unit, too_late): (&str, &str),
     row: impl Fn(&PerUnit) -> Vec<Option<f64>>,
 ) {
     let (mut spreads, mut notes) = (Vec::new(), Vec::new());
     for (cell, result) in cells {
-        let values = result.as_ref().map(|m| {
-            let (per, name) = (&m.per, format!("{}, {}", cell.subject.name(), cell.threads));
+        let values = result.as_ref().map(|per| {
+            let name = format!("{}, {}", cell.subject.name(), cell.threads);
             spreads.push(format!("{name}: {}", per.wall_range));
-            if m.too_late > 0 {
-                let (n, runs) = (thousands(m.too_late), runner::RUNS);
+            if per.too_late > 0 {
+                let (n, runs) = (thousands(per.too_late), runner::RUNS);
                 notes.push(format!("{name}: {n} timers {too_late}, over {runs} runs"));
             }
             row(per)
@@ -287,11 +272,11 @@ pub fn threads_sheet(
     (workload, title): (String, String),
     (unit, units): (&str, u64),
     too_late: &str,
-    cells: &[(&Cell, &Result<Measured, String>)],
+    cells: &[(&Cell, &Result<PerUnit, String>)],
 ) -> Sheet {
     let settles = cells
         .iter()
-        .any(|(_, r)| r.as_ref().is_ok_and(|m| m.per.settle_us.is_some()));
+        .any(|(_, r)| r.as_ref().is_ok_and(|per| per.settle_us.is_some()));
     let what = if unit == "reset" { "reset" } else { "timer" };
     let ns = |h: &str, m: &str| Col::new(format!("{h}/{unit}"), format!("{m}_per_{what}"), "ns", 1);
     let mut cols = vec![

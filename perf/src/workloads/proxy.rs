@@ -9,11 +9,12 @@ use std::process::{Child, Command as Process, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use corewheel_proxy::{Client, Command, Config, LatenessSummary, run_blocking, serve_backend};
+use tokio::runtime::Builder;
 
 use crate::peers::Subject;
 use crate::report::{Col, Sheet, thousands};
 use crate::runner::{self, Plan, median};
-use crate::sys::threads_cpu_time;
+use crate::sys::{cpu_between, threads_cpu_time};
 use crate::workloads::{Out, lateness::Lateness};
 
 /// Set in the proxy child's environment to its command line, arguments separated by spaces.
@@ -72,18 +73,12 @@ struct ProxyChild(Child, SocketAddr, BufReader<std::process::ChildStdout>);
 impl ProxyChild {
     fn start(subject: Subject, backend: SocketAddr, extra: &str) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("no harness executable: {e}"))?;
-        let args = format!(
-            "--listen 127.0.0.1:0 --upstream {backend} --timer {} {extra}",
-            timer(subject)
-        );
-        let mut child = Process::new(exe);
-        child
-            .env(ENV, args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        let mut child = child
-            .spawn()
-            .map_err(|e| format!("could not start the proxy: {e}"))?;
+        let timer = timer(subject);
+        let args = format!("--listen 127.0.0.1:0 --upstream {backend} --timer {timer} {extra}");
+        let (piped, mut child) = (Stdio::piped, Process::new(exe));
+        child.env(ENV, args).stdin(piped()).stdout(piped());
+        let spawned = child.spawn();
+        let mut child = spawned.map_err(|e| format!("could not start the proxy: {e}"))?;
         let mut stdout = BufReader::new(child.stdout.take().ok_or("the proxy has no stdout")?);
         let mut line = String::new();
         let _ = stdout.read_line(&mut line);
@@ -151,16 +146,12 @@ fn wrk(addr: SocketAddr, seconds: u64) -> Result<String, String> {
     let url = format!("http://{addr}/");
     let output = Process::new("wrk")
         .args(["-t1", &connections, &duration, "--latency", &url])
-        .stdin(Stdio::null())
         .output()
         .map_err(|error| format!("could not run wrk: {error}"))?;
-    match output.status.success() {
+    let (status, stderr) = (output.status, String::from_utf8_lossy(&output.stderr));
+    match status.success() {
         true => Ok(String::from_utf8_lossy(&output.stdout).into_owned()),
-        false => Err(format!(
-            "wrk failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        )),
+        false => Err(format!("wrk failed ({status}): {stderr}")),
     }
 }
 
@@ -172,22 +163,11 @@ fn wrk_run(subject: Subject, backend: SocketAddr, seconds: u64) -> Result<WrkRun
     let (before, began) = (threads_cpu_time(&pid, |_| true), Instant::now());
     let report = wrk(proxy.1, seconds)?;
     let (wall, after) = (began.elapsed(), threads_cpu_time(&pid, |_| true));
-    let proxy_cpu = after
-        .zip(before)
-        .map(|(a, b)| a.saturating_sub(b))
-        .ok_or("no CPU time for the proxy")?;
+    let proxy_cpu = cpu_between(before, after).ok_or("no CPU time for the proxy")?;
     let (rate, p50, p99, requests, errors) = parse_wrk(&report)?;
     let cpu = proxy_cpu.as_secs_f64();
-    Ok((
-        [
-            rate,
-            p50,
-            p99,
-            cpu * 1e6 / requests.max(1.0),
-            cpu / wall.as_secs_f64(),
-        ],
-        errors,
-    ))
+    let (per_request, cores) = (cpu * 1e6 / requests.max(1.0), cpu / wall.as_secs_f64());
+    Ok(([rate, p50, p99, per_request, cores], errors))
 }
 
 /// What one accuracy run saw: each request's kind (slow or not), its status (0: failed) and time from before its send
@@ -198,7 +178,7 @@ type Accuracy = (Vec<(bool, u16, Duration)>, LatenessSummary);
 fn accuracy_run(subject: Subject, backend: SocketAddr) -> Result<Accuracy, String> {
     let deadline = format!("--request-timeout {}", DEADLINE.as_millis());
     let proxy = ProxyChild::start(subject, backend, &deadline)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build();
@@ -244,12 +224,8 @@ pub fn run(plan: &Plan, seconds: u64, out: &mut Out) {
         0 => wrk_run(cell.subject, backend, seconds).map(|run| (Some(run), None)),
         _ => accuracy_run(cell.subject, backend).map(|run| (None, Some(run))),
     });
-    let cells = |param| {
-        plan.cells
-            .iter()
-            .zip(&results)
-            .filter(move |(cell, _)| cell.param == param)
-    };
+    let all = plan.cells.iter().zip(&results);
+    let cells = |param| all.clone().filter(move |(cell, _)| cell.param == param);
     let cols = vec![
         Col::new("req/s", "requests_per_s", "1/s", 0)
             .rate()
@@ -355,15 +331,17 @@ fn accuracy_table<'a>(
 
 /// Starts the backend the proxies forward to, on a thread and a runtime of its own, serving until the harness exits.
 fn start_backend() -> Result<SocketAddr, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|error| error.to_string())?;
-    let addr = listener.local_addr().map_err(|error| error.to_string())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let runtime = runtime.map_err(|e| e.to_string())?;
+    let bound = || -> std::io::Result<_> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        Ok((
+            addr,
+            listener,
+            Builder::new_current_thread().enable_all().build()?,
+        ))
+    };
+    let (addr, listener, runtime) = bound().map_err(|error| error.to_string())?;
     std::thread::spawn(move || {
         runtime.block_on(async move {
             match tokio::net::TcpListener::from_std(listener) {

@@ -7,9 +7,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use crate::peers::{Measure, TimerQueue, measure_fresh};
-use crate::report::thousands;
-use crate::runner::{Plan, in_turns};
-use crate::workloads::{Out, cost_sheet, ns_per, request_timeout, rng};
+use crate::report::{Col, Sheet, thousands};
+use crate::runner::{Plan, in_turns, median, spread};
+use crate::workloads::{Out, ns_per, request_timeout, rng};
 
 /// Timers arm-cancel keeps between an arm and its cancel.
 const WINDOW: usize = 10_000;
@@ -17,6 +17,7 @@ const CONNECTIONS: usize = 100_000;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// arm-cancel's measurement: `ops` arms, each with the cancel of the oldest in the window.
+#[derive(Clone, Copy)]
 struct ArmCancel(u64);
 
 impl Measure<u64> for ArmCancel {
@@ -68,6 +69,7 @@ impl TimerQueue<u64> for Nothing {
 }
 
 /// reset-heavy's measurement: `resets` resets of random connections' idle timers.
+#[derive(Clone, Copy)]
 struct ResetHeavy(u64);
 
 impl Measure<u64> for ResetHeavy {
@@ -87,32 +89,56 @@ impl Measure<u64> for ResetHeavy {
         }
         let elapsed = started.elapsed();
         // Every connection's timer must still be there, or a reset lost it.
-        match timers
+        let lost = timers
             .into_iter()
-            .filter(|&key| queue.cancel(key).is_none())
-            .count()
-        {
+            .filter(|&key| queue.cancel(key).is_none());
+        match lost.count() {
             0 => Ok(elapsed),
             missing => Err(format!("{missing} connections lost their idle timer")),
         }
     }
 }
 
-pub fn arm_cancel(plan: &Plan, ops: u64, out: &mut Out) {
+/// Measures `measurement` (`ops` operations a run) on `plan`'s subjects in turns: a sheet of each one's median ns per
+/// `unit` and rate, the runs' range noted.
+fn cost_sheet<M: Measure<u64, Output = Duration> + Copy>(
+    plan: &Plan,
+    (measurement, ops, timers): (M, u64, u64),
+    (title, unit): (String, &str),
+) -> Sheet {
     let runs = in_turns(plan, |cell| {
-        measure_fresh(cell.subject, ArmCancel(ops)).map(|took| ns_per(took, ops))
+        measure_fresh(cell.subject, measurement).map(|took| ns_per(took, ops))
     });
-    let overhead = ArmCancel(ops).measure(&mut Nothing);
-    let title = format!(
-        "arm-cancel (1 thread, {} ops, window {})",
-        thousands(ops),
-        thousands(WINDOW as u64)
-    );
-    let mut sheet = cost_sheet(plan, (title, "op", ("ns_per_op", "mops_per_s")), ops, &runs);
+    let cols = vec![
+        Col::new(format!("ns/{unit}"), format!("ns_per_{unit}"), "ns", 1).ratios(),
+        Col::new(format!("M{unit}s/s"), format!("m{unit}s_per_s"), "M/s", 2).rate(),
+    ];
+    let mut sheet = Sheet::new(plan.workload.name(), title, timers, cols);
+    let mut spreads = Vec::new();
+    for (cell, runs) in plan.cells.iter().zip(runs) {
+        let values = runs.map(|runs| {
+            let (name, range) = (cell.subject.name(), spread(runs.iter().copied()));
+            spreads.push(format!("{name} {range}"));
+            let ns = median(runs);
+            vec![Some(ns), Some(1e3 / ns)]
+        });
+        sheet.add(cell.subject, cell.threads, values);
+    }
+    let (runs, spreads) = (plan.runs, spreads.join(", "));
+    sheet.note(format!(
+        "median of {runs} runs per subject, taken in turns; ns/{unit} range: {spreads}"
+    ));
+    sheet
+}
+
+pub fn arm_cancel(plan: &Plan, ops: u64, out: &mut Out) {
+    let (ops_text, window) = (thousands(ops), thousands(WINDOW as u64));
+    let title = format!("arm-cancel (1 thread, {ops_text} ops, window {window})");
+    let mut sheet = cost_sheet(plan, (ArmCancel(ops), ops, ops), (title, "op"));
     sheet.note(
         "op = arm one timer (delay uniform in 1 ms..30 s) + cancel the one armed 10,000 ops earlier; nothing fires",
     );
-    if let Ok(took) = overhead {
+    if let Ok(took) = ArmCancel(ops).measure(&mut Nothing) {
         let ns = ns_per(took, ops);
         sheet.note(format!(
             "every row includes the harness's own {ns:.1} ns/op (drawing the delay, computing the deadline)"
@@ -123,16 +149,10 @@ pub fn arm_cancel(plan: &Plan, ops: u64, out: &mut Out) {
 }
 
 pub fn reset_heavy(plan: &Plan, resets: u64, out: &mut Out) {
-    let runs = in_turns(plan, |cell| {
-        measure_fresh(cell.subject, ResetHeavy(resets)).map(|took| ns_per(took, resets))
-    });
-    let title = format!(
-        "reset-heavy (1 thread, {} connections, {} resets)",
-        thousands(CONNECTIONS as u64),
-        thousands(resets)
-    );
-    let metrics = ("ns_per_reset", "mresets_per_s");
-    let mut sheet = cost_sheet(plan, (title, "reset", metrics), CONNECTIONS as u64, &runs);
+    let (connections, resets_text) = (thousands(CONNECTIONS as u64), thousands(resets));
+    let title = format!("reset-heavy (1 thread, {connections} connections, {resets_text} resets)");
+    let measurement = (ResetHeavy(resets), resets, CONNECTIONS as u64);
+    let mut sheet = cost_sheet(plan, measurement, (title, "reset"));
     sheet.note("reset = move a random connection's idle timer to now + 30 s; corewheel Wheel::reset, DelayQueue::reset_at, binary-heap tombstone + push");
     sheet.note(
         "every new deadline is the latest yet (now + a constant), a binary heap's best case: its push never sifts up",

@@ -123,16 +123,12 @@ impl Ring {
 
     fn draw(&mut self) -> (bool, Duration) {
         let period = self.period.as_nanos() as u64;
-        match self.rng.u64(..FIRE_ONE_IN) {
-            0 => (
-                true,
-                Duration::from_nanos(self.rng.u64(1_000_000..period / 2 + 1_000_001)),
-            ),
-            _ => (
-                false,
-                Duration::from_nanos(period + self.rng.u64(1_000_000_000..30_000_000_000)),
-            ),
-        }
+        let fires = self.rng.u64(..FIRE_ONE_IN) == 0;
+        let ns = match fires {
+            true => self.rng.u64(1_000_000..period / 2 + 1_000_001),
+            false => period + self.rng.u64(1_000_000_000..30_000_000_000),
+        };
+        (fires, Duration::from_nanos(ns))
     }
 
     fn turn_time(&self, turn: u64) -> Duration {
@@ -236,11 +232,7 @@ impl Slots for TokioSlots {
 
     fn cancel(&mut self, slot: usize) -> bool {
         let sleep = &mut self.0[slot];
-        let pending = sleep
-            .as_ref()
-            .get_ref()
-            .as_ref()
-            .is_some_and(|s| !s.is_elapsed());
+        let pending = matches!(sleep.as_ref().get_ref(), Some(s) if !s.is_elapsed());
         sleep.as_mut().set(None);
         pending
     }
@@ -298,14 +290,10 @@ fn on_runtime<S: Slots>(
     // One task at a time, each once the one before waits at the start line, so that each starts on a worker of its
     // own: spawned together, two could land on one worker.
     let mut handles = Vec::with_capacity(config.threads);
-    let mut spawned = Ok(());
-    for index in 0..config.threads {
+    let spawned = (0..config.threads).try_for_each(|index| {
         handles.push(runtime.spawn(part(slots(index), index, config, Arc::clone(&lines))));
-        spawned = lines.start.gather(index + 1);
-        if spawned.is_err() {
-            break;
-        }
-    }
+        lines.start.gather(index + 1)
+    });
     let wakes = || engine.map(|engine| engine.stats().total.wakes);
     let timed = spawned.and_then(|()| {
         let (cpu, switches, woke) = (process_cpu_time(), process_context_switches(), wakes());
@@ -393,12 +381,8 @@ fn measure(subject: Subject, config: Config) -> Result<Run, String> {
             let heap = Arc::new(SharedHeap::start()?);
             let run = on_runtime(runtime, config, None, shared(&heap, config))?;
             let (fired, heap_fired) = (run.counts.stopped_and_fired().1, heap.fired());
-            if heap_fired != fired {
-                return Err(format!(
-                    "the heap fired {heap_fired} timers, the rings saw {fired} fire"
-                ));
-            }
-            Ok(run)
+            let wrong = format!("the heap fired {heap_fired} timers, the rings saw {fired} fire");
+            (heap_fired == fired).then_some(run).ok_or(wrong)
         }
         _ => Err(format!("{} is not a steady-mix subject", subject.name())),
     }
@@ -428,10 +412,7 @@ pub fn run(plan: &Plan, live: Option<u64>, seconds: u64, out: &mut Out) {
     };
     let medians: Vec<Result<Vec<Run>, String>> = results.into_iter().map(median).collect();
     // What a bare thread's wake-up costs in CPU here (see `wake_floor`), for the threaded engine's note.
-    let engine = plan
-        .cells
-        .iter()
-        .any(|cell| cell.subject == Subject::Engine);
+    let engine = plan.cells.iter().any(|c| c.subject == Subject::Engine);
     let wake_cost = engine
         .then(|| wake_floor::sleep_through(Duration::from_millis(1), Duration::from_secs(2)))
         .and_then(|sleeper| sleeper.cpu_per_wake);
@@ -452,17 +433,14 @@ fn table(
     out: &mut Out,
 ) {
     let name = plan.workload.name();
-    let runs = if plan.runs > 1 {
-        format!(", {} runs in turns", plan.runs)
-    } else {
-        String::new()
+    let runs = match plan.runs {
+        1 => String::new(),
+        runs => format!(", {runs} runs in turns"),
     };
-    let seconds = config.duration.as_secs_f64();
+    let (threads, seconds) = (config.threads, config.duration.as_secs_f64());
+    let (live, rate) = (thousands(config.live), thousands(config.rate));
     let title = format!(
-        "{name} ({} threads, {} timers live, {} timers/s offered for {seconds} s{runs}: 90% cancelled, 10% fired)",
-        config.threads,
-        thousands(config.live),
-        thousands(config.rate)
+        "{name} ({threads} threads, {live} timers live, {rate} timers/s offered for {seconds} s{runs}: 90% cancelled, 10% fired)"
     );
     let cols = vec![
         Col::new("timers/s", "timers_per_s", "1/s", 0).rate(),
@@ -475,9 +453,7 @@ fn table(
         Col::new("fired before cancel", "fired_before_cancel", "count", 0),
     ];
     let mut sheet = Sheet::new(name, title, config.live, cols);
-    let mut spreads = Vec::new();
-    let mut engine_busy = None;
-    let mut tokio_busy = None;
+    let (mut spreads, mut engine_busy, mut tokio_busy) = (Vec::new(), None, None);
     for &(cell, result) in cells {
         let subject = cell.subject;
         let values = result.as_ref().map_err(Clone::clone).map(|runs| {

@@ -60,10 +60,7 @@ impl Sleeper {
             // Strictly inside the span, so that every deadline has a boundary at or after it.
             let offset = rng.u64(..span_ns.max(1));
             let boundary = offset.div_ceil(tick_ns).max(1);
-            let Some(&over) = usize::try_from(boundary - 1)
-                .ok()
-                .and_then(|index| self.oversleeps.get(index))
-            else {
+            let Some(&over) = self.oversleeps.get((boundary - 1) as usize) else {
                 continue;
             };
             let deadline = origin + Duration::from_nanos(offset);
