@@ -62,9 +62,7 @@ impl Plots {
 fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
     let mut by_workload: BTreeMap<&str, (&'static str, BySubject)> = BTreeMap::new();
     for row in &csv.rows {
-        let label = THROUGHPUT_METRICS
-            .iter()
-            .find(|(metric, _)| *metric == row.metric);
+        let label = THROUGHPUT_METRICS.iter().find(|(m, _)| *m == row.metric);
         // The single-thread workloads run at one thread count only.
         let threaded = row.workload.starts_with("engine-") || row.workload.starts_with("async-");
         let Some(&(_, label)) =
@@ -72,13 +70,10 @@ fn throughput_series(csv: &Csv) -> Vec<(String, &'static str, Vec<Series>)> {
         else {
             continue;
         };
-        let (_, subjects) = by_workload
-            .entry(&row.workload)
-            .or_insert((label, BTreeMap::new()));
-        subjects
-            .entry(&row.subject)
-            .or_default()
-            .push((f64::from(row.threads), row.value));
+        let entry = by_workload.entry(&row.workload);
+        let (_, subjects) = entry.or_insert((label, BTreeMap::new()));
+        let points = subjects.entry(&row.subject).or_default();
+        points.push((f64::from(row.threads), row.value));
     }
     let sorted = |(name, mut points): (&str, Vec<(f64, f64)>)| {
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -109,10 +104,9 @@ fn line_chart(
     if !x_min.is_finite() {
         return Ok(());
     }
-    let x_range = if marks {
-        (x_min - 0.25).max(0.0)..x_max + 0.25
-    } else {
-        0.0..x_max.max(1e-3) * 1.02
+    let x_range = match marks {
+        true => (x_min - 0.25).max(0.0)..x_max + 0.25,
+        false => 0.0..x_max.max(1e-3) * 1.02,
     };
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(&e))?;
@@ -140,10 +134,7 @@ fn line_chart(
             .label(line.0.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         if marks {
-            let dots = line
-                .1
-                .iter()
-                .map(|&point| Circle::new(point, 4, color.filled()));
+            let dots = line.1.iter().map(|&p| Circle::new(p, 4, color.filled()));
             chart.draw_series(dots).map_err(|e| failed(&e))?;
         }
     }
@@ -161,9 +152,7 @@ fn line_chart(
 pub fn machine() -> String {
     let cpus = crate::peers::engine::cpus();
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = info
-        .lines()
-        .find_map(|line| line.strip_prefix("model name"));
+    let model = info.lines().find_map(|l| l.strip_prefix("model name"));
     match model.and_then(|rest| rest.split_once(':')) {
         Some((_, model)) => format!("{cpus} CPUs, {}", model.trim()),
         None => format!("{cpus} CPUs"),

@@ -94,10 +94,8 @@ fn copy_set(run: &Path, dest: &Path) -> io::Result<usize> {
 }
 
 fn is_result_file(path: &Path) -> bool {
-    path.file_name().is_some_and(|name| name == SUMMARY)
-        || path
-            .extension()
-            .is_some_and(|extension| extension == "csv" || extension == "svg")
+    let (name, extension) = (path.file_name(), path.extension());
+    name.is_some_and(|n| n == SUMMARY) || extension.is_some_and(|e| e == "csv" || e == "svg")
 }
 
 /// `2026-11-24T18-05-09Z`: sortable, and valid as a file name everywhere.

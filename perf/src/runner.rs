@@ -185,9 +185,8 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
 /// `min-max` of the values, for the notes under a table.
 pub fn spread(values: impl IntoIterator<Item = f64>) -> String {
     let fold = |(lo, hi): (f64, f64), v: f64| (lo.min(v), hi.max(v));
-    let (min, max) = values
-        .into_iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), fold);
+    let start = (f64::INFINITY, f64::NEG_INFINITY);
+    let (min, max) = values.into_iter().fold(start, fold);
     format!("{min:.1}-{max:.1}")
 }
 

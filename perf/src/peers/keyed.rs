@@ -106,16 +106,12 @@ impl Keyed for DelayQueueMap {
 
     fn move_to(&self, key: u64, delay: Duration) -> bool {
         let (queue, keys) = &mut *lock(&self.0);
-        keys.get(&key)
-            .map(|entry| queue.reset(entry, delay))
-            .is_some()
+        keys.get(&key).map(|e| queue.reset(e, delay)).is_some()
     }
 
     fn remove(&self, key: u64) -> bool {
         let (queue, keys) = &mut *lock(&self.0);
-        keys.remove(&key)
-            .map(|entry| queue.remove(&entry))
-            .is_some()
+        keys.remove(&key).map(|e| queue.remove(&e)).is_some()
     }
 }
 

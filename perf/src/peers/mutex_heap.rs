@@ -33,8 +33,7 @@ impl SharedHeap {
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new().name(format!("{TIMER_THREAD_PREFIX}0"));
         let thread = thread.spawn(move || fire_loop(&for_thread));
-        let thread =
-            thread.map_err(|error| format!("could not start the heap's timer thread: {error}"))?;
+        let thread = thread.map_err(|e| format!("could not start the heap's timer thread: {e}"))?;
         Ok(Self(shared, Some(thread)))
     }
 
@@ -107,11 +106,8 @@ fn fire_loop(shared: &Shared) {
         let next = state.0.next_deadline();
         state = match next.map(|next| next.saturating_duration_since(Instant::now())) {
             Some(wait) => {
-                shared
-                    .1
-                    .wait_timeout(state, wait)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0
+                let woken = shared.1.wait_timeout(state, wait);
+                woken.unwrap_or_else(PoisonError::into_inner).0
             }
             None => shared.1.wait(state).unwrap_or_else(PoisonError::into_inner),
         };

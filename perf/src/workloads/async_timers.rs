@@ -107,11 +107,8 @@ fn on_runtime<F: Future + Send + 'static>(
     check_spread(&shares.iter().map(|share| share.thread).collect::<Vec<_>>())?;
     let mut cx = Context::from_waker(Waker::noop());
     let fired = runtime.block_on(async {
-        let mut ready = idle
-            .iter_mut()
-            .flatten()
-            .map(|t| t.as_mut().poll(&mut cx).is_ready());
-        ready.by_ref().filter(|&ready| ready).count()
+        let ready = |t: &mut Pin<Box<F>>| t.as_mut().poll(&mut cx).is_ready();
+        idle.iter_mut().flatten().map(ready).filter(|&r| r).count()
     });
     let guard = runtime.enter();
     drop(idle);

@@ -29,10 +29,8 @@ struct Burst {
 
 fn burst(workers: usize, stealing: bool, timers: u64) -> Result<Burst, String> {
     worker_records::prepare(workers);
-    let engine = TimerEngine::builder()
-        .workers(workers)
-        .stealing(stealing)
-        .build();
+    let engine = TimerEngine::builder().workers(workers);
+    let engine = engine.stealing(stealing).build();
     let engine = engine.map_err(|error| format!("could not start the engine: {error}"))?;
     let mut rng = rng(0);
     let first = Instant::now() + LEAD;
@@ -118,19 +116,13 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
             (true, Some(off)) => format!("{:.2}x", last(off) / last_fire),
             _ => String::new(),
         };
-        table.row(vec![
-            workers.to_string(),
-            on_off.to_string(),
-            format!("{last_fire:.1}"),
-            format!("{p50:.2}"),
-            format!("{p99:.2}"),
-            format!("{max:.2}"),
-            format!("{elsewhere:.0}%"),
-            format!("{claimed:.0}%"),
-            split.join("/"),
-            thousands(early),
-            ratio,
-        ]);
+        let late = [p50, p99, max].map(|ms| format!("{ms:.2}"));
+        let shares = [elsewhere, claimed].map(|share| format!("{share:.0}%"));
+        let mut cells = vec![workers.to_string(), on_off.to_string()];
+        cells.push(format!("{last_fire:.1}"));
+        cells.extend(late.into_iter().chain(shares));
+        cells.extend([split.join("/"), thousands(early), ratio]);
+        table.row(cells);
         let range = spread(runs.iter().map(|b| ms(b.last_fire)));
         table.note(format!(
             "{workers} workers, stealing {on_off}: last fire {range} ms over the runs"

@@ -8,11 +8,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::peers::async_timers::{pingora_timeout, tokio_timeout};
 use crate::peers::tokio_sleep::{StartLine, register, with_context};
-use crate::peers::{SharedTimers, Subject, async_timers, engine};
+use crate::peers::{SharedTimers, Subject, engine};
 use crate::report::thousands;
 use crate::runner::{self, Cell, Plan};
 use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
+use crate::workloads::parallel::{on_engine, on_mutex_heap, on_tokio};
 use crate::workloads::{Out, request_timeout, rng};
 
 /// A run's application threads, requests in flight per thread, and timers over the threads.
@@ -20,8 +22,7 @@ type Config = (usize, usize, u64);
 
 fn thread_share<S: SharedTimers>(
     subject: &S,
-    index: usize,
-    gate: &Gate,
+    (index, gate): (usize, &Gate),
     config: Config,
 ) -> Result<Share, String> {
     let (mut rng, mut share) = (rng(index as u64 + 1), Share::new());
@@ -55,8 +56,7 @@ fn thread_share<S: SharedTimers>(
 /// pending read), which the task polls once to arm and drops to cancel. One pinned slot per request in flight,
 /// reused: each new timer is written over the oldest, which drops (cancels) it, so no allocation happens per timer.
 async fn tokio_share<F: Future + Send + 'static>(
-    index: usize,
-    line: Arc<StartLine>,
+    (index, line): (usize, Arc<StartLine>),
     config: Config,
     arm: fn(Duration) -> F,
 ) -> Result<Share, String> {
@@ -96,21 +96,11 @@ async fn tokio_share<F: Future + Send + 'static>(
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     let threads = config.0;
     match subject {
-        Subject::Engine => {
-            parallel::on_engine(threads, true, |e, i, gate| thread_share(e, i, gate, config))
-        }
-        Subject::MutexHeap => {
-            parallel::on_mutex_heap(threads, |h, i, gate| thread_share(h, i, gate, config))
-        }
-        Subject::TokioSleep => parallel::on_tokio(threads, |i, line| {
-            tokio_share(i, line, config, tokio::time::sleep)
-        }),
-        Subject::TokioTimeout => parallel::on_tokio(threads, |i, line| {
-            tokio_share(i, line, config, async_timers::tokio_timeout)
-        }),
-        Subject::PingoraTimeout => parallel::on_tokio(threads, |i, line| {
-            tokio_share(i, line, config, async_timers::pingora_timeout)
-        }),
+        Subject::Engine => on_engine(threads, true, |e, at| thread_share(e, at, config)),
+        Subject::MutexHeap => on_mutex_heap(threads, |h, at| thread_share(h, at, config)),
+        Subject::TokioSleep => on_tokio(threads, |at| tokio_share(at, config, tokio::time::sleep)),
+        Subject::TokioTimeout => on_tokio(threads, |at| tokio_share(at, config, tokio_timeout)),
+        Subject::PingoraTimeout => on_tokio(threads, |at| tokio_share(at, config, pingora_timeout)),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }

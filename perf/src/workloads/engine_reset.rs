@@ -13,6 +13,7 @@ use crate::peers::{SharedTimers, Subject};
 use crate::report::thousands;
 use crate::runner::{Cell, Plan};
 use crate::workloads::parallel::{self, Gate, Run, Share, share_of, threads_sheet};
+use crate::workloads::parallel::{on_engine, on_mutex_heap, on_tokio};
 use crate::workloads::{Out, rng};
 
 const CONNECTIONS: u64 = 100_000;
@@ -23,8 +24,7 @@ type Config = (usize, u64);
 
 fn thread_share<S: SharedTimers>(
     subject: &S,
-    index: usize,
-    gate: &Gate,
+    (index, gate): (usize, &Gate),
     config: Config,
 ) -> Result<Share, String> {
     let connections = share_of(CONNECTIONS, config.0, index);
@@ -51,7 +51,8 @@ fn thread_share<S: SharedTimers>(
 }
 
 /// One task's share on tokio: its connections' sleeps, pushed back with `Sleep::reset`.
-async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Result<Share, String> {
+async fn tokio_share(at: (usize, Arc<StartLine>), config: Config) -> Result<Share, String> {
+    let (index, line) = at;
     let connections = share_of(CONNECTIONS, config.0, index);
     let idle = || Box::pin(tokio::time::sleep(IDLE_TIMEOUT));
     let mut timers: Vec<Pin<Box<Sleep>>> = (0..connections).map(|_| idle()).collect();
@@ -80,15 +81,9 @@ async fn tokio_share(index: usize, line: Arc<StartLine>, config: Config) -> Resu
 fn measure(subject: Subject, config: Config) -> Result<Run, String> {
     let threads = config.0;
     match subject {
-        Subject::Engine => parallel::on_engine(threads, false, |e, i, gate| {
-            thread_share(e, i, gate, config)
-        }),
-        Subject::MutexHeap => {
-            parallel::on_mutex_heap(threads, |h, i, gate| thread_share(h, i, gate, config))
-        }
-        Subject::TokioSleep => {
-            parallel::on_tokio(threads, |index, line| tokio_share(index, line, config))
-        }
+        Subject::Engine => on_engine(threads, false, |e, at| thread_share(e, at, config)),
+        Subject::MutexHeap => on_mutex_heap(threads, |h, at| thread_share(h, at, config)),
+        Subject::TokioSleep => on_tokio(threads, |at| tokio_share(at, config)),
         _ => Err(format!("{} is not an engine subject", subject.name())),
     }
 }

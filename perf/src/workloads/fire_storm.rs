@@ -30,43 +30,35 @@ const GIVE_UP: Duration = Duration::from_secs(60);
 /// How often the witnesses wake: often enough to catch a stall of a millisecond, cheaply.
 const WITNESS_PERIOD: Duration = Duration::from_millis(1);
 
-/// The finer ticks of the second table: the default's rounding up to a whole tick makes every timer up to a tick late
-/// by design, so these rows show what the engine and the wheel do once that rounding is small. At 250 us the storm
-/// also crosses a level-2 boundary of the wheel.
-const FINE_TICKS: [Duration; 2] = [Duration::from_micros(500), Duration::from_micros(250)];
+/// The storms' ticks in us: the default, then the finer ticks of the second table, on the engine and the wheel alone.
+/// Rounding up to a whole tick makes every timer up to a tick late by design; the finer rows show what the engine and
+/// the wheel do once that rounding is small. At 250 us the storm also crosses a level-2 boundary of the wheel.
+pub const TICKS_US: [u64; 3] = [TICK.as_micros() as u64, 500, 250];
+
+/// How long arming took, the first deadline, and when the last insert returned: after the first deadline, timers were
+/// due before the driving loop began, and their lateness includes the rest of the inserting.
+type Armed = (Duration, Instant, Instant);
 
 /// What one storm measured.
 struct Storm {
-    /// How long arming took, and the first deadline.
-    armed: (Duration, Instant),
-    /// When the last insert returned: after the first deadline, timers were due before the driving loop began, and
-    /// their lateness includes the rest of the inserting.
-    armed_at: Instant,
+    armed: Armed,
     fire_cpu: Option<Duration>,
     lateness: LatenessSummary,
 }
 
 impl Storm {
-    fn new(
-        (armed, armed_at): ((Duration, Instant), Instant),
-        cpu: Option<Duration>,
-        late: Lateness,
-    ) -> Self {
+    fn new(armed: Armed, fire_cpu: Option<Duration>, late: Lateness) -> Self {
         let lateness = late.summarize();
         Self {
             armed,
-            armed_at,
-            fire_cpu: cpu,
+            fire_cpu,
             lateness,
         }
     }
 }
 
-/// Arms the storm through `put`, each value its own deadline; returns how long that took and the first deadline.
-fn arm<E>(
-    timers: u64,
-    mut put: impl FnMut(Instant) -> Result<(), E>,
-) -> Result<(Duration, Instant), E> {
+/// Arms the storm through `put`, each value its own deadline.
+fn arm<E>(timers: u64, mut put: impl FnMut(Instant) -> Result<(), E>) -> Result<Armed, E> {
     let mut rng = rng(0);
     let start = Instant::now();
     let mut first = start + FIRST_DUE + Duration::from_nanos(SPREAD_NS);
@@ -75,7 +67,7 @@ fn arm<E>(
         first = first.min(deadline);
         put(deadline)?;
     }
-    Ok((start.elapsed(), first))
+    Ok((start.elapsed(), first, Instant::now()))
 }
 
 /// Arms the storm on a polled queue, then sleeps until each next deadline and drains what is due, as an event loop.
@@ -88,19 +80,17 @@ fn storm_polled<Q: TimerQueue<Instant> + PolledQueue<Instant>>(
         queue.arm(deadline, deadline);
         Ok::<_, String>(())
     })?;
-    let (armed_at, cpu) = (Instant::now(), thread_cpu_time());
+    let cpu = thread_cpu_time();
     while let Some(next) = queue.next_deadline() {
-        thread::sleep(
-            next.saturating_duration_since(Instant::now())
-                .min(SLEEP_CAP),
-        );
+        let wait = next.saturating_duration_since(Instant::now());
+        thread::sleep(wait.min(SLEEP_CAP));
         let now = Instant::now();
         while let Some(deadline) = queue.pop_expired(now) {
             lateness.record(deadline, now, Instant::now());
         }
     }
     let cpu = crate::sys::cpu_between(cpu, thread_cpu_time());
-    Ok(Storm::new((armed, armed_at), cpu, lateness))
+    Ok(Storm::new(armed, cpu, lateness))
 }
 
 /// The same on a DelayQueue in a runtime, awaiting its stream of expired timers.
@@ -111,7 +101,7 @@ fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
             queue.arm(deadline, deadline);
             Ok::<_, String>(())
         })?;
-        let (armed_at, cpu) = (Instant::now(), thread_cpu_time());
+        let cpu = thread_cpu_time();
         // DelayQueue decides inside the runtime's timer when a timer is due, so the moment it reaches this loop is
         // the only clock reading there is to check it against.
         while let Some(expired) = poll_fn(|cx| queue.poll_expired(cx)).await {
@@ -119,17 +109,15 @@ fn storm_delay_queue(timers: u64) -> Result<Storm, String> {
             lateness.record(expired.into_inner(), fired_at, fired_at);
         }
         let cpu = crate::sys::cpu_between(cpu, thread_cpu_time());
-        Ok(Storm::new((armed, armed_at), cpu, lateness))
+        Ok(Storm::new(armed, cpu, lateness))
     })
 }
 
 /// Arms the storm on a [`TimerEngine`] from this thread (one shard); each callback records lateness on its worker.
 fn storm_engine(timers: u64, tick: Duration) -> Result<Storm, String> {
     worker_records::prepare(ENGINE_WORKERS);
-    let built = TimerEngine::builder()
-        .workers(ENGINE_WORKERS)
-        .tick(tick)
-        .build();
+    let built = TimerEngine::builder().workers(ENGINE_WORKERS);
+    let built = built.tick(tick).build();
     let engine = built.map_err(|error| format!("could not start the engine: {error}"))?;
     let armed = arm(timers, |deadline| {
         let scheduled = engine.schedule_at(deadline, move || worker_records::record(deadline));
@@ -137,19 +125,16 @@ fn storm_engine(timers: u64, tick: Duration) -> Result<Storm, String> {
             .map(drop)
             .map_err(|error| format!("schedule failed: {error}"))
     })?;
-    let (armed_at, cpu) = (Instant::now(), process_cpu_time());
+    let cpu = process_cpu_time();
     engine::wait_until_fired(&engine, timers, Duration::from_millis(5), GIVE_UP)?;
     let cpu = crate::sys::cpu_between(cpu, process_cpu_time());
     drop(engine);
-    Ok(Storm::new((armed, armed_at), cpu, worker_records::take().0))
+    Ok(Storm::new(armed, cpu, worker_records::take().0))
 }
 
 fn storm(subject: Subject, timers: u64, tick: Duration) -> Result<Storm, String> {
     match subject {
-        Subject::Corewheel => storm_polled(
-            corewheel::Wheel::<Instant>::new(tick, Instant::now()),
-            timers,
-        ),
+        Subject::Corewheel => storm_polled(corewheel::Wheel::new(tick, Instant::now()), timers),
         Subject::DelayQueue => storm_delay_queue(timers),
         Subject::BinaryHeap => storm_polled(TombstoneHeap::<Instant>::default(), timers),
         Subject::Engine => storm_engine(timers, tick),
@@ -186,7 +171,7 @@ fn floor_table(timers: u64, csv: &mut Csv) {
     let header = "tick us|wake-ups|p50 oversleep us|p99 oversleep us|max oversleep us|storm floor p50 late us|p99 late us|max late us";
     let mut table = Table::new(title, &header.split('|').collect::<Vec<_>>());
     let names = "oversleep_p50 oversleep_p99 oversleep_max lateness_p50 lateness_p99 lateness_max";
-    for tick in std::iter::once(TICK).chain(FINE_TICKS) {
+    for tick in TICKS_US.map(Duration::from_micros) {
         let sleeper = wake_floor::sleep_through(tick, Duration::from_nanos(SPREAD_NS));
         let over = sleeper.oversleep_summary();
         let floor = sleeper.storm_floor(tick, timers);
@@ -204,29 +189,9 @@ fn floor_table(timers: u64, csv: &mut Csv) {
     table.print();
 }
 
-/// The storms: every subject at the default tick, then the engine and the wheel at each finer tick (param: us).
-pub fn cells(subjects: &[Subject]) -> Vec<Cell> {
-    let cell = |subject, tick: Duration| Cell {
-        subject,
-        threads: 1,
-        param: tick.as_micros() as u64,
-    };
-    let mut cells: Vec<Cell> = subjects
-        .iter()
-        .map(|&subject| cell(subject, TICK))
-        .collect();
-    for tick in FINE_TICKS {
-        let fine = subjects
-            .iter()
-            .filter(|s| matches!(s, Subject::Engine | Subject::Corewheel));
-        cells.extend(fine.map(|&subject| cell(subject, tick)));
-    }
-    cells
-}
-
 /// The row's and the CSV's name: the subject's, with the tick when it is not the default.
 fn case_name(cell: &Cell) -> String {
-    match cell.param == TICK.as_micros() as u64 {
+    match cell.param == TICKS_US[0] {
         true => cell.subject.name().to_string(),
         false => format!("{}-{}us", cell.subject.name(), cell.param),
     }
@@ -240,7 +205,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         let witnessed = witness.join().ok().flatten();
         storm.map(|storm| (storm, witnessed))
     });
-    let default = TICK.as_micros() as u64;
+    let default = TICKS_US[0];
     let (mut errors, timers_text) = (Vec::new(), thousands(timers));
     for fine in [false, true] {
         let title = match fine {
@@ -271,7 +236,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
                     let (fired, all, early) = (thousands(late.fired), thousands(timers), thousands(late.early));
                     errors.push(format!("ERROR: {name} fired {fired} of {all} timers, {early} of them EARLY, before their deadline"));
                 }
-                if storm.armed_at > storm.armed.1 {
+                if storm.armed.2 > storm.armed.1 {
                     sheet.note(format!("{name}: inserting took past the first deadline, so early timers' lateness includes the rest of the inserting"));
                 }
                 let cost = storm.fire_cpu.map(|cpu| ns_per(cpu, late.fired));

@@ -164,9 +164,7 @@ fn measure_engine(timers: u64) -> Result<Readings, String> {
     r.bytes("own_live", Some(engine.stats().pool_bytes as u64));
     rng.shuffle(&mut handles);
     let (cpu, workers, started) = marks();
-    let fired = handles
-        .iter()
-        .filter(|&&handle| !black_box(engine.cancel(handle)));
+    let fired = handles.iter().filter(|&&h| !black_box(engine.cancel(h)));
     let fired = fired.count() as u64;
     r.per("ns_per_cancel", Some(started.elapsed()), timers);
     let settled = engine::settle(&engine)?;

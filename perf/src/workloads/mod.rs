@@ -105,7 +105,7 @@ impl Workload {
         let (threads, params, runs, param): (&[usize], &[u64], usize, &str) = match self {
             ArmCancel | Live1m | EngineLive1m | ResetHeavy => (&[1], &[0], RUNS, ""),
             EngineArmCancel => (&all, &windows, RUNS, "window"),
-            FireStorm => (&[1], &[0], 1, "tick us"),
+            FireStorm => (&[1], &fire_storm::TICKS_US, 1, "tick us"),
             BurstSteal => (&workers, &[1, 0], RUNS, "stealing"),
             SteadyMix => (&most, &rate, 1, ""),
             LightLoad => (&most, &steady_mix::LIGHT_RATES, RUNS, "timers/s"),
@@ -125,7 +125,8 @@ impl Workload {
             }));
         }
         if self == FireStorm {
-            cells = fire_storm::cells(&subjects);
+            let fine = |s| matches!(s, Subject::Engine | Subject::Corewheel);
+            cells.retain(|c| c.param == fire_storm::TICKS_US[0] || fine(c.subject));
         }
         Plan {
             workload: self,

@@ -139,9 +139,7 @@ pub fn on_threads(
         (start, shares, cpu, workers)
     });
     let panicked = || Err("an application thread panicked".to_string());
-    let shares = shares
-        .into_iter()
-        .map(|share| share.unwrap_or_else(|_| panicked()));
+    let shares = shares.into_iter().map(|s| s.unwrap_or_else(|_| panicked()));
     let shares = shares.collect::<Result<Vec<_>, _>>()?;
     let mut run = Run::of(start, &shares);
     if let Some(waited) = settle(&shares)? {
@@ -157,7 +155,7 @@ pub fn on_threads(
 pub fn on_engine(
     threads: usize,
     settle: bool,
-    body: impl Fn(&TimerEngine, usize, &Gate) -> Result<Share, String> + Sync,
+    body: impl Fn(&TimerEngine, (usize, &Gate)) -> Result<Share, String> + Sync,
 ) -> Result<Run, String> {
     let engine = engine::build(false)?;
     let settled = |shares: &[Share]| {
@@ -170,7 +168,7 @@ pub fn on_engine(
         engine::check_counts(&settled.stats, scheduled, cancelled, sum(|s| s.too_late))?;
         Ok(Some(settled.waited))
     };
-    let body = |i, gate: &Gate| body(&engine, i, gate);
+    let body = |i, gate: &Gate| body(&engine, (i, gate));
     let mut run = on_threads(threads, engine::workers_cpu_time, body, settled)?;
     run.pool_bytes = Some(engine.stats().pool_bytes as u64);
     Ok(run)
@@ -179,24 +177,24 @@ pub fn on_engine(
 /// [`on_threads`] on a fresh `Mutex<BinaryHeap>` the threads share, dropped with whatever timers are left, untimed.
 pub fn on_mutex_heap(
     threads: usize,
-    body: impl Fn(&SharedHeap, usize, &Gate) -> Result<Share, String> + Sync,
+    body: impl Fn(&SharedHeap, (usize, &Gate)) -> Result<Share, String> + Sync,
 ) -> Result<Run, String> {
     let heap = SharedHeap::start()?;
-    let body = |i, gate: &Gate| body(&heap, i, gate);
+    let body = |i, gate: &Gate| body(&heap, (i, gate));
     on_threads(threads, SharedHeap::timer_thread_cpu_time, body, |_| {
         Ok(None)
     })
 }
 
-/// Runs `body(index, line)` as `tasks` tasks of a runtime of as many workers, each on a worker of its own.
+/// Runs `body((index, line))` as `tasks` tasks of a runtime of as many workers, each on a worker of its own.
 pub fn on_tokio<F, Fut>(tasks: usize, body: F) -> Result<Run, String>
 where
-    F: Fn(usize, Arc<StartLine>) -> Fut,
+    F: Fn((usize, Arc<StartLine>)) -> Fut,
     Fut: Future<Output = Result<Share, String>> + Send + 'static,
 {
     let runtime = tokio_sleep::runtime(tasks)?;
     let line = Arc::new(StartLine::default());
-    let spawn = |index| runtime.spawn(body(index, Arc::clone(&line)));
+    let spawn = |index| runtime.spawn(body((index, Arc::clone(&line))));
     let handles: Vec<_> = (0..tasks).map(spawn).collect();
     line.gather(tasks)?;
     let (cpu, start) = (process_cpu_time(), line.go());

@@ -119,20 +119,15 @@ fn millis(text: &str) -> Option<f64> {
 
 /// Reads wrk's report: its rate, latency median and 99th percentile, request count and any errors.
 fn parse_wrk(report: &str) -> Result<(f64, f64, f64, f64, Vec<String>), String> {
-    let field = |prefix: &str| {
-        report
-            .lines()
-            .find_map(|line| line.trim().strip_prefix(prefix).map(str::trim))
-    };
+    let lines = || report.lines().map(str::trim);
+    let field = |prefix: &str| lines().find_map(|l| l.strip_prefix(prefix).map(str::trim));
     let missing = || format!("wrk's report lacks a figure: {report:?}");
     let rate = field("Requests/sec:")
         .and_then(|v| v.parse().ok())
         .ok_or_else(missing)?;
     let p50 = field("50%").and_then(millis).ok_or_else(missing)?;
     let p99 = field("99%").and_then(millis).ok_or_else(missing)?;
-    let requests = report
-        .lines()
-        .find_map(|line| line.trim().split_once(" requests in ")?.0.parse().ok());
+    let requests = lines().find_map(|l| l.split_once(" requests in ")?.0.parse().ok());
     let errors = ["Socket errors:", "Non-2xx or 3xx responses:"]
         .into_iter()
         .filter_map(|prefix| field(prefix).map(|v| format!("{prefix} {v}")))

@@ -141,10 +141,9 @@ impl Ring {
         for slot in 0..slots.len() {
             let (fires, delay) = self.draw();
             let first_turn = self.turn_time(slot as u64);
-            let delay = if fires {
-                first_turn.mul_f64(self.rng.f64())
-            } else {
-                first_turn + delay
+            let delay = match fires {
+                true => first_turn.mul_f64(self.rng.f64()),
+                false => first_turn + delay,
             };
             slots.arm(slot, delay, cx)?;
             (self.fires[slot], self.due[slot]) = (fires, delay);
