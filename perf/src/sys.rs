@@ -45,10 +45,8 @@ fn tasks(pid: &str, file: &str) -> Vec<(String, String)> {
 /// Summed CPU time (from `schedstat`) of process `pid`'s live threads whose name passes `keep`; `None` where that is
 /// missing or no thread passes.
 pub fn threads_cpu_time(pid: &str, keep: impl Fn(&str) -> bool) -> Option<Duration> {
-    let tasks = tasks(pid, "schedstat")
-        .into_iter()
-        .filter(|(name, _)| keep(name));
-    let times: Vec<u64> = tasks
+    let kept = tasks(pid, "schedstat").into_iter().filter(|(n, _)| keep(n));
+    let times: Vec<u64> = kept
         .filter_map(|(_, stat)| stat.split_whitespace().next()?.parse().ok())
         .collect();
     (!times.is_empty()).then(|| Duration::from_nanos(times.iter().sum()))

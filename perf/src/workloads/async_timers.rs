@@ -22,8 +22,7 @@ use crate::workloads::{Out, Workload, request_timeout, rng};
 const CONNECTIONS: u64 = 10_000;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The lines the tasks pass: set up and released (the main thread lets the set-up's deferred work finish between
-/// them), then the start.
+/// The lines the tasks pass: set up, released (between them the set-up's deferred work finishes), then the start.
 struct Lines(Barrier, Barrier, StartLine);
 
 /// Idle timers handed back still armed, so that their drop is not in the run.

@@ -116,7 +116,7 @@ pub fn run(plan: &Plan, timers: u64, out: &mut Out) {
         );
         let too_late = "fired before their cancel (the cancel then returns false)";
         let name = format!("engine-arm-cancel-w{window}");
-        let mut sheet = threads_sheet((name, title), ("timer", timers), too_late, &cells);
+        let mut sheet = threads_sheet((&name, title), ("timer", timers), too_late, &cells);
         sheet.note(match window {
             0 => "timer = arm one (delay uniform in 1 ms..30 s) and cancel it at once".to_string(),
             _ => format!("timer = arm one and cancel the one this thread armed {window_text} timers earlier; each thread starts with its window armed (untimed) and cancels it at the end (timed)"),

@@ -97,8 +97,7 @@ pub fn run(plan: &Plan, resets: u64, out: &mut Out) {
         "engine-reset ({connections} connections over the threads, {resets_text} resets per run, idle timeout 30 s)"
     );
     let too_late = "found already fired by a reset";
-    let name = ("engine-reset".to_string(), title);
-    let mut sheet = threads_sheet(name, ("reset", resets), too_late, &cells);
+    let mut sheet = threads_sheet(("engine-reset", title), ("reset", resets), too_late, &cells);
     sheet.note("reset = move a random connection's idle timer (the thread's own) to now + 30 s on the real clock: engine.reset(handle, 30 s) / Sleep::reset(Instant::now() + 30 s) / a tombstone and a new entry in the locked heap; each new deadline is later, so neither wheel moves the timer yet");
     sheet.note("ns/reset = wall time / resets, all threads together, from the moment every thread has its connections' timers armed (untimed); nothing is due during a run, so the engine's workers have nothing to settle");
     sheet.finish(&mut out.csv);

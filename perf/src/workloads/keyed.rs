@@ -111,7 +111,7 @@ pub fn run(workload: Workload, plan: &Plan, ops: u64, out: &mut Out) {
         thousands(ops)
     );
     let too_late = "not pending when came back to";
-    let mut sheet = threads_sheet((name.to_string(), title), (unit, ops), too_late, &cells);
+    let mut sheet = threads_sheet((name, title), (unit, ops), too_late, &cells);
     sheet.note(operation);
     sheet.note("keyed: corewheel::KeyedTimers<u64, u64> on a TimerEngine (dashmap underneath); mutex-map: a Mutex<HashMap<key, (value, TimerHandle)>> over the same engine, its callbacks removing their key under the lock; delay-queue-map: tokio-util's DelayQueue with a HashMap<key, delay_queue::Key>, both behind one Mutex (a new value is a remove and an insert: the queue cannot replace one in place)");
     sheet.note("dashmap, scc: the map operations KeyedTimers does (entry upsert, get_mut, remove) on a 24-byte slot, with no timer: to choose the map, and to show what the timers add over it (dashmap with KeyedTimers' 16 shards per CPU)");

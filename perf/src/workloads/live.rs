@@ -56,10 +56,7 @@ impl Readings {
     }
 
     fn encode(&self) -> String {
-        self.0
-            .iter()
-            .map(|(name, value)| format!("{name} {value}\n"))
-            .collect()
+        self.0.iter().map(|(n, v)| format!("{n} {v}\n")).collect()
     }
 
     fn decode(text: &str) -> Result<Self, String> {

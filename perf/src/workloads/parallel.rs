@@ -70,8 +70,7 @@ impl Run {
     }
 }
 
-/// The medians of runs' figures in ns per unit (settle wait in µs), the wall figure's `min-max`, the largest pool, and
-/// the timers too late over all runs.
+/// Runs' medians in ns per unit (settle wait in µs), the wall figure's `min-max`, the largest pool, the too-late count.
 #[derive(Debug, Clone)]
 pub struct PerUnit {
     pub wall: f64,
@@ -267,7 +266,7 @@ pub fn add_rows<'a>(
 
 /// A multi-thread workload's sheet: medians per `unit` (`units` a run), ratios to peers and to one thread.
 pub fn threads_sheet(
-    (workload, title): (String, String),
+    (workload, title): (&str, String),
     (unit, units): (&str, u64),
     too_late: &str,
     cells: &[(&Cell, &Result<PerUnit, String>)],

@@ -99,8 +99,7 @@ impl Measure<u64> for ResetHeavy {
     }
 }
 
-/// Measures `measurement` (`ops` operations a run) on `plan`'s subjects in turns: a sheet of each one's median ns per
-/// `unit` and rate, the runs' range noted.
+/// Runs `measurement` (`ops` operations) on `plan`'s subjects in turns: each one's median ns per `unit`, rate, range.
 fn cost_sheet<M: Measure<u64, Output = Duration> + Copy>(
     plan: &Plan,
     (measurement, ops, timers): (M, u64, u64),
