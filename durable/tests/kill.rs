@@ -3,7 +3,7 @@
 //! nothing acknowledged is lost, nothing acked comes back, nothing fires early, and only
 //! tasks in flight at a kill are delivered again.
 //!
-//! `CW_KILL_CYCLES=N` sets the number of kills (100 by default) for a soak run.
+//! `CW_KILL_CYCLES=N` sets the number of kills (60 by default) for a soak run.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -106,7 +106,7 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
     let cycles: usize = std::env::var("CW_KILL_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+        .unwrap_or(60);
     // CW_KILL_DIR keeps the journal for inspection.
     let temp = tempfile::tempdir().unwrap();
     let dir = std::env::var_os("CW_KILL_DIR").map_or(temp.path().to_path_buf(), Into::into);

@@ -96,10 +96,11 @@ impl Book {
     }
 }
 
-/// The process's CPU use in cores over a 2 s window (`None` where it cannot be read).
-fn cores_over_two_seconds() -> Option<f64> {
+/// The process's CPU use in cores over a 1 s window (`None` where it cannot be read):
+/// a thread that spins while it waits shows as a core.
+fn cores_over_a_second() -> Option<f64> {
     let window = CpuWindow::start();
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(1));
     window.cores()
 }
 
@@ -326,9 +327,9 @@ enum First {
 
 /// Three workers, `rescue_after` 2. Shard A's owner blocks, and its stand-in W blocks in
 /// A's next callback, holding A's timers in its hands; far timers wait on every shard. A
-/// shutdown begins; one of the two is released, 1.5 s later the other (so that A's last
-/// turn has long been in `wait_until`'s millisecond pauses, waiting for W's hands or for
-/// the owner's callback). The shutdown must then return promptly, having settled every far
+/// shutdown begins; one of the two is released, 300 ms later the other (so that A's last
+/// turn has long been in `wait_until`'s millisecond pauses, which reach their longest
+/// after about 2 ms, waiting for W's hands or for the owner's callback). The shutdown must then return promptly, having settled every far
 /// timer exactly once and given every node back. Measured five times in each of both
 /// modes and both orders.
 ///
@@ -412,7 +413,7 @@ fn shutdown_after_release(stop: Stop, first: First) -> Duration {
         First::StandIn => (&helper, &owner),
     };
     one.open();
-    std::thread::sleep(ms(1500));
+    std::thread::sleep(ms(300));
     let latency = release_and_time(
         &done_rx,
         other,
@@ -529,14 +530,14 @@ fn hand_driven_shutdown(pending: PendingTimers, first: First) -> (Vec<Option<f64
         within(LIMIT, "a turn after shutdown", move || engine.turn())
     };
     assert_eq!(late_turn, 0, "a turn after shutdown ran callbacks");
-    let mut windows = vec![cores_over_two_seconds()];
+    let mut windows = vec![cores_over_a_second()];
     let (one, other) = match first {
         First::Owner => (&owner, &helper),
         First::StandIn => (&helper, &owner),
     };
     one.open();
     std::thread::sleep(ms(200));
-    windows.push(cores_over_two_seconds());
+    windows.push(cores_over_a_second());
     let latency = release_and_time(
         &done_rx,
         other,
