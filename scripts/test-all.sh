@@ -147,14 +147,42 @@ stage_benches() {
 }
 # Optimised, but with debug assertions: the wheel's list invariants (a list's length never
 # going below zero) are what catch a timer unlinked from a list the wheel no longer holds.
+# The loom build: its own flags and folder, so that it does not invalidate the main build.
+# Line tables only, as in the test profile: a failing model's backtrace keeps its lines.
+loom_cargo() {
+  RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \
+    CARGO_PROFILE_RELEASE_DEBUG=line-tables-only cargo "$@"
+}
+loom_targets=(-p corewheel-loom-tests --release --tests)
+# When the soak stage runs before the loom stage, the loom build runs beside the soaks:
+# they last as long as they last whatever the load (each spins hogs of its own), and
+# they assert only what holds on a loaded machine.
+loom_build_pid=""
+loom_build_log=""
+start_loom_build() {
+  loom_build_log=$(mktemp)
+  loom_cargo test --no-run "${loom_targets[@]}" >"$loom_build_log" 2>&1 &
+  loom_build_pid=$!
+}
+# Waits, in the main shell (a stage runs in a pipeline's subshell), for that build.
+loom_built=""
+wait_loom_build() {
+  [ -n "$loom_build_pid" ] || return 0
+  loom_built=0
+  wait "$loom_build_pid" || loom_built=$?
+  loom_build_pid=""
+}
 stage_loom() {
+  if [ -n "$loom_built" ]; then
+    echo "(built beside the soak stage)"
+    cat "$loom_build_log"
+    rm -f "$loom_build_log"
+    [ "$loom_built" = 0 ] || return "$loom_built"
+  fi
   # Two models at once (the cores); the longest model then runs beside all the others.
   local runner=(test)
   [ "$have_nextest" = 1 ] && runner=(nextest run --test-threads 2)
-  # Line tables only, as in the test profile: a failing model's backtrace keeps its lines.
-  RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \
-    CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
-    cargo "${runner[@]}" --no-fail-fast -p corewheel-loom-tests --release --tests
+  loom_cargo "${runner[@]}" --no-fail-fast "${loom_targets[@]}"
 }
 stage_miri() {
   if ! cargo +nightly miri --version >/dev/null 2>&1; then
@@ -246,8 +274,12 @@ rows=()
 failed_stages=0
 for stage in "${stages[@]}"; do
   printf '\n==> %s: %s\n' "$stage" "$(describe "$stage")"
+  if [ "$stage" = soak ] && [[ " ${stages[*]} " == *" soak "*loom* ]]; then
+    start_loom_build
+  fi
   log=$(mktemp)
   started=$(date +%s)
+  [ "$stage" = loom ] && wait_loom_build
   "stage_$stage" 2>&1 | tee "$log"
   status=${PIPESTATUS[0]}
   seconds=$(($(date +%s) - started))
