@@ -20,7 +20,7 @@
 # of its own; the `wheel` binary's model-based property tests (its `model` module) are the
 # property stage, and the rest of it is in the integration stage.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 all_stages=(unit integration proxy property doc benches soak loom miri durable)
 if [ $# -gt 0 ]; then
@@ -163,6 +163,8 @@ start_loom_build() {
   loom_build_log=$(mktemp)
   loom_cargo test --no-run "${loom_targets[@]}" >"$loom_build_log" 2>&1 &
   loom_build_pid=$!
+  # A background job ignores Ctrl-C in a script: stopped with the script instead.
+  trap '[ -n "$loom_build_pid" ] && kill "$loom_build_pid" 2>/dev/null' EXIT
 }
 # Waits, in the main shell (a stage runs in a pipeline's subshell), for that build.
 loom_built=""
@@ -173,7 +175,7 @@ wait_loom_build() {
   loom_build_pid=""
 }
 stage_loom() {
-  if [ -n "$loom_built" ]; then
+  if [ -n "$loom_built" ] && [ -f "$loom_build_log" ]; then
     echo "(built beside the soak stage)"
     cat "$loom_build_log"
     rm -f "$loom_build_log"
@@ -215,6 +217,7 @@ WARN
   rest_log=$(mktemp)
   cargo +nightly miri test -p corewheel --lib -- "${half[@]}" >"$half_log" 2>&1 &
   local first=$!
+  trap 'kill "$first" 2>/dev/null' EXIT
   cargo +nightly miri test -p corewheel --lib -- "${skips[@]}" >"$rest_log" 2>&1 || status=$?
   wait "$first" || status=$?
   cat "$half_log" "$rest_log"

@@ -662,31 +662,10 @@ fn a_handler_that_blocks_for_ever_does_not_strand_the_shards_its_process_owns() 
     };
     let options = opts().shards(8);
     let log: Log = Arc::default();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let released = Arc::new(Mutex::new(released));
-    let blocked = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Consumer 1's only handler thread blocks on "stuck" (for ever, as far as the queue
-    // can tell), while its members thread keeps heartbeating.
-    let stuck = RedisTimers::open(&server.url(), "stuck", options.clone()).unwrap();
-    {
-        let (record, released) = (recording(&log), Arc::clone(&released));
-        let blocked = Arc::clone(&blocked);
-        stuck
-            .run_handler(1, move |task| {
-                if task.id() == b"stuck" {
-                    blocked.store(true, std::sync::atomic::Ordering::SeqCst);
-                    let _ = released
-                        .lock()
-                        .unwrap()
-                        .recv_timeout(Duration::from_secs(30));
-                }
-                record(task)
-            })
-            .unwrap();
-    }
-    stuck.schedule("stuck", b"", SystemTime::now()).unwrap();
-    wait_until("the stuck handler", Duration::from_secs(5), || {
-        blocked.load(std::sync::atomic::Ordering::SeqCst)
+    // can tell).
+    let (stuck, release) = stuck_process(&server, "stuck", options.clone(), &log, |t| {
+        t.schedule("stuck", b"", SystemTime::now()).unwrap();
     });
     let healthy = RedisTimers::open(&server.url(), "stuck", options).unwrap();
     healthy.run_handler(2, recording(&log)).unwrap();
@@ -862,4 +841,119 @@ fn a_claim_acked_through_another_queue_is_refused_not_a_panic() {
 /// the next whole millisecond, so a claim within the same millisecond finds nothing.
 fn a_second_ago() -> SystemTime {
     SystemTime::now() - Duration::from_secs(1)
+}
+
+/// A process on `queue` whose only handler thread blocks on the task `stuck` (scheduled
+/// by `schedule`, with whatever else it schedules) until the returned sender is dropped
+/// or a minute passes, and records every task it finishes. Returns once it is blocked.
+fn stuck_process(
+    server: &Server,
+    queue: &str,
+    options: RedisOptions,
+    log: &Log,
+    schedule: impl FnOnce(&RedisTimers),
+) -> (RedisTimers, std::sync::mpsc::Sender<()>) {
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = Mutex::new(released);
+    let blocked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (record, flag) = (recording(log), Arc::clone(&blocked));
+    let stuck = RedisTimers::open(&server.url(), queue, options).unwrap();
+    schedule(&stuck);
+    stuck
+        .run_handler(1, move |task: &corewheel_durable::Task| {
+            if task.id() == b"stuck" {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                let _ = released
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(60));
+            }
+            record(task)
+        })
+        .unwrap();
+    wait_until("the stuck handler", Duration::from_secs(5), || {
+        blocked.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    (stuck, release)
+}
+
+#[test]
+fn claims_waiting_behind_a_stuck_handler_reach_another_process() {
+    let Some(server) = Server::start("ready_strand") else {
+        return;
+    };
+    // One shard; the stuck process's only handler thread claims four tasks in one sweep,
+    // blocks on the first, and leaves three waiting for it. They are not renewed while
+    // they wait, the process counts as stalled, and the other process takes them.
+    let options = opts().shards(1);
+    let log: Log = Arc::default();
+    let (stuck, release) = stuck_process(&server, "strand", options.clone(), &log, |t| {
+        let now = SystemTime::now();
+        t.schedule("stuck", b"", now - Duration::from_secs(2))
+            .unwrap();
+        t.schedule_batch(["a", "b", "c"].map(|id| (id, b"", now - Duration::from_secs(1))))
+            .unwrap();
+    });
+    let healthy = RedisTimers::open(&server.url(), "strand", options).unwrap();
+    healthy.run_handler(2, recording(&log)).unwrap();
+    wait_until(
+        "a, b and c through the healthy process",
+        Duration::from_secs(15),
+        || {
+            ["a", "b", "c"]
+                .iter()
+                .all(|id| log.lock().unwrap().contains_key(*id))
+        },
+    );
+    drop(release);
+    drop(stuck);
+    let log = log.lock().unwrap();
+    assert!(
+        ["a", "b", "c"].iter().all(|id| log[*id].len() == 1),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn a_stuck_process_does_not_rejoin_and_retake_its_shards() {
+    let Some(server) = Server::start("flap") else {
+        return;
+    };
+    // Once the others have taken a stuck process's work, its sweeps find nothing
+    // claimable; it must still stay out of the members until a handler thread is free,
+    // or it takes its shards back and strands what lands there again.
+    let options = opts().shards(8);
+    let log: Log = Arc::default();
+    let (stuck, release) = stuck_process(&server, "flap", options.clone(), &log, |t| {
+        t.schedule("stuck", b"", a_second_ago()).unwrap();
+    });
+    let healthy = RedisTimers::open(&server.url(), "flap", options).unwrap();
+    healthy.run_handler(2, recording(&log)).unwrap();
+    // A task due now every 50 ms, over every shard, for 4 s.
+    let mut members = Vec::new();
+    let start = Instant::now();
+    let mut ids = Vec::new();
+    while start.elapsed() < Duration::from_secs(4) {
+        let id = format!("s{}", ids.len());
+        healthy.schedule(&id, b"", SystemTime::now()).unwrap();
+        ids.push(id);
+        if ids.len() % 4 == 0 {
+            members.push(live_members(&server, "flap"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_until("every task", Duration::from_secs(10), || {
+        ids.iter().all(|id| log.lock().unwrap().contains_key(id))
+    });
+    drop(release);
+    // Once out (one live member), never back while stuck.
+    let out = members.iter().position(|&m| m == 1);
+    assert!(out.is_some(), "the stuck process never left: {members:?}");
+    assert!(
+        members[out.unwrap()..].iter().all(|&m| m == 1),
+        "the stuck process rejoined: {members:?}"
+    );
+    drop(stuck);
+    let log = log.lock().unwrap();
+    assert!(log.values().all(|runs| runs.len() == 1), "{log:?}");
 }

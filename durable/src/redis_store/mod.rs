@@ -127,7 +127,7 @@ impl RedisOptions {
     /// is hinted to the owner at once. An idle queue costs, per window, one round trip
     /// per shard plus one heartbeat per handling process; a member that dies has its
     /// shards taken over after three windows, and so does one whose handler threads have
-    /// all been busy for two windows while a shard of its was due. At least 1 ms and at
+    /// all been busy for two windows while work waited for them. At least 1 ms and at
     /// most a day.
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
@@ -136,8 +136,9 @@ impl RedisOptions {
 
     /// How long a claim holds a task before another consumer may take it (default 30 s).
     /// Renewed every third of this while the handler runs, so it bounds how long a dead
-    /// consumer's tasks wait, not how long a handler may take. At least 30 ms and at
-    /// most a year.
+    /// consumer's tasks wait, not how long a handler may take. A claimed task still
+    /// waiting for a handler thread is not renewed: it goes to another process after
+    /// this long. At least 30 ms and at most a year.
     pub fn visibility(mut self, visibility: Duration) -> Self {
         self.visibility = visibility;
         self
@@ -237,6 +238,15 @@ struct Local {
     /// no handler thread has claimed from it. Its own claims' leases do not count: the
     /// renewer keeps them from being claimable.
     claimable_since: Vec<Option<u64>>,
+    /// Handler threads started, and how many of them are running a handler now.
+    threads: usize,
+    busy: usize,
+    /// Since when every handler thread has been running a handler, and whether work
+    /// waited meanwhile (a claim in `ready`, or a shard with something claimable): both
+    /// cleared only when a thread comes back, so that a stuck process stays stalled after
+    /// others took its work over.
+    all_busy_since: Option<Instant>,
+    waited: bool,
     /// Claimed tasks no handler thread has taken yet.
     ready: VecDeque<Claim>,
     /// Per shard: finished claims (id, token) whose ack no sweep has carried yet.
@@ -269,10 +279,11 @@ struct Inner {
     active: Mutex<HashMap<String, Held>>,
 }
 
-/// A running handler's claim, for the renewer: its shard, task id, and lease expiry
-/// (server ms) as last granted, so that a claim whose lease lapsed before its handler
-/// started is dropped rather than run beside the consumer that took it over.
-type Held = (usize, Box<[u8]>, u64);
+/// A claim this process holds, for the renewer: its shard, task id, lease expiry (server
+/// ms) as last granted, and whether a handler thread has taken it. Only taken claims are
+/// renewed: one left waiting behind busy handler threads lapses, so that another process
+/// can claim it, and is then dropped here rather than run beside that process.
+type Held = (usize, Box<[u8]>, u64, bool);
 
 /// A checked task of a schedule call: id, payload, due ms.
 type NewTask = (Box<[u8]>, Box<[u8]>, u64);
@@ -338,6 +349,10 @@ impl RedisTimers {
                     wakes: vec![None; options.shards as usize],
                     owned: vec![false; options.shards as usize],
                     claimable_since: vec![None; options.shards as usize],
+                    threads: 0,
+                    busy: 0,
+                    all_busy_since: None,
+                    waited: false,
                     ready: VecDeque::new(),
                     acks: vec![Vec::new(); options.shards as usize],
                     acks_since: None,
@@ -519,6 +534,7 @@ impl RedisTimers {
         }
         let handler = Arc::new(handler);
         let threads = threads.max(1);
+        self.inner.local().threads = threads;
         let batch = threads
             .saturating_mul(4)
             .min(self.inner.options.fetch_limit);
@@ -682,15 +698,19 @@ impl Inner {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Whether a shard this process owns has had something claimable, by the server, for
-    /// two windows while no handler thread claimed from it: they are all busy.
+    /// Whether every handler thread has been running a handler for two windows while
+    /// work waited for one: a claim in `ready`, or a shard it owns with something
+    /// claimable by the server's clock. A long handler with nothing else to do is busy,
+    /// not stalled.
     fn stalled(&self) -> bool {
-        let late = self
-            .server_now_ms()
-            .saturating_sub(self.window_ms().saturating_mul(2));
-        let local = self.local();
-        (0..local.owned.len())
-            .any(|s| local.owned[s] && local.claimable_since[s].is_some_and(|since| since < late))
+        let mut local = self.local();
+        let Some(since) = local.all_busy_since else {
+            return false;
+        };
+        let waiting = !local.ready.is_empty()
+            || (0..local.owned.len()).any(|s| local.owned[s] && local.claimable_since[s].is_some());
+        local.waited |= waiting;
+        local.waited && since.elapsed() >= self.options.window.saturating_mul(2)
     }
 
     /// Whether the claim with `token` has lost its lease, as far as this process knows:
@@ -935,7 +955,7 @@ impl Inner {
             for claim in &claims {
                 active.insert(
                     claim.token.clone(),
-                    (shard, claim.task.id.clone(), claim.lease_until_ms),
+                    (shard, claim.task.id.clone(), claim.lease_until_ms, false),
                 );
             }
         }
@@ -1150,7 +1170,8 @@ fn renewer(inner: &Inner) {
         let active: Vec<(String, usize, Box<[u8]>)> = inner
             .active()
             .iter()
-            .map(|(token, (shard, id, _))| (token.clone(), *shard, id.clone()))
+            .filter(|(_, held)| held.3)
+            .map(|(token, (shard, id, ..))| (token.clone(), *shard, id.clone()))
             .collect();
         for (token, shard, id) in active {
             if inner.stopping() {
@@ -1196,11 +1217,13 @@ fn consume<E>(
     handler: &(dyn Fn(&Task) -> Result<(), E> + Send + Sync),
     batch: usize,
 ) {
-    while let Some(work) = next_work(inner) {
+    let mut ran = false;
+    while let Some(work) = next_work(inner, std::mem::take(&mut ran)) {
         let shards = match work {
             Work::Run(claim) => {
+                ran = true;
                 if inner.lapsed(&claim.token) {
-                    // Its lease ran out while it waited (renewals failed): another
+                    // Its lease ran out while it waited behind busy threads: another
                     // consumer may hold it now, so it is not run here.
                     inner.active().remove(&claim.token);
                     continue;
@@ -1262,16 +1285,28 @@ fn run<E>(inner: &Inner, claim: Claim, handler: &(dyn Fn(&Task) -> Result<(), E>
 }
 
 /// The next thing for a handler thread to do, or `None` once closing and no claimed
-/// task waits.
-fn next_work(inner: &Inner) -> Option<Work> {
+/// task waits. `ran`: the thread comes back from a claim it took.
+fn next_work(inner: &Inner, ran: bool) -> Option<Work> {
     // The longest a finished task waits for a sweep of its shard to carry its ack (a
     // claim there, or the members thread's sweep each window) before it is sent alone:
     // a window, or a quarter of the visibility timeout if that is shorter, so the lease
     // cannot lapse first.
     let ack_delay = inner.options.window.min(inner.options.visibility / 4);
     let mut local = inner.local();
+    if ran {
+        local.busy -= 1;
+        local.all_busy_since = None;
+        local.waited = false;
+    }
     loop {
         if let Some(claim) = local.ready.pop_front() {
+            if let Some(held) = inner.active().get_mut(&claim.token) {
+                held.3 = true;
+            }
+            local.busy += 1;
+            if local.busy == local.threads {
+                local.all_busy_since = Some(Instant::now());
+            }
             return Some(Work::Run(claim));
         }
         if inner.stopping() {
