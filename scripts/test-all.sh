@@ -56,16 +56,22 @@ done
 # workers' wake-ups) no longer have to take turns inside one binary. Without it the same
 # tests run under `cargo test`, one binary after another, several times slower.
 have_nextest=0
+# Whether the installed cargo-nextest reads .config/nextest.toml's test priorities (0.9.91).
+nextest_is_recent() {
+  local version
+  version=$(cargo nextest --version 2>/dev/null | awk 'NR == 1 { print $2 }') || return 1
+  [ -n "$version" ] && [ "$(printf '%s\n0.9.91\n' "$version" | sort -V | head -1)" = 0.9.91 ]
+}
 ensure_nextest() {
-  if cargo nextest --version >/dev/null 2>&1; then
+  if nextest_is_recent; then
     have_nextest=1
     return
   fi
-  echo "cargo-nextest is missing: installing its prebuilt binary into ${CARGO_HOME:-$HOME/.cargo}/bin"
+  echo "cargo-nextest is missing or older than 0.9.91: installing its prebuilt binary into ${CARGO_HOME:-$HOME/.cargo}/bin"
   mkdir -p "${CARGO_HOME:-$HOME/.cargo}/bin"
   curl -LsSf https://get.nexte.st/latest/linux | tar zxf - -C "${CARGO_HOME:-$HOME/.cargo}/bin" \
     || cargo install cargo-nextest --locked || true
-  if cargo nextest --version >/dev/null 2>&1; then
+  if nextest_is_recent; then
     have_nextest=1
     return
   fi
