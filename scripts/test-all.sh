@@ -151,9 +151,9 @@ stage_benches() {
     cargo test -p corewheel --bench '*'
   fi
 }
+# The loom build: its own flags and folder, so that it does not invalidate the main build.
 # Optimised, but with debug assertions: the wheel's list invariants (a list's length never
 # going below zero) are what catch a timer unlinked from a list the wheel no longer holds.
-# The loom build: its own flags and folder, so that it does not invalidate the main build.
 # Line tables only, as in the test profile: a failing model's backtrace keeps its lines.
 loom_cargo() {
   RUSTFLAGS="--cfg loom -C debug-assertions" CARGO_TARGET_DIR="$target_dir/loom" \

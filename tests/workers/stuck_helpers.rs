@@ -329,9 +329,9 @@ enum First {
 /// A's next callback, holding A's timers in its hands; far timers wait on every shard. A
 /// shutdown begins; one of the two is released, 300 ms later the other (so that A's last
 /// turn has long been in `wait_until`'s millisecond pauses, which reach their longest
-/// after about 2 ms, waiting for W's hands or for the owner's callback). The shutdown must then return promptly, having settled every far
-/// timer exactly once and given every node back. Measured five times in each of both
-/// modes and both orders.
+/// after about 2 ms, waiting for W's hands or for the owner's callback). The shutdown must
+/// then return promptly, having settled every far timer exactly once and given every node
+/// back. Measured five times in each of both modes and both orders.
 ///
 /// Fails when the shutdown returns before the second release, when more than one of a
 /// mode's ten takes 2 s or more after it, when their median is more than 100 ms,

@@ -234,10 +234,10 @@ struct Local {
     wakes: Vec<Option<(TimerKey, u64)>>,
     /// Per shard: whether this process owns it, by the last heartbeat.
     owned: Vec<bool>,
-    /// Per shard: since when (server ms) a sweep has found something claimable there and
-    /// no handler thread has claimed from it. Its own claims' leases do not count: the
-    /// renewer keeps them from being claimable.
-    claimable_since: Vec<Option<u64>>,
+    /// Per shard: whether its last sweep found something claimable (by the server's
+    /// clock) and claimed nothing. Its own claims' leases do not count: the renewer keeps
+    /// them from being claimable.
+    claimable: Vec<bool>,
     /// Handler threads started, and how many of them are running a handler now.
     threads: usize,
     busy: usize,
@@ -279,11 +279,17 @@ struct Inner {
     active: Mutex<HashMap<String, Held>>,
 }
 
-/// A claim this process holds, for the renewer: its shard, task id, lease expiry (server
-/// ms) as last granted, and whether a handler thread has taken it. Only taken claims are
-/// renewed: one left waiting behind busy handler threads lapses, so that another process
-/// can claim it, and is then dropped here rather than run beside that process.
-type Held = (usize, Box<[u8]>, u64, bool);
+/// A claim this process holds, for the renewer. Only taken claims are renewed: one left
+/// waiting behind busy handler threads lapses, so that another process can claim it, and
+/// is then dropped here rather than run beside that process.
+struct Held {
+    shard: usize,
+    id: Box<[u8]>,
+    /// Lease expiry (server ms) as last granted.
+    until_ms: u64,
+    /// Whether a handler thread has taken the claim.
+    taken: bool,
+}
 
 /// A checked task of a schedule call: id, payload, due ms.
 type NewTask = (Box<[u8]>, Box<[u8]>, u64);
@@ -348,7 +354,7 @@ impl RedisTimers {
                     wheel: Wheel::new(Duration::from_millis(1), origin),
                     wakes: vec![None; options.shards as usize],
                     owned: vec![false; options.shards as usize],
-                    claimable_since: vec![None; options.shards as usize],
+                    claimable: vec![false; options.shards as usize],
                     threads: 0,
                     busy: 0,
                     all_busy_since: None,
@@ -708,7 +714,7 @@ impl Inner {
             return false;
         };
         let waiting = !local.ready.is_empty()
-            || (0..local.owned.len()).any(|s| local.owned[s] && local.claimable_since[s].is_some());
+            || (0..local.owned.len()).any(|s| local.owned[s] && local.claimable[s]);
         local.waited |= waiting;
         local.waited && since.elapsed() >= self.options.window.saturating_mul(2)
     }
@@ -718,7 +724,7 @@ impl Inner {
     fn lapsed(&self, token: &str) -> bool {
         self.active()
             .get(token)
-            .is_none_or(|held| held.2 <= self.server_now_ms())
+            .is_none_or(|held| held.until_ms <= self.server_now_ms())
     }
 
     /// The shard of an id: a CRC32 of its bytes, so every process agrees.
@@ -836,7 +842,7 @@ impl Inner {
         let mut local = self.local();
         for (shard, &mine) in owned.iter().enumerate() {
             if !mine {
-                local.claimable_since[shard] = None;
+                local.claimable[shard] = false;
                 if let Some((key, _)) = local.wakes[shard].take() {
                     local.wheel.cancel(key);
                 }
@@ -955,19 +961,19 @@ impl Inner {
             for claim in &claims {
                 active.insert(
                     claim.token.clone(),
-                    (shard, claim.task.id.clone(), claim.lease_until_ms, false),
+                    Held {
+                        shard,
+                        id: claim.task.id.clone(),
+                        until_ms: claim.lease_until_ms,
+                        taken: false,
+                    },
                 );
             }
         }
         let mut local = self.local();
         local.ready.extend(claims);
         let now = u64::try_from(now).unwrap_or(0);
-        let claimable_now = u64::try_from(wake).is_ok_and(|wake| wake <= now);
-        local.claimable_since[shard] = if n == 0 && claimable_now {
-            Some(local.claimable_since[shard].unwrap_or(now))
-        } else {
-            None
-        };
+        local.claimable[shard] = n == 0 && u64::try_from(wake).is_ok_and(|wake| wake <= now);
         if let Ok(wake) = u64::try_from(wake)
             && local.owned[shard]
             && wake <= now.saturating_add(self.horizon_ms())
@@ -1092,9 +1098,9 @@ fn rendezvous(member: &[u8], shard: usize) -> u64 {
 /// claims nothing itself, so that what a sweep finds due is claimed by a handler thread
 /// through the wheel.
 ///
-/// While a shard it owns has had something claimable for two windows and no handler
-/// thread claimed from it (every handler blocked), it skips the heartbeat, so that its membership lapses and the others take
-/// over its shards rather than leave their tasks to wait for a thread here.
+/// While every handler thread has been running a handler for two windows with work
+/// waiting ([`Inner::stalled`]), it skips the heartbeat, so that its membership lapses and
+/// the others take over its shards rather than leave their tasks to wait for a thread here.
 fn member(inner: &Inner) {
     while !inner.stopping() {
         if inner.stalled() {
@@ -1170,8 +1176,8 @@ fn renewer(inner: &Inner) {
         let active: Vec<(String, usize, Box<[u8]>)> = inner
             .active()
             .iter()
-            .filter(|(_, held)| held.3)
-            .map(|(token, (shard, id, ..))| (token.clone(), *shard, id.clone()))
+            .filter(|(_, held)| held.taken)
+            .map(|(token, held)| (token.clone(), held.shard, held.id.clone()))
             .collect();
         for (token, shard, id) in active {
             if inner.stopping() {
@@ -1182,7 +1188,7 @@ fn renewer(inner: &Inner) {
             match inner.renew(shard, &id, &token) {
                 Ok(until) => {
                     if let Some(held) = inner.active().get_mut(&token) {
-                        held.2 = until;
+                        held.until_ms = until;
                     }
                 }
                 Err(Error::LeaseLost) => {
@@ -1301,7 +1307,7 @@ fn next_work(inner: &Inner, ran: bool) -> Option<Work> {
     loop {
         if let Some(claim) = local.ready.pop_front() {
             if let Some(held) = inner.active().get_mut(&claim.token) {
-                held.3 = true;
+                held.taken = true;
             }
             local.busy += 1;
             if local.busy == local.threads {
