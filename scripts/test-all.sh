@@ -36,6 +36,10 @@ for stage in "${stages[@]}"; do
 done
 
 target_dir="${CARGO_TARGET_DIR:-target}"
+# No incremental build (unless the caller asks for one): from an empty build folder, as CI
+# starts, it only costs, splitting each optimised test binary into many more codegen units
+# (perf/results/test-all/incremental.txt).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # The integration test binaries (tests/<name>/main.rs), but the soak binary, each a --test
 # flag; the wheel binary's property tests (module `model`) are left to the property stage.
 soak_binary=soak

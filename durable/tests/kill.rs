@@ -3,7 +3,7 @@
 //! nothing acknowledged is lost, nothing acked comes back, nothing fires early, and only
 //! tasks in flight at a kill are delivered again.
 //!
-//! `CW_KILL_CYCLES=N` sets the number of kills (60 by default) for a soak run.
+//! `CW_KILL_CYCLES=N` sets the number of kills (100 by default) for a soak run.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -106,7 +106,7 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
     let cycles: usize = std::env::var("CW_KILL_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(100);
     // CW_KILL_DIR keeps the journal for inspection.
     let temp = tempfile::tempdir().unwrap();
     let dir = std::env::var_os("CW_KILL_DIR").map_or(temp.path().to_path_buf(), Into::into);
@@ -125,13 +125,16 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
     // A last life with no new load, until every acknowledged schedule is acked.
     let (mut child, lines) = spawn(&dir, "drain", cycles);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline
-        && ledger
+    let unfinished = |ledger: &Ledger| {
+        ledger
             .scheduled
             .keys()
             .any(|id| !ledger.acked.contains(id) && !ledger.handled.contains(id))
-    {
-        if let Ok(line) = lines.recv_timeout(Duration::from_millis(100)) {
+    };
+    // Asked every 100 ms, not after every line: it walks every schedule.
+    while Instant::now() < deadline && unfinished(&ledger) {
+        let pause = Instant::now() + Duration::from_millis(100);
+        while let Ok(line) = lines.recv_timeout(pause.saturating_duration_since(Instant::now())) {
             ledger.line(cycles, &line);
         }
     }
@@ -219,4 +222,92 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
         "redelivered without a kill: {:?}",
         ledger.bad_redeliveries
     );
+}
+
+/// The `order_timeout` example, built beside this test by `cargo test` (as every example
+/// is), `kill -9`ed once its orders are placed and run again: every unpaid order's
+/// timeout fires after the restart, none before its delay, and no paid order's ever does.
+#[test]
+fn the_order_timeout_example_survives_kill_dash_nine_and_a_restart() {
+    let example = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("examples/order_timeout")))
+        .filter(|path| path.exists())
+        .expect(
+            "the order_timeout example is not built beside this test: run the whole crate's \
+             tests (`cargo test -p corewheel-durable`), which builds the examples, or \
+             `cargo build -p corewheel-durable --examples` first",
+        );
+    let dir = tempfile::tempdir().unwrap();
+    let (orders, delay_ms) = (20_u32, 3000_u64);
+    let run = |orders: u32| {
+        let mut child = Command::new(&example)
+            .arg(dir.path())
+            .arg(orders.to_string())
+            .arg(delay_ms.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the example");
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        (Instant::now(), child, lines)
+    };
+    let (placing_started, mut child, lines) = run(orders);
+    let (mut paid, mut unpaid) = (HashSet::new(), HashSet::new());
+    let mut cancelled_before_kill = HashSet::new();
+    for line in lines {
+        let line = line.expect("the example's output");
+        if let Some(id) = line.strip_prefix("placed ") {
+            unpaid.insert(id.to_string());
+        } else if let Some(id) = line.strip_prefix("paid ") {
+            unpaid.remove(id);
+            paid.insert(id.to_string());
+        } else if let Some(rest) = line.strip_prefix("order ") {
+            cancelled_before_kill.insert(rest.split(' ').next().unwrap().to_string());
+        }
+        // The last order is odd, so unpaid: once it is placed, every order's fate is known.
+        if line.starts_with("placed ") && line.ends_with(&format!("-{}", orders - 1)) {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        (paid.len(), unpaid.len()),
+        (10, 10),
+        "every other order paid"
+    );
+
+    let (_, mut child, lines) = run(0);
+    let mut cancelled = HashMap::<String, usize>::new();
+    for line in lines {
+        let line = line.expect("the example's output");
+        if let Some(rest) = line.strip_prefix("order ") {
+            assert!(
+                placing_started.elapsed() >= Duration::from_millis(delay_ms),
+                "a timeout fired before its delay: {line}"
+            );
+            *cancelled
+                .entry(rest.split(' ').next().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    assert!(
+        child.wait().unwrap().success(),
+        "the restarted example failed"
+    );
+    for id in &paid {
+        assert!(
+            !cancelled.contains_key(id) && !cancelled_before_kill.contains(id),
+            "paid order {id} was cancelled"
+        );
+    }
+    for id in &unpaid {
+        let after = cancelled.get(id).copied().unwrap_or(0);
+        // Once after the restart; or already before the kill, and again only if the kill
+        // caught its handler before the ack was durable.
+        assert!(
+            after == 1 || (after == 0 && cancelled_before_kill.contains(id)),
+            "unpaid order {id}: cancelled {after} times after the restart"
+        );
+    }
 }

@@ -543,7 +543,8 @@ mod tests {
         let pool = Pool::new();
         let mut magazine = Magazine::EMPTY;
         let mut seen = std::collections::HashSet::new();
-        for _ in 0..3 * CHUNK_NODES {
+        // One node into a third chunk.
+        for _ in 0..2 * CHUNK_NODES + 1 {
             if magazine.len() == 0 && magazine.first.is_none() {
                 assert!(magazine.refill(&pool));
             }

@@ -231,6 +231,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "arithmetic only: no unsafe code or atomics to check")]
     fn ceil_after_matches_ceil_of_the_sum() {
         let origin = Instant::now();
         for tick_ns in [1, 7, 1_000, 1_000_000, 999_999_937] {

@@ -555,7 +555,7 @@ mod tests {
         let mut live: std::collections::HashMap<u64, (TimerKey, u64)> = Default::default();
         let mut now = 0_u64;
         let mut batch = [0_u32; 16];
-        let steps = if cfg!(miri) { 400 } else { 40_000 };
+        let steps = if cfg!(miri) { 250 } else { 40_000 };
         for id in 0..steps {
             match next(10) {
                 0..=4 => {
@@ -632,7 +632,7 @@ mod tests {
         let (mut w, t0) = wheel_split(split);
         let mut keys = Vec::new();
         // Fewer under Miri, which runs each variant a hundred times slower.
-        let count = if cfg!(miri) { 150 } else { 2_000_u64 };
+        let count = if cfg!(miri) { 60 } else { 2_000_u64 };
         for i in 0..count {
             keys.push(w.insert(t0 + ms(1 + i % 30), i));
         }
@@ -671,7 +671,7 @@ mod tests {
             .flat_map(|n| [(n, false), (n, true)])
         {
             let (mut w, t0) = wheel_split(split);
-            let count = if cfg!(miri) { 40 } else { 1_000_u64 };
+            let count = if cfg!(miri) { 20 } else { 1_000_u64 };
             let keys: Vec<_> = (0..count).map(|i| w.insert(t0 + ms(5), i)).collect();
             // Pushed back: the first two, the last two, and every seventh between.
             let pushed = |i: u64| i < 2 || i >= count - 2 || i % 7 == 0;
