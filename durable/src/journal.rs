@@ -17,12 +17,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::Error;
-use crate::record::{Record, RecordReader};
+use crate::record::{Kind, Record, RecordReader, salvage};
 use crate::store::{BucketInfo, SEQ_BITS, Store, Target};
 
 /// A control segment is closed and a new one begun past this size, so that old
@@ -36,6 +37,8 @@ pub(crate) struct Journal {
     /// Held for the journal's life: the exclusive lock on `dir/LOCK`.
     _lock: File,
     writer: Mutex<WriterState>,
+    /// Damaged spans that reads have passed over (a segment read twice counts twice).
+    damaged_spans: AtomicU64,
 }
 
 struct OpenSegment {
@@ -90,6 +93,7 @@ impl Journal {
                 next_segment: 0,
                 control_segments: Vec::new(),
             }),
+            damaged_spans: AtomicU64::new(0),
         })
     }
 
@@ -119,8 +123,10 @@ impl Journal {
         Ok(out.into_iter().map(|((epoch, _), p)| (epoch, p)).collect())
     }
 
-    /// Reads a segment's valid records; an older open's segment is cut at its first bad
-    /// record, since no one will append to it again.
+    /// Reads a segment's valid records. In an older open's segment, which no one appends
+    /// to again, a bad record is either a torn tail, cut for good, or a damaged span with
+    /// valid records after it up to the end: those are read too, and the file is left as
+    /// it is.
     fn read_segment(
         &self,
         epoch: u64,
@@ -137,10 +143,34 @@ impl Journal {
         while let Some(record) = reader.next_record()? {
             each(record);
         }
-        if epoch < self.epoch && reader.valid_len() < file_len {
-            let file = OpenOptions::new().write(true).open(path)?;
-            file.set_len(reader.valid_len())?;
-            file.sync_all()?;
+        let valid = reader.valid_len();
+        if epoch < self.epoch && valid < file_len {
+            let mut rest = Vec::new();
+            let mut file = File::open(path)?;
+            file.seek(SeekFrom::Start(valid))?;
+            file.read_to_end(&mut rest)?;
+            let (records, spans, to_the_end) = salvage(&rest);
+            // Bit rot leaves valid records after the damage, up to the file's end, each
+            // written by this segment's open. A crash leaves a torn record last, whose
+            // payload may hold bytes that look like a frame: that tail is cut.
+            let written_here = |r: &Record| match r.kind {
+                Kind::Task | Kind::Tomb | Kind::Dead => r.seq >> SEQ_BITS == epoch,
+                Kind::Done | Kind::Requeued => r.seq >> SEQ_BITS <= epoch,
+            };
+            if spans == 0 || !to_the_end || !records.iter().all(written_here) {
+                let file = OpenOptions::new().write(true).open(path)?;
+                file.set_len(valid)?;
+                file.sync_all()?;
+            } else {
+                self.damaged_spans.fetch_add(spans, Ordering::Relaxed);
+                eprintln!(
+                    "corewheel-durable: {}: {spans} damaged span(s) from byte {valid} passed \
+                     over, {} valid records after them read; what the damaged bytes held is lost",
+                    path.display(),
+                    records.len()
+                );
+                records.into_iter().for_each(each);
+            }
         }
         Ok(())
     }
@@ -175,6 +205,10 @@ impl Journal {
 }
 
 impl Store for Journal {
+    fn damaged_spans(&self) -> u64 {
+        self.damaged_spans.load(Ordering::Relaxed)
+    }
+
     fn epoch(&self) -> u64 {
         self.epoch
     }

@@ -47,8 +47,10 @@
 //! # Storage
 //! An append-only journal cut into time buckets (one folder of segments per
 //! [`Options::bucket_width`], an hour by default), with a CRC32 on every record. Each open
-//! writes new segments, so a torn or corrupted tail from a crash is cut where the
-//! checksum fails when the segment is read, and is never followed by good records. A
+//! writes new segments, so a torn tail from a crash is cut where the checksum fails
+//! when the segment is read, and is never followed by good records. Bytes damaged
+//! inside a segment lose only what they held: the valid records after them are read,
+//! and [`DurableTimers::damaged_spans`] counts the damage. A
 //! bucket whose tasks are all finished is deleted whole. Cancels and upserts write a
 //! tombstone to a control log, dropped once no bucket can hold an older version. A full
 //! disk fails the call that needed the write ([`Error::Io`]) and harms nothing

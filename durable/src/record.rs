@@ -3,7 +3,8 @@
 //! Every record is framed as `len: u32 LE | crc32: u32 LE | body`, where the CRC covers the
 //! body. The body is `kind: u8 | seq: u64 | due_ms: u64 | attempt: u32 | id_len: u16 | id |
 //! payload`, all little-endian. A reader stops at the first frame whose length is out of
-//! range or whose checksum does not match: that is a torn or corrupted tail.
+//! range or whose checksum does not match: a torn tail, or a damaged span, after which
+//! [`salvage`] finds the records that follow.
 
 use std::io::{self, Read};
 
@@ -162,6 +163,58 @@ impl<R: Read> RecordReader<R> {
     }
 }
 
+/// The record framed at the start of `bytes` and the frame's length, if a whole frame is
+/// there with a matching checksum and a well-formed body.
+fn frame_at(bytes: &[u8]) -> Option<(Record, usize)> {
+    let header = bytes.get(..FRAME_HEADER)?;
+    let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
+    let crc = u32::from_le_bytes(header[4..].try_into().unwrap());
+    if !(BODY_FIXED..=MAX_BODY).contains(&len) {
+        return None;
+    }
+    let body = bytes.get(FRAME_HEADER..FRAME_HEADER + len)?;
+    if crc32fast::hash(body) != crc {
+        return None;
+    }
+    Some((Record::decode_body(body)?, FRAME_HEADER + len))
+}
+
+/// The valid records in `bytes`, which start with a bad frame, with how many bad spans
+/// were followed by a valid record and whether the last record ends where `bytes` do.
+///
+/// A frame whose declared length runs past the end is torn, as a crash leaves the last
+/// record: nothing is read after it (its payload may hold bytes that look like a frame).
+/// A frame whose length holds but whose checksum fails is passed over whole when a valid
+/// frame follows it. Otherwise bytes are passed over one at a time until a whole frame
+/// with a matching checksum decodes, and records are read on from there.
+pub(crate) fn salvage(bytes: &[u8]) -> (Vec<Record>, u64, bool) {
+    let declared = bytes
+        .get(..4)
+        .map(|len| u32::from_le_bytes(len.try_into().unwrap()) as usize)
+        .filter(|len| (BODY_FIXED..=MAX_BODY).contains(len));
+    let mut at = match declared {
+        Some(len) if FRAME_HEADER + len > bytes.len() => return (Vec::new(), 0, false),
+        Some(len) if frame_at(&bytes[FRAME_HEADER + len..]).is_some() => FRAME_HEADER + len,
+        _ => 1,
+    };
+    let (mut records, mut spans, mut in_bad_span) = (Vec::new(), 0, true);
+    while at < bytes.len() {
+        match frame_at(&bytes[at..]) {
+            Some((record, len)) => {
+                spans += u64::from(in_bad_span);
+                in_bad_span = false;
+                records.push(record);
+                at += len;
+            }
+            None => {
+                in_bad_span = true;
+                at += 1;
+            }
+        }
+    }
+    (records, spans, !in_bad_span)
+}
+
 /// Fills `buf`, or returns `false` if the reader ends first.
 fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
     let mut filled = 0;
@@ -213,5 +266,79 @@ mod tests {
         let mut reader = RecordReader::new(buf.as_slice());
         assert_eq!(reader.next_record().unwrap(), None);
         assert_eq!(reader.valid_len(), 0);
+    }
+
+    /// Frames of tasks "0".."n" and where each starts.
+    fn frames(n: usize) -> (Vec<u8>, Vec<usize>) {
+        let (mut buf, mut starts) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            starts.push(buf.len());
+            task(&i.to_string()).encode(&mut buf);
+        }
+        (buf, starts)
+    }
+
+    fn ids(records: &[Record]) -> Vec<String> {
+        records
+            .iter()
+            .map(|r| String::from_utf8_lossy(&r.id).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn salvage_finds_the_records_after_damaged_spans_and_counts_the_spans() {
+        let (mut buf, starts) = frames(8);
+        buf[starts[2] + 12] ^= 0x40; // a body byte of record 2: its checksum fails
+        buf[starts[5] + 1] ^= 0x7f; // the length field of record 5: out of range
+        buf[starts[6] + 3] ^= 0x01;
+        let mut reader = RecordReader::new(buf.as_slice());
+        let mut before = Vec::new();
+        while let Some(record) = reader.next_record().unwrap() {
+            before.push(record);
+        }
+        assert_eq!(ids(&before), ["0", "1"]);
+        let (after, spans, to_the_end) = salvage(&buf[reader.valid_len() as usize..]);
+        assert_eq!(ids(&after), ["3", "4", "7"]);
+        assert_eq!(spans, 2);
+        assert!(to_the_end);
+        let (after, spans, to_the_end) = salvage(&buf[starts[2]..buf.len() - 1]);
+        assert_eq!(
+            (ids(&after), spans, to_the_end),
+            (vec!["3".into(), "4".into()], 1, false)
+        );
+    }
+
+    #[test]
+    fn a_torn_record_whose_payload_holds_a_frame_is_not_read_past() {
+        let mut inner = Vec::new();
+        task("forged").encode(&mut inner);
+        let mut buf = Vec::new();
+        let mut carrier = task("carrier");
+        carrier.payload = [inner.as_slice(), b"rest of the payload"].concat().into();
+        carrier.encode(&mut buf);
+        let inner_end = buf.len() - b"rest of the payload".len();
+        let (after, spans, _) = salvage(&buf[..inner_end]);
+        assert_eq!(
+            (after.len(), spans),
+            (0, 0),
+            "torn at the forged frame's end"
+        );
+        // Damaged inside its body, but whole: passed over whole, not read inside.
+        task("next").encode(&mut buf);
+        buf[FRAME_HEADER + 2] ^= 0x10;
+        let (after, spans, to_the_end) = salvage(&buf);
+        assert_eq!(
+            (ids(&after), spans, to_the_end),
+            (vec!["next".into()], 1, true)
+        );
+    }
+
+    #[test]
+    fn salvage_of_a_torn_tail_finds_nothing() {
+        let (buf, starts) = frames(3);
+        let (after, spans, to_the_end) = salvage(&buf[starts[2]..buf.len() - 1]);
+        assert_eq!((after.len(), spans, to_the_end), (0, 0, false));
+        let (after, spans, to_the_end) = salvage(&[0; 100]);
+        assert_eq!((after.len(), spans, to_the_end), (0, 0, false));
     }
 }

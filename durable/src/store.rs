@@ -48,6 +48,8 @@ pub(crate) trait Store: Send + Sync {
     fn delete_bucket(&self, start_ms: u64) -> io::Result<()>;
     /// Deletes control segments whose tombstones all have sequence numbers below `seq`.
     fn prune_control(&self, seq: u64) -> io::Result<()>;
+    /// Damaged spans in segments that reads have passed over since open.
+    fn damaged_spans(&self) -> u64;
 }
 
 /// Low bits of a sequence number that count within one open; the high bits are the epoch.

@@ -1,6 +1,7 @@
-//! Bad disks on real files: a torn segment tail and flipped bytes in another segment are
-//! cut at reopen without losing what was written before them, and a write that hits a
-//! file-size limit fails its call with a typed error and harms nothing acknowledged.
+//! Bad disks on real files: a torn segment tail and flipped bytes in another segment's last
+//! record are cut at reopen without losing what was written before them; flipped bytes
+//! inside a segment lose only the damaged record; and a write that hits a file-size limit
+//! fails its call with a typed error and harms nothing acknowledged.
 
 mod common;
 
@@ -31,6 +32,20 @@ fn segment_of(dir: &Path, start: SystemTime) -> PathBuf {
         .collect();
     assert_eq!(segments.len(), 1, "one segment in {}", folder.display());
     segments.pop().unwrap()
+}
+
+/// Flips bits of the two bytes at `at`, as bit rot does.
+fn flip_two_bytes(path: &Path, at: u64) {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut byte = [0u8; 2];
+    file.seek(SeekFrom::Start(at)).unwrap();
+    file.read_exact(&mut byte).unwrap();
+    file.seek(SeekFrom::Start(at)).unwrap();
+    file.write_all(&[byte[0] ^ 0xff, byte[1] ^ 0x5a]).unwrap();
 }
 
 fn len(path: &Path) -> u64 {
@@ -69,19 +84,7 @@ fn torn_and_corrupt_segment_tails_are_cut_and_everything_before_them_is_delivere
         .unwrap()
         .set_len(len(&last) - record / 2)
         .unwrap();
-    {
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&first)
-            .unwrap();
-        let at = len(&first) - 3;
-        let mut byte = [0u8; 2];
-        file.seek(SeekFrom::Start(at)).unwrap();
-        file.read_exact(&mut byte).unwrap();
-        file.seek(SeekFrom::Start(at)).unwrap();
-        file.write_all(&[byte[0] ^ 0xff, byte[1] ^ 0x5a]).unwrap();
-    }
+    flip_two_bytes(&first, len(&first) - 3);
 
     let (clock, options) = manual();
     let timers = DurableTimers::open(dir.path(), options).unwrap();
@@ -113,6 +116,55 @@ fn torn_and_corrupt_segment_tails_are_cut_and_everything_before_them_is_delivere
         seen.values().all(|&c| c == 1),
         "each delivered once: {seen:?}"
     );
+    timers.close().unwrap();
+}
+
+/// Bit rot inside a segment, not at its end: the damaged record is lost, but every record
+/// after it is still read and delivered, the file is not cut, and the damage is counted.
+#[test]
+fn flipped_bytes_inside_a_segment_lose_only_the_damaged_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 20;
+    let due = |i: u32| t0() + 10 * MIN + Duration::from_secs(i.into());
+    {
+        let (_clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options).unwrap();
+        for i in 0..n {
+            let id = format!("{i:02}");
+            timers.schedule(&id, id.as_bytes(), due(i)).unwrap();
+        }
+        timers.close().unwrap();
+    }
+    let segment = segment_of(dir.path(), t0());
+    let record = len(&segment) / u64::from(n);
+    assert_eq!(len(&segment), record * u64::from(n));
+    // Two bytes of record 5's body, as bit rot flips them.
+    flip_two_bytes(&segment, 5 * record + record / 2);
+
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    let mut seen = HashMap::new();
+    for i in (0..n).filter(|&i| i != 5) {
+        clock.set(due(i));
+        let s = next(&rx);
+        assert!(s.due <= clock.now(), "{} early", s.id);
+        assert_eq!(s.payload, s.id.as_bytes(), "payload of {}", s.id);
+        *seen.entry(s.id).or_insert(0) += 1;
+    }
+    clock.set(due(n) + MIN);
+    quiet(&rx, 300);
+    let expected: HashSet<String> = (0..n)
+        .filter(|&i| i != 5)
+        .map(|i| format!("{i:02}"))
+        .collect();
+    assert_eq!(seen.keys().cloned().collect::<HashSet<_>>(), expected);
+    assert!(
+        seen.values().all(|&c| c == 1),
+        "each delivered once: {seen:?}"
+    );
+    assert!(timers.damaged_spans() >= 1, "the damage was not counted");
+    assert_eq!(len(&segment), record * u64::from(n), "the segment was cut");
     timers.close().unwrap();
 }
 
