@@ -1025,11 +1025,12 @@ impl WheelCore {
     /// level-`L` slot, the slots of level `L - 1` behind it are past and empty, so the next
     /// level-`L` slot's timers due in them can wait there (as that level's next rotation,
     /// see [`Geometry::slot_start`]) instead of all being moved down at once when their
-    /// slot begins. Without this a storm's 4-second level-2 slot moved half a million
-    /// timers in one poll, 11 ms late. The timers due in the slots `elapsed` has not yet
-    /// passed stay for a later pass; those due in the last of them, and any pushed back out
-    /// of the slot, stay for the boundary, which leaves them there, to be moved down a share
-    /// per poll after it (see [`leave_at_boundary`](Self::leave_at_boundary)).
+    /// slot begins. Without this one poll at a coarse boundary moves the whole slot, however
+    /// many timers it holds (the lateness bound's test). The timers due in the slots
+    /// `elapsed` has not yet passed stay for a later pass; those due in the last of them,
+    /// and any pushed back out of the slot, stay for the boundary, which leaves them there,
+    /// to be moved down a share per poll after it (see
+    /// [`leave_at_boundary`](Self::leave_at_boundary)).
     ///
     /// A walk goes along the slot's list from where the last one stopped: the last timer it
     /// left in place is its anchor (moved back to the timer before it if it leaves, see
