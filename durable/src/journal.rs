@@ -69,7 +69,10 @@ impl Journal {
             Err(fs::TryLockError::Error(e)) => return Err(Error::Io(e)),
         }
         check_meta(dir, bucket_ms)?;
-        let epoch = read_number(&dir.join("EPOCH"))?.unwrap_or(0) + 1;
+        // Past every epoch on disk, even with EPOCH lost or restored from an old copy:
+        // sequence numbers below an existing tombstone would be void at the next open.
+        let last = read_number(&dir.join("EPOCH"))?.unwrap_or(0);
+        let epoch = last.max(latest_segment_epoch(dir)?) + 1;
         if epoch >= 1 << (64 - SEQ_BITS) {
             return Err(Error::BadFormat("epoch counter exhausted".into()));
         }
@@ -350,6 +353,41 @@ fn max_seq(bytes: &[u8]) -> u64 {
 }
 
 /// `(epoch, n)` from a segment file name `<epoch>-<n>.seg`.
+/// The largest epoch in the name of any segment under `dir` (0 if none).
+fn latest_segment_epoch(dir: &Path) -> io::Result<u64> {
+    let mut folders = vec![dir.join("control"), dir.join("dead")];
+    match fs::read_dir(dir.join("buckets")) {
+        Ok(entries) => {
+            for entry in entries {
+                folders.push(entry?.path());
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut latest = 0;
+    for folder in folders {
+        let entries = match fs::read_dir(&folder) {
+            Ok(entries) => entries,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            if let Some((epoch, _)) = segment_key(&entry?.path()) {
+                latest = latest.max(epoch);
+            }
+        }
+    }
+    Ok(latest)
+}
+
 fn segment_key(path: &Path) -> Option<(u64, u64)> {
     let name = path.file_name()?.to_str()?.strip_suffix(".seg")?;
     let (epoch, n) = name.split_once('-')?;

@@ -16,18 +16,28 @@ use crate::window::Load;
 
 /// How often the loader looks for a bucket to read when none is due for loading.
 const IDLE_POLL: Duration = Duration::from_millis(20);
+/// How long a bucket whose read failed waits before it is read again; the other buckets
+/// are loaded meanwhile.
+const RETRY_MS: u64 = 1000;
 
 /// Runs until shutdown.
 pub(crate) fn run(shared: Arc<Shared>) {
     let ahead = u64::try_from(shared.options.load_ahead.as_millis()).unwrap_or(u64::MAX);
+    // Buckets whose read failed, and when each is read again.
+    let mut retry_at: HashMap<u64, u64> = HashMap::new();
     while !shared.stopping() {
-        let target = shared.now_ms().saturating_add(ahead);
+        let now = shared.now_ms();
+        let target = now.saturating_add(ahead);
         let next = {
             let mut core = shared.core();
             let next = core
                 .buckets
                 .iter()
-                .find(|(start, b)| **start <= target && matches!(b.load, Load::Unloaded))
+                .find(|(start, b)| {
+                    **start <= target
+                        && matches!(b.load, Load::Unloaded)
+                        && retry_at.get(*start).is_none_or(|&at| at <= now)
+                })
                 .map(|(start, _)| *start);
             match next {
                 Some(start) => {
@@ -43,7 +53,13 @@ pub(crate) fn run(shared: Arc<Shared>) {
             }
         };
         match next {
-            Some((start, applied)) => load(&shared, start, applied),
+            Some((start, applied)) => {
+                if load(&shared, start, applied) {
+                    retry_at.remove(&start);
+                } else {
+                    retry_at.insert(start, now.saturating_add(RETRY_MS));
+                }
+            }
             None => shared.pause(IDLE_POLL),
         }
     }
@@ -51,18 +67,21 @@ pub(crate) fn run(shared: Arc<Shared>) {
 
 /// Reads one bucket and arms its live tasks, oldest due first. Only records applied by
 /// the writer when loading began (`applied`) are taken from disk; see
-/// [`Window::applied_seq`](crate::window::Window::applied_seq).
-fn load(shared: &Shared, start: u64, applied: u64) {
-    let tasks = loop {
-        match read(shared, start, applied) {
-            Ok(tasks) => break tasks,
-            Err(e) => {
-                eprintln!("corewheel-durable: reading bucket {start}: {e}; trying again");
-                if shared.stopping() {
-                    return;
-                }
-                shared.pause(Duration::from_secs(1));
+/// [`Window::applied_seq`](crate::window::Window::applied_seq). A bucket that cannot be
+/// read goes back to unloaded (what was committed to it meanwhile is on disk too) and
+/// `false` is returned.
+fn load(shared: &Shared, start: u64, applied: u64) -> bool {
+    let tasks = match read(shared, start, applied) {
+        Ok(tasks) => tasks,
+        Err(e) => {
+            eprintln!(
+                "corewheel-durable: reading bucket {start}: {e}; read again in {RETRY_MS} ms, \
+                 the other buckets meanwhile"
+            );
+            if let Some(bucket) = shared.core().buckets.get_mut(&start) {
+                bucket.load = Load::Unloaded;
             }
+            return false;
         }
     };
     let mut core = shared.core();
@@ -71,7 +90,7 @@ fn load(shared: &Shared, start: u64, applied: u64) {
             Load::Loading(waiting) => waiting,
             _ => Vec::new(),
         },
-        None => return,
+        None => return true,
     };
     for task in tasks.into_iter().chain(waiting) {
         if !core.is_void(&task.id, task.seq) {
@@ -80,6 +99,7 @@ fn load(shared: &Shared, start: u64, applied: u64) {
     }
     drop(core);
     shared.core_changed.notify_all();
+    true
 }
 
 /// The bucket's tasks that no Done record finishes, sorted by due time.

@@ -6,7 +6,7 @@
 //! batch and applies the batch to the window. So concurrent callers share an fsync, and
 //! nothing reaches the wheel (or is delivered) before it is durable.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
@@ -43,6 +43,11 @@ pub(crate) struct Writer {
     /// there is a listener. The listener does not run here: one that schedules would
     /// wait on this very thread for its answer.
     acks: Option<Sender<Box<[u8]>>>,
+    /// The batch being built: the newest tombstone it writes for each id, and the dead
+    /// letters it requeues. The window learns of them only once the batch is durable, so
+    /// an op later in the same batch must look here too.
+    batch_tombs: HashMap<Box<[u8]>, u64>,
+    batch_requeued: HashSet<u64>,
 }
 
 impl Writer {
@@ -53,6 +58,8 @@ impl Writer {
             next_seq,
             retry_later: Vec::new(),
             acks,
+            batch_tombs: HashMap::new(),
+            batch_requeued: HashSet::new(),
         }
     }
 
@@ -142,6 +149,8 @@ impl Writer {
         let mut acked: Vec<Box<[u8]>> = Vec::new();
         let mut replies: Vec<(Reply, Result<(), Error>)> = Vec::new();
         let mut finishes = Vec::new();
+        self.batch_tombs.clear();
+        self.batch_requeued.clear();
         {
             let mut core = shared.core();
             let now_ms = shared.now_ms();
@@ -156,17 +165,22 @@ impl Writer {
                     Op::Cancel(id, reply) => {
                         if core.bloom.may_contain(&id) {
                             let seq = self.seq();
-                            writes.record(Target::Control, &Record::marker(Kind::Tomb, &id, seq));
-                            effects.push(Effect::Tomb(id, seq));
+                            self.tomb(id, seq, &mut writes, &mut effects);
                         }
                         replies.push((reply, Ok(())));
                     }
                     Op::Requeue(id, reply) => {
-                        let Some(pos) = core.dead.iter().rposition(|t| t.id == id) else {
+                        let requeued = &self.batch_requeued;
+                        let Some(pos) = core
+                            .dead
+                            .iter()
+                            .rposition(|t| t.id == id && !requeued.contains(&t.seq))
+                        else {
                             replies.push((reply, Err(Error::NotDead)));
                             continue;
                         };
                         let dead = core.dead[pos].clone();
+                        self.batch_requeued.insert(dead.seq);
                         writes.record(Target::Dead, &Record::marker(Kind::Requeued, &id, dead.seq));
                         effects.push(Effect::Undead(dead.seq));
                         let task = NewTask {
@@ -238,8 +252,7 @@ impl Writer {
     ) {
         let seq = self.seq();
         if core.bloom.may_contain(&task.id) {
-            writes.record(Target::Control, &Record::marker(Kind::Tomb, &task.id, seq));
-            effects.push(Effect::Tomb(task.id.clone(), seq));
+            self.tomb(task.id.clone(), seq, writes, effects);
         } else {
             core.bloom.insert(&task.id);
         }
@@ -264,6 +277,13 @@ impl Writer {
         }));
     }
 
+    /// Records a tombstone: every record of `id` below `seq` is void.
+    fn tomb(&mut self, id: Box<[u8]>, seq: u64, writes: &mut Writes, effects: &mut Vec<Effect>) {
+        writes.record(Target::Control, &Record::marker(Kind::Tomb, &id, seq));
+        self.batch_tombs.insert(id.clone(), seq);
+        effects.push(Effect::Tomb(id, seq));
+    }
+
     /// Records how a delivered task ended: done, a retry later, or a dead letter.
     fn finish(
         &mut self,
@@ -279,7 +299,11 @@ impl Writer {
             &Record::marker(Kind::Done, &task.id, task.seq),
         );
         effects.push(Effect::Finished(task.bucket));
-        let void = core.is_void(&task.id, task.seq);
+        let void = core.is_void(&task.id, task.seq)
+            || self
+                .batch_tombs
+                .get(&task.id)
+                .is_some_and(|&tomb| tomb > task.seq);
         if matches!(outcome, Outcome::Succeeded) || void {
             return;
         }

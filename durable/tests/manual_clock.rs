@@ -269,3 +269,209 @@ fn a_cancel_after_the_hand_over_to_the_handlers_still_stops_the_task() {
     );
     quiet(&rx, 200);
 }
+
+/// A directory holding the task "x" (payload "old"), due at t0 + 1 s, and `filler` tasks a
+/// hundred hours out: at the next open the writer reads every one of them (to fill its
+/// upsert filter) before it takes any op, while the loader and dispatcher already deliver
+/// "x". Ops sent meanwhile wait, and the writer then takes them all in one batch.
+fn dir_with_x_and_a_busy_writer_at_open(filler: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, options) = manual();
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    timers.schedule("x", b"old", t0() + SEC).unwrap();
+    let far = t0() + Duration::from_secs(100 * 3600);
+    for chunk in 0..filler / 10_000 {
+        timers
+            .schedule_batch((0..10_000).map(|i| (format!("filler-{chunk}-{i}"), [0u8; 64], far)))
+            .unwrap();
+    }
+    timers.close().unwrap();
+    dir
+}
+
+/// Reopens `dir` at t0 + 2 s with a handler that fails "x" on attempt 1 only when told
+/// to, after `during` (run while the handler holds "x") has sent its op. Returns the
+/// timers, the clock and the deliveries. Panics if the op was answered before the
+/// handler's failure was sent (then the two were not in one batch and the run proves
+/// nothing).
+fn fail_x_while(
+    dir: &std::path::Path,
+    during: impl FnOnce(std::sync::Arc<DurableTimers>) + Send + 'static,
+) -> (
+    std::sync::Arc<DurableTimers>,
+    std::sync::Arc<corewheel_durable::ManualWallClock>,
+    std::sync::mpsc::Receiver<common::Seen>,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, mpsc};
+    let (clock, options) = manual();
+    clock.set(t0() + 2 * SEC);
+    let options = options.retry(RetryPolicy {
+        max_attempts: 5,
+        initial_backoff: SEC,
+        multiplier: 1,
+        max_backoff: SEC,
+    });
+    let timers = Arc::new(DurableTimers::open(dir, options).unwrap());
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let (held_tx, held_rx) = mpsc::channel::<()>();
+    let held_tx = Mutex::new(held_tx);
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = Mutex::new(go_rx);
+    timers
+        .run_handler(1, move |task| {
+            let seen = common::Seen {
+                id: String::from_utf8_lossy(task.id()).into_owned(),
+                attempt: task.attempt(),
+                payload: task.payload().to_vec(),
+                due: task.due(),
+            };
+            let first = seen.id == "x" && seen.attempt == 1;
+            let _ = tx.lock().unwrap().send(seen);
+            if first {
+                let _ = held_tx.lock().unwrap().send(());
+                let _ = go_rx.lock().unwrap().recv();
+                return Err("x fails its first attempt");
+            }
+            Ok(())
+        })
+        .unwrap();
+    held_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("x delivered while the writer reads the filler");
+    let answered = Arc::new(AtomicBool::new(false));
+    let op = std::thread::spawn({
+        let timers = Arc::clone(&timers);
+        let answered = Arc::clone(&answered);
+        move || {
+            during(timers);
+            answered.store(true, Ordering::SeqCst);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !answered.load(Ordering::SeqCst),
+        "precondition: the writer was still busy when the op was sent (raise the filler)"
+    );
+    go_tx.send(()).unwrap();
+    op.join().unwrap();
+    (timers, clock, rx)
+}
+
+/// A cancel committed in the same group commit as the failure of the task's running
+/// handler (the cancel first) stops the retry, in this process and after a reopen: a task
+/// whose handler is already running is not stopped, but if that handler fails, the task
+/// is not retried.
+#[test]
+fn cancel_in_the_same_group_commit_as_a_failing_handler_stops_the_retry() {
+    let dir = dir_with_x_and_a_busy_writer_at_open(300_000);
+    let (timers, clock, rx) = fail_x_while(dir.path(), |t| t.cancel("x").unwrap());
+    let first = next(&rx);
+    assert_eq!((first.id.as_str(), first.attempt), ("x", 1));
+    // Past the 1 s backoff: a retry would come now.
+    clock.advance(10 * SEC);
+    quiet(&rx, 500);
+    drop(timers);
+    let (clock, options) = manual();
+    clock.set(t0() + 20 * SEC);
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    quiet(&rx, 500);
+}
+
+/// The same race with an upsert instead of a cancel: the new version ("new", due at
+/// t0 + 30 s) was acknowledged, and it is what is delivered, not a retry of the old.
+#[test]
+fn upsert_in_the_same_group_commit_as_a_failing_handler_is_not_lost() {
+    let dir = dir_with_x_and_a_busy_writer_at_open(300_000);
+    let (timers, clock, rx) = fail_x_while(dir.path(), |t| {
+        t.schedule("x", b"new", t0() + 30 * SEC).unwrap()
+    });
+    let first = next(&rx);
+    assert_eq!((first.id.as_str(), first.attempt), ("x", 1));
+    clock.set(t0() + 29 * SEC);
+    quiet(&rx, 500);
+    clock.set(t0() + 30 * SEC);
+    let seen = next(&rx);
+    assert_eq!(
+        (seen.id.as_str(), seen.payload.as_slice()),
+        ("x", b"new".as_slice()),
+        "the acknowledged upsert is what is delivered"
+    );
+    quiet(&rx, 300);
+    drop(timers);
+}
+
+/// Two concurrent requeues of one dead letter that land in one group commit: one returns
+/// `Ok`, the other `NotDead`; one dead letter is requeued once.
+#[test]
+fn two_requeues_of_one_dead_letter_in_one_group_commit_do_not_both_succeed() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let one_try = RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    };
+    {
+        let (clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options.retry(one_try.clone())).unwrap();
+        let rx = collect(&timers, |id, _| id == "x");
+        timers.schedule("x", b"p", t0() + SEC).unwrap();
+        clock.advance(SEC);
+        assert_eq!(next(&rx).id, "x");
+        eventually(|| timers.dead_letters().len() == 1);
+        let far = t0() + Duration::from_secs(100 * 3600);
+        for chunk in 0..30 {
+            timers
+                .schedule_batch(
+                    (0..10_000).map(|i| (format!("filler-{chunk}-{i}"), [0u8; 64], far)),
+                )
+                .unwrap();
+        }
+        timers.close().unwrap();
+    }
+    // At this open the writer reads the 300k filler ids before it takes any op, so the two
+    // requeues below wait together and are committed in one batch.
+    let (clock, options) = manual();
+    clock.set(t0() + 10 * SEC);
+    let timers = Arc::new(DurableTimers::open(dir.path(), options.retry(one_try)).unwrap());
+    assert_eq!(timers.dead_letters().len(), 1);
+    let a = std::thread::spawn({
+        let t = Arc::clone(&timers);
+        move || t.requeue("x").is_ok()
+    });
+    let b = std::thread::spawn({
+        let t = Arc::clone(&timers);
+        move || t.requeue("x").is_ok()
+    });
+    let oks = usize::from(a.join().unwrap()) + usize::from(b.join().unwrap());
+    assert!(timers.dead_letters().is_empty());
+    assert_eq!(oks, 1, "one dead letter was requeued twice");
+}
+
+/// The same race, then a restart before anything else happens: what is on disk delivers
+/// the acknowledged upsert, once, and not the old version.
+#[test]
+fn upsert_in_the_same_group_commit_as_a_failing_handler_survives_a_restart() {
+    let dir = dir_with_x_and_a_busy_writer_at_open(300_000);
+    let (timers, _clock, rx) = fail_x_while(dir.path(), |t| {
+        t.schedule("x", b"new", t0() + 30 * SEC).unwrap()
+    });
+    assert_eq!(next(&rx).attempt, 1);
+    std::thread::sleep(Duration::from_millis(200));
+    drop(timers);
+    let (clock, options) = manual();
+    clock.set(t0() + 30 * SEC);
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    let mut got = Vec::new();
+    while let Ok(s) = rx.recv_timeout(Duration::from_millis(1500)) {
+        got.push((
+            s.id,
+            String::from_utf8_lossy(&s.payload).into_owned(),
+            s.attempt,
+        ));
+    }
+    assert_eq!(got, vec![("x".to_string(), "new".to_string(), 1)]);
+}
