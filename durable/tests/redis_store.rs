@@ -3,7 +3,7 @@
 //! at the end. No mock. Without `redis-server` every test says so loudly and passes.
 #![cfg(feature = "redis")]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -956,4 +956,309 @@ fn a_stuck_process_does_not_rejoin_and_retake_its_shards() {
     drop(stuck);
     let log = log.lock().unwrap();
     assert!(log.values().all(|runs| runs.len() == 1), "{log:?}");
+}
+
+#[test]
+fn a_schedule_right_after_redis_restarted_succeeds() {
+    let Some(mut server) = Server::start("schedule_after_restart") else {
+        return;
+    };
+    let t = RedisTimers::open(&server.url(), "restarted", opts()).unwrap();
+    t.schedule("before", b"", SystemTime::now() + Duration::from_secs(60))
+        .unwrap();
+    server.crash_and_restart();
+    // The server is back and answers; the pooled connection is the old one.
+    let result = t.schedule("after", b"", SystemTime::now() + Duration::from_secs(60));
+    assert!(
+        result.is_ok(),
+        "schedule to a restarted, answering server failed: {result:?}"
+    );
+}
+
+#[test]
+fn the_hand_written_consumer_api_refuses_every_misuse() {
+    let Some(server) = Server::start("misuse") else {
+        return;
+    };
+    let t = RedisTimers::open(&server.url(), "misuse", opts()).unwrap();
+    let other = RedisTimers::open(&server.url(), "misuse2", opts()).unwrap();
+    t.schedule("j", b"", a_second_ago()).unwrap();
+    other.schedule("j", b"", a_second_ago()).unwrap();
+    let mut claim = t.claim_next().unwrap().unwrap();
+    let mut theirs = other.claim_next().unwrap().unwrap();
+    // Another queue's claim on the same id and shard.
+    assert!(matches!(t.ack(&theirs), Err(Error::LeaseLost)));
+    assert!(matches!(t.renew(&mut theirs), Err(Error::LeaseLost)));
+    assert!(matches!(t.fail(&theirs), Err(Error::LeaseLost)));
+    t.ack(&claim).unwrap();
+    assert!(matches!(t.ack(&claim), Err(Error::LeaseLost)));
+    assert!(matches!(t.renew(&mut claim), Err(Error::LeaseLost)));
+    assert!(matches!(t.fail(&claim), Err(Error::LeaseLost)));
+    assert_eq!(t.pending().unwrap(), 0);
+    assert!(t.dead_letters().unwrap().is_empty());
+    other.ack(&theirs).unwrap();
+    // Odd ids: binary, spaces, braces, a 1-byte NUL.
+    for id in [&b"{x} y"[..], b"\0", b"\xff\xfe", b"1 2"] {
+        t.schedule(id, b"\0p", a_second_ago()).unwrap();
+        let c = t.claim_next().unwrap().expect("the odd id");
+        assert_eq!(c.task().id(), id);
+        assert_eq!(c.task().payload(), b"\0p");
+        t.ack(&c).unwrap();
+    }
+    // The largest payload round-trips.
+    let big = vec![7u8; corewheel_durable::MAX_PAYLOAD_LEN];
+    t.schedule("big", &big, a_second_ago()).unwrap();
+    let c = t.claim_next().unwrap().unwrap();
+    assert_eq!(c.task().payload().len(), big.len());
+    t.ack(&c).unwrap();
+    // Due at the epoch itself.
+    t.schedule("epoch", b"", std::time::UNIX_EPOCH).unwrap();
+    let c = t.claim_next().unwrap().unwrap();
+    assert_eq!(c.task().due(), std::time::UNIX_EPOCH);
+    t.ack(&c).unwrap();
+}
+
+#[test]
+fn consumers_joining_and_leaving_mid_run_deliver_every_task_once_and_never_two_at_once() {
+    let Some(server) = Server::start("churn") else {
+        return;
+    };
+    // (instance, start, end) per id.
+    type Runs = Arc<Mutex<HashMap<String, Vec<(usize, Instant, Instant)>>>>;
+    let runs: Runs = Arc::default();
+    let options = opts().shards(8);
+    let start_consumer = |n: usize| {
+        let t = RedisTimers::open(&server.url(), "churn", options.clone()).unwrap();
+        let runs = Arc::clone(&runs);
+        t.run_handler(2, move |task| {
+            let started = Instant::now();
+            std::thread::sleep(Duration::from_millis(fastrand::u64(5..20)));
+            runs.lock()
+                .unwrap()
+                .entry(String::from_utf8_lossy(task.id()).into_owned())
+                .or_default()
+                .push((n, started, Instant::now()));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        t
+    };
+    let mut live: VecDeque<RedisTimers> = (0..3).map(start_consumer).collect();
+    let producer = RedisTimers::open(&server.url(), "churn", options.clone()).unwrap();
+    let start = SystemTime::now();
+    let due: HashMap<String, SystemTime> = (0..400)
+        .map(|i| {
+            (
+                format!("c{i}"),
+                start + Duration::from_millis(100 + (i * 13) % 4000),
+            )
+        })
+        .collect();
+    producer
+        .schedule_batch(due.iter().map(|(id, d)| (id.clone(), Vec::new(), *d)))
+        .unwrap();
+    let mut closers = Vec::new();
+    for n in 3..13 {
+        std::thread::sleep(Duration::from_millis(350));
+        let leaving = live.pop_front().unwrap();
+        closers.push(std::thread::spawn(move || leaving.close().unwrap()));
+        live.push_back(start_consumer(n));
+    }
+    wait_until("every task acked", Duration::from_secs(20), || {
+        producer.pending().unwrap() == 0
+    });
+    for c in closers {
+        c.join().unwrap();
+    }
+    let runs = runs.lock().unwrap();
+    let missing: Vec<&String> = due.keys().filter(|id| !runs.contains_key(*id)).collect();
+    assert!(missing.is_empty(), "never delivered: {missing:?}");
+    for (id, r) in runs.iter() {
+        assert_eq!(r.len(), 1, "{id} delivered {} times: {r:?}", r.len());
+    }
+    drop(live);
+}
+
+#[test]
+fn redis_stopped_longer_than_a_lease_mid_run_loses_nothing_and_fires_nothing_early() {
+    let Some(server) = Server::start("sigstop") else {
+        return;
+    };
+    let log: Log = Arc::default();
+    let consumers: Vec<RedisTimers> = (0..2)
+        .map(|_| {
+            let t = RedisTimers::open(&server.url(), "stopped", opts()).unwrap();
+            let record = recording(&log);
+            t.run_handler(2, move |task| {
+                record(task)?;
+                std::thread::sleep(Duration::from_millis(20));
+                Ok::<(), String>(())
+            })
+            .unwrap();
+            t
+        })
+        .collect();
+    let producer = RedisTimers::open(&server.url(), "stopped", opts()).unwrap();
+    let start = SystemTime::now();
+    let tasks: Vec<(String, Vec<u8>, SystemTime)> = (0..200)
+        .map(|i| {
+            (
+                format!("s{i}"),
+                vec![],
+                start + Duration::from_millis(200 + i * 15),
+            )
+        })
+        .collect();
+    producer.schedule_batch(tasks.clone()).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    server.pause();
+    std::thread::sleep(Duration::from_millis(2000));
+    server.resume();
+    let resumed = Instant::now();
+    wait_until("every task acked", Duration::from_secs(30), || {
+        producer.pending().is_ok_and(|n| n == 0)
+    });
+    eprintln!("drained {:?} after SIGCONT", resumed.elapsed());
+    let log = log.lock().unwrap();
+    for (id, _, due) in &tasks {
+        let runs = log
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} never delivered"));
+        for (ran, _, _) in runs {
+            assert!(ran >= due, "{id} ran early");
+        }
+    }
+    let redelivered = log.values().filter(|r| r.len() > 1).count();
+    eprintln!("{redelivered} tasks delivered more than once");
+    drop(consumers);
+}
+
+#[test]
+fn one_large_schedule_batch_does_not_block_the_server_for_every_other_client() {
+    let Some(server) = Server::start("big_batch") else {
+        return;
+    };
+    // A script holds the whole server while it runs: a batch is sent in short scripts, so
+    // another client (a renewal, a claim, a heartbeat) waits milliseconds, not seconds.
+    let t = RedisTimers::open(&server.url(), "big", opts().shards(1)).unwrap();
+    let later = SystemTime::now() + Duration::from_secs(3600);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pinger = {
+        let (url, stop) = (server.url(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let mut worst = Duration::ZERO;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let sent = Instant::now();
+                let _: String = redis::cmd("PING").query(&mut conn).unwrap();
+                worst = worst.max(sent.elapsed());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            worst
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let started = Instant::now();
+    t.schedule_batch((0..300_000).map(|i| (format!("b{i}"), Vec::new(), later)))
+        .unwrap();
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let worst = pinger.join().unwrap();
+    eprintln!("batch of 300k took {took:?}; worst PING from another client {worst:?}");
+    assert!(
+        worst < Duration::from_millis(600),
+        "another client waited {worst:?} for a PING: longer than a 600 ms lease"
+    );
+}
+
+#[test]
+fn the_smallest_window_and_visibility_allowed_still_deliver_everything() {
+    let Some(server) = Server::start("tiny_window") else {
+        return;
+    };
+    let options = RedisOptions::default()
+        .shards(16)
+        .window(Duration::from_millis(1))
+        .visibility(Duration::from_millis(30));
+    let log: Log = Arc::default();
+    let consumers: Vec<RedisTimers> = (0..2)
+        .map(|_| {
+            let t = RedisTimers::open(&server.url(), "tiny", options.clone()).unwrap();
+            let record = recording(&log);
+            t.run_handler(2, move |task| {
+                record(task)?;
+                std::thread::sleep(Duration::from_millis(fastrand::u64(0..50)));
+                Ok::<(), String>(())
+            })
+            .unwrap();
+            t
+        })
+        .collect();
+    let start = SystemTime::now();
+    consumers[0]
+        .schedule_batch((0..200).map(|i| {
+            (
+                format!("t{i}"),
+                Vec::new(),
+                start + Duration::from_millis(100 + i * 10),
+            )
+        }))
+        .unwrap();
+    wait_until("every task acked", Duration::from_secs(30), || {
+        consumers[0].pending().unwrap() == 0
+    });
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 200);
+    let dup = log.values().filter(|r| r.len() > 1).count();
+    eprintln!("tiny window: {dup} of 200 delivered more than once");
+    drop(consumers);
+}
+
+#[test]
+fn a_retry_is_never_delivered_before_its_backoff_has_passed_since_the_failure() {
+    let Some(server) = Server::start("retry_early") else {
+        return;
+    };
+    // A retry is due `backoff` after the failure by the server's clock, rounded up to the
+    // millisecond: never before `backoff` has passed since the attempt began.
+    let backoff = Duration::from_millis(20);
+    let policy = RetryPolicy {
+        max_attempts: 1000,
+        initial_backoff: backoff,
+        multiplier: 1,
+        max_backoff: backoff,
+    };
+    let t = RedisTimers::open(&server.url(), "retry_early", opts().retry(policy)).unwrap();
+    let failed_at: Arc<Mutex<Vec<(u32, SystemTime, SystemTime)>>> = Arc::default();
+    {
+        let failed_at = Arc::clone(&failed_at);
+        t.run_handler(1, move |task| {
+            // Started at; the Err below is the failure, right after.
+            failed_at
+                .lock()
+                .unwrap()
+                .push((task.attempt(), SystemTime::now(), task.due()));
+            Err::<(), ()>(())
+        })
+        .unwrap();
+    }
+    t.schedule("r", b"", SystemTime::now()).unwrap();
+    wait_until("40 attempts", Duration::from_secs(20), || {
+        failed_at.lock().unwrap().len() >= 40
+    });
+    let runs = failed_at.lock().unwrap().clone();
+    let mut early = Vec::new();
+    for pair in runs.windows(2) {
+        // The retry's due time, as delivered, against the instant the previous attempt
+        // started (its failure came after that).
+        let (_, started, _) = pair[0];
+        let (attempt, _, due) = pair[1];
+        if due < started + backoff {
+            early.push((attempt, (started + backoff).duration_since(due).unwrap()));
+        }
+    }
+    assert!(
+        early.is_empty(),
+        "retries due before `backoff` after the failed attempt began: {early:?}"
+    );
 }

@@ -646,3 +646,247 @@ fn a_consumer_whose_wall_clock_is_ahead_or_steps_is_never_early_nor_late_by_the_
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Claims with `competitor` (a hand-written consumer, as the README offers) until it
+/// holds `want` or `give_up` passes, acking anything else; then, for as long as its own
+/// lease is valid, watches `running` (the other consumer is inside its handler for
+/// `want`). Returns how long both ran at once under the competitor's valid lease.
+fn overlap_with_competitor(
+    competitor: &RedisTimers,
+    want: &[u8],
+    running: &std::sync::atomic::AtomicBool,
+    give_up: Instant,
+) -> Option<Duration> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let claim = loop {
+        if Instant::now() > give_up {
+            return None;
+        }
+        match competitor.claim_next().unwrap() {
+            Some(c) if c.task().id() == want => break c,
+            Some(c) => {
+                let _ = competitor.ack(&c);
+            }
+            None => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
+    eprintln!(
+        "competitor claimed {:?}, lease until {:?} from now",
+        String::from_utf8_lossy(want),
+        claim.lease_until().duration_since(SystemTime::now())
+    );
+    let mut both = Duration::ZERO;
+    let mut last = Instant::now();
+    while SystemTime::now() < claim.lease_until() {
+        std::thread::sleep(Duration::from_millis(2));
+        if running.load(SeqCst) {
+            both += last.elapsed();
+        }
+        last = Instant::now();
+    }
+    let _ = competitor.ack(&claim);
+    Some(both)
+}
+
+#[test]
+fn close_keeps_renewing_a_running_handler_so_no_other_consumer_runs_it_at_once() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let Some(server) = Server::start("close_renewal") else {
+        return;
+    };
+    // One consumer runs a handler for three leases; close() is called while it runs
+    // ("waits for running handlers to finish and ack"). Its renewer must keep the lease
+    // until then, or another consumer gets the task while it still runs.
+    let running = Arc::new(AtomicBool::new(false));
+    let c1 = RedisTimers::open(&server.url(), "closing", opts()).unwrap();
+    {
+        let running = Arc::clone(&running);
+        c1.run_handler(1, move |_| {
+            running.store(true, SeqCst);
+            std::thread::sleep(VISIBILITY * 3);
+            running.store(false, SeqCst);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    c1.schedule("long", b"", SystemTime::now()).unwrap();
+    wait_until("the handler", Duration::from_secs(5), || {
+        running.load(SeqCst)
+    });
+    let closer = std::thread::spawn(move || c1.close());
+    let competitor = RedisTimers::open(&server.url(), "closing", opts()).unwrap();
+    let both = overlap_with_competitor(
+        &competitor,
+        b"long",
+        &running,
+        Instant::now() + VISIBILITY * 3,
+    );
+    closer.join().unwrap().unwrap();
+    if let Some(both) = both {
+        assert!(
+            both.is_zero(),
+            "the closing consumer ran the task for {both:?} while another held a valid lease on it"
+        );
+    }
+}
+
+#[test]
+fn a_claim_taken_from_the_ready_queue_late_in_its_lease_is_renewed_before_it_runs() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let Some(server) = Server::start("ready_margin") else {
+        return;
+    };
+    // One handler thread claims a, b, c, d in one sweep (4 per thread), at their due
+    // time. "a" runs until just under a lease after that; "b" then leaves the ready queue
+    // with ~30 ms of its lease left, before the renew thread's next round (every third of
+    // a lease from run_handler; the due time is half a round after it). Either c1 renews
+    // b before running it, or b's lease lapses and c1 does not run it: never both at
+    // once with another consumer.
+    let vis = Duration::from_millis(1500);
+    let options = opts().shards(1).visibility(vis);
+    let b_running = Arc::new(AtomicBool::new(false));
+    let b_ran = Arc::new(AtomicBool::new(false));
+    let c1 = RedisTimers::open(&server.url(), "margin", options.clone()).unwrap();
+    {
+        let (b_running, b_ran) = (Arc::clone(&b_running), Arc::clone(&b_ran));
+        c1.run_handler(1, move |task| {
+            match task.id() {
+                b"a" => {
+                    let until = task.due() + vis - Duration::from_millis(30);
+                    if let Ok(left) = until.duration_since(SystemTime::now()) {
+                        std::thread::sleep(left);
+                    }
+                }
+                b"b" => {
+                    b_ran.store(true, SeqCst);
+                    b_running.store(true, SeqCst);
+                    std::thread::sleep(Duration::from_millis(1500));
+                    b_running.store(false, SeqCst);
+                }
+                _ => {}
+            }
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    let due = SystemTime::now() + vis / 6;
+    wait_until("c1 owns the shard", Duration::from_secs(5), || {
+        c1.owned_shards() == 1
+    });
+    c1.schedule_batch(["a", "b", "c", "d"].map(|id| (id, b"", due)))
+        .unwrap();
+    std::thread::sleep(vis / 2);
+    let competitor = RedisTimers::open(&server.url(), "margin", options).unwrap();
+    match overlap_with_competitor(&competitor, b"b", &b_running, Instant::now() + vis * 3) {
+        Some(both) => assert!(
+            both.is_zero(),
+            "c1 ran b for {both:?} while the competitor held a valid lease on it"
+        ),
+        None => assert!(b_ran.load(SeqCst), "b ran nowhere"),
+    }
+    drop(c1);
+}
+
+#[test]
+fn one_process_never_runs_a_task_twice_at_once_when_it_left_the_ready_queue_late_in_its_lease() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let Some(server) = Server::start("self_overlap") else {
+        return;
+    };
+    // The same with no second consumer and no fault: one process, two handler threads.
+    // One sweep claims a1, a2, b, c at their due time. a1 ends just before the lease runs
+    // out, so b starts with ~30 ms left; a2 ends just after, and its thread's sweep (the
+    // shard is armed at that lease expiry) would claim b again if b's lease had lapsed:
+    // b never runs twice at once.
+    let vis = Duration::from_millis(1500);
+    let options = opts().shards(1).visibility(vis);
+    let b_runs = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let t = RedisTimers::open(&server.url(), "self", options).unwrap();
+    {
+        let (b_runs, most) = (Arc::clone(&b_runs), Arc::clone(&most));
+        t.run_handler(2, move |task| {
+            let sleep_until = |at: SystemTime| {
+                if let Ok(left) = at.duration_since(SystemTime::now()) {
+                    std::thread::sleep(left);
+                }
+            };
+            match task.id() {
+                b"a1" => sleep_until(task.due() + vis - Duration::from_millis(30)),
+                b"a2" => sleep_until(task.due() + vis + Duration::from_millis(30)),
+                b"b" => {
+                    let now = b_runs.fetch_add(1, SeqCst) + 1;
+                    most.fetch_max(now, SeqCst);
+                    std::thread::sleep(Duration::from_millis(1000));
+                    b_runs.fetch_sub(1, SeqCst);
+                }
+                _ => {}
+            }
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    // Half a renewal round after run_handler started the renewer.
+    let due = SystemTime::now() + vis / 6;
+    wait_until("owning the shard", Duration::from_secs(5), || {
+        t.owned_shards() == 1
+    });
+    t.schedule_batch(["a1", "a2", "b", "c"].map(|id| (id, b"", due)))
+        .unwrap();
+    wait_until("every task acked", Duration::from_secs(10), || {
+        t.pending().unwrap() == 0 && b_runs.load(SeqCst) == 0
+    });
+    assert_eq!(
+        most.load(SeqCst),
+        1,
+        "b ran {} times at once in one process",
+        most.load(SeqCst)
+    );
+}
+
+#[test]
+fn close_starts_no_handler_on_claims_still_waiting_for_a_thread() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let Some(server) = Server::start("close_ready") else {
+        return;
+    };
+    // close: "Stops delivering and waits for running handlers to finish". One handler
+    // thread, four claims in one sweep, close() while the first runs.
+    let started: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let first_running = Arc::new(AtomicBool::new(false));
+    let t = RedisTimers::open(&server.url(), "closeready", opts().shards(1)).unwrap();
+    {
+        let (started, first_running) = (Arc::clone(&started), Arc::clone(&first_running));
+        t.run_handler(1, move |task| {
+            started.lock().unwrap().push((
+                String::from_utf8_lossy(task.id()).into_owned(),
+                Instant::now(),
+            ));
+            first_running.store(true, SeqCst);
+            std::thread::sleep(Duration::from_millis(150));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    wait_until("owning the shard", Duration::from_secs(5), || {
+        t.owned_shards() == 1
+    });
+    t.schedule_batch(["a", "b", "c", "d"].map(|id| (id, b"", SystemTime::now())))
+        .unwrap();
+    wait_until("the first handler", Duration::from_secs(5), || {
+        first_running.load(SeqCst)
+    });
+    let closing = Instant::now();
+    t.close().unwrap();
+    let after: Vec<String> = started
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.1 > closing)
+        .map(|s| s.0.clone())
+        .collect();
+    assert!(
+        after.is_empty(),
+        "handlers started after close(): {after:?}"
+    );
+}

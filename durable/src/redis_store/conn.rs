@@ -59,6 +59,11 @@ impl Pool {
     /// timeout) cannot hang the subscribe, and with it close.
     pub(crate) fn connect(&self) -> Result<Connection, Error> {
         self.count(1);
+        self.fresh()
+    }
+
+    /// A new connection with the I/O timeouts set.
+    fn fresh(&self) -> Result<Connection, Error> {
         let conn = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
         conn.set_read_timeout(Some(IO_TIMEOUT))?;
         conn.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -67,22 +72,27 @@ impl Pool {
 
     /// Runs `f` on a pooled connection. A connection that saw an error is dropped rather
     /// than pooled: after a timeout its replies could be out of step with its commands.
+    /// A pooled connection the server closed while it sat idle (a restarted server) is
+    /// replaced and `f` runs once more on a new one: the closed one carried nothing.
     pub(crate) fn with<T>(
         &self,
-        f: impl FnOnce(&mut Connection) -> RedisResult<T>,
+        f: impl Fn(&mut Connection) -> RedisResult<T>,
     ) -> Result<T, Error> {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let was_pooled = pooled.is_some();
         let mut conn = match pooled {
             Some(conn) => conn,
-            None => {
-                let conn = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
-                conn.set_read_timeout(Some(IO_TIMEOUT))?;
-                conn.set_write_timeout(Some(IO_TIMEOUT))?;
-                conn
-            }
+            None => self.fresh()?,
         };
         self.count(1);
-        let result = f(&mut conn)?;
+        let result = match f(&mut conn) {
+            Err(e) if was_pooled && e.is_connection_dropped() => {
+                conn = self.fresh()?;
+                self.count(1);
+                f(&mut conn)?
+            }
+            other => other?,
+        };
         self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -82,6 +82,13 @@ const MAX_BACKOFF_MS: u64 = 1_000_000_000_000;
 /// bounds the harm of a missed notification.
 const IDLE_WAIT: Duration = Duration::from_secs(1);
 
+/// Tasks of a `schedule_batch` per script: a script holds the whole server while it runs,
+/// and this many take it milliseconds, not seconds.
+const SCRIPT_TASKS: usize = 1000;
+
+/// How often the renew thread, once closing, looks whether the last handler returned.
+const STOPPING_POLL: Duration = Duration::from_millis(20);
+
 /// How long the hints thread blocks reading its subscription before it looks whether
 /// the queue is closing.
 const HINT_READ_TIMEOUT: Duration = Duration::from_millis(100);
@@ -268,6 +275,12 @@ struct Inner {
     /// The server's clock minus this process's (`local_us`), in µs, as the last sweep
     /// measured it.
     offset_us: AtomicI64,
+    /// The same, taken from when the request left rather than from the round trip's
+    /// middle: at least the true offset, however late the reply came back, so a lease
+    /// judged by it is never thought held after it ran out.
+    late_offset_us: AtomicI64,
+    /// Set when close is called from inside a handler, whose run it cannot wait for.
+    closing_handler: AtomicBool,
     /// This process's name among the members: random, fresh per open.
     member: String,
     /// `{queue}:members` and `{queue}:hints`.
@@ -367,6 +380,8 @@ impl RedisTimers {
                 origin,
                 origin_us,
                 offset_us: AtomicI64::new(0),
+                late_offset_us: AtomicI64::new(0),
+                closing_handler: AtomicBool::new(false),
                 member: new_token(),
                 members_key: format!("{{{queue}}}:members"),
                 hint_channel: format!("{{{queue}}}:hints"),
@@ -393,9 +408,10 @@ impl RedisTimers {
         self.schedule_batch([(id, payload, due)])
     }
 
-    /// Schedules many tasks, one script call per shard: atomic within a shard, not across
-    /// shards. Each is checked first, so a bad one fails the call before anything is
-    /// written.
+    /// Schedules many tasks, one script call per shard and per 1,000 tasks: each call is
+    /// atomic, the batch as a whole is not (a call that fails leaves the earlier ones
+    /// written). Each task is checked first, so a bad one fails the batch before anything
+    /// is written. A script holds the server while it runs, so calls are kept short.
     pub fn schedule_batch<I, K, P>(&self, tasks: I) -> Result<(), Error>
     where
         I: IntoIterator<Item = (K, P, SystemTime)>,
@@ -413,7 +429,10 @@ impl RedisTimers {
             ));
         }
         let horizon = HINT_HORIZON_MS.to_string();
-        for (shard, tasks) in by_shard {
+        let chunks = by_shard
+            .iter()
+            .flat_map(|(&shard, tasks)| tasks.chunks(SCRIPT_TASKS).map(move |c| (shard, c)));
+        for (shard, tasks) in chunks {
             let dues: Vec<String> = tasks.iter().map(|t| t.2.to_string()).collect();
             let shard_arg = shard.to_string();
             let mut args: Vec<&[u8]> = Vec::with_capacity(tasks.len() * 3 + 3);
@@ -667,12 +686,17 @@ impl RedisTimers {
     }
 
     fn shutdown(&self) {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        let here = std::thread::current().id();
+        if threads.iter().any(|thread| thread.thread().id() == here) {
+            // Closed from inside a handler: that one never returns before close does.
+            self.inner.closing_handler.store(true, Ordering::Release);
+        }
         self.inner.stopping.store(true, Ordering::Release);
         // Taken and released so that no waiter is between its look at `stopping` and
         // its wait: the notification cannot be missed.
         drop(self.inner.local());
         self.inner.local_changed.notify_all();
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
         let stopped = !threads.is_empty();
         for thread in threads {
             if thread.thread().id() != std::thread::current().id() {
@@ -724,7 +748,33 @@ impl Inner {
     fn lapsed(&self, token: &str) -> bool {
         self.active()
             .get(token)
-            .is_none_or(|held| held.until_ms <= self.server_now_ms())
+            .is_none_or(|held| held.until_ms <= self.server_latest_ms())
+    }
+
+    /// Renews `claim`'s lease now if less than half of it is left, since the renew
+    /// thread's next round may come only a third of a lease later; whether the lease is
+    /// held for long enough.
+    fn renewed_if_late(&self, claim: &Claim) -> bool {
+        let left = self.active().get(&claim.token).map_or(0, |held| {
+            held.until_ms.saturating_sub(self.server_latest_ms())
+        });
+        if left >= self.visibility_ms() / 2 {
+            return true;
+        }
+        match self.renew(claim.shard, &claim.task.id, &claim.token) {
+            Ok(until) => {
+                if let Some(held) = self.active().get_mut(&claim.token) {
+                    held.until_ms = until;
+                }
+                true
+            }
+            Err(e) => {
+                if !matches!(e, Error::LeaseLost) {
+                    eprintln!("corewheel-durable: renewing a claim before its handler: {e}");
+                }
+                false
+            }
+        }
     }
 
     /// The shard of an id: a CRC32 of its bytes, so every process agrees.
@@ -774,6 +824,17 @@ impl Inner {
         let local_mid = i64::try_from(before / 2 + after / 2).unwrap_or(i64::MAX);
         self.offset_us
             .store(server_us.saturating_sub(local_mid), Ordering::Relaxed);
+        let sent = i64::try_from(before).unwrap_or(i64::MAX);
+        self.late_offset_us
+            .store(server_us.saturating_sub(sent), Ordering::Relaxed);
+    }
+
+    /// The latest the server's clock can read now: for judging whether a lease has run
+    /// out, where guessing early is the safe side.
+    fn server_latest_ms(&self) -> u64 {
+        self.local_us()
+            .saturating_add_signed(self.late_offset_us.load(Ordering::Relaxed))
+            .div_ceil(1000)
     }
 
     /// Arms `shard` to fire at `at` (server ms), unless it fires by then already.
@@ -1171,8 +1232,22 @@ fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
 /// consumer keeps what it holds.
 fn renewer(inner: &Inner) {
     let period = inner.options.visibility / 3;
-    while !inner.stopping() {
-        inner.pause(period);
+    // Handlers still running at close keep their leases until they return.
+    let done = || {
+        let closer = usize::from(inner.closing_handler.load(Ordering::Acquire));
+        inner.stopping() && inner.local().busy <= closer
+    };
+    while !done() {
+        let until = Instant::now() + period;
+        while !done() && Instant::now() < until {
+            let local = inner.local();
+            let _ = inner.local_changed.wait_timeout(
+                local,
+                until
+                    .saturating_duration_since(Instant::now())
+                    .min(STOPPING_POLL),
+            );
+        }
         let active: Vec<(String, usize, Box<[u8]>)> = inner
             .active()
             .iter()
@@ -1180,7 +1255,7 @@ fn renewer(inner: &Inner) {
             .map(|(token, held)| (token.clone(), held.shard, held.id.clone()))
             .collect();
         for (token, shard, id) in active {
-            if inner.stopping() {
+            if done() {
                 return;
             }
             // A lost lease is left for the ack to find out, and keeps a handler from
@@ -1228,9 +1303,10 @@ fn consume<E>(
         let shards = match work {
             Work::Run(claim) => {
                 ran = true;
-                if inner.lapsed(&claim.token) {
-                    // Its lease ran out while it waited behind busy threads: another
-                    // consumer may hold it now, so it is not run here.
+                if inner.lapsed(&claim.token) || !inner.renewed_if_late(&claim) {
+                    // Its lease ran out while it waited behind busy threads, or could
+                    // not be renewed: another consumer may hold it now, so it is not
+                    // run here.
                     inner.active().remove(&claim.token);
                     continue;
                 }
@@ -1305,6 +1381,14 @@ fn next_work(inner: &Inner, ran: bool) -> Option<Work> {
         local.waited = false;
     }
     loop {
+        if inner.stopping() {
+            // Closing: claims still waiting for a thread are not started; their leases
+            // lapse and another consumer takes them.
+            for claim in local.ready.drain(..) {
+                inner.active().remove(&claim.token);
+            }
+            return None;
+        }
         if let Some(claim) = local.ready.pop_front() {
             if let Some(held) = inner.active().get_mut(&claim.token) {
                 held.taken = true;
@@ -1314,9 +1398,6 @@ fn next_work(inner: &Inner, ran: bool) -> Option<Work> {
                 local.all_busy_since = Some(Instant::now());
             }
             return Some(Work::Run(claim));
-        }
-        if inner.stopping() {
-            return None;
         }
         let now = Instant::now();
         if let Some(shard) = local.wheel.poll_expired(now) {
