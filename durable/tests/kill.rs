@@ -1,7 +1,8 @@
 //! Crash safety by killing: a child process schedules and handles tasks under load and is
 //! `kill -9`ed at random points; a ledger kept here, from the child's stdout, checks that
-//! nothing acknowledged is lost, nothing acked comes back, nothing fires early, and only
-//! tasks in flight at a kill are delivered again.
+//! nothing acknowledged is lost, nothing acked comes back, nothing fires early, nothing
+//! whose cancel returned is delivered after it, and only tasks in flight at a kill are
+//! delivered again.
 //!
 //! `CW_KILL_CYCLES=N` sets the number of kills (100 by default) for a soak run.
 
@@ -24,6 +25,13 @@ struct Ledger {
     ack_life: HashMap<String, Vec<usize>>,
     /// Deliveries of each (id, attempt): the incarnations that started a handler on it.
     started: HashMap<(String, u32), Vec<usize>>,
+    /// Cancels called (`c`), which a kill may have cut short either way.
+    cancelling: HashSet<String>,
+    /// Cancels that returned (`C`): durable, so the task is never delivered after.
+    cancelled: HashSet<String>,
+    delivered_after_cancel: Vec<String>,
+    /// Every line about each id, with its life: printed for an id a check fails on.
+    history: HashMap<String, Vec<String>>,
     deliveries: usize,
     redeliveries: usize,
     early: Vec<String>,
@@ -34,9 +42,21 @@ struct Ledger {
 impl Ledger {
     fn line(&mut self, incarnation: usize, line: &str) {
         let words: Vec<&str> = line.split(' ').collect();
+        if let Some(id) = words.get(1) {
+            self.history
+                .entry(id.to_string())
+                .or_default()
+                .push(format!("life {incarnation}: {line}"));
+        }
         match words.as_slice() {
             ["S", id, due] => {
                 self.scheduled.insert(id.to_string(), due.parse().unwrap());
+            }
+            ["c", id] => {
+                self.cancelling.insert(id.to_string());
+            }
+            ["C", id] => {
+                self.cancelled.insert(id.to_string());
             }
             ["H", id] => {
                 self.handled.insert(id.to_string());
@@ -55,6 +75,10 @@ impl Ledger {
                     now.parse().unwrap(),
                 );
                 self.deliveries += 1;
+                if self.cancelled.contains(*id) {
+                    self.delivered_after_cancel
+                        .push(format!("{line} (life {incarnation})"));
+                }
                 let scheduled_due = self.scheduled.get(*id).copied().unwrap_or(0);
                 if now < due || due < scheduled_due {
                     self.early
@@ -126,10 +150,11 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
     let (mut child, lines) = spawn(&dir, "drain", cycles);
     let deadline = Instant::now() + Duration::from_secs(30);
     let unfinished = |ledger: &Ledger| {
-        ledger
-            .scheduled
-            .keys()
-            .any(|id| !ledger.acked.contains(id) && !ledger.handled.contains(id))
+        ledger.scheduled.keys().any(|id| {
+            !ledger.acked.contains(id)
+                && !ledger.handled.contains(id)
+                && !ledger.cancelling.contains(id)
+        })
     };
     // Asked every 100 ms, not after every line: it walks every schedule.
     while Instant::now() < deadline && unfinished(&ledger) {
@@ -146,10 +171,16 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
     }
     // A handler that succeeded just before a kill may have had its ack written but not
     // reported: such a task is finished, not lost. Lost is never finished at all.
+    // A task whose cancel was called is not owed a delivery: the cancel may have become
+    // durable before a kill cut it short.
     let lost: Vec<&String> = ledger
         .scheduled
         .keys()
-        .filter(|id| !ledger.acked.contains(*id) && !ledger.handled.contains(*id))
+        .filter(|id| {
+            !ledger.acked.contains(*id)
+                && !ledger.handled.contains(*id)
+                && !ledger.cancelling.contains(*id)
+        })
         .collect();
     let unreported = ledger
         .scheduled
@@ -157,12 +188,13 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
         .filter(|id| !ledger.acked.contains(*id) && ledger.handled.contains(*id))
         .count();
     println!(
-        "kill test: {cycles} kills in {:.1} s; {} schedules acknowledged, {} acked, {} deliveries, \
-         {} redeliveries of tasks in flight at a kill, {} handled with the ack unreported at a \
-         kill; lost {}, fired early {}, acked then \
-         delivered again {}, redelivered within one life {}",
+        "kill test: {cycles} kills in {:.1} s; {} schedules acknowledged, {} cancels returned, \
+         {} acked, {} deliveries, {} redeliveries of tasks in flight at a kill, {} handled with \
+         the ack unreported at a kill; lost {}, fired early {}, acked \
+         then delivered again {}, delivered after its cancel {}, redelivered within one life {}",
         started.elapsed().as_secs_f64(),
         ledger.scheduled.len(),
+        ledger.cancelled.len(),
         ledger.acked.len(),
         ledger.deliveries,
         ledger.redeliveries,
@@ -170,6 +202,7 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
         lost.len(),
         ledger.early.len(),
         ledger.acked_again.len(),
+        ledger.delivered_after_cancel.len(),
         ledger.bad_redeliveries.len(),
     );
     assert!(
@@ -212,10 +245,30 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
         "fired early: {:?}",
         &ledger.early[..ledger.early.len().min(10)]
     );
+    for line in ledger
+        .acked_again
+        .iter()
+        .chain(&ledger.bad_redeliveries)
+        .chain(&ledger.delivered_after_cancel)
+        .chain(&ledger.early)
+        .take(5)
+    {
+        let id = line.split(' ').nth(1).unwrap_or("");
+        eprintln!("history of {id}: {:#?}", ledger.history.get(id));
+    }
     assert!(
         ledger.acked_again.is_empty(),
         "acked, then delivered again: {:?}",
         ledger.acked_again
+    );
+    assert!(
+        ledger.delivered_after_cancel.is_empty(),
+        "delivered after their cancel returned: {:?}",
+        ledger.delivered_after_cancel
+    );
+    assert!(
+        !ledger.cancelled.is_empty(),
+        "the children cancelled nothing: the cancels went untested"
     );
     assert!(
         ledger.bad_redeliveries.is_empty(),

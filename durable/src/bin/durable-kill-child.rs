@@ -8,7 +8,12 @@
 //! - `F <id> <attempt> <due ms> <now ms>`: the handler started on `id`;
 //! - `H <id>`: the handler of `id` succeeded and is about to return (its ack may or may
 //!   not become durable before a kill);
-//! - `A <id>`: the ack of `id` is durable.
+//! - `A <id>`: the ack of `id` is durable;
+//! - `c <id>`: a cancel of `id` is about to be called; `C <id>`: it returned, so it is
+//!   durable.
+//!
+//! Every fifth batch also schedules a task a second or more out and, half the time, at
+//! once cancels it, so that kills land around durable cancels too.
 //!
 //! A task whose id hashes to 0 mod 10 fails its first attempt, to exercise retries.
 
@@ -21,6 +26,19 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A due time as the ledger compares it: milliseconds since the epoch, rounded up.
+fn due_ms(due: SystemTime) -> u128 {
+    due.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().div_ceil(1_000_000))
+}
+
+fn schedule_or_exit(timers: &DurableTimers, id: &str, due: SystemTime) {
+    if let Err(e) = timers.schedule(id, b"p", due) {
+        eprintln!("schedule: {e}");
+        std::process::exit(1);
+    }
 }
 
 fn line(text: std::fmt::Arguments<'_>) {
@@ -79,7 +97,7 @@ fn main() {
         std::thread::sleep(Duration::from_secs(3600));
         return;
     }
-    let mut n = 0u64;
+    let (mut n, mut batches) = (0u64, 0u64);
     loop {
         let count = fastrand::usize(1..20);
         let batch: Vec<(String, SystemTime)> = (0..count)
@@ -95,10 +113,23 @@ fn main() {
             std::process::exit(1);
         }
         for (id, due) in &batch {
-            let due = due
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos().div_ceil(1_000_000));
-            line(format_args!("S {id} {due}"));
+            line(format_args!("S {id} {}", due_ms(*due)));
+        }
+        batches += 1;
+        if batches % 5 == 0 {
+            n += 1;
+            let id = format!("{incarnation}-far{n}");
+            let due = SystemTime::now() + Duration::from_millis(fastrand::u64(1000..3000));
+            schedule_or_exit(&timers, &id, due);
+            line(format_args!("S {id} {}", due_ms(due)));
+            if fastrand::bool() {
+                line(format_args!("c {id}"));
+                if let Err(e) = timers.cancel(&id) {
+                    eprintln!("cancel: {e}");
+                    std::process::exit(1);
+                }
+                line(format_args!("C {id}"));
+            }
         }
         std::thread::sleep(Duration::from_micros(fastrand::u64(0..4000)));
     }
