@@ -157,7 +157,7 @@ impl Journal {
             // written by this segment's open. A crash leaves a torn record last, whose
             // payload may hold bytes that look like a frame: that tail is cut.
             let written_here = |r: &Record| match r.kind {
-                Kind::Task | Kind::Tomb | Kind::Dead => r.seq >> SEQ_BITS == epoch,
+                Kind::Task | Kind::Upsert | Kind::Tomb | Kind::Dead => r.seq >> SEQ_BITS == epoch,
                 Kind::Done | Kind::Requeued => r.seq >> SEQ_BITS <= epoch,
             };
             if spans == 0 || !to_the_end || !records.iter().all(written_here) {

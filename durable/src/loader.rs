@@ -71,8 +71,8 @@ pub(crate) fn run(shared: Arc<Shared>) {
 /// read goes back to unloaded (what was committed to it meanwhile is on disk too) and
 /// `false` is returned.
 fn load(shared: &Shared, start: u64, applied: u64) -> bool {
-    let tasks = match read(shared, start, applied) {
-        Ok(tasks) => tasks,
+    let (tasks, upserts) = match read(shared, start, applied) {
+        Ok(read) => read,
         Err(e) => {
             eprintln!(
                 "corewheel-durable: reading bucket {start}: {e}; read again in {RETRY_MS} ms, \
@@ -93,7 +93,11 @@ fn load(shared: &Shared, start: u64, applied: u64) -> bool {
         None => return true,
     };
     for task in tasks.into_iter().chain(waiting) {
-        if !core.is_void(&task.id, task.seq) {
+        // An upsert is whole only with its tombstone, which the same commit wrote to the
+        // control log after it: without it a crash cut the upsert short, and the old
+        // version stays instead.
+        let torn = upserts.contains(&task.seq) && core.tombs.get(&task.id) != Some(&task.seq);
+        if !torn && !core.is_void(&task.id, task.seq) {
             core.arm(task);
         }
     }
@@ -102,19 +106,26 @@ fn load(shared: &Shared, start: u64, applied: u64) -> bool {
     true
 }
 
-/// The bucket's tasks that no Done record finishes, sorted by due time.
-fn read(shared: &Shared, start: u64, applied: u64) -> std::io::Result<Vec<Task>> {
+/// The bucket's tasks that no Done record finishes, sorted by due time, and the sequence
+/// numbers of those written as upserts.
+fn read(shared: &Shared, start: u64, applied: u64) -> std::io::Result<(Vec<Task>, HashSet<u64>)> {
     let mut tasks = Vec::new();
     let mut done = HashSet::new();
+    let mut upserts = HashSet::new();
     shared.store.read_bucket(start, &mut |r| match r.kind {
-        Kind::Task => tasks.push(Task {
-            id: r.id,
-            payload: r.payload,
-            due_ms: r.due_ms,
-            attempt: r.attempt,
-            seq: r.seq,
-            bucket: start,
-        }),
+        Kind::Task | Kind::Upsert => {
+            if r.kind == Kind::Upsert {
+                upserts.insert(r.seq);
+            }
+            tasks.push(Task {
+                id: r.id,
+                payload: r.payload,
+                due_ms: r.due_ms,
+                attempt: r.attempt,
+                seq: r.seq,
+                bucket: start,
+            });
+        }
         Kind::Done => {
             done.insert((r.id, r.seq));
         }
@@ -131,5 +142,5 @@ fn read(shared: &Shared, start: u64, applied: u64) -> std::io::Result<Vec<Task>>
         t.seq <= applied && newest[&t.id] == t.seq && !done.contains(&(t.id.clone(), t.seq))
     });
     tasks.sort_by_key(|t| (t.due_ms, t.seq));
-    Ok(tasks)
+    Ok((tasks, upserts))
 }

@@ -29,6 +29,9 @@ pub(crate) enum Kind {
     Dead = 4,
     /// The dead letter `(id, seq)` was requeued and leaves the dead-letter list.
     Requeued = 5,
+    /// A pending task like `Task`, written with a tombstone of the same sequence number in
+    /// the same commit (an upsert): live only once that tombstone is durable too.
+    Upsert = 6,
 }
 
 impl Kind {
@@ -39,6 +42,7 @@ impl Kind {
             3 => Kind::Tomb,
             4 => Kind::Dead,
             5 => Kind::Requeued,
+            6 => Kind::Upsert,
             _ => return None,
         })
     }

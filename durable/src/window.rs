@@ -252,7 +252,9 @@ impl Window {
             .map(|b| b.min_seq)
             .min()
             .unwrap_or(next_seq);
-        self.tombs.retain(|_, &mut seq| seq > bound);
+        // A tombstone at the bound itself is kept: an upsert's record (same sequence
+        // number) is live only beside it.
+        self.tombs.retain(|_, &mut seq| seq >= bound);
         bound
     }
 }

@@ -112,7 +112,7 @@ impl Writer {
         for start in starts {
             let mut ids: Vec<Box<[u8]>> = Vec::new();
             let result = self.shared.store.read_bucket(start, &mut |r: Record| {
-                if r.kind == Kind::Task {
+                if matches!(r.kind, Kind::Task | Kind::Upsert) {
                     ids.push(r.id);
                 }
                 if ids.len() >= 4096 {
@@ -251,7 +251,8 @@ impl Writer {
         effects: &mut Vec<Effect>,
     ) {
         let seq = self.seq();
-        if core.bloom.may_contain(&task.id) {
+        let upsert = core.bloom.may_contain(&task.id);
+        if upsert {
             self.tomb(task.id.clone(), seq, writes, effects);
         } else {
             core.bloom.insert(&task.id);
@@ -259,7 +260,7 @@ impl Writer {
         let bucket = core.bucket_of(task.due_ms);
         core.bucket_mut(bucket, seq);
         let record = Record {
-            kind: Kind::Task,
+            kind: if upsert { Kind::Upsert } else { Kind::Task },
             seq,
             due_ms: task.due_ms,
             attempt,
@@ -384,8 +385,10 @@ fn op_records(op: &Op) -> usize {
 
 /// A batch's encoded records in two phases: what adds (tasks, dead letters) is made
 /// durable before what removes (tombstones, Done and Requeued marks). A crash between the
-/// two, or a write that fails in the second, can then leave an old version beside its
-/// replacement (delivered twice, as at-least-once allows), never neither of them.
+/// two, or a write that fails in the second, can then leave a finished task unmarked
+/// (delivered again, as at-least-once allows), never a task lost. An upsert's new record
+/// (`Kind::Upsert`) counts only beside its tombstone, so a cut upsert leaves the old
+/// version alone rather than both.
 #[derive(Default)]
 struct Writes {
     phases: [BTreeMap<Target, Vec<u8>>; 2],
@@ -394,7 +397,7 @@ struct Writes {
 impl Writes {
     fn record(&mut self, target: Target, record: &Record) {
         let phase = match record.kind {
-            Kind::Task | Kind::Dead => 0,
+            Kind::Task | Kind::Upsert | Kind::Dead => 0,
             Kind::Tomb | Kind::Done | Kind::Requeued => 1,
         };
         record.encode(self.phases[phase].entry(target).or_default());

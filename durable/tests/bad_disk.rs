@@ -401,3 +401,45 @@ fn corruption_mid_control_log_does_not_resurrect_later_cancelled_tasks() {
         "cancelled tasks delivered: {got:?}"
     );
 }
+
+/// An upsert's two writes, its new task record and then the tombstone of the old version
+/// in the control log, cut between them as a crash can: the upsert is rolled back, and
+/// only the old version is delivered. With the tombstone there, only the new one is.
+#[test]
+fn an_upsert_whose_tombstone_a_crash_cut_off_leaves_only_the_old_version() {
+    let old_due = t0() + 10 * MIN;
+    let new_due = t0() + 120 * MIN;
+    for cut in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (_clock, options) = manual();
+            let timers = DurableTimers::open(dir.path(), options).unwrap();
+            timers.schedule("x", b"old", old_due).unwrap();
+            timers.schedule("x", b"new", new_due).unwrap();
+            timers.close().unwrap();
+        }
+        let control: Vec<PathBuf> = fs::read_dir(dir.path().join("control"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(control.len(), 1, "one control segment");
+        assert!(len(&control[0]) > 0, "the upsert wrote a tombstone");
+        if cut {
+            OpenOptions::new()
+                .write(true)
+                .open(&control[0])
+                .unwrap()
+                .set_len(0)
+                .unwrap();
+        }
+        let (clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options).unwrap();
+        let rx = collect(&timers, |_, _| false);
+        clock.set(new_due + MIN);
+        let first = next(&rx);
+        quiet(&rx, 300);
+        let expected: &[u8] = if cut { b"old" } else { b"new" };
+        assert_eq!(first.payload, expected, "cut: {cut}");
+        timers.close().unwrap();
+    }
+}

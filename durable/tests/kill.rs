@@ -1,8 +1,8 @@
 //! Crash safety by killing: a child process schedules and handles tasks under load and is
 //! `kill -9`ed at random points; a ledger kept here, from the child's stdout, checks that
-//! nothing acknowledged is lost, nothing acked comes back, nothing fires early, nothing
-//! whose cancel returned is delivered after it, and only tasks in flight at a kill are
-//! delivered again.
+//! nothing acknowledged is lost, nothing acked comes back, nothing fires early (nor as the
+//! version an acknowledged upsert replaced), nothing whose cancel returned is delivered
+//! after it, and only tasks in flight at a kill are delivered again.
 //!
 //! `CW_KILL_CYCLES=N` sets the number of kills (100 by default) for a soak run.
 
@@ -190,7 +190,7 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
     println!(
         "kill test: {cycles} kills in {:.1} s; {} schedules acknowledged, {} cancels returned, \
          {} acked, {} deliveries, {} redeliveries of tasks in flight at a kill, {} handled with \
-         the ack unreported at a kill; lost {}, fired early {}, acked \
+         the ack unreported at a kill; lost {}, fired early or as a replaced version {}, acked \
          then delivered again {}, delivered after its cancel {}, redelivered within one life {}",
         started.elapsed().as_secs_f64(),
         ledger.scheduled.len(),

@@ -10,10 +10,12 @@
 //!   not become durable before a kill);
 //! - `A <id>`: the ack of `id` is durable;
 //! - `c <id>`: a cancel of `id` is about to be called; `C <id>`: it returned, so it is
-//!   durable.
+//!   durable. A task scheduled again (an upsert) gets a second `S` line, with its new due
+//!   time, once that call returned.
 //!
-//! Every fifth batch also schedules a task a second or more out and, half the time, at
-//! once cancels it, so that kills land around durable cancels too.
+//! Every fifth batch also schedules a task a second or more out and at once cancels it,
+//! or schedules it again half a second later, so that kills land around durable cancels
+//! and upserts too.
 //!
 //! A task whose id hashes to 0 mod 10 fails its first attempt, to exercise retries.
 
@@ -129,6 +131,10 @@ fn main() {
                     std::process::exit(1);
                 }
                 line(format_args!("C {id}"));
+            } else {
+                let later = due + Duration::from_millis(500);
+                schedule_or_exit(&timers, &id, later);
+                line(format_args!("S {id} {}", due_ms(later)));
             }
         }
         std::thread::sleep(Duration::from_micros(fastrand::u64(0..4000)));
