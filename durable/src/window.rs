@@ -173,10 +173,10 @@ impl Window {
 
     /// Buckets whose tasks are all finished and whose time is past, removed from the
     /// window for the writer to delete from disk.
-    pub(crate) fn take_finished_buckets(&mut self) -> Vec<u64> {
+    pub(crate) fn take_finished_buckets(&mut self) -> Vec<(u64, u64)> {
         let past = self.high_ms;
         let width = self.bucket_ms;
-        let done: Vec<u64> = self
+        let done: Vec<(u64, u64)> = self
             .buckets
             .iter()
             .filter(|(start, b)| {
@@ -184,9 +184,9 @@ impl Window {
                     && b.outstanding == 0
                     && start.saturating_add(width) <= past
             })
-            .map(|(start, _)| *start)
+            .map(|(start, b)| (*start, b.min_seq))
             .collect();
-        for start in &done {
+        for (start, _) in &done {
             self.buckets.remove(start);
         }
         done
@@ -244,14 +244,16 @@ impl Window {
     }
 
     /// Drops tombstones no bucket can need any more and returns the bound used: every
-    /// live bucket's tasks have sequence numbers at or above it.
-    pub(crate) fn prune_tombs(&mut self, next_seq: u64) -> u64 {
+    /// live bucket's tasks, and every bucket at or above `floor` still on disk, have
+    /// sequence numbers at or above it.
+    pub(crate) fn prune_tombs(&mut self, next_seq: u64, floor: u64) -> u64 {
         let bound = self
             .buckets
             .values()
             .map(|b| b.min_seq)
             .min()
-            .unwrap_or(next_seq);
+            .unwrap_or(next_seq)
+            .min(floor);
         // A tombstone at the bound itself is kept: an upsert's record (same sequence
         // number) is live only beside it.
         self.tombs.retain(|_, &mut seq| seq >= bound);

@@ -48,6 +48,10 @@ pub(crate) struct Writer {
     /// an op later in the same batch must look here too.
     batch_tombs: HashMap<Box<[u8]>, u64>,
     batch_requeued: HashSet<u64>,
+    /// Finished buckets not deleted yet, by start, with their smallest sequence number
+    /// and whether a failure to delete was reported: their records are still on disk, so
+    /// the tombstones they need are kept until a later try deletes them.
+    undeleted: BTreeMap<u64, (u64, bool)>,
 }
 
 impl Writer {
@@ -60,6 +64,7 @@ impl Writer {
             acks,
             batch_tombs: HashMap::new(),
             batch_requeued: HashSet::new(),
+            undeleted: BTreeMap::new(),
         }
     }
 
@@ -358,18 +363,31 @@ impl Writer {
 
     /// Deletes buckets whose tasks are all finished and drops tombstones nothing needs.
     fn housekeeping(&mut self) {
-        let (finished, bound) = {
-            let mut core = self.shared.core();
-            let finished = core.take_finished_buckets();
-            (finished, core.prune_tombs(self.next_seq))
-        };
-        for start in finished {
-            if let Err(e) = self.shared.store.delete_bucket(start) {
-                // Left on disk it costs only space: at the next open its records all read
-                // as finished, and it is deleted then.
-                eprintln!("corewheel-durable: deleting bucket {start}: {e}");
-            }
+        let finished = self.shared.core().take_finished_buckets();
+        for (start, min_seq) in finished {
+            self.undeleted.insert(start, (min_seq, false));
         }
+        // A cancelled task in a bucket has no Done mark, only its tombstone, which must
+        // outlive the bucket's files: a bucket that could not be deleted is tried again
+        // each round, and holds the tombstones' bound down meanwhile.
+        let store = &self.shared.store;
+        self.undeleted
+            .retain(|&start, (_, reported)| match store.delete_bucket(start) {
+                Ok(()) => false,
+                Err(e) => {
+                    if !std::mem::replace(reported, true) {
+                        eprintln!("corewheel-durable: deleting bucket {start}: {e}; trying again");
+                    }
+                    true
+                }
+            });
+        let floor = self
+            .undeleted
+            .values()
+            .map(|(seq, _)| *seq)
+            .min()
+            .unwrap_or(u64::MAX);
+        let bound = self.shared.core().prune_tombs(self.next_seq, floor);
         if let Err(e) = self.shared.store.prune_control(bound) {
             eprintln!("corewheel-durable: pruning tombstones: {e}");
         }

@@ -443,3 +443,38 @@ fn an_upsert_whose_tombstone_a_crash_cut_off_leaves_only_the_old_version() {
         timers.close().unwrap();
     }
 }
+
+/// A finished bucket whose folder cannot be deleted stays on disk, and the tombstone of a
+/// task cancelled in it is kept until it can be: after the next reopens the cancelled
+/// task does not come back.
+#[test]
+fn a_bucket_that_cannot_be_deleted_keeps_its_cancelled_task_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let trash = dir.path().join("trash");
+    {
+        let (_clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options).unwrap();
+        timers.schedule("gone", b"", t0() + 10 * MIN).unwrap();
+        timers.cancel("gone").unwrap();
+        timers.close().unwrap();
+    }
+    {
+        // The bucket is finished once loaded (its one task is cancelled) and past; a file
+        // where the trash folder should be makes its deletion fail.
+        let (clock, options) = manual();
+        clock.set(t0() + 180 * MIN);
+        let timers = DurableTimers::open(dir.path(), options).unwrap();
+        fs::remove_dir_all(&trash).unwrap();
+        fs::write(&trash, b"").unwrap();
+        let rx = collect(&timers, |_, _| false);
+        quiet(&rx, 500);
+        timers.close().unwrap();
+        fs::remove_file(&trash).unwrap();
+    }
+    let (clock, options) = manual();
+    clock.set(t0() + 180 * MIN);
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    quiet(&rx, 500);
+    timers.close().unwrap();
+}
