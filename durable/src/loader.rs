@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::record::Kind;
 use crate::shared::Shared;
@@ -23,8 +23,9 @@ const RETRY_MS: u64 = 1000;
 /// Runs until shutdown.
 pub(crate) fn run(shared: Arc<Shared>) {
     let ahead = u64::try_from(shared.options.load_ahead.as_millis()).unwrap_or(u64::MAX);
-    // Buckets whose read failed, and when each is read again.
-    let mut retry_at: HashMap<u64, u64> = HashMap::new();
+    // Buckets whose read failed, and when each is read again (by the monotonic clock:
+    // the wall clock may step back).
+    let mut retry_at: HashMap<u64, Instant> = HashMap::new();
     while !shared.stopping() {
         let now = shared.now_ms();
         let target = now.saturating_add(ahead);
@@ -36,7 +37,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 .find(|(start, b)| {
                     **start <= target
                         && matches!(b.load, Load::Unloaded)
-                        && retry_at.get(*start).is_none_or(|&at| at <= now)
+                        && retry_at.get(*start).is_none_or(|&at| at <= Instant::now())
                 })
                 .map(|(start, _)| *start);
             match next {
@@ -57,7 +58,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 if load(&shared, start, applied) {
                     retry_at.remove(&start);
                 } else {
-                    retry_at.insert(start, now.saturating_add(RETRY_MS));
+                    retry_at.insert(start, Instant::now() + Duration::from_millis(RETRY_MS));
                 }
             }
             None => shared.pause(IDLE_POLL),
@@ -71,7 +72,11 @@ pub(crate) fn run(shared: Arc<Shared>) {
 /// read goes back to unloaded (what was committed to it meanwhile is on disk too) and
 /// `false` is returned.
 fn load(shared: &Shared, start: u64, applied: u64) -> bool {
-    let (tasks, upserts) = match read(shared, start, applied) {
+    let OnDisk {
+        mut tasks,
+        done,
+        upserts,
+    } = match read(shared, start) {
         Ok(read) => read,
         Err(e) => {
             eprintln!(
@@ -92,47 +97,16 @@ fn load(shared: &Shared, start: u64, applied: u64) -> bool {
         },
         None => return true,
     };
-    for task in tasks.into_iter().chain(waiting) {
-        // An upsert is whole only with its tombstone, which the same commit wrote to the
-        // control log after it: without it a crash cut the upsert short, and the old
-        // version stays instead.
-        let torn = upserts.contains(&task.seq) && core.tombs.get(&task.id) != Some(&task.seq);
-        if !torn && !core.is_void(&task.id, task.seq) {
-            core.arm(task);
-        }
-    }
-    drop(core);
-    shared.core_changed.notify_all();
-    true
-}
-
-/// The bucket's tasks that no Done record finishes, sorted by due time, and the sequence
-/// numbers of those written as upserts.
-fn read(shared: &Shared, start: u64, applied: u64) -> std::io::Result<(Vec<Task>, HashSet<u64>)> {
-    let mut tasks = Vec::new();
-    let mut done = HashSet::new();
-    let mut upserts = HashSet::new();
-    shared.store.read_bucket(start, &mut |r| match r.kind {
-        Kind::Task | Kind::Upsert => {
-            if r.kind == Kind::Upsert {
-                upserts.insert(r.seq);
-            }
-            tasks.push(Task {
-                id: r.id,
-                payload: r.payload,
-                due_ms: r.due_ms,
-                attempt: r.attempt,
-                seq: r.seq,
-                bucket: start,
-            });
-        }
-        Kind::Done => {
-            done.insert((r.id, r.seq));
-        }
-        _ => {}
-    })?;
-    // Only the newest record of an id counts, finished or not: a retry or an upsert whose
-    // Done mark or tombstone a crash cut off leaves its older version beside it.
+    // An upsert is whole only with its tombstone, which the same commit wrote to the
+    // control log after it: without it a crash (or a failed write) cut the upsert short,
+    // and the version before it stays. Records this open committed after `applied` are
+    // whole; they come through `waiting`.
+    let window = &*core;
+    tasks.retain(|t| {
+        !(t.seq <= applied && upserts.contains(&t.seq) && window.tombs.get(&t.id) != Some(&t.seq))
+    });
+    // Then only the newest record of an id counts, finished or not: a retry whose Done
+    // mark a crash cut off leaves its older version beside it.
     let mut newest: HashMap<Box<[u8]>, u64> = HashMap::new();
     for t in &tasks {
         let seq = newest.entry(t.id.clone()).or_insert(0);
@@ -142,5 +116,50 @@ fn read(shared: &Shared, start: u64, applied: u64) -> std::io::Result<(Vec<Task>
         t.seq <= applied && newest[&t.id] == t.seq && !done.contains(&(t.id.clone(), t.seq))
     });
     tasks.sort_by_key(|t| (t.due_ms, t.seq));
-    Ok((tasks, upserts))
+    for task in tasks.into_iter().chain(waiting) {
+        if !core.is_void(&task.id, task.seq) {
+            core.arm(task);
+        }
+    }
+    drop(core);
+    shared.core_changed.notify_all();
+    true
+}
+
+/// A bucket's records as read from disk.
+struct OnDisk {
+    tasks: Vec<Task>,
+    /// The tasks a Done record finishes, by id and sequence number.
+    done: HashSet<(Box<[u8]>, u64)>,
+    /// The sequence numbers of tasks written as upserts.
+    upserts: HashSet<u64>,
+}
+
+/// Reads a bucket's task and Done records.
+fn read(shared: &Shared, start: u64) -> std::io::Result<OnDisk> {
+    let mut bucket = OnDisk {
+        tasks: Vec::new(),
+        done: HashSet::new(),
+        upserts: HashSet::new(),
+    };
+    shared.store.read_bucket(start, &mut |r| match r.kind {
+        Kind::Task | Kind::Upsert => {
+            if r.kind == Kind::Upsert {
+                bucket.upserts.insert(r.seq);
+            }
+            bucket.tasks.push(Task {
+                id: r.id,
+                payload: r.payload,
+                due_ms: r.due_ms,
+                attempt: r.attempt,
+                seq: r.seq,
+                bucket: start,
+            });
+        }
+        Kind::Done => {
+            bucket.done.insert((r.id, r.seq));
+        }
+        _ => {}
+    })?;
+    Ok(bucket)
 }

@@ -184,24 +184,32 @@ fn frame_at(bytes: &[u8]) -> Option<(Record, usize)> {
 }
 
 /// The valid records in `bytes`, which start with a bad frame, with how many bad spans
-/// were followed by a valid record and whether the last record ends where `bytes` do.
+/// were followed by a valid record and whether what follows the last record is nothing
+/// or a torn frame (one whose declared length runs past the end, as a crash leaves the
+/// last record), rather than more damage.
 ///
-/// A frame whose declared length runs past the end is torn, as a crash leaves the last
-/// record: nothing is read after it (its payload may hold bytes that look like a frame).
 /// A frame whose length holds but whose checksum fails is passed over whole when a valid
 /// frame follows it. Otherwise bytes are passed over one at a time until a whole frame
-/// with a matching checksum decodes, and records are read on from there.
+/// with a matching checksum decodes, and records are read on from there. A payload can
+/// hold bytes that look like a frame: the caller decides whether what was found can be
+/// trusted (the journal also checks each record's epoch).
 pub(crate) fn salvage(bytes: &[u8]) -> (Vec<Record>, u64, bool) {
-    let declared = bytes
-        .get(..4)
-        .map(|len| u32::from_le_bytes(len.try_into().unwrap()) as usize)
-        .filter(|len| (BODY_FIXED..=MAX_BODY).contains(len));
-    let mut at = match declared {
-        Some(len) if FRAME_HEADER + len > bytes.len() => return (Vec::new(), 0, false),
-        Some(len) if frame_at(&bytes[FRAME_HEADER + len..]).is_some() => FRAME_HEADER + len,
+    let declared = |bytes: &[u8]| {
+        bytes
+            .get(..4)
+            .map(|len| u32::from_le_bytes(len.try_into().unwrap()) as usize)
+            .filter(|len| (BODY_FIXED..=MAX_BODY).contains(len))
+    };
+    let mut at = match declared(bytes) {
+        Some(len)
+            if FRAME_HEADER + len <= bytes.len()
+                && frame_at(&bytes[FRAME_HEADER + len..]).is_some() =>
+        {
+            FRAME_HEADER + len
+        }
         _ => 1,
     };
-    let (mut records, mut spans, mut in_bad_span) = (Vec::new(), 0, true);
+    let (mut records, mut spans, mut in_bad_span, mut last_end) = (Vec::new(), 0, true, 0);
     while at < bytes.len() {
         match frame_at(&bytes[at..]) {
             Some((record, len)) => {
@@ -209,6 +217,7 @@ pub(crate) fn salvage(bytes: &[u8]) -> (Vec<Record>, u64, bool) {
                 in_bad_span = false;
                 records.push(record);
                 at += len;
+                last_end = at;
             }
             None => {
                 in_bad_span = true;
@@ -216,7 +225,12 @@ pub(crate) fn salvage(bytes: &[u8]) -> (Vec<Record>, u64, bool) {
             }
         }
     }
-    (records, spans, !in_bad_span)
+    let rest = &bytes[last_end..];
+    let torn_or_clean = rest.is_empty()
+        || rest.len() < FRAME_HEADER
+        || declared(rest).is_some_and(|len| FRAME_HEADER + len > rest.len());
+    let kept = !records.is_empty() && torn_or_clean;
+    (records, spans, kept)
 }
 
 /// Fills `buf`, or returns `false` if the reader ends first.
@@ -308,25 +322,23 @@ mod tests {
         let (after, spans, to_the_end) = salvage(&buf[starts[2]..buf.len() - 1]);
         assert_eq!(
             (ids(&after), spans, to_the_end),
-            (vec!["3".into(), "4".into()], 1, false)
+            (vec!["3".into(), "4".into()], 1, true)
         );
     }
 
     #[test]
-    fn a_torn_record_whose_payload_holds_a_frame_is_not_read_past() {
+    fn a_frame_inside_a_torn_records_payload_is_found_and_left_to_the_caller() {
         let mut inner = Vec::new();
         task("forged").encode(&mut inner);
         let mut buf = Vec::new();
         let mut carrier = task("carrier");
         carrier.payload = [inner.as_slice(), b"rest of the payload"].concat().into();
         carrier.encode(&mut buf);
+        // Torn right after the frame in its payload: salvage cannot tell it from a real
+        // one; the journal keeps it only if its epoch is the segment's (it is 0 here).
         let inner_end = buf.len() - b"rest of the payload".len();
         let (after, spans, _) = salvage(&buf[..inner_end]);
-        assert_eq!(
-            (after.len(), spans),
-            (0, 0),
-            "torn at the forged frame's end"
-        );
+        assert_eq!((ids(&after), spans), (vec!["forged".into()], 1));
         // Damaged inside its body, but whole: passed over whole, not read inside.
         task("next").encode(&mut buf);
         buf[FRAME_HEADER + 2] ^= 0x10;

@@ -119,25 +119,57 @@ fn torn_and_corrupt_segment_tails_are_cut_and_everything_before_them_is_delivere
     timers.close().unwrap();
 }
 
+/// Tasks in [`tasks_in_one_segment`].
+const TASKS: u32 = 20;
+
+/// When task `i` of [`tasks_in_one_segment`] is due.
+fn due_of(i: u32) -> SystemTime {
+    t0() + 10 * MIN + Duration::from_secs(i.into())
+}
+
+/// Schedules tasks "00" to "19" (payload: the id), due a second apart, one call each, so
+/// that each is one record, all of one size, in the one segment of the bucket at t0.
+/// Returns that segment and a record's length.
+fn tasks_in_one_segment(dir: &Path) -> (PathBuf, u64) {
+    let (_clock, options) = manual();
+    let timers = DurableTimers::open(dir, options).unwrap();
+    for i in 0..TASKS {
+        let id = format!("{i:02}");
+        timers.schedule(&id, id.as_bytes(), due_of(i)).unwrap();
+    }
+    timers.close().unwrap();
+    let segment = segment_of(dir, t0());
+    let record = len(&segment) / u64::from(TASKS);
+    assert_eq!(len(&segment), record * u64::from(TASKS));
+    (segment, record)
+}
+
+/// Reopens `dir` with the clock past every task of [`tasks_in_one_segment`] and returns
+/// those of them (among the first `upto`) not delivered, but task 5.
+fn lost_but_task_five(dir: &Path, upto: u32) -> Vec<String> {
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(dir, options).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    clock.set(due_of(TASKS) + MIN);
+    let mut got = HashSet::new();
+    while let Ok(s) = rx.recv_timeout(Duration::from_millis(1500)) {
+        got.insert(s.id);
+    }
+    timers.close().unwrap();
+    (0..upto)
+        .filter(|&i| i != 5)
+        .map(|i| format!("{i:02}"))
+        .filter(|id| !got.contains(id))
+        .collect()
+}
+
 /// Bit rot inside a segment, not at its end: the damaged record is lost, but every record
 /// after it is still read and delivered, the file is not cut, and the damage is counted.
 #[test]
 fn flipped_bytes_inside_a_segment_lose_only_the_damaged_record() {
     let dir = tempfile::tempdir().unwrap();
-    let n = 20;
-    let due = |i: u32| t0() + 10 * MIN + Duration::from_secs(i.into());
-    {
-        let (_clock, options) = manual();
-        let timers = DurableTimers::open(dir.path(), options).unwrap();
-        for i in 0..n {
-            let id = format!("{i:02}");
-            timers.schedule(&id, id.as_bytes(), due(i)).unwrap();
-        }
-        timers.close().unwrap();
-    }
-    let segment = segment_of(dir.path(), t0());
-    let record = len(&segment) / u64::from(n);
-    assert_eq!(len(&segment), record * u64::from(n));
+    let (n, due) = (TASKS, due_of);
+    let (segment, record) = tasks_in_one_segment(dir.path());
     // Two bytes of record 5's body, as bit rot flips them.
     flip_two_bytes(&segment, 5 * record + record / 2);
 
@@ -196,30 +228,31 @@ fn full_disk_child() {
     timers.close().unwrap();
 }
 
-#[test]
-fn a_write_past_the_file_size_limit_fails_its_call_and_harms_nothing_acked() {
-    let dir = tempfile::tempdir().unwrap();
-    // RLIMIT_FSIZE, set by the shell for the child alone, makes a write past the limit
-    // fail with EFBIG as a full disk fails it with ENOSPC, with no privileges needed.
-    // SIGXFSZ is ignored (and stays ignored across exec) so that the write returns the
-    // error instead of the signal killing the process.
+/// Runs the test `child` of this binary in a process of its own whose files may grow to
+/// [`FILE_LIMIT_BLOCKS`], with `dir` in its environment as `key`; returns its output.
+/// RLIMIT_FSIZE, set by the shell for the child alone, makes a write past the limit fail
+/// with EFBIG as a full disk fails it with ENOSPC, with no privileges needed. SIGXFSZ is
+/// ignored (and stays ignored across exec) so that the write returns the error instead of
+/// the signal killing the process.
+fn under_file_limit(child: &str, key: &str, dir: &Path) -> std::process::Output {
     let script = format!("trap '' XFSZ; ulimit -f {FILE_LIMIT_BLOCKS} && exec \"$0\" \"$@\"");
-    let child = Command::new("sh")
+    let output = Command::new("sh")
         .arg("-c")
         .arg(script)
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "full_disk_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DIR, dir.path())
+        .args(["--exact", child, "--nocapture", "--test-threads=1"])
+        .env(key, dir)
         .stdout(Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "child failed: {:?}", output.status);
+    output
+}
+
+#[test]
+fn a_write_past_the_file_size_limit_fails_its_call_and_harms_nothing_acked() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = under_file_limit("full_disk_child", CHILD_DIR, dir.path());
     let (mut acked, mut failed) = (HashSet::new(), HashSet::new());
     for line in BufReader::new(output.stdout.as_slice()).lines() {
         let line = line.unwrap();
@@ -363,6 +396,15 @@ fn one_unreadable_bucket_does_not_stop_every_other_bucket() {
 /// tombstone is damaged may come back; the 16 cancels after it still hold.
 #[test]
 fn corruption_mid_control_log_does_not_resurrect_later_cancelled_tasks() {
+    fourth_tombstone_damaged_leaves_the_other_cancels(|control, record| {
+        flip_two_bytes(control, 3 * record + record / 2);
+    });
+}
+
+/// Schedules tasks "c00" to "c19" two hours out and cancels each (20 tombstones of one
+/// size in one control segment), lets `damage` harm the fourth (given the segment and a
+/// tombstone's length), reopens, and checks that only "c03" may be delivered.
+fn fourth_tombstone_damaged_leaves_the_other_cancels(damage: impl FnOnce(&Path, u64)) {
     let dir = tempfile::tempdir().unwrap();
     let n: u32 = 20;
     let due = |i: u32| t0() + 2 * 60 * MIN + Duration::from_secs(i.into());
@@ -384,7 +426,7 @@ fn corruption_mid_control_log_does_not_resurrect_later_cancelled_tasks() {
     assert_eq!(control.len(), 1);
     let record = len(&control[0]) / u64::from(n);
     assert_eq!(len(&control[0]), record * u64::from(n));
-    flip_two_bytes(&control[0], 3 * record + record / 2);
+    damage(&control[0], record);
 
     let (clock, options) = manual();
     let timers = DurableTimers::open(dir.path(), options).expect("open reads past the damage");
@@ -395,6 +437,7 @@ fn corruption_mid_control_log_does_not_resurrect_later_cancelled_tasks() {
         got.push(s.id);
     }
     got.sort();
+    timers.close().unwrap();
     // c03's own tombstone is the damaged one; nothing else may come.
     assert!(
         got.iter().all(|id| id == "c03"),
@@ -408,8 +451,9 @@ fn corruption_mid_control_log_does_not_resurrect_later_cancelled_tasks() {
 #[test]
 fn an_upsert_whose_tombstone_a_crash_cut_off_leaves_only_the_old_version() {
     let old_due = t0() + 10 * MIN;
-    let new_due = t0() + 120 * MIN;
-    for cut in [true, false] {
+    // The new version in another (hour-wide) bucket, and in the old version's own.
+    for (minutes, cut) in [(120, true), (120, false), (20, true), (20, false)] {
+        let new_due = t0() + minutes * MIN;
         let dir = tempfile::tempdir().unwrap();
         {
             let (_clock, options) = manual();
@@ -439,7 +483,7 @@ fn an_upsert_whose_tombstone_a_crash_cut_off_leaves_only_the_old_version() {
         let first = next(&rx);
         quiet(&rx, 300);
         let expected: &[u8] = if cut { b"old" } else { b"new" };
-        assert_eq!(first.payload, expected, "cut: {cut}");
+        assert_eq!(first.payload, expected, "cut: {cut}, new due {minutes} min");
         timers.close().unwrap();
     }
 }
@@ -477,4 +521,241 @@ fn a_bucket_that_cannot_be_deleted_keeps_its_cancelled_task_cancelled() {
     let rx = collect(&timers, |_, _| false);
     quiet(&rx, 500);
     timers.close().unwrap();
+}
+
+/// One flipped bit in the length field of a record in the middle of a segment (bit 16, so
+/// the length stays in range but runs past the end of a small file): not taken for a torn
+/// tail; only that record is lost, and every acknowledged record after it is delivered.
+#[test]
+fn a_flipped_length_bit_mid_segment_loses_only_that_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = TASKS;
+    let (segment, record) = tasks_in_one_segment(dir.path());
+    {
+        // Byte 2 of record 5's little-endian length: +65,536, still below MAX_BODY.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&segment)
+            .unwrap();
+        let at = 5 * record + 2;
+        let mut byte = [0u8; 1];
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.read_exact(&mut byte).unwrap();
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.write_all(&[byte[0] ^ 0x01]).unwrap();
+    }
+    let lost = lost_but_task_five(dir.path(), n);
+    let seg_len = len(&segment);
+    assert!(
+        lost.is_empty(),
+        "acknowledged tasks after the damaged record lost: {lost:?}; segment now {seg_len} of {} bytes",
+        record * u64::from(n)
+    );
+}
+
+const UPSERT_CHILD_DIR: &str = "CWD_UPSERT_CHILD_DIR";
+
+/// Child of `an_upsert_whose_tombstone_write_fails_leaves_the_old_version`: under a
+/// 64 KiB file-size limit, schedules x (acked), fills the control segment with tombstones to
+/// just under the limit, then upserts x: its task record is written and fsynced, its
+/// tombstone's write fails (EFBIG, as ENOSPC would), and the call returns an error.
+#[test]
+fn upsert_full_disk_child() {
+    let Some(dir) = std::env::var_os(UPSERT_CHILD_DIR) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let (_clock, options) = manual();
+    let timers = DurableTimers::open(&dir, options).unwrap();
+    let x = "x".repeat(1000);
+    timers.schedule(&x, b"old", t0() + 3 * 60 * MIN).unwrap();
+    let filler = "f".repeat(1000);
+    timers.schedule(&filler, b"", t0() + 5 * 60 * MIN).unwrap();
+    let control_len = || -> u64 {
+        fs::read_dir(dir.join("control"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .max()
+            .unwrap_or(0)
+    };
+    let tomb = 8 + 23 + 1000;
+    while control_len() + tomb <= FILE_LIMIT_BLOCKS * 512 {
+        timers.cancel(&filler).unwrap();
+    }
+    let r = timers.schedule(&x, b"new", t0() + 3 * 60 * MIN + 20 * MIN);
+    println!("@@U {}", if r.is_ok() { "ok" } else { "err" });
+    timers.close().unwrap();
+}
+
+/// A write that fails in the second phase of a group commit (the tombstone of an upsert, on
+/// a full disk) returns an error to the upsert's caller and loses nothing: the old,
+/// acknowledged version of x is delivered after a reopen.
+#[test]
+fn an_upsert_whose_tombstone_write_fails_leaves_the_old_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = under_file_limit("upsert_full_disk_child", UPSERT_CHILD_DIR, dir.path());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("@@U err"),
+        "the upsert was meant to fail its tombstone write: {stdout}"
+    );
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    clock.set(t0() + 4 * 60 * MIN);
+    let got = rx.recv_timeout(Duration::from_secs(3));
+    let got = got
+        .expect("x, acknowledged before the failed upsert, was lost (neither version delivered)");
+    assert!(got.id.starts_with('x'));
+    timers.close().unwrap();
+}
+
+/// A bucket whose read failed is read again a second later by the monotonic clock: after
+/// a backwards step of the wall clock (5 min here), an overdue task in it whose read now
+/// succeeds is delivered within seconds, not after the step.
+#[test]
+fn a_failed_bucket_is_read_again_after_a_second_even_if_the_clock_steps_back() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (_clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options).unwrap();
+        timers.schedule("a", b"", t0() + 10 * MIN).unwrap();
+        timers.close().unwrap();
+    }
+    let ms = t0()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    // A segment that cannot be read (a folder), in the same bucket as "a".
+    let bad = dir
+        .path()
+        .join(format!("buckets/{ms}/0000000001-000099.seg"));
+    fs::create_dir_all(&bad).unwrap();
+    let clock = Arc::new(ManualWallClock::new(t0() + 20 * MIN));
+    let timers = DurableTimers::open(dir.path(), Options::default().clock(clock.clone())).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    // The loader tries the bucket and fails.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(rx.try_recv().is_err());
+    // The fault clears, and the clock is stepped back 5 min ("a" is still overdue).
+    fs::remove_dir(&bad).unwrap();
+    clock.set(t0() + 15 * MIN);
+    let got = rx.recv_timeout(Duration::from_secs(4));
+    timers.close().unwrap();
+    assert_eq!(
+        got.map(|s| s.id).ok().as_deref(),
+        Some("a"),
+        "an overdue task of a bucket that became readable was not delivered within 4 s"
+    );
+}
+
+/// `corruption_mid_control_log_does_not_resurrect_later_cancelled_tasks` with the flipped
+/// bit in the length field of the 4th tombstone (bit 16: still in range, past the end of
+/// the file): the 16 cancels after it still hold.
+#[test]
+fn a_flipped_length_bit_mid_control_log_does_not_resurrect_later_cancels() {
+    fourth_tombstone_damaged_leaves_the_other_cancels(|control, record| {
+        // Byte 2 of the little-endian length: +65,536, still below the largest body.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(control)
+            .unwrap();
+        let at = 3 * record + 2;
+        let mut byte = [0u8; 1];
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.read_exact(&mut byte).unwrap();
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.write_all(&[byte[0] ^ 0x01]).unwrap();
+    });
+}
+
+/// Upserts into the old version's bucket, a failing handler's retries to a dead letter, a
+/// requeue (an upsert of a dead letter), with a restart between each step: the newest
+/// version is delivered, once, each time.
+#[test]
+fn upserts_retries_and_requeues_across_restarts_deliver_the_newest_once() {
+    use corewheel_durable::RetryPolicy;
+    let dir = tempfile::tempdir().unwrap();
+    let options = |clock: &Arc<ManualWallClock>| {
+        Options::default().clock(clock.clone()).retry(RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_secs(1),
+            multiplier: 1,
+            max_backoff: Duration::from_secs(1),
+        })
+    };
+    let clock = Arc::new(ManualWallClock::new(t0()));
+    {
+        let timers = DurableTimers::open(dir.path(), options(&clock)).unwrap();
+        timers.schedule("x", b"v1", t0() + 10 * MIN).unwrap();
+        timers.schedule("x", b"v2", t0() + 20 * MIN).unwrap();
+        timers.close().unwrap();
+    }
+    {
+        let timers = DurableTimers::open(dir.path(), options(&clock)).unwrap();
+        timers.schedule("x", b"v3", t0() + 30 * MIN).unwrap();
+        std::thread::sleep(Duration::from_millis(300)); // housekeeping prunes
+        timers.close().unwrap();
+    }
+    {
+        let timers = DurableTimers::open(dir.path(), options(&clock)).unwrap();
+        let rx = collect(&timers, |_, _| true);
+        clock.set(t0() + 30 * MIN);
+        let s = next(&rx);
+        assert_eq!((s.payload.as_slice(), s.attempt), (&b"v3"[..], 1));
+        std::thread::sleep(Duration::from_millis(300)); // the failure is committed at 30 min
+        clock.set(t0() + 32 * MIN);
+        let s = next(&rx);
+        assert_eq!((s.payload.as_slice(), s.attempt), (&b"v3"[..], 2));
+        quiet(&rx, 300);
+        common::eventually(|| timers.dead_letters().len() == 1);
+        timers.close().unwrap();
+    }
+    {
+        let timers = DurableTimers::open(dir.path(), options(&clock)).unwrap();
+        assert_eq!(timers.dead_letters().len(), 1);
+        timers.requeue("x").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        timers.close().unwrap();
+    }
+    {
+        let timers = DurableTimers::open(dir.path(), options(&clock)).unwrap();
+        assert!(timers.dead_letters().is_empty());
+        let rx = collect(&timers, |_, _| false);
+        clock.set(t0() + 40 * MIN);
+        let s = next(&rx);
+        assert_eq!((s.payload.as_slice(), s.attempt), (&b"v3"[..], 1));
+        quiet(&rx, 500);
+        timers.close().unwrap();
+    }
+    let timers = DurableTimers::open(dir.path(), options(&clock)).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    clock.set(t0() + 3 * 60 * MIN);
+    quiet(&rx, 500);
+    timers.close().unwrap();
+}
+
+/// A segment that a crash left with a torn last record (every segment being written at a
+/// crash is) and that later gets bit rot in the middle: only the damaged record and the
+/// torn one are lost.
+#[test]
+fn bit_rot_in_a_segment_with_a_torn_tail_loses_only_the_damaged_and_torn_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = TASKS;
+    let (segment, record) = tasks_in_one_segment(dir.path());
+    // The crash tore the last record (never acknowledged)...
+    OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len(&segment) - record / 2)
+        .unwrap();
+    // ...and bit rot later hit record 5's body.
+    flip_two_bytes(&segment, 5 * record + record / 2);
+
+    // The torn one, the last, was never acknowledged.
+    let lost = lost_but_task_five(dir.path(), n - 1);
+    assert!(lost.is_empty(), "acknowledged tasks lost: {lost:?}");
 }
