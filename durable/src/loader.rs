@@ -89,22 +89,19 @@ fn load(shared: &Shared, start: u64, applied: u64) -> bool {
             return false;
         }
     };
-    let mut core = shared.core();
-    let waiting = match core.buckets.get_mut(&start) {
-        Some(bucket) => match std::mem::replace(&mut bucket.load, Load::Loaded) {
-            Load::Loading(waiting) => waiting,
-            _ => Vec::new(),
-        },
-        None => return true,
-    };
     // An upsert is whole only with its tombstone, which the same commit wrote to the
     // control log after it: without it a crash (or a failed write) cut the upsert short,
-    // and the version before it stays. Records this open committed after `applied` are
-    // whole; they come through `waiting`.
-    let window = &*core;
-    tasks.retain(|t| {
-        !(t.seq <= applied && upserts.contains(&t.seq) && window.tombs.get(&t.id) != Some(&t.seq))
-    });
+    // and the version before it stays. A record at or below `applied` had its commit
+    // applied to the window before this load began; later ones come through `waiting`.
+    let whole: HashSet<u64> = {
+        let core = shared.core();
+        tasks
+            .iter()
+            .filter(|t| upserts.contains(&t.seq) && core.tombs.get(&t.id) == Some(&t.seq))
+            .map(|t| t.seq)
+            .collect()
+    };
+    tasks.retain(|t| !(t.seq <= applied && upserts.contains(&t.seq) && !whole.contains(&t.seq)));
     // Then only the newest record of an id counts, finished or not: a retry whose Done
     // mark a crash cut off leaves its older version beside it.
     let mut newest: HashMap<Box<[u8]>, u64> = HashMap::new();
@@ -116,6 +113,14 @@ fn load(shared: &Shared, start: u64, applied: u64) -> bool {
         t.seq <= applied && newest[&t.id] == t.seq && !done.contains(&(t.id.clone(), t.seq))
     });
     tasks.sort_by_key(|t| (t.due_ms, t.seq));
+    let mut core = shared.core();
+    let waiting = match core.buckets.get_mut(&start) {
+        Some(bucket) => match std::mem::replace(&mut bucket.load, Load::Loaded) {
+            Load::Loading(waiting) => waiting,
+            _ => Vec::new(),
+        },
+        None => return true,
+    };
     for task in tasks.into_iter().chain(waiting) {
         if !core.is_void(&task.id, task.seq) {
             core.arm(task);
