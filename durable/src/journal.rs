@@ -108,28 +108,10 @@ impl Journal {
         }
     }
 
-    /// The segments of a folder, oldest first, with their epochs.
-    fn segments(&self, folder: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
-        let mut out: Vec<((u64, u64), PathBuf)> = Vec::new();
-        let entries = match fs::read_dir(folder) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let path = entry?.path();
-            if let Some(key) = segment_key(&path) {
-                out.push((key, path));
-            }
-        }
-        out.sort();
-        Ok(out.into_iter().map(|((epoch, _), p)| (epoch, p)).collect())
-    }
-
     /// Reads a segment's valid records. In an older open's segment, which no one appends
     /// to again, a bad record is either a torn tail, cut for good, or a damaged span with
-    /// valid records after it up to the end: those are read too, and the file is left as
-    /// it is.
+    /// valid records after it (up to the end, or to a torn last frame): those are read
+    /// too, and the file is left as it is.
     fn read_segment(
         &self,
         epoch: u64,
@@ -152,15 +134,15 @@ impl Journal {
             let mut file = File::open(path)?;
             file.seek(SeekFrom::Start(valid))?;
             file.read_to_end(&mut rest)?;
-            let (records, spans, to_the_end) = salvage(&rest);
-            // Bit rot leaves valid records after the damage, up to the file's end, each
-            // written by this segment's open. A crash leaves a torn record last, whose
-            // payload may hold bytes that look like a frame: that tail is cut.
+            let (records, spans, ends_well) = salvage(&rest);
+            // Records found after damage are read only if each was written by this
+            // segment's open: a torn last record's payload may hold bytes that look like
+            // a frame, and then that tail is cut.
             let written_here = |r: &Record| match r.kind {
                 Kind::Task | Kind::Upsert | Kind::Tomb | Kind::Dead => r.seq >> SEQ_BITS == epoch,
                 Kind::Done | Kind::Requeued => r.seq >> SEQ_BITS <= epoch,
             };
-            if spans == 0 || !to_the_end || !records.iter().all(written_here) {
+            if !ends_well || !records.iter().all(written_here) {
                 let file = OpenOptions::new().write(true).open(path)?;
                 file.set_len(valid)?;
                 file.sync_all()?;
@@ -232,7 +214,7 @@ impl Store for Journal {
             if !path.is_dir() {
                 continue;
             }
-            let oldest = self.segments(&path)?.first().map(|(e, _)| *e);
+            let oldest = segments(&path)?.first().map(|(e, _)| *e);
             let min_seq = oldest.map_or(self.epoch, |e| e) << SEQ_BITS;
             out.push(BucketInfo { start_ms, min_seq });
         }
@@ -241,7 +223,7 @@ impl Store for Journal {
     }
 
     fn read_bucket(&self, start_ms: u64, each: &mut dyn FnMut(Record)) -> io::Result<()> {
-        for (epoch, path) in self.segments(&self.target_dir(Target::Bucket(start_ms)))? {
+        for (epoch, path) in segments(&self.target_dir(Target::Bucket(start_ms)))? {
             self.read_segment(epoch, &path, each)?;
         }
         Ok(())
@@ -251,7 +233,7 @@ impl Store for Journal {
         let folder = self.target_dir(target);
         let mut out = Vec::new();
         let mut state = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        for (epoch, path) in self.segments(&folder)? {
+        for (epoch, path) in segments(&folder)? {
             let before = out.len();
             self.read_segment(epoch, &path, &mut |r| out.push(r))?;
             if target == Target::Control && epoch < self.epoch {
@@ -352,14 +334,16 @@ fn max_seq(bytes: &[u8]) -> u64 {
     max
 }
 
-/// `(epoch, n)` from a segment file name `<epoch>-<n>.seg`.
 /// The largest epoch in the name of any segment under `dir` (0 if none).
 fn latest_segment_epoch(dir: &Path) -> io::Result<u64> {
     let mut folders = vec![dir.join("control"), dir.join("dead")];
     match fs::read_dir(dir.join("buckets")) {
         Ok(entries) => {
             for entry in entries {
-                folders.push(entry?.path());
+                let path = entry?.path();
+                if path.is_dir() {
+                    folders.push(path);
+                }
             }
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -367,27 +351,32 @@ fn latest_segment_epoch(dir: &Path) -> io::Result<u64> {
     }
     let mut latest = 0;
     for folder in folders {
-        let entries = match fs::read_dir(&folder) {
-            Ok(entries) => entries,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                ) =>
-            {
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            if let Some((epoch, _)) = segment_key(&entry?.path()) {
-                latest = latest.max(epoch);
-            }
+        if let Some((epoch, _)) = segments(&folder)?.last() {
+            latest = latest.max(*epoch);
         }
     }
     Ok(latest)
 }
 
+/// The segments of a folder, oldest first, with their epochs.
+fn segments(folder: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut out: Vec<((u64, u64), PathBuf)> = Vec::new();
+    let entries = match fs::read_dir(folder) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        if let Some(key) = segment_key(&path) {
+            out.push((key, path));
+        }
+    }
+    out.sort();
+    Ok(out.into_iter().map(|((epoch, _), p)| (epoch, p)).collect())
+}
+
+/// `(epoch, n)` from a segment file name `<epoch>-<n>.seg`.
 fn segment_key(path: &Path) -> Option<(u64, u64)> {
     let name = path.file_name()?.to_str()?.strip_suffix(".seg")?;
     let (epoch, n) = name.split_once('-')?;

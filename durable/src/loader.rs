@@ -27,8 +27,8 @@ pub(crate) fn run(shared: Arc<Shared>) {
     // the wall clock may step back).
     let mut retry_at: HashMap<u64, Instant> = HashMap::new();
     while !shared.stopping() {
-        let now = shared.now_ms();
-        let target = now.saturating_add(ahead);
+        let target = shared.now_ms().saturating_add(ahead);
+        let now = Instant::now();
         let next = {
             let mut core = shared.core();
             let next = core
@@ -37,7 +37,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 .find(|(start, b)| {
                     **start <= target
                         && matches!(b.load, Load::Unloaded)
-                        && retry_at.get(*start).is_none_or(|&at| at <= Instant::now())
+                        && retry_at.get(*start).is_none_or(|&at| at <= now)
                 })
                 .map(|(start, _)| *start);
             match next {
@@ -93,15 +93,19 @@ fn load(shared: &Shared, start: u64, applied: u64) -> bool {
     // control log after it: without it a crash (or a failed write) cut the upsert short,
     // and the version before it stays. A record at or below `applied` had its commit
     // applied to the window before this load began; later ones come through `waiting`.
-    let whole: HashSet<u64> = {
+    let torn: HashSet<u64> = {
         let core = shared.core();
         tasks
             .iter()
-            .filter(|t| upserts.contains(&t.seq) && core.tombs.get(&t.id) == Some(&t.seq))
+            .filter(|t| {
+                t.seq <= applied
+                    && upserts.contains(&t.seq)
+                    && core.tombs.get(&t.id) != Some(&t.seq)
+            })
             .map(|t| t.seq)
             .collect()
     };
-    tasks.retain(|t| !(t.seq <= applied && upserts.contains(&t.seq) && !whole.contains(&t.seq)));
+    tasks.retain(|t| !torn.contains(&t.seq));
     // Then only the newest record of an id counts, finished or not: a retry whose Done
     // mark a crash cut off leaves its older version beside it.
     let mut newest: HashMap<Box<[u8]>, u64> = HashMap::new();

@@ -147,19 +147,14 @@ impl<R: Read> RecordReader<R> {
         if !read_full(&mut self.inner, &mut header)? {
             return Ok(None);
         }
-        let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
-        let crc = u32::from_le_bytes(header[4..].try_into().unwrap());
-        if !(BODY_FIXED..=MAX_BODY).contains(&len) {
+        let Some(len) = declared_len(&header) else {
             return Ok(None);
-        }
+        };
         self.body.resize(len, 0);
         if !read_full(&mut self.inner, &mut self.body)? {
             return Ok(None);
         }
-        if crc32fast::hash(&self.body) != crc {
-            return Ok(None);
-        }
-        let Some(record) = Record::decode_body(&self.body) else {
+        let Some(record) = checked_body(&header, &self.body) else {
             return Ok(None);
         };
         self.valid_len += (FRAME_HEADER + len) as u64;
@@ -167,26 +162,35 @@ impl<R: Read> RecordReader<R> {
     }
 }
 
+/// The body length a frame starting with `bytes` declares, if `bytes` hold its length
+/// field and the length is in range.
+fn declared_len(bytes: &[u8]) -> Option<usize> {
+    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().unwrap()) as usize;
+    (BODY_FIXED..=MAX_BODY).contains(&len).then_some(len)
+}
+
+/// The record in `body`, if the checksum in `header` matches it and it is well formed.
+fn checked_body(header: &[u8], body: &[u8]) -> Option<Record> {
+    let crc = u32::from_le_bytes(header[4..FRAME_HEADER].try_into().unwrap());
+    if crc32fast::hash(body) != crc {
+        return None;
+    }
+    Record::decode_body(body)
+}
+
 /// The record framed at the start of `bytes` and the frame's length, if a whole frame is
 /// there with a matching checksum and a well-formed body.
 fn frame_at(bytes: &[u8]) -> Option<(Record, usize)> {
     let header = bytes.get(..FRAME_HEADER)?;
-    let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
-    let crc = u32::from_le_bytes(header[4..].try_into().unwrap());
-    if !(BODY_FIXED..=MAX_BODY).contains(&len) {
-        return None;
-    }
-    let body = bytes.get(FRAME_HEADER..FRAME_HEADER + len)?;
-    if crc32fast::hash(body) != crc {
-        return None;
-    }
-    Some((Record::decode_body(body)?, FRAME_HEADER + len))
+    let len = declared_len(header)?;
+    let record = checked_body(header, bytes.get(FRAME_HEADER..FRAME_HEADER + len)?)?;
+    Some((record, FRAME_HEADER + len))
 }
 
 /// The valid records in `bytes`, which start with a bad frame, with how many bad spans
-/// were followed by a valid record and whether what follows the last record is nothing
-/// or a torn frame (one whose declared length runs past the end, as a crash leaves the
-/// last record), rather than more damage.
+/// were followed by a valid record and whether it ends well: some record was found, and
+/// what follows the last is nothing or a torn frame (one whose declared length runs past
+/// the end, as a crash leaves the last record), rather than more damage.
 ///
 /// A frame whose length holds but whose checksum fails is passed over whole when a valid
 /// frame follows it. Otherwise bytes are passed over one at a time until a whole frame
@@ -194,13 +198,7 @@ fn frame_at(bytes: &[u8]) -> Option<(Record, usize)> {
 /// hold bytes that look like a frame: the caller decides whether what was found can be
 /// trusted (the journal also checks each record's epoch).
 pub(crate) fn salvage(bytes: &[u8]) -> (Vec<Record>, u64, bool) {
-    let declared = |bytes: &[u8]| {
-        bytes
-            .get(..4)
-            .map(|len| u32::from_le_bytes(len.try_into().unwrap()) as usize)
-            .filter(|len| (BODY_FIXED..=MAX_BODY).contains(len))
-    };
-    let mut at = match declared(bytes) {
+    let mut at = match declared_len(bytes) {
         Some(len)
             if FRAME_HEADER + len <= bytes.len()
                 && frame_at(&bytes[FRAME_HEADER + len..]).is_some() =>
@@ -228,9 +226,9 @@ pub(crate) fn salvage(bytes: &[u8]) -> (Vec<Record>, u64, bool) {
     let rest = &bytes[last_end..];
     let torn_or_clean = rest.is_empty()
         || rest.len() < FRAME_HEADER
-        || declared(rest).is_some_and(|len| FRAME_HEADER + len > rest.len());
-    let kept = !records.is_empty() && torn_or_clean;
-    (records, spans, kept)
+        || declared_len(rest).is_some_and(|len| FRAME_HEADER + len > rest.len());
+    let ends_well = !records.is_empty() && torn_or_clean;
+    (records, spans, ends_well)
 }
 
 /// Fills `buf`, or returns `false` if the reader ends first.

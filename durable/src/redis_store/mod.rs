@@ -86,9 +86,6 @@ const IDLE_WAIT: Duration = Duration::from_secs(1);
 /// and this many take it milliseconds, not seconds.
 const SCRIPT_TASKS: usize = 1000;
 
-/// How often the renew thread, once closing, looks whether the last handler returned.
-const STOPPING_POLL: Duration = Duration::from_millis(20);
-
 /// How long the hints thread blocks reading its subscription before it looks whether
 /// the queue is closing.
 const HINT_READ_TIMEOUT: Duration = Duration::from_millis(100);
@@ -699,7 +696,7 @@ impl RedisTimers {
         self.inner.local_changed.notify_all();
         let stopped = !threads.is_empty();
         for thread in threads {
-            if thread.thread().id() != std::thread::current().id() {
+            if thread.thread().id() != here {
                 let _ = thread.join();
             }
         }
@@ -761,13 +758,8 @@ impl Inner {
         if left >= self.visibility_ms() / 2 {
             return true;
         }
-        match self.renew(claim.shard, &claim.task.id, &claim.token) {
-            Ok(until) => {
-                if let Some(held) = self.active().get_mut(&claim.token) {
-                    held.until_ms = until;
-                }
-                true
-            }
+        match self.renew_held(claim.shard, &claim.task.id, &claim.token) {
+            Ok(()) => true,
             Err(e) => {
                 if !matches!(e, Error::LeaseLost) {
                     eprintln!("corewheel-durable: renewing a claim before its handler: {e}");
@@ -1131,16 +1123,34 @@ impl Inner {
 
     /// Waits up to `wait`, or until close.
     fn pause(&self, wait: Duration) {
+        self.pause_until(wait, |_| self.stopping());
+    }
+
+    /// Waits up to `wait`, or until `done` holds, looked at under the local lock each time
+    /// `local_changed` is notified (close notifies it after setting `stopping`).
+    fn pause_until(&self, wait: Duration, done: impl Fn(&Local) -> bool) {
         let until = Instant::now() + wait;
-        while !self.stopping() && Instant::now() < until {
-            let local = self.local();
-            if self.stopping() {
+        let mut local = self.local();
+        while !done(&local) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return;
             }
-            let _ = self
+            local = self
                 .local_changed
-                .wait_timeout(local, until.saturating_duration_since(Instant::now()));
+                .wait_timeout(local, left)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|p| p.into_inner().0);
         }
+    }
+
+    /// Renews the lease of the held claim `token` and records its new expiry.
+    fn renew_held(&self, shard: usize, id: &[u8], token: &str) -> Result<(), Error> {
+        let until = self.renew(shard, id, token)?;
+        if let Some(held) = self.active().get_mut(token) {
+            held.until_ms = until;
+        }
+        Ok(())
     }
 }
 
@@ -1232,22 +1242,14 @@ fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
 /// consumer keeps what it holds.
 fn renewer(inner: &Inner) {
     let period = inner.options.visibility / 3;
-    // Handlers still running at close keep their leases until they return.
-    let done = || {
+    // Handlers still running at close keep their leases until they return (a handler
+    // that called close itself never does before close returns).
+    let done = |local: &Local| {
         let closer = usize::from(inner.closing_handler.load(Ordering::Acquire));
-        inner.stopping() && inner.local().busy <= closer
+        inner.stopping() && local.busy <= closer
     };
-    while !done() {
-        let until = Instant::now() + period;
-        while !done() && Instant::now() < until {
-            let local = inner.local();
-            let _ = inner.local_changed.wait_timeout(
-                local,
-                until
-                    .saturating_duration_since(Instant::now())
-                    .min(STOPPING_POLL),
-            );
-        }
+    while !done(&inner.local()) {
+        inner.pause_until(period, done);
         let active: Vec<(String, usize, Box<[u8]>)> = inner
             .active()
             .iter()
@@ -1255,17 +1257,13 @@ fn renewer(inner: &Inner) {
             .map(|(token, held)| (token.clone(), held.shard, held.id.clone()))
             .collect();
         for (token, shard, id) in active {
-            if done() {
+            if done(&inner.local()) {
                 return;
             }
             // A lost lease is left for the ack to find out, and keeps a handler from
             // starting on it.
-            match inner.renew(shard, &id, &token) {
-                Ok(until) => {
-                    if let Some(held) = inner.active().get_mut(&token) {
-                        held.until_ms = until;
-                    }
-                }
+            match inner.renew_held(shard, &id, &token) {
+                Ok(()) => {}
                 Err(Error::LeaseLost) => {
                     inner.active().remove(&token);
                 }
@@ -1379,6 +1377,10 @@ fn next_work(inner: &Inner, ran: bool) -> Option<Work> {
         local.busy -= 1;
         local.all_busy_since = None;
         local.waited = false;
+        if inner.stopping() {
+            // The renew thread, once closing, waits for the last handler to return.
+            inner.local_changed.notify_all();
+        }
     }
     loop {
         if inner.stopping() {

@@ -19,14 +19,12 @@
 macro_rules! prelude {
     () => {
         r#"
-local function now_ms()
+-- The server's clock in ms, rounded down, or up (a due time counted from it is then
+-- never early).
+local function now_ms(up)
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
--- Rounded up: a time this far after now, as a due time, is never early.
-local function now_ms_up()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
+  local round = up and math.ceil or math.floor
+  return tonumber(t[1]) * 1000 + round(tonumber(t[2]) / 1000)
 end
 -- Whether the claim with `tok` still holds `id`: the token matches and the lease has
 -- not run out by the server's clock.
@@ -229,7 +227,7 @@ if a >= tonumber(ARGV[4]) then
   redis.call('HDEL', KEYS[4], id)
   return 2
 end
-local next_due = now_ms_up() + tonumber(ARGV[3])
+local next_due = now_ms(true) + tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], next_due, id)
 redis.call('HSET', KEYS[4], id, (a + 1) .. ' ' .. next_due)
 if tonumber(ARGV[3]) <= tonumber(ARGV[7]) then
