@@ -677,9 +677,16 @@ fn overlap_with_competitor(
     );
     let mut both = Duration::ZERO;
     let mut last = Instant::now();
-    while SystemTime::now() < claim.lease_until() {
+    loop {
         std::thread::sleep(Duration::from_millis(2));
-        if running.load(SeqCst) {
+        let seen = running.load(SeqCst);
+        // Read after the flag: a sample counts only if the lease was still valid when it
+        // was taken, since the other consumer may rightly claim the task the moment the
+        // lease runs out.
+        if SystemTime::now() >= claim.lease_until() {
+            break;
+        }
+        if seen {
             both += last.elapsed();
         }
         last = Instant::now();
@@ -889,4 +896,61 @@ fn close_starts_no_handler_on_claims_still_waiting_for_a_thread() {
         after.is_empty(),
         "handlers started after close(): {after:?}"
     );
+}
+
+#[test]
+fn a_sweep_reply_held_up_past_its_lease_is_not_run_beside_the_consumer_that_took_the_task_over() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let Some(server) = Server::start("reply_held") else {
+        return;
+    };
+    // A one-way stall: c1's sweep reaches the server and claims the task, but the reply
+    // (with the lease) comes back only after the lease ran out and a competitor claimed
+    // the task. c1 must not start it while the competitor's lease is valid.
+    let relay = relay_to(&server);
+    // A window long enough that no periodic sweep or heartbeat waits on the stall before
+    // the task's own sweep.
+    let options = opts().shards(1).window(Duration::from_secs(1));
+    let running = Arc::new(AtomicBool::new(false));
+    let c1 = RedisTimers::open(&relay.url(), "held", options.clone()).unwrap();
+    {
+        let running = Arc::clone(&running);
+        c1.run_handler(1, move |_| {
+            running.store(true, SeqCst);
+            std::thread::sleep(Duration::from_millis(200));
+            running.store(false, SeqCst);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    wait_until("c1 owns the shard", Duration::from_secs(5), || {
+        c1.owned_shards() == 1
+    });
+    let due = SystemTime::now() + Duration::from_millis(500);
+    c1.schedule("t", b"", due).unwrap();
+    std::thread::sleep(
+        due.duration_since(SystemTime::now()).unwrap_or_default() - Duration::from_millis(30),
+    );
+    relay.freeze_replies();
+    let frozen_at = Instant::now();
+    let competitor = RedisTimers::open(&server.url(), "held", options).unwrap();
+    let both = std::thread::scope(|s| {
+        let watch = s.spawn(|| {
+            // Only once c1's sweep has claimed the task at its due time.
+            std::thread::sleep(Duration::from_millis(250));
+            overlap_with_competitor(&competitor, b"t", &running, Instant::now() + VISIBILITY * 4)
+        });
+        std::thread::sleep(
+            (Duration::from_millis(30) + VISIBILITY + Duration::from_millis(150))
+                .saturating_sub(frozen_at.elapsed()),
+        );
+        relay.thaw();
+        watch.join().unwrap()
+    });
+    let both = both.expect("the competitor never claimed the task");
+    assert!(
+        both.is_zero(),
+        "c1 ran the task for {both:?} while the competitor held a valid lease on it"
+    );
+    drop(c1);
 }

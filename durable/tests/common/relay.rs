@@ -13,6 +13,7 @@ use std::time::Duration;
 pub struct Relay {
     port: u16,
     frozen: Arc<AtomicBool>,
+    replies_frozen: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     stall_subscribe: Arc<AtomicBool>,
 }
@@ -24,10 +25,12 @@ impl Relay {
         let port = listener.local_addr().unwrap().port();
         listener.set_nonblocking(true).unwrap();
         let frozen = Arc::new(AtomicBool::new(false));
+        let replies_frozen = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let stall_subscribe = Arc::new(AtomicBool::new(false));
-        let (f, s, st) = (
+        let (f, rf, s, st) = (
             Arc::clone(&frozen),
+            Arc::clone(&replies_frozen),
             Arc::clone(&stop),
             Arc::clone(&stall_subscribe),
         );
@@ -36,16 +39,17 @@ impl Relay {
                 match listener.accept() {
                     Ok((client, _)) => {
                         let server = TcpStream::connect(&upstream).unwrap();
-                        for (from, to, stall) in [
+                        for (from, to, stall, replies) in [
                             (
                                 client.try_clone().unwrap(),
                                 server.try_clone().unwrap(),
                                 Some(Arc::clone(&st)),
+                                None,
                             ),
-                            (server, client, None),
+                            (server, client, None, Some(Arc::clone(&rf))),
                         ] {
                             let (f, s) = (Arc::clone(&f), Arc::clone(&s));
-                            std::thread::spawn(move || pump(from, to, &f, &s, stall));
+                            std::thread::spawn(move || pump(from, to, &f, replies, &s, stall));
                         }
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -58,6 +62,7 @@ impl Relay {
         Relay {
             port,
             frozen,
+            replies_frozen,
             stop,
             stall_subscribe,
         }
@@ -72,8 +77,16 @@ impl Relay {
         self.frozen.store(true, Ordering::SeqCst);
     }
 
+    /// Stops moving bytes from the server to its clients only: requests still arrive and
+    /// run, their replies wait (a one-way stall).
+    pub fn freeze_replies(&self) {
+        self.replies_frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// Moves bytes again, both ways.
     pub fn thaw(&self) {
         self.frozen.store(false, Ordering::SeqCst);
+        self.replies_frozen.store(false, Ordering::SeqCst);
     }
 
     /// From now on, a connection whose client sends `SUBSCRIBE` stops moving bytes (both
@@ -90,12 +103,13 @@ impl Drop for Relay {
     }
 }
 
-/// Copies `from` to `to` while not frozen; ends when either side closes. With `stall`
+/// Copies `from` to `to` while neither `frozen` nor `also_frozen` is set; ends when either side closes. With `stall`
 /// set, a chunk holding `SUBSCRIBE` is swallowed and nothing more moves this way.
 fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     frozen: &AtomicBool,
+    also_frozen: Option<Arc<AtomicBool>>,
     stop: &AtomicBool,
     stall: Option<Arc<AtomicBool>>,
 ) {
@@ -103,7 +117,11 @@ fn pump(
         .unwrap();
     let mut buf = [0u8; 16 * 1024];
     while !stop.load(Ordering::Relaxed) {
-        if frozen.load(Ordering::SeqCst) {
+        if frozen.load(Ordering::SeqCst)
+            || also_frozen
+                .as_ref()
+                .is_some_and(|f| f.load(Ordering::SeqCst))
+        {
             std::thread::sleep(Duration::from_millis(2));
             continue;
         }
