@@ -205,8 +205,8 @@ impl DurableTimers {
         self.shared.core().dead.clone()
     }
 
-    /// Takes the dead letter `id` off the list and schedules it again, due now, from
-    /// attempt 1. [`Error::NotDead`] if no dead letter has this id.
+    /// Takes the newest dead letter of `id` off the list and schedules it again, due now,
+    /// from attempt 1. [`Error::NotDead`] if no dead letter has this id.
     pub fn requeue(&self, id: impl AsRef<[u8]>) -> Result<(), Error> {
         let id: Box<[u8]> = id.as_ref().into();
         self.call(|reply| Op::Requeue(id, reply))

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use corewheel_durable::{Error, RedisOptions, RedisTimers, RetryPolicy};
+use corewheel_durable::{Error, Failed, RedisOptions, RedisTimers, RetryPolicy};
 
 #[path = "common/redis_server.rs"]
 mod redis_server;
@@ -302,6 +302,51 @@ fn failures_back_off_then_dead_letter_and_requeue() {
         t.pending().unwrap() == 0 && attempts.lock().unwrap().len() == 4
     });
     assert_eq!(attempts.lock().unwrap()[3].1, 1);
+}
+
+#[test]
+fn an_id_that_dies_twice_keeps_both_dead_letters_and_requeue_takes_the_newest_first() {
+    let Some(server) = Server::start("dies_twice") else {
+        return;
+    };
+    let policy = RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    };
+    let t = RedisTimers::open(&server.url(), "twice", opts().retry(policy)).unwrap();
+    // Bytes MessagePack must carry as they are: NUL, invalid UTF-8, a quote.
+    let id: &[u8] = b"order\0\xff\"7";
+    let first: &[u8] = b"first\0\xfe";
+    let second: &[u8] = b"second\xc1";
+    let die = |payload: &[u8]| {
+        t.schedule(id, payload, a_second_ago()).unwrap();
+        let claim = t.claim_next().unwrap().expect("the due task");
+        assert_eq!(claim.task().payload(), payload);
+        assert_eq!(t.fail(&claim).unwrap(), Failed::Dead);
+    };
+    die(first);
+    die(second);
+    let dead = t.dead_letters().unwrap();
+    let payloads: Vec<&[u8]> = dead.iter().map(|d| d.payload()).collect();
+    assert_eq!(
+        payloads,
+        [first, second],
+        "both deaths are kept, oldest first"
+    );
+    assert!(dead.iter().all(|d| d.id() == id && d.attempt() == 1));
+    for (payload, left) in [(second, 1), (first, 0)] {
+        t.requeue(id).unwrap();
+        assert_eq!(t.dead_letters().unwrap().len(), left);
+        let claim = t.claim_next().unwrap().expect("the requeued task");
+        assert_eq!(
+            claim.task().payload(),
+            payload,
+            "the newest is requeued first"
+        );
+        t.ack(&claim).unwrap();
+    }
+    assert!(matches!(t.requeue(id), Err(Error::NotDead)));
+    assert_eq!(t.pending().unwrap(), 0);
 }
 
 #[test]
@@ -621,10 +666,7 @@ fn requeued_and_hand_failed_tasks_are_hinted_not_left_for_the_next_window() {
     // A hand-written consumer fails its claim: the retry, 100 ms later, is the
     // handling process's to run.
     let failed_at = Instant::now();
-    assert_eq!(
-        producer.fail(&claim).unwrap(),
-        corewheel_durable::Failed::Retrying
-    );
+    assert_eq!(producer.fail(&claim).unwrap(), Failed::Retrying);
     wait_until("the retry", Duration::from_secs(5), || {
         seen_of("manual", 2).is_some()
     });

@@ -59,6 +59,7 @@ static RENEW: Script = Script::new(scripts::RENEW);
 static ACK: Script = Script::new(scripts::ACK);
 static FAIL: Script = Script::new(scripts::FAIL);
 static REQUEUE: Script = Script::new(scripts::REQUEUE);
+static DEAD_LETTERS: Script = Script::new(scripts::DEAD_LETTERS);
 
 /// The most shards a queue may have.
 pub const MAX_SHARDS: u32 = 16_384;
@@ -213,14 +214,13 @@ pub enum Failed {
 }
 
 /// The names of one shard's keys, in the order the scripts take them.
-struct ShardKeys([String; 7]);
+struct ShardKeys([String; 6]);
 
 impl ShardKeys {
     fn new(queue: &str, shard: u32) -> Self {
         let tag = format!("{{{queue}:{shard}}}");
         ShardKeys(
-            ["due", "lease", "task", "meta", "token", "dead", "deadmeta"]
-                .map(|name| format!("{tag}:{name}")),
+            ["due", "lease", "task", "meta", "token", "dead"].map(|name| format!("{tag}:{name}")),
         )
     }
 
@@ -582,26 +582,23 @@ impl RedisTimers {
         Ok(())
     }
 
-    /// The tasks that failed their last attempt, oldest due first. The attempt is the
-    /// last one made.
+    /// The tasks that failed their last attempt, oldest due first (an id scheduled and
+    /// dead again has a dead letter for each death). The attempt is the last one made.
     pub fn dead_letters(&self) -> Result<Vec<Task>, Error> {
         let mut dead = Vec::new();
         for keys in &self.inner.keys {
-            type Map = HashMap<Vec<u8>, Vec<u8>>;
-            let (payloads, metas): (Map, Map) = self.inner.pool.with(|conn| {
-                redis::pipe()
-                    .atomic()
-                    .cmd("HGETALL")
-                    .arg(&keys.0[5])
-                    .cmd("HGETALL")
-                    .arg(&keys.0[6])
-                    .query(conn)
-            })?;
-            for (id, payload) in payloads {
-                let (attempt, due_ms) = metas.get(&id).map(|m| parse_meta(m)).unwrap_or((1, 0));
+            let reply = self
+                .inner
+                .pool
+                .eval(&DEAD_LETTERS, &[keys.0[5].as_str()], &[])?;
+            for letter in array(&reply)?.chunks(3) {
+                let [id, payload, meta] = letter else {
+                    return Err(unexpected(&reply));
+                };
+                let (attempt, due_ms) = parse_meta(bytes(meta)?);
                 dead.push(Task {
-                    id: id.into(),
-                    payload: payload.into(),
+                    id: bytes(id)?.into(),
+                    payload: bytes(payload)?.into(),
                     due_ms,
                     attempt,
                     seq: 0,
@@ -613,8 +610,8 @@ impl RedisTimers {
         Ok(dead)
     }
 
-    /// Takes the dead letter `id` off the list and schedules it again, due now, from
-    /// attempt 1. [`Error::NotDead`] if no dead letter has this id.
+    /// Takes the newest dead letter of `id` off the list and schedules it again, due now,
+    /// from attempt 1. [`Error::NotDead`] if no dead letter has this id.
     pub fn requeue(&self, id: impl AsRef<[u8]>) -> Result<(), Error> {
         let id = id.as_ref();
         check_id(id)?;
@@ -622,7 +619,7 @@ impl RedisTimers {
         let shard_arg = shard.to_string();
         let reply = self.inner.pool.eval(
             &REQUEUE,
-            &self.inner.keys[shard].first(7),
+            &self.inner.keys[shard].first(6),
             &[id, self.inner.hint_channel.as_bytes(), shard_arg.as_bytes()],
         )?;
         if int(&reply)? == 0 {
@@ -1103,7 +1100,7 @@ impl Inner {
         let (shard_arg, horizon) = (shard.to_string(), HINT_HORIZON_MS.to_string());
         let reply = self.pool.eval(
             &FAIL,
-            &self.keys[shard].first(7),
+            &self.keys[shard].first(6),
             &[
                 id,
                 token.as_bytes(),

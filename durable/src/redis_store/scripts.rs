@@ -8,8 +8,8 @@
 //! 3. `task`: HASH id → payload.
 //! 4. `meta`: HASH id → `"<attempt> <due ms>"`.
 //! 5. `token`: HASH id → the lease token of the claim that holds it.
-//! 6. `dead`: HASH id → payload of a dead letter.
-//! 7. `deadmeta`: HASH id → `"<attempt> <due ms>"` of a dead letter.
+//! 6. `dead`: HASH id → the dead letters of that id, oldest first: a MessagePack array
+//!    of `{payload, "<attempt> <due ms>"}` (the id may die again once scheduled again).
 //!
 //! Time is the server's (`TIME`), so that consumers on machines with different clocks
 //! agree on when a task is due and when a lease ran out. Redis 7 replicates the effects
@@ -204,7 +204,7 @@ return 1
 "#
 );
 
-/// KEYS due lease task meta token dead deadmeta; ARGV id, token, backoff ms, max
+/// KEYS due lease task meta token dead; ARGV id, token, backoff ms, max
 /// attempts, hint channel, shard, horizon ms. If the lease is still held: the task goes
 /// back among the pending, due after the backoff with the next attempt number (1), or
 /// becomes a dead letter once it has had `max attempts` (2). Else 0 and nothing changes.
@@ -221,8 +221,10 @@ a = tonumber(a)
 redis.call('ZREM', KEYS[2], id)
 redis.call('HDEL', KEYS[5], id)
 if a >= tonumber(ARGV[4]) then
-  redis.call('HSET', KEYS[6], id, redis.call('HGET', KEYS[3], id) or '')
-  redis.call('HSET', KEYS[7], id, a .. ' ' .. d)
+  local old = redis.call('HGET', KEYS[6], id)
+  local letters = old and cmsgpack.unpack(old) or {}
+  letters[#letters + 1] = {redis.call('HGET', KEYS[3], id) or '', a .. ' ' .. d}
+  redis.call('HSET', KEYS[6], id, cmsgpack.pack(letters))
   redis.call('HDEL', KEYS[3], id)
   redis.call('HDEL', KEYS[4], id)
   return 2
@@ -237,24 +239,46 @@ return 1
 "#
 );
 
-/// KEYS due lease task meta token dead deadmeta; ARGV id, hint channel, shard. Moves a
-/// dead letter back among the pending, due now, from attempt 1 (replacing a task of that
-/// id), and hints it as [`SCHEDULE`] does: 1; or 0 if there is no such dead letter.
+/// KEYS due lease task meta token dead; ARGV id, hint channel, shard. Moves the newest
+/// dead letter of `id` back among the pending, due now, from attempt 1 (replacing a task
+/// of that id), and hints it as [`SCHEDULE`] does: 1; or 0 if there is no such dead
+/// letter.
 pub(crate) const REQUEUE: &str = concat!(
     prelude!(),
     r#"
 local id = ARGV[1]
-local p = redis.call('HGET', KEYS[6], id)
-if not p then return 0 end
+local old = redis.call('HGET', KEYS[6], id)
+if not old then return 0 end
+local letters = cmsgpack.unpack(old)
+local p = letters[#letters][1]
+letters[#letters] = nil
+if #letters == 0 then
+  redis.call('HDEL', KEYS[6], id)
+else
+  redis.call('HSET', KEYS[6], id, cmsgpack.pack(letters))
+end
 local now = now_ms()
 redis.call('ZADD', KEYS[1], now, id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('HSET', KEYS[3], id, p)
 redis.call('HSET', KEYS[4], id, '1 ' .. now)
 redis.call('HDEL', KEYS[5], id)
-redis.call('HDEL', KEYS[6], id)
-redis.call('HDEL', KEYS[7], id)
 redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. string.format('%d', now))
 return 1
 "#
 );
+
+/// KEYS dead. Every dead letter of the shard, flat: id, payload, `"<attempt> <due ms>"`,
+/// then the next.
+pub(crate) const DEAD_LETTERS: &str = r#"
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  for _, letter in ipairs(cmsgpack.unpack(all[i + 1])) do
+    out[#out + 1] = all[i]
+    out[#out + 1] = letter[1]
+    out[#out + 1] = letter[2]
+  end
+end
+return out
+"#;
