@@ -164,9 +164,12 @@ loom_cargo() {
     CARGO_PROFILE_RELEASE_DEBUG=line-tables-only cargo "$@"
 }
 loom_targets=(-p corewheel-loom-tests --release --tests)
-# When the soak stage runs before the loom stage, the loom build runs beside the soaks:
-# they last as long as they last whatever the load (each spins hogs of its own), and
-# they assert only what holds on a loaded machine.
+# When the loom stage comes later, its build starts with the first of the stages that
+# mostly wait rather than compute (the proxy's loopback tests, the property, doc and
+# benchmark checks, the soaks) and runs beside them: their tests assert only what holds
+# on a loaded machine, and the soaks last as long as they last whatever the load (each
+# spins hogs of its own).
+loom_build_beside=(proxy property doc benches soak)
 loom_build_pid=""
 loom_build_log=""
 start_loom_build() {
@@ -186,7 +189,7 @@ wait_loom_build() {
 }
 stage_loom() {
   if [ -n "$loom_built" ] && [ -f "$loom_build_log" ]; then
-    echo "(built beside the soak stage)"
+    echo "(built beside the stages before)"
     cat "$loom_build_log"
     rm -f "$loom_build_log"
     [ "$loom_built" = 0 ] || return "$loom_built"
@@ -287,7 +290,8 @@ rows=()
 failed_stages=0
 for stage in "${stages[@]}"; do
   printf '\n==> %s: %s\n' "$stage" "$(describe "$stage")"
-  if [ "$stage" = soak ] && [[ " ${stages[*]} " == *" soak "*loom* ]]; then
+  if [ -z "$loom_build_log" ] && [[ " ${loom_build_beside[*]} " == *" $stage "* ]] \
+    && [[ " ${stages[*]} " == *" $stage "*" loom "* ]]; then
     start_loom_build
   fi
   log=$(mktemp)
