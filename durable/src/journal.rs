@@ -72,7 +72,7 @@ impl Journal {
         // Past every epoch on disk, even with EPOCH lost or restored from an old copy:
         // sequence numbers below an existing tombstone would be void at the next open.
         let last = read_number(&dir.join("EPOCH"))?.unwrap_or(0);
-        let epoch = last.max(latest_segment_epoch(dir)?) + 1;
+        let epoch = last.max(latest_segment_epoch(dir)?).saturating_add(1);
         if epoch >= 1 << (64 - SEQ_BITS) {
             return Err(Error::BadFormat("epoch counter exhausted".into()));
         }

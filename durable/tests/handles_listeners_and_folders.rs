@@ -559,3 +559,26 @@ fn a_deleted_epoch_file_does_not_let_old_tombstones_void_new_schedules() {
     );
     t.close().unwrap();
 }
+
+#[test]
+fn a_segment_named_for_the_last_epoch_is_a_typed_error_at_open_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    DurableTimers::open(dir.path(), Options::default())
+        .unwrap()
+        .close()
+        .unwrap();
+    for epoch in [u64::MAX, u64::MAX - 1, 1 << 40] {
+        let stray = dir.path().join("control").join(format!("{epoch}-0.seg"));
+        std::fs::write(&stray, b"").unwrap();
+        match DurableTimers::open(dir.path(), Options::default()) {
+            Err(Error::BadFormat(why)) => assert!(why.contains("epoch"), "{why}"),
+            Err(e) => panic!("epoch {epoch}: {e}"),
+            Ok(_) => panic!("epoch {epoch}: opened past the last epoch"),
+        }
+        std::fs::remove_file(&stray).unwrap();
+    }
+    DurableTimers::open(dir.path(), Options::default())
+        .expect("opens again once the stray segment is gone")
+        .close()
+        .unwrap();
+}
