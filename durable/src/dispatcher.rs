@@ -19,8 +19,6 @@ use crate::task::Task;
 /// The longest sleep between polls, so that wall-clock steps and a manual clock moved by
 /// a test are noticed promptly.
 const MAX_SLEEP: Duration = Duration::from_millis(5);
-/// The sleep while overdue tasks wait for the catch-up rate, so that it is not spun on.
-const HELD_SLEEP: Duration = Duration::from_micros(100);
 /// The shortest sleep, which lets go of the window's lock even when a poll is due now.
 const MIN_SLEEP: Duration = Duration::from_micros(10);
 /// How far ahead of the clock tasks go to the handler threads. A handler waits for its
@@ -58,6 +56,16 @@ impl Tokens {
         } else {
             false
         }
+    }
+
+    /// How long until the next whole task's worth has refilled (the clock is read in
+    /// whole milliseconds, so rounded up to one).
+    fn until_next(&self) -> Duration {
+        let Some(rate) = self.per_sec else {
+            return Duration::ZERO;
+        };
+        let missing = (1.0 - self.tokens).max(0.0);
+        Duration::from_millis((missing * 1000.0 / f64::from(rate)).ceil() as u64)
     }
 }
 
@@ -123,16 +131,18 @@ pub(crate) fn run(shared: Arc<Shared>) {
         }
         // Sleep until the next poll is due less the lead, to the microsecond: rounding to
         // whole milliseconds would make every task up to a millisecond late.
-        let sleep = if !held.is_empty() {
-            HELD_SLEEP
+        // Overdue tasks held for the catch-up rate wait for its next token, not spun on.
+        let sleep = match core.next_poll_ms() {
+            Some(ms) => (to_system(ms) - LEAD)
+                .duration_since(shared.options.clock.now())
+                .unwrap_or(Duration::ZERO)
+                .min(MAX_SLEEP),
+            None => MAX_SLEEP,
+        };
+        let sleep = if held.is_empty() {
+            sleep
         } else {
-            match core.next_poll_ms() {
-                Some(ms) => (to_system(ms) - LEAD)
-                    .duration_since(shared.options.clock.now())
-                    .unwrap_or(Duration::ZERO)
-                    .min(MAX_SLEEP),
-                None => MAX_SLEEP,
-            }
+            sleep.min(tokens.until_next())
         };
         core = shared
             .core_changed
