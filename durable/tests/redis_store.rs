@@ -1009,7 +1009,11 @@ fn a_schedule_right_after_redis_restarted_succeeds() {
     t.schedule("before", b"", SystemTime::now() + Duration::from_secs(60))
         .unwrap();
     server.crash_and_restart();
-    // The server is back and answers; the pooled connection is the old one.
+    // The server is back and answers; the pooled connection is the old one. A schedule
+    // is never sent twice (the first may have run), so the pool checks a connection
+    // idle for 100 ms or more before it: a restart here takes less than that, in
+    // deployments seconds.
+    std::thread::sleep(Duration::from_millis(150));
     let result = t.schedule("after", b"", SystemTime::now() + Duration::from_secs(60));
     assert!(
         result.is_ok(),
@@ -1302,5 +1306,50 @@ fn a_retry_is_never_delivered_before_its_backoff_has_passed_since_the_failure() 
     assert!(
         early.is_empty(),
         "retries due before `backoff` after the failed attempt began: {early:?}"
+    );
+}
+
+/// A handler that closes its own store and then returns `Ok` has acked its task: the
+/// task must not stay in the queue, nor be delivered again.
+#[test]
+fn a_handler_that_closes_its_store_then_returns_ok_has_its_task_acked() {
+    let Some(server) = Server::start("close_in_handler_ack") else {
+        return;
+    };
+    let slot: Arc<Mutex<Option<RedisTimers>>> = Arc::default();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let t = RedisTimers::open(&server.url(), "closeack", opts().shards(1)).unwrap();
+    {
+        let (slot, runs, done_tx) = (Arc::clone(&slot), Arc::clone(&runs), Mutex::new(done_tx));
+        t.run_handler(1, move |_| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if let Some(t) = slot.lock().unwrap().take() {
+                t.close().unwrap();
+            }
+            let _ = done_tx.lock().unwrap().send(());
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    {
+        let mut slot = slot.lock().unwrap();
+        t.schedule("job", b"", a_second_ago()).unwrap();
+        *slot = Some(t);
+    }
+    done.recv_timeout(Duration::from_secs(10))
+        .expect("the handler ran");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Well past a lease, an ack window and a sweep.
+    std::thread::sleep(Duration::from_millis(1500));
+    let checker = RedisTimers::open(&server.url(), "closeack", opts().shards(1)).unwrap();
+    assert_eq!(
+        checker.pending().unwrap(),
+        0,
+        "the handler returned Ok, yet its task is still in the queue"
+    );
+    assert!(
+        checker.claim_next().unwrap().is_none(),
+        "a task whose handler returned Ok is delivered again"
     );
 }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use corewheel_durable::{Error, RedisOptions, RedisTimers};
+use corewheel_durable::{Error, RedisOptions, RedisTimers, RetryPolicy};
 
 #[path = "common/redis_server.rs"]
 mod redis_server;
@@ -953,4 +953,176 @@ fn a_sweep_reply_held_up_past_its_lease_is_not_run_beside_the_consumer_that_took
         "c1 ran the task for {both:?} while the competitor held a valid lease on it"
     );
     drop(c1);
+}
+
+/// `schedule` is called once; its task is claimed and acked; it must not come back. Here
+/// the pooled connection the schedule went out on closes after the server ran it and
+/// before the reply arrived: a schedule must not be sent again on a new connection, or
+/// the task, already acked, would be back in the queue and delivered a second time.
+#[test]
+fn a_schedule_whose_reply_is_lost_is_not_resent_after_its_task_was_acked() {
+    let Some(server) = Server::start("resent_schedule") else {
+        return;
+    };
+    let relay = relay_to(&server);
+    let producer = Arc::new(RedisTimers::open(&relay.url(), "resend", opts().shards(1)).unwrap());
+    // Warm: the SCHEDULE script loaded and a connection pooled.
+    producer
+        .schedule("warm", b"", SystemTime::now() + Duration::from_secs(3600))
+        .unwrap();
+    producer.cancel("warm").unwrap();
+    let consumer = RedisTimers::open(&server.url(), "resend", opts().shards(1)).unwrap();
+
+    relay.freeze_replies();
+    // A reply already being read goes through first.
+    std::thread::sleep(Duration::from_millis(20));
+    let p = Arc::clone(&producer);
+    let scheduling = std::thread::spawn(move || {
+        p.schedule("once", b"v1", SystemTime::now() - Duration::from_secs(1))
+    });
+    // The server has run the schedule (its reply is held): claim it and ack it.
+    let mut claim = None;
+    wait_until("the scheduled task", Duration::from_secs(5), || {
+        claim = consumer.claim_next().unwrap();
+        claim.is_some()
+    });
+    let claim = claim.unwrap();
+    consumer.ack(&claim).unwrap();
+    assert_eq!(consumer.pending().unwrap(), 0);
+    // The producer's connection dies before it hears back.
+    relay.cut();
+    let result = scheduling.join().unwrap();
+    eprintln!("schedule returned {result:?}");
+    assert_eq!(
+        consumer.pending().unwrap(),
+        0,
+        "a task scheduled once and acked is back in the queue (schedule sent twice)"
+    );
+    assert!(
+        consumer.claim_next().unwrap().is_none(),
+        "a task scheduled once and acked is delivered a second time"
+    );
+}
+
+/// A requeue whose reply is lost with its connection took effect: it must not be run
+/// again on a new connection, where no dead letter is left, and report `NotDead`.
+#[test]
+fn a_requeue_whose_reply_is_lost_is_not_run_again_and_reported_not_dead() {
+    let Some(server) = Server::start("resent_requeue") else {
+        return;
+    };
+    let relay = relay_to(&server);
+    let o = opts().shards(1).retry(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    });
+    let t = Arc::new(RedisTimers::open(&relay.url(), "requeue", o).unwrap());
+    t.schedule("d", b"", SystemTime::now() - Duration::from_secs(1))
+        .unwrap();
+    let claim = t.claim_next().unwrap().unwrap();
+    t.fail(&claim).unwrap();
+    assert_eq!(t.dead_letters().unwrap().len(), 1);
+    // Loads the REQUEUE script.
+    assert!(matches!(t.requeue("none"), Err(Error::NotDead)));
+
+    relay.freeze_replies();
+    std::thread::sleep(Duration::from_millis(20));
+    let t2 = Arc::clone(&t);
+    let requeueing = std::thread::spawn(move || t2.requeue("d"));
+    let direct = RedisTimers::open(&server.url(), "requeue", opts().shards(1)).unwrap();
+    wait_until("the requeue applied", Duration::from_secs(5), || {
+        direct.dead_letters().unwrap().is_empty()
+    });
+    relay.cut();
+    let result = requeueing.join().unwrap();
+    assert_eq!(direct.pending().unwrap(), 1, "the requeue took effect");
+    assert!(
+        !matches!(result, Err(Error::NotDead)),
+        "a requeue that took effect returned {result:?}"
+    );
+}
+
+/// A claim taken from the ready queue with under half its lease left is renewed before
+/// it runs. Here the renewal's reply is held up past the lease it granted: by then the
+/// lease has lapsed and another consumer holds the task under a valid lease, yet the
+/// handler runs it on the strength of the late `Ok`.
+#[test]
+fn a_renewal_before_running_whose_reply_comes_back_after_its_lease_does_not_run_the_task() {
+    let Some(server) = Server::start("late_renew_reply") else {
+        return;
+    };
+    let relay = Arc::new(relay_to(&server));
+    let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let victim_ran: Arc<Mutex<Option<SystemTime>>> = Arc::default();
+    let a = RedisTimers::open(&relay.url(), "lateren", opts().shards(1)).unwrap();
+    {
+        let (relay, frozen, victim_ran) = (
+            Arc::clone(&relay),
+            Arc::clone(&frozen),
+            Arc::clone(&victim_ran),
+        );
+        a.run_handler(1, move |task| {
+            match task.id() {
+                b"block" => {
+                    // Claimed with "victim" in one sweep just now; return when victim
+                    // has ~220 ms of its 600 ms lease left, with replies held.
+                    std::thread::sleep(Duration::from_millis(360));
+                    relay.freeze_replies();
+                    frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                b"victim" => {
+                    victim_ran.lock().unwrap().get_or_insert(SystemTime::now());
+                }
+                _ => {}
+            }
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    wait_until("a owns the shard", Duration::from_secs(5), || {
+        a.owned_shards() == 1
+    });
+    let now = SystemTime::now();
+    a.schedule_batch([
+        ("block", b"", now - Duration::from_secs(2)),
+        ("victim", b"", now - Duration::from_secs(1)),
+    ])
+    .unwrap();
+    wait_until("replies frozen", Duration::from_secs(5), || {
+        frozen.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    // Another consumer, straight to the server, takes victim once its lease lapses.
+    let b = RedisTimers::open(&server.url(), "lateren", opts().shards(1)).unwrap();
+    let mut held = Vec::new();
+    let until = Instant::now() + Duration::from_secs(3);
+    let b_claim = loop {
+        assert!(Instant::now() < until, "victim's lease never lapsed");
+        if let Some(c) = b.claim_next().unwrap() {
+            if c.task().id() == b"victim" {
+                break c;
+            }
+            held.push(c);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let b_claimed = SystemTime::now();
+    relay.thaw();
+    std::thread::sleep(Duration::from_millis(300));
+    let ran = *victim_ran.lock().unwrap();
+    eprintln!(
+        "DEBUG ran {:?} b_claimed {:?} b_until {:?}",
+        ran,
+        b_claimed,
+        b_claim.lease_until()
+    );
+    drop(a);
+    if let Some(ran) = ran {
+        assert!(
+            !(ran >= b_claimed && ran < b_claim.lease_until()),
+            "a ran victim {:?} after b claimed it, {:?} before b's lease ran out",
+            ran.duration_since(b_claimed).unwrap(),
+            b_claim.lease_until().duration_since(ran).unwrap()
+        );
+    }
 }

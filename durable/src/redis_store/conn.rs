@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{Client, Connection, ErrorKind, RedisResult, Value};
 
@@ -12,17 +12,38 @@ use crate::error::Error;
 /// fails with [`Error::Redis`]: a server that hangs must not hang the handler threads.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A pooled connection idle this long is checked with a `PING` before a request that
+/// must not be sent twice: a server restarted meanwhile has closed it, and such a request
+/// cannot be sent again on a new connection once one fails (see [`Resend`]). Busy
+/// connections are reused sooner and skip the check.
+const CHECK_IDLE_AFTER: Duration = Duration::from_millis(100);
+
+/// Whether a request may be sent again, on a new connection, when its pooled one turns
+/// out closed. A connection that drops after the request left may have carried it: the
+/// server may have run it and the reply been lost.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resend {
+    /// Running it twice is running it once (a renewal, a cancel, a heartbeat, a read).
+    Safe,
+    /// A second run would differ: a schedule could bring back a task acked in between,
+    /// a claim or sweep would lose what the first claimed, an ack, failure or requeue
+    /// would report the first one's effect as an error.
+    Never,
+}
+
 /// A script, with the SHA1 the server knows it by once loaded.
 pub(crate) struct Script {
     source: &'static str,
     sha: Mutex<Option<String>>,
+    resend: Resend,
 }
 
 impl Script {
-    pub(crate) const fn new(source: &'static str) -> Self {
+    pub(crate) const fn new(source: &'static str, resend: Resend) -> Self {
         Self {
             source,
             sha: Mutex::new(None),
+            resend,
         }
     }
 }
@@ -30,7 +51,8 @@ impl Script {
 /// Idle connections, reused so that a call costs one round trip and no connect.
 pub(crate) struct Pool {
     client: Client,
-    idle: Mutex<Vec<Connection>>,
+    /// Each with the instant it was put back.
+    idle: Mutex<Vec<(Connection, Instant)>>,
     /// Requests sent: each command, script call or pipeline counts one.
     round_trips: AtomicU64,
 }
@@ -70,23 +92,44 @@ impl Pool {
         Ok(conn)
     }
 
+    /// Runs `f`, which is [`Resend::Safe`], on a pooled connection.
+    pub(crate) fn with<T>(
+        &self,
+        f: impl Fn(&mut Connection) -> RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.call(Resend::Safe, f)
+    }
+
     /// Runs `f` on a pooled connection. A connection that saw an error is dropped rather
     /// than pooled: after a timeout its replies could be out of step with its commands.
     /// A pooled connection the server closed while it sat idle (a restarted server) is
-    /// replaced and `f` runs once more on a new one: the closed one carried nothing.
-    pub(crate) fn with<T>(
+    /// replaced: found by a `PING` first when `f` must not be sent twice and the
+    /// connection sat idle for a while, else by `f` failing, which then runs once more on
+    /// a new connection.
+    fn call<T>(
         &self,
+        resend: Resend,
         f: impl Fn(&mut Connection) -> RedisResult<T>,
     ) -> Result<T, Error> {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let was_pooled = pooled.is_some();
         let mut conn = match pooled {
-            Some(conn) => conn,
+            Some((mut conn, since))
+                if resend == Resend::Never && since.elapsed() >= CHECK_IDLE_AFTER =>
+            {
+                self.count(1);
+                match redis::cmd("PING").query::<()>(&mut conn) {
+                    Ok(()) => conn,
+                    Err(e) if e.is_connection_dropped() => self.fresh()?,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Some((conn, _)) => conn,
             None => self.fresh()?,
         };
         self.count(1);
         let result = match f(&mut conn) {
-            Err(e) if was_pooled && e.is_connection_dropped() => {
+            Err(e) if resend == Resend::Safe && was_pooled && e.is_connection_dropped() => {
                 conn = self.fresh()?;
                 self.count(1);
                 f(&mut conn)?
@@ -96,7 +139,7 @@ impl Pool {
         self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(conn);
+            .push((conn, Instant::now()));
         Ok(result)
     }
 
@@ -108,7 +151,7 @@ impl Pool {
         keys: &[&str],
         args: &[&[u8]],
     ) -> Result<Value, Error> {
-        self.with(|conn| {
+        self.call(script.resend, |conn| {
             for _ in 0..2 {
                 let sha = script.sha.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let sha = match sha {

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use corewheel::{TimerKey, Wheel};
 
-use self::conn::{Pool, Script, array, bytes, int, unexpected};
+use self::conn::{Pool, Resend, Script, array, bytes, int, unexpected};
 use crate::clock::{ceil_ms, to_system};
 use crate::error::Error;
 use crate::options::RetryPolicy;
@@ -50,16 +50,16 @@ use crate::task::Task;
 use crate::timers::{check_id, check_task, spawn};
 use redis::Value;
 
-static SCHEDULE: Script = Script::new(scripts::SCHEDULE);
-static CANCEL: Script = Script::new(scripts::CANCEL);
-static SWEEP: Script = Script::new(scripts::SWEEP);
-static HEARTBEAT: Script = Script::new(scripts::HEARTBEAT);
-static CLAIM_NEXT: Script = Script::new(scripts::CLAIM_NEXT);
-static RENEW: Script = Script::new(scripts::RENEW);
-static ACK: Script = Script::new(scripts::ACK);
-static FAIL: Script = Script::new(scripts::FAIL);
-static REQUEUE: Script = Script::new(scripts::REQUEUE);
-static DEAD_LETTERS: Script = Script::new(scripts::DEAD_LETTERS);
+static SCHEDULE: Script = Script::new(scripts::SCHEDULE, Resend::Never);
+static CANCEL: Script = Script::new(scripts::CANCEL, Resend::Safe);
+static SWEEP: Script = Script::new(scripts::SWEEP, Resend::Never);
+static HEARTBEAT: Script = Script::new(scripts::HEARTBEAT, Resend::Safe);
+static CLAIM_NEXT: Script = Script::new(scripts::CLAIM_NEXT, Resend::Never);
+static RENEW: Script = Script::new(scripts::RENEW, Resend::Safe);
+static ACK: Script = Script::new(scripts::ACK, Resend::Never);
+static FAIL: Script = Script::new(scripts::FAIL, Resend::Never);
+static REQUEUE: Script = Script::new(scripts::REQUEUE, Resend::Never);
+static DEAD_LETTERS: Script = Script::new(scripts::DEAD_LETTERS, Resend::Safe);
 
 /// The most shards a queue may have.
 pub const MAX_SHARDS: u32 = 16_384;
@@ -747,7 +747,8 @@ impl Inner {
 
     /// Renews `claim`'s lease now if less than half of it is left, since the renew
     /// thread's next round may come only a third of a lease later; whether the lease is
-    /// held for long enough.
+    /// held for long enough. A renewal whose reply came back after the lease it granted
+    /// ran out holds nothing: another consumer may have claimed the task since.
     fn renewed_if_late(&self, claim: &Claim) -> bool {
         let left = self.active().get(&claim.token).map_or(0, |held| {
             held.until_ms.saturating_sub(self.server_latest_ms())
@@ -756,7 +757,7 @@ impl Inner {
             return true;
         }
         match self.renew_held(claim.shard, &claim.task.id, &claim.token) {
-            Ok(()) => true,
+            Ok(()) => !self.lapsed(&claim.token),
             Err(e) => {
                 if !matches!(e, Error::LeaseLost) {
                     eprintln!("corewheel-durable: renewing a claim before its handler: {e}");
@@ -1324,7 +1325,8 @@ fn consume<E>(
 }
 
 /// Runs the handler on `claim`; an ack waits for a sweep of its shard, a failure is
-/// sent at once.
+/// sent at once. Once closing, the ack is sent at once too: no sweep comes any more (a
+/// handler may have closed the store itself).
 fn run<E>(inner: &Inner, claim: Claim, handler: &(dyn Fn(&Task) -> Result<(), E> + Send + Sync)) {
     let ok = matches!(
         catch_unwind(AssertUnwindSafe(|| handler(&claim.task))),
@@ -1333,6 +1335,14 @@ fn run<E>(inner: &Inner, claim: Claim, handler: &(dyn Fn(&Task) -> Result<(), E>
     let Claim {
         task, shard, token, ..
     } = claim;
+    if ok && inner.stopping() {
+        inner.active().remove(&token);
+        match inner.ack(shard, &task.id, &token) {
+            Ok(()) | Err(Error::LeaseLost) => {}
+            Err(e) => eprintln!("corewheel-durable: acking on close: {e}"),
+        }
+        return;
+    }
     if ok {
         let mut local = inner.local();
         local.acks[shard].push((task.id, token));
