@@ -7,13 +7,15 @@
 //! dir/buckets/<start ms>/<epoch>-<n>.seg  tasks due in [start, start + width), and Done marks
 //! dir/control/<epoch>-<n>.seg            tombstones (cancels and upserts)
 //! dir/dead/<epoch>-<n>.seg               dead letters and their requeue marks
-//! dir/trash/                            finished buckets on their way out
+//! dir/dead.next/                        a rewritten dead-letter log on its way in
+//! dir/trash/                            finished buckets (and old dead logs) on their way out
 //! ```
 //!
 //! Each open appends only to segments of its own epoch, so a torn tail left by a crash is
 //! always in a segment no one appends to again: it is cut when the segment is next read,
 //! and never followed by good records. A bucket whose tasks are all finished is deleted
-//! whole, so there is no compaction.
+//! whole, so buckets need no compaction; the dead-letter log, mostly requeued letters
+//! after a while, is rewritten whole at an open (`rewrite_dead`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -69,6 +71,7 @@ impl Journal {
             Err(fs::TryLockError::Error(e)) => return Err(Error::Io(e)),
         }
         check_meta(dir, bucket_ms)?;
+        finish_dead_rewrite(dir)?;
         // Past every epoch on disk, even with EPOCH lost or restored from an old copy:
         // sequence numbers below an existing tombstone would be void at the next open.
         let last = read_number(&dir.join("EPOCH"))?.unwrap_or(0);
@@ -139,8 +142,9 @@ impl Journal {
             // segment's open: a torn last record's payload may hold bytes that look like
             // a frame, and then that tail is cut.
             let written_here = |r: &Record| match r.kind {
-                Kind::Task | Kind::Upsert | Kind::Tomb | Kind::Dead => r.seq >> SEQ_BITS == epoch,
-                Kind::Done | Kind::Requeued => r.seq >> SEQ_BITS <= epoch,
+                Kind::Task | Kind::Upsert | Kind::Tomb => r.seq >> SEQ_BITS == epoch,
+                // A rewritten dead-letter log keeps each letter's sequence number.
+                Kind::Dead | Kind::Done | Kind::Requeued => r.seq >> SEQ_BITS <= epoch,
             };
             if !ends_well || !records.iter().all(written_here) {
                 let file = OpenOptions::new().write(true).open(path)?;
@@ -157,6 +161,34 @@ impl Journal {
                 records.into_iter().for_each(each);
             }
         }
+        Ok(())
+    }
+
+    /// [`Store::rewrite_dead`]'s steps: the new log is written whole beside the old, then
+    /// the old moved out and the new moved in, each step durable before the next.
+    fn try_rewrite_dead(&self, live: &[Record]) -> io::Result<()> {
+        let next = self.dir.join("dead.next");
+        remove_dir_if_any(&next)?;
+        fs::create_dir(&next)?;
+        let mut bytes = Vec::new();
+        for record in live {
+            record.encode(&mut bytes);
+        }
+        // Named for the previous open: this open's own dead segments sort after it, and
+        // its records' sequence numbers are all of earlier opens.
+        let name = format!("{:010}-{:06}.seg", self.epoch.saturating_sub(1), 0);
+        let mut file = File::create(next.join(name))?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        sync_dir(&next)?;
+        sync_dir(&self.dir)?;
+        let old = self.dir.join("trash").join(format!("dead-{}", self.epoch));
+        fs::rename(self.dir.join("dead"), &old)?;
+        sync_dir(&self.dir)?;
+        fs::rename(&next, self.dir.join("dead"))?;
+        sync_dir(&self.dir)?;
+        // Left for the next open's emptying of the trash if it fails here.
+        let _ = fs::remove_dir_all(&old);
         Ok(())
     }
 
@@ -190,6 +222,16 @@ impl Journal {
 }
 
 impl Store for Journal {
+    fn rewrite_dead(&self, live: &[Record]) -> io::Result<()> {
+        // A rewrite only saves space: one that fails is undone and the open goes on,
+        // unless even that fails (then the folder is not as any step left it).
+        if let Err(e) = self.try_rewrite_dead(live) {
+            finish_dead_rewrite(&self.dir)?;
+            eprintln!("corewheel-durable: rewriting the dead-letter log, left as it was: {e}");
+        }
+        Ok(())
+    }
+
     fn damaged_spans(&self) -> u64 {
         self.damaged_spans.load(Ordering::Relaxed)
     }
@@ -441,6 +483,28 @@ fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     file.sync_all()?;
     fs::rename(&tmp, dir.join(name))?;
     sync_dir(dir)
+}
+
+/// Ends a rewrite of the dead-letter log that a crash cut: a complete new log whose old
+/// one was already moved out is moved in; one written beside the old log is dropped.
+fn finish_dead_rewrite(dir: &Path) -> io::Result<()> {
+    let next = dir.join("dead.next");
+    if !next.exists() {
+        return Ok(());
+    }
+    if dir.join("dead").exists() {
+        remove_dir_if_any(&next)?;
+    } else {
+        fs::rename(&next, dir.join("dead"))?;
+    }
+    sync_dir(dir)
+}
+
+fn remove_dir_if_any(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Makes a folder's entries (new or removed files) durable.

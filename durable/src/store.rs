@@ -48,6 +48,10 @@ pub(crate) trait Store: Send + Sync {
     fn delete_bucket(&self, start_ms: u64) -> io::Result<()>;
     /// Deletes control segments whose tombstones all have sequence numbers below `seq`.
     fn prune_control(&self, seq: u64) -> io::Result<()>;
+    /// Replaces the dead-letter log with `live` (its dead letters not requeued), in one
+    /// step a crash cannot cut: after it, the old log or the new one. Only before the
+    /// writer starts.
+    fn rewrite_dead(&self, live: &[Record]) -> io::Result<()>;
     /// Damaged spans in segments that reads have passed over since open.
     fn damaged_spans(&self) -> u64;
 }

@@ -1,6 +1,6 @@
 //! [`DurableTimers`]: the public handle.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver};
@@ -13,7 +13,7 @@ use crate::clock::ceil_ms;
 use crate::error::Error;
 use crate::journal::Journal;
 use crate::options::Options;
-use crate::record::Kind;
+use crate::record::{Kind, Record};
 use crate::shared::{NewTask, Op, Shared};
 use crate::store::{SEQ_BITS, Store, Target};
 use crate::task::Task;
@@ -320,26 +320,37 @@ pub(crate) fn spawn(
     Ok(std::thread::Builder::new().name(name.into()).spawn(f)?)
 }
 
-/// The dead letters on disk: those not since requeued.
+/// Records a dead-letter log may hold beyond twice its live letters before an open
+/// rewrites it: a few requeues do not cost a rewrite.
+const DEAD_LOG_SLACK: usize = 1024;
+
+/// The dead letters on disk: those not since requeued. A log that holds more than
+/// twice as many records as that, and [`DEAD_LOG_SLACK`] more, is rewritten with only
+/// them, so that requeue after requeue does not grow it for ever.
 fn read_dead(store: &dyn Store) -> Result<Vec<Task>, Error> {
-    let mut dead = Vec::new();
-    let mut requeued = HashMap::new();
-    for r in store.read_log(Target::Dead)? {
-        match r.kind {
-            Kind::Dead => dead.push(Task {
-                id: r.id,
-                payload: r.payload,
-                due_ms: r.due_ms,
-                attempt: r.attempt,
-                seq: r.seq,
-                bucket: 0,
-            }),
-            Kind::Requeued => {
-                requeued.insert(r.seq, ());
-            }
-            _ => {}
-        }
+    let log = store.read_log(Target::Dead)?;
+    let requeued: HashSet<u64> = log
+        .iter()
+        .filter(|r| r.kind == Kind::Requeued)
+        .map(|r| r.seq)
+        .collect();
+    let total = log.len();
+    let live: Vec<Record> = log
+        .into_iter()
+        .filter(|r| r.kind == Kind::Dead && !requeued.contains(&r.seq))
+        .collect();
+    if total > live.len().saturating_mul(2).saturating_add(DEAD_LOG_SLACK) {
+        store.rewrite_dead(&live)?;
     }
-    dead.retain(|t| !requeued.contains_key(&t.seq));
-    Ok(dead)
+    Ok(live
+        .into_iter()
+        .map(|r| Task {
+            id: r.id,
+            payload: r.payload,
+            due_ms: r.due_ms,
+            attempt: r.attempt,
+            seq: r.seq,
+            bucket: 0,
+        })
+        .collect())
 }

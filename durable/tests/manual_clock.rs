@@ -126,6 +126,118 @@ fn dead_letters_survive_a_reopen() {
     assert!(timers.dead_letters().is_empty());
 }
 
+/// Bytes of the dead-letter log's segments.
+fn dead_log_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir.join("dead"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+/// The dead letters as (id, payload, attempt), sorted.
+fn letters(timers: &DurableTimers) -> Vec<(Vec<u8>, Vec<u8>, u32)> {
+    let mut all: Vec<_> = timers
+        .dead_letters()
+        .iter()
+        .map(|d| (d.id().to_vec(), d.payload().to_vec(), d.attempt()))
+        .collect();
+    all.sort();
+    all
+}
+
+#[test]
+fn requeue_after_requeue_does_not_grow_the_dead_letter_log_for_ever() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, options) = manual();
+    let options = options.retry(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    });
+    let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
+    let rx = collect(&timers, |_, _| true);
+    for i in 0..3 {
+        timers
+            .schedule(format!("keep-{i}"), format!("p{i}"), t0())
+            .unwrap();
+    }
+    timers.schedule("churn", b"c", t0()).unwrap();
+    let dead = |id: &[u8]| timers.dead_letters().iter().any(|d| d.id() == id);
+    // Dies, is requeued and dies again: two records a cycle, one letter in the end.
+    for _ in 0..530 {
+        while !dead(b"churn") {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        timers.requeue("churn").unwrap();
+    }
+    eventually(|| timers.dead_letters().len() == 4);
+    while rx.try_recv().is_ok() {}
+    let before = letters(&timers);
+    timers.close().unwrap();
+    let grown = dead_log_bytes(dir.path());
+
+    let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
+    assert_eq!(
+        letters(&timers),
+        before,
+        "the rewrite kept exactly the live letters"
+    );
+    let rewritten = dead_log_bytes(dir.path());
+    assert!(
+        rewritten * 20 < grown,
+        "the log was not rewritten: {grown} bytes, then {rewritten}"
+    );
+    // Requeue state and new letters still work after the rewrite, and across a reopen.
+    timers.requeue("keep-0").unwrap();
+    let rx = collect(&timers, |_, _| false);
+    assert_eq!(next(&rx).id, "keep-0");
+    quiet(&rx, 50);
+    timers.close().unwrap();
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let ids: Vec<Vec<u8>> = letters(&timers).into_iter().map(|l| l.0).collect();
+    assert_eq!(
+        ids,
+        [b"churn".to_vec(), b"keep-1".to_vec(), b"keep-2".to_vec()]
+    );
+    let rx = collect(&timers, |_, _| false);
+    quiet(&rx, 50);
+}
+
+#[test]
+fn a_dead_letter_log_rewrite_cut_by_a_crash_leaves_the_old_log_or_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, options) = manual();
+    let options = options.retry(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    });
+    let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
+    let rx = collect(&timers, |_, _| true);
+    timers.schedule("a", b"1", t0()).unwrap();
+    timers.schedule("b", b"2", t0()).unwrap();
+    assert_eq!([next(&rx).attempt, next(&rx).attempt], [1, 1]);
+    eventually(|| timers.dead_letters().len() == 2);
+    let before = letters(&timers);
+    timers.close().unwrap();
+    let (dead, next_log) = (dir.path().join("dead"), dir.path().join("dead.next"));
+    // Cut after the old log was moved out: the new one, complete, is moved in.
+    std::fs::rename(&dead, &next_log).unwrap();
+    let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
+    assert_eq!(letters(&timers), before);
+    timers.close().unwrap();
+    assert!(!next_log.exists());
+    // Cut while the new one was written beside the old: it is dropped, unread.
+    std::fs::create_dir(&next_log).unwrap();
+    for entry in std::fs::read_dir(&dead).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, next_log.join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(next_log.join("0000000001-000001.seg"), b"half a segm").unwrap();
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    assert_eq!(letters(&timers), before, "letters read twice or lost");
+    timers.close().unwrap();
+    assert!(!next_log.exists());
+}
+
 #[test]
 fn upsert_replaces_in_memory_on_disk_and_across_reopen() {
     let dir = tempfile::tempdir().unwrap();
