@@ -339,13 +339,23 @@ fn close_returns_when_the_hints_subscription_stalls_after_connecting() {
     let relay = relay_to(&server);
     let t = RedisTimers::open(&relay.url(), "stall", opts()).unwrap();
     t.run_handler(1, |_| Ok::<(), ()>(())).unwrap();
-    // The network fails right after the hints thread's next connect: its handshake is
-    // answered, its SUBSCRIBE never is.
-    relay.stall_subscribes();
     let mut admin = redis::Client::open(server.url())
         .unwrap()
         .get_connection()
         .unwrap();
+    // Once the hints thread has subscribed to the channels of the shards it owns.
+    wait_until("the hints subscription", Duration::from_secs(5), || {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query(&mut admin)
+            .unwrap();
+        !list.trim().is_empty()
+    });
+    // The network fails right after the hints thread's next connect: its handshake is
+    // answered, its SUBSCRIBE never is.
+    relay.stall_subscribes();
     let killed: u64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -1125,4 +1135,74 @@ fn a_renewal_before_running_whose_reply_comes_back_after_its_lease_does_not_run_
             b_claim.lease_until().duration_since(ran).unwrap()
         );
     }
+}
+
+#[test]
+fn a_task_hinted_while_its_owner_could_not_subscribe_fires_when_it_can_not_a_window_later() {
+    let Some(server) = Server::start("hint_while_away") else {
+        return;
+    };
+    // A window of 10 s: only the sweep made on subscribing, not the window's, can fire
+    // the task within a few seconds of its due time.
+    let options = opts().shards(1).window(Duration::from_secs(10));
+    let relay = relay_to(&server);
+    let consumer = RedisTimers::open(&relay.url(), "away", options.clone()).unwrap();
+    let fired = Arc::new(Mutex::new(Vec::new()));
+    {
+        let fired = Arc::clone(&fired);
+        consumer
+            .run_handler(1, move |task| {
+                fired
+                    .lock()
+                    .unwrap()
+                    .push((task.id().to_vec(), SystemTime::now()));
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+    }
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut pubsub_clients = || -> String {
+        redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query(&mut admin)
+            .unwrap()
+    };
+    wait_until("the hints subscription", Duration::from_secs(5), || {
+        !pubsub_clients().trim().is_empty()
+    });
+    // Its subscriber drops, and every new one's SUBSCRIBE goes unanswered for a while.
+    relay.stall_subscribes();
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(killed, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let producer = RedisTimers::open(&server.url(), "away", options).unwrap();
+    let due = SystemTime::now() + Duration::from_millis(800);
+    producer.schedule("x", b"", due).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    relay.resume_subscribes();
+    wait_until("x", Duration::from_secs(15), || {
+        !fired.lock().unwrap().is_empty()
+    });
+    let (id, at) = fired.lock().unwrap()[0].clone();
+    assert_eq!(id, b"x");
+    assert!(at >= due, "fired early");
+    let late = at.duration_since(due).unwrap();
+    assert!(
+        late < Duration::from_secs(3),
+        "fired {late:?} late: the hint sent while no one listened waited for the window"
+    );
 }

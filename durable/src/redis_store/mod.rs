@@ -18,9 +18,10 @@
 //! since, and returns when the shard next has something claimable (a due time or a lease
 //! expiry). That instant is armed in the process's corewheel wheel, one entry per shard.
 //! A schedule script whose task is due within two of the longest windows allowed (two
-//! days: the scheduler does not know the owner's window) also publishes a hint, so the
-//! owner arms it at once rather than at its next sweep (a lost hint costs at most one
-//! window). When the wheel fires for a shard, a handler thread sweeps it again, claiming
+//! days: the scheduler does not know the owner's window) also publishes a hint on the
+//! shard's channel, to which only its owner subscribes, so the owner arms it at once
+//! rather than at its next sweep; a process sweeps a shard as soon as it subscribes to
+//! its channel, so a hint sent while no one listened costs nothing. When the wheel fires for a shard, a handler thread sweeps it again, claiming
 //! in one script every task due by the server's clock (up to a batch), each under a fresh
 //! token and a lease (expiry = server now + visibility), and learns the shard's next
 //! instant. Claims are atomic on the server, so if two processes briefly both think they
@@ -213,19 +214,27 @@ pub enum Failed {
     Dead,
 }
 
-/// The names of one shard's keys, in the order the scripts take them.
-struct ShardKeys([String; 6]);
+/// The names of one shard's keys, in the order the scripts take them, and of its hint
+/// channel, all with the shard's hash tag.
+struct ShardKeys {
+    keys: [String; 6],
+    /// Where a schedule, retry or requeue due soon is hinted to the shard's owner, the
+    /// only process subscribed to it.
+    hints: String,
+}
 
 impl ShardKeys {
     fn new(queue: &str, shard: u32) -> Self {
         let tag = format!("{{{queue}:{shard}}}");
-        ShardKeys(
-            ["due", "lease", "task", "meta", "token", "dead"].map(|name| format!("{tag}:{name}")),
-        )
+        ShardKeys {
+            keys: ["due", "lease", "task", "meta", "token", "dead"]
+                .map(|name| format!("{tag}:{name}")),
+            hints: format!("{tag}:hints"),
+        }
     }
 
     fn first(&self, n: usize) -> Vec<&str> {
-        self.0[..n].iter().map(String::as_str).collect()
+        self.keys[..n].iter().map(String::as_str).collect()
     }
 }
 
@@ -280,9 +289,8 @@ struct Inner {
     closing_handler: AtomicBool,
     /// This process's name among the members: random, fresh per open.
     member: String,
-    /// `{queue}:members` and `{queue}:hints`.
+    /// `{queue}:members`.
     members_key: String,
-    hint_channel: String,
     stopping: AtomicBool,
     handlers_started: AtomicBool,
     /// Claims whose handler is running, by token, for the renewer.
@@ -381,7 +389,6 @@ impl RedisTimers {
                 closing_handler: AtomicBool::new(false),
                 member: new_token(),
                 members_key: format!("{{{queue}}}:members"),
-                hint_channel: format!("{{{queue}}}:hints"),
                 stopping: AtomicBool::new(false),
                 handlers_started: AtomicBool::new(false),
                 active: Mutex::new(HashMap::new()),
@@ -434,7 +441,7 @@ impl RedisTimers {
             let shard_arg = shard.to_string();
             let mut args: Vec<&[u8]> = Vec::with_capacity(tasks.len() * 3 + 3);
             args.extend([
-                self.inner.hint_channel.as_bytes(),
+                self.inner.keys[shard].hints.as_bytes(),
                 shard_arg.as_bytes(),
                 horizon.as_bytes(),
             ]);
@@ -561,13 +568,8 @@ impl RedisTimers {
             .saturating_mul(4)
             .min(self.inner.options.fetch_limit);
         let mut list = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        // Subscribed before the first sweep, so that no hint falls between the two.
-        let (subscribed, wait) = std::sync::mpsc::sync_channel(1);
         let inner = Arc::clone(&self.inner);
-        list.push(spawn("cwr-hints", move || listener(&inner, subscribed))?);
-        if wait.recv_timeout(Duration::from_secs(1)).is_err() {
-            eprintln!("corewheel-durable: hints not subscribed yet; sweeps still find tasks");
-        }
+        list.push(spawn("cwr-hints", move || listener(&inner))?);
         let inner = Arc::clone(&self.inner);
         list.push(spawn("cwr-members", move || member(&inner))?);
         let inner = Arc::clone(&self.inner);
@@ -590,7 +592,7 @@ impl RedisTimers {
             let reply = self
                 .inner
                 .pool
-                .eval(&DEAD_LETTERS, &[keys.0[5].as_str()], &[])?;
+                .eval(&DEAD_LETTERS, &[keys.keys[5].as_str()], &[])?;
             for letter in array(&reply)?.chunks(3) {
                 let [id, payload, meta] = letter else {
                     return Err(unexpected(&reply));
@@ -620,7 +622,11 @@ impl RedisTimers {
         let reply = self.inner.pool.eval(
             &REQUEUE,
             &self.inner.keys[shard].first(6),
-            &[id, self.inner.hint_channel.as_bytes(), shard_arg.as_bytes()],
+            &[
+                id,
+                self.inner.keys[shard].hints.as_bytes(),
+                shard_arg.as_bytes(),
+            ],
         )?;
         if int(&reply)? == 0 {
             return Err(Error::NotDead);
@@ -636,9 +642,9 @@ impl RedisTimers {
             let (due, lease): (u64, u64) = self.inner.pool.with(|conn| {
                 redis::pipe()
                     .cmd("ZCARD")
-                    .arg(&keys.0[0])
+                    .arg(&keys.keys[0])
                     .cmd("ZCARD")
-                    .arg(&keys.0[1])
+                    .arg(&keys.keys[1])
                     .query(conn)
             })?;
             total += due + lease;
@@ -1067,7 +1073,7 @@ impl Inner {
         let vis = self.visibility_ms().to_string();
         let reply = self.pool.eval(
             &RENEW,
-            &[&self.keys[shard].0[1], &self.keys[shard].0[4]],
+            &[&self.keys[shard].keys[1], &self.keys[shard].keys[4]],
             &[id, token.as_bytes(), vis.as_bytes()],
         )?;
         match int(&reply)? {
@@ -1107,7 +1113,7 @@ impl Inner {
                 token.as_bytes(),
                 backoff.as_bytes(),
                 max.as_bytes(),
-                self.hint_channel.as_bytes(),
+                self.keys[shard].hints.as_bytes(),
                 shard_arg.as_bytes(),
                 horizon.as_bytes(),
             ],
@@ -1195,11 +1201,10 @@ fn member(inner: &Inner) {
     }
 }
 
-/// The hints thread: subscribed to the queue's hint channel, arms what other processes
-/// schedule for soon in the shards this process owns. Reconnects after an error; a hint
-/// lost meanwhile costs that task at most one window.
-fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
-    let mut first = Some(subscribed);
+/// The hints thread: subscribed to the hint channels of the shards this process owns,
+/// by its last heartbeat, arms what other processes schedule there for soon. Reconnects
+/// after an error.
+fn listener(inner: &Inner) {
     while !inner.stopping() {
         let mut conn = match inner.pool.connect() {
             Ok(conn) => conn,
@@ -1210,19 +1215,17 @@ fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
             }
         };
         let mut pubsub = conn.as_pubsub();
-        inner.pool.count(1);
-        let ready = pubsub
-            .subscribe(&inner.hint_channel)
-            .and_then(|()| pubsub.set_read_timeout(Some(HINT_READ_TIMEOUT)));
-        if let Err(e) = ready {
+        if let Err(e) = pubsub.set_read_timeout(Some(HINT_READ_TIMEOUT)) {
             eprintln!("corewheel-durable: subscribing to hints: {e}");
             inner.pause(inner.options.window);
             continue;
         }
-        if let Some(tx) = first.take() {
-            let _ = tx.send(());
-        }
+        let mut subscribed = vec![false; inner.keys.len()];
         while !inner.stopping() {
+            if let Err(e) = follow_owned(inner, &mut pubsub, &mut subscribed) {
+                eprintln!("corewheel-durable: subscribing to hints: {e}");
+                break;
+            }
             match pubsub.get_message() {
                 Ok(msg) => inner.hinted(msg.get_payload_bytes()),
                 Err(e) if e.is_timeout() => {}
@@ -1233,6 +1236,31 @@ fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
             }
         }
     }
+}
+
+/// Subscribes to the hint channel of each shard this process owns now and was not
+/// subscribed to, and leaves those of shards it no longer owns. A shard newly subscribed
+/// to is armed at once: the sweep that follows finds what was scheduled before the
+/// subscription, whose hint went to no one (after a change of owners or a reconnect).
+fn follow_owned(
+    inner: &Inner,
+    pubsub: &mut redis::PubSub<'_>,
+    subscribed: &mut [bool],
+) -> redis::RedisResult<()> {
+    let owned = inner.local().owned.clone();
+    for (shard, (&own, sub)) in owned.iter().zip(subscribed.iter_mut()).enumerate() {
+        if own != *sub {
+            inner.pool.count(1);
+            if own {
+                pubsub.subscribe(&inner.keys[shard].hints)?;
+                inner.arm_if_owned(shard, inner.server_now_ms());
+            } else {
+                pubsub.unsubscribe(&inner.keys[shard].hints)?;
+            }
+            *sub = own;
+        }
+    }
+    Ok(())
 }
 
 /// The renew thread: every third of the visibility timeout, renews the lease of every

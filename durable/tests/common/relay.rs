@@ -123,6 +123,11 @@ impl Relay {
     pub fn stall_subscribes(&self) {
         self.stall_subscribe.store(true, Ordering::SeqCst);
     }
+
+    /// Connections made from now on subscribe normally again (those stalled stay so).
+    pub fn resume_subscribes(&self) {
+        self.stall_subscribe.store(false, Ordering::SeqCst);
+    }
 }
 
 impl Drop for Relay {
