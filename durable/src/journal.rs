@@ -331,6 +331,9 @@ impl Store for Journal {
         let folder = self.target_dir(Target::Bucket(start_ms));
         // A bucket leaves in one rename: deleting its segments one by one could be cut
         // by a crash after a segment of Done marks went and before the tasks they finish.
+        // Made again if someone removed it: a rename into a missing folder fails with
+        // NotFound too, which must mean only that the bucket is gone already.
+        fs::create_dir_all(self.dir.join("trash"))?;
         let trash = self
             .dir
             .join("trash")

@@ -89,19 +89,18 @@ fn load(shared: &Shared, start: u64, applied: u64) -> bool {
             return false;
         }
     };
+    // A record at or below `applied` had its commit applied to the window before this
+    // load began; later ones come through `waiting`, or are of a commit that failed and
+    // never counted, so they may not hide an older version either.
+    tasks.retain(|t| t.seq <= applied);
     // An upsert is whole only with its tombstone, which the same commit wrote to the
     // control log after it: without it a crash (or a failed write) cut the upsert short,
-    // and the version before it stays. A record at or below `applied` had its commit
-    // applied to the window before this load began; later ones come through `waiting`.
+    // and the version before it stays.
     let torn: HashSet<u64> = {
         let core = shared.core();
         tasks
             .iter()
-            .filter(|t| {
-                t.seq <= applied
-                    && upserts.contains(&t.seq)
-                    && core.tombs.get(&t.id) != Some(&t.seq)
-            })
+            .filter(|t| upserts.contains(&t.seq) && core.tombs.get(&t.id) != Some(&t.seq))
             .map(|t| t.seq)
             .collect()
     };
@@ -113,9 +112,7 @@ fn load(shared: &Shared, start: u64, applied: u64) -> bool {
         let seq = newest.entry(t.id.clone()).or_insert(0);
         *seq = (*seq).max(t.seq);
     }
-    tasks.retain(|t| {
-        t.seq <= applied && newest[&t.id] == t.seq && !done.contains(&(t.id.clone(), t.seq))
-    });
+    tasks.retain(|t| newest[&t.id] == t.seq && !done.contains(&(t.id.clone(), t.seq)));
     tasks.sort_by_key(|t| (t.due_ms, t.seq));
     let mut core = shared.core();
     let waiting = match core.buckets.get_mut(&start) {

@@ -43,7 +43,9 @@ impl DurableTimers {
     /// Opens the timers stored in `dir`, creating it if needed.
     ///
     /// Tasks that came due while no process had the directory open are delivered first,
-    /// oldest first (at most [`Options::catch_up_rate`] a second if set). A second open of
+    /// oldest first bucket by bucket, as the buckets load (at most
+    /// [`Options::catch_up_rate`] a second if set): a retry is kept in its first attempt's
+    /// bucket, so it can come before older tasks of a later bucket. A second open of
     /// the same directory, from this process or another, is refused with
     /// [`Error::Locked`] until the first is closed.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<DurableTimers, Error> {
@@ -335,9 +337,11 @@ fn read_dead(store: &dyn Store) -> Result<Vec<Task>, Error> {
         .map(|r| r.seq)
         .collect();
     let total = log.len();
+    // A letter written twice (see the writer's `finish`) carries one number: read once.
+    let mut seen = HashSet::new();
     let live: Vec<Record> = log
         .into_iter()
-        .filter(|r| r.kind == Kind::Dead && !requeued.contains(&r.seq))
+        .filter(|r| r.kind == Kind::Dead && !requeued.contains(&r.seq) && seen.insert(r.seq))
         .collect();
     if total > live.len().saturating_mul(2).saturating_add(DEAD_LOG_SLACK) {
         store.rewrite_dead(&live)?;

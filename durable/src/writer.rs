@@ -315,7 +315,10 @@ impl Writer {
         }
         let policy = &self.shared.options.retry;
         if task.attempt >= policy.max_attempts {
-            let seq = self.seq();
+            // Numbered as the attempt that died, not afresh: a commit retried after a
+            // failure (or a redelivery after a crash) that wrote this record once already
+            // writes the same letter again, which a read counts once.
+            let seq = task.seq;
             let dead = Task {
                 seq,
                 ..task.clone()
@@ -366,6 +369,20 @@ impl Writer {
         let finished = self.shared.core().take_finished_buckets();
         for (start, min_seq) in finished {
             self.undeleted.insert(start, (min_seq, false));
+        }
+        // A bucket written to again since its delete failed (a task scheduled into its
+        // span) is not deleted with that task: it goes once its new tasks are finished,
+        // and the window's bucket holds the old records' tombstone bound meanwhile.
+        {
+            let mut core = self.shared.core();
+            self.undeleted
+                .retain(|start, (min_seq, _)| match core.buckets.get_mut(start) {
+                    Some(bucket) => {
+                        bucket.min_seq = bucket.min_seq.min(*min_seq);
+                        false
+                    }
+                    None => true,
+                });
         }
         // A cancelled task in a bucket has no Done mark, only its tombstone, which must
         // outlive the bucket's files: a bucket that could not be deleted is tried again
@@ -439,7 +456,11 @@ fn apply(core: &mut Window, effect: Effect) {
         Effect::Tomb(id, seq) => core.void(&id, seq),
         Effect::Place(task) => core.place(task),
         Effect::Finished(bucket) => core.finished(bucket),
-        Effect::Dead(task) => core.dead.push(task),
+        Effect::Dead(task) => {
+            if !core.dead.iter().any(|d| d.seq == task.seq) {
+                core.dead.push(task);
+            }
+        }
         Effect::Undead(seq) => core.dead.retain(|t| t.seq != seq),
     }
 }

@@ -1,7 +1,8 @@
 //! Bad disks on real files: a torn segment tail and flipped bytes in another segment's last
 //! record are cut at reopen without losing what was written before them; flipped bytes
 //! inside a segment lose only the damaged record; and a write that hits a file-size limit
-//! fails its call with a typed error and harms nothing acknowledged.
+//! fails its call with a typed error and harms nothing acknowledged, nor a failed delete or
+//! a removed folder of the store.
 
 mod common;
 
@@ -14,17 +15,23 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::{collect, manual, next, quiet, t0};
-use corewheel_durable::{DurableTimers, Error, ManualWallClock, Options, WallClock};
+use corewheel_durable::{DurableTimers, Error, ManualWallClock, Options, RetryPolicy, WallClock};
 
+const SEC: Duration = Duration::from_secs(1);
 const MIN: Duration = Duration::from_secs(60);
 
-/// The one segment file of the bucket starting at `start`.
-fn segment_of(dir: &Path, start: SystemTime) -> PathBuf {
+/// The folder of the bucket starting at `start`.
+fn bucket_dir(dir: &Path, start: SystemTime) -> PathBuf {
     let ms = start
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()
         .as_millis();
-    let folder = dir.join("buckets").join(ms.to_string());
+    dir.join("buckets").join(ms.to_string())
+}
+
+/// The one segment file of the bucket starting at `start`.
+fn segment_of(dir: &Path, start: SystemTime) -> PathBuf {
+    let folder = bucket_dir(dir, start);
     let mut segments: Vec<PathBuf> = fs::read_dir(&folder)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -758,4 +765,208 @@ fn bit_rot_in_a_segment_with_a_torn_tail_loses_only_the_damaged_and_torn_records
     // The torn one, the last, was never acknowledged.
     let lost = lost_but_task_five(dir.path(), n - 1);
     assert!(lost.is_empty(), "acknowledged tasks lost: {lost:?}");
+}
+
+/// A finished bucket whose deletion failed is not deleted by the writer's next try once a
+/// task acknowledged in between was written into it: the task is still there after a
+/// reopen.
+#[test]
+fn a_retried_bucket_deletion_spares_a_task_scheduled_into_it_after_the_first_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let trash = dir.path().join("trash");
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    // Bucket t0 holds one task, cancelled: finished as soon as its span is past.
+    timers.schedule("gone", b"", t0() + 10 * MIN).unwrap();
+    timers.cancel("gone").unwrap();
+    // Deleting it fails: a file stands where the trash folder should be.
+    fs::remove_dir_all(&trash).unwrap();
+    fs::write(&trash, b"").unwrap();
+    clock.set(t0() + 70 * MIN);
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        bucket_dir(dir.path(), t0()).exists(),
+        "precondition: the bucket's deletion failed"
+    );
+    // A task due in that (past) bucket's span, acknowledged; no handler runs yet.
+    timers.schedule("kept", b"p", t0() + 30 * MIN).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // The disk recovers: the writer's retry now renames the whole folder away.
+    fs::remove_file(&trash).unwrap();
+    fs::create_dir(&trash).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    timers.close().unwrap();
+
+    let (clock, options) = manual();
+    clock.set(t0() + 70 * MIN);
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    let got = rx.recv_timeout(Duration::from_secs(3));
+    assert!(
+        got.as_ref().is_ok_and(|s| s.id == "kept"),
+        "the acknowledged schedule of \"kept\" was lost after a reopen: got {got:?}"
+    );
+    timers.close().unwrap();
+}
+
+const DEAD_CHILD_DIR: &str = "CWD_DEAD_LETTER_CHILD_DIR";
+
+/// Child of `a_dead_letter_whose_done_mark_write_failed_once_is_not_doubled_by_a_reopen`:
+/// "x" (a 1000-byte id) fails its only attempt while its bucket's segment is too full for
+/// its Done mark (a second-phase write) but the dead-letter log has room for its dead
+/// letter (a first-phase write). The writer keeps the outcome and commits it again.
+#[test]
+fn dead_letter_full_disk_child() {
+    let Some(dir) = std::env::var_os(DEAD_CHILD_DIR) else {
+        return;
+    };
+    let (clock, options) = manual();
+    let options = options.retry(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    });
+    let timers = DurableTimers::open(&dir, options).unwrap();
+    let x = "x".repeat(1000);
+    timers.schedule(&x, b"", t0() + SEC).unwrap();
+    // 1,031 bytes of x, then a filler up to 65,000 bytes: x's Done mark (1,031 bytes) no
+    // longer fits under the 65,536-byte limit.
+    timers
+        .schedule("f", vec![0u8; 65_000 - 1031 - 32], t0() + 50 * MIN)
+        .unwrap();
+    let _rx = collect(&timers, |id, _| id != "f");
+    clock.set(t0() + 2 * SEC);
+    common::eventually(|| !timers.dead_letters().is_empty());
+    std::thread::sleep(Duration::from_millis(500));
+    println!("@@DEAD {}", timers.dead_letters().len());
+    timers.close().unwrap();
+}
+
+/// A task that failed its last attempt is one dead letter while the process runs, and
+/// still one after a reopen, though a failed second-phase write (the Done mark) made the
+/// writer commit the outcome again after the first commit's dead letter was durable.
+#[test]
+fn a_dead_letter_whose_done_mark_write_failed_once_is_not_doubled_by_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = under_file_limit("dead_letter_full_disk_child", DEAD_CHILD_DIR, dir.path());
+    let out = String::from_utf8_lossy(&out.stdout);
+    let before: usize = out
+        .lines()
+        .find_map(|l| {
+            l.find("@@DEAD ")
+                .map(|at| l[at + 7..].trim().parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("child reported nothing: {out}"));
+    assert_eq!(before, 1, "in the child, one dead letter");
+    let (clock, options) = manual();
+    clock.set(t0() + 2 * SEC);
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let after = timers.dead_letters();
+    assert_eq!(
+        after.len(),
+        before,
+        "the child listed {before} dead letter(s) for x, the reopened store lists {}",
+        after.len()
+    );
+    timers.close().unwrap();
+}
+
+const LOAD_AFTER_FAILED_UPSERT_DIR: &str = "CWD_LOAD_AFTER_FAILED_UPSERT_DIR";
+
+/// Child of `an_upsert_whose_tombstone_write_failed_does_not_hide_the_old_version_in_this_process`:
+/// x is scheduled (acknowledged) into the bucket at t0 + 3 h, the control segment is filled
+/// to just under the 64 KiB limit, and an upsert of x into the same bucket fails its
+/// tombstone write (EFBIG). Nothing else is committed; then x's bucket comes due.
+#[test]
+fn upsert_fails_then_bucket_loads_child() {
+    let Some(dir) = std::env::var_os(LOAD_AFTER_FAILED_UPSERT_DIR) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(&dir, options).unwrap();
+    let x = "x".repeat(1000);
+    timers.schedule(&x, b"old", t0() + 180 * MIN).unwrap();
+    let filler = "f".repeat(1000);
+    timers.schedule(&filler, b"", t0() + 300 * MIN).unwrap();
+    let control_len = || -> u64 {
+        fs::read_dir(dir.join("control"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .max()
+            .unwrap_or(0)
+    };
+    let tomb = 8 + 23 + 1000;
+    while control_len() + tomb <= FILE_LIMIT_BLOCKS * 512 {
+        timers.cancel(&filler).unwrap();
+    }
+    let r = timers.schedule(&x, b"new", t0() + 200 * MIN);
+    println!("@@U {}", if r.is_ok() { "ok" } else { "err" });
+    let rx = collect(&timers, |_, _| false);
+    clock.set(t0() + 210 * MIN);
+    match rx.recv_timeout(Duration::from_secs(3)) {
+        Ok(s) => println!("@@X {}", String::from_utf8_lossy(&s.payload)),
+        Err(_) => println!("@@X none"),
+    }
+    timers.close().unwrap();
+}
+
+/// An upsert whose tombstone write fails returns an error and leaves the old, acknowledged
+/// version, in the same process too: its bucket, loaded before any later commit succeeds,
+/// delivers the old version (the failed commit's record on disk does not hide it).
+#[test]
+fn an_upsert_whose_tombstone_write_failed_does_not_hide_the_old_version_in_this_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = under_file_limit(
+        "upsert_fails_then_bucket_loads_child",
+        LOAD_AFTER_FAILED_UPSERT_DIR,
+        dir.path(),
+    );
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.contains("@@U err"),
+        "precondition: the upsert failed: {out}"
+    );
+    assert!(
+        out.contains("@@X old"),
+        "x's acknowledged version was not delivered when due (the failed upsert hid it): {}",
+        out.lines()
+            .filter(|l| l.contains("@@"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+}
+
+/// A finished bucket is renamed into `trash/` to delete it; with `trash/` removed by
+/// someone, it is made again, so the bucket is really deleted and the task cancelled in
+/// it, whose tombstone is then pruned, does not come back at the next open.
+#[test]
+fn a_missing_trash_folder_does_not_let_a_cancelled_task_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let trash = dir.path().join("trash");
+    {
+        let (_clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options).unwrap();
+        timers.schedule("gone", b"", t0() + 10 * MIN).unwrap();
+        timers.cancel("gone").unwrap();
+        timers.close().unwrap();
+    }
+    {
+        let (clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options).unwrap();
+        fs::remove_dir_all(&trash).unwrap();
+        clock.set(t0() + 180 * MIN);
+        std::thread::sleep(Duration::from_millis(600));
+        timers.close().unwrap();
+    }
+    let (clock, options) = manual();
+    clock.set(t0() + 180 * MIN);
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let rx = collect(&timers, |_, _| false);
+    if let Ok(s) = rx.recv_timeout(Duration::from_millis(1000)) {
+        panic!(
+            "cancelled task delivered after reopen: {s:?}; bucket still on disk: {}",
+            bucket_dir(dir.path(), t0()).exists()
+        );
+    }
+    timers.close().unwrap();
 }
