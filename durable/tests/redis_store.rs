@@ -1353,3 +1353,113 @@ fn a_handler_that_closes_its_store_then_returns_ok_has_its_task_acked() {
         "a task whose handler returned Ok is delivered again"
     );
 }
+
+/// `close` keeps renewing the leases of handlers still running: a handler that closes its
+/// own store and goes on working is one, so no other consumer may claim its task while it
+/// runs (the renew thread is not joined by that close and ends when the handler returns).
+#[test]
+fn a_handler_that_closes_its_own_store_keeps_its_lease_while_it_finishes() {
+    let Some(server) = Server::start("close_in_handler_lease") else {
+        return;
+    };
+    let vis = Duration::from_millis(300);
+    let options = RedisOptions::default()
+        .shards(1)
+        .window(Duration::from_millis(100))
+        .visibility(vis);
+    let slot: Arc<Mutex<Option<RedisTimers>>> = Arc::default();
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let closed_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let t = RedisTimers::open(&server.url(), "closelease", options.clone()).unwrap();
+    {
+        let (slot, running, closed_at) = (
+            Arc::clone(&slot),
+            Arc::clone(&running),
+            Arc::clone(&closed_at),
+        );
+        t.run_handler(1, move |_| {
+            running.store(true, std::sync::atomic::Ordering::SeqCst);
+            if let Some(t) = slot.lock().unwrap().take() {
+                t.close().unwrap();
+            }
+            *closed_at.lock().unwrap() = Some(Instant::now());
+            // Finishing up after asking to stop: five leases.
+            std::thread::sleep(Duration::from_millis(1500));
+            running.store(false, std::sync::atomic::Ordering::SeqCst);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    {
+        let mut slot = slot.lock().unwrap();
+        t.schedule("job", b"", SystemTime::now()).unwrap();
+        *slot = Some(t);
+    }
+    wait_until(
+        "the handler closed its store",
+        Duration::from_secs(5),
+        || closed_at.lock().unwrap().is_some(),
+    );
+    let other = RedisTimers::open(&server.url(), "closelease", options).unwrap();
+    let until = Instant::now() + Duration::from_millis(1300);
+    let mut taken_while_running = None;
+    while Instant::now() < until && running.load(std::sync::atomic::Ordering::SeqCst) {
+        if let Some(claim) = other.claim_next().unwrap() {
+            if running.load(std::sync::atomic::Ordering::SeqCst) {
+                taken_while_running = Some(claim.task().attempt());
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        taken_while_running.is_none(),
+        "another consumer claimed the task while the handler that closed its store was \
+         still running it: that handler's lease was no longer renewed after close"
+    );
+}
+
+/// Dead letters are MessagePack arrays in one hash field per id: binary ids and payloads
+/// at every string-length boundary of the format, several deaths of one id, a requeue
+/// between deaths.
+#[test]
+fn dead_letters_keep_binary_payloads_at_every_msgpack_length_boundary() {
+    let Some(server) = Server::start("dead_binary") else {
+        return;
+    };
+    let options = RedisOptions::default()
+        .shards(2)
+        .window(Duration::from_millis(50))
+        .visibility(Duration::from_secs(5))
+        .retry(RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        });
+    let t = RedisTimers::open(&server.url(), "deadbin", options).unwrap();
+    let id: Vec<u8> = vec![0, 0xff, b' ', b'\n', 0xc1, 0x90];
+    let lens = [0usize, 1, 31, 32, 255, 256, 65535, 65536, 70000];
+    let payload = |n: usize| -> Vec<u8> { (0..n).map(|i| (i * 7 + n) as u8).collect() };
+    for &n in &lens {
+        t.schedule(&id, payload(n), SystemTime::now() - Duration::from_secs(1))
+            .unwrap();
+        let claim = t.claim_next().unwrap().expect("due");
+        assert_eq!(claim.task().payload(), &payload(n)[..]);
+        t.fail(&claim).unwrap();
+    }
+    let dead = t.dead_letters().unwrap();
+    assert_eq!(dead.len(), lens.len());
+    let mut got: Vec<Vec<u8>> = dead.iter().map(|d| d.payload().to_vec()).collect();
+    let mut want: Vec<Vec<u8>> = lens.iter().map(|&n| payload(n)).collect();
+    got.sort();
+    want.sort();
+    assert!(got == want, "a dead letter's payload changed");
+    assert!(dead.iter().all(|d| d.id() == &id[..]));
+    // Requeue takes the newest each time.
+    for &n in lens.iter().rev() {
+        t.requeue(&id).unwrap();
+        let claim = t.claim_next().unwrap().expect("requeued");
+        assert_eq!(claim.task().payload().len(), n);
+        t.ack(&claim).unwrap();
+    }
+    assert!(t.dead_letters().unwrap().is_empty());
+}

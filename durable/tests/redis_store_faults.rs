@@ -1206,3 +1206,86 @@ fn a_task_hinted_while_its_owner_could_not_subscribe_fires_when_it_can_not_a_win
         "fired {late:?} late: the hint sent while no one listened waited for the window"
     );
 }
+
+fn sleep_until(t: Instant) {
+    std::thread::sleep(t.saturating_duration_since(Instant::now()));
+}
+
+/// One reply held up by the network (requests still arrive: a one-way stall, or an AOF
+/// fsync stall that holds the reply after the script read `TIME`) must not skew the
+/// offset the process maps server time to local instants with: the shard's next instant
+/// is armed from it, and a task due well after the network recovered would fire late by
+/// half the stall were the offset taken from the round trip's middle. (An idle pooled
+/// connection gets a `PING` first, which would absorb the stall instead; a busy process's
+/// connections do not, so the test keeps one busy until just before.)
+#[test]
+fn a_task_due_after_a_held_reply_is_not_late_by_half_the_hold() {
+    let Some(server) = Server::start("held_reply_skews_arming") else {
+        return;
+    };
+    let relay = relay_to(&server);
+    let options = RedisOptions::default()
+        .shards(1)
+        // Long, so that no periodic sweep falls in the stall: only the claiming one.
+        .window(Duration::from_secs(10))
+        .visibility(Duration::from_secs(10));
+    let consumer = RedisTimers::open(&relay.url(), "skew", options.clone()).unwrap();
+    let log: Arc<Mutex<Vec<(String, SystemTime, SystemTime)>>> = Arc::default();
+    {
+        let log = Arc::clone(&log);
+        consumer
+            .run_handler(1, move |task| {
+                log.lock().unwrap().push((
+                    String::from_utf8_lossy(task.id()).into_owned(),
+                    task.due(),
+                    SystemTime::now(),
+                ));
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+    }
+    wait_until(
+        "the consumer owns the shard",
+        Duration::from_secs(5),
+        || consumer.owned_shards() == 1,
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let producer = RedisTimers::open(&server.url(), "skew", options).unwrap();
+    let (t0, w0) = (Instant::now(), SystemTime::now());
+    producer
+        .schedule("a", b"", w0 + Duration::from_millis(1000))
+        .unwrap();
+    producer
+        .schedule("b", b"", w0 + Duration::from_millis(3400))
+        .unwrap();
+    // A busy process: its pooled connections are in use, so a sweep goes out without
+    // the PING an idle one gets (here the test keeps one busy until just before `a`).
+    while t0.elapsed() < Duration::from_millis(975) {
+        consumer.pending().unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The sweep that claims `a` at its due time reaches the server; its reply (which
+    // also says `b` is next) waits 1.8 s.
+    sleep_until(t0 + Duration::from_millis(985));
+    relay.freeze_replies();
+    sleep_until(t0 + Duration::from_millis(2800));
+    relay.thaw();
+    // The network is fine for the 600 ms before `b` is due.
+    wait_until("b delivered", Duration::from_secs(6), || {
+        log.lock().unwrap().iter().any(|(id, _, _)| id == "b")
+    });
+    let log = log.lock().unwrap().clone();
+    for (id, due, ran) in &log {
+        eprintln!(
+            "{id}: ran {:?} after due, {:?} after t0",
+            ran.duration_since(*due),
+            ran.duration_since(w0)
+        );
+    }
+    let (_, due, ran) = log.iter().find(|(id, _, _)| id == "b").unwrap();
+    let late = ran.duration_since(*due).unwrap_or_default();
+    assert!(
+        late < Duration::from_millis(400),
+        "b, due 600 ms after the network recovered, ran {late:?} late"
+    );
+}

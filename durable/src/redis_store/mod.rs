@@ -243,8 +243,8 @@ impl ShardKeys {
 struct Local {
     /// Fires a shard at the instant it next has something claimable.
     wheel: Wheel<usize>,
-    /// Per shard: its armed wheel entry and instant (server ms).
-    wakes: Vec<Option<(TimerKey, u64)>>,
+    /// Per shard: its armed wheel entry and the local instant it fires at.
+    wakes: Vec<Option<(TimerKey, Instant)>>,
     /// Per shard: whether this process owns it, by the last heartbeat.
     owned: Vec<bool>,
     /// Per shard: whether its last sweep found something claimable (by the server's
@@ -279,14 +279,11 @@ struct Inner {
     origin: Instant,
     origin_us: u64,
     /// The server's clock minus this process's (`local_us`), in µs, as the last sweep
-    /// measured it.
+    /// measured it: from when the request left, so at least the true offset however late
+    /// the reply came back. A lease judged by it is never thought held after it ran out,
+    /// and a wake armed by it is never late (early by a delayed request at most, which
+    /// costs a sweep that finds nothing due yet and measures again).
     offset_us: AtomicI64,
-    /// The same, taken from when the request left rather than from the round trip's
-    /// middle: at least the true offset, however late the reply came back, so a lease
-    /// judged by it is never thought held after it ran out.
-    late_offset_us: AtomicI64,
-    /// Set when close is called from inside a handler, whose run it cannot wait for.
-    closing_handler: AtomicBool,
     /// This process's name among the members: random, fresh per open.
     member: String,
     /// `{queue}:members`.
@@ -385,8 +382,6 @@ impl RedisTimers {
                 origin,
                 origin_us,
                 offset_us: AtomicI64::new(0),
-                late_offset_us: AtomicI64::new(0),
-                closing_handler: AtomicBool::new(false),
                 member: new_token(),
                 members_key: format!("{{{queue}}}:members"),
                 stopping: AtomicBool::new(false),
@@ -573,7 +568,7 @@ impl RedisTimers {
         let inner = Arc::clone(&self.inner);
         list.push(spawn("cwr-members", move || member(&inner))?);
         let inner = Arc::clone(&self.inner);
-        list.push(spawn("cwr-renew", move || renewer(&inner))?);
+        list.push(spawn(RENEW_THREAD, move || renewer(&inner))?);
         for i in 0..threads {
             let inner = Arc::clone(&self.inner);
             let handler = Arc::clone(&handler);
@@ -688,10 +683,8 @@ impl RedisTimers {
     fn shutdown(&self) {
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
         let here = std::thread::current().id();
-        if threads.iter().any(|thread| thread.thread().id() == here) {
-            // Closed from inside a handler: that one never returns before close does.
-            self.inner.closing_handler.store(true, Ordering::Release);
-        }
+        // Closed from inside a handler: that one never returns before close does.
+        let from_handler = threads.iter().any(|thread| thread.thread().id() == here);
         self.inner.stopping.store(true, Ordering::Release);
         // Taken and released so that no waiter is between its look at `stopping` and
         // its wait: the notification cannot be missed.
@@ -699,7 +692,10 @@ impl RedisTimers {
         self.inner.local_changed.notify_all();
         let stopped = !threads.is_empty();
         for thread in threads {
-            if thread.thread().id() != here {
+            // The renew thread keeps the closing handler's lease until it returns, after
+            // close does: it is left to end by itself.
+            let renewing_for_caller = from_handler && thread.thread().name() == Some(RENEW_THREAD);
+            if thread.thread().id() != here && !renewing_for_caller {
                 let _ = thread.join();
             }
         }
@@ -807,42 +803,45 @@ impl Inner {
         self.origin_us.saturating_add(since)
     }
 
-    /// The server's clock now, as this process estimates it.
+    /// The server's clock now, as this process estimates it (never behind it).
     fn server_now_ms(&self) -> u64 {
         self.local_us()
             .saturating_add_signed(self.offset_us.load(Ordering::Relaxed))
             / 1000
     }
 
-    /// Records the server's clock as a reply read it (`server_us`), between `before` and
-    /// `after` (local wall µs): the server read it about halfway through the round trip.
-    fn measured(&self, before: u64, after: u64, server_us: i64) {
-        let local_mid = i64::try_from(before / 2 + after / 2).unwrap_or(i64::MAX);
-        self.offset_us
-            .store(server_us.saturating_sub(local_mid), Ordering::Relaxed);
+    /// Records the server's clock as a reply read it (`server_us`), for a request that
+    /// left at `before` (local wall µs): the server read it after that, so the offset
+    /// taken is at least the true one, whenever the reply came back. (The round trip's
+    /// middle would be nearer on a symmetric network, but a reply held up would make it
+    /// late by half the hold: wakes then late, leases thought held after they ran out.)
+    fn measured(&self, before: u64, server_us: i64) {
         let sent = i64::try_from(before).unwrap_or(i64::MAX);
-        self.late_offset_us
+        self.offset_us
             .store(server_us.saturating_sub(sent), Ordering::Relaxed);
     }
 
-    /// The latest the server's clock can read now: for judging whether a lease has run
-    /// out, where guessing early is the safe side.
+    /// The latest the server's clock can read now, rounded up: for judging whether a
+    /// lease has run out, where guessing early is the safe side.
     fn server_latest_ms(&self) -> u64 {
         self.local_us()
-            .saturating_add_signed(self.late_offset_us.load(Ordering::Relaxed))
+            .saturating_add_signed(self.offset_us.load(Ordering::Relaxed))
             .div_ceil(1000)
     }
 
     /// Arms `shard` to fire at `at` (server ms), unless it fires by then already.
+    /// Compared as local instants, so that a wake armed under an older measure of the
+    /// server's offset is armed again when a newer one puts it sooner.
     fn arm(&self, local: &mut Local, shard: usize, at: u64) {
+        let when = self.instant(at);
         if let Some((key, armed)) = local.wakes[shard] {
-            if armed <= at {
+            if armed <= when {
                 return;
             }
             local.wheel.cancel(key);
         }
-        let key = local.wheel.insert(self.instant(at), shard);
-        local.wakes[shard] = Some((key, at));
+        let key = local.wheel.insert(when, shard);
+        local.wakes[shard] = Some((key, when));
     }
 
     /// Arms `shard` for `at` if this process handles tasks, owns the shard, and `at` is
@@ -975,16 +974,11 @@ impl Inner {
                 return Err(e);
             }
         };
-        let after = self.local_us();
         let parts = array(&reply)?;
         let field = |i: usize| parts.get(i).ok_or_else(|| unexpected(&reply));
         let now = int(field(0)?)?;
         let sub_ms = int(field(4)?)?;
-        self.measured(
-            before,
-            after,
-            now.saturating_mul(1000).saturating_add(sub_ms),
-        );
+        self.measured(before, now.saturating_mul(1000).saturating_add(sub_ms));
         let wake = int(field(2)?)?;
         let n = usize::try_from(int(field(3)?)?).unwrap_or(0);
         if parts.len() != 5 + 5 * n {
@@ -1263,17 +1257,17 @@ fn follow_owned(
     Ok(())
 }
 
+/// The renew thread's name.
+const RENEW_THREAD: &str = "cwr-renew";
+
 /// The renew thread: every third of the visibility timeout, renews the lease of every
 /// claim this process holds (waiting, running, or finished and not yet acked), so a live
 /// consumer keeps what it holds.
 fn renewer(inner: &Inner) {
     let period = inner.options.visibility / 3;
-    // Handlers still running at close keep their leases until they return (a handler
-    // that called close itself never does before close returns).
-    let done = |local: &Local| {
-        let closer = usize::from(inner.closing_handler.load(Ordering::Acquire));
-        inner.stopping() && local.busy <= closer
-    };
+    // Handlers still running at close keep their leases until they return, one that
+    // called close itself too (close does not wait for this thread then).
+    let done = |local: &Local| inner.stopping() && local.busy == 0;
     while !done(&inner.local()) {
         inner.pause_until(period, done);
         let active: Vec<(String, usize, Box<[u8]>)> = inner
