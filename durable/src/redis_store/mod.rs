@@ -563,8 +563,17 @@ impl RedisTimers {
             .saturating_mul(4)
             .min(self.inner.options.fetch_limit);
         let mut list = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        // The shards it owns are known, and their hint channels subscribed, before this
+        // returns: a task scheduled just after is hinted to this process.
+        if let Err(e) = self.inner.heartbeat() {
+            eprintln!("corewheel-durable: heartbeat to redis: {e}");
+        }
+        let (subscribed, wait) = std::sync::mpsc::sync_channel(1);
         let inner = Arc::clone(&self.inner);
-        list.push(spawn("cwr-hints", move || listener(&inner))?);
+        list.push(spawn("cwr-hints", move || listener(&inner, subscribed))?);
+        if wait.recv_timeout(Duration::from_secs(1)).is_err() {
+            eprintln!("corewheel-durable: hints not subscribed yet; sweeps still find tasks");
+        }
         let inner = Arc::clone(&self.inner);
         list.push(spawn("cwr-members", move || member(&inner))?);
         let inner = Arc::clone(&self.inner);
@@ -1197,8 +1206,9 @@ fn member(inner: &Inner) {
 
 /// The hints thread: subscribed to the hint channels of the shards this process owns,
 /// by its last heartbeat, arms what other processes schedule there for soon. Reconnects
-/// after an error.
-fn listener(inner: &Inner) {
+/// after an error. Says so on `subscribed` once first subscribed.
+fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
+    let mut first = Some(subscribed);
     while !inner.stopping() {
         let mut conn = match inner.pool.connect() {
             Ok(conn) => conn,
@@ -1219,6 +1229,9 @@ fn listener(inner: &Inner) {
             if let Err(e) = follow_owned(inner, &mut pubsub, &mut subscribed) {
                 eprintln!("corewheel-durable: subscribing to hints: {e}");
                 break;
+            }
+            if let Some(tx) = first.take() {
+                let _ = tx.send(());
             }
             match pubsub.get_message() {
                 Ok(msg) => inner.hinted(msg.get_payload_bytes()),
