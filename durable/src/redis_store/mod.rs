@@ -18,10 +18,10 @@
 //! since, and returns when the shard next has something claimable (a due time or a lease
 //! expiry). That instant is armed in the process's corewheel wheel, one entry per shard.
 //! A schedule script whose task is due within two of the longest windows allowed (two
-//! days: the scheduler does not know the owner's window) also publishes a hint on the
-//! shard's channel, to which only its owner subscribes, so the owner arms it at once
-//! rather than at its next sweep; a process sweeps a shard as soon as it subscribes to
-//! its channel, so a hint sent while no one listened costs nothing. When the wheel fires for a shard, a handler thread sweeps it again, claiming
+//! days: the scheduler does not know the owner's window) also publishes a hint, so the
+//! owner arms it at once rather than at its next sweep; a process sweeps the shards it
+//! owns as soon as it (re)subscribes, so a hint sent while it did not listen costs
+//! nothing. When the wheel fires for a shard, a handler thread sweeps it again, claiming
 //! in one script every task due by the server's clock (up to a batch), each under a fresh
 //! token and a lease (expiry = server now + visibility), and learns the shard's next
 //! instant. Claims are atomic on the server, so if two processes briefly both think they
@@ -36,7 +36,7 @@ mod scripts;
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -91,6 +91,14 @@ const SCRIPT_TASKS: usize = 1000;
 /// How long the hints thread blocks reading its subscription before it looks whether
 /// the queue is closing.
 const HINT_READ_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The most a wake is armed after the instant the server's offset gives: a reply held
+/// up (its half round trip long) can make a wake late by this much and no more.
+const MAX_WAKE_SHIFT_US: u64 = 1000;
+
+/// How long the hints thread waits for its subscription to be confirmed before it
+/// tries again on a new connection: until it is subscribed, hints go to no one here.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A member whose heartbeat is older than this many windows is taken for dead.
 const HEARTBEAT_WINDOWS: u32 = 3;
@@ -214,27 +222,19 @@ pub enum Failed {
     Dead,
 }
 
-/// The names of one shard's keys, in the order the scripts take them, and of its hint
-/// channel, all with the shard's hash tag.
-struct ShardKeys {
-    keys: [String; 6],
-    /// Where a schedule, retry or requeue due soon is hinted to the shard's owner, the
-    /// only process subscribed to it.
-    hints: String,
-}
+/// The names of one shard's keys, in the order the scripts take them.
+struct ShardKeys([String; 6]);
 
 impl ShardKeys {
     fn new(queue: &str, shard: u32) -> Self {
         let tag = format!("{{{queue}:{shard}}}");
-        ShardKeys {
-            keys: ["due", "lease", "task", "meta", "token", "dead"]
-                .map(|name| format!("{tag}:{name}")),
-            hints: format!("{tag}:hints"),
-        }
+        ShardKeys(
+            ["due", "lease", "task", "meta", "token", "dead"].map(|name| format!("{tag}:{name}")),
+        )
     }
 
     fn first(&self, n: usize) -> Vec<&str> {
-        self.keys[..n].iter().map(String::as_str).collect()
+        self.0[..n].iter().map(String::as_str).collect()
     }
 }
 
@@ -281,13 +281,16 @@ struct Inner {
     /// The server's clock minus this process's (`local_us`), in µs, as the last sweep
     /// measured it: from when the request left, so at least the true offset however late
     /// the reply came back. A lease judged by it is never thought held after it ran out,
-    /// and a wake armed by it is never late (early by a delayed request at most, which
-    /// costs a sweep that finds nothing due yet and measures again).
+    /// and a reply held up cannot make a wake late (see [`Inner::instant`]).
     offset_us: AtomicI64,
+    /// How much later than the offset says a wake is armed: half the last round trip, at
+    /// most [`MAX_WAKE_SHIFT_US`].
+    wake_shift_us: AtomicU64,
     /// This process's name among the members: random, fresh per open.
     member: String,
-    /// `{queue}:members`.
+    /// `{queue}:members` and `{queue}:hints`.
     members_key: String,
+    hint_channel: String,
     stopping: AtomicBool,
     handlers_started: AtomicBool,
     /// Claims whose handler is running, by token, for the renewer.
@@ -382,8 +385,10 @@ impl RedisTimers {
                 origin,
                 origin_us,
                 offset_us: AtomicI64::new(0),
+                wake_shift_us: AtomicU64::new(0),
                 member: new_token(),
                 members_key: format!("{{{queue}}}:members"),
+                hint_channel: format!("{{{queue}}}:hints"),
                 stopping: AtomicBool::new(false),
                 handlers_started: AtomicBool::new(false),
                 active: Mutex::new(HashMap::new()),
@@ -436,7 +441,7 @@ impl RedisTimers {
             let shard_arg = shard.to_string();
             let mut args: Vec<&[u8]> = Vec::with_capacity(tasks.len() * 3 + 3);
             args.extend([
-                self.inner.keys[shard].hints.as_bytes(),
+                self.inner.hint_channel.as_bytes(),
                 shard_arg.as_bytes(),
                 horizon.as_bytes(),
             ]);
@@ -563,8 +568,8 @@ impl RedisTimers {
             .saturating_mul(4)
             .min(self.inner.options.fetch_limit);
         let mut list = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        // The shards it owns are known, and their hint channels subscribed, before this
-        // returns: a task scheduled just after is hinted to this process.
+        // The shards it owns are known, and the hints subscribed, before this returns: a
+        // task scheduled just after is hinted to this process.
         if let Err(e) = self.inner.heartbeat() {
             eprintln!("corewheel-durable: heartbeat to redis: {e}");
         }
@@ -596,7 +601,7 @@ impl RedisTimers {
             let reply = self
                 .inner
                 .pool
-                .eval(&DEAD_LETTERS, &[keys.keys[5].as_str()], &[])?;
+                .eval(&DEAD_LETTERS, &[keys.0[5].as_str()], &[])?;
             for letter in array(&reply)?.chunks(3) {
                 let [id, payload, meta] = letter else {
                     return Err(unexpected(&reply));
@@ -626,11 +631,7 @@ impl RedisTimers {
         let reply = self.inner.pool.eval(
             &REQUEUE,
             &self.inner.keys[shard].first(6),
-            &[
-                id,
-                self.inner.keys[shard].hints.as_bytes(),
-                shard_arg.as_bytes(),
-            ],
+            &[id, self.inner.hint_channel.as_bytes(), shard_arg.as_bytes()],
         )?;
         if int(&reply)? == 0 {
             return Err(Error::NotDead);
@@ -646,9 +647,9 @@ impl RedisTimers {
             let (due, lease): (u64, u64) = self.inner.pool.with(|conn| {
                 redis::pipe()
                     .cmd("ZCARD")
-                    .arg(&keys.keys[0])
+                    .arg(&keys.0[0])
                     .cmd("ZCARD")
-                    .arg(&keys.keys[1])
+                    .arg(&keys.0[1])
                     .query(conn)
             })?;
             total += due + lease;
@@ -796,11 +797,15 @@ impl Inner {
         self.window_ms().saturating_mul(2)
     }
 
-    /// The local instant at which the server's clock reads `server_ms`.
+    /// The local instant at which the server's clock reads `server_ms`: by the offset,
+    /// which is never behind the server, moved later by the request's likely way there
+    /// (half the round trip, at most [`MAX_WAKE_SHIFT_US`]), so that a wake does not come
+    /// a whisker early and cost a sweep that finds nothing due yet.
     fn instant(&self, server_ms: u64) -> Instant {
         let local_us = server_ms
             .saturating_mul(1000)
-            .saturating_add_signed(-self.offset_us.load(Ordering::Relaxed));
+            .saturating_add_signed(-self.offset_us.load(Ordering::Relaxed))
+            .saturating_add(self.wake_shift_us.load(Ordering::Relaxed));
         self.origin + Duration::from_micros(local_us.saturating_sub(self.origin_us))
     }
 
@@ -824,10 +829,13 @@ impl Inner {
     /// taken is at least the true one, whenever the reply came back. (The round trip's
     /// middle would be nearer on a symmetric network, but a reply held up would make it
     /// late by half the hold: wakes then late, leases thought held after they ran out.)
-    fn measured(&self, before: u64, server_us: i64) {
+    fn measured(&self, before: u64, after: u64, server_us: i64) {
         let sent = i64::try_from(before).unwrap_or(i64::MAX);
         self.offset_us
             .store(server_us.saturating_sub(sent), Ordering::Relaxed);
+        let half_trip = after.saturating_sub(before) / 2;
+        self.wake_shift_us
+            .store(half_trip.min(MAX_WAKE_SHIFT_US), Ordering::Relaxed);
     }
 
     /// The latest the server's clock can read now, rounded up: for judging whether a
@@ -987,7 +995,12 @@ impl Inner {
         let field = |i: usize| parts.get(i).ok_or_else(|| unexpected(&reply));
         let now = int(field(0)?)?;
         let sub_ms = int(field(4)?)?;
-        self.measured(before, now.saturating_mul(1000).saturating_add(sub_ms));
+        let after = self.local_us();
+        self.measured(
+            before,
+            after,
+            now.saturating_mul(1000).saturating_add(sub_ms),
+        );
         let wake = int(field(2)?)?;
         let n = usize::try_from(int(field(3)?)?).unwrap_or(0);
         if parts.len() != 5 + 5 * n {
@@ -1076,7 +1089,7 @@ impl Inner {
         let vis = self.visibility_ms().to_string();
         let reply = self.pool.eval(
             &RENEW,
-            &[&self.keys[shard].keys[1], &self.keys[shard].keys[4]],
+            &[&self.keys[shard].0[1], &self.keys[shard].0[4]],
             &[id, token.as_bytes(), vis.as_bytes()],
         )?;
         match int(&reply)? {
@@ -1116,7 +1129,7 @@ impl Inner {
                 token.as_bytes(),
                 backoff.as_bytes(),
                 max.as_bytes(),
-                self.keys[shard].hints.as_bytes(),
+                self.hint_channel.as_bytes(),
                 shard_arg.as_bytes(),
                 horizon.as_bytes(),
             ],
@@ -1204,9 +1217,11 @@ fn member(inner: &Inner) {
     }
 }
 
-/// The hints thread: subscribed to the hint channels of the shards this process owns,
-/// by its last heartbeat, arms what other processes schedule there for soon. Reconnects
-/// after an error. Says so on `subscribed` once first subscribed.
+/// The hints thread: subscribed to the queue's hint channel, arms what other processes
+/// schedule for soon in the shards this process owns. Reconnects after an error. Once
+/// subscribed it arms every shard it owns at once: the sweep that follows finds what was
+/// hinted while no one listened here (before, or while reconnecting). Says so on
+/// `subscribed` the first time.
 fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
     let mut first = Some(subscribed);
     while !inner.stopping() {
@@ -1219,20 +1234,25 @@ fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
             }
         };
         let mut pubsub = conn.as_pubsub();
-        if let Err(e) = pubsub.set_read_timeout(Some(HINT_READ_TIMEOUT)) {
+        inner.pool.count(1);
+        let ready = pubsub
+            .set_read_timeout(Some(SUBSCRIBE_TIMEOUT))
+            .and_then(|()| pubsub.subscribe(&inner.hint_channel))
+            .and_then(|()| pubsub.set_read_timeout(Some(HINT_READ_TIMEOUT)));
+        if let Err(e) = ready {
+            // Connected, so the server answers: tried again soon, not a window later.
             eprintln!("corewheel-durable: subscribing to hints: {e}");
-            inner.pause(inner.options.window);
+            inner.pause(HINT_READ_TIMEOUT);
             continue;
         }
-        let mut subscribed = vec![false; inner.keys.len()];
+        let now = inner.server_now_ms();
+        for shard in 0..inner.keys.len() {
+            inner.arm_if_owned(shard, now);
+        }
+        if let Some(tx) = first.take() {
+            let _ = tx.send(());
+        }
         while !inner.stopping() {
-            if let Err(e) = follow_owned(inner, &mut pubsub, &mut subscribed) {
-                eprintln!("corewheel-durable: subscribing to hints: {e}");
-                break;
-            }
-            if let Some(tx) = first.take() {
-                let _ = tx.send(());
-            }
             match pubsub.get_message() {
                 Ok(msg) => inner.hinted(msg.get_payload_bytes()),
                 Err(e) if e.is_timeout() => {}
@@ -1243,31 +1263,6 @@ fn listener(inner: &Inner, subscribed: std::sync::mpsc::SyncSender<()>) {
             }
         }
     }
-}
-
-/// Subscribes to the hint channel of each shard this process owns now and was not
-/// subscribed to, and leaves those of shards it no longer owns. A shard newly subscribed
-/// to is armed at once: the sweep that follows finds what was scheduled before the
-/// subscription, whose hint went to no one (after a change of owners or a reconnect).
-fn follow_owned(
-    inner: &Inner,
-    pubsub: &mut redis::PubSub<'_>,
-    subscribed: &mut [bool],
-) -> redis::RedisResult<()> {
-    let owned = inner.local().owned.clone();
-    for (shard, (&own, sub)) in owned.iter().zip(subscribed.iter_mut()).enumerate() {
-        if own != *sub {
-            inner.pool.count(1);
-            if own {
-                pubsub.subscribe(&inner.keys[shard].hints)?;
-                inner.arm_if_owned(shard, inner.server_now_ms());
-            } else {
-                pubsub.unsubscribe(&inner.keys[shard].hints)?;
-            }
-            *sub = own;
-        }
-    }
-    Ok(())
 }
 
 /// The renew thread's name.
