@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::{collect, manual, next, quiet, t0};
-use corewheel_durable::{DurableTimers, Error, ManualWallClock, Options, RetryPolicy, WallClock};
+use common::{collect, manual, next, one_attempt, quiet, t0};
+use corewheel_durable::{DurableTimers, Error, ManualWallClock, Options, WallClock};
 
 const SEC: Duration = Duration::from_secs(1);
 const MIN: Duration = Duration::from_secs(60);
@@ -821,10 +821,7 @@ fn dead_letter_full_disk_child() {
         return;
     };
     let (clock, options) = manual();
-    let options = options.retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    });
+    let options = options.retry(one_attempt());
     let timers = DurableTimers::open(&dir, options).unwrap();
     let x = "x".repeat(1000);
     timers.schedule(&x, b"", t0() + SEC).unwrap();

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{collect, eventually, manual, next, quiet, t0};
+use common::{collect, eventually, manual, next, one_attempt, quiet, t0};
 use corewheel_durable::{DurableTimers, RetryPolicy};
 
 const MS: Duration = Duration::from_millis(1);
@@ -106,10 +106,7 @@ fn failures_back_off_then_dead_letter_then_requeue() {
 fn dead_letters_survive_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, options) = manual();
-    let options = options.retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    });
+    let options = options.retry(one_attempt());
     let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
     let rx = collect(&timers, |_, _| true);
     timers.schedule("bad", b"", t0()).unwrap();
@@ -149,10 +146,7 @@ fn letters(timers: &DurableTimers) -> Vec<(Vec<u8>, Vec<u8>, u32)> {
 fn requeue_after_requeue_does_not_grow_the_dead_letter_log_for_ever() {
     let dir = tempfile::tempdir().unwrap();
     let (_clock, options) = manual();
-    let options = options.retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    });
+    let options = options.retry(one_attempt());
     let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
     let rx = collect(&timers, |_, _| true);
     for i in 0..3 {
@@ -206,10 +200,7 @@ fn requeue_after_requeue_does_not_grow_the_dead_letter_log_for_ever() {
 fn a_dead_letter_log_rewrite_cut_by_a_crash_leaves_the_old_log_or_the_new_one() {
     let dir = tempfile::tempdir().unwrap();
     let (_clock, options) = manual();
-    let options = options.retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    });
+    let options = options.retry(one_attempt());
     let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
     let rx = collect(&timers, |_, _| true);
     timers.schedule("a", b"1", t0()).unwrap();
@@ -521,10 +512,7 @@ fn upsert_in_the_same_group_commit_as_a_failing_handler_is_not_lost() {
 fn two_requeues_of_one_dead_letter_in_one_group_commit_do_not_both_succeed() {
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
-    let one_try = RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    };
+    let one_try = one_attempt();
     {
         let (clock, options) = manual();
         let timers = DurableTimers::open(dir.path(), options.retry(one_try.clone())).unwrap();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use corewheel_durable::{DurableTimers, ManualWallClock, Options};
+use corewheel_durable::{DurableTimers, ManualWallClock, Options, RetryPolicy};
 
 /// A start time on an hour boundary, so bucket arithmetic in tests is easy to read.
 pub fn t0() -> SystemTime {
@@ -26,6 +26,14 @@ pub fn manual() -> (Arc<ManualWallClock>, Options) {
     let clock = Arc::new(ManualWallClock::new(t0()));
     let options = Options::default().clock(clock.clone());
     (clock, options)
+}
+
+/// A retry policy of one attempt: a failure is a dead letter at once.
+pub fn one_attempt() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    }
 }
 
 /// Runs a handler that reports every delivery and succeeds unless `fail` says so.
