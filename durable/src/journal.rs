@@ -81,11 +81,7 @@ impl Journal {
         }
         write_atomically(dir, "EPOCH", epoch.to_string().as_bytes())?;
         // Buckets a crash left half deleted were already gone as far as the journal knows.
-        match fs::remove_dir_all(dir.join("trash")) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::Io(e)),
-        }
+        remove_dir_if_any(&dir.join("trash"))?;
         for sub in ["buckets", "control", "dead", "trash"] {
             fs::create_dir_all(dir.join(sub))?;
         }
@@ -503,6 +499,7 @@ fn finish_dead_rewrite(dir: &Path) -> io::Result<()> {
     sync_dir(dir)
 }
 
+/// Removes `dir` and all it holds; one already gone is no error.
 fn remove_dir_if_any(dir: &Path) -> io::Result<()> {
     match fs::remove_dir_all(dir) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
