@@ -502,13 +502,7 @@ fn an_upsert_whose_tombstone_a_crash_cut_off_leaves_only_the_old_version() {
 fn a_bucket_that_cannot_be_deleted_keeps_its_cancelled_task_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     let trash = dir.path().join("trash");
-    {
-        let (_clock, options) = manual();
-        let timers = DurableTimers::open(dir.path(), options).unwrap();
-        timers.schedule("gone", b"", t0() + 10 * MIN).unwrap();
-        timers.cancel("gone").unwrap();
-        timers.close().unwrap();
-    }
+    cancel_a_task_in_the_first_bucket(dir.path());
     {
         // The bucket is finished once loaded (its one task is cancelled) and past; a file
         // where the trash folder should be makes its deletion fail.
@@ -522,11 +516,32 @@ fn a_bucket_that_cannot_be_deleted_keeps_its_cancelled_task_cancelled() {
         timers.close().unwrap();
         fs::remove_file(&trash).unwrap();
     }
+    the_cancelled_task_stays_gone(dir.path());
+}
+
+/// Schedules "gone" into the bucket at t0, cancels it and closes: that bucket is finished
+/// once it is loaded and past.
+fn cancel_a_task_in_the_first_bucket(dir: &Path) {
+    let (_clock, options) = manual();
+    let timers = DurableTimers::open(dir, options).unwrap();
+    timers.schedule("gone", b"", t0() + 10 * MIN).unwrap();
+    timers.cancel("gone").unwrap();
+    timers.close().unwrap();
+}
+
+/// Opens `dir` at t0 + 3 h, with the first bucket past: "gone", cancelled there, is not
+/// delivered.
+fn the_cancelled_task_stays_gone(dir: &Path) {
     let (clock, options) = manual();
     clock.set(t0() + 180 * MIN);
-    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let timers = DurableTimers::open(dir, options).unwrap();
     let rx = collect(&timers, |_, _| false);
-    quiet(&rx, 500);
+    if let Ok(s) = rx.recv_timeout(Duration::from_millis(1000)) {
+        panic!(
+            "cancelled task delivered after reopen: {s:?}; bucket still on disk: {}",
+            bucket_dir(dir, t0()).exists()
+        );
+    }
     timers.close().unwrap();
 }
 
@@ -564,21 +579,28 @@ fn a_flipped_length_bit_mid_segment_loses_only_that_record() {
 const UPSERT_CHILD_DIR: &str = "CWD_UPSERT_CHILD_DIR";
 
 /// Child of `an_upsert_whose_tombstone_write_fails_leaves_the_old_version`: under a
-/// 64 KiB file-size limit, schedules x (acked), fills the control segment with tombstones to
-/// just under the limit, then upserts x: its task record is written and fsynced, its
-/// tombstone's write fails (EFBIG, as ENOSPC would), and the call returns an error.
+/// 64 KiB file-size limit, an upsert of x whose task record is written and fsynced and
+/// whose tombstone's write fails ([`upsert_x_past_the_file_limit`]), then a close.
 #[test]
 fn upsert_full_disk_child() {
     let Some(dir) = std::env::var_os(UPSERT_CHILD_DIR) else {
         return;
     };
-    let dir = PathBuf::from(dir);
-    let (_clock, options) = manual();
-    let timers = DurableTimers::open(&dir, options).unwrap();
+    let (_clock, timers) = upsert_x_past_the_file_limit(&PathBuf::from(dir));
+    timers.close().unwrap();
+}
+
+/// For a child under [`FILE_LIMIT_BLOCKS`]: opens `dir` on a manual clock, schedules x
+/// (a 1000-byte id, acked) into the bucket at t0 + 3 h, fills the control segment with
+/// tombstones to just under the limit, then upserts x into the same bucket, whose
+/// tombstone's write fails (EFBIG, as ENOSPC would). Prints `@@U ok` or `@@U err`.
+fn upsert_x_past_the_file_limit(dir: &Path) -> (Arc<ManualWallClock>, DurableTimers) {
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(dir, options).unwrap();
     let x = "x".repeat(1000);
-    timers.schedule(&x, b"old", t0() + 3 * 60 * MIN).unwrap();
+    timers.schedule(&x, b"old", t0() + 180 * MIN).unwrap();
     let filler = "f".repeat(1000);
-    timers.schedule(&filler, b"", t0() + 5 * 60 * MIN).unwrap();
+    timers.schedule(&filler, b"", t0() + 300 * MIN).unwrap();
     let control_len = || -> u64 {
         fs::read_dir(dir.join("control"))
             .unwrap()
@@ -590,9 +612,9 @@ fn upsert_full_disk_child() {
     while control_len() + tomb <= FILE_LIMIT_BLOCKS * 512 {
         timers.cancel(&filler).unwrap();
     }
-    let r = timers.schedule(&x, b"new", t0() + 3 * 60 * MIN + 20 * MIN);
+    let r = timers.schedule(&x, b"new", t0() + 200 * MIN);
     println!("@@U {}", if r.is_ok() { "ok" } else { "err" });
-    timers.close().unwrap();
+    (clock, timers)
 }
 
 /// A write that fails in the second phase of a group commit (the tombstone of an upsert, on
@@ -870,34 +892,14 @@ fn a_dead_letter_whose_done_mark_write_failed_once_is_not_doubled_by_a_reopen() 
 const LOAD_AFTER_FAILED_UPSERT_DIR: &str = "CWD_LOAD_AFTER_FAILED_UPSERT_DIR";
 
 /// Child of `an_upsert_whose_tombstone_write_failed_does_not_hide_the_old_version_in_this_process`:
-/// x is scheduled (acknowledged) into the bucket at t0 + 3 h, the control segment is filled
-/// to just under the 64 KiB limit, and an upsert of x into the same bucket fails its
-/// tombstone write (EFBIG). Nothing else is committed; then x's bucket comes due.
+/// the same failed upsert ([`upsert_x_past_the_file_limit`]); nothing else is committed,
+/// then x's bucket comes due in this process. Prints what was delivered (`@@X`).
 #[test]
 fn upsert_fails_then_bucket_loads_child() {
     let Some(dir) = std::env::var_os(LOAD_AFTER_FAILED_UPSERT_DIR) else {
         return;
     };
-    let dir = std::path::PathBuf::from(dir);
-    let (clock, options) = manual();
-    let timers = DurableTimers::open(&dir, options).unwrap();
-    let x = "x".repeat(1000);
-    timers.schedule(&x, b"old", t0() + 180 * MIN).unwrap();
-    let filler = "f".repeat(1000);
-    timers.schedule(&filler, b"", t0() + 300 * MIN).unwrap();
-    let control_len = || -> u64 {
-        fs::read_dir(dir.join("control"))
-            .unwrap()
-            .map(|e| e.unwrap().metadata().unwrap().len())
-            .max()
-            .unwrap_or(0)
-    };
-    let tomb = 8 + 23 + 1000;
-    while control_len() + tomb <= FILE_LIMIT_BLOCKS * 512 {
-        timers.cancel(&filler).unwrap();
-    }
-    let r = timers.schedule(&x, b"new", t0() + 200 * MIN);
-    println!("@@U {}", if r.is_ok() { "ok" } else { "err" });
+    let (clock, timers) = upsert_x_past_the_file_limit(&PathBuf::from(dir));
     let rx = collect(&timers, |_, _| false);
     clock.set(t0() + 210 * MIN);
     match rx.recv_timeout(Duration::from_secs(3)) {
@@ -940,13 +942,7 @@ fn an_upsert_whose_tombstone_write_failed_does_not_hide_the_old_version_in_this_
 fn a_missing_trash_folder_does_not_let_a_cancelled_task_come_back() {
     let dir = tempfile::tempdir().unwrap();
     let trash = dir.path().join("trash");
-    {
-        let (_clock, options) = manual();
-        let timers = DurableTimers::open(dir.path(), options).unwrap();
-        timers.schedule("gone", b"", t0() + 10 * MIN).unwrap();
-        timers.cancel("gone").unwrap();
-        timers.close().unwrap();
-    }
+    cancel_a_task_in_the_first_bucket(dir.path());
     {
         let (clock, options) = manual();
         let timers = DurableTimers::open(dir.path(), options).unwrap();
@@ -955,15 +951,5 @@ fn a_missing_trash_folder_does_not_let_a_cancelled_task_come_back() {
         std::thread::sleep(Duration::from_millis(600));
         timers.close().unwrap();
     }
-    let (clock, options) = manual();
-    clock.set(t0() + 180 * MIN);
-    let timers = DurableTimers::open(dir.path(), options).unwrap();
-    let rx = collect(&timers, |_, _| false);
-    if let Ok(s) = rx.recv_timeout(Duration::from_millis(1000)) {
-        panic!(
-            "cancelled task delivered after reopen: {s:?}; bucket still on disk: {}",
-            bucket_dir(dir.path(), t0()).exists()
-        );
-    }
-    timers.close().unwrap();
+    the_cancelled_task_stays_gone(dir.path());
 }
