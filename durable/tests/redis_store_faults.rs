@@ -331,6 +331,28 @@ fn a_network_pause_longer_than_a_lease_hands_the_task_over_and_refuses_the_late_
     );
 }
 
+/// Once the one consumer behind `relay` has subscribed to its hints, makes every later
+/// `SUBSCRIBE` through the relay go unanswered (the handshake before it still is) and
+/// closes that subscriber's connection on the server.
+fn drop_the_hints_subscriber_with_subscribes_stalled(server: &Server, relay: &Relay) {
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let pubsub = |what: &str| {
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg(what).arg("TYPE").arg("pubsub");
+        cmd
+    };
+    wait_until("the hints subscription", Duration::from_secs(5), || {
+        let list: String = pubsub("LIST").query(&mut admin).unwrap();
+        !list.trim().is_empty()
+    });
+    relay.stall_subscribes();
+    let killed: u64 = pubsub("KILL").query(&mut admin).unwrap();
+    assert_eq!(killed, 1, "the hints connection");
+}
+
 #[test]
 fn close_returns_when_the_hints_subscription_stalls_after_connecting() {
     let Some(server) = Server::start("stalled_subscribe") else {
@@ -339,30 +361,9 @@ fn close_returns_when_the_hints_subscription_stalls_after_connecting() {
     let relay = relay_to(&server);
     let t = RedisTimers::open(&relay.url(), "stall", opts()).unwrap();
     t.run_handler(1, |_| Ok::<(), ()>(())).unwrap();
-    let mut admin = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    // Once the hints thread has subscribed to the channels of the shards it owns.
-    wait_until("the hints subscription", Duration::from_secs(5), || {
-        let list: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .arg("TYPE")
-            .arg("pubsub")
-            .query(&mut admin)
-            .unwrap();
-        !list.trim().is_empty()
-    });
     // The network fails right after the hints thread's next connect: its handshake is
     // answered, its SUBSCRIBE never is.
-    relay.stall_subscribes();
-    let killed: u64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query(&mut admin)
-        .unwrap();
-    assert_eq!(killed, 1, "the hints connection");
+    drop_the_hints_subscriber_with_subscribes_stalled(&server, &relay);
     std::thread::sleep(Duration::from_millis(500));
     let (done, closed) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -1160,34 +1161,8 @@ fn a_task_hinted_while_its_owner_could_not_subscribe_fires_when_it_can_not_a_win
             })
             .unwrap();
     }
-    let mut admin = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let mut pubsub_clients = || -> String {
-        redis::cmd("CLIENT")
-            .arg("LIST")
-            .arg("TYPE")
-            .arg("pubsub")
-            .query(&mut admin)
-            .unwrap()
-    };
-    wait_until("the hints subscription", Duration::from_secs(5), || {
-        !pubsub_clients().trim().is_empty()
-    });
     // Its subscriber drops, and every new one's SUBSCRIBE goes unanswered for a while.
-    relay.stall_subscribes();
-    let mut admin = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let killed: u64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query(&mut admin)
-        .unwrap();
-    assert_eq!(killed, 1);
+    drop_the_hints_subscriber_with_subscribes_stalled(&server, &relay);
     std::thread::sleep(Duration::from_millis(300));
     let producer = RedisTimers::open(&server.url(), "away", options).unwrap();
     let due = SystemTime::now() + Duration::from_millis(800);
