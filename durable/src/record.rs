@@ -24,6 +24,9 @@ pub(crate) enum Kind {
     /// dead-lettered.
     Done = 2,
     /// Every record of `id` with a sequence number below `seq` is void (cancel or upsert).
+    /// A requeue's tombstone carries in its payload the sequence number of the dead letter
+    /// it requeues ([`requeued_letter`](Record::requeued_letter)), so that its task and the
+    /// letter's leaving are one record: a crash cannot keep both.
     Tomb = 3,
     /// A task that failed its last attempt, kept in the dead-letter log.
     Dead = 4,
@@ -73,6 +76,14 @@ impl Record {
             attempt: 0,
             id: id.into(),
             payload: Box::default(),
+        }
+    }
+
+    /// The dead letter a requeue's tombstone requeues, if this is one.
+    pub(crate) fn requeued_letter(&self) -> Option<u64> {
+        match (self.kind, <[u8; 8]>::try_from(&*self.payload)) {
+            (Kind::Tomb, Ok(seq)) => Some(u64::from_le_bytes(seq)),
+            _ => None,
         }
     }
 

@@ -74,11 +74,13 @@ impl DurableTimers {
                 },
             );
         }
+        let mut requeued_by_tombs = HashSet::new();
         for tomb in store.read_log(Target::Control)? {
+            requeued_by_tombs.extend(tomb.requeued_letter());
             let seq = window.tombs.entry(tomb.id).or_insert(0);
             *seq = (*seq).max(tomb.seq);
         }
-        window.dead = read_dead(store.as_ref())?;
+        window.dead = read_dead(store.as_ref(), &requeued_by_tombs)?;
         // Everything of earlier opens is on disk for the loader to read.
         window.applied_seq = store.epoch() << SEQ_BITS;
         let (ops, receiver) = mpsc::channel();
@@ -326,12 +328,14 @@ pub(crate) fn spawn(
 /// rewrites it: a few requeues do not cost a rewrite.
 const DEAD_LOG_SLACK: usize = 1024;
 
-/// The dead letters on disk: those not since requeued. A log that holds more than
-/// twice as many records as that, and [`DEAD_LOG_SLACK`] more, is rewritten with only
-/// them, so that requeue after requeue does not grow it for ever.
-fn read_dead(store: &dyn Store) -> Result<Vec<Task>, Error> {
+/// The dead letters on disk: those not since requeued, by a requeue mark or by a
+/// requeue's tombstone (`by_tombs`) whose mark a crash cut off, which is written now, before
+/// the tombstone can be pruned. A log that holds more than twice as many records as its
+/// letters, and [`DEAD_LOG_SLACK`] more, is rewritten with only them, so that requeue
+/// after requeue does not grow it for ever.
+fn read_dead(store: &dyn Store, by_tombs: &HashSet<u64>) -> Result<Vec<Task>, Error> {
     let log = store.read_log(Target::Dead)?;
-    let requeued: HashSet<u64> = log
+    let marked: HashSet<u64> = log
         .iter()
         .filter(|r| r.kind == Kind::Requeued)
         .map(|r| r.seq)
@@ -339,10 +343,21 @@ fn read_dead(store: &dyn Store) -> Result<Vec<Task>, Error> {
     let total = log.len();
     // A letter written twice (see the writer's `finish`) carries one number: read once.
     let mut seen = HashSet::new();
+    let mut unmarked = Vec::new();
     let live: Vec<Record> = log
         .into_iter()
-        .filter(|r| r.kind == Kind::Dead && !requeued.contains(&r.seq) && seen.insert(r.seq))
+        .filter(|r| r.kind == Kind::Dead && !marked.contains(&r.seq) && seen.insert(r.seq))
+        .filter(|r| {
+            let requeued = by_tombs.contains(&r.seq);
+            if requeued {
+                Record::marker(Kind::Requeued, &r.id, r.seq).encode(&mut unmarked);
+            }
+            !requeued
+        })
         .collect();
+    if !unmarked.is_empty() {
+        store.append(&BTreeMap::from([(Target::Dead, unmarked)]))?;
+    }
     if total > live.len().saturating_mul(2).saturating_add(DEAD_LOG_SLACK) {
         store.rewrite_dead(&live)?;
     }

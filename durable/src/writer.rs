@@ -163,14 +163,14 @@ impl Writer {
                 match op {
                     Op::Schedule(tasks, reply) => {
                         for task in tasks {
-                            self.schedule(&mut core, task, 1, &mut writes, &mut effects);
+                            self.schedule(&mut core, task, 1, None, &mut writes, &mut effects);
                         }
                         replies.push((reply, Ok(())));
                     }
                     Op::Cancel(id, reply) => {
                         if core.bloom.may_contain(&id) {
                             let seq = self.seq();
-                            self.tomb(id, seq, &mut writes, &mut effects);
+                            self.tomb(id, seq, None, &mut writes, &mut effects);
                         }
                         replies.push((reply, Ok(())));
                     }
@@ -193,7 +193,8 @@ impl Writer {
                             payload: dead.payload,
                             due_ms: now_ms,
                         };
-                        self.schedule(&mut core, task, 1, &mut writes, &mut effects);
+                        let letter = Some(dead.seq);
+                        self.schedule(&mut core, task, 1, letter, &mut writes, &mut effects);
                         replies.push((reply, Ok(())));
                     }
                     Op::Finish(task, outcome) => {
@@ -246,20 +247,25 @@ impl Writer {
         }
     }
 
-    /// Records a new task (or a new version of one) and the tombstone an upsert needs.
+    /// Records a new task (or a new version of one) and the tombstone an upsert needs. A
+    /// requeue of the dead letter `requeues` is always an upsert, whose tombstone names the
+    /// letter: the task then counts only where the letter is gone.
     fn schedule(
         &mut self,
         core: &mut Window,
         task: NewTask,
         attempt: u32,
+        requeues: Option<u64>,
         writes: &mut Writes,
         effects: &mut Vec<Effect>,
     ) {
         let seq = self.seq();
-        let upsert = core.bloom.may_contain(&task.id);
+        let known = core.bloom.may_contain(&task.id);
+        let upsert = known || requeues.is_some();
         if upsert {
-            self.tomb(task.id.clone(), seq, writes, effects);
-        } else {
+            self.tomb(task.id.clone(), seq, requeues, writes, effects);
+        }
+        if !known {
             core.bloom.insert(&task.id);
         }
         let bucket = core.bucket_of(task.due_ms);
@@ -283,9 +289,21 @@ impl Writer {
         }));
     }
 
-    /// Records a tombstone: every record of `id` below `seq` is void.
-    fn tomb(&mut self, id: Box<[u8]>, seq: u64, writes: &mut Writes, effects: &mut Vec<Effect>) {
-        writes.record(Target::Control, &Record::marker(Kind::Tomb, &id, seq));
+    /// Records a tombstone: every record of `id` below `seq` is void, and so is the dead
+    /// letter it `requeues`.
+    fn tomb(
+        &mut self,
+        id: Box<[u8]>,
+        seq: u64,
+        requeues: Option<u64>,
+        writes: &mut Writes,
+        effects: &mut Vec<Effect>,
+    ) {
+        let mut record = Record::marker(Kind::Tomb, &id, seq);
+        if let Some(letter) = requeues {
+            record.payload = letter.to_le_bytes().into();
+        }
+        writes.record(Target::Control, &record);
         self.batch_tombs.insert(id.clone(), seq);
         effects.push(Effect::Tomb(id, seq));
     }

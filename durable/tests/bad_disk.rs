@@ -953,3 +953,117 @@ fn a_missing_trash_folder_does_not_let_a_cancelled_task_come_back() {
     }
     the_cancelled_task_stays_gone(dir.path());
 }
+
+const REQUEUE_CHILD_DIR: &str = "CWD_REQUEUE_CHILD_DIR";
+
+/// Child of `a_requeue_whose_dead_letter_mark_write_fails_is_not_both_listed_and_run`:
+/// under [`FILE_LIMIT_BLOCKS`], x (a 100-byte id) dies and its bucket is deleted; after a
+/// reopen (which knows x only as a dead letter), y's dead letter fills this open's
+/// dead-letter segment so that x's requeue writes its task but not its requeue mark.
+/// Prints `@@R ok` or `@@R err`.
+#[test]
+fn requeue_full_disk_child() {
+    let Some(dir) = std::env::var_os(REQUEUE_CHILD_DIR) else {
+        return;
+    };
+    let x = "x".repeat(100);
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(&dir, options.clone().retry(one_attempt())).unwrap();
+    timers.schedule(&x, b"x", t0() + SEC).unwrap();
+    let _rx = collect(&timers, |_, _| true);
+    clock.set(t0() + 120 * MIN);
+    common::eventually(|| !bucket_dir(Path::new(&dir), t0()).exists());
+    timers.close().unwrap();
+
+    let timers = DurableTimers::open(&dir, options.retry(one_attempt())).unwrap();
+    // y's dead letter (32 + 65,400 bytes) leaves room for y's Done mark (32 bytes) in its
+    // bucket but not for x's requeue mark (131 bytes) in the dead-letter segment.
+    timers
+        .schedule("y", vec![7u8; 65_400], t0() + 120 * MIN + SEC)
+        .unwrap();
+    let _rx = collect(&timers, |_, _| true);
+    clock.set(t0() + 121 * MIN);
+    common::eventually(|| timers.dead_letters().len() == 2);
+    clock.set(t0() + 180 * MIN);
+    let r = timers.requeue(&x);
+    println!("@@R {}", if r.is_ok() { "ok" } else { "err" });
+    timers.close().unwrap();
+}
+
+/// A requeue is one step: after a reopen its dead letter is either still listed and the
+/// task not scheduled, or gone and the task delivered, never both, though the write of its
+/// requeue mark failed after its task's record was durable (a full disk, or a kill between
+/// the two writes). Both at once would let a second requeue run the task twice.
+#[test]
+fn a_requeue_whose_dead_letter_mark_write_fails_is_not_both_listed_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = under_file_limit("requeue_full_disk_child", REQUEUE_CHILD_DIR, dir.path());
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.contains("@@R err"),
+        "precondition: the requeue failed: {out}"
+    );
+    let (clock, options) = manual();
+    clock.set(t0() + 181 * MIN);
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let x = "x".repeat(100);
+    let listed = timers.dead_letters().iter().any(|t| t.id() == x.as_bytes());
+    let rx = collect(&timers, |_, _| false);
+    let delivered = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+    assert!(
+        !(listed && delivered),
+        "x is still a dead letter and was delivered too"
+    );
+    assert!(
+        listed || delivered,
+        "x was lost: neither listed nor delivered"
+    );
+    timers.close().unwrap();
+}
+
+/// A kill between a requeue's two writes (its task and tombstone written, its requeue
+/// mark not, made here by cutting the mark off the dead-letter log): the next open lists
+/// no dead letter for x and delivers x, and writes the mark again, so that the letter
+/// stays gone once the tombstone is pruned (made here by removing the control log).
+#[test]
+fn a_requeue_whose_mark_a_crash_cut_off_is_finished_by_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = "x".repeat(100);
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(dir.path(), options.clone().retry(one_attempt())).unwrap();
+    timers.schedule(&x, b"x", t0() + SEC).unwrap();
+    let _rx = collect(&timers, |_, _| true);
+    clock.set(t0() + 120 * MIN);
+    common::eventually(|| !bucket_dir(dir.path(), t0()).exists());
+    timers.close().unwrap();
+    let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
+    timers.requeue(&x).unwrap();
+    timers.close().unwrap();
+    let mark_len = 8 + 23 + x.len() as u64;
+    let marks: Vec<PathBuf> = fs::read_dir(dir.path().join("dead"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| len(p) == mark_len)
+        .collect();
+    assert_eq!(marks.len(), 1, "one segment holding the requeue mark alone");
+    OpenOptions::new()
+        .write(true)
+        .open(&marks[0])
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+
+    let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
+    assert!(timers.dead_letters().is_empty(), "x requeued and listed");
+    let rx = collect(&timers, |_, _| false);
+    assert_eq!(next(&rx).id, x);
+    quiet(&rx, 300);
+    timers.close().unwrap();
+    fs::remove_dir_all(dir.path().join("control")).unwrap();
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    assert!(
+        timers.dead_letters().is_empty(),
+        "without the requeue's tombstone, x's dead letter came back"
+    );
+    timers.close().unwrap();
+}
