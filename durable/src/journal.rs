@@ -163,6 +163,10 @@ impl Journal {
     /// [`Store::rewrite_dead`]'s steps: the new log is written whole beside the old, then
     /// the old moved out and the new moved in, each step durable before the next.
     fn try_rewrite_dead(&self, live: &[Record]) -> io::Result<()> {
+        // A segment this open appended to leaves with the old folder: the next append
+        // opens one in the new.
+        let mut state = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        state.open.remove(&Target::Dead);
         let next = self.dir.join("dead.next");
         remove_dir_if_any(&next)?;
         fs::create_dir(&next)?;

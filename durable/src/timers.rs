@@ -210,7 +210,9 @@ impl DurableTimers {
     }
 
     /// Takes the newest dead letter of `id` off the list and schedules it again, due now,
-    /// from attempt 1. [`Error::NotDead`] if no dead letter has this id.
+    /// from attempt 1. [`Error::NotDead`] if no dead letter has this id. Like any schedule
+    /// of `id`, it replaces a pending task of that id, one an earlier requeue of another
+    /// of its letters made too: requeue an id's next letter once the last one has run.
     pub fn requeue(&self, id: impl AsRef<[u8]>) -> Result<(), Error> {
         let id: Box<[u8]> = id.as_ref().into();
         self.call(|reply| Op::Requeue(id, reply))

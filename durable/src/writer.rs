@@ -52,6 +52,10 @@ pub(crate) struct Writer {
     /// and whether a failure to delete was reported: their records are still on disk, so
     /// the tombstones they need are kept until a later try deletes them.
     undeleted: BTreeMap<u64, (u64, bool)>,
+    /// Requeue marks whose write failed, after their requeues' tombstones were durable:
+    /// written with the next commit, or by the next open from the tombstones, which are
+    /// not pruned meanwhile.
+    unwritten_marks: Vec<u8>,
 }
 
 impl Writer {
@@ -65,6 +69,7 @@ impl Writer {
             batch_tombs: HashMap::new(),
             batch_requeued: HashSet::new(),
             undeleted: BTreeMap::new(),
+            unwritten_marks: Vec::new(),
         }
     }
 
@@ -216,6 +221,8 @@ impl Writer {
         }
         match writes.append(&shared) {
             Ok(_) => {
+                // The batch is durable: a requeue's tombstone stands for its mark.
+                self.write_marks(writes.marks());
                 let mut core = shared.core();
                 for effect in effects {
                     apply(&mut core, effect);
@@ -423,8 +430,33 @@ impl Writer {
             .min()
             .unwrap_or(u64::MAX);
         let bound = self.shared.core().prune_tombs(self.next_seq, floor);
+        self.write_marks(Vec::new());
+        if !self.unwritten_marks.is_empty() {
+            return;
+        }
         if let Err(e) = self.shared.store.prune_control(bound) {
             eprintln!("corewheel-durable: pruning tombstones: {e}");
+        }
+    }
+
+    /// Writes `marks` after those whose write failed before; keeps them all if it fails.
+    fn write_marks(&mut self, marks: Vec<u8>) {
+        self.unwritten_marks.extend_from_slice(&marks);
+        if self.unwritten_marks.is_empty() {
+            return;
+        }
+        let bytes = std::mem::take(&mut self.unwritten_marks);
+        let writes = BTreeMap::from([(Target::Dead, bytes)]);
+        match self.shared.store.append(&writes) {
+            Ok(synced) => {
+                self.shared
+                    .fsyncs
+                    .fetch_add(synced as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => {
+                eprintln!("corewheel-durable: writing requeue marks: {e}; trying again");
+                self.unwritten_marks = writes.into_values().next().unwrap_or_default();
+            }
         }
     }
 }
@@ -437,23 +469,31 @@ fn op_records(op: &Op) -> usize {
 }
 
 /// A batch's encoded records in two phases: what adds (tasks, dead letters) is made
-/// durable before what removes (tombstones, Done and Requeued marks). A crash between the
-/// two, or a write that fails in the second, can then leave a finished task unmarked
-/// (delivered again, as at-least-once allows), never a task lost. An upsert's new record
+/// durable before what removes (tombstones, Done marks). A crash between the two, or a
+/// write that fails in the second, can then leave a finished task unmarked (delivered
+/// again, as at-least-once allows), never a task lost. An upsert's new record
 /// (`Kind::Upsert`) counts only beside its tombstone, so a cut upsert leaves the old
-/// version alone rather than both.
+/// version alone rather than both. Requeue marks come after both: a requeue's tombstone
+/// already hides its dead letter, and a mark durable before it would hide the letter of a
+/// task not yet live.
 #[derive(Default)]
 struct Writes {
     phases: [BTreeMap<Target, Vec<u8>>; 2],
+    marks: Vec<u8>,
 }
 
 impl Writes {
     fn record(&mut self, target: Target, record: &Record) {
         let phase = match record.kind {
             Kind::Task | Kind::Upsert | Kind::Dead => 0,
-            Kind::Tomb | Kind::Done | Kind::Requeued => 1,
+            Kind::Tomb | Kind::Done => 1,
+            Kind::Requeued => return record.encode(&mut self.marks),
         };
         record.encode(self.phases[phase].entry(target).or_default());
+    }
+
+    fn marks(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.marks)
     }
 
     fn append(&self, shared: &Shared) -> std::io::Result<()> {

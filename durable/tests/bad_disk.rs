@@ -956,11 +956,12 @@ fn a_missing_trash_folder_does_not_let_a_cancelled_task_come_back() {
 
 const REQUEUE_CHILD_DIR: &str = "CWD_REQUEUE_CHILD_DIR";
 
-/// Child of `a_requeue_whose_dead_letter_mark_write_fails_is_not_both_listed_and_run`:
+/// Child of `a_requeue_whose_mark_write_fails_runs_its_task_once_and_hides_its_letter`:
 /// under [`FILE_LIMIT_BLOCKS`], x (a 100-byte id) dies and its bucket is deleted; after a
 /// reopen (which knows x only as a dead letter), y's dead letter fills this open's
-/// dead-letter segment so that x's requeue writes its task but not its requeue mark.
-/// Prints `@@R ok` or `@@R err`.
+/// dead-letter segment so that the write of x's requeue mark fails after its task and
+/// tombstone are durable. Prints `@@R ok|err` for the requeue, then whether x was
+/// delivered within 2 s (`@@X yes|no`) and is still listed (`@@L yes|no`).
 #[test]
 fn requeue_full_disk_child() {
     let Some(dir) = std::env::var_os(REQUEUE_CHILD_DIR) else {
@@ -981,43 +982,55 @@ fn requeue_full_disk_child() {
     timers
         .schedule("y", vec![7u8; 65_400], t0() + 120 * MIN + SEC)
         .unwrap();
-    let _rx = collect(&timers, |_, _| true);
+    let rx = collect(&timers, |id, _| id == "y");
     clock.set(t0() + 121 * MIN);
     common::eventually(|| timers.dead_letters().len() == 2);
+    let _ = rx.try_iter().count();
     clock.set(t0() + 180 * MIN);
     let r = timers.requeue(&x);
     println!("@@R {}", if r.is_ok() { "ok" } else { "err" });
+    let delivered = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+    println!("@@X {}", if delivered { "yes" } else { "no" });
+    let listed = timers.dead_letters().iter().any(|t| t.id() == x.as_bytes());
+    println!("@@L {}", if listed { "yes" } else { "no" });
     timers.close().unwrap();
 }
 
-/// A requeue is one step: after a reopen its dead letter is either still listed and the
-/// task not scheduled, or gone and the task delivered, never both, though the write of its
-/// requeue mark failed after its task's record was durable (a full disk, or a kill between
-/// the two writes). Both at once would let a second requeue run the task twice.
+/// A requeue whose mark cannot be written (a full disk) after its task and tombstone
+/// are durable: the task runs once, and its dead letter is listed neither in this
+/// process nor after a reopen (the tombstone stands for the mark until it is written).
+/// Before, the letter stayed listed beside a task that ran, so a second requeue ran it
+/// twice.
 #[test]
-fn a_requeue_whose_dead_letter_mark_write_fails_is_not_both_listed_and_run() {
+fn a_requeue_whose_mark_write_fails_runs_its_task_once_and_hides_its_letter() {
     let dir = tempfile::tempdir().unwrap();
     let out = under_file_limit("requeue_full_disk_child", REQUEUE_CHILD_DIR, dir.path());
     let out = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.contains("@@R err"),
-        "precondition: the requeue failed: {out}"
+    let said = |what: &str| {
+        out.lines()
+            .find_map(|l| {
+                l.find(what)
+                    .map(|at| l[at + what.len()..].trim().to_string())
+            })
+            .unwrap_or_else(|| panic!("child said nothing for {what}: {out}"))
+    };
+    assert_eq!(
+        said("@@R "),
+        "ok",
+        "the requeue's task and tombstone were durable"
     );
+    assert_eq!(said("@@X "), "yes", "x was not delivered after its requeue");
+    assert_eq!(said("@@L "), "no", "x ran and is still a dead letter");
     let (clock, options) = manual();
     clock.set(t0() + 181 * MIN);
     let timers = DurableTimers::open(dir.path(), options).unwrap();
     let x = "x".repeat(100);
-    let listed = timers.dead_letters().iter().any(|t| t.id() == x.as_bytes());
+    assert!(
+        !timers.dead_letters().iter().any(|t| t.id() == x.as_bytes()),
+        "after a reopen, x (which ran) is a dead letter again"
+    );
     let rx = collect(&timers, |_, _| false);
-    let delivered = rx.recv_timeout(Duration::from_secs(2)).is_ok();
-    assert!(
-        !(listed && delivered),
-        "x is still a dead letter and was delivered too"
-    );
-    assert!(
-        listed || delivered,
-        "x was lost: neither listed nor delivered"
-    );
+    quiet(&rx, 1000);
     timers.close().unwrap();
 }
 
@@ -1065,5 +1078,82 @@ fn a_requeue_whose_mark_a_crash_cut_off_is_finished_by_the_next_open() {
         timers.dead_letters().is_empty(),
         "without the requeue's tombstone, x's dead letter came back"
     );
+    timers.close().unwrap();
+}
+
+/// An open that writes a requeue mark a crash cut off and then rewrites the dead-letter
+/// log (1,041 records, none live): a dead letter of that open is kept. Before, the mark's
+/// segment left with the old log but stayed open, and later letters went to a deleted file.
+#[test]
+fn an_open_that_finishes_a_cut_requeue_and_rewrites_the_dead_log_keeps_later_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 520;
+    let ids: Vec<String> = (0..n).map(|i| format!("d{i:03}")).collect();
+    {
+        let (clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options.retry(one_attempt())).unwrap();
+        let mut batch: Vec<(String, Vec<u8>, SystemTime)> = ids
+            .iter()
+            .map(|id| (id.clone(), b"p".to_vec(), t0() + SEC))
+            .collect();
+        batch.push(("x".into(), b"p".to_vec(), t0() + SEC));
+        timers.schedule_batch(batch).unwrap();
+        let failed = Arc::new(std::sync::Mutex::new(HashSet::new()));
+        let rx = collect(&timers, move |id, _| {
+            failed.lock().unwrap().insert(id.to_string())
+        });
+        clock.set(t0() + 120 * MIN);
+        for _ in 0..=n {
+            rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        }
+        common::eventually(|| timers.dead_letters().len() == n + 1);
+        for id in &ids {
+            timers.requeue(id).unwrap();
+        }
+        timers.requeue("x").unwrap();
+        for _ in 0..=n {
+            rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        }
+        quiet(&rx, 300);
+        timers.close().unwrap();
+    }
+    let segments: Vec<PathBuf> = fs::read_dir(dir.path().join("dead"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(segments.len(), 1);
+    let mark_len = 8 + 23 + 1;
+    let bytes = fs::read(&segments[0]).unwrap();
+    let last = &bytes[bytes.len() - mark_len..];
+    assert_eq!(
+        (last[8], last[mark_len - 1]),
+        (5, b'x'),
+        "x's requeue mark last"
+    );
+    OpenOptions::new()
+        .write(true)
+        .open(&segments[0])
+        .unwrap()
+        .set_len((bytes.len() - mark_len) as u64)
+        .unwrap();
+
+    let (clock, options) = manual();
+    clock.set(t0() + 200 * MIN);
+    {
+        let timers = DurableTimers::open(dir.path(), options.clone().retry(one_attempt())).unwrap();
+        assert!(timers.dead_letters().is_empty());
+        timers.schedule("y", b"y", t0() + 200 * MIN + SEC).unwrap();
+        let _rx = collect(&timers, |id, _| id == "y");
+        clock.set(t0() + 201 * MIN);
+        common::eventually(|| timers.dead_letters().len() == 1);
+        timers.close().unwrap();
+    }
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    let listed: Vec<Vec<u8>> = timers
+        .dead_letters()
+        .iter()
+        .map(|t| t.id().to_vec())
+        .collect();
+    assert_eq!(listed, vec![b"y".to_vec()], "y's dead letter was lost");
     timers.close().unwrap();
 }

@@ -189,22 +189,6 @@ fn renewal_keeps_a_slow_handler_from_being_raced() {
     assert_eq!(*runs.lock().unwrap(), 1);
 }
 
-/// Members whose heartbeat has not lapsed by the server's clock.
-fn live_members(server: &Server, queue: &str) -> usize {
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let (secs, micros): (String, String) = redis::cmd("TIME").query(&mut conn).unwrap();
-    let now_ms = secs.parse::<u64>().unwrap() * 1000 + micros.parse::<u64>().unwrap() / 1000;
-    redis::cmd("ZCOUNT")
-        .arg(format!("{{{queue}}}:members"))
-        .arg(format!("({now_ms}"))
-        .arg("+inf")
-        .query(&mut conn)
-        .unwrap()
-}
-
 #[test]
 fn a_handler_running_for_many_windows_keeps_its_process_a_member() {
     let Some(server) = Server::start("long_handler") else {
@@ -234,7 +218,7 @@ fn a_handler_running_for_many_windows_keeps_its_process_a_member() {
         .unwrap();
     }
     wait_until("membership", Duration::from_secs(5), || {
-        live_members(&server, "long") == 1
+        server.live_members("long") == 1
     });
     t.schedule("long", b"", a_second_ago()).unwrap();
     wait_until("the handler", Duration::from_secs(5), || {
@@ -242,7 +226,7 @@ fn a_handler_running_for_many_windows_keeps_its_process_a_member() {
     });
     let mut lapsed = 0;
     while running.load(std::sync::atomic::Ordering::SeqCst) {
-        if live_members(&server, "long") == 0 {
+        if server.live_members("long") == 0 {
             lapsed += 1;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -980,7 +964,7 @@ fn a_stuck_process_does_not_rejoin_and_retake_its_shards() {
         healthy.schedule(&id, b"", SystemTime::now()).unwrap();
         ids.push(id);
         if ids.len() % 4 == 0 {
-            members.push(live_members(&server, "flap"));
+            members.push(server.live_members("flap"));
         }
         std::thread::sleep(Duration::from_millis(50));
     }

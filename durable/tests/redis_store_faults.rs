@@ -1264,3 +1264,62 @@ fn a_task_due_after_a_held_reply_is_not_late_by_half_the_hold() {
         "b, due 600 ms after the network recovered, ran {late:?} late"
     );
 }
+
+/// The only handler thread runs one task while a network pause (longer than the lease,
+/// shorter than the heartbeat) lets that task's lease run out under it: the renewal after
+/// the pause is refused. The process is busy with that task, not stuck with work waiting,
+/// so it stays a member (before, the run-out lease counted as work waiting for a thread,
+/// and the process gave up its membership and shards two windows later).
+#[test]
+fn a_lease_that_ran_out_under_its_running_handler_is_not_work_waiting() {
+    let Some(server) = Server::start("lease_ran_out_under_handler") else {
+        return;
+    };
+    let relay = relay_to(&server);
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A heartbeat lives three windows (3 s); the lease is 300 ms.
+    let t = RedisTimers::open(
+        &relay.url(),
+        "ranout",
+        RedisOptions::default()
+            .shards(4)
+            .window(Duration::from_millis(1000))
+            .visibility(Duration::from_millis(300)),
+    )
+    .unwrap();
+    {
+        let running = Arc::clone(&running);
+        let first = std::sync::atomic::AtomicBool::new(true);
+        // The first run is long; the run after it (its ack is refused, the lease having
+        // run out) is not.
+        t.run_handler(1, move |_| {
+            if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                running.store(true, std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(7000));
+                running.store(false, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+    wait_until("membership", Duration::from_secs(5), || {
+        server.live_members("ranout") == 1
+    });
+    t.schedule("long", b"", SystemTime::now() - Duration::from_secs(1))
+        .unwrap();
+    wait_until("the handler", Duration::from_secs(5), || {
+        running.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    relay.freeze();
+    std::thread::sleep(Duration::from_millis(800));
+    relay.thaw();
+    let mut lapsed = 0;
+    while running.load(std::sync::atomic::Ordering::SeqCst) {
+        if server.live_members("ranout") == 0 {
+            lapsed += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(lapsed, 0, "the busy process's membership lapsed");
+    t.close().unwrap();
+}

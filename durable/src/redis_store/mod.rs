@@ -622,7 +622,9 @@ impl RedisTimers {
     }
 
     /// Takes the newest dead letter of `id` off the list and schedules it again, due now,
-    /// from attempt 1. [`Error::NotDead`] if no dead letter has this id.
+    /// from attempt 1. [`Error::NotDead`] if no dead letter has this id. Like any schedule
+    /// of `id`, it replaces a pending task of that id, one an earlier requeue of another
+    /// of its letters made too: requeue an id's next letter once the last one has run.
     pub fn requeue(&self, id: impl AsRef<[u8]>) -> Result<(), Error> {
         let id = id.as_ref();
         check_id(id)?;
@@ -1025,7 +1027,7 @@ impl Inner {
                 lease_until_ms: u64::try_from(int(until)?).unwrap_or(0),
             });
         }
-        {
+        let own_lease = {
             // Acked or refused, the claim is no longer this process's to renew.
             let mut active = self.active();
             for (_, token) in &acks {
@@ -1042,11 +1044,18 @@ impl Inner {
                     },
                 );
             }
-        }
+            // A lease of this process's own that a late renewal let run out is a task
+            // running here, not one waiting for a thread here.
+            let wake = u64::try_from(wake).ok();
+            active
+                .values()
+                .any(|held| held.shard == shard && Some(held.until_ms) == wake)
+        };
         let mut local = self.local();
         local.ready.extend(claims);
         let now = u64::try_from(now).unwrap_or(0);
-        local.claimable[shard] = n == 0 && u64::try_from(wake).is_ok_and(|wake| wake <= now);
+        local.claimable[shard] =
+            n == 0 && !own_lease && u64::try_from(wake).is_ok_and(|wake| wake <= now);
         if let Ok(wake) = u64::try_from(wake)
             && local.owned[shard]
             && wake <= now.saturating_add(self.horizon_ms())
@@ -1278,23 +1287,23 @@ fn renewer(inner: &Inner) {
     let done = |local: &Local| inner.stopping() && local.busy == 0;
     while !done(&inner.local()) {
         inner.pause_until(period, done);
+        // A lease past its expiry is refused renewal: it is not asked for.
+        let now = inner.server_latest_ms();
         let active: Vec<(String, usize, Box<[u8]>)> = inner
             .active()
             .iter()
-            .filter(|(_, held)| held.taken)
+            .filter(|(_, held)| held.taken && held.until_ms > now)
             .map(|(token, held)| (token.clone(), held.shard, held.id.clone()))
             .collect();
         for (token, shard, id) in active {
             if done(&inner.local()) {
                 return;
             }
-            // A lost lease is left for the ack to find out, and keeps a handler from
-            // starting on it.
+            // A lost lease is left for the ack to find out. Its claim stays held until
+            // its handler returns: the task runs here, and a sweep that finds its lease
+            // run out must not count it as work waiting for a thread.
             match inner.renew_held(shard, &id, &token) {
-                Ok(()) => {}
-                Err(Error::LeaseLost) => {
-                    inner.active().remove(&token);
-                }
+                Ok(()) | Err(Error::LeaseLost) => {}
                 Err(e @ Error::Redis(_)) => {
                     // Not answering: the rest would each wait out a timeout. The next
                     // round, a third of a lease later, tries again.

@@ -78,6 +78,22 @@ impl Server {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// Members of `queue` whose heartbeat has not lapsed by the server's clock.
+    pub fn live_members(&self, queue: &str) -> usize {
+        let mut conn = redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let (secs, micros): (String, String) = redis::cmd("TIME").query(&mut conn).unwrap();
+        let now_ms = secs.parse::<u64>().unwrap() * 1000 + micros.parse::<u64>().unwrap() / 1000;
+        redis::cmd("ZCOUNT")
+            .arg(format!("{{{queue}}}:members"))
+            .arg(format!("({now_ms}"))
+            .arg("+inf")
+            .query(&mut conn)
+            .unwrap()
+    }
+
     fn wait_ready(&self) {
         let until = Instant::now() + Duration::from_secs(10);
         while Instant::now() < until {
