@@ -2,7 +2,8 @@
 //! `kill -9`ed at random points; a ledger kept here, from the child's stdout, checks that
 //! nothing acknowledged is lost, nothing acked comes back, nothing fires early (nor as the
 //! version an acknowledged upsert replaced), nothing whose cancel returned is delivered
-//! after it, and only tasks in flight at a kill are delivered again.
+//! after it, no dead letter whose requeue returned is listed again, and only tasks in
+//! flight at a kill are delivered again.
 //!
 //! `CW_KILL_CYCLES=N` sets the number of kills (100 by default) for a soak run.
 
@@ -30,6 +31,10 @@ struct Ledger {
     /// Cancels that returned (`C`): durable, so the task is never delivered after.
     cancelled: HashSet<String>,
     delivered_after_cancel: Vec<String>,
+    /// Requeues that returned (`R`): durable, so the letter is never listed again (a
+    /// requeued task succeeds).
+    requeued: HashSet<String>,
+    listed_after_requeue: Vec<String>,
     /// Every line about each id, with its life: printed for an id a check fails on.
     history: HashMap<String, Vec<String>>,
     deliveries: usize,
@@ -57,6 +62,17 @@ impl Ledger {
             }
             ["C", id] => {
                 self.cancelled.insert(id.to_string());
+            }
+            ["r", id] => {
+                // The requeued task starts again from attempt 1.
+                self.started.retain(|(i, _), _| i != id);
+            }
+            ["R", id] => {
+                self.requeued.insert(id.to_string());
+            }
+            ["D", id] if self.requeued.contains(*id) || self.acked.contains(*id) => {
+                self.listed_after_requeue
+                    .push(format!("{line} (life {incarnation})"));
             }
             ["H", id] => {
                 self.handled.insert(id.to_string());
@@ -191,7 +207,8 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
         "kill test: {cycles} kills in {:.1} s; {} schedules acknowledged, {} cancels returned, \
          {} acked, {} deliveries, {} redeliveries of tasks in flight at a kill, {} handled with \
          the ack unreported at a kill; lost {}, fired early or as a replaced version {}, acked \
-         then delivered again {}, delivered after its cancel {}, redelivered within one life {}",
+         then delivered again {}, delivered after its cancel {}, redelivered within one life {}; \
+         {} requeues returned, letters listed again after their requeue {}",
         started.elapsed().as_secs_f64(),
         ledger.scheduled.len(),
         ledger.cancelled.len(),
@@ -204,6 +221,8 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
         ledger.acked_again.len(),
         ledger.delivered_after_cancel.len(),
         ledger.bad_redeliveries.len(),
+        ledger.requeued.len(),
+        ledger.listed_after_requeue.len(),
     );
     assert!(
         ledger.scheduled.len() > cycles,
@@ -250,6 +269,7 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
         .iter()
         .chain(&ledger.bad_redeliveries)
         .chain(&ledger.delivered_after_cancel)
+        .chain(&ledger.listed_after_requeue)
         .chain(&ledger.early)
         .take(5)
     {
@@ -265,6 +285,15 @@ fn kill_dash_nine_under_load_loses_nothing_and_repeats_only_what_was_in_flight()
         ledger.delivered_after_cancel.is_empty(),
         "delivered after their cancel returned: {:?}",
         ledger.delivered_after_cancel
+    );
+    assert!(
+        ledger.listed_after_requeue.is_empty(),
+        "dead letters listed again after their requeue returned: {:?}",
+        ledger.listed_after_requeue
+    );
+    assert!(
+        !ledger.requeued.is_empty(),
+        "the children requeued nothing: the requeues went untested"
     );
     assert!(
         !ledger.cancelled.is_empty(),

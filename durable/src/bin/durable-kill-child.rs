@@ -12,10 +12,16 @@
 //! - `c <id>`: a cancel of `id` is about to be called; `C <id>`: it returned, so it is
 //!   durable. A task scheduled again (an upsert) gets a second `S` line, with its new due
 //!   time, once that call returned.
+//! - `D <id>`: at open, `id` is a dead letter;
+//! - `r <id>`: a requeue of `id` is about to be called; `R <id>`: it returned, so it is
+//!   durable.
 //!
 //! Every fifth batch also schedules a task a second or more out and at once cancels it,
 //! or schedules it again half a second later, so that kills land around durable cancels
-//! and upserts too.
+//! and upserts too. Every seventh schedules a task (`<life>-dead<n>-<due ms>`) that fails
+//! every attempt but a first one due after that time (only a requeue makes one), and so
+//! becomes a dead letter; each batch requeues the dead letters (the last life, with no
+//! batches, every 100 ms), so that kills land around requeues.
 //!
 //! A task whose id hashes to 0 mod 10 fails its first attempt, to exercise retries.
 
@@ -34,6 +40,28 @@ fn now_ms() -> u64 {
 fn due_ms(due: SystemTime) -> u128 {
     due.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos().div_ceil(1_000_000))
+}
+
+/// The first due time a `-dead` task's id carries, if it is one.
+fn dead_task_due(id: &str) -> Option<u64> {
+    let (_, rest) = id.split_once("-dead")?;
+    rest.split_once('-')?.1.parse().ok()
+}
+
+/// Requeues every dead letter.
+fn requeue_dead(timers: &DurableTimers) {
+    for letter in timers.dead_letters() {
+        let id = String::from_utf8_lossy(letter.id()).into_owned();
+        line(format_args!("r {id}"));
+        match timers.requeue(&id) {
+            Ok(()) => line(format_args!("R {id}")),
+            Err(corewheel_durable::Error::NotDead) => {}
+            Err(e) => {
+                eprintln!("requeue: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
 }
 
 fn schedule_or_exit(timers: &DurableTimers, id: &str, due: SystemTime) {
@@ -74,6 +102,9 @@ fn main() {
             std::process::exit(1);
         }
     };
+    for letter in timers.dead_letters() {
+        line(format_args!("D {}", String::from_utf8_lossy(letter.id())));
+    }
     // Under load a handler takes a while, so that kills land inside handlers; the last,
     // unkilled life drains the backlog at full speed.
     let work = if mode == "load" { 3000 } else { 0 };
@@ -87,7 +118,10 @@ fn main() {
             line(format_args!("F {id} {} {due} {}", task.attempt(), now_ms()));
             std::thread::sleep(Duration::from_micros(fastrand::u64(0..=work)));
             let fails = id.bytes().map(u32::from).sum::<u32>() % 10 == 0;
-            if fails && task.attempt() == 1 {
+            let first_due = dead_task_due(&id);
+            if first_due.is_some_and(|first| task.attempt() > 1 || due as u64 <= first) {
+                Err("a task that fails until it is requeued")
+            } else if fails && task.attempt() == 1 && first_due.is_none() {
                 Err("first attempt of a failing task")
             } else {
                 line(format_args!("H {id}"));
@@ -96,8 +130,10 @@ fn main() {
         })
         .expect("first run_handler");
     if mode != "load" {
-        std::thread::sleep(Duration::from_secs(3600));
-        return;
+        loop {
+            requeue_dead(&timers);
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     let (mut n, mut batches) = (0u64, 0u64);
     loop {
@@ -137,6 +173,14 @@ fn main() {
                 line(format_args!("S {id} {}", due_ms(later)));
             }
         }
+        if batches % 7 == 0 {
+            n += 1;
+            let due = SystemTime::now() + Duration::from_millis(fastrand::u64(0..100));
+            let id = format!("{incarnation}-dead{n}-{}", due_ms(due));
+            schedule_or_exit(&timers, &id, due);
+            line(format_args!("S {id} {}", due_ms(due)));
+        }
+        requeue_dead(&timers);
         std::thread::sleep(Duration::from_micros(fastrand::u64(0..4000)));
     }
 }
