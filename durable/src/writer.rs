@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, share};
 use crate::record::{Kind, Record};
@@ -52,11 +52,24 @@ pub(crate) struct Writer {
     /// and whether a failure to delete was reported: their records are still on disk, so
     /// the tombstones they need are kept until a later try deletes them.
     undeleted: BTreeMap<u64, (u64, bool)>,
-    /// Requeue marks whose write failed, after their requeues' tombstones were durable:
-    /// written with the next commit, or by the next open from the tombstones, which are
-    /// not pruned meanwhile.
-    unwritten_marks: Vec<u8>,
+    unwritten_marks: UnwrittenMarks,
 }
+
+/// Requeue marks whose write failed, after their requeues' tombstones were durable:
+/// tried again less and less often, or written by the next open from the tombstones,
+/// which are not pruned meanwhile.
+#[derive(Default)]
+struct UnwrittenMarks {
+    bytes: Vec<u8>,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// The wait before the first retry of a failed requeue mark write; it doubles with each
+/// failure up to [`MARKS_RETRY_MAX`], so a disk that keeps failing is not asked (nor
+/// logged about) ten times a second.
+const MARKS_RETRY_FIRST: Duration = Duration::from_millis(100);
+const MARKS_RETRY_MAX: Duration = Duration::from_secs(10);
 
 impl Writer {
     pub(crate) fn new(shared: Arc<Shared>, acks: Option<Sender<Box<[u8]>>>) -> Writer {
@@ -69,7 +82,7 @@ impl Writer {
             batch_tombs: HashMap::new(),
             batch_requeued: HashSet::new(),
             undeleted: BTreeMap::new(),
-            unwritten_marks: Vec::new(),
+            unwritten_marks: UnwrittenMarks::default(),
         }
     }
 
@@ -431,7 +444,7 @@ impl Writer {
             .unwrap_or(u64::MAX);
         let bound = self.shared.core().prune_tombs(self.next_seq, floor);
         self.write_marks(Vec::new());
-        if !self.unwritten_marks.is_empty() {
+        if !self.unwritten_marks.bytes.is_empty() {
             return;
         }
         if let Err(e) = self.shared.store.prune_control(bound) {
@@ -439,23 +452,41 @@ impl Writer {
         }
     }
 
-    /// Writes `marks` after those whose write failed before; keeps them all if it fails.
+    /// Writes `marks` after those whose write failed before, unless their retry is not
+    /// due yet; keeps them all if it fails.
     fn write_marks(&mut self, marks: Vec<u8>) {
-        self.unwritten_marks.extend_from_slice(&marks);
-        if self.unwritten_marks.is_empty() {
+        let pending = &mut self.unwritten_marks;
+        pending.bytes.extend_from_slice(&marks);
+        if pending.bytes.is_empty() || pending.retry_at.is_some_and(|at| Instant::now() < at) {
             return;
         }
-        let bytes = std::mem::take(&mut self.unwritten_marks);
-        let writes = BTreeMap::from([(Target::Dead, bytes)]);
+        let writes = BTreeMap::from([(Target::Dead, std::mem::take(&mut pending.bytes))]);
         match self.shared.store.append(&writes) {
             Ok(synced) => {
                 self.shared
                     .fsyncs
                     .fetch_add(synced as u64, std::sync::atomic::Ordering::Relaxed);
+                if pending.failures > 0 {
+                    eprintln!(
+                        "corewheel-durable: requeue marks written after {} failed tries",
+                        pending.failures
+                    );
+                }
+                *pending = UnwrittenMarks::default();
             }
             Err(e) => {
-                eprintln!("corewheel-durable: writing requeue marks: {e}; trying again");
-                self.unwritten_marks = writes.into_values().next().unwrap_or_default();
+                if pending.failures == 0 {
+                    eprintln!(
+                        "corewheel-durable: writing requeue marks: {e}; trying again less and \
+                         less often, tombstones kept meanwhile"
+                    );
+                }
+                pending.failures += 1;
+                let backoff = MARKS_RETRY_FIRST
+                    .saturating_mul(1 << pending.failures.min(8))
+                    .min(MARKS_RETRY_MAX);
+                pending.retry_at = Some(Instant::now() + backoff);
+                pending.bytes = writes.into_values().next().unwrap_or_default();
             }
         }
     }

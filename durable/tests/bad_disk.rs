@@ -1157,3 +1157,79 @@ fn an_open_that_finishes_a_cut_requeue_and_rewrites_the_dead_log_keeps_later_let
     assert_eq!(listed, vec![b"y".to_vec()], "y's dead letter was lost");
     timers.close().unwrap();
 }
+
+const MARKS_CHILD_DIR: &str = "CWD_MARKS_CHILD_DIR";
+
+/// Child of `a_requeue_mark_that_cannot_be_written_is_retried_quietly_and_finished_by_the_next_open`:
+/// opens `dir` (x dead), puts a plain file where the dead-letter folder was, so that no
+/// requeue mark can be written, requeues x and runs 3 s more. Prints `@@R ok|err` and
+/// whether x was delivered (`@@X yes|no`).
+#[test]
+fn unwritable_marks_child() {
+    let Some(dir) = std::env::var_os(MARKS_CHILD_DIR) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let (clock, options) = manual();
+    clock.set(t0() + 180 * MIN);
+    let timers = DurableTimers::open(&dir, options).unwrap();
+    fs::rename(dir.join("dead"), dir.join("dead.away")).unwrap();
+    fs::write(dir.join("dead"), b"not a folder").unwrap();
+    let rx = collect(&timers, |_, _| false);
+    let r = timers.requeue("x");
+    println!("@@R {}", if r.is_ok() { "ok" } else { "err" });
+    let delivered = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+    println!("@@X {}", if delivered { "yes" } else { "no" });
+    std::thread::sleep(Duration::from_secs(3));
+    timers.close().unwrap();
+}
+
+/// A requeue mark that cannot be written at all (the dead-letter folder replaced by a
+/// file): the requeue returns, its task runs once, the failure is logged once rather than
+/// at every retry, and the next open, with the folder mended, still hides the letter and
+/// does not run x again.
+#[test]
+fn a_requeue_mark_that_cannot_be_written_is_retried_quietly_and_finished_by_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (clock, options) = manual();
+        let timers = DurableTimers::open(dir.path(), options.retry(one_attempt())).unwrap();
+        timers.schedule("x", b"x", t0() + SEC).unwrap();
+        let _rx = collect(&timers, |_, _| true);
+        clock.set(t0() + 120 * MIN);
+        common::eventually(|| timers.dead_letters().len() == 1);
+        timers.close().unwrap();
+    }
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "unwritable_marks_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(MARKS_CHILD_DIR, dir.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "child failed: {output:?}");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(out.contains("@@R ok"), "{out}");
+    assert!(out.contains("@@X yes"), "{out}");
+    let err = String::from_utf8_lossy(&output.stderr);
+    let logged = err.matches("writing requeue marks").count();
+    assert_eq!(
+        logged, 1,
+        "one unwritable mark logged {logged} times in 5 s"
+    );
+    fs::remove_file(dir.path().join("dead")).unwrap();
+    fs::rename(dir.path().join("dead.away"), dir.path().join("dead")).unwrap();
+    let (clock, options) = manual();
+    clock.set(t0() + 181 * MIN);
+    let timers = DurableTimers::open(dir.path(), options).unwrap();
+    assert!(
+        timers.dead_letters().is_empty(),
+        "x ran and is listed again"
+    );
+    let rx = collect(&timers, |_, _| false);
+    quiet(&rx, 500);
+    timers.close().unwrap();
+}

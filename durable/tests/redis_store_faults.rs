@@ -1265,54 +1265,66 @@ fn a_task_due_after_a_held_reply_is_not_late_by_half_the_hold() {
     );
 }
 
-/// The only handler thread runs one task while a network pause (longer than the lease,
-/// shorter than the heartbeat) lets that task's lease run out under it: the renewal after
-/// the pause is refused. The process is busy with that task, not stuck with work waiting,
-/// so it stays a member (before, the run-out lease counted as work waiting for a thread,
-/// and the process gave up its membership and shards two windows later).
+/// A store on queue `queue` whose one handler thread runs the first task it gets, "long",
+/// for `hang`, and any other at once; returned once "long" runs and a network pause of
+/// 800 ms, longer than the 300 ms lease and shorter than a heartbeat (three `window`s),
+/// has let its lease run out under it (the renewal after the pause is refused). The flag
+/// says whether "long" still runs.
+fn long_run_whose_lease_ran_out(
+    server: &Server,
+    queue: &str,
+    window: Duration,
+    hang: Duration,
+) -> (RedisTimers, Relay, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let relay = relay_to(server);
+    let running = Arc::new(AtomicBool::new(false));
+    let options = RedisOptions::default()
+        .shards(1)
+        .window(window)
+        .visibility(Duration::from_millis(300));
+    let t = RedisTimers::open(&relay.url(), queue, options).unwrap();
+    let first = AtomicBool::new(true);
+    let flag = Arc::clone(&running);
+    // Its ack refused, the lease having run out, "long" runs again: at once.
+    t.run_handler(1, move |task| {
+        if task.id() == b"long" && first.swap(false, SeqCst) {
+            flag.store(true, SeqCst);
+            std::thread::sleep(hang);
+            flag.store(false, SeqCst);
+        }
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    wait_until("membership", Duration::from_secs(5), || {
+        server.live_members(queue) == 1
+    });
+    t.schedule("long", b"", SystemTime::now() - Duration::from_secs(1))
+        .unwrap();
+    wait_until("the handler", Duration::from_secs(5), || {
+        running.load(SeqCst)
+    });
+    relay.freeze();
+    std::thread::sleep(Duration::from_millis(800));
+    relay.thaw();
+    (t, relay, running)
+}
+
+/// The only handler thread runs a task whose lease ran out under it. The process is busy
+/// with that task, not stuck with work waiting, so it stays a member (before, the run-out
+/// lease counted as work waiting for a thread, and the process gave up its membership
+/// and shards two windows later).
 #[test]
 fn a_lease_that_ran_out_under_its_running_handler_is_not_work_waiting() {
     let Some(server) = Server::start("lease_ran_out_under_handler") else {
         return;
     };
-    let relay = relay_to(&server);
-    let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // A heartbeat lives three windows (3 s); the lease is 300 ms.
-    let t = RedisTimers::open(
-        &relay.url(),
+    let (t, _relay, running) = long_run_whose_lease_ran_out(
+        &server,
         "ranout",
-        RedisOptions::default()
-            .shards(4)
-            .window(Duration::from_millis(1000))
-            .visibility(Duration::from_millis(300)),
-    )
-    .unwrap();
-    {
-        let running = Arc::clone(&running);
-        let first = std::sync::atomic::AtomicBool::new(true);
-        // The first run is long; the run after it (its ack is refused, the lease having
-        // run out) is not.
-        t.run_handler(1, move |_| {
-            if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                running.store(true, std::sync::atomic::Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(7000));
-                running.store(false, std::sync::atomic::Ordering::SeqCst);
-            }
-            Ok::<(), ()>(())
-        })
-        .unwrap();
-    }
-    wait_until("membership", Duration::from_secs(5), || {
-        server.live_members("ranout") == 1
-    });
-    t.schedule("long", b"", SystemTime::now() - Duration::from_secs(1))
-        .unwrap();
-    wait_until("the handler", Duration::from_secs(5), || {
-        running.load(std::sync::atomic::Ordering::SeqCst)
-    });
-    relay.freeze();
-    std::thread::sleep(Duration::from_millis(800));
-    relay.thaw();
+        Duration::from_secs(1),
+        Duration::from_secs(7),
+    );
     let mut lapsed = 0;
     while running.load(std::sync::atomic::Ordering::SeqCst) {
         if server.live_members("ranout") == 0 {
@@ -1322,4 +1334,34 @@ fn a_lease_that_ran_out_under_its_running_handler_is_not_work_waiting() {
     }
     assert_eq!(lapsed, 0, "the busy process's membership lapsed");
     t.close().unwrap();
+}
+
+/// The other side: the only handler thread hangs on a task whose lease ran out under it,
+/// and another task of the same shard comes due. That one is work waiting for a thread,
+/// so the process stops renewing its membership and the shard goes to others.
+#[test]
+fn a_hung_handler_whose_lease_ran_out_still_gives_up_its_shard_when_other_work_waits() {
+    let Some(server) = Server::start("hung_lease_ran_out") else {
+        return;
+    };
+    let (t, _relay, running) = long_run_whose_lease_ran_out(
+        &server,
+        "hidework",
+        Duration::from_millis(500),
+        Duration::from_secs(9),
+    );
+    t.schedule("waiting", b"", SystemTime::now()).unwrap();
+    let thawed = Instant::now();
+    let mut lapsed = false;
+    while running.load(std::sync::atomic::Ordering::SeqCst) && !lapsed {
+        lapsed = server.live_members("hidework") == 0;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let hung_for = thawed.elapsed();
+    t.close().unwrap();
+    assert!(
+        lapsed,
+        "with a task waiting behind a hung handler, the process kept its membership for all \
+         {hung_for:?} of the hang"
+    );
 }

@@ -1005,11 +1005,13 @@ impl Inner {
         );
         let wake = int(field(2)?)?;
         let n = usize::try_from(int(field(3)?)?).unwrap_or(0);
-        if parts.len() != 5 + 5 * n {
+        let due_now = int(field(5)?)?;
+        let run_out = usize::try_from(int(field(6)?)?).unwrap_or(0);
+        if parts.len() != 7 + 5 * n {
             return Err(unexpected(&reply));
         }
         let mut claims = Vec::with_capacity(n);
-        for (i, record) in parts[5..].chunks(5).enumerate() {
+        for (i, record) in parts[7..].chunks(5).enumerate() {
             let [id, payload, attempt, due, until] = record else {
                 return Err(unexpected(&reply));
             };
@@ -1027,7 +1029,8 @@ impl Inner {
                 lease_until_ms: u64::try_from(int(until)?).unwrap_or(0),
             });
         }
-        let own_lease = {
+        let now = u64::try_from(now).unwrap_or(0);
+        let own_run_out = {
             // Acked or refused, the claim is no longer this process's to renew.
             let mut active = self.active();
             for (_, token) in &acks {
@@ -1046,16 +1049,14 @@ impl Inner {
             }
             // A lease of this process's own that a late renewal let run out is a task
             // running here, not one waiting for a thread here.
-            let wake = u64::try_from(wake).ok();
             active
                 .values()
-                .any(|held| held.shard == shard && Some(held.until_ms) == wake)
+                .filter(|held| held.shard == shard && held.until_ms <= now)
+                .count()
         };
         let mut local = self.local();
         local.ready.extend(claims);
-        let now = u64::try_from(now).unwrap_or(0);
-        local.claimable[shard] =
-            n == 0 && !own_lease && u64::try_from(wake).is_ok_and(|wake| wake <= now);
+        local.claimable[shard] = n == 0 && (due_now > 0 || run_out > own_run_out);
         if let Ok(wake) = u64::try_from(wake)
             && local.owned[shard]
             && wake <= now.saturating_add(self.horizon_ms())

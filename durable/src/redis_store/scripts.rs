@@ -92,11 +92,12 @@ return 0
 /// first acks each pair whose lease is still that token's (deleting the task), then
 /// claims up to `limit` tasks, those whose lease ran out first, then those due by the
 /// server's clock, the i-th under the token `<base>:<i>`. Returns `{server now, acked,
-/// next, n, the server's microseconds past now, then n times (id, payload, attempt, due,
-/// lease expiry)}`: `acked` a string of
+/// next, n, the server's microseconds past now, due, run out, then n times (id, payload,
+/// attempt, due, lease expiry)}`: `acked` a string of
 /// `1`/`0` per ack pair (`0`: refused, the lease was lost), `next` the earliest instant
 /// something more may be claimable (a due time or a lease expiry; -1 if the shard is
-/// empty).
+/// empty), `due` and `run out` how many tasks left are due and how many leases have run
+/// out by now.
 pub(crate) const SWEEP: &str = concat!(
     prelude!(),
     r#"
@@ -116,7 +117,7 @@ for i = 0, nacks - 1 do
     acked[#acked + 1] = '0'
   end
 end
-local out = {now, table.concat(acked), -1, 0, tonumber(t[2]) % 1000}
+local out = {now, table.concat(acked), -1, 0, tonumber(t[2]) % 1000, 0, 0}
 local n = 0
 if limit > 0 then
   local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
@@ -138,6 +139,8 @@ if #d > 0 then wake = math.floor(tonumber(d[2])) end
 local l = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if #l > 0 and (wake < 0 or tonumber(l[2]) < wake) then wake = math.floor(tonumber(l[2])) end
 out[3] = wake
+out[6] = redis.call('ZCOUNT', KEYS[1], '-inf', now)
+out[7] = redis.call('ZCOUNT', KEYS[2], '-inf', now)
 return out
 "#
 );
