@@ -483,7 +483,7 @@ impl Writer {
                 }
                 pending.failures += 1;
                 let backoff = MARKS_RETRY_FIRST
-                    .saturating_mul(1 << pending.failures.min(8))
+                    .saturating_mul(1 << (pending.failures - 1).min(7))
                     .min(MARKS_RETRY_MAX);
                 pending.retry_at = Some(Instant::now() + backoff);
                 pending.bytes = writes.into_values().next().unwrap_or_default();

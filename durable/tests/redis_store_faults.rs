@@ -1365,3 +1365,62 @@ fn a_hung_handler_whose_lease_ran_out_still_gives_up_its_shard_when_other_work_w
          {hung_for:?} of the hang"
     );
 }
+
+/// A claim kept here after its renewal was refused (its task cancelled while it ran) is
+/// no longer this process's in Redis: it does not hide another consumer's lease that ran
+/// out (that consumer died holding it). That task waits for a thread here, so the
+/// process, hung in its only handler, gives up its shard.
+#[test]
+fn a_hung_handler_whose_task_was_cancelled_does_not_hide_a_dead_consumers_run_out_lease() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let Some(server) = Server::start("cancelled_hides_run_out") else {
+        return;
+    };
+    let queue = "hidecancel";
+    let options = RedisOptions::default()
+        .shards(1)
+        .window(Duration::from_millis(500))
+        .visibility(Duration::from_millis(300));
+    let t = RedisTimers::open(&server.url(), queue, options.clone()).unwrap();
+    let running = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&running);
+    t.run_handler(1, move |task| {
+        if task.id() == b"long" {
+            flag.store(true, SeqCst);
+            std::thread::sleep(Duration::from_secs(9));
+            flag.store(false, SeqCst);
+        }
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    wait_until("membership", Duration::from_secs(5), || {
+        server.live_members(queue) == 1
+    });
+    t.schedule("long", b"", SystemTime::now() - Duration::from_secs(1))
+        .unwrap();
+    wait_until("the handler", Duration::from_secs(5), || {
+        running.load(SeqCst)
+    });
+    t.cancel("long").unwrap();
+    let other = RedisTimers::open(&server.url(), queue, options).unwrap();
+    other
+        .schedule("orphan", b"", SystemTime::now() - Duration::from_secs(1))
+        .unwrap();
+    let claim = other.claim_next().unwrap().expect("orphan claimed");
+    assert_eq!(claim.task().id(), b"orphan");
+    // The consumer dies holding it: no ack, no renewal.
+    std::mem::forget(claim);
+    let start = Instant::now();
+    let mut lapsed = false;
+    while running.load(SeqCst) && !lapsed {
+        lapsed = server.live_members(queue) == 0;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let hung_for = start.elapsed();
+    t.close().unwrap();
+    assert!(
+        lapsed,
+        "with orphan's lease run out behind a hung handler, the process kept its membership \
+         for all {hung_for:?} of the hang"
+    );
+}

@@ -981,6 +981,20 @@ impl Inner {
         for (id, token) in &acks {
             args.extend([&id[..], token.as_bytes()]);
         }
+        // Claims held here whose lease may have run out: a task running here is not work
+        // waiting for a thread here. Redis judges which still are this process's.
+        let latest = self.server_latest_ms();
+        let own: Vec<(Box<[u8]>, String)> = self
+            .active()
+            .iter()
+            .filter(|(_, held)| held.shard == shard && held.until_ms <= latest)
+            .map(|(token, held)| (held.id.clone(), token.clone()))
+            .collect();
+        let nown = own.len().to_string();
+        args.push(nown.as_bytes());
+        for (id, token) in &own {
+            args.extend([&id[..], token.as_bytes()]);
+        }
         let before = self.local_us();
         let reply = match self.pool.eval(&SWEEP, &self.keys[shard].first(5), &args) {
             Ok(reply) => reply,
@@ -1030,7 +1044,7 @@ impl Inner {
             });
         }
         let now = u64::try_from(now).unwrap_or(0);
-        let own_run_out = {
+        {
             // Acked or refused, the claim is no longer this process's to renew.
             let mut active = self.active();
             for (_, token) in &acks {
@@ -1047,16 +1061,10 @@ impl Inner {
                     },
                 );
             }
-            // A lease of this process's own that a late renewal let run out is a task
-            // running here, not one waiting for a thread here.
-            active
-                .values()
-                .filter(|held| held.shard == shard && held.until_ms <= now)
-                .count()
-        };
+        }
         let mut local = self.local();
         local.ready.extend(claims);
-        local.claimable[shard] = n == 0 && (due_now > 0 || run_out > own_run_out);
+        local.claimable[shard] = n == 0 && (due_now > 0 || run_out > 0);
         if let Ok(wake) = u64::try_from(wake)
             && local.owned[shard]
             && wake <= now.saturating_add(self.horizon_ms())

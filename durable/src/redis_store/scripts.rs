@@ -88,7 +88,8 @@ return 0
 );
 
 /// KEYS due lease task meta token; ARGV visibility ms, limit, token base, number of
-/// acks, then pairs (id, token) to ack. The one step of a handling process on a shard:
+/// acks, then pairs (id, token) to ack, then the number of own claims, then pairs (id,
+/// token) of claims the caller holds and runs. The one step of a handling process on a shard:
 /// first acks each pair whose lease is still that token's (deleting the task), then
 /// claims up to `limit` tasks, those whose lease ran out first, then those due by the
 /// server's clock, the i-th under the token `<base>:<i>`. Returns `{server now, acked,
@@ -97,7 +98,7 @@ return 0
 /// `1`/`0` per ack pair (`0`: refused, the lease was lost), `next` the earliest instant
 /// something more may be claimable (a due time or a lease expiry; -1 if the shard is
 /// empty), `due` and `run out` how many tasks left are due and how many leases have run
-/// out by now.
+/// out by now, not counting the caller's own claims (tasks it runs, not tasks waiting).
 pub(crate) const SWEEP: &str = concat!(
     prelude!(),
     r#"
@@ -140,7 +141,16 @@ local l = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if #l > 0 and (wake < 0 or tonumber(l[2]) < wake) then wake = math.floor(tonumber(l[2])) end
 out[3] = wake
 out[6] = redis.call('ZCOUNT', KEYS[1], '-inf', now)
-out[7] = redis.call('ZCOUNT', KEYS[2], '-inf', now)
+local run_out = redis.call('ZCOUNT', KEYS[2], '-inf', now)
+local at = 5 + 2 * nacks
+for i = 0, tonumber(ARGV[at]) - 1 do
+  local id, tok = ARGV[at + 1 + 2 * i], ARGV[at + 2 + 2 * i]
+  local l = redis.call('ZSCORE', KEYS[2], id)
+  if l and tonumber(l) <= now and redis.call('HGET', KEYS[5], id) == tok then
+    run_out = run_out - 1
+  end
+end
+out[7] = run_out
 return out
 "#
 );
