@@ -1265,25 +1265,23 @@ fn a_task_due_after_a_held_reply_is_not_late_by_half_the_hold() {
     );
 }
 
-/// A store on queue `queue` whose one handler thread runs the first task it gets, "long",
-/// for `hang`, and any other at once; returned once "long" runs and a network pause of
-/// 800 ms, longer than the 300 ms lease and shorter than a heartbeat (three `window`s),
-/// has let its lease run out under it (the renewal after the pause is refused). The flag
-/// says whether "long" still runs.
-fn long_run_whose_lease_ran_out(
+/// A store on `url` (queue `queue`, one shard, a 300 ms lease) whose one handler thread
+/// runs "long" for `hang` the first time and any other task at once; returned once
+/// "long", scheduled overdue, runs. The flag says whether it still runs.
+fn hang_in_long(
+    url: &str,
     server: &Server,
     queue: &str,
     window: Duration,
     hang: Duration,
-) -> (RedisTimers, Relay, Arc<std::sync::atomic::AtomicBool>) {
+) -> (RedisTimers, Arc<std::sync::atomic::AtomicBool>) {
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-    let relay = relay_to(server);
     let running = Arc::new(AtomicBool::new(false));
     let options = RedisOptions::default()
         .shards(1)
         .window(window)
         .visibility(Duration::from_millis(300));
-    let t = RedisTimers::open(&relay.url(), queue, options).unwrap();
+    let t = RedisTimers::open(url, queue, options).unwrap();
     let first = AtomicBool::new(true);
     let flag = Arc::clone(&running);
     // Its ack refused, the lease having run out, "long" runs again: at once.
@@ -1304,6 +1302,20 @@ fn long_run_whose_lease_ran_out(
     wait_until("the handler", Duration::from_secs(5), || {
         running.load(SeqCst)
     });
+    (t, running)
+}
+
+/// [`hang_in_long`] through a relay, returned once a network pause of 800 ms, longer than
+/// the lease and shorter than a heartbeat (three `window`s), has let the lease of "long"
+/// run out under it (the renewal after the pause is refused).
+fn long_run_whose_lease_ran_out(
+    server: &Server,
+    queue: &str,
+    window: Duration,
+    hang: Duration,
+) -> (RedisTimers, Relay, Arc<std::sync::atomic::AtomicBool>) {
+    let relay = relay_to(server);
+    let (t, running) = hang_in_long(&relay.url(), server, queue, window, hang);
     relay.freeze();
     std::thread::sleep(Duration::from_millis(800));
     relay.thaw();
@@ -1372,36 +1384,22 @@ fn a_hung_handler_whose_lease_ran_out_still_gives_up_its_shard_when_other_work_w
 /// process, hung in its only handler, gives up its shard.
 #[test]
 fn a_hung_handler_whose_task_was_cancelled_does_not_hide_a_dead_consumers_run_out_lease() {
-    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::atomic::Ordering::SeqCst;
     let Some(server) = Server::start("cancelled_hides_run_out") else {
         return;
     };
     let queue = "hidecancel";
+    let (t, running) = hang_in_long(
+        &server.url(),
+        &server,
+        queue,
+        Duration::from_millis(500),
+        Duration::from_secs(9),
+    );
+    t.cancel("long").unwrap();
     let options = RedisOptions::default()
         .shards(1)
-        .window(Duration::from_millis(500))
         .visibility(Duration::from_millis(300));
-    let t = RedisTimers::open(&server.url(), queue, options.clone()).unwrap();
-    let running = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&running);
-    t.run_handler(1, move |task| {
-        if task.id() == b"long" {
-            flag.store(true, SeqCst);
-            std::thread::sleep(Duration::from_secs(9));
-            flag.store(false, SeqCst);
-        }
-        Ok::<(), ()>(())
-    })
-    .unwrap();
-    wait_until("membership", Duration::from_secs(5), || {
-        server.live_members(queue) == 1
-    });
-    t.schedule("long", b"", SystemTime::now() - Duration::from_secs(1))
-        .unwrap();
-    wait_until("the handler", Duration::from_secs(5), || {
-        running.load(SeqCst)
-    });
-    t.cancel("long").unwrap();
     let other = RedisTimers::open(&server.url(), queue, options).unwrap();
     other
         .schedule("orphan", b"", SystemTime::now() - Duration::from_secs(1))
