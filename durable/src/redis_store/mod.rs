@@ -981,13 +981,13 @@ impl Inner {
         for (id, token) in &acks {
             args.extend([&id[..], token.as_bytes()]);
         }
-        // Claims held here whose lease may have run out: a task running here is not work
-        // waiting for a thread here. Redis judges which still are this process's.
-        let latest = self.server_latest_ms();
+        // Claims held here: a task running here whose lease ran out is not work waiting
+        // for a thread here. Redis judges, by its own clock, which have run out and are
+        // still this process's.
         let own: Vec<(Box<[u8]>, String)> = self
             .active()
             .iter()
-            .filter(|(_, held)| held.shard == shard && held.until_ms <= latest)
+            .filter(|(_, held)| held.shard == shard)
             .map(|(token, held)| (held.id.clone(), token.clone()))
             .collect();
         let nown = own.len().to_string();
@@ -1296,12 +1296,10 @@ fn renewer(inner: &Inner) {
     let done = |local: &Local| inner.stopping() && local.busy == 0;
     while !done(&inner.local()) {
         inner.pause_until(period, done);
-        // A lease past its expiry is refused renewal: it is not asked for.
-        let now = inner.server_latest_ms();
         let active: Vec<(String, usize, Box<[u8]>)> = inner
             .active()
             .iter()
-            .filter(|(_, held)| held.taken && held.until_ms > now)
+            .filter(|(_, held)| held.taken)
             .map(|(token, held)| (token.clone(), held.shard, held.id.clone()))
             .collect();
         for (token, shard, id) in active {

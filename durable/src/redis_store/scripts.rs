@@ -89,7 +89,7 @@ return 0
 
 /// KEYS due lease task meta token; ARGV visibility ms, limit, token base, number of
 /// acks, then pairs (id, token) to ack, then the number of own claims, then pairs (id,
-/// token) of claims the caller holds and runs. The one step of a handling process on a shard:
+/// token) of the claims the caller holds in the shard. The one step of a handling process on a shard:
 /// first acks each pair whose lease is still that token's (deleting the task), then
 /// claims up to `limit` tasks, those whose lease ran out first, then those due by the
 /// server's clock, the i-th under the token `<base>:<i>`. Returns `{server now, acked,
