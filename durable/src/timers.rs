@@ -345,18 +345,17 @@ fn read_dead(store: &dyn Store, by_tombs: &HashSet<u64>) -> Result<Vec<Task>, Er
     let total = log.len();
     // A letter written twice (see the writer's `finish`) carries one number: read once.
     let mut seen = HashSet::new();
-    let mut unmarked = Vec::new();
-    let live: Vec<Record> = log
-        .into_iter()
-        .filter(|r| r.kind == Kind::Dead && !marked.contains(&r.seq) && seen.insert(r.seq))
-        .filter(|r| {
-            let requeued = by_tombs.contains(&r.seq);
-            if requeued {
-                Record::marker(Kind::Requeued, &r.id, r.seq).encode(&mut unmarked);
-            }
-            !requeued
-        })
-        .collect();
+    let (mut live, mut unmarked) = (Vec::new(), Vec::new());
+    for r in log {
+        if r.kind != Kind::Dead || marked.contains(&r.seq) || !seen.insert(r.seq) {
+            continue;
+        }
+        if by_tombs.contains(&r.seq) {
+            Record::marker(Kind::Requeued, &r.id, r.seq).encode(&mut unmarked);
+        } else {
+            live.push(r);
+        }
+    }
     if !unmarked.is_empty() {
         store.append(&BTreeMap::from([(Target::Dead, unmarked)]))?;
     }

@@ -461,11 +461,8 @@ impl Writer {
             return;
         }
         let writes = BTreeMap::from([(Target::Dead, std::mem::take(&mut pending.bytes))]);
-        match self.shared.store.append(&writes) {
-            Ok(synced) => {
-                self.shared
-                    .fsyncs
-                    .fetch_add(synced as u64, std::sync::atomic::Ordering::Relaxed);
+        match append_counted(&self.shared, &writes) {
+            Ok(()) => {
                 if pending.failures > 0 {
                     eprintln!(
                         "corewheel-durable: requeue marks written after {} failed tries",
@@ -530,14 +527,20 @@ impl Writes {
     fn append(&self, shared: &Shared) -> std::io::Result<()> {
         for phase in &self.phases {
             if !phase.is_empty() {
-                let synced = shared.store.append(phase)?;
-                shared
-                    .fsyncs
-                    .fetch_add(synced as u64, std::sync::atomic::Ordering::Relaxed);
+                append_counted(shared, phase)?;
             }
         }
         Ok(())
     }
+}
+
+/// Appends `writes` to the store and counts the files it fsynced.
+fn append_counted(shared: &Shared, writes: &BTreeMap<Target, Vec<u8>>) -> std::io::Result<()> {
+    let synced = shared.store.append(writes)?;
+    shared
+        .fsyncs
+        .fetch_add(synced as u64, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
 }
 
 fn apply(core: &mut Window, effect: Effect) {

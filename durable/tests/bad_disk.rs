@@ -956,6 +956,20 @@ fn a_missing_trash_folder_does_not_let_a_cancelled_task_come_back() {
 
 const REQUEUE_CHILD_DIR: &str = "CWD_REQUEUE_CHILD_DIR";
 
+/// Opens `dir` on a manual clock, where `x` fails its only attempt (due t0 + 1 s) and its
+/// bucket is deleted, then closes it: a later open knows x only as a dead letter. Returns
+/// the clock (at t0 + 2 h) and the options, without the retry policy.
+fn x_dies_and_its_bucket_goes(dir: &Path, x: &str) -> (Arc<ManualWallClock>, Options) {
+    let (clock, options) = manual();
+    let timers = DurableTimers::open(dir, options.clone().retry(one_attempt())).unwrap();
+    timers.schedule(x, b"x", t0() + SEC).unwrap();
+    let _rx = collect(&timers, |_, _| true);
+    clock.set(t0() + 120 * MIN);
+    common::eventually(|| !bucket_dir(dir, t0()).exists());
+    timers.close().unwrap();
+    (clock, options)
+}
+
 /// Child of `a_requeue_whose_mark_write_fails_runs_its_task_once_and_hides_its_letter`:
 /// under [`FILE_LIMIT_BLOCKS`], x (a 100-byte id) dies and its bucket is deleted; after a
 /// reopen (which knows x only as a dead letter), y's dead letter fills this open's
@@ -968,14 +982,7 @@ fn requeue_full_disk_child() {
         return;
     };
     let x = "x".repeat(100);
-    let (clock, options) = manual();
-    let timers = DurableTimers::open(&dir, options.clone().retry(one_attempt())).unwrap();
-    timers.schedule(&x, b"x", t0() + SEC).unwrap();
-    let _rx = collect(&timers, |_, _| true);
-    clock.set(t0() + 120 * MIN);
-    common::eventually(|| !bucket_dir(Path::new(&dir), t0()).exists());
-    timers.close().unwrap();
-
+    let (clock, options) = x_dies_and_its_bucket_goes(Path::new(&dir), &x);
     let timers = DurableTimers::open(&dir, options.retry(one_attempt())).unwrap();
     // y's dead letter (32 + 65,400 bytes) leaves room for y's Done mark (32 bytes) in its
     // bucket but not for x's requeue mark (131 bytes) in the dead-letter segment.
@@ -1042,13 +1049,7 @@ fn a_requeue_whose_mark_write_fails_runs_its_task_once_and_hides_its_letter() {
 fn a_requeue_whose_mark_a_crash_cut_off_is_finished_by_the_next_open() {
     let dir = tempfile::tempdir().unwrap();
     let x = "x".repeat(100);
-    let (clock, options) = manual();
-    let timers = DurableTimers::open(dir.path(), options.clone().retry(one_attempt())).unwrap();
-    timers.schedule(&x, b"x", t0() + SEC).unwrap();
-    let _rx = collect(&timers, |_, _| true);
-    clock.set(t0() + 120 * MIN);
-    common::eventually(|| !bucket_dir(dir.path(), t0()).exists());
-    timers.close().unwrap();
+    let (_clock, options) = x_dies_and_its_bucket_goes(dir.path(), &x);
     let timers = DurableTimers::open(dir.path(), options.clone()).unwrap();
     timers.requeue(&x).unwrap();
     timers.close().unwrap();
@@ -1191,15 +1192,7 @@ fn unwritable_marks_child() {
 #[test]
 fn a_requeue_mark_that_cannot_be_written_is_retried_quietly_and_finished_by_the_next_open() {
     let dir = tempfile::tempdir().unwrap();
-    {
-        let (clock, options) = manual();
-        let timers = DurableTimers::open(dir.path(), options.retry(one_attempt())).unwrap();
-        timers.schedule("x", b"x", t0() + SEC).unwrap();
-        let _rx = collect(&timers, |_, _| true);
-        clock.set(t0() + 120 * MIN);
-        common::eventually(|| timers.dead_letters().len() == 1);
-        timers.close().unwrap();
-    }
+    x_dies_and_its_bucket_goes(dir.path(), "x");
     let output = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",

@@ -821,9 +821,13 @@ impl Inner {
 
     /// The server's clock now, as this process estimates it (never behind it).
     fn server_now_ms(&self) -> u64 {
+        self.server_now_us() / 1000
+    }
+
+    /// The same in µs, unrounded.
+    fn server_now_us(&self) -> u64 {
         self.local_us()
             .saturating_add_signed(self.offset_us.load(Ordering::Relaxed))
-            / 1000
     }
 
     /// Records the server's clock as a reply read it (`server_us`), for a request that
@@ -843,9 +847,7 @@ impl Inner {
     /// The latest the server's clock can read now, rounded up: for judging whether a
     /// lease has run out, where guessing early is the safe side.
     fn server_latest_ms(&self) -> u64 {
-        self.local_us()
-            .saturating_add_signed(self.offset_us.load(Ordering::Relaxed))
-            .div_ceil(1000)
+        self.server_now_us().div_ceil(1000)
     }
 
     /// Arms `shard` to fire at `at` (server ms), unless it fires by then already.

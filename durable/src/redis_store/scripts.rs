@@ -89,16 +89,16 @@ return 0
 
 /// KEYS due lease task meta token; ARGV visibility ms, limit, token base, number of
 /// acks, then pairs (id, token) to ack, then the number of own claims, then pairs (id,
-/// token) of the claims the caller holds in the shard. The one step of a handling process on a shard:
-/// first acks each pair whose lease is still that token's (deleting the task), then
-/// claims up to `limit` tasks, those whose lease ran out first, then those due by the
-/// server's clock, the i-th under the token `<base>:<i>`. Returns `{server now, acked,
-/// next, n, the server's microseconds past now, due, run out, then n times (id, payload,
-/// attempt, due, lease expiry)}`: `acked` a string of
-/// `1`/`0` per ack pair (`0`: refused, the lease was lost), `next` the earliest instant
-/// something more may be claimable (a due time or a lease expiry; -1 if the shard is
-/// empty), `due` and `run out` how many tasks left are due and how many leases have run
-/// out by now, not counting the caller's own claims (tasks it runs, not tasks waiting).
+/// token) of the claims the caller holds in the shard. The one step of a handling
+/// process on a shard: first acks each pair whose lease is still that token's (deleting
+/// the task), then claims up to `limit` tasks, those whose lease ran out first, then
+/// those due by the server's clock, the i-th under the token `<base>:<i>`. Returns
+/// `{server now, acked, next, n, the server's microseconds past now, due, run out, then
+/// n times (id, payload, attempt, due, lease expiry)}`: `acked` a string of `1`/`0` per
+/// ack pair (`0`: refused, the lease was lost), `next` the earliest instant something
+/// more may be claimable (a due time or a lease expiry; -1 if the shard is empty), `due`
+/// and `run out` how many tasks left are due and how many leases have run out by now,
+/// not counting the caller's own claims (tasks it runs, not tasks waiting).
 pub(crate) const SWEEP: &str = concat!(
     prelude!(),
     r#"
@@ -145,8 +145,8 @@ local run_out = redis.call('ZCOUNT', KEYS[2], '-inf', now)
 local at = 5 + 2 * nacks
 for i = 0, tonumber(ARGV[at]) - 1 do
   local id, tok = ARGV[at + 1 + 2 * i], ARGV[at + 2 + 2 * i]
-  local l = redis.call('ZSCORE', KEYS[2], id)
-  if l and tonumber(l) <= now and redis.call('HGET', KEYS[5], id) == tok then
+  local expiry = redis.call('ZSCORE', KEYS[2], id)
+  if expiry and tonumber(expiry) <= now and redis.call('HGET', KEYS[5], id) == tok then
     run_out = run_out - 1
   end
 end
